@@ -1,0 +1,43 @@
+# Two commands on a fresh machine: `make run` serves on port 8000, `make test` runs the whole suite.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+HOST   ?= 0.0.0.0
+PORT   ?= 8000
+WORKERS ?= 1
+
+.PHONY: run test lint typecheck pytest fixtures clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(BIN)/python -m service --host $(HOST) --port $(PORT) --workers $(WORKERS)
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check service tests scripts benchmarks
+	$(BIN)/ruff format --check service tests scripts benchmarks
+
+typecheck: $(VENV)/.installed-dev
+	$(BIN)/mypy
+
+pytest: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck pytest
+
+# Regenerates tests/fixtures/golden.json from PyTorch (needs: .venv/bin/pip install torch==2.13.0).
+fixtures: $(VENV)/.installed-dev
+	$(BIN)/python scripts/make_golden.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

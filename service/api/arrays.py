@@ -1,0 +1,172 @@
+"""JSON lists to float64 arrays, with errors a person can act on.
+
+The fast path is one ``np.array`` call; only a bad input pays for a walk through the lists to
+say exactly where the problem is, and only the first problem is reported.
+"""
+
+import math
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+Array = NDArray[np.float64]
+
+_LEVELS = {1: ("entry",), 2: ("row", "column"), 3: ("item", "row", "column")}
+_NON_FINITE = "NaN, Infinity and overflowing literals such as 1e999 are rejected"
+
+
+def _where(path: list[int], depth: int | None = None) -> str:
+    """'row 2, column 0' for a path into a matrix; a batch adds 'item b' in front."""
+    names = _LEVELS.get(depth or len(path), ("index",) * len(path))
+    parts = [f"{n} {i}" for n, i in zip(names, path, strict=False)]
+    if parts and names[len(parts) - 1] == "column":
+        return " ".join(parts[:-1]) + ", " + parts[-1]
+    return " ".join(parts)
+
+
+def _describe(value: Any) -> str:
+    """How a JSON value that is not a number looks, briefly (never the whole value)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        text = value if len(value) <= 20 else value[:20] + "…"
+        return f'the string "{text}"'
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, int | float):
+        return "a number"
+    return f"a {type(value).__name__}"
+
+
+def _first_structure_problem(name: str, value: Any) -> str | None:
+    """Describe the first list whose length or nesting differs from the first item's, if any."""
+    shape: list[int] = []
+    node = value
+    while isinstance(node, list) and node:
+        shape.append(len(node))
+        node = node[0]
+    depth = len(shape)
+    names = _LEVELS.get(depth, ("index",) * depth)
+
+    def walk(node: Any, path: list[int]) -> str | None:
+        level = len(path)
+        if level == depth:
+            return f"{name} {_where(path, depth)} is a list, not a number" if isinstance(node, list) else None
+        if not isinstance(node, list):
+            return f"{name} {_where(path, depth)} is {_describe(node)}, expected a list"
+        if len(node) != shape[level]:
+            children = "numbers" if level == depth - 1 else names[level] + "s"
+            return (
+                f"{name} {_where(path, depth)} has {len(node)} {children} "
+                f"but {names[level - 1]} 0 has {shape[level]}"
+            )
+        for i, child in enumerate(node):
+            problem = walk(child, [*path, i])
+            if problem:
+                return problem
+        return None
+
+    return walk(value, [])
+
+
+def _first_bad_number(name: str, value: Any) -> str:
+    """Describe the first element that is not a finite number."""
+    for index, item in np.ndenumerate(np.array(value, dtype=object)):
+        where = _where(list(index))
+        if isinstance(item, bool) or not isinstance(item, int | float):
+            return f"{name} {where} is {_describe(item)}, not a number"
+        try:
+            finite = math.isfinite(float(item))
+        except OverflowError:
+            finite = False
+        if not finite:
+            return f"{name} {where} is not a finite number ({_NON_FINITE})"
+    return f"{name} holds something that is not a number"
+
+
+def to_array(value: Any, name: str, ndims: tuple[int, ...], expected: str) -> Array:
+    """Convert a JSON value to a float64 array with one of ``ndims`` dimensions.
+
+    ``expected`` names the shape in words for messages, e.g. "a matrix [L][d_model]".
+    Raises ValueError with a sentence that names ``name`` and the first problem found.
+    """
+    if not isinstance(value, list):
+        raise ValueError(f"{name} must be {expected}, got {_describe(value)}")
+    try:
+        arr = np.array(value)
+    except (ValueError, TypeError, OverflowError):
+        problem = _first_structure_problem(name, value)
+        raise ValueError(problem or f"{name} must be {expected}") from None
+    if arr.dtype.kind == "O" or arr.dtype.kind in "USb":
+        problem = _first_structure_problem(name, value)
+        raise ValueError(problem or _first_bad_number(name, value))
+    if arr.ndim not in ndims or 0 in arr.shape:
+        if 0 in arr.shape:
+            raise ValueError(f"{name} is empty: it must be {expected}")
+        raise ValueError(
+            f"{name} must be {expected}, but it is nested {arr.ndim} level(s) deep"
+        )
+    out = arr.astype(np.float64, copy=False)
+    if not np.isfinite(out).all():
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(out))[0])
+        raise ValueError(f"{name} {_where(list(bad))} is not a finite number ({_NON_FINITE})")
+    return out  # type: ignore[no-any-return]
+
+
+def to_bool_matrix(value: Any, name: str) -> NDArray[np.bool_]:
+    """A boolean mask matrix [L][S] or [B][L][S]: true/false, or 1/0."""
+    expected = "a matrix [L][S] (or [B][L][S]) of true/false or 1/0"
+    if not isinstance(value, list):
+        raise ValueError(f"{name} must be {expected}, got {_describe(value)}")
+    try:
+        arr = np.array(value)
+    except (ValueError, TypeError, OverflowError):
+        raise ValueError(_first_structure_problem(name, value) or f"{name} must be {expected}") from None
+    if arr.dtype.kind not in "biuf":
+        problem = _first_structure_problem(name, value)
+        raise ValueError(problem or f"{name} must hold only true/false or 1/0")
+    if arr.ndim not in (2, 3) or 0 in arr.shape:
+        raise ValueError(f"{name} must be {expected}")
+    if arr.dtype.kind != "b":
+        bad = np.argwhere((arr != 0) & (arr != 1))
+        if len(bad):
+            where = _where([int(i) for i in bad[0]])
+            raise ValueError(f"{name} {where} is {arr[tuple(bad[0])]}: only true/false or 1/0 are allowed")
+    return arr.astype(bool)
+
+
+def to_additive_matrix(value: Any, name: str) -> Array:
+    """An additive mask [L][S] or [B][L][S]: finite numbers, null for −∞."""
+    expected = "a matrix [L][S] (or [B][L][S]) of numbers, null for −∞"
+    if not isinstance(value, list):
+        raise ValueError(f"{name} must be {expected}, got {_describe(value)}")
+    try:
+        obj = np.array(value, dtype=object)
+    except (ValueError, TypeError):
+        raise ValueError(_first_structure_problem(name, value) or f"{name} must be {expected}") from None
+    if obj.ndim not in (2, 3) or 0 in obj.shape:
+        raise ValueError(_first_structure_problem(name, value) or f"{name} must be {expected}")
+    is_null = np.frompyfunc(lambda e: e is None, 1, 1)(obj).astype(bool)
+    obj[is_null] = 0.0
+    is_number = np.frompyfunc(
+        lambda e: isinstance(e, int | float) and not isinstance(e, bool), 1, 1
+    )(obj).astype(bool)
+    if not is_number.all():
+        index = [int(i) for i in np.argwhere(~is_number)[0]]
+        raise ValueError(
+            f"{name} {_where(index)} is {_describe(obj[tuple(index)])}, not a number or null"
+        )
+    try:
+        out = obj.astype(np.float64)
+    except OverflowError:
+        raise ValueError(f"{name} holds an integer too large for float64") from None
+    if not np.isfinite(out).all():
+        bad = [int(i) for i in np.argwhere(~np.isfinite(out))[0]]
+        raise ValueError(f"{name} {_where(bad)} is not a finite number (use null for −∞; {_NON_FINITE})")
+    out[is_null] = -np.inf
+    return out

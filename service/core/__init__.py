@@ -1,0 +1,1 @@
+"""The attention engine: pure NumPy, no HTTP, no pydantic."""

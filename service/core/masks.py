@@ -1,0 +1,128 @@
+"""Attention masks: each kind builds a boolean ``(B, L, S)`` array, true = may attend.
+
+Several masks combine with AND. An additive mask is added to the scaled scores; its −∞
+entries (``null`` in JSON) also mask. Masks know nothing of JSON: the API turns request
+objects into these dataclasses.
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+Alignment = Literal["upper_left", "lower_right"]
+BoolArray = NDArray[np.bool_]
+Array = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Causal:
+    """Query i sees keys j ≤ i (upper_left) or j ≤ i + (S − L) (lower_right)."""
+
+    alignment: Alignment = "upper_left"
+
+
+@dataclass(frozen=True)
+class Padding:
+    """Keys at index ≥ key_lengths[b] are masked; query rows at index ≥ query_lengths[b] are
+    padding (their weights and output are zero)."""
+
+    key_lengths: tuple[int, ...] | None = None
+    query_lengths: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Window:
+    """Query i sees keys j with i − left ≤ j ≤ i + right; None means unbounded on that side."""
+
+    left: int | None = None
+    right: int | None = None
+
+
+@dataclass(frozen=True)
+class Boolean:
+    """An explicit ``(L, S)`` or ``(B, L, S)`` matrix, true = may attend."""
+
+    matrix: BoolArray
+
+
+@dataclass(frozen=True)
+class Additive:
+    """An ``(L, S)`` or ``(B, L, S)`` matrix added to the scaled scores; −∞ masks."""
+
+    matrix: Array
+
+
+MaskSpec = Causal | Padding | Window | Boolean | Additive
+
+
+@dataclass(frozen=True)
+class CombinedMask:
+    """All masks of a request folded together, for a batch of B sequences.
+
+    allowed:        (B, L, S) bool, true = may attend (padded query rows are all false)
+    additive:       (B, L, S) float: 0 where allowed, −∞ where masked, plus additive values
+    padded_queries: (B, L) bool, query rows that are padding (weights and output forced to 0)
+    """
+
+    allowed: BoolArray
+    additive: Array
+    padded_queries: BoolArray
+
+
+def causal(seq_len: int, ctx_len: int, alignment: Alignment = "upper_left") -> BoolArray:
+    """(L, S) causal pattern; lower_right shifts the diagonal by S − L (KV-cache style)."""
+    offset = ctx_len - seq_len if alignment == "lower_right" else 0
+    i = np.arange(seq_len)[:, None]  # (L, 1)
+    j = np.arange(ctx_len)[None, :]  # (1, S)
+    return j <= i + offset  # type: ignore[no-any-return]
+
+
+def window(seq_len: int, ctx_len: int, left: int | None, right: int | None) -> BoolArray:
+    """(L, S) band: query i sees keys j with i − left ≤ j ≤ i + right."""
+    i = np.arange(seq_len)[:, None]  # (L, 1)
+    j = np.arange(ctx_len)[None, :]  # (1, S)
+    ok = np.ones((seq_len, ctx_len), dtype=bool)
+    if left is not None:
+        ok &= j >= i - left
+    if right is not None:
+        ok &= j <= i + right
+    return ok
+
+
+def _lengths_mask(lengths: tuple[int, ...], batch: int, size: int) -> BoolArray:
+    """(B, size) true for positions below each item's length."""
+    n = np.asarray(lengths if len(lengths) == batch else lengths * batch)  # (B,)
+    return np.arange(size)[None, :] < n[:, None]  # type: ignore[no-any-return]
+
+
+def combine(specs: list[MaskSpec], batch: int, seq_len: int, ctx_len: int) -> CombinedMask:
+    """Fold the masks (AND) into one CombinedMask of shape (B, L, S).
+
+    Shapes must already be validated: matrices are (L, S) or (B, L, S), lengths have one
+    entry per batch item (or one entry in total, applied to every item).
+    """
+    shape = (batch, seq_len, ctx_len)
+    allowed = np.ones(shape, dtype=bool)  # (B, L, S)
+    additive = np.zeros(shape)  # (B, L, S)
+    padded_queries = np.zeros((batch, seq_len), dtype=bool)  # (B, L)
+    for spec in specs:
+        match spec:
+            case Causal(alignment):
+                allowed &= causal(seq_len, ctx_len, alignment)
+            case Window(left, right):
+                allowed &= window(seq_len, ctx_len, left, right)
+            case Padding(key_lengths, query_lengths):
+                if key_lengths is not None:
+                    allowed &= _lengths_mask(key_lengths, batch, ctx_len)[:, None, :]
+                if query_lengths is not None:
+                    padded_queries |= ~_lengths_mask(query_lengths, batch, seq_len)
+            case Boolean(matrix):
+                allowed &= matrix.astype(bool)
+            case Additive(matrix):
+                additive += matrix  # −∞ entries mask
+    allowed &= ~padded_queries[:, :, None]
+    allowed &= ~np.isneginf(additive)
+    additive[~allowed] = -np.inf
+    return CombinedMask(allowed=allowed, additive=additive, padded_queries=padded_queries)

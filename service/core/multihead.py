@@ -1,0 +1,163 @@
+"""Multi-head attention (Vaswani et al. 2017, §3.2.2) with positional encoding, residual and
+layer norm, keeping every intermediate. Weights arrive in ``in_out`` layout (``X @ W``); the
+API converts PyTorch's ``out_in`` and packed forms before calling in here.
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from service.core.attention import AttentionTrace, scaled_dot_product_attention
+from service.core.masks import CombinedMask
+from service.core.softmax import FullyMaskedPolicy
+
+Array = NDArray[np.float64]
+NormOver = Literal["features", "all"]
+
+
+@dataclass(frozen=True)
+class LayerNorm:
+    """Layer norm settings: per token (``features``, the standard) or over the whole matrix."""
+
+    eps: float = 1e-5
+    gamma: Array | None = None  # (d_model,)
+    beta: Array | None = None  # (d_model,)
+    over: NormOver = "features"
+
+
+@dataclass(frozen=True)
+class MultiheadWeights:
+    """Projection weights in in_out layout; head i owns columns i·d_k … (i+1)·d_k − 1."""
+
+    w_q: Array  # (d_model, h·d_k)
+    w_k: Array  # (d_model, h_kv·d_k)
+    w_v: Array  # (d_model, h_kv·d_v)
+    b_q: Array | None = None  # (h·d_k,)
+    b_k: Array | None = None  # (h_kv·d_k,)
+    b_v: Array | None = None  # (h_kv·d_v,)
+    w_o: Array | None = None  # (h·d_v, d_out); None = identity
+    b_o: Array | None = None  # (d_out,)
+
+
+@dataclass(frozen=True)
+class MultiheadTrace:
+    """Every intermediate of a multi-head attention block."""
+
+    x_in: Array  # (B, L, d_model)  x after positional encoding
+    heads: AttentionTrace  # arrays shaped (B, h, L, ·)
+    average_weights: Array  # (B, L, S)  mean of the heads' weights
+    concat: Array  # (B, L, h·d_v)
+    projected: Array  # (B, L, d_out)  concat W_o + b_o
+    residual: Array | None  # (B, L, d_model)  x_in + projected
+    layer_norm: Array | None  # (B, L, d_model)
+    output: Array  # (B, L, d_out)  the last of projected / residual / layer_norm
+
+
+def sinusoidal_encoding(seq_len: int, d_model: int) -> Array:
+    """(L, d_model): PE[pos, 2i] = sin(pos / 10000^(2i/d_model)), PE[pos, 2i+1] = cos(same)."""
+    pos = np.arange(seq_len)[:, None]  # (L, 1)
+    two_i = np.arange(0, d_model, 2)  # (⌈d_model/2⌉,)
+    angle = pos / np.power(10000.0, two_i / d_model)  # (L, ⌈d_model/2⌉)
+    pe = np.zeros((seq_len, d_model))
+    pe[:, 0::2] = np.sin(angle)
+    pe[:, 1::2] = np.cos(angle[:, : d_model // 2])
+    return pe
+
+
+def layer_norm(x: Array, norm: LayerNorm) -> Array:
+    """Normalise ``x (B, L, d)`` to zero mean and unit (biased) variance, then γ·x + β.
+
+    ``features`` normalises each token over its d features (``torch.nn.LayerNorm(d)``);
+    ``all`` normalises each sequence over all its L·d numbers.
+    """
+    axes: tuple[int, ...] = (-1,) if norm.over == "features" else (-2, -1)
+    mean = x.mean(axis=axes, keepdims=True)
+    var = x.var(axis=axes, keepdims=True)  # biased, as torch
+    out = (x - mean) / np.sqrt(var + norm.eps)  # (B, L, d)
+    if norm.gamma is not None:
+        out *= norm.gamma
+    if norm.beta is not None:
+        out += norm.beta
+    return out  # type: ignore[no-any-return]
+
+
+def split_heads(t: Array, num_heads: int) -> Array:
+    """(B, n, h·d) -> (B, h, n, d): head i takes columns i·d … (i+1)·d − 1."""
+    b, n, width = t.shape
+    return t.reshape(b, n, num_heads, width // num_heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(t: Array) -> Array:
+    """(B, h, n, d) -> (B, n, h·d), the inverse of :func:`split_heads`."""
+    b, h, n, d = t.shape
+    return t.transpose(0, 2, 1, 3).reshape(b, n, h * d)
+
+
+def multihead_attention(
+    x: Array,
+    weights: MultiheadWeights,
+    *,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    context: Array | None = None,
+    positional: Array | None = None,
+    mask: CombinedMask | None = None,
+    scale: float | None = None,
+    fully_masked_policy: FullyMaskedPolicy = "zero",
+    residual: bool = False,
+    norm: LayerNorm | None = None,
+) -> MultiheadTrace:
+    """Multi-head attention over ``x (B, L, d_model)``, keys/values from ``context (B, S, d_model)``
+    (default: x itself).
+
+    ``positional (L, d_model)`` is added to x first. Each head runs scaled dot-product attention
+    with scale 1/√d_k by default. With ``num_kv_heads`` (grouped-query attention) query head i
+    uses key/value head ⌊i·h_kv/h⌋, as torch's ``enable_gqa`` ``repeat_interleave``. The heads'
+    outputs are concatenated and multiplied by ``w_o`` (identity if None) plus ``b_o``; then
+    the residual ``x_in + projected`` and layer norm are applied when asked.
+    """
+    h = num_heads
+    h_kv = num_kv_heads or h
+    x_in = x if positional is None else x + positional  # (B, L, d_model)
+    source = x_in if context is None else context  # (B, S, d_model)
+
+    q = split_heads(x_in @ weights.w_q + _or0(weights.b_q), h)  # (B, h, L, d_k)
+    k = split_heads(source @ weights.w_k + _or0(weights.b_k), h_kv)  # (B, h_kv, S, d_k)
+    v = split_heads(source @ weights.w_v + _or0(weights.b_v), h_kv)  # (B, h_kv, S, d_v)
+    if h_kv != h:
+        k = np.repeat(k, h // h_kv, axis=1)  # (B, h, S, d_k)
+        v = np.repeat(v, h // h_kv, axis=1)  # (B, h, S, d_v)
+
+    heads = scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        scale=scale,
+        additive=None if mask is None else mask.additive[:, None],  # (B, 1, L, S)
+        padded_queries=None if mask is None else mask.padded_queries[:, None],  # (B, 1, L)
+        fully_masked_policy=fully_masked_policy,
+    )
+    concat = merge_heads(heads.output)  # (B, L, h·d_v)
+    projected = concat if weights.w_o is None else concat @ weights.w_o  # (B, L, d_out)
+    if weights.b_o is not None:
+        projected = projected + weights.b_o
+    res = x_in + projected if residual else None  # (B, L, d_model)
+    normed = layer_norm(projected if res is None else res, norm) if norm is not None else None
+    output = normed if normed is not None else res if res is not None else projected
+    return MultiheadTrace(
+        x_in=x_in,
+        heads=heads,
+        average_weights=heads.weights.mean(axis=1),  # (B, L, S)
+        concat=concat,
+        projected=projected,
+        residual=res,
+        layer_norm=normed,
+        output=output,
+    )
+
+
+def _or0(b: Array | None) -> Array | float:
+    """The bias, or 0 when there is none."""
+    return 0.0 if b is None else b
