@@ -7,7 +7,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse
+import orjson
+from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -67,26 +68,27 @@ def _item(err: dict[str, Any]) -> ErrorItem:
     return ErrorItem(field=field, message=msg[:300], type=kind)
 
 
-def error_response(status: int, items: list[ErrorItem]) -> ORJSONResponse:
+def error_response(status: int, items: list[ErrorItem]) -> Response:
+    """The one error shape, as a JSON response."""
     body = ErrorBody(message=items[0].message if items else "bad request", errors=items[:MAX_LISTED])
-    return ORJSONResponse(body.model_dump(), status_code=status)
+    return Response(orjson.dumps(body.model_dump()), status_code=status, media_type="application/json")
 
 
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every failure into the one error shape."""
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> ORJSONResponse:
+    async def _validation(_: Request, exc: RequestValidationError) -> Response:
         errors = list(exc.errors())
         items = [_item(e) for e in errors[:MAX_LISTED]]
         status = 400 if any(i.type == "json_invalid" for i in items) else 422
         return error_response(status, items)
 
     @app.exception_handler(AttentionInputError)
-    async def _math(_: Request, exc: AttentionInputError) -> ORJSONResponse:
+    async def _math(_: Request, exc: AttentionInputError) -> Response:
         field = "mask" if isinstance(exc, FullyMaskedRowsError) else None
         return error_response(422, [ErrorItem(field=field, message=str(exc), type="attention_error")])
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> ORJSONResponse:
+    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
         return error_response(exc.status_code, [ErrorItem(field=None, message=str(exc.detail), type="http_error")])

@@ -396,7 +396,7 @@ class InputFields(BaseModel):
     def _check_masks(self, batch: int | None, seq_len: int, ctx_len: int) -> None:
         items = self.mask or []
         for i, item in enumerate(items):
-            field = "mask" if len(items) == 1 else f"mask[{i}]"
+            field = f"mask[{i}]"
             if isinstance(item, BooleanMask | AdditiveMask):
                 m = item.matrix
                 if m.ndim == 3 and (batch is None or m.shape[0] != batch):

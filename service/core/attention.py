@@ -73,8 +73,9 @@ def scaled_dot_product_attention(
     """
     d_k = q.shape[-1]
     scale = default_scale(d_k) if scale is None else scale
-    scores = q @ np.swapaxes(k, -1, -2)  # (..., L, S)
-    scaled_scores = scores * scale  # (..., L, S)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported by softmax
+        scores = q @ np.swapaxes(k, -1, -2)  # (..., L, S)
+        scaled_scores = scores * scale  # (..., L, S)
     masked_scores = None if additive is None else scaled_scores + additive  # (..., L, S)
     logits = scaled_scores if masked_scores is None else masked_scores
 

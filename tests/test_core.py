@@ -1,0 +1,143 @@
+"""The NumPy engine on its own: softmax policies, masks, projections, multi-head pieces.
+
+Expected values here are derived by hand in the comments (small cases) or from the
+definitions (PyTorch parity lives in test_golden.py and test_torch_live.py)."""
+
+import numpy as np
+import pytest
+
+from service.core import masks
+from service.core.attention import entropy_bits, project, scaled_dot_product_attention
+from service.core.generate import draw
+from service.core.multihead import LayerNorm, layer_norm, merge_heads, sinusoidal_encoding, split_heads
+from service.core.softmax import AttentionInputError, FullyMaskedRowsError, softmax
+
+NEG = -np.inf
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected_row"),
+    [("zero", [0.0, 0.0, 0.0]), ("uniform", [1 / 3, 1 / 3, 1 / 3])],
+    ids=["zero", "uniform"],
+)
+def test_fully_masked_row_policies(policy: str, expected_row: list[float]) -> None:
+    s = np.array([[0.0, NEG, np.log(3.0)], [NEG, NEG, NEG]])
+    w = softmax(s.copy(), policy)  # type: ignore[arg-type]
+    # row 0: exp(0) : 0 : exp(ln 3) = 1 : 0 : 3, normalised to 1/4, 0, 3/4
+    np.testing.assert_allclose(w[0], [0.25, 0.0, 0.75], rtol=1e-15)
+    np.testing.assert_allclose(w[1], expected_row, rtol=1e-15)
+
+
+def test_fully_masked_error_policy_names_rows() -> None:
+    s = np.array([[[0.0, 1.0], [NEG, NEG]], [[NEG, NEG], [1.0, NEG]]])
+    with pytest.raises(FullyMaskedRowsError) as err:
+        softmax(s, "error")
+    assert err.value.rows == [[1], [0]]
+
+
+def test_softmax_subtracts_the_max_so_large_scores_do_not_overflow() -> None:
+    w = softmax(np.array([[1000.0, 1000.0 + np.log(2.0)]]))  # naive exp(1000) overflows
+    np.testing.assert_allclose(w, [[1 / 3, 2 / 3]], rtol=1e-12)
+
+
+def test_overflowed_scores_are_refused_not_nan() -> None:
+    q = np.array([[1e200, 0.0]])
+    with pytest.raises(AttentionInputError, match="overflowed"):
+        scaled_dot_product_attention(q, q, q)
+
+
+@pytest.mark.parametrize(
+    ("alignment", "L", "S", "expected"),
+    [
+        ("upper_left", 2, 3, [[1, 0, 0], [1, 1, 0]]),
+        ("lower_right", 2, 3, [[1, 1, 0], [1, 1, 1]]),
+        ("lower_right", 3, 2, [[0, 0], [1, 0], [1, 1]]),
+    ],
+    ids=["upper_left-2x3", "lower_right-2x3", "lower_right-3x2"],
+)
+def test_causal_alignment(alignment: masks.Alignment, L: int, S: int, expected: list[list[int]]) -> None:
+    np.testing.assert_array_equal(masks.causal(L, S, alignment), np.array(expected, dtype=bool))
+
+
+def test_window_band() -> None:
+    # query i sees i-1 … i+0
+    expected = [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
+    np.testing.assert_array_equal(masks.window(4, 4, 1, 0), np.array(expected, dtype=bool))
+
+
+def test_combine_and_of_masks_with_padding_and_additive() -> None:
+    add = np.array([[0.0, -1.0, NEG], [0.5, 0.0, 0.0]])
+    m = masks.combine(
+        [masks.Causal(), masks.Padding(key_lengths=(3,), query_lengths=(1,)), masks.Additive(add)],
+        batch=1, seq_len=2, ctx_len=3,
+    )  # fmt: skip
+    # causal keeps (0,0), (1,0), (1,1); additive −∞ at (0,2); query row 1 is padding
+    np.testing.assert_array_equal(m.allowed[0], [[True, False, False], [False, False, False]])
+    assert m.additive[0, 0, 0] == 0.0 and np.isneginf(m.additive[0, 0, 1])
+    np.testing.assert_array_equal(m.padded_queries, [[False, True]])
+
+
+def test_padded_query_rows_are_zero_and_not_fully_masked_errors() -> None:
+    q = k = v = np.eye(3)[None]
+    m = masks.combine([masks.Padding(query_lengths=(2,))], 1, 3, 3)
+    trace = scaled_dot_product_attention(
+        q, k, v, additive=m.additive, padded_queries=m.padded_queries, fully_masked_policy="error"
+    )
+    np.testing.assert_array_equal(trace.weights[0, 2], [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(trace.output[0, 2], [0.0, 0.0, 0.0])
+    assert not trace.fully_masked_rows.any()
+
+
+@pytest.mark.parametrize("layout", ["in_out", "out_in"])
+def test_project_layouts(layout: str) -> None:
+    x = np.array([[1.0, 2.0]])
+    w_in_out = np.array([[1.0, 0.0, 2.0], [0.0, 1.0, 3.0]])  # (d_in 2, d_out 3)
+    w = w_in_out if layout == "in_out" else w_in_out.T
+    # [1, 2] @ w_in_out = [1, 2, 8], plus bias [1, 1, 1]
+    np.testing.assert_array_equal(project(x, w, np.ones(3), layout), [[2.0, 3.0, 9.0]])  # type: ignore[arg-type]
+
+
+def test_default_scale_is_one_over_sqrt_d_k() -> None:
+    q = np.ones((1, 2, 4))
+    trace = scaled_dot_product_attention(q, q, q)
+    assert trace.scale == 0.5
+    np.testing.assert_array_equal(trace.scaled_scores, trace.scores * 0.5)
+
+
+def test_entropy_bits() -> None:
+    w = np.array([[0.5, 0.5, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    np.testing.assert_allclose(entropy_bits(w), [1.0, 0.0, 2.0])
+
+
+def test_draw_matches_a_notebook_with_np_random_seed() -> None:
+    np.random.seed(0)
+    notebook = [np.random.rand(3, 4), np.random.rand(4, 2)]
+    ours = draw(0, "uniform", [("x", (3, 4)), ("w_q", (4, 2))])
+    np.testing.assert_array_equal(ours["x"], notebook[0])
+    np.testing.assert_array_equal(ours["w_q"], notebook[1])
+    np.random.seed(5)
+    np.testing.assert_array_equal(draw(5, "normal", [("x", (2, 2))])["x"], np.random.randn(2, 2))
+
+
+def test_sinusoidal_encoding_definition() -> None:
+    pe = sinusoidal_encoding(3, 5)  # odd d_model: 3 sine columns, 2 cosine columns
+    pos = 2
+    for i in range(5):
+        angle = pos / 10000 ** ((i - i % 2) / 5)
+        assert pe[pos, i] == pytest.approx(np.sin(angle) if i % 2 == 0 else np.cos(angle), abs=1e-15)
+
+
+def test_layer_norm_over_features_and_all() -> None:
+    x = np.array([[[1.0, 3.0], [2.0, 6.0]]])
+    feats = layer_norm(x, LayerNorm(eps=0.0))
+    np.testing.assert_allclose(feats, [[[-1.0, 1.0], [-1.0, 1.0]]])
+    # over all: mean 3, biased variance (4 + 0 + 1 + 9) / 4 = 3.5
+    allv = layer_norm(x, LayerNorm(eps=0.0, over="all"))
+    np.testing.assert_allclose(allv, (x - 3.0) / np.sqrt(3.5))
+
+
+def test_split_and_merge_heads_are_inverse_and_take_column_blocks() -> None:
+    t = np.arange(2 * 3 * 6, dtype=float).reshape(2, 3, 6)
+    heads = split_heads(t, 3)  # (2, 3 heads, 3, 2)
+    np.testing.assert_array_equal(heads[:, 1], t[:, :, 2:4])
+    np.testing.assert_array_equal(merge_heads(heads), t)
