@@ -10,10 +10,19 @@ from service.config import get_settings
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line (defaults from ATTENTION_* settings) and run uvicorn."""
     settings = get_settings()
-    parser = argparse.ArgumentParser(prog="python -m service", description="Run the attention service.")
+    parser = argparse.ArgumentParser(
+        prog="python -m service", description="Run the attention service."
+    )
     parser.add_argument("--host", default=settings.host, help=f"address (default {settings.host})")
-    parser.add_argument("--port", type=int, default=settings.port, help=f"port (default {settings.port})")
-    parser.add_argument("--workers", type=int, default=settings.workers, help=f"worker processes (default {settings.workers})")
+    parser.add_argument(
+        "--port", type=int, default=settings.port, help=f"port (default {settings.port})"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=settings.workers,
+        help=f"worker processes (default {settings.workers})",
+    )
     args = parser.parse_args(argv)
     uvicorn.run(
         "service.main:app",

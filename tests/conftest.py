@@ -31,7 +31,9 @@ def assert_close(actual: Any, expected: Any, path: str = "$", tol: float = TOL) 
             assert key in actual, f"{path}.{key} missing from the response"
             assert_close(actual[key], value, f"{path}.{key}", tol)
     elif isinstance(expected, list) and expected and isinstance(expected[0], dict):
-        assert len(actual) == len(expected), f"{path}: {len(actual)} items, expected {len(expected)}"
+        assert len(actual) == len(expected), (
+            f"{path}: {len(actual)} items, expected {len(expected)}"
+        )
         for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
             assert_close(a, e, f"{path}[{i}]", tol)
     elif isinstance(expected, list):
@@ -42,7 +44,11 @@ def assert_close(actual: Any, expected: Any, path: str = "$", tol: float = TOL) 
         act_null = act == None  # noqa: E711
         assert (exp_null == act_null).all(), f"{path}: null (−∞) entries differ"
         np.testing.assert_allclose(
-            act[~act_null].astype(float), exp[~exp_null].astype(float), rtol=tol, atol=tol, err_msg=path
+            act[~act_null].astype(float),
+            exp[~exp_null].astype(float),
+            rtol=tol,
+            atol=tol,
+            err_msg=path,
         )
     else:
         assert actual == expected, f"{path}: {actual!r} != {expected!r}"

@@ -26,7 +26,15 @@ def test_batman_attends_most_to_i(client: TestClient) -> None:
     assert (top["token"], top["top_key"], top["top_key_index"]) == ("Batman", "I", 0)
     assert top["top_weight"] == pytest.approx(body["weights"][2][0])
     assert body["conventions"]["weight_layout"] == "out_in"
-    assert [s["name"] for s in body["steps"]] == ["q", "k", "v", "scores", "scaled_scores", "weights", "output"]
+    assert [s["name"] for s in body["steps"]] == [
+        "q",
+        "k",
+        "v",
+        "scores",
+        "scaled_scores",
+        "weights",
+        "output",
+    ]
     assert body["steps"][3] == {"name": "scores", "formula": "Q Kᵀ", "shape": [3, 3]}
 
 
@@ -111,7 +119,9 @@ def test_uniform_policy_gives_one_over_s(client: TestClient) -> None:
 
 
 def test_query_padding_zeroes_rows(client: TestClient) -> None:
-    body = post(client, "/mask", {**ex.CAUSAL_FOUR_TOKENS, "mask": {"type": "padding", "query_lengths": 2}})
+    body = post(
+        client, "/mask", {**ex.CAUSAL_FOUR_TOKENS, "mask": {"type": "padding", "query_lengths": 2}}
+    )
     assert body["weights"][2] == [0.0] * 4 and body["output"][3] == [0.0, 0.0]
 
 
@@ -129,11 +139,18 @@ def test_healthz(client: TestClient) -> None:
 def test_openapi_documents_fields_and_examples(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     req = spec["components"]["schemas"]["AttentionRequest"]["properties"]
-    assert all("description" in p for name, p in req.items()), "every request field has a description"
+    assert all("description" in p for name, p in req.items()), (
+        "every request field has a description"
+    )
     post_att = spec["paths"]["/attention"]["post"]
     examples = post_att["requestBody"]["content"]["application/json"]["examples"]
     assert {"batman", "the_cat_sat", "generated_sentence"} <= set(examples)
-    assert "two_heads" in spec["paths"]["/multihead"]["post"]["requestBody"]["content"]["application/json"]["examples"]
+    assert (
+        "two_heads"
+        in spec["paths"]["/multihead"]["post"]["requestBody"]["content"]["application/json"][
+            "examples"
+        ]
+    )
     resp = spec["components"]["schemas"]["AttentionResponse"]["properties"]
     assert "description" in resp["weights"]
 
@@ -146,45 +163,150 @@ PROJ = {"x": X2, "w_q": W2, "w_k": W2, "w_v": W2}
 DIRECT = {"q": [[1.0, 0.0]], "k": [[1.0, 0.0]], "v": [[1.0]]}
 
 BAD: list[tuple[str, str, dict[str, Any], str, str]] = [
-    ("ragged_rows", "/attention", {**PROJ, "x": [[1, 0], [0, 0, 1]]}, "x", "x row 1 has 3 numbers but row 0 has 2"),
-    ("weight_vs_x", "/attention", {**PROJ, "w_q": [[1, 2, 3]] * 4},
-     "w_q", "w_q is 4×3 but x has 2 columns: with weight_layout in_out w_q must have 2 rows"),
-    ("weight_vs_x_out_in", "/attention", {**PROJ, "w_k": [[1, 2, 3]], "weight_layout": "out_in"},
-     "w_k", "with weight_layout out_in w_k must have 2 columns"),
+    (
+        "ragged_rows",
+        "/attention",
+        {**PROJ, "x": [[1, 0], [0, 0, 1]]},
+        "x",
+        "x row 1 has 3 numbers but row 0 has 2",
+    ),
+    (
+        "weight_vs_x",
+        "/attention",
+        {**PROJ, "w_q": [[1, 2, 3]] * 4},
+        "w_q",
+        "w_q is 4×3 but x has 2 columns: with weight_layout in_out w_q must have 2 rows",
+    ),
+    (
+        "weight_vs_x_out_in",
+        "/attention",
+        {**PROJ, "w_k": [[1, 2, 3]], "weight_layout": "out_in"},
+        "w_k",
+        "with weight_layout out_in w_k must have 2 columns",
+    ),
     ("q_k_width", "/attention", {**DIRECT, "k": [[1, 0, 1]]}, "k", "q has 2 columns but k has 3"),
     ("k_v_rows", "/attention", {**DIRECT, "v": [[1], [2]]}, "v", "k has 1 rows but v has 2"),
     ("two_modes", "/attention", {**DIRECT, "x": X2}, "x", "not both"),
     ("missing_weight", "/attention", {"x": X2, "w_q": W2, "w_k": W2}, "w_v", "w_v is missing"),
-    ("generated_without_sizes", "/attention", {"seed": 1, "d_k": 2}, "seq_len", "give tokens, sentence or seq_len"),
-    ("generated_without_d_model", "/attention", {"seed": 1, "d_k": 2, "seq_len": 3}, "d_model", "give d_model"),
-    ("tokens_vs_L", "/attention", {**PROJ, "tokens": ["a", "b", "c"]}, "tokens", "3 tokens but there are 2 query rows"),
-    ("string_number", "/attention", {**DIRECT, "q": [[1.0, "2"]]}, "q", 'the string "2", not a number'),
+    (
+        "generated_without_sizes",
+        "/attention",
+        {"seed": 1, "d_k": 2},
+        "seq_len",
+        "give tokens, sentence or seq_len",
+    ),
+    (
+        "generated_without_d_model",
+        "/attention",
+        {"seed": 1, "d_k": 2, "seq_len": 3},
+        "d_model",
+        "give d_model",
+    ),
+    (
+        "tokens_vs_L",
+        "/attention",
+        {**PROJ, "tokens": ["a", "b", "c"]},
+        "tokens",
+        "3 tokens but there are 2 query rows",
+    ),
+    (
+        "string_number",
+        "/attention",
+        {**DIRECT, "q": [[1.0, "2"]]},
+        "q",
+        'the string "2", not a number',
+    ),
     ("null_number", "/attention", {**DIRECT, "q": [[1.0, None]]}, "q", "is null, not a number"),
     ("not_a_matrix", "/attention", {**DIRECT, "q": [1.0, 2.0]}, "q", "nested 1 level(s) deep"),
-    ("heads_not_dividing", "/multihead", {"x": [[1, 2, 3]], "num_heads": 2, "w_q": [[1, 0, 0]] * 3,
-                                           "w_k": [[1, 0, 0]] * 3, "w_v": [[1, 0, 0]] * 3},
-     "w_q", "num_heads 2 does not divide"),
-    ("kv_heads_not_dividing", "/multihead", {"x": [[1, 2, 3, 4]], "num_heads": 4, "num_kv_heads": 3, "seed": 0},
-     "num_kv_heads", "not a multiple of num_kv_heads 3"),
-    ("mask_shape", "/mask", {**DIRECT, "mask": {"type": "boolean", "matrix": [[1, 0]]}},
-     "mask[0].matrix", "mask[0].matrix is 1×2 but the scores are L×S = 1×1"),
+    (
+        "heads_not_dividing",
+        "/multihead",
+        {
+            "x": [[1, 2, 3]],
+            "num_heads": 2,
+            "w_q": [[1, 0, 0]] * 3,
+            "w_k": [[1, 0, 0]] * 3,
+            "w_v": [[1, 0, 0]] * 3,
+        },
+        "w_q",
+        "num_heads 2 does not divide",
+    ),
+    (
+        "kv_heads_not_dividing",
+        "/multihead",
+        {"x": [[1, 2, 3, 4]], "num_heads": 4, "num_kv_heads": 3, "seed": 0},
+        "num_kv_heads",
+        "not a multiple of num_kv_heads 3",
+    ),
+    (
+        "mask_shape",
+        "/mask",
+        {**DIRECT, "mask": {"type": "boolean", "matrix": [[1, 0]]}},
+        "mask[0].matrix",
+        "mask[0].matrix is 1×2 but the scores are L×S = 1×1",
+    ),
     ("mask_missing", "/mask", DIRECT, "mask", "mask is required"),
-    ("mask_bad_value", "/mask", {**DIRECT, "mask": {"type": "boolean", "matrix": [[2]]}}, "mask[0].matrix", "only true/false or 1/0"),
-    ("key_lengths_too_long", "/mask", {**DIRECT, "mask": {"type": "padding", "key_lengths": 5}},
-     "mask[0].key_lengths", "only 1 keys"),
-    ("key_lengths_vs_batch", "/mask", {"q": [[[1.0]], [[2.0]]], "k": [[[1.0]], [[2.0]]], "v": [[[1.0]], [[2.0]]],
-                                       "mask": {"type": "padding", "key_lengths": [1, 1, 1]}},
-     "mask[0].key_lengths", "has 3 entries but the batch has 2"),
+    (
+        "mask_bad_value",
+        "/mask",
+        {**DIRECT, "mask": {"type": "boolean", "matrix": [[2]]}},
+        "mask[0].matrix",
+        "only true/false or 1/0",
+    ),
+    (
+        "key_lengths_too_long",
+        "/mask",
+        {**DIRECT, "mask": {"type": "padding", "key_lengths": 5}},
+        "mask[0].key_lengths",
+        "only 1 keys",
+    ),
+    (
+        "key_lengths_vs_batch",
+        "/mask",
+        {
+            "q": [[[1.0]], [[2.0]]],
+            "k": [[[1.0]], [[2.0]]],
+            "v": [[[1.0]], [[2.0]]],
+            "mask": {"type": "padding", "key_lengths": [1, 1, 1]},
+        },
+        "mask[0].key_lengths",
+        "has 3 entries but the batch has 2",
+    ),
     ("unknown_field", "/attention", {**DIRECT, "W_q": W2}, "W_q", "not a field of this endpoint"),
-    ("unknown_include", "/attention", {**DIRECT, "include": ["wieghts"]}, "include", 'include names "wieghts"'),
-    ("wrong_type", "/multihead", {"x": X2, "num_heads": "two"}, "num_heads", "num_heads: input should be a valid integer"),
-    ("residual_width", "/multihead", {**PROJ, "num_heads": 1, "w_o": [[1.0], [1.0]], "residual": True},
-     "residual", "they must match"),
-    ("overflow", "/attention", {"q": [[1e200]], "k": [[1e200]], "v": [[1.0]]}, None, "overflowed float64"),  # type: ignore[list-item]
+    (
+        "unknown_include",
+        "/attention",
+        {**DIRECT, "include": ["wieghts"]},
+        "include",
+        'include names "wieghts"',
+    ),
+    (
+        "wrong_type",
+        "/multihead",
+        {"x": X2, "num_heads": "two"},
+        "num_heads",
+        "num_heads: input should be a valid integer",
+    ),
+    (
+        "residual_width",
+        "/multihead",
+        {**PROJ, "num_heads": 1, "w_o": [[1.0], [1.0]], "residual": True},
+        "residual",
+        "they must match",
+    ),
+    (
+        "overflow",
+        "/attention",
+        {"q": [[1e200]], "k": [[1e200]], "v": [[1.0]]},
+        None,
+        "overflowed float64",
+    ),  # type: ignore[list-item]
 ]
 
 
-@pytest.mark.parametrize(("path", "body", "field", "phrase"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+@pytest.mark.parametrize(
+    ("path", "body", "field", "phrase"), [b[1:] for b in BAD], ids=[b[0] for b in BAD]
+)
 def test_bad_input_is_422_naming_the_field(
     client: TestClient, path: str, body: dict[str, Any], field: str | None, phrase: str
 ) -> None:
@@ -206,7 +328,9 @@ def test_non_finite_literals_are_422(client: TestClient, raw: bytes) -> None:
 
 
 def test_malformed_json_is_400(client: TestClient) -> None:
-    r = client.post("/attention", content=b'{"q": [[1,', headers={"content-type": "application/json"})
+    r = client.post(
+        "/attention", content=b'{"q": [[1,', headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and r.json()["message"].startswith("the body is not valid JSON")
 
 

@@ -9,7 +9,13 @@ import pytest
 from service.core import masks
 from service.core.attention import entropy_bits, project, scaled_dot_product_attention
 from service.core.generate import draw
-from service.core.multihead import LayerNorm, layer_norm, merge_heads, sinusoidal_encoding, split_heads
+from service.core.multihead import (
+    LayerNorm,
+    layer_norm,
+    merge_heads,
+    sinusoidal_encoding,
+    split_heads,
+)
 from service.core.softmax import AttentionInputError, FullyMaskedRowsError, softmax
 
 NEG = -np.inf
@@ -55,7 +61,9 @@ def test_overflowed_scores_are_refused_not_nan() -> None:
     ],
     ids=["upper_left-2x3", "lower_right-2x3", "lower_right-3x2"],
 )
-def test_causal_alignment(alignment: masks.Alignment, L: int, S: int, expected: list[list[int]]) -> None:
+def test_causal_alignment(
+    alignment: masks.Alignment, L: int, S: int, expected: list[list[int]]
+) -> None:
     np.testing.assert_array_equal(masks.causal(L, S, alignment), np.array(expected, dtype=bool))
 
 
@@ -124,7 +132,9 @@ def test_sinusoidal_encoding_definition() -> None:
     pos = 2
     for i in range(5):
         angle = pos / 10000 ** ((i - i % 2) / 5)
-        assert pe[pos, i] == pytest.approx(np.sin(angle) if i % 2 == 0 else np.cos(angle), abs=1e-15)
+        assert pe[pos, i] == pytest.approx(
+            np.sin(angle) if i % 2 == 0 else np.cos(angle), abs=1e-15
+        )
 
 
 def test_layer_norm_over_features_and_all() -> None:

@@ -15,9 +15,16 @@ CASES: list[dict[str, Any]] = GOLDEN["cases"]
 
 def test_golden_file_covers_every_kind_of_case() -> None:
     names = {c["name"] for c in CASES}
-    for required in ("example_batman", "example_causal", "sdpa_bool_mask", "sdpa_additive",
-                     "sdpa_causal_lower_right", "mha_torch_packed", "gqa_enable_gqa",
-                     "block_sinusoidal_residual_layer_norm"):
+    for required in (
+        "example_batman",
+        "example_causal",
+        "sdpa_bool_mask",
+        "sdpa_additive",
+        "sdpa_causal_lower_right",
+        "mha_torch_packed",
+        "gqa_enable_gqa",
+        "block_sinusoidal_residual_layer_norm",
+    ):
         assert required in names
 
 

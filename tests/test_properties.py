@@ -31,7 +31,9 @@ def test_weight_rows_sum_to_one_or_are_zero_and_masked_weights_are_exactly_zero(
     b, L, S = q.shape[0], q.shape[1], k.shape[1]
     allowed = data.draw(arrays(np.bool_, (b, L, S)))
     m = masks.combine([masks.Boolean(allowed)], b, L, S)
-    trace = scaled_dot_product_attention(q, k, v, additive=m.additive, padded_queries=m.padded_queries)
+    trace = scaled_dot_product_attention(
+        q, k, v, additive=m.additive, padded_queries=m.padded_queries
+    )
     sums = trace.weights.sum(axis=-1)
     empty = ~allowed.any(axis=-1)
     np.testing.assert_allclose(sums[~empty], 1.0, rtol=1e-12)
@@ -54,7 +56,9 @@ def test_self_attention_without_mask_is_permutation_equivariant(
 
 @settings(max_examples=100, deadline=None)
 @given(qkv())
-def test_a_batch_equals_its_items_one_by_one(tensors: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+def test_a_batch_equals_its_items_one_by_one(
+    tensors: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
     q, k, v = tensors
     whole = scaled_dot_product_attention(q, k, v)
     for i in range(q.shape[0]):

@@ -8,8 +8,9 @@ from fastapi.testclient import TestClient
 from tests.conftest import assert_close
 
 torch = pytest.importorskip(
-    "torch", reason="PyTorch is not installed: live cross-checks skipped (install torch==2.13.0; "
-    "the golden fixtures still check every number)"
+    "torch",
+    reason="PyTorch is not installed: live cross-checks skipped (install torch==2.13.0; "
+    "the golden fixtures still check every number)",
 )
 
 from tests.torch_reference import build_cases  # noqa: E402
@@ -25,7 +26,12 @@ CASES = [(seed, *case) for seed in SEEDS for case in build_cases(seed)]
     ids=[f"{c[1]}-seed{c[0]}" for c in CASES],
 )
 def test_service_matches_live_torch(
-    client: TestClient, seed: int, name: str, endpoint: str, request_body: dict[str, Any], expected: dict[str, Any]
+    client: TestClient,
+    seed: int,
+    name: str,
+    endpoint: str,
+    request_body: dict[str, Any],
+    expected: dict[str, Any],
 ) -> None:
     response = client.post(endpoint, json=request_body)
     assert response.status_code == 200, response.text

@@ -56,7 +56,11 @@ def _first_structure_problem(name: str, value: Any) -> str | None:
     def walk(node: Any, path: list[int]) -> str | None:
         level = len(path)
         if level == depth:
-            return f"{name} {_where(path, depth)} is a list, not a number" if isinstance(node, list) else None
+            return (
+                f"{name} {_where(path, depth)} is a list, not a number"
+                if isinstance(node, list)
+                else None
+            )
         if not isinstance(node, list):
             return f"{name} {_where(path, depth)} is {_describe(node)}, expected a list"
         if len(node) != shape[level]:
@@ -108,14 +112,12 @@ def to_array(value: Any, name: str, ndims: tuple[int, ...], expected: str) -> Ar
     if arr.ndim not in ndims or 0 in arr.shape:
         if 0 in arr.shape:
             raise ValueError(f"{name} is empty: it must be {expected}")
-        raise ValueError(
-            f"{name} must be {expected}, but it is nested {arr.ndim} level(s) deep"
-        )
+        raise ValueError(f"{name} must be {expected}, but it is nested {arr.ndim} level(s) deep")
     out = arr.astype(np.float64, copy=False)
     if not np.isfinite(out).all():
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(out))[0])
         raise ValueError(f"{name} {_where(list(bad))} is not a finite number ({_NON_FINITE})")
-    return out  # type: ignore[no-any-return]
+    return out
 
 
 def to_bool_matrix(value: Any, name: str) -> NDArray[np.bool_]:
@@ -126,7 +128,9 @@ def to_bool_matrix(value: Any, name: str) -> NDArray[np.bool_]:
     try:
         arr = np.array(value)
     except (ValueError, TypeError, OverflowError):
-        raise ValueError(_first_structure_problem(name, value) or f"{name} must be {expected}") from None
+        raise ValueError(
+            _first_structure_problem(name, value) or f"{name} must be {expected}"
+        ) from None
     if arr.dtype.kind not in "biuf":
         problem = _first_structure_problem(name, value)
         raise ValueError(problem or f"{name} must hold only true/false or 1/0")
@@ -136,7 +140,9 @@ def to_bool_matrix(value: Any, name: str) -> NDArray[np.bool_]:
         bad = np.argwhere((arr != 0) & (arr != 1))
         if len(bad):
             where = _where([int(i) for i in bad[0]])
-            raise ValueError(f"{name} {where} is {arr[tuple(bad[0])]}: only true/false or 1/0 are allowed")
+            raise ValueError(
+                f"{name} {where} is {arr[tuple(bad[0])]}: only true/false or 1/0 are allowed"
+            )
     return arr.astype(bool)
 
 
@@ -148,7 +154,9 @@ def to_additive_matrix(value: Any, name: str) -> Array:
     try:
         obj = np.array(value, dtype=object)
     except (ValueError, TypeError):
-        raise ValueError(_first_structure_problem(name, value) or f"{name} must be {expected}") from None
+        raise ValueError(
+            _first_structure_problem(name, value) or f"{name} must be {expected}"
+        ) from None
     if obj.ndim not in (2, 3) or 0 in obj.shape:
         raise ValueError(_first_structure_problem(name, value) or f"{name} must be {expected}")
     is_null = np.frompyfunc(lambda e: e is None, 1, 1)(obj).astype(bool)
@@ -167,6 +175,8 @@ def to_additive_matrix(value: Any, name: str) -> Array:
         raise ValueError(f"{name} holds an integer too large for float64") from None
     if not np.isfinite(out).all():
         bad = [int(i) for i in np.argwhere(~np.isfinite(out))[0]]
-        raise ValueError(f"{name} {_where(bad)} is not a finite number (use null for −∞; {_NON_FINITE})")
+        raise ValueError(
+            f"{name} {_where(bad)} is not a finite number (use null for −∞; {_NON_FINITE})"
+        )
     out[is_null] = -np.inf
     return out

@@ -7,9 +7,22 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
-from service.api.schemas import AttentionRequest, Dims, InputFields, MultiheadDims, MultiheadRequest
+from service.api.schemas import (
+    AttentionRequest,
+    CausalMask,
+    Dims,
+    HeadWeights,
+    InputFields,
+    MultiheadDims,
+    MultiheadRequest,
+)
 from service.core import masks
-from service.core.attention import AttentionTrace, entropy_bits, project, scaled_dot_product_attention
+from service.core.attention import (
+    AttentionTrace,
+    entropy_bits,
+    project,
+    scaled_dot_product_attention,
+)
 from service.core.generate import draw
 from service.core.multihead import (
     LayerNorm,
@@ -17,6 +30,7 @@ from service.core.multihead import (
     multihead_attention,
     sinusoidal_encoding,
 )
+from service.core.softmax import rows_by_item
 
 Array = NDArray[np.float64]
 Step = dict[str, Any]
@@ -39,6 +53,13 @@ def _generated(req: InputFields, dims: Dims, widths: dict[str, int]) -> dict[str
     assert req.seed is not None and dims.d_model is not None
     shapes = {"x": (dims.seq_len, dims.d_model)} | {n: (dims.d_model, w) for n, w in widths.items()}
     return draw(req.seed, req.init, [(name, shapes[name]) for name in dims.generate])
+
+
+def _x(req: InputFields, generated: dict[str, Array]) -> Array:
+    """x as given, or as generated."""
+    x = generated.get("x", req.x)
+    assert x is not None
+    return x
 
 
 def _generate_steps(req: InputFields, generated: dict[str, Array]) -> list[Step]:
@@ -68,7 +89,7 @@ def _projection_formula(out: str, source: str, w: str, layout: str, bias: bool) 
 
 
 def _conventions(req: InputFields, scale_given: bool) -> dict[str, Any]:
-    alignments = [m.alignment for m in req.mask or [] if getattr(m, "type", "") == "causal"]
+    alignments = [m.alignment for m in req.mask or [] if isinstance(m, CausalMask)]
     return {
         "weight_layout": req.weight_layout,
         "generated_weight_layout": "in_out",
@@ -85,7 +106,9 @@ def _scale_formula(scale: float, d_k: int, given: bool) -> str:
     return f"scale = {scale:.10g} (given)" if given else f"scale = 1/√d_k = 1/√{d_k} = {scale:.10g}"
 
 
-def _summary(weights: Array, tokens: list[str] | None, ctx: list[str] | None) -> list[list[dict[str, Any]]]:
+def _summary(
+    weights: Array, tokens: list[str] | None, ctx: list[str] | None
+) -> list[list[dict[str, Any]]]:
     """Per batch item, per query row: the key it attends to most, that weight, and the entropy."""
     entropy = entropy_bits(weights)  # (B, L)
     top = weights.argmax(axis=-1)  # (B, L)
@@ -109,9 +132,14 @@ def _summary(weights: Array, tokens: list[str] | None, ctx: list[str] | None) ->
     return items
 
 
-def _attention_steps(trace: AttentionTrace, dims: Dims, scale_given: bool, masked: bool) -> list[Step]:
+def _attention_steps(
+    trace: AttentionTrace, dims: Dims, scale_given: bool, masked: bool
+) -> list[Step]:
     lead = list(trace.scores.shape[:-2])[1:]  # heads axis in /multihead, nothing in /attention
-    shape = lambda *rest: _shape(dims, *lead, *rest)  # noqa: E731
+
+    def shape(*rest: int) -> list[int]:
+        return _shape(dims, *lead, *rest)
+
     steps = [
         {"name": "scores", "formula": "Q Kᵀ", "shape": shape(dims.seq_len, dims.ctx_len)},
         {
@@ -141,13 +169,10 @@ def _attention_steps(trace: AttentionTrace, dims: Dims, scale_given: bool, maske
 
 
 def _mask_outputs(mask: masks.CombinedMask, trace: AttentionTrace) -> dict[str, Any]:
-    empty = trace.fully_masked_rows
-    if empty.ndim == 3:  # (B, h, L): the mask is the same for every head
-        empty = empty.any(axis=1)
     return {
         "mask": mask.allowed,
         "additive_mask": mask.additive,
-        "fully_masked_rows": [np.flatnonzero(r).tolist() for r in empty],
+        "fully_masked_rows": rows_by_item(trace.fully_masked_rows),  # per batch item
     }
 
 
@@ -179,7 +204,11 @@ def _finish(body: dict[str, Any], req: InputFields, dims: Dims, always: tuple[st
             return {k: tidy(v, unbatch and k in per_sequence) for k, v in value.items()}
         return value
 
-    out = {k: tidy(v, unbatch and k in per_sequence) for k, v in body.items() if wanted is None or k in wanted}
+    out = {
+        k: tidy(v, unbatch and k in per_sequence)
+        for k, v in body.items()
+        if wanted is None or k in wanted
+    }
     return orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
@@ -192,7 +221,7 @@ def run_attention(req: AttentionRequest) -> bytes:
     if req.q is not None and req.k is not None and req.v is not None:
         q, k, v = _batched(req.q), _batched(req.k), _batched(req.v)
     else:
-        x = _batched(generated["x"] if "x" in generated else req.x)  # type: ignore[arg-type]
+        x = _batched(_x(req, generated))
         source = x if req.context is None else _batched(req.context)
         src = "X" if req.context is None else "C"
         proj = {}
@@ -205,7 +234,9 @@ def run_attention(req: AttentionRequest) -> bytes:
             steps.append(
                 {
                     "name": name[-1],
-                    "formula": _projection_formula(name[-1].upper(), label, "W_" + name[-1], layout, bias is not None),
+                    "formula": _projection_formula(
+                        name[-1].upper(), label, "W_" + name[-1], layout, bias is not None
+                    ),
                     "shape": _shape(dims, rows, width),
                 }
             )
@@ -250,20 +281,36 @@ def run_attention(req: AttentionRequest) -> bytes:
     return _finish(body, req, dims, ("scale", "d_k", "d_v", "conventions"))
 
 
-def _multihead_weights(req: MultiheadRequest, dims: MultiheadDims, generated: dict[str, Array]) -> MultiheadWeights:
+def _stack_heads(heads: list[HeadWeights], layout: str) -> tuple[Any, ...]:
+    """Per-head weights side by side: (w_q, w_k, w_v, b_q, b_k, b_v) in in_out layout, head i
+    in columns i·d_k … (i+1)·d_k − 1; a head without a bias gets zeros."""
+
+    def in_out(w: Array) -> Array:
+        return w if layout == "in_out" else w.T
+
+    def weight(name: str) -> Array:
+        return np.concatenate([in_out(getattr(hd, "w_" + name)) for hd in heads], axis=1)
+
+    def bias(name: str) -> Array | None:
+        if all(getattr(hd, "b_" + name) is None for hd in heads):
+            return None
+        parts = [getattr(hd, "b_" + name) for hd in heads]
+        widths = [in_out(getattr(hd, "w_" + name)).shape[1] for hd in heads]
+        return np.concatenate(
+            [np.zeros(w) if p is None else p for p, w in zip(parts, widths, strict=True)]
+        )
+
+    return weight("q"), weight("k"), weight("v"), bias("q"), bias("k"), bias("v")
+
+
+def _multihead_weights(
+    req: MultiheadRequest, dims: MultiheadDims, generated: dict[str, Array]
+) -> MultiheadWeights:
     """Every accepted weight form, converted to combined in_out weights."""
     d = dims.d_model
     if dims.form == "per_head":
         assert req.heads is not None
-        t = (lambda w: w) if req.weight_layout == "in_out" else (lambda w: w.T)
-        cat = lambda name: np.concatenate([t(getattr(hd, name)) for hd in req.heads], axis=1)  # noqa: E731
-        bias = lambda name: (  # noqa: E731
-            np.concatenate([getattr(hd, name) if getattr(hd, name) is not None else np.zeros(t(getattr(hd, "w_" + name[-1])).shape[1]) for hd in req.heads])
-            if any(getattr(hd, name) is not None for hd in req.heads)
-            else None
-        )
-        w_q, w_k, w_v = cat("w_q"), cat("w_k"), cat("w_v")  # (d_model, h·d_k) …
-        b_q, b_k, b_v = bias("b_q"), bias("b_k"), bias("b_v")
+        w_q, w_k, w_v, b_q, b_k, b_v = _stack_heads(req.heads, req.weight_layout)
     elif dims.form == "in_proj":
         assert req.in_proj_weight is not None and d is not None
         packed = req.in_proj_weight  # (3·d_model, d_model), rows q, k, v, out_in
@@ -300,15 +347,21 @@ def run_multihead(req: MultiheadRequest) -> bytes:
     """POST /multihead: multi-head attention, per-head traces and the block around them."""
     dims = req.dims()
     h, h_kv = dims.num_heads, dims.num_kv_heads
-    generated = _generated(req, dims, {"w_q": h * dims.d_k, "w_k": h_kv * dims.d_k, "w_v": h_kv * dims.d_v})
+    generated = _generated(
+        req, dims, {"w_q": h * dims.d_k, "w_k": h_kv * dims.d_k, "w_v": h_kv * dims.d_v}
+    )
     steps = _generate_steps(req, generated)
-    x = _batched(generated["x"] if "x" in generated else req.x)  # type: ignore[arg-type]
+    x = _batched(_x(req, generated))
     context = None if req.context is None else _batched(req.context)
     weights = _multihead_weights(req, dims, generated)
     pe = req.positional_encoding
     positional = sinusoidal_encoding(dims.seq_len, x.shape[-1]) if isinstance(pe, str) else pe
     norm = _layer_norm_options(req)
-    mask = masks.combine(req.mask_specs(), x.shape[0], dims.seq_len, dims.ctx_len) if req.mask else None
+    mask = (
+        masks.combine(req.mask_specs(), x.shape[0], dims.seq_len, dims.ctx_len)
+        if req.mask
+        else None
+    )
     trace = multihead_attention(
         x,
         weights,
@@ -326,26 +379,56 @@ def run_multihead(req: MultiheadRequest) -> bytes:
     x_name = "X_in" if positional is not None else "X"
     if positional is not None:
         kind = "sinusoidal PE (Vaswani et al. 2017)" if isinstance(pe, str) else "P (given)"
-        steps.append({"name": "x_in", "formula": f"X_in = X + {kind}", "shape": _shape(dims, L, d_model)})
+        steps.append(
+            {"name": "x_in", "formula": f"X_in = X + {kind}", "shape": _shape(dims, L, d_model)}
+        )
     src = x_name if context is None else "C"
     gqa = f", key/value head ⌊i·{h_kv}/{h}⌋ serves query head i" if h_kv != h else ""
     steps += [
-        {"name": "q", "formula": f"Q = {x_name} W_q (+ b_q), split into {h} heads of d_k = {dims.d_k} columns", "shape": _shape(dims, h, L, dims.d_k)},
-        {"name": "k", "formula": f"K = {src} W_k (+ b_k), split into {h_kv} heads{gqa}", "shape": _shape(dims, h, S, dims.d_k)},
-        {"name": "v", "formula": f"V = {src} W_v (+ b_v), split into {h_kv} heads{gqa}", "shape": _shape(dims, h, S, dims.d_v)},
+        {
+            "name": "q",
+            "formula": f"Q = {x_name} W_q (+ b_q), split into {h} heads of d_k = {dims.d_k} columns",
+            "shape": _shape(dims, h, L, dims.d_k),
+        },
+        {
+            "name": "k",
+            "formula": f"K = {src} W_k (+ b_k), split into {h_kv} heads{gqa}",
+            "shape": _shape(dims, h, S, dims.d_k),
+        },
+        {
+            "name": "v",
+            "formula": f"V = {src} W_v (+ b_v), split into {h_kv} heads{gqa}",
+            "shape": _shape(dims, h, S, dims.d_v),
+        },
     ]
     steps += _attention_steps(trace.heads, dims, req.scale is not None, mask is not None)
     steps += [
-        {"name": "average_weights", "formula": "mean of the heads' weights", "shape": _shape(dims, L, S)},
-        {"name": "concat", "formula": "Concat(head_1, …, head_h)", "shape": _shape(dims, L, h * dims.d_v)},
+        {
+            "name": "average_weights",
+            "formula": "mean of the heads' weights",
+            "shape": _shape(dims, L, S),
+        },
+        {
+            "name": "concat",
+            "formula": "Concat(head_1, …, head_h)",
+            "shape": _shape(dims, L, h * dims.d_v),
+        },
         {
             "name": "projected",
-            "formula": "Concat W_o + b_o" if weights.w_o is not None else "Concat (W_o = identity)" + (" + b_o" if weights.b_o is not None else ""),
+            "formula": "Concat W_o + b_o"
+            if weights.w_o is not None
+            else "Concat (W_o = identity)" + (" + b_o" if weights.b_o is not None else ""),
             "shape": _shape(dims, L, dims.d_out),
         },
     ]
     if trace.residual is not None:
-        steps.append({"name": "residual", "formula": f"{x_name} + projected", "shape": _shape(dims, L, d_model)})
+        steps.append(
+            {
+                "name": "residual",
+                "formula": f"{x_name} + projected",
+                "shape": _shape(dims, L, d_model),
+            }
+        )
     if norm is not None:
         over = "each token's features" if norm.over == "features" else "all numbers of the sequence"
         steps.append(
@@ -392,4 +475,6 @@ def run_multihead(req: MultiheadRequest) -> bytes:
     if mask is not None:
         body |= _mask_outputs(mask, trace.heads)
     body |= generated
-    return _finish(body, req, dims, ("scale", "num_heads", "num_kv_heads", "d_k", "d_v", "conventions"))
+    return _finish(
+        body, req, dims, ("scale", "num_heads", "num_kv_heads", "d_k", "d_v", "conventions")
+    )

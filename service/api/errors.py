@@ -5,9 +5,9 @@ Messages are sentences for people; nothing of the input is echoed beyond a short
 
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-import orjson
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -21,7 +21,9 @@ MAX_LISTED = 10
 class ErrorItem(BaseModel):
     """One problem with the request."""
 
-    field: str | None = Field(description="dotted path of the field, e.g. mask[0].matrix; null for the whole body")
+    field: str | None = Field(
+        description="dotted path of the field, e.g. mask[0].matrix; null for the whole body"
+    )
     message: str = Field(description="what is wrong, in words")
     type: str = Field(description="machine-readable kind, e.g. value_error, missing, json_invalid")
 
@@ -40,7 +42,14 @@ def _field(loc: tuple[Any, ...]) -> str | None:
     for part in parts:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("causal", "padding", "window", "boolean", "additive", "function-after[_some_lengths(), PaddingMask]"):
+        elif part in (
+            "causal",
+            "padding",
+            "window",
+            "boolean",
+            "additive",
+            "function-after[_some_lengths(), PaddingMask]",
+        ):
             continue
         else:
             out += ("." if out else "") + str(part)
@@ -55,7 +64,11 @@ def _item(err: dict[str, Any]) -> ErrorItem:
         return ErrorItem(field=cause.field, message=str(cause), type=kind)
     field = _field(tuple(err.get("loc", ())))
     if kind == "json_invalid":
-        return ErrorItem(field=None, message=f"the body is not valid JSON: {ctx.get('error', 'parse error')}", type=kind)
+        return ErrorItem(
+            field=None,
+            message=f"the body is not valid JSON: {ctx.get('error', 'parse error')}",
+            type=kind,
+        )
     if isinstance(cause, ValueError):
         return ErrorItem(field=field, message=str(cause), type=kind)
     msg = str(err.get("msg", "invalid value"))
@@ -70,8 +83,12 @@ def _item(err: dict[str, Any]) -> ErrorItem:
 
 def error_response(status: int, items: list[ErrorItem]) -> Response:
     """The one error shape, as a JSON response."""
-    body = ErrorBody(message=items[0].message if items else "bad request", errors=items[:MAX_LISTED])
-    return Response(orjson.dumps(body.model_dump()), status_code=status, media_type="application/json")
+    body = ErrorBody(
+        message=items[0].message if items else "bad request", errors=items[:MAX_LISTED]
+    )
+    return Response(
+        orjson.dumps(body.model_dump()), status_code=status, media_type="application/json"
+    )
 
 
 def install(app: FastAPI) -> None:
@@ -87,8 +104,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(AttentionInputError)
     async def _math(_: Request, exc: AttentionInputError) -> Response:
         field = "mask" if isinstance(exc, FullyMaskedRowsError) else None
-        return error_response(422, [ErrorItem(field=field, message=str(exc), type="attention_error")])
+        return error_response(
+            422, [ErrorItem(field=field, message=str(exc), type="attention_error")]
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> Response:
-        return error_response(exc.status_code, [ErrorItem(field=None, message=str(exc.detail), type="http_error")])
+        return error_response(
+            exc.status_code, [ErrorItem(field=None, message=str(exc.detail), type="http_error")]
+        )

@@ -93,6 +93,10 @@ MASK_EXAMPLES = _examples(
     ("alibi_window", "A local window and ALiBi-style additive biases", ALIBI_WINDOW),
 )
 MULTIHEAD_EXAMPLES = _examples(
-    ("two_heads", "Two heads, explicit positional encoding, W_o, residual, layer norm", TWO_HEADS_FULL_BLOCK),
+    (
+        "two_heads",
+        "Two heads, explicit positional encoding, W_o, residual, layer norm",
+        TWO_HEADS_FULL_BLOCK,
+    ),
     ("generated", "A generated sentence, sinusoidal encoding, causal mask", GENERATED_MULTIHEAD),
 )

@@ -2,8 +2,6 @@
 from arrays directly, so these models describe the body without being built for each request.
 Arrays gain a leading B when the request was batched."""
 
-from typing import Any
-
 from pydantic import BaseModel, Field
 
 Matrix = list[list[float]] | list[list[list[float]]]
@@ -15,10 +13,16 @@ class SummaryRow(BaseModel):
     """One query row at a glance."""
 
     token: str | None = Field(description="the query's token (null when no tokens were given)")
-    top_key: str | None = Field(description="the key token it attends to most (null if unknown or the row is all zero)")
-    top_key_index: int | None = Field(description="index of that key (null when the row's weights are all zero)")
+    top_key: str | None = Field(
+        description="the key token it attends to most (null if unknown or the row is all zero)"
+    )
+    top_key_index: int | None = Field(
+        description="index of that key (null when the row's weights are all zero)"
+    )
     top_weight: float = Field(description="its weight")
-    entropy_bits: float = Field(description="entropy of the row's weights in bits (0: all on one key)")
+    entropy_bits: float = Field(
+        description="entropy of the row's weights in bits (0: all on one key)"
+    )
 
 
 class Step(BaseModel):
@@ -33,7 +37,9 @@ class Conventions(BaseModel):
     """The conventions this answer was computed with."""
 
     weight_layout: str = Field(description="in_out: X @ W; out_in: X @ W.T")
-    generated_weight_layout: str = Field(description="generated weights are always drawn in in_out layout")
+    generated_weight_layout: str = Field(
+        description="generated weights are always drawn in in_out layout"
+    )
     scale: str = Field(description="1/sqrt(d_k) or given")
     boolean_masks: str = Field(description="true = may attend")
     causal_alignment: str = Field(description="upper_left or lower_right")
@@ -50,7 +56,8 @@ class _Common(BaseModel):
     context_tokens: list[str] | None = Field(None, description="labels of the S keys, when known")
     conventions: Conventions
     summary: list[SummaryRow] | list[list[SummaryRow]] | None = Field(
-        None, description="per query row: top key, its weight and the entropy (per batch item when batched)"
+        None,
+        description="per query row: top key, its weight and the entropy (per batch item when batched)",
     )
     steps: list[Step] | None = Field(None, description="every operation performed, in order")
     mask: BoolMatrix | None = Field(None, description="the combined mask [L][S], true = may attend")
@@ -61,9 +68,15 @@ class _Common(BaseModel):
         None, description="query rows with no key allowed (per batch item when batched)"
     )
     x: list[list[float]] | None = Field(None, description="generated x, when it was generated")
-    w_q: list[list[float]] | None = Field(None, description="generated w_q (in_out), when generated")
-    w_k: list[list[float]] | None = Field(None, description="generated w_k (in_out), when generated")
-    w_v: list[list[float]] | None = Field(None, description="generated w_v (in_out), when generated")
+    w_q: list[list[float]] | None = Field(
+        None, description="generated w_q (in_out), when generated"
+    )
+    w_k: list[list[float]] | None = Field(
+        None, description="generated w_k (in_out), when generated"
+    )
+    w_v: list[list[float]] | None = Field(
+        None, description="generated w_v (in_out), when generated"
+    )
 
 
 class AttentionResponse(_Common):
@@ -75,9 +88,12 @@ class AttentionResponse(_Common):
     scores: Matrix | None = Field(None, description="Q Kᵀ [L][S]")
     scaled_scores: Matrix | None = Field(None, description="Q Kᵀ · scale [L][S]")
     masked_scores: NullableMatrix | None = Field(
-        None, description="scaled scores plus the mask; null where masked (only when a mask applies)"
+        None,
+        description="scaled scores plus the mask; null where masked (only when a mask applies)",
     )
-    weights: Matrix | None = Field(None, description="row softmax of the (masked) scaled scores [L][S]")
+    weights: Matrix | None = Field(
+        None, description="row softmax of the (masked) scaled scores [L][S]"
+    )
     output: Matrix | None = Field(None, description="weights V [L][d_v]")
 
 
@@ -103,9 +119,12 @@ class MultiheadResponse(_Common):
 
     heads: list[HeadTrace] | None = Field(None, description="h per-head traces")
     average_weights: Matrix | None = Field(
-        None, description="mean of the heads' weights (nn.MultiheadAttention average_attn_weights=True)"
+        None,
+        description="mean of the heads' weights (nn.MultiheadAttention average_attn_weights=True)",
     )
-    x_in: Matrix | None = Field(None, description="x after positional encoding (when one is applied)")
+    x_in: Matrix | None = Field(
+        None, description="x after positional encoding (when one is applied)"
+    )
     concat: Matrix | None = Field(None, description="the heads' outputs side by side [L][h·d_v]")
     projected: Matrix | None = Field(None, description="concat W_o + b_o")
     residual: Matrix | None = Field(None, description="x_in + projected (when asked)")
@@ -113,5 +132,3 @@ class MultiheadResponse(_Common):
     output: Matrix | None = Field(None, description="the final result")
     num_heads: int = Field(description="h")
     num_kv_heads: int = Field(description="key/value heads (h unless grouped-query attention)")
-
-

@@ -15,7 +15,10 @@ router = APIRouter()
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "The body is not valid JSON"},
-    422: {"model": ErrorBody, "description": "The request is well-formed JSON but does not fit the contract"},
+    422: {
+        "model": ErrorBody,
+        "description": "The request is well-formed JSON but does not fit the contract",
+    },
 }
 
 

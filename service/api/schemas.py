@@ -52,11 +52,15 @@ def _name(info: ValidationInfo) -> str:
 
 
 def _sequence(value: Any, info: ValidationInfo) -> Array:
-    return to_array(value, _name(info), (2, 3), "a matrix [L][d] (rows of numbers) or a batch [B][L][d]")
+    return to_array(
+        value, _name(info), (2, 3), "a matrix [L][d] (rows of numbers) or a batch [B][L][d]"
+    )
 
 
 def _matrix(value: Any, info: ValidationInfo) -> Array:
-    return to_array(value, _name(info), (2,), "a matrix (rows of numbers); weights are never batched")
+    return to_array(
+        value, _name(info), (2,), "a matrix (rows of numbers); weights are never batched"
+    )
 
 
 def _vector(value: Any, info: ValidationInfo) -> Array:
@@ -75,7 +79,9 @@ def _positional(value: Any, info: ValidationInfo) -> Literal["sinusoidal"] | Arr
     if value == "sinusoidal":
         return "sinusoidal"
     if isinstance(value, str):
-        raise ValueError(f'positional_encoding must be "sinusoidal" or a matrix [L][d_model], got "{value[:20]}"')
+        raise ValueError(
+            f'positional_encoding must be "sinusoidal" or a matrix [L][d_model], got "{value[:20]}"'
+        )
     return to_array(value, _name(info), (2,), 'a matrix [L][d_model], or "sinusoidal"')
 
 
@@ -258,7 +264,9 @@ class InputFields(BaseModel):
 
     model_config = _STRICT
 
-    x: Sequence | None = Field(None, description="input embeddings [L][d_model] (or [B][L][d_model])")
+    x: Sequence | None = Field(
+        None, description="input embeddings [L][d_model] (or [B][L][d_model])"
+    )
     context: Sequence | None = Field(
         None, description="cross-attention: keys and values are projected from this [S][d_model]"
     )
@@ -269,7 +277,10 @@ class InputFields(BaseModel):
     b_k: Vector | None = Field(None, description="key bias [d_k]")
     b_v: Vector | None = Field(None, description="value bias [d_v]")
     seed: int | None = Field(
-        None, ge=0, le=2**32 - 1, description="generated mode: numpy.random.RandomState(seed) draws missing arrays"
+        None,
+        ge=0,
+        le=2**32 - 1,
+        description="generated mode: numpy.random.RandomState(seed) draws missing arrays",
     )
     init: Literal["uniform", "normal"] = Field(
         "uniform", description="generated mode: uniform = rand (U[0,1)), normal = randn (N(0,1))"
@@ -277,8 +288,12 @@ class InputFields(BaseModel):
     d_model: int | None = Field(None, ge=1, description="generated mode: width of generated x")
     d_k: int | None = Field(None, ge=1, description="generated mode: width of queries and keys")
     d_v: int | None = Field(None, ge=1, description="generated mode: width of values (default d_k)")
-    seq_len: int | None = Field(None, ge=1, description="generated mode: L when there are no tokens")
-    tokens: list[str] | None = Field(None, description="labels of the L queries (fix L in generated mode)")
+    seq_len: int | None = Field(
+        None, ge=1, description="generated mode: L when there are no tokens"
+    )
+    tokens: list[str] | None = Field(
+        None, description="labels of the L queries (fix L in generated mode)"
+    )
     context_tokens: list[str] | None = Field(None, description="labels of the S keys")
     sentence: str | None = Field(None, description="split on whitespace into tokens")
     weight_layout: Literal["in_out", "out_in"] = Field(
@@ -309,22 +324,33 @@ class InputFields(BaseModel):
         for name in self.include or ():
             if name not in self.includable:
                 raise FieldError(
-                    "include", f'include names "{name[:40]}", which is not an output; choose from {", ".join(self.includable)}'
+                    "include",
+                    f'include names "{name[:40]}", which is not an output; choose from {", ".join(self.includable)}',
                 )
 
-    def _labels(self, seq_len: int | None, ctx_len: int | None) -> tuple[list[str] | None, list[str] | None]:
+    def _labels(
+        self, seq_len: int | None, ctx_len: int | None
+    ) -> tuple[list[str] | None, list[str] | None]:
         """tokens (from tokens or sentence) and context_tokens, checked against L and S."""
         if self.tokens is not None and self.sentence is not None:
             raise FieldError("sentence", "give tokens or sentence, not both")
         tokens = self.sentence.split() if self.sentence is not None else self.tokens
         if tokens is not None and not tokens:
-            raise FieldError("tokens", "tokens is empty" if self.sentence is None else "sentence has no words")
+            raise FieldError(
+                "tokens", "tokens is empty" if self.sentence is None else "sentence has no words"
+            )
         source = "sentence" if self.sentence is not None else "tokens"
         if tokens is not None and seq_len is not None and len(tokens) != seq_len:
-            raise FieldError(source, f"{source} gives {len(tokens)} tokens but there are {seq_len} query rows (L)")
+            raise FieldError(
+                source,
+                f"{source} gives {len(tokens)} tokens but there are {seq_len} query rows (L)",
+            )
         ctx = self.context_tokens
         if ctx is not None and ctx_len is not None and len(ctx) != ctx_len:
-            raise FieldError("context_tokens", f"context_tokens has {len(ctx)} labels but there are {ctx_len} keys (S)")
+            raise FieldError(
+                "context_tokens",
+                f"context_tokens has {len(ctx)} labels but there are {ctx_len} keys (S)",
+            )
         if ctx is None and self.context is None:
             ctx = tokens
         return tokens, ctx
@@ -333,7 +359,9 @@ class InputFields(BaseModel):
         tokens, _ = self._labels(None, None)
         if tokens is not None:
             if self.seq_len is not None and self.seq_len != len(tokens):
-                raise FieldError("seq_len", f"seq_len is {self.seq_len} but there are {len(tokens)} tokens")
+                raise FieldError(
+                    "seq_len", f"seq_len is {self.seq_len} but there are {len(tokens)} tokens"
+                )
             return len(tokens)
         return self.seq_len
 
@@ -346,13 +374,21 @@ class InputFields(BaseModel):
             if self.seq_len is not None and self.seq_len != seq_len:
                 raise FieldError("seq_len", f"seq_len is {self.seq_len} but x has {seq_len} rows")
             if self.d_model is not None and self.d_model != d_model:
-                raise FieldError("d_model", f"d_model is {self.d_model} but x has {d_model} columns")
+                raise FieldError(
+                    "d_model", f"d_model is {self.d_model} but x has {d_model} columns"
+                )
         else:
             if self.seed is None:
-                raise FieldError("x", "x is missing: give x, or give seed (with d_model and tokens, sentence or seq_len) to generate it")
+                raise FieldError(
+                    "x",
+                    "x is missing: give x, or give seed (with d_model and tokens, sentence or seq_len) to generate it",
+                )
             found = self._seq_len_from_labels()
             if found is None:
-                raise FieldError("seq_len", "to generate x, give tokens, sentence or seq_len so the sequence length L is known")
+                raise FieldError(
+                    "seq_len",
+                    "to generate x, give tokens, sentence or seq_len so the sequence length L is known",
+                )
             seq_len = found
             d_model = self.d_model if self.d_model is not None else self._d_model_from_weights()
             if d_model is None:
@@ -361,10 +397,16 @@ class InputFields(BaseModel):
         if self.context is not None:
             c_batch = self.context.shape[0] if self.context.ndim == 3 else None
             if c_batch != batch:
-                raise FieldError("context", f"context is {_batch_words(c_batch)} but x is {_batch_words(batch)}: batch both or neither, with the same B")
+                raise FieldError(
+                    "context",
+                    f"context is {_batch_words(c_batch)} but x is {_batch_words(batch)}: batch both or neither, with the same B",
+                )
             ctx_len, c_width = self.context.shape[-2:]
             if c_width != d_model:
-                raise FieldError("context", f"context has {c_width} columns but x has {d_model}: both are projected by the same weights")
+                raise FieldError(
+                    "context",
+                    f"context has {c_width} columns but x has {d_model}: both are projected by the same weights",
+                )
         return batch, seq_len, ctx_len, d_model
 
     def _d_model_from_weights(self) -> int | None:
@@ -400,19 +442,34 @@ class InputFields(BaseModel):
             if isinstance(item, BooleanMask | AdditiveMask):
                 m = item.matrix
                 if m.ndim == 3 and (batch is None or m.shape[0] != batch):
-                    raise FieldError(f"{field}.matrix", f"{field}.matrix is a batch of {m.shape[0]} but the request is {_batch_words(batch)}")
+                    raise FieldError(
+                        f"{field}.matrix",
+                        f"{field}.matrix is a batch of {m.shape[0]} but the request is {_batch_words(batch)}",
+                    )
                 if m.shape[-2:] != (seq_len, ctx_len):
                     got = "×".join(map(str, m.shape[-2:]))
-                    raise FieldError(f"{field}.matrix", f"{field}.matrix is {got} but the scores are L×S = {seq_len}×{ctx_len} ({seq_len} queries, {ctx_len} keys)")
+                    raise FieldError(
+                        f"{field}.matrix",
+                        f"{field}.matrix is {got} but the scores are L×S = {seq_len}×{ctx_len} ({seq_len} queries, {ctx_len} keys)",
+                    )
             if isinstance(item, PaddingMask):
-                for name, limit, what in (("key_lengths", ctx_len, "keys (S)"), ("query_lengths", seq_len, "queries (L)")):
+                for name, limit, what in (
+                    ("key_lengths", ctx_len, "keys (S)"),
+                    ("query_lengths", seq_len, "queries (L)"),
+                ):
                     lengths = item.lengths(name)
                     if lengths is None:
                         continue
                     if len(lengths) not in (1, batch or 1):
-                        raise FieldError(f"{field}.{name}", f"{field}.{name} has {len(lengths)} entries but the batch has {batch or 1} item(s)")
+                        raise FieldError(
+                            f"{field}.{name}",
+                            f"{field}.{name} has {len(lengths)} entries but the batch has {batch or 1} item(s)",
+                        )
                     if max(lengths) > limit:
-                        raise FieldError(f"{field}.{name}", f"{field}.{name} has {max(lengths)} but there are only {limit} {what}")
+                        raise FieldError(
+                            f"{field}.{name}",
+                            f"{field}.{name} has {max(lengths)} but there are only {limit} {what}",
+                        )
 
     def mask_specs(self) -> list[masks.MaskSpec]:
         """The request's masks as engine objects."""
@@ -433,10 +490,30 @@ class AttentionRequest(InputFields):
     def dims(self) -> Dims:
         self._check_include()
         direct = [n for n in ("q", "k", "v") if getattr(self, n) is not None]
-        projection = [n for n in ("x", "context", "w_q", "w_k", "w_v", "b_q", "b_k", "b_v", "seed", "d_model", "d_k", "d_v") if getattr(self, n) is not None]
+        projection = [
+            n
+            for n in (
+                "x",
+                "context",
+                "w_q",
+                "w_k",
+                "w_v",
+                "b_q",
+                "b_k",
+                "b_v",
+                "seed",
+                "d_model",
+                "d_k",
+                "d_v",
+            )
+            if getattr(self, n) is not None
+        ]
         if direct:
             if projection:
-                raise FieldError(projection[0], f"give either q, k and v (direct mode) or x with w_q, w_k, w_v (projections mode), not both: found {direct[0]} and {projection[0]}")
+                raise FieldError(
+                    projection[0],
+                    f"give either q, k and v (direct mode) or x with w_q, w_k, w_v (projections mode), not both: found {direct[0]} and {projection[0]}",
+                )
             return self._direct_dims()
         return self._projection_dims()
 
@@ -447,14 +524,25 @@ class AttentionRequest(InputFields):
         assert self.q is not None and self.k is not None and self.v is not None
         q, k, v = self.q, self.k, self.v
         if not q.ndim == k.ndim == v.ndim:
-            raise FieldError("k", "q, k and v must all be single matrices or all be batches [B][·][·]")
+            raise FieldError(
+                "k", "q, k and v must all be single matrices or all be batches [B][·][·]"
+            )
         batch = q.shape[0] if q.ndim == 3 else None
         if batch is not None and not q.shape[0] == k.shape[0] == v.shape[0]:
-            raise FieldError("k", f"q, k and v must have the same batch size; got {q.shape[0]}, {k.shape[0]} and {v.shape[0]}")
+            raise FieldError(
+                "k",
+                f"q, k and v must have the same batch size; got {q.shape[0]}, {k.shape[0]} and {v.shape[0]}",
+            )
         if q.shape[-1] != k.shape[-1]:
-            raise FieldError("k", f"q has {q.shape[-1]} columns but k has {k.shape[-1]}: queries and keys need the same width d_k for Q Kᵀ")
+            raise FieldError(
+                "k",
+                f"q has {q.shape[-1]} columns but k has {k.shape[-1]}: queries and keys need the same width d_k for Q Kᵀ",
+            )
         if k.shape[-2] != v.shape[-2]:
-            raise FieldError("v", f"k has {k.shape[-2]} rows but v has {v.shape[-2]}: every key needs its value (S rows each)")
+            raise FieldError(
+                "v",
+                f"k has {k.shape[-2]} rows but v has {v.shape[-2]}: every key needs its value (S rows each)",
+            )
         seq_len, ctx_len = q.shape[-2], k.shape[-2]
         tokens, ctx_tokens = self._labels(seq_len, ctx_len)
         self._check_masks(batch, seq_len, ctx_len)
@@ -469,17 +557,26 @@ class AttentionRequest(InputFields):
             w = getattr(self, name)
             if w is None:
                 if self.seed is None:
-                    raise FieldError(name, f"{name} is missing: give {name}, or give seed and d_k to generate it")
+                    raise FieldError(
+                        name, f"{name} is missing: give {name}, or give seed and d_k to generate it"
+                    )
                 generate.append(name)
             else:
                 widths[name] = self._weight_out(name, w, d_model)
         if "w_q" in widths and "w_k" in widths and widths["w_q"] != widths["w_k"]:
-            raise FieldError("w_k", f"w_q gives queries of width {widths['w_q']} but w_k gives keys of width {widths['w_k']}: they must match for Q Kᵀ")
+            raise FieldError(
+                "w_k",
+                f"w_q gives queries of width {widths['w_q']} but w_k gives keys of width {widths['w_k']}: they must match for Q Kᵀ",
+            )
         d_k = widths.get("w_q", widths.get("w_k", self.d_k))
         if d_k is None:
-            raise FieldError("d_k", "to generate w_q and w_k, give d_k (the width of queries and keys)")
+            raise FieldError(
+                "d_k", "to generate w_q and w_k, give d_k (the width of queries and keys)"
+            )
         if self.d_k is not None and self.d_k != d_k:
-            raise FieldError("d_k", f"d_k is {self.d_k} but the given weights make queries of width {d_k}")
+            raise FieldError(
+                "d_k", f"d_k is {self.d_k} but the given weights make queries of width {d_k}"
+            )
         d_v = widths.get("w_v", self.d_v if self.d_v is not None else d_k)
         if self.d_v is not None and self.d_v != d_v:
             raise FieldError("d_v", f"d_v is {self.d_v} but w_v makes values of width {d_v}")
@@ -496,7 +593,7 @@ class AttentionRequest(InputFields):
 class MaskRequest(AttentionRequest):
     """POST /mask: attention with a mask, returning the mask itself too."""
 
-    mask: MaskList = Field(description="one mask object or a list, combined with AND")  # type: ignore[assignment]
+    mask: MaskList = Field(description="one mask object or a list, combined with AND")
 
 
 @dataclass(frozen=True)
@@ -515,23 +612,36 @@ class MultiheadRequest(InputFields):
 
     includable: ClassVar[tuple[str, ...]] = INCLUDABLE_MULTIHEAD
 
-    num_heads: int = Field(ge=1, description="h; d_model × d_model weights split into h heads of d_k = d_model / h")
-    num_kv_heads: int | None = Field(
-        None, ge=1, description="grouped-query attention: key/value heads; num_heads must be a multiple"
+    num_heads: int = Field(
+        ge=1, description="h; d_model × d_model weights split into h heads of d_k = d_model / h"
     )
-    heads: list[HeadWeights] | None = Field(None, description="per-head weights, one entry per head")
+    num_kv_heads: int | None = Field(
+        None,
+        ge=1,
+        description="grouped-query attention: key/value heads; num_heads must be a multiple",
+    )
+    heads: list[HeadWeights] | None = Field(
+        None, description="per-head weights, one entry per head"
+    )
     in_proj_weight: Matrix | None = Field(
         None, description="PyTorch packed [3·d_model][d_model] (rows q, k, v), always out_in"
     )
     in_proj_bias: Vector | None = Field(None, description="PyTorch packed [3·d_model] bias")
-    w_o: Matrix | None = Field(None, description="output projection h·d_v × d_out (in_out); default identity")
+    w_o: Matrix | None = Field(
+        None, description="output projection h·d_v × d_out (in_out); default identity"
+    )
     b_o: Vector | None = Field(None, description="output bias [d_out]")
-    out_proj_weight: Matrix | None = Field(None, description="PyTorch out_proj.weight [d_out][h·d_v], always out_in")
+    out_proj_weight: Matrix | None = Field(
+        None, description="PyTorch out_proj.weight [d_out][h·d_v], always out_in"
+    )
     out_proj_bias: Vector | None = Field(None, description="PyTorch out_proj.bias [d_out]")
     positional_encoding: Positional | None = Field(
-        None, description='"sinusoidal" (Vaswani et al. 2017) or an explicit [L][d_model] matrix, added to x'
+        None,
+        description='"sinusoidal" (Vaswani et al. 2017) or an explicit [L][d_model] matrix, added to x',
     )
-    residual: bool = Field(False, description="add the block's input (x after positional encoding) to its output")
+    residual: bool = Field(
+        False, description="add the block's input (x after positional encoding) to its output"
+    )
     layer_norm: bool | LayerNormOptions = Field(
         False, description="true or options: layer norm applied after the residual"
     )
@@ -543,11 +653,27 @@ class MultiheadRequest(InputFields):
         h = self.num_heads
         h_kv = self.num_kv_heads or h
         if h % h_kv:
-            raise FieldError("num_kv_heads", f"num_heads {h} is not a multiple of num_kv_heads {h_kv}: each key/value head must serve the same number of query heads")
-        combined = [n for n in ("w_q", "w_k", "w_v", "b_q", "b_k", "b_v") if getattr(self, n) is not None]
-        forms = [name for name, present in (("w_q/w_k/w_v", bool(combined)), ("in_proj_weight", self.in_proj_weight is not None), ("heads", self.heads is not None)) if present]
+            raise FieldError(
+                "num_kv_heads",
+                f"num_heads {h} is not a multiple of num_kv_heads {h_kv}: each key/value head must serve the same number of query heads",
+            )
+        combined = [
+            n for n in ("w_q", "w_k", "w_v", "b_q", "b_k", "b_v") if getattr(self, n) is not None
+        ]
+        forms = [
+            name
+            for name, present in (
+                ("w_q/w_k/w_v", bool(combined)),
+                ("in_proj_weight", self.in_proj_weight is not None),
+                ("heads", self.heads is not None),
+            )
+            if present
+        ]
         if len(forms) > 1:
-            raise FieldError(forms[1].split("/")[0], f"give the projections in one form only: found {forms[0]} and {forms[1]}")
+            raise FieldError(
+                forms[1].split("/")[0],
+                f"give the projections in one form only: found {forms[0]} and {forms[1]}",
+            )
         generate = ["x"] if self.x is None else []
         if self.heads is not None:
             form: Literal["combined", "in_proj", "per_head"] = "per_head"
@@ -561,25 +687,56 @@ class MultiheadRequest(InputFields):
             generate += missing
         d_out = self._output_dims(h * d_v)
         if self.residual and d_out != d_model:
-            raise FieldError("residual", f"the residual adds x (width {d_model}) to the attention output (width {d_out}): they must match; choose w_o with {d_model} outputs")
+            raise FieldError(
+                "residual",
+                f"the residual adds x (width {d_model}) to the attention output (width {d_out}): they must match; choose w_o with {d_model} outputs",
+            )
         if isinstance(self.layer_norm, LayerNormOptions):
             for name in ("gamma", "beta"):
                 vec = getattr(self.layer_norm, name)
                 if vec is not None and vec.shape[0] != d_out:
-                    raise FieldError(f"layer_norm.{name}", f"layer_norm.{name} has {vec.shape[0]} entries but the normalised output has {d_out} features")
-        if isinstance(self.positional_encoding, np.ndarray) and self.positional_encoding.shape != (seq_len, d_model):
+                    raise FieldError(
+                        f"layer_norm.{name}",
+                        f"layer_norm.{name} has {vec.shape[0]} entries but the normalised output has {d_out} features",
+                    )
+        if isinstance(self.positional_encoding, np.ndarray) and self.positional_encoding.shape != (
+            seq_len,
+            d_model,
+        ):
             got = "×".join(map(str, self.positional_encoding.shape))
-            raise FieldError("positional_encoding", f"positional_encoding is {got} but x is {seq_len}×{d_model}: it must be [L][d_model]")
+            raise FieldError(
+                "positional_encoding",
+                f"positional_encoding is {got} but x is {seq_len}×{d_model}: it must be [L][d_model]",
+            )
         tokens, ctx_tokens = self._labels(seq_len, ctx_len)
         self._check_masks(batch, seq_len, ctx_len)
-        return MultiheadDims(batch, seq_len, ctx_len, d_model, d_k, d_v, tuple(generate), tokens, ctx_tokens, h, h_kv, d_out, form)
+        return MultiheadDims(
+            batch,
+            seq_len,
+            ctx_len,
+            d_model,
+            d_k,
+            d_v,
+            tuple(generate),
+            tokens,
+            ctx_tokens,
+            h,
+            h_kv,
+            d_out,
+            form,
+        )
 
     def _per_head_dims(self, d_model: int) -> tuple[int, int]:
         assert self.heads is not None
         if len(self.heads) != self.num_heads:
-            raise FieldError("heads", f"heads has {len(self.heads)} entries but num_heads is {self.num_heads}")
+            raise FieldError(
+                "heads", f"heads has {len(self.heads)} entries but num_heads is {self.num_heads}"
+            )
         if self.num_kv_heads not in (None, self.num_heads):
-            raise FieldError("num_kv_heads", "num_kv_heads needs combined weights (w_k, w_v of d_model × num_kv_heads·d_k); per-head weights give every head its own keys and values")
+            raise FieldError(
+                "num_kv_heads",
+                "num_kv_heads needs combined weights (w_k, w_v of d_model × num_kv_heads·d_k); per-head weights give every head its own keys and values",
+            )
         sizes = set()
         for i, head in enumerate(self.heads):
             widths = {}
@@ -589,54 +746,106 @@ class MultiheadRequest(InputFields):
                 d_in, d_o = (rows, cols) if self.weight_layout == "in_out" else (cols, rows)
                 if d_in != d_model:
                     side = "rows" if self.weight_layout == "in_out" else "columns"
-                    raise FieldError(f"heads[{i}].{name}", f"heads[{i}].{name} is {rows}×{cols} but x has {d_model} columns: with weight_layout {self.weight_layout} it must have {d_model} {side}")
+                    raise FieldError(
+                        f"heads[{i}].{name}",
+                        f"heads[{i}].{name} is {rows}×{cols} but x has {d_model} columns: with weight_layout {self.weight_layout} it must have {d_model} {side}",
+                    )
                 widths[name] = d_o
             if widths["w_q"] != widths["w_k"]:
-                raise FieldError(f"heads[{i}].w_k", f"heads[{i}] makes queries of width {widths['w_q']} but keys of width {widths['w_k']}: they must match")
+                raise FieldError(
+                    f"heads[{i}].w_k",
+                    f"heads[{i}] makes queries of width {widths['w_q']} but keys of width {widths['w_k']}: they must match",
+                )
             for b, w in (("b_q", "w_q"), ("b_k", "w_k"), ("b_v", "w_v")):
                 vec = getattr(head, b)
                 if vec is not None and vec.shape[0] != widths[w]:
-                    raise FieldError(f"heads[{i}].{b}", f"heads[{i}].{b} has {vec.shape[0]} entries but {w} has {widths[w]} outputs")
+                    raise FieldError(
+                        f"heads[{i}].{b}",
+                        f"heads[{i}].{b} has {vec.shape[0]} entries but {w} has {widths[w]} outputs",
+                    )
             sizes.add((widths["w_q"], widths["w_v"]))
         if len(sizes) > 1:
-            raise FieldError("heads", "every head must have the same d_k and d_v so their outputs can be concatenated")
+            raise FieldError(
+                "heads",
+                "every head must have the same d_k and d_v so their outputs can be concatenated",
+            )
         d_k, d_v = sizes.pop()
         return int(d_k), int(d_v)
 
     def _in_proj_dims(self, d_model: int) -> tuple[int, int]:
         assert self.in_proj_weight is not None
         if self.num_kv_heads not in (None, self.num_heads):
-            raise FieldError("num_kv_heads", "in_proj_weight is PyTorch's nn.MultiheadAttention packing, which has no grouped-query attention: give w_q, w_k, w_v to use num_kv_heads")
+            raise FieldError(
+                "num_kv_heads",
+                "in_proj_weight is PyTorch's nn.MultiheadAttention packing, which has no grouped-query attention: give w_q, w_k, w_v to use num_kv_heads",
+            )
         if self.in_proj_weight.shape != (3 * d_model, d_model):
             got = "×".join(map(str, self.in_proj_weight.shape))
-            raise FieldError("in_proj_weight", f"in_proj_weight is {got} but must be {3 * d_model}×{d_model} (3·d_model × d_model, rows q, k, v, as PyTorch packs it)")
+            raise FieldError(
+                "in_proj_weight",
+                f"in_proj_weight is {got} but must be {3 * d_model}×{d_model} (3·d_model × d_model, rows q, k, v, as PyTorch packs it)",
+            )
         if d_model % self.num_heads:
-            raise FieldError("num_heads", f"num_heads {self.num_heads} does not divide d_model {d_model}")
+            raise FieldError(
+                "num_heads", f"num_heads {self.num_heads} does not divide d_model {d_model}"
+            )
         if self.in_proj_bias is not None and self.in_proj_bias.shape[0] != 3 * d_model:
-            raise FieldError("in_proj_bias", f"in_proj_bias has {self.in_proj_bias.shape[0]} entries but must have 3·d_model = {3 * d_model}")
+            raise FieldError(
+                "in_proj_bias",
+                f"in_proj_bias has {self.in_proj_bias.shape[0]} entries but must have 3·d_model = {3 * d_model}",
+            )
         return d_model // self.num_heads, d_model // self.num_heads
 
     def _combined_dims(self, d_model: int, h: int, h_kv: int) -> tuple[int, int, list[str]]:
         if self.in_proj_bias is not None:
-            raise FieldError("in_proj_bias", "in_proj_bias goes with in_proj_weight; with w_q, w_k, w_v use b_q, b_k, b_v")
-        widths = {n: self._weight_out(n, getattr(self, n), d_model) for n in ("w_q", "w_k", "w_v") if getattr(self, n) is not None}
+            raise FieldError(
+                "in_proj_bias",
+                "in_proj_bias goes with in_proj_weight; with w_q, w_k, w_v use b_q, b_k, b_v",
+            )
+        widths = {
+            n: self._weight_out(n, getattr(self, n), d_model)
+            for n in ("w_q", "w_k", "w_v")
+            if getattr(self, n) is not None
+        }
         for name, heads in (("w_q", h), ("w_k", h_kv), ("w_v", h_kv)):
             if name in widths and widths[name] % heads:
                 label = "num_heads" if name == "w_q" else "num_kv_heads"
-                raise FieldError(name, f"{name} has {widths[name]} outputs, which {label} {heads} does not divide into equal heads")
-        d_k = widths["w_q"] // h if "w_q" in widths else widths["w_k"] // h_kv if "w_k" in widths else self.d_k
+                raise FieldError(
+                    name,
+                    f"{name} has {widths[name]} outputs, which {label} {heads} does not divide into equal heads",
+                )
+        d_k = (
+            widths["w_q"] // h
+            if "w_q" in widths
+            else widths["w_k"] // h_kv
+            if "w_k" in widths
+            else self.d_k
+        )
         if d_k is None:
             if d_model % h:
-                raise FieldError("d_k", f"num_heads {h} does not divide d_model {d_model}: give d_k (the width of each head)")
+                raise FieldError(
+                    "d_k",
+                    f"num_heads {h} does not divide d_model {d_model}: give d_k (the width of each head)",
+                )
             d_k = d_model // h
         if self.d_k is not None and self.d_k != d_k:
-            raise FieldError("d_k", f"d_k is {self.d_k} but the given weights make heads of width {d_k}")
+            raise FieldError(
+                "d_k", f"d_k is {self.d_k} but the given weights make heads of width {d_k}"
+            )
         if "w_k" in widths and widths["w_k"] != h_kv * d_k:
-            raise FieldError("w_k", f"w_k has {widths['w_k']} outputs but needs num_kv_heads·d_k = {h_kv}·{d_k} = {h_kv * d_k} to match the query heads")
-        d_v = widths["w_v"] // h_kv if "w_v" in widths else self.d_v if self.d_v is not None else d_k
+            raise FieldError(
+                "w_k",
+                f"w_k has {widths['w_k']} outputs but needs num_kv_heads·d_k = {h_kv}·{d_k} = {h_kv * d_k} to match the query heads",
+            )
+        d_v = (
+            widths["w_v"] // h_kv if "w_v" in widths else self.d_v if self.d_v is not None else d_k
+        )
         missing = [n for n in ("w_q", "w_k", "w_v") if n not in widths]
         if missing and self.seed is None:
-            raise FieldError(missing[0], f"{missing[0]} is missing: give w_q, w_k and w_v (or in_proj_weight, or heads), or give seed to generate them")
+            raise FieldError(
+                missing[0],
+                f"{missing[0]} is missing: give w_q, w_k and w_v (or in_proj_weight, or heads), or give seed to generate them",
+            )
         self._check_bias("b_q", h * d_k, "Q (all heads)")
         self._check_bias("b_k", h_kv * d_k, "K (all key heads)")
         self._check_bias("b_v", h_kv * d_v, "V (all value heads)")
@@ -654,13 +863,21 @@ class MultiheadRequest(InputFields):
             d_in, d_out = (rows, cols) if self.weight_layout == "in_out" else (cols, rows)
             if d_in != concat_width:
                 side = "rows" if self.weight_layout == "in_out" else "columns"
-                raise FieldError("w_o", f"w_o is {rows}×{cols} but the concatenated heads have h·d_v = {concat_width} columns: with weight_layout {self.weight_layout} w_o must have {concat_width} {side}")
+                raise FieldError(
+                    "w_o",
+                    f"w_o is {rows}×{cols} but the concatenated heads have h·d_v = {concat_width} columns: with weight_layout {self.weight_layout} w_o must have {concat_width} {side}",
+                )
         if self.out_proj_weight is not None:
             d_out, d_in = self.out_proj_weight.shape
             if d_in != concat_width:
-                raise FieldError("out_proj_weight", f"out_proj_weight is {d_out}×{d_in} but the concatenated heads have h·d_v = {concat_width} columns: it must have {concat_width} columns (out_in, as PyTorch)")
+                raise FieldError(
+                    "out_proj_weight",
+                    f"out_proj_weight is {d_out}×{d_in} but the concatenated heads have h·d_v = {concat_width} columns: it must have {concat_width} columns (out_in, as PyTorch)",
+                )
         for name in ("b_o", "out_proj_bias"):
             vec = getattr(self, name)
             if vec is not None and vec.shape[0] != d_out:
-                raise FieldError(name, f"{name} has {vec.shape[0]} entries but the output has {d_out} features")
+                raise FieldError(
+                    name, f"{name} has {vec.shape[0]} entries but the output has {d_out} features"
+                )
         return int(d_out)

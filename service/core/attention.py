@@ -11,7 +11,13 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from service.core.softmax import FullyMaskedPolicy, FullyMaskedRowsError, fully_masked, softmax
+from service.core.softmax import (
+    FullyMaskedPolicy,
+    FullyMaskedRowsError,
+    fully_masked,
+    rows_by_item,
+    softmax,
+)
 
 WeightLayout = Literal["in_out", "out_in"]
 Array = NDArray[np.float64]
@@ -44,7 +50,7 @@ def project(x: Array, w: Array, b: Array | None = None, layout: WeightLayout = "
     out = x @ (w if layout == "in_out" else w.T)  # (..., n, d_out)
     if b is not None:
         out += b
-    return out  # type: ignore[no-any-return]
+    return out
 
 
 def default_scale(d_k: int) -> float:
@@ -83,8 +89,7 @@ def scaled_dot_product_attention(
     if padded_queries is not None:
         empty &= ~padded_queries
     if fully_masked_policy == "error" and empty.any():
-        per_item = empty.reshape(empty.shape[0], -1, empty.shape[-1]).any(axis=1) if empty.ndim > 1 else empty[None]  # (B, L)
-        raise FullyMaskedRowsError([np.flatnonzero(r).tolist() for r in per_item])
+        raise FullyMaskedRowsError(rows_by_item(empty))
 
     weights = softmax(logits, "zero" if fully_masked_policy == "error" else fully_masked_policy)
     if padded_queries is not None and padded_queries.any():

@@ -76,7 +76,7 @@ def causal(seq_len: int, ctx_len: int, alignment: Alignment = "upper_left") -> B
     offset = ctx_len - seq_len if alignment == "lower_right" else 0
     i = np.arange(seq_len)[:, None]  # (L, 1)
     j = np.arange(ctx_len)[None, :]  # (1, S)
-    return j <= i + offset  # type: ignore[no-any-return]
+    return j <= i + offset
 
 
 def window(seq_len: int, ctx_len: int, left: int | None, right: int | None) -> BoolArray:
@@ -94,7 +94,7 @@ def window(seq_len: int, ctx_len: int, left: int | None, right: int | None) -> B
 def _lengths_mask(lengths: tuple[int, ...], batch: int, size: int) -> BoolArray:
     """(B, size) true for positions below each item's length."""
     n = np.asarray(lengths if len(lengths) == batch else lengths * batch)  # (B,)
-    return np.arange(size)[None, :] < n[:, None]  # type: ignore[no-any-return]
+    return np.arange(size)[None, :] < n[:, None]
 
 
 def combine(specs: list[MaskSpec], batch: int, seq_len: int, ctx_len: int) -> CombinedMask:

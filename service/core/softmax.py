@@ -29,9 +29,20 @@ class FullyMaskedRowsError(AttentionInputError):
         )
 
 
+def rows_by_item(flags: NDArray[np.bool_]) -> list[list[int]]:
+    """Indices of flagged rows per batch item: (L,) is one item; (B, ..., L) gives B lists,
+    a row counting when it is flagged in any of the middle axes (e.g. heads)."""
+    per_item: NDArray[np.bool_] = np.asarray(
+        flags.reshape(1, -1)
+        if flags.ndim == 1
+        else flags.reshape(flags.shape[0], -1, flags.shape[-1]).any(axis=1)
+    )
+    return [np.flatnonzero(r).tolist() for r in per_item]
+
+
 def fully_masked(masked_scores: Array) -> NDArray[np.bool_]:
     """True for each query row whose scores are all −∞.  (..., L, S) -> (..., L)"""
-    return np.isneginf(masked_scores).all(axis=-1)
+    return np.asarray(np.isneginf(masked_scores).all(axis=-1))
 
 
 def softmax(masked_scores: Array, policy: FullyMaskedPolicy = "zero") -> Array:
@@ -50,8 +61,7 @@ def softmax(masked_scores: Array, policy: FullyMaskedPolicy = "zero") -> Array:
     row_max = masked_scores.max(axis=-1, keepdims=True)  # (..., L, 1), −∞ on fully masked rows
     empty = np.isneginf(row_max)  # (..., L, 1)
     if empty.any() and policy == "error":
-        rows = empty[..., 0].reshape(-1, empty.shape[-2])  # (batch items, L)
-        raise FullyMaskedRowsError([np.flatnonzero(r).tolist() for r in rows])
+        raise FullyMaskedRowsError(rows_by_item(empty[..., 0]))
     weights = masked_scores - np.where(empty, 0.0, row_max)  # (..., L, S), −∞ stays −∞
     np.exp(weights, out=weights)  # exp(−∞) = 0
     denom = weights.sum(axis=-1, keepdims=True)  # (..., L, 1), 0 on fully masked rows
