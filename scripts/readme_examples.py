@@ -1,0 +1,100 @@
+"""Print README's "Examples" section: each curl command and the service's real answer.
+
+Run against the ASGI app (no server needed): ``.venv/bin/python scripts/readme_examples.py``.
+tests/test_readme.py replays every curl block of README.md and checks the JSON shown.
+"""
+
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+EXAMPLES: list[tuple[str, str, dict[str, Any] | None]] = [
+    (
+        "Scaled dot-product attention, “I am Batman” with PyTorch-layout weights:",
+        "/attention",
+        {
+            "tokens": ["I", "am", "Batman"],
+            "x": [[1, 0], [0, 0], [0, 1]],
+            "w_q": [[1, 2], [3, 4]],
+            "w_k": [[0.5, 1], [1.5, 1]],
+            "w_v": [[1, 0.5], [0.5, 1]],
+            "weight_layout": "out_in",
+            "decimals": 4,
+            "include": ["scores", "weights", "output", "summary"],
+        },
+    ),
+    (
+        "A causal mask over four tokens (masked scores are `null`):",
+        "/mask",
+        {
+            "tokens": ["my", "dog", "likes", "walks"],
+            "q": [[1, 0], [0, 1], [1, 1], [0.5, -1]],
+            "k": [[1, 0], [0, 1], [1, 1], [-1, 0.5]],
+            "v": [[1, 0], [0, 1], [0.5, 0.5], [2, -1]],
+            "mask": {"type": "causal"},
+            "decimals": 3,
+            "include": ["masked_scores", "weights", "fully_masked_rows"],
+        },
+    ),
+    (
+        "Two heads with weights from a seed, a sinusoidal encoding and a residual:",
+        "/multihead",
+        {
+            "sentence": "the cat sat",
+            "seed": 0,
+            "d_model": 4,
+            "num_heads": 2,
+            "positional_encoding": "sinusoidal",
+            "residual": True,
+            "decimals": 3,
+            "include": ["average_weights", "output"],
+        },
+    ),
+    ("Liveness:", "/healthz", None),
+]
+
+
+def compact(value: Any, indent: int = 0) -> str:
+    """JSON with objects one key a line and lists of numbers (or rows of them) on one line."""
+    pad = " " * indent
+    if (
+        isinstance(value, dict)
+        and indent
+        and not any(isinstance(v, dict | list) for v in value.values())
+    ):
+        return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    if isinstance(value, dict):
+        inner = ",\n".join(f'{pad}  "{k}": {compact(v, indent + 2)}' for k, v in value.items())
+        return "{\n" + inner + "\n" + pad + "}"
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        inner = ",\n".join(pad + "  " + compact(v, indent + 2) for v in value)
+        return "[\n" + inner + "\n" + pad + "]"
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+
+def main() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+
+    from service.main import app
+
+    client = TestClient(app)
+    for text, path, body in EXAMPLES:
+        print(text + "\n\n```bash")
+        if body is None:
+            print(f"curl -s localhost:8000{path}")
+            answer = client.get(path).json()
+        else:
+            print(f"curl -s localhost:8000{path} -H 'Content-Type: application/json' \\")
+            print(f"  -d '{json.dumps(body, ensure_ascii=False)}'")
+            answer = client.post(path, json=body).json()
+        print("```\n\n```json\n" + compact(answer) + "\n```\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Every curl example in README.md returns what README shows."""
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+BLOCK = re.compile(r"```bash\n(curl -s localhost:8000(/\S+).*?)```\n\n```json\n(.*?)```", re.S)
+EXAMPLES = BLOCK.findall(README)
+
+
+def test_readme_has_an_example_per_endpoint() -> None:
+    assert {path for _, path, _ in EXAMPLES} >= {"/attention", "/mask", "/multihead", "/healthz"}
+
+
+@pytest.mark.parametrize(("command", "path", "shown"), EXAMPLES, ids=[p for _, p, _ in EXAMPLES])
+def test_readme_curl_answers_as_shown(
+    client: TestClient, command: str, path: str, shown: str
+) -> None:
+    data = re.search(r"-d '(.*)'", command)
+    response: Any = client.post(path, json=json.loads(data.group(1))) if data else client.get(path)
+    assert response.status_code == 200
+    assert response.json() == json.loads(shown)
