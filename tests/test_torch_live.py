@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from tests.conftest import assert_close
 
 if os.environ.get("REQUIRE_TORCH"):  # CI sets it: a missing torch must fail, not skip
-    import torch  # noqa: F401
+    import torch
 torch = pytest.importorskip(
     "torch",
     reason="PyTorch is not installed: live cross-checks skipped (install torch==2.13.0; "
