@@ -1,10 +1,40 @@
 """``python -m service [--host H] [--port P] [--workers N]``: serve with uvicorn."""
 
 import argparse
-
-import uvicorn
+import os
+import signal
+import sys
+import tempfile
 
 from service.config import get_settings
+
+
+def available_cpus() -> int:
+    """CPUs this process may use: the cgroup quota (containers), else the affinity mask."""
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        if quota != "max":
+            return max(1, int(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _prepare_environment(workers: int) -> None:
+    """Before any worker imports NumPy or prometheus_client: share one BLAS budget among the
+    workers (threads × workers ≤ cores, unless already set) and give the metrics a directory
+    that every worker writes to."""
+    threads = str(max(1, available_cpus() // workers))
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, threads)
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="attention-metrics-")
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    """uvicorn finishes in-flight requests on SIGTERM, restores this handler, then re-raises
+    the signal into it: a stop that completed gracefully ends with status 0."""
+    sys.exit(0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,12 +54,24 @@ def main(argv: list[str] | None = None) -> None:
         help=f"worker processes (default {settings.workers})",
     )
     args = parser.parse_args(argv)
+    _prepare_environment(args.workers)
+
+    import uvicorn
+
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+
+    from service.logs import log_config
+
     uvicorn.run(
         "service.main:app",
         host=args.host,
         port=args.port,
         workers=args.workers,
-        log_level=settings.log_level,
+        log_config=log_config(settings.log_level),
+        access_log=False,
+        proxy_headers=True,
+        root_path=settings.root_path,
+        timeout_graceful_shutdown=30,
     )
 
 

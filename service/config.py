@@ -1,14 +1,16 @@
 """Settings from environment variables prefixed ATTENTION_ (e.g. ATTENTION_PORT=9000).
 
-Built lazily by :func:`get_settings`; tests override it through FastAPI's dependency overrides
-or by passing a Settings object to :func:`service.api.app.create_app`.
+Built lazily by :func:`get_settings`; tests pass their own Settings to
+:func:`service.api.app.create_app`. README lists every variable.
 """
 
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -18,8 +20,36 @@ class Settings(BaseSettings):
 
     host: str = Field("0.0.0.0", description="address to listen on")
     port: int = Field(8000, ge=1, le=65535, description="port to listen on")
-    workers: int = Field(1, ge=1, description="uvicorn worker processes")
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="log level; access lines are logged at info"
+    )
+    max_body_bytes: int = Field(
+        32 * 1024 * 1024, ge=1024, description="largest request body (413 above)"
+    )
+    max_result_numbers: int = Field(
+        20_000_000,
+        ge=1,
+        description="most numbers one response may hold (413 above, before computing)",
+    )
+    max_seq_len: int = Field(4096, ge=1, description="largest L and S")
+    max_d_model: int = Field(4096, ge=1, description="largest d_model, d_k and d_v")
+    max_heads: int = Field(128, ge=1, description="largest num_heads")
+    max_batch: int = Field(256, ge=1, description="largest batch B")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="origins allowed by CORS, comma-separated (empty: CORS closed; * for any)",
+    )
+    root_path: str = Field(
+        "", description="path prefix when served behind a proxy, e.g. /attention"
+    )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [o.strip() for o in value.split(",") if o.strip()]
+        return value
 
 
 @lru_cache(maxsize=1)

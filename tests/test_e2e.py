@@ -1,9 +1,11 @@
 """End to end: the real server (`python -m service`, uvicorn) on a free loopback port."""
 
 import json
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -36,23 +38,12 @@ def _request(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
         return err.code, json.loads(err.read())
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
+def _start(workers: int) -> tuple[subprocess.Popen[bytes], str]:
+    """`python -m service` on a free port; returns once /healthz answers."""
     port = _free_port()
+    cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "service",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "2",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        [*cmd, "--workers", str(workers)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -67,6 +58,12 @@ def server() -> Iterator[str]:
             out = proc.stdout.read().decode() if proc.stdout else ""
             pytest.fail(f"server did not start:\n{out}")
         time.sleep(0.2)
+    return proc, base
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    proc, base = _start(workers=2)
     yield base
     proc.terminate()
     assert proc.wait(timeout=15) == 0
@@ -95,3 +92,40 @@ def test_bad_input_over_http(server: str) -> None:
 def test_multihead_over_http(server: str) -> None:
     status, body = _request(server + "/multihead", ex.TWO_HEADS_FULL_BLOCK)
     assert status == 200 and len(body["heads"]) == 2
+
+
+def _mask_count(server: str) -> list[float]:
+    with urllib.request.urlopen(server + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("attention_requests_total")
+        and 'endpoint="/mask"' in line
+        and 'status="200"' in line
+    ]
+
+
+def test_metrics_add_up_across_workers(server: str) -> None:
+    (before,) = _mask_count(server) or [0.0]
+    for _ in range(10):  # spread over both workers by the kernel
+        _request(server + "/mask", ex.CAUSAL_FOUR_TOKENS)
+    assert _mask_count(server) == [before + 10]  # one series, summed over the workers
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits_0() -> None:
+    proc, base = _start(workers=1)
+    result: dict[str, Any] = {}
+    body = {"seed": 0, "seq_len": 1500, "d_model": 64, "d_k": 64}  # a second or so of work
+
+    def slow_request() -> None:
+        result["status"], answer = _request(base + "/attention", body)
+        result["rows"] = len(answer.get("weights", []))
+
+    worker = threading.Thread(target=slow_request)
+    worker.start()
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    worker.join(timeout=60)
+    assert proc.wait(timeout=60) == 0
+    assert result == {"status": 200, "rows": 1500}

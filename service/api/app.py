@@ -1,9 +1,14 @@
 """The FastAPI application."""
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from service import __version__
-from service.api import errors
+from service.api import errors, ops
+from service.api.middleware import RequestMiddleware
 from service.api.routes import router
 from service.config import Settings, get_settings
 
@@ -18,11 +23,39 @@ Every response echoes them under `conventions`. Use the examples in each endpoin
 """
 
 
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    ops.warm_up()
+    app.state.ready = True
+    yield
+    app.state.ready = False
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; ``settings`` defaults to the environment's (see service.config)."""
     settings = settings or get_settings()
-    app = FastAPI(title="Attention service", version=__version__, description=DESCRIPTION)
+    app = FastAPI(
+        title="Attention service",
+        version=__version__,
+        description=DESCRIPTION,
+        docs_url=None,
+        redoc_url=None,
+        lifespan=_lifespan,
+    )
     app.state.settings = settings
+    app.state.ready = False
     errors.install(app)
     app.include_router(router)
+    app.include_router(ops.router)
+    ops.install_docs(app)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-ID"],
+            expose_headers=["X-Request-ID"],
+        )
+    paths = frozenset(str(getattr(r, "path", "")) for r in app.routes)
+    app.add_middleware(RequestMiddleware, max_body_bytes=settings.max_body_bytes, paths=paths)
     return app

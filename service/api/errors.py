@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.api.limits import LimitError
 from service.api.schemas import FieldError
 from service.core.softmax import AttentionInputError, FullyMaskedRowsError
 
@@ -26,6 +27,7 @@ class ErrorItem(BaseModel):
     )
     message: str = Field(description="what is wrong, in words")
     type: str = Field(description="machine-readable kind, e.g. value_error, missing, json_invalid")
+    limit: int | None = Field(None, description="the configured limit, when a limit was exceeded")
 
 
 class ErrorBody(BaseModel):
@@ -106,6 +108,13 @@ def install(app: FastAPI) -> None:
         field = "mask" if isinstance(exc, FullyMaskedRowsError) else None
         return error_response(
             422, [ErrorItem(field=field, message=str(exc), type="attention_error")]
+        )
+
+    @app.exception_handler(LimitError)
+    async def _limit(_: Request, exc: LimitError) -> Response:
+        return error_response(
+            413,
+            [ErrorItem(field=exc.field, message=str(exc), type="limit_exceeded", limit=exc.limit)],
         )
 
     @app.exception_handler(StarletteHTTPException)

@@ -112,4 +112,4 @@ def scaled_dot_product_attention(
 def entropy_bits(weights: Array) -> Array:
     """Shannon entropy in bits of each weight row, with 0·log 0 = 0.  (..., L, S) -> (..., L)"""
     logs = np.log2(weights, out=np.zeros_like(weights), where=weights > 0)  # (..., L, S)
-    return -(weights * logs).sum(axis=-1)  # type: ignore[no-any-return]
+    return 0.0 - (weights * logs).sum(axis=-1)  # type: ignore[no-any-return]  # 0.0 − x: no −0.0

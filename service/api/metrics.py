@@ -1,0 +1,47 @@
+"""Prometheus metrics. With several workers, ``python -m service`` sets PROMETHEUS_MULTIPROC_DIR
+before any worker starts, and /metrics then adds up every worker's numbers."""
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+REQUESTS = Counter("attention_requests", "HTTP requests answered", ["method", "endpoint", "status"])
+LATENCY = Histogram(
+    "attention_request_duration_seconds",
+    "Time from the request's start to the end of its response",
+    ["method", "endpoint"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+_SIZES = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 100_000_000)
+REQUEST_BYTES = Histogram(
+    "attention_request_size_bytes", "Request body sizes", ["endpoint"], buckets=_SIZES
+)
+RESPONSE_BYTES = Histogram(
+    "attention_response_size_bytes", "Response body sizes", ["endpoint"], buckets=_SIZES
+)
+
+
+def observe(
+    method: str, endpoint: str, status: int, seconds: float, bytes_in: int, bytes_out: int
+) -> None:
+    """Record one answered request."""
+    REQUESTS.labels(method, endpoint, str(status)).inc()
+    LATENCY.labels(method, endpoint).observe(seconds)
+    REQUEST_BYTES.labels(endpoint).observe(bytes_in)
+    RESPONSE_BYTES.labels(endpoint).observe(bytes_out)
+
+
+def render() -> tuple[bytes, str]:
+    """The exposition text of every worker (or of this process when there is one)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(), CONTENT_TYPE_LATEST

@@ -1,0 +1,102 @@
+"""Operations endpoints: liveness, readiness, version and metrics; and the offline API docs."""
+
+import os
+import platform
+import sys
+from importlib.resources import files
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from service import __version__
+from service.api import metrics
+from service.core.attention import scaled_dot_product_attention
+
+router = APIRouter(tags=["operations"])
+DOCS_ASSETS = "/docs-assets"
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """Liveness: answers while the process is up (no work done)."""
+    return {"status": "ok", "version": __version__}
+
+
+@router.get("/readyz", responses={503: {"description": "Not ready yet"}})
+def readyz(request: Request) -> JSONResponse:
+    """Readiness: 200 once start-up (including a warm-up computation) has finished."""
+    ready = bool(getattr(request.app.state, "ready", False))
+    return JSONResponse(
+        {"status": "ready" if ready else "starting"}, status_code=200 if ready else 503
+    )
+
+
+@router.get("/version")
+def version() -> dict[str, Any]:
+    """Package, Python, NumPy and BLAS versions, and the BLAS thread setting."""
+    blas: dict[str, Any] = {}
+    try:
+        build = np.show_config(mode="dicts")["Build Dependencies"]["blas"]  # type: ignore[func-returns-value]
+        blas = {"name": build.get("name"), "version": build.get("version")}
+    except Exception:  # pragma: no cover - older NumPy
+        blas = {"name": "unknown"}
+    blas["threads_env"] = {
+        k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS") if k in os.environ
+    }
+    return {
+        "service": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "numpy": np.__version__,
+        "blas": blas,
+    }
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+def prometheus_metrics() -> Response:
+    """Prometheus metrics: requests by endpoint and status, latency, request and response sizes."""
+    body, content_type = metrics.render()
+    return Response(body, media_type=content_type)
+
+
+def warm_up() -> None:
+    """One tiny computation, so the first real request does not pay for imports and BLAS start."""
+    q = np.eye(2)[None]
+    scaled_dot_product_attention(q, q, q)
+
+
+def install_docs(app: FastAPI) -> None:
+    """Swagger UI at /docs and ReDoc at /redoc from assets shipped in a package (no CDN), with
+    syntax highlighting off so that large responses do not freeze the page."""
+    assets = files("fastapi_offline") / "static"
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(assets)), name="docs-assets")
+
+    def prefix(request: Request) -> str:
+        return str(request.scope.get("root_path", "")).rstrip("/")
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger(request: Request) -> HTMLResponse:
+        root = prefix(request)
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} — Swagger UI",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+            swagger_ui_parameters={"syntaxHighlight": False, "tryItOutEnabled": True},
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc(request: Request) -> HTMLResponse:
+        root = prefix(request)
+        return get_redoc_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} — ReDoc",
+            redoc_js_url=f"{root}{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+            with_google_fonts=False,
+        )
