@@ -21,7 +21,7 @@ RUN pip install --no-cache-dir -r requirements.lock
 
 COPY service ./service
 
-USER app
+USER 10001:10001
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('ATTENTION_PORT', '8000') + '/healthz', timeout=2)"]

@@ -40,7 +40,12 @@ def main(base: str) -> None:
     with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
         text = r.read().decode()
     assert 'endpoint="/attention"' in text, "/metrics does not count the requests just made"
-    for page in ("/docs", "/redoc", "/docs-assets/swagger-ui-bundle.js", "/docs-assets/redoc.standalone.js"):
+    for page in (
+        "/docs",
+        "/redoc",
+        "/docs-assets/swagger-ui-bundle.js",
+        "/docs-assets/redoc.standalone.js",
+    ):
         with urllib.request.urlopen(base + page, timeout=10) as r:
             assert r.status == 200, page
     print(f"smoke: {len(cases)} golden cases match PyTorch to 1e-12; docs and metrics served")

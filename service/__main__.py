@@ -12,7 +12,8 @@ from service.config import get_settings
 def available_cpus() -> int:
     """CPUs this process may use: the cgroup quota (containers), else the affinity mask."""
     try:
-        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
         if quota != "max":
             return max(1, int(int(quota) / int(period)))
     except (OSError, ValueError):

@@ -5,9 +5,7 @@ Built lazily by :func:`get_settings`; tests pass their own Settings to
 """
 
 from functools import lru_cache
-from typing import Literal
-
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
