@@ -40,7 +40,7 @@ def version() -> dict[str, Any]:
     """Package, Python, NumPy and BLAS versions, and the BLAS thread setting."""
     blas: dict[str, Any] = {}
     try:
-        build = np.show_config(mode="dicts")["Build Dependencies"]["blas"]  # type: ignore[func-returns-value]
+        build = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
         blas = {"name": build.get("name"), "version": build.get("version")}
     except Exception:  # pragma: no cover - older NumPy
         blas = {"name": "unknown"}
