@@ -2,12 +2,8 @@
 
 import json
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,80 +13,42 @@ import pytest
 
 from service.api import examples as ex
 from tests.conftest import assert_close
+from tests.live import http_json, start_server
 
 pytestmark = pytest.mark.e2e
 GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "golden.json").read_text())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _request(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
-def _start(workers: int) -> tuple[subprocess.Popen[bytes], str]:
-    """`python -m service` on a free port; returns once /healthz answers."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(
-        [*cmd, "--workers", str(workers)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if _request(base + "/healthz")[0] == 200:
-                break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            pytest.fail(f"server did not start:\n{out}")
-        time.sleep(0.2)
-    return proc, base
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    proc, base = _start(workers=2)
+    proc, base = start_server(workers=2)
     yield base
     proc.terminate()
     assert proc.wait(timeout=15) == 0
 
 
 def test_healthz_and_docs(server: str) -> None:
-    assert _request(server + "/healthz") == (200, {"status": "ok", "version": "0.1.0"})
+    assert http_json(server + "/healthz") == (200, {"status": "ok", "version": "0.1.0"})
     with urllib.request.urlopen(server + "/docs", timeout=10) as r:
         assert b"swagger" in r.read().lower()
-    status, spec = _request(server + "/openapi.json")
+    status, spec = http_json(server + "/openapi.json")
     assert status == 200 and {"/attention", "/mask", "/multihead"} <= set(spec["paths"])
 
 
 @pytest.mark.parametrize("case", GOLDEN["cases"][:8], ids=[c["name"] for c in GOLDEN["cases"][:8]])
 def test_golden_cases_over_http(server: str, case: dict[str, Any]) -> None:
-    status, body = _request(server + case["endpoint"], case["request"])
+    status, body = http_json(server + case["endpoint"], case["request"])
     assert status == 200
     assert_close(body, case["expected"])
 
 
 def test_bad_input_over_http(server: str) -> None:
-    status, body = _request(server + "/attention", {**ex.I_AM_BATMAN, "x": [[1, 0], [0]]})
+    status, body = http_json(server + "/attention", {**ex.I_AM_BATMAN, "x": [[1, 0], [0]]})
     assert status == 422 and body["errors"][0]["field"] == "x"
 
 
 def test_multihead_over_http(server: str) -> None:
-    status, body = _request(server + "/multihead", ex.TWO_HEADS_FULL_BLOCK)
+    status, body = http_json(server + "/multihead", ex.TWO_HEADS_FULL_BLOCK)
     assert status == 200 and len(body["heads"]) == 2
 
 
@@ -109,17 +67,17 @@ def _mask_count(server: str) -> list[float]:
 def test_metrics_add_up_across_workers(server: str) -> None:
     (before,) = _mask_count(server) or [0.0]
     for _ in range(10):  # spread over both workers by the kernel
-        _request(server + "/mask", ex.CAUSAL_FOUR_TOKENS)
+        http_json(server + "/mask", ex.CAUSAL_FOUR_TOKENS)
     assert _mask_count(server) == [before + 10]  # one series, summed over the workers
 
 
 def test_sigterm_finishes_the_request_in_flight_then_exits_0() -> None:
-    proc, base = _start(workers=1)
+    proc, base = start_server(workers=1)
     result: dict[str, Any] = {}
     body = {"seed": 0, "seq_len": 1500, "d_model": 64, "d_k": 64}  # a second or so of work
 
     def slow_request() -> None:
-        result["status"], answer = _request(base + "/attention", body)
+        result["status"], answer = http_json(base + "/attention", body)
         result["rows"] = len(answer.get("weights", []))
 
     worker = threading.Thread(target=slow_request)

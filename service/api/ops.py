@@ -18,6 +18,12 @@ from service.core.attention import scaled_dot_product_attention
 
 router = APIRouter(tags=["operations"])
 DOCS_ASSETS = "/docs-assets"
+# The docs pages may load nothing from outside the service: in a closed network a CDN request
+# would hang or fail, and the browser should not even try (ReDoc's footer links a CDN logo).
+DOCS_CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; font-src 'self' data:; worker-src 'self' blob:; connect-src 'self'"
+)
 
 
 @router.get("/healthz")
@@ -81,7 +87,7 @@ def install_docs(app: FastAPI) -> None:
     @app.get("/docs", include_in_schema=False)
     def swagger(request: Request) -> HTMLResponse:
         root = prefix(request)
-        return get_swagger_ui_html(
+        page = get_swagger_ui_html(
             openapi_url=f"{root}{app.openapi_url}",
             title=f"{app.title} — Swagger UI",
             swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
@@ -89,14 +95,18 @@ def install_docs(app: FastAPI) -> None:
             swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
             swagger_ui_parameters={"syntaxHighlight": False, "tryItOutEnabled": True},
         )
+        page.headers["Content-Security-Policy"] = DOCS_CSP
+        return page
 
     @app.get("/redoc", include_in_schema=False)
     def redoc(request: Request) -> HTMLResponse:
         root = prefix(request)
-        return get_redoc_html(
+        page = get_redoc_html(
             openapi_url=f"{root}{app.openapi_url}",
             title=f"{app.title} — ReDoc",
             redoc_js_url=f"{root}{DOCS_ASSETS}/redoc.standalone.js",
             redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
             with_google_fonts=False,
         )
+        page.headers["Content-Security-Policy"] = DOCS_CSP
+        return page

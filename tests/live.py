@@ -1,0 +1,61 @@
+"""A real `python -m service` (uvicorn) on a free loopback port, for end-to-end tests."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_json(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """GET (or POST a JSON body) and return (status, decoded JSON)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def start_server(
+    workers: int = 1, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the server and return once /healthz answers; the caller stops it."""
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "service",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if http_json(base + "/healthz")[0] == 200:
+                return proc, base
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            pytest.fail(f"server did not start:\n{out}")
+        time.sleep(0.2)

@@ -1,0 +1,29 @@
+"""The image's exact versions (requirements.lock) satisfy the ranges pyproject.toml declares."""
+
+import re
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_lock_pins_every_runtime_dependency_within_its_range() -> None:
+    pins = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[_canonical(name)] = version
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for spec in declared:
+        req = Requirement(spec)
+        name = _canonical(req.name)
+        assert name in pins, f"{req.name} is a dependency but requirements.lock does not pin it"
+        assert req.specifier.contains(pins[name]), (
+            f"requirements.lock pins {req.name}=={pins[name]}, outside {req.specifier}"
+        )
