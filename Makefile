@@ -6,7 +6,7 @@ HOST   ?= 0.0.0.0
 PORT   ?= 8000
 WORKERS ?= 1
 
-.PHONY: run test lint typecheck pytest fixtures clean
+.PHONY: run test lint typecheck pytest fixtures bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,8 @@ run: $(VENV)/.installed
 	$(BIN)/python -m service --host $(HOST) --port $(PORT) --workers $(WORKERS)
 
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check service tests scripts
-	$(BIN)/ruff format --check service tests scripts
+	$(BIN)/ruff check service tests scripts benchmarks
+	$(BIN)/ruff format --check service tests scripts benchmarks
 
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
@@ -34,6 +34,9 @@ pytest: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python benchmarks/run.py
 
 # Regenerates tests/fixtures/golden.json from PyTorch (needs: .venv/bin/pip install torch==2.13.0).
 fixtures: $(VENV)/.installed-dev

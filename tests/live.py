@@ -4,6 +4,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -45,7 +46,8 @@ def start_server(
         "--workers",
         str(workers),
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    log = tempfile.TemporaryFile()  # not a pipe: one nobody reads fills up and stalls the server
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -56,6 +58,6 @@ def start_server(
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            pytest.fail(f"server did not start:\n{out}")
+            log.seek(0)
+            pytest.fail(f"server did not start:\n{log.read().decode(errors='replace')}")
         time.sleep(0.2)

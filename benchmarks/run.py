@@ -1,0 +1,312 @@
+"""`make bench`: issue 4's performance table, each row measured side by side in one run.
+
+Starts a real server (`python -m service`, 1 worker) on a free loopback port, alternates the
+two sides of every comparison, takes medians, prints the ratios and writes them to
+benchmarks/results/latest.json. Absolute times on shared machines are noise; ratios are not.
+Needs curl; P2 needs wrk (apt-get install wrk) and P6 needs torch — rows whose tool is missing
+say so and are skipped.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+THREADS = str(os.cpu_count() or 1)
+for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, THREADS)  # the engine and torch get the same thread count (P6)
+
+import numpy as np  # noqa: E402
+import orjson  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from service.api.limits import result_sizes  # noqa: E402
+from service.api.schemas import AttentionRequest  # noqa: E402
+from service.core.attention import project, scaled_dot_product_attention  # noqa: E402
+from service.core.multihead import MultiheadWeights, multihead_attention  # noqa: E402
+from tests.live import start_server  # noqa: E402
+
+Row = dict[str, Any]
+
+
+def attention_body(L: int, d_model: int = 64, seed: int = 0) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(L, d_model))
+    w = {n: rng.normal(size=(d_model, 64)) / 8 for n in ("w_q", "w_k", "w_v")}
+    return {"x": x.tolist(), **{n: a.tolist() for n, a in w.items()}}
+
+
+def multihead_body(L: int = 512, d_model: int = 256, h: int = 8) -> dict[str, Any]:
+    rng = np.random.default_rng(1)
+    body = {"x": rng.normal(size=(L, d_model)).tolist(), "num_heads": h}
+    for n in ("w_q", "w_k", "w_v", "w_o"):
+        body[n] = (rng.normal(size=(d_model, d_model)) / 16).tolist()
+    return body
+
+
+def attention_floor(body: dict[str, Any]) -> bytes:
+    """The floor: the same NumPy computation plus orjson of the same arrays, in process."""
+    x = np.asarray(body["x"])[None]
+    q, k, v = (project(x, np.asarray(body[n])) for n in ("w_q", "w_k", "w_v"))
+    t = scaled_dot_product_attention(q, k, v)
+    arrays = {"q": t.q[0], "k": t.k[0], "v": t.v[0], "scores": t.scores[0],
+              "scaled_scores": t.scaled_scores[0], "weights": t.weights[0], "output": t.output[0]}  # fmt: skip
+    return orjson.dumps(arrays, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def multihead_floor(body: dict[str, Any]) -> bytes:
+    x = np.asarray(body["x"])[None]
+    w = MultiheadWeights(
+        *(np.asarray(body[n]) for n in ("w_q", "w_k", "w_v")), w_o=np.asarray(body["w_o"])
+    )
+    t = multihead_attention(x, w, num_heads=body["num_heads"])
+    hs = t.heads
+    heads = [{n: np.ascontiguousarray(getattr(hs, n)[0, i]) for n in
+              ("q", "k", "v", "scores", "scaled_scores", "weights", "output")} for i in range(body["num_heads"])]  # fmt: skip
+    return orjson.dumps(
+        {"heads": heads, "average_weights": t.average_weights[0], "concat": t.concat[0],
+         "projected": t.projected[0], "output": t.output[0]},
+        option=orjson.OPT_SERIALIZE_NUMPY,
+    )  # fmt: skip
+
+
+def curl_seconds(url: str, body_file: str) -> float:
+    out = subprocess.run(
+        ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{time_total}", "-H",
+         "Content-Type: application/json", "--data-binary", f"@{body_file}", url],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert out[0] == "200", f"{url} answered {out[0]}"
+    return float(out[1])
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def alternate(a: Callable[[], float], b: Callable[[], float], runs: int) -> tuple[float, float]:
+    """Median of each side, the two sides interleaved so drift hits both alike."""
+    xs, ys = [], []
+    for _ in range(runs):
+        xs.append(a())
+        ys.append(b())
+    return statistics.median(xs), statistics.median(ys)
+
+
+def write_body(body: dict[str, Any], tmp: Path, name: str) -> str:
+    path = tmp / name
+    path.write_bytes(orjson.dumps(body))
+    return str(path)
+
+
+def p1_p3(base: str, tmp: Path, runs: int) -> list[Row]:
+    rows = []
+    for rid, path, body, floor, target, what in (
+        ("P1", "/attention", attention_body(1024), attention_floor, 1.2, "POST /attention L=1024 d=64, full trace, curl"),
+        ("P3", "/multihead", multihead_body(), multihead_floor, 1.3, "POST /multihead L=512 d=256 h=8, full trace"),
+    ):  # fmt: skip
+        f = write_body(body, tmp, rid + ".json")
+        floor_s, service_s = alternate(lambda body=body, floor=floor: timed(lambda: floor(body)),
+                                       lambda f=f, path=path: curl_seconds(base + path, f), runs)  # fmt: skip
+        rows.append(row(rid, what, service_s / floor_s, "≤", target,
+                        f"service {service_s * 1e3:.0f} ms, floor {floor_s * 1e3:.0f} ms (medians of {runs})"))  # fmt: skip
+    return rows
+
+
+def wrk_rps(url: str, seconds: int, script: str | None = None) -> float:
+    cmd = ["wrk", "-t2", "-c8", f"-d{seconds}s", url] + (["-s", script] if script else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    if "Non-2xx" in out:
+        raise RuntimeError(f"wrk saw errors:\n{out}")
+    return float(
+        next(line.split()[1] for line in out.splitlines() if line.startswith("Requests/sec"))
+    )
+
+
+def p2(base: str, tmp: Path, rounds: int) -> Row:
+    if not shutil.which("wrk"):
+        return skipped(
+            "P2",
+            "POST /attention 3 tokens vs GET /healthz, wrk -c8",
+            "wrk is not installed (apt-get install wrk)",
+        )
+    from service.api.examples import I_AM_BATMAN
+
+    script = tmp / "post.lua"
+    body = json.dumps(I_AM_BATMAN).replace("\\", "\\\\").replace('"', '\\"')
+    script.write_text(
+        f'wrk.method = "POST"\nwrk.body = "{body}"\nwrk.headers["Content-Type"] = "application/json"\n'
+    )
+    health, attention = alternate(lambda: wrk_rps(base + "/healthz", 4),
+                                  lambda: wrk_rps(base + "/attention", 4, str(script)), rounds)  # fmt: skip
+    return row("P2", "POST /attention 3 tokens vs GET /healthz, wrk -c8", attention / health, "≥", 0.8,
+               f"{attention:.0f} vs {health:.0f} requests/s (medians of {rounds})")  # fmt: skip
+
+
+def rss_kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def p4(base: str, pid: int, tmp: Path) -> Row:
+    f = write_body(attention_body(1024), tmp, "P4.json")
+    curl_seconds(base + "/attention", f)  # warm: allocator pools and imports are not the request's
+    out = subprocess.run(["curl", "-s", "-H", "Content-Type: application/json", "--data-binary", f"@{f}",
+                          base + "/attention", "-o", str(tmp / "P4.out")], check=True)  # fmt: skip
+    assert out.returncode == 0
+    size = (tmp / "P4.out").stat().st_size
+    baseline = rss_kb(pid, "VmRSS")
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
+    curl_seconds(base + "/attention", f)
+    peak = rss_kb(pid, "VmHWM")
+    increase = (peak - baseline) * 1024
+    return row("P4", "peak RSS increase during one P1 request / response size", increase / size, "≤", 1.5,
+               f"+{increase / 1e6:.0f} MB for a {size / 1e6:.0f} MB response")  # fmt: skip
+
+
+def p5(base: str, tmp: Path, runs: int) -> Row:
+    per_million = {}
+    for L in (128, 256, 512, 1024, 2048):
+        body = attention_body(L)
+        numbers = sum(
+            result_sizes(
+                AttentionRequest.model_validate(body), AttentionRequest.model_validate(body).dims()
+            ).values()
+        )
+        f = write_body(body, tmp, f"P5-{L}.json")
+        seconds = statistics.median(curl_seconds(base + "/attention", f) for _ in range(runs))
+        per_million[L] = seconds * 1e3 / (numbers / 1e6)
+    values = list(per_million.values())
+    detail = ", ".join(f"L={L}: {v:.0f}" for L, v in per_million.items())
+    return row("P5", "ms per million returned numbers, L=128…2048 (max/min)", max(values) / min(values), "≤", 1.5,
+               detail + " ms/M")  # fmt: skip
+
+
+def p6(runs: int) -> Row:
+    what = "engine vs torch SDPA, L=2048 d=64 float64, same threads"
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return skipped("P6", what, "torch is not installed (pip install torch==2.13.0)")
+    torch.set_num_threads(int(THREADS))
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.normal(size=(1, 2048, 64)) for _ in range(3))
+    tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+    ours, theirs = alternate(lambda: timed(lambda: scaled_dot_product_attention(q, k, v)),
+                             lambda: timed(lambda: F.scaled_dot_product_attention(tq, tk, tv)), runs)  # fmt: skip
+    return row("P6", what, ours / theirs, "≤", 1.2,
+               f"{ours * 1e3:.1f} vs {theirs * 1e3:.1f} ms, {THREADS} threads (medians of {runs})")  # fmt: skip
+
+
+def p7(base: str, tmp: Path, seconds: float) -> Row:
+    f = write_body(attention_body(1024), tmp, "P7.json")
+    data = Path(f).read_bytes()
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            req = urllib.request.Request(
+                base + "/attention", data=data, headers={"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(req, timeout=120) as r:
+                r.read()
+
+    workers = [threading.Thread(target=load) for _ in range(4)]
+    for w in workers:
+        w.start()
+    time.sleep(0.5)
+    latencies = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(base + "/healthz", timeout=30) as r:
+            r.read()
+        latencies.append(time.perf_counter() - t0)
+        time.sleep(0.02)
+    stop.set()
+    for w in workers:
+        w.join()
+    p99 = float(np.percentile(latencies, 99)) * 1e3
+    return row("P7", "GET /healthz p99 (ms) while 4 P1 requests run", p99, "<", 50,
+               f"{len(latencies)} probes, p50 {np.percentile(latencies, 50) * 1e3:.1f} ms")  # fmt: skip
+
+
+def row(rid: str, what: str, value: float, op: str, target: float, detail: str) -> Row:
+    met = {"≤": value <= target, "≥": value >= target, "<": value < target}[op]
+    return {
+        "id": rid,
+        "workload": what,
+        "value": round(value, 3),
+        "target": f"{op} {target}",
+        "met": met,
+        "detail": detail,
+    }
+
+
+def skipped(rid: str, what: str, why: str) -> Row:
+    return {
+        "id": rid,
+        "workload": what,
+        "value": None,
+        "target": "",
+        "met": None,
+        "detail": "skipped: " + why,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=7, help="runs per side for medians")
+    parser.add_argument("--only", nargs="*", help="row ids to run, e.g. P1 P4")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest.json"))
+    args = parser.parse_args()
+    want = set(args.only or ["P1", "P2", "P3", "P4", "P5", "P6", "P7"])
+    proc, base = start_server(workers=1)
+    rows: list[Row] = []
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            if want & {"P1", "P3"}:
+                rows += [r for r in p1_p3(base, tmp, args.runs) if r["id"] in want]
+            if "P2" in want:
+                rows.append(p2(base, tmp, 3))
+            if "P4" in want:
+                rows.append(p4(base, proc.pid, tmp))
+            if "P5" in want:
+                rows.append(p5(base, tmp, 3))
+            if "P6" in want:
+                rows.append(p6(max(args.runs, 9)))
+            if "P7" in want:
+                rows.append(p7(base, tmp, 8.0))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    print(f"{'id':<4} {'value':>8}  {'target':<8} {'met':<4} workload — detail")
+    for r in rows:
+        value = "—" if r["value"] is None else f"{r['value']:.3g}"
+        met = {True: "yes", False: "NO", None: "—"}[r["met"]]
+        print(f"{r['id']:<4} {value:>8}  {r['target']:<8} {met:<4} {r['workload']} — {r['detail']}")
+    result = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "rows": rows}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"written to {os.path.relpath(args.out, ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
