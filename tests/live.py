@@ -46,7 +46,9 @@ def start_server(
         "--workers",
         str(workers),
     ]
-    log = tempfile.TemporaryFile()  # not a pipe: one nobody reads fills up and stalls the server
+    # a file, not a pipe: a pipe nobody reads fills up and stalls the server; it lives as long as
+    # the server, so no context manager here
+    log = tempfile.TemporaryFile()  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30

@@ -4,7 +4,6 @@ engine, and lay the intermediates out as the contract names them."""
 from typing import Any
 
 import numpy as np
-import orjson
 from numpy.typing import NDArray
 
 from service.api.schemas import (
@@ -107,29 +106,31 @@ def _scale_formula(scale: float, d_k: int, given: bool) -> str:
 
 
 def _summary(
-    weights: Array, tokens: list[str] | None, ctx: list[str] | None
+    weights: Array, tokens: list[str] | None, ctx: list[str] | None, decimals: int | None
 ) -> list[list[dict[str, Any]]]:
-    """Per batch item, per query row: the key it attends to most, that weight, and the entropy."""
-    entropy = entropy_bits(weights)  # (B, L)
+    """Per batch item, per query row: the key it attends to most, that weight, and the entropy.
+    A row whose weights are all 0 (fully masked) has no top key."""
     top = weights.argmax(axis=-1)  # (B, L)
-    items = []
-    for b in range(weights.shape[0]):
-        rows = []
-        for i in range(weights.shape[1]):
-            j = int(top[b, i])
-            w = float(weights[b, i, j])
-            attends = w > 0.0
-            rows.append(
-                {
-                    "token": tokens[i] if tokens else None,
-                    "top_key": ctx[j] if ctx and attends else None,
-                    "top_key_index": j if attends else None,
-                    "top_weight": w,
-                    "entropy_bits": float(entropy[b, i]),
-                }
-            )
-        items.append(rows)
-    return items
+    top_w = weights.max(axis=-1)  # (B, L), the weight at `top`
+    attends = (top_w > 0.0).tolist()  # (B, L), false on rows with every key masked
+    entropy = entropy_bits(weights)  # (B, L)
+    if decimals is not None:
+        top_w, entropy = np.round(top_w, decimals), np.round(entropy, decimals)
+    return [
+        [
+            {
+                "token": tokens[i] if tokens else None,
+                "top_key": ctx[j] if ctx and a else None,
+                "top_key_index": j if a else None,
+                "top_weight": w,
+                "entropy_bits": e,
+            }
+            for i, (j, w, e, a) in enumerate(zip(js, ws, es, has, strict=True))
+        ]
+        for js, ws, es, has in zip(
+            top.tolist(), top_w.tolist(), entropy.tolist(), attends, strict=True
+        )
+    ]
 
 
 def _attention_steps(
@@ -176,45 +177,36 @@ def _mask_outputs(mask: masks.CombinedMask, trace: AttentionTrace) -> dict[str, 
     }
 
 
-def _finish(body: dict[str, Any], req: InputFields, dims: Dims, always: tuple[str, ...]) -> bytes:
-    """Keep what `include` asks for, drop the batch axis of an unbatched request, round, and
-    serialise with orjson straight from the arrays."""
-    wanted = set(req.include) | set(always) if req.include is not None else None
-    unbatch = dims.batch is None
-    per_sequence = {
-        "q", "k", "v", "scores", "scaled_scores", "masked_scores", "weights", "output", "mask",
-        "additive_mask", "fully_masked_rows", "summary", "average_weights", "x_in", "concat",
-        "projected", "residual", "layer_norm",
-    }  # fmt: skip
-
-    def tidy(value: Any, unbatch_it: bool) -> Any:
-        if isinstance(value, np.ndarray):
-            if unbatch_it:
-                value = value[0]
-            if req.decimals is not None and value.dtype.kind == "f":
-                value = np.round(value, req.decimals)
-            return np.ascontiguousarray(value)
-        if isinstance(value, float) and req.decimals is not None:
-            return round(value, req.decimals)
-        if isinstance(value, list) and unbatch_it:
-            return tidy(value[0], False)
-        if isinstance(value, list):
-            return [tidy(v, False) for v in value]
-        if isinstance(value, dict):
-            return {k: tidy(v, unbatch and k in per_sequence) for k, v in value.items()}
-        return value
-
-    out = {
-        k: tidy(v, unbatch and k in per_sequence)
-        for k, v in body.items()
-        if wanted is None or k in wanted
-    }
-    return orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY)
+_PER_SEQUENCE = {
+    "q", "k", "v", "scores", "scaled_scores", "masked_scores", "weights", "output", "mask",
+    "additive_mask", "fully_masked_rows", "summary", "average_weights", "x_in", "concat",
+    "projected", "residual", "layer_norm",
+}  # fmt: skip
 
 
-def run_attention(req: AttentionRequest) -> bytes:
-    """POST /attention and /mask: scaled dot-product attention with every intermediate."""
-    dims = req.dims()
+def wants(req: InputFields, name: str) -> bool:
+    """Whether the response should carry ``name`` (``include`` absent means everything)."""
+    return req.include is None or name in req.include
+
+
+def _finish(
+    body: dict[str, Any], req: InputFields, dims: Dims, always: tuple[str, ...]
+) -> dict[str, Any]:
+    """Keep what `include` asks for and drop the batch axis of an unbatched request (views, no
+    copies); the encoder turns the arrays into JSON."""
+    out = {k: v for k, v in body.items() if k in always or wants(req, k)}
+    if dims.batch is None:
+        for key, value in out.items():
+            if key in _PER_SEQUENCE:
+                out[key] = value[0]
+            elif key == "heads":
+                out[key] = [{n: a[0] for n, a in head.items()} for head in value]
+    return out
+
+
+def run_attention(req: AttentionRequest, dims: Dims) -> dict[str, Any]:
+    """POST /attention and /mask: scaled dot-product attention with every intermediate.
+    ``dims`` is ``req.dims()``, already computed when the request was checked."""
     steps: list[Step] = []
     generated = _generated(req, dims, {"w_q": dims.d_k, "w_k": dims.d_k, "w_v": dims.d_v})
     steps += _generate_steps(req, generated)
@@ -272,7 +264,9 @@ def run_attention(req: AttentionRequest) -> bytes:
         "tokens": dims.tokens,
         "context_tokens": dims.context_tokens,
         "conventions": _conventions(req, req.scale is not None),
-        "summary": _summary(trace.weights, dims.tokens, dims.context_tokens),
+        "summary": _summary(trace.weights, dims.tokens, dims.context_tokens, req.decimals)
+        if wants(req, "summary")
+        else None,
         "steps": steps,
     }
     if mask is not None:
@@ -343,9 +337,9 @@ def _layer_norm_options(req: MultiheadRequest) -> LayerNorm | None:
     return LayerNorm(eps=opts.eps, gamma=opts.gamma, beta=opts.beta, over=opts.over)
 
 
-def run_multihead(req: MultiheadRequest) -> bytes:
-    """POST /multihead: multi-head attention, per-head traces and the block around them."""
-    dims = req.dims()
+def run_multihead(req: MultiheadRequest, dims: MultiheadDims) -> dict[str, Any]:
+    """POST /multihead: multi-head attention, per-head traces and the block around them.
+    ``dims`` is ``req.dims()``, already computed when the request was checked."""
     h, h_kv = dims.num_heads, dims.num_kv_heads
     generated = _generated(
         req, dims, {"w_q": h * dims.d_k, "w_k": h_kv * dims.d_k, "w_v": h_kv * dims.d_v}
@@ -469,7 +463,9 @@ def run_multihead(req: MultiheadRequest) -> bytes:
         "tokens": dims.tokens,
         "context_tokens": dims.context_tokens,
         "conventions": _conventions(req, req.scale is not None),
-        "summary": _summary(trace.average_weights, dims.tokens, dims.context_tokens),
+        "summary": _summary(trace.average_weights, dims.tokens, dims.context_tokens, req.decimals)
+        if wants(req, "summary")
+        else None,
         "steps": steps,
     }
     if mask is not None:

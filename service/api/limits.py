@@ -65,8 +65,9 @@ def result_sizes(req: InputFields, dims: Dims) -> dict[str, int]:
     return sizes
 
 
-def check_limits(req: InputFields, dims: Dims, settings: Settings) -> None:
-    """Raise LimitError when a size is over its cap or the response would be too large."""
+def check_limits(req: InputFields, dims: Dims, settings: Settings) -> int:
+    """Raise LimitError when a size is over its cap or the response would be too large;
+    otherwise return how many numbers the response will hold."""
     caps = [
         ("seq_len", "L (query rows)", dims.seq_len, settings.max_seq_len),
         ("context", "S (keys)", dims.ctx_len, settings.max_seq_len),
@@ -93,3 +94,4 @@ def check_limits(req: InputFields, dims: Dims, settings: Settings) -> None:
             'outputs with include (e.g. ["weights", "output"]) or send shorter sequences',
             settings.max_result_numbers,
         )
+    return total

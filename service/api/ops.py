@@ -27,13 +27,13 @@ DOCS_CSP = (
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:
     """Liveness: answers while the process is up (no work done)."""
     return {"status": "ok", "version": __version__}
 
 
 @router.get("/readyz", responses={503: {"description": "Not ready yet"}})
-def readyz(request: Request) -> JSONResponse:
+async def readyz(request: Request) -> JSONResponse:
     """Readiness: 200 once start-up (including a warm-up computation) has finished."""
     ready = bool(getattr(request.app.state, "ready", False))
     return JSONResponse(

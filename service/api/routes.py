@@ -1,18 +1,37 @@
-"""The compute routes: parse (pydantic), check limits, compute (service.api.compute), answer
-with JSON bytes."""
+"""The compute routes.
 
-from typing import Annotated, Any
+Each route reads the raw body and then, off the event loop for anything but tiny requests:
+parses it with orjson, validates it with the pydantic model, checks the limits, computes, and
+streams the JSON straight from the arrays (service.api.encode). Tiny requests (small body, small
+result) are answered inline, where a thread hop would cost more than the work.
+"""
 
-from fastapi import APIRouter, Body, Request, Response
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import orjson
+from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.models import Example
+from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from service.api.compute import run_attention, run_multihead
+from service.api.encode import encode, encode_whole
 from service.api.errors import ErrorBody
 from service.api.examples import ATTENTION_EXAMPLES, MASK_EXAMPLES, MULTIHEAD_EXAMPLES
 from service.api.limits import check_limits
 from service.api.responses import AttentionResponse, MaskResponse, MultiheadResponse
 from service.api.schemas import AttentionRequest, InputFields, MaskRequest, MultiheadRequest
+from service.config import Settings
 
 router = APIRouter(tags=["attention"])
+Model = TypeVar("Model", bound=InputFields)
+
+INLINE_BODY_BYTES = 16 * 1024  # parse on the event loop below this
+INLINE_RESULT_NUMBERS = 20_000  # compute and serialise on the event loop below this
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "The body is not valid JSON"},
@@ -22,39 +41,97 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     },
     422: {"model": ErrorBody, "description": "The request is JSON but does not fit the contract"},
 }
+REQUEST_MODELS: tuple[type[InputFields], ...] = (AttentionRequest, MaskRequest, MultiheadRequest)
 
 
-def _checked(body: InputFields, request: Request) -> None:
-    check_limits(body, body.dims(), request.app.state.settings)
+def request_body(model: type[InputFields], examples: dict[str, Example]) -> dict[str, Any]:
+    """OpenAPI for a body the route parses itself: the model's schema and the worked examples
+    (service.api.app adds the model schemas to the components)."""
+    content = {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"},
+        "examples": {k: dict(e) for k, e in examples.items()},
+    }
+    return {"requestBody": {"required": True, "content": {"application/json": content}}}
 
 
-def _json(content: bytes) -> Response:
-    return Response(content=content, media_type="application/json")
+def _parse(raw: bytes, model: type[Model]) -> Model:
+    """JSON bytes to a validated request, or the same errors FastAPI would raise."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:  # NaN, Infinity, 1e999: valid for Python's json, refused with 422 by the validators
+            data = json.loads(raw)
+        except ValueError as err:
+            pos = getattr(err, "pos", 0)
+            msg = getattr(err, "msg", str(err))
+            raise RequestValidationError(
+                [
+                    {
+                        "type": "json_invalid",
+                        "loc": ("body", pos),
+                        "msg": "JSON decode error",
+                        "ctx": {"error": msg},
+                    }
+                ]
+            ) from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise RequestValidationError(err.errors(include_url=False)) from None
 
 
-@router.post("/attention", response_model=AttentionResponse, responses=ERRORS)
-def attention(
-    body: Annotated[AttentionRequest, Body(openapi_examples=ATTENTION_EXAMPLES)], request: Request
+def _planned(raw: bytes, model: type[Model], settings: Settings) -> tuple[Model, Any, int]:
+    """Parse, validate and check the limits; return the request, its dims and how many numbers
+    the response will hold."""
+    req = _parse(raw, model)
+    dims = req.dims()
+    return req, dims, check_limits(req, dims, settings)
+
+
+async def _answer(
+    request: Request, model: type[Model], run: Callable[[Model, Any], dict[str, Any]]
 ) -> Response:
+    raw = await request.body()
+    settings: Settings = request.app.state.settings
+    if len(raw) <= INLINE_BODY_BYTES:
+        req, dims, numbers = _planned(raw, model, settings)
+    else:
+        req, dims, numbers = await run_in_threadpool(_planned, raw, model, settings)
+    if numbers <= INLINE_RESULT_NUMBERS:
+        return Response(encode_whole(run(req, dims), req.decimals), media_type="application/json")
+    body = await run_in_threadpool(run, req, dims)
+    return StreamingResponse(encode(body, req.decimals), media_type="application/json")
+
+
+@router.post(
+    "/attention",
+    response_model=AttentionResponse,
+    responses=ERRORS,
+    openapi_extra=request_body(AttentionRequest, ATTENTION_EXAMPLES),
+)
+async def attention(request: Request) -> Response:
     """Scaled dot-product attention, every step: Q, K, V, scores, scaled scores, weights, output."""
-    _checked(body, request)
-    return _json(run_attention(body))
+    return await _answer(request, AttentionRequest, run_attention)
 
 
-@router.post("/mask", response_model=MaskResponse, responses=ERRORS)
-def mask(
-    body: Annotated[MaskRequest, Body(openapi_examples=MASK_EXAMPLES)], request: Request
-) -> Response:
+@router.post(
+    "/mask",
+    response_model=MaskResponse,
+    responses=ERRORS,
+    openapi_extra=request_body(MaskRequest, MASK_EXAMPLES),
+)
+async def mask(request: Request) -> Response:
     """Attention with a mask (causal, padding, window, boolean, additive; combined with AND),
     returning the combined mask, the masked scores and the fully masked rows."""
-    _checked(body, request)
-    return _json(run_attention(body))
+    return await _answer(request, MaskRequest, run_attention)
 
 
-@router.post("/multihead", response_model=MultiheadResponse, responses=ERRORS)
-def multihead(
-    body: Annotated[MultiheadRequest, Body(openapi_examples=MULTIHEAD_EXAMPLES)], request: Request
-) -> Response:
+@router.post(
+    "/multihead",
+    response_model=MultiheadResponse,
+    responses=ERRORS,
+    openapi_extra=request_body(MultiheadRequest, MULTIHEAD_EXAMPLES),
+)
+async def multihead(request: Request) -> Response:
     """Multi-head attention: per-head traces, averaged weights, concat, W_o, residual, layer norm."""
-    _checked(body, request)
-    return _json(run_multihead(body))
+    return await _answer(request, MultiheadRequest, run_multihead)

@@ -1,0 +1,119 @@
+"""JSON bytes straight from NumPy arrays, in chunks.
+
+Large arrays are serialised a block of rows at a time with orjson, so a response is produced
+piece by piece: it can go out on the socket while the rest is still being written, the whole
+body never sits in memory at once, and no single step holds the GIL for long.
+"""
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import orjson
+
+OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+BLOCK_NUMBERS = 32_768  # numbers serialised per orjson call (a few ms at most)
+CHUNK_BYTES = 1 << 20  # bytes handed to the server at a time
+
+
+def encode_whole(body: Any, decimals: int | None = None) -> bytes:
+    """The JSON of a small value in one orjson call (what :func:`encode` yields, joined)."""
+    if decimals is not None:
+        body = _rounded(body, decimals)
+    return orjson.dumps(body, option=OPTIONS, default=_contiguous)
+
+
+def _rounded(value: Any, decimals: int) -> Any:
+    """A copy of ``value`` with its float arrays and floats rounded."""
+    if isinstance(value, np.ndarray):
+        return np.round(value, decimals) if value.dtype.kind == "f" else value
+    if isinstance(value, dict):
+        return {k: _rounded(v, decimals) for k, v in value.items()}
+    if isinstance(value, list) and any(isinstance(v, np.ndarray | dict) for v in value):
+        return [_rounded(v, decimals) for v in value]
+    if isinstance(value, float):
+        return round(value, decimals)
+    return value
+
+
+def _contiguous(value: Any) -> Any:
+    """orjson's fallback: it serialises only C-contiguous arrays itself (head slices are views)."""
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value)
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+def encode(body: dict[str, Any], decimals: int | None = None) -> Iterator[bytes]:
+    """Yield the JSON of ``body`` in chunks of about CHUNK_BYTES; arrays become nested lists,
+    −∞ and NaN become null (orjson), float arrays are rounded to ``decimals`` when given."""
+    pieces: list[bytes | memoryview] = []
+    size = 0
+    for piece in _value(body, decimals):
+        pieces.append(piece)
+        size += len(piece)
+        if size >= CHUNK_BYTES:
+            yield pieces[0] if len(pieces) == 1 else b"".join(pieces)  # type: ignore[misc]
+            pieces, size = [], 0
+    if pieces:
+        yield b"".join(pieces)
+
+
+def _value(value: Any, decimals: int | None) -> Iterator[bytes | memoryview]:
+    if isinstance(value, np.ndarray):
+        yield from _array(value, decimals)
+    elif not _big(value):
+        yield encode_whole(value, decimals)
+    elif isinstance(value, dict):
+        yield b"{"
+        for i, (key, item) in enumerate(value.items()):
+            yield (b',"' if i else b'"') + key.encode() + b'":'
+            yield from _value(item, decimals)
+        yield b"}"
+    else:
+        yield b"["
+        for i, item in enumerate(value):
+            if i:
+                yield b","
+            yield from _value(item, decimals)
+        yield b"]"
+
+
+def _big(value: Any) -> bool:
+    """Whether ``value`` holds an array worth streaming (lists of plain values never do)."""
+    if isinstance(value, np.ndarray):
+        return value.size > BLOCK_NUMBERS
+    if isinstance(value, dict):
+        return any(_big(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_big(v) for v in value if isinstance(v, np.ndarray | dict | list))
+    return False
+
+
+def _array(a: np.ndarray, decimals: int | None) -> Iterator[bytes | memoryview]:
+    """An array as nested JSON lists, a block of leading-axis slices per orjson call."""
+    if a.size <= BLOCK_NUMBERS or a.ndim == 1:
+        yield _dump(a, decimals)
+        return
+    per_item = a.size // a.shape[0]
+    if per_item > BLOCK_NUMBERS:  # one item is itself big: recurse into it
+        yield b"["
+        for i in range(a.shape[0]):
+            if i:
+                yield b","
+            yield from _array(a[i], decimals)
+        yield b"]"
+        return
+    step = max(1, BLOCK_NUMBERS // per_item)
+    yield b"["
+    for start in range(0, a.shape[0], step):
+        if start:
+            yield b","
+        block = _dump(a[start : start + step], decimals)
+        yield memoryview(block)[1:-1]  # the block's rows without its brackets, not copied
+    yield b"]"
+
+
+def _dump(a: np.ndarray, decimals: int | None) -> bytes:
+    if decimals is not None and a.dtype.kind == "f":
+        a = np.round(a, decimals)
+    return orjson.dumps(np.ascontiguousarray(a), option=OPTIONS)

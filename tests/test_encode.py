@@ -1,0 +1,45 @@
+"""The streaming encoder and the one-call encoder write the same JSON, and it is the data."""
+
+import json
+
+import numpy as np
+import pytest
+
+from service.api import encode as enc
+
+
+def body() -> dict[str, object]:
+    rng = np.random.default_rng(3)
+    big = rng.normal(size=(300, 250))
+    big[7, 9] = -np.inf
+    heads = rng.normal(size=(2, 3, 40, 50))
+    return {
+        "big": big,
+        "view": heads[:, 1],  # not contiguous
+        "batched": rng.normal(size=(2, 200, 300)),
+        "huge_rows": rng.normal(size=(2, 40_000)),
+        "mask": big > 0,
+        "heads": [{"w": heads[0, i]} for i in range(3)],
+        "summary": [{"token": "a", "top_weight": 0.123456789}],
+        "scale": 0.70710678,
+        "steps": [{"name": "scores", "shape": [3, 3]}],
+    }
+
+
+@pytest.mark.parametrize("decimals", [None, 0, 3], ids=["exact", "decimals-0", "decimals-3"])
+def test_streaming_equals_one_call_and_round_trips(decimals: int | None) -> None:
+    b = body()
+    streamed = b"".join(enc.encode(b, decimals))
+    assert streamed == enc.encode_whole(b, decimals)
+    back = json.loads(streamed)
+    big = np.array([[np.nan if v is None else v for v in row] for row in back["big"]])
+    expected = b["big"] if decimals is None else np.round(b["big"], decimals)  # type: ignore[call-overload]
+    np.testing.assert_array_equal(big, np.where(np.isinf(expected), np.nan, expected))
+    np.testing.assert_array_equal(np.array(back["batched"]).shape, (2, 200, 300))
+    assert back["mask"][0] == (b["big"][0] > 0).tolist()  # type: ignore[index]
+
+
+def test_chunks_are_bounded() -> None:
+    chunks = list(enc.encode(body()))
+    assert len(chunks) > 1
+    assert max(len(c) for c in chunks) < 2 * enc.CHUNK_BYTES
