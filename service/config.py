@@ -41,8 +41,13 @@ class Settings(BaseSettings):
     root_path: str = Field(
         "", description="path prefix when served behind a proxy, e.g. /attention"
     )
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="comma-separated keys; when set, the compute endpoints require one "
+        "(Authorization: Bearer KEY or X-API-Key: KEY). Empty: no authentication",
+    )
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "api_keys", mode="before")
     @classmethod
     def _split_origins(cls, value: object) -> object:
         if isinstance(value, str):

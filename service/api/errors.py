@@ -119,6 +119,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> Response:
-        return error_response(
-            exc.status_code, [ErrorItem(field=None, message=str(exc.detail), type="http_error")]
+        kind = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}.get(
+            exc.status_code, "http_error"
         )
+        response = error_response(
+            exc.status_code, [ErrorItem(field=None, message=str(exc.detail), type=kind)]
+        )
+        response.headers.update(exc.headers or {})
+        return response

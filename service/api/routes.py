@@ -11,13 +11,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.models import Example
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from service.api.auth import require_api_key
 from service.api.compute import run_attention, run_multihead
 from service.api.encode import encode, encode_whole
 from service.api.errors import ErrorBody
@@ -27,7 +28,7 @@ from service.api.responses import AttentionResponse, MaskResponse, MultiheadResp
 from service.api.schemas import AttentionRequest, InputFields, MaskRequest, MultiheadRequest
 from service.config import Settings
 
-router = APIRouter(tags=["attention"])
+router = APIRouter(tags=["attention"], dependencies=[Depends(require_api_key)])
 Model = TypeVar("Model", bound=InputFields)
 
 INLINE_BODY_BYTES = 16 * 1024  # parse on the event loop below this
@@ -35,6 +36,10 @@ INLINE_RESULT_NUMBERS = 20_000  # compute and serialise on the event loop below 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "The body is not valid JSON"},
+    401: {
+        "model": ErrorBody,
+        "description": "An API key is configured and the request has none, or a wrong one",
+    },
     413: {
         "model": ErrorBody,
         "description": "The body, a size, or the result is over a configured limit",
@@ -61,6 +66,17 @@ def _parse(raw: bytes, model: type[Model]) -> Model:
     except orjson.JSONDecodeError:
         try:  # NaN, Infinity, 1e999: valid for Python's json, refused with 422 by the validators
             data = json.loads(raw)
+        except RecursionError:
+            raise RequestValidationError(
+                [
+                    {
+                        "type": "json_invalid",
+                        "loc": ("body",),
+                        "msg": "JSON decode error",
+                        "ctx": {"error": "nested too deeply (more than 1000 levels)"},
+                    }
+                ]
+            ) from None
         except ValueError as err:
             pos = getattr(err, "pos", 0)
             msg = getattr(err, "msg", str(err))

@@ -104,7 +104,7 @@ Positional = Annotated[
     WithJsonSchema({"anyOf": [{"type": "string", "enum": ["sinusoidal"]}, _MATRIX]}),
 ]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-Lengths = int | list[Annotated[int, Field(ge=0)]]
+Lengths = int | Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=4096)]
 
 _STRICT = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
@@ -292,9 +292,11 @@ class InputFields(BaseModel):
         None, ge=1, description="generated mode: L when there are no tokens"
     )
     tokens: list[str] | None = Field(
-        None, description="labels of the L queries (fix L in generated mode)"
+        None, fail_fast=True, description="labels of the L queries (fix L in generated mode)"
+    )  # a million bad labels: one error, not a million
+    context_tokens: list[str] | None = Field(
+        None, fail_fast=True, description="labels of the S keys"
     )
-    context_tokens: list[str] | None = Field(None, description="labels of the S keys")
     sentence: str | None = Field(None, description="split on whitespace into tokens")
     weight_layout: Literal["in_out", "out_in"] = Field(
         "in_out", description="in_out: X @ W, W is (d_in, d_out); out_in: X @ W.T (PyTorch weights)"
@@ -304,7 +306,9 @@ class InputFields(BaseModel):
     fully_masked_rows: Literal["zero", "uniform", "error"] = Field(
         "zero", description="rows with every key masked: weights 0, 1/S, or a 422 naming the rows"
     )
-    include: list[str] | None = Field(None, description="output names to return (default: all)")
+    include: list[str] | None = Field(
+        None, fail_fast=True, description="output names to return (default: all)"
+    )
     decimals: int | None = Field(None, ge=0, le=15, description="round every returned float")
 
     includable: ClassVar[tuple[str, ...]] = INCLUDABLE_ATTENTION
@@ -621,7 +625,7 @@ class MultiheadRequest(InputFields):
         description="grouped-query attention: key/value heads; num_heads must be a multiple",
     )
     heads: list[HeadWeights] | None = Field(
-        None, description="per-head weights, one entry per head"
+        None, fail_fast=True, description="per-head weights, one entry per head"
     )
     in_proj_weight: Matrix | None = Field(
         None, description="PyTorch packed [3·d_model][d_model] (rows q, k, v), always out_in"

@@ -12,6 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from service.core.softmax import (
+    AttentionInputError,
     FullyMaskedPolicy,
     FullyMaskedRowsError,
     fully_masked,
@@ -47,10 +48,21 @@ def project(x: Array, w: Array, b: Array | None = None, layout: WeightLayout = "
     ``(d_out, d_in)`` (PyTorch ``nn.Linear``). The optional bias ``b (d_out,)`` is added.
     Returns ``(..., n, d_out)``.
     """
-    out = x @ (w if layout == "in_out" else w.T)  # (..., n, d_out)
-    if b is not None:
-        out += b
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = x @ (w if layout == "in_out" else w.T)  # (..., n, d_out)
+        if b is not None:
+            out += b
+    require_finite(out, "a projection (X W)")
     return out
+
+
+def require_finite(a: Array, what: str) -> None:
+    """Refuse a result that overflowed: NaN or ±∞ must never reach a response."""
+    if not np.isfinite(a).all():
+        raise AttentionInputError(
+            f"{what} overflowed float64 (a value reached ±infinity or NaN); scale the inputs "
+            "down: products of values near 1e154 or larger overflow"
+        )
 
 
 def default_scale(d_k: int) -> float:
@@ -94,7 +106,10 @@ def scaled_dot_product_attention(
     weights = softmax(logits, "zero" if fully_masked_policy == "error" else fully_masked_policy)
     if padded_queries is not None and padded_queries.any():
         weights[np.broadcast_to(padded_queries[..., None], weights.shape)] = 0.0
-    output = weights @ v  # (..., L, d_v)
+    require_finite(v, "V")
+    with np.errstate(over="ignore", invalid="ignore"):
+        output = weights @ v  # (..., L, d_v)
+    require_finite(output, "the output (weights V)")
     return AttentionTrace(
         q=q,
         k=k,

@@ -9,7 +9,12 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from service.core.attention import AttentionTrace, scaled_dot_product_attention
+from service.core.attention import (
+    AttentionTrace,
+    project,
+    require_finite,
+    scaled_dot_product_attention,
+)
 from service.core.masks import CombinedMask
 from service.core.softmax import FullyMaskedPolicy
 
@@ -123,9 +128,9 @@ def multihead_attention(
     x_in = x if positional is None else x + positional  # (B, L, d_model)
     source = x_in if context is None else context  # (B, S, d_model)
 
-    q = split_heads(x_in @ weights.w_q + _or0(weights.b_q), h)  # (B, h, L, d_k)
-    k = split_heads(source @ weights.w_k + _or0(weights.b_k), h_kv)  # (B, h_kv, S, d_k)
-    v = split_heads(source @ weights.w_v + _or0(weights.b_v), h_kv)  # (B, h_kv, S, d_v)
+    q = split_heads(project(x_in, weights.w_q, weights.b_q), h)  # (B, h, L, d_k)
+    k = split_heads(project(source, weights.w_k, weights.b_k), h_kv)  # (B, h_kv, S, d_k)
+    v = split_heads(project(source, weights.w_v, weights.b_v), h_kv)  # (B, h_kv, S, d_v)
     if h_kv != h:
         k = np.repeat(k, h // h_kv, axis=1)  # (B, h, S, d_k)
         v = np.repeat(v, h // h_kv, axis=1)  # (B, h, S, d_v)
@@ -140,12 +145,14 @@ def multihead_attention(
         fully_masked_policy=fully_masked_policy,
     )
     concat = merge_heads(heads.output)  # (B, L, h·d_v)
-    projected = concat if weights.w_o is None else concat @ weights.w_o  # (B, L, d_out)
-    if weights.b_o is not None:
-        projected = projected + weights.b_o
-    res = x_in + projected if residual else None  # (B, L, d_model)
-    normed = layer_norm(projected if res is None else res, norm) if norm is not None else None
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused below
+        projected = concat if weights.w_o is None else concat @ weights.w_o  # (B, L, d_out)
+        if weights.b_o is not None:
+            projected = projected + weights.b_o
+        res = x_in + projected if residual else None  # (B, L, d_model)
+        normed = layer_norm(projected if res is None else res, norm) if norm is not None else None
     output = normed if normed is not None else res if res is not None else projected
+    require_finite(output, "the multi-head output")
     return MultiheadTrace(
         x_in=x_in,
         heads=heads,
@@ -156,8 +163,3 @@ def multihead_attention(
         layer_norm=normed,
         output=output,
     )
-
-
-def _or0(b: Array | None) -> Array | float:
-    """The bias, or 0 when there is none."""
-    return 0.0 if b is None else b
