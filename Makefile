@@ -6,7 +6,7 @@ HOST   ?= 0.0.0.0
 PORT   ?= 8000
 WORKERS ?= 1
 
-.PHONY: run test lint typecheck pytest fixtures bench clean
+.PHONY: run test lint typecheck pytest fixtures bench load clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ pytest: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest
+
+load: $(VENV)/.installed-dev
+	$(BIN)/python benchmarks/load.py
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/run.py

@@ -339,3 +339,23 @@ def test_a_huge_bad_input_gives_a_short_error(client: TestClient) -> None:
     r = client.post("/attention", json={"q": q, "k": q, "v": q})
     assert r.status_code == 422
     assert len(r.content) < 2000
+
+
+def test_real_answers_match_the_documented_response_schemas(client: TestClient) -> None:
+    import json
+    from pathlib import Path
+
+    from jsonschema import Draft202012Validator
+
+    spec = client.get("/openapi.json").json()
+    golden = json.loads((Path(__file__).parent / "fixtures" / "golden.json").read_text())["cases"]
+    for case in [*golden, {"endpoint": "/mask", "request": ex.PADDED_BATCH}]:
+        ref = spec["paths"][case["endpoint"]]["post"]["responses"]["200"]["content"][
+            "application/json"
+        ]["schema"]
+        validator = Draft202012Validator({"components": spec["components"], **ref})
+        body = client.post(case["endpoint"], json=case["request"]).json()
+        errors = [
+            f"{list(e.absolute_path)[:4]}: {e.message[:120]}" for e in validator.iter_errors(body)
+        ]
+        assert not errors, f"{case['endpoint']} {case['request'].get('tokens', '')}: {errors[:3]}"

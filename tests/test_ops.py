@@ -182,3 +182,14 @@ def test_size_caps_are_413(small: TestClient, path: str, body: dict[str, Any], f
     r = small.post(path, json=body)
     assert r.status_code == 413, r.text
     assert r.json()["errors"][0]["field"] == field
+
+
+def test_allocator_tuning_applies_on_glibc() -> None:
+    import platform
+
+    from service.memory import release_memory, tune_allocator
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("not a glibc system: the allocator is left alone")
+    assert tune_allocator() is True
+    release_memory()  # must not raise

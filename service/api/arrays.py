@@ -99,7 +99,9 @@ def _first_bad_number(name: str, value: Any, ndim: int) -> str:
         node = value
         for i in path:
             node = node[i]
-        if isinstance(node, int | float) and not isinstance(node, bool):  # an integer beyond float64
+        if isinstance(node, int | float) and not isinstance(
+            node, bool
+        ):  # an integer beyond float64
             return f"{name} {_where(path)} is not a finite number ({_NON_FINITE})"
         return f"{name} {_where(path)} is {_describe(node)}, not a number"
     arr = np.asarray(value, dtype=object)  # every element is a number: one is too big or not finite

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.models import Example
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import require_api_key
@@ -27,6 +28,7 @@ from service.api.limits import check_limits
 from service.api.responses import AttentionResponse, MaskResponse, MultiheadResponse
 from service.api.schemas import AttentionRequest, InputFields, MaskRequest, MultiheadRequest
 from service.config import Settings
+from service.memory import release_memory
 
 router = APIRouter(tags=["attention"], dependencies=[Depends(require_api_key)])
 Model = TypeVar("Model", bound=InputFields)
@@ -116,7 +118,11 @@ async def _answer(
     if numbers <= INLINE_RESULT_NUMBERS:
         return Response(encode_whole(run(req, dims), req.decimals), media_type="application/json")
     body = await run_in_threadpool(run, req, dims)
-    return StreamingResponse(encode(body, req.decimals), media_type="application/json")
+    return StreamingResponse(
+        encode(body, req.decimals),
+        media_type="application/json",
+        background=BackgroundTask(run_in_threadpool, release_memory),  # after the last byte
+    )
 
 
 @router.post(
