@@ -1,7 +1,11 @@
 """Swagger UI and ReDoc in a real browser (Debian's Chromium, driven by Playwright) against a real
 server, with every request that leaves the server blocked: the docs must work offline."""
 
+import json
 import os
+import re
+import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,9 +50,15 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def offline_page(browser: Any, server: str) -> Iterator[tuple[Any, list[str]]]:
-    """A page that may reach only the server; every other request is aborted and recorded."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+def offline_page(
+    browser: Any, server: str, request: pytest.FixtureRequest
+) -> Iterator[tuple[Any, list[str]]]:
+    """A page that may reach only the server; every other request is aborted and recorded.
+    Parametrize ``viewport`` indirectly to change the window size."""
+    size = getattr(request, "param", (1280, 900))
+    context = browser.new_context(
+        viewport={"width": size[0], "height": size[1]}, accept_downloads=True
+    )
     outside: list[str] = []
 
     def guard(route: Any) -> None:
@@ -60,8 +70,11 @@ def offline_page(browser: Any, server: str) -> Iterator[tuple[Any, list[str]]]:
 
     context.route("**/*", guard)
     page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
     yield page, outside
     context.close()
+    assert errors == [], f"JavaScript errors on the page: {errors}"
 
 
 def test_swagger_ui_renders_and_try_it_out_executes_offline(
@@ -88,3 +101,180 @@ def test_redoc_renders_offline(offline_page: tuple[Any, list[str]], server: str)
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "redoc.png"))
     assert outside == []
+
+
+# ---- the explorer page ----------------------------------------------------------------------
+
+
+def _examples() -> list[tuple[str, str]]:
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    spec = TestClient(create_app()).get("/openapi.json").json()
+    return [
+        (ep, key)
+        for ep in ("attention", "mask", "multihead")
+        for key in spec["paths"][f"/{ep}"]["post"]["requestBody"]["content"]["application/json"][
+            "examples"
+        ]
+    ]
+
+
+def _open(page: Any, server: str) -> None:
+    page.goto(server + "/")
+    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
+
+
+def _run(page: Any, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Click Run; return the request body the page sent and the JSON it got back."""
+    with page.expect_response(
+        lambda r: r.url.endswith("/" + endpoint) and r.request.method == "POST"
+    ) as info:
+        page.click("#run")
+    response = info.value
+    page.locator("#status").filter(has_text=re.compile("^(Done|Error)")).wait_for(timeout=20_000)
+    return response.request.post_data_json, response.json()
+
+
+def _post(server: str, endpoint: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(
+        f"{server}/{endpoint}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def _cells(page: Any, name: str) -> dict[tuple[int, int], str]:
+    cells = page.locator(f'figure[data-name="{name}"] rect.cell')
+    found = cells.evaluate_all(
+        "els => els.map(e => [+e.dataset.row, +e.dataset.col, e.dataset.value])"
+    )
+    return {(i, j): v for i, j, v in found}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "example"), _examples(), ids=[f"{e}-{k}" for e, k in _examples()]
+)
+def test_each_worked_example_shows_what_the_api_returns(
+    offline_page: tuple[Any, list[str]], server: str, endpoint: str, example: str
+) -> None:
+    page, outside = offline_page
+    _open(page, server)
+    page.select_option("#endpoint", endpoint)
+    page.locator(f"#example option[value={example}]").wait_for(state="attached")
+    page.select_option("#example", example)
+    body, data = _run(page, endpoint)
+    assert _post(server, endpoint, body) == data  # the page shows the API's own answer
+
+    batched = page.locator("#batch-pick").is_visible()
+    key = "average_weights" if endpoint == "multihead" else "weights"
+    weights = data[key][0] if batched else data[key]
+    cells = _cells(page, key)
+    assert len(cells) == len(weights) * len(weights[0])
+    for (i, j), shown in cells.items():
+        assert float(shown) == pytest.approx(weights[i][j], rel=1e-12, abs=1e-12)
+    tokens = data.get("tokens")
+    if tokens:
+        figure = page.locator(f'figure[data-name="{key}"]')
+        assert figure.locator("text.row-label").all_text_contents() == tokens
+    summary = page.locator("#summary li").all_inner_texts()
+    rows = data["summary"][0] if batched else data["summary"]
+    assert len(summary) == len(rows)
+    steps = page.locator("#steps li").all_inner_texts()
+    assert [s.split(":")[0] for s in steps] == [s["name"] for s in data["steps"]]
+    if endpoint == "mask":  # masked cells are drawn apart from small weights
+        masked = page.locator(f'figure[data-name="{key}"] rect.cell.masked').count()
+        allowed = data["mask"][0] if batched else data["mask"]
+        assert masked == sum(not a for row in allowed for a in row)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"explorer-{endpoint}-{example}.png"), full_page=True)
+    assert outside == []
+
+
+def test_batman_summary_sentence(offline_page: tuple[Any, list[str]], server: str) -> None:
+    page, _ = offline_page
+    _open(page, server)  # the first example (I am Batman) is loaded on arrival
+    _run(page, "attention")
+    assert "Batman attends most to I, 0.667" in page.locator("#summary").inner_text()
+
+
+def test_an_api_error_is_shown_next_to_its_field(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    page.fill("#x", "1 0\n0 0 1\n0 1")
+    _, data = _run(page, "attention")
+    assert data["errors"][0]["field"] == "x"
+    message = page.locator('.field[data-field="x"] .field-error').inner_text()
+    assert message == "x row 1 has 3 numbers but row 0 has 2"
+    assert page.locator("#error").is_visible()
+
+
+def test_256_tokens_render_on_canvas_and_read_by_keyboard(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    page.select_option("#mode", "generated")
+    page.fill("#tokens", "")
+    page.fill("#sentence", " ".join(f"w{i}" for i in range(256)))
+    for field, value in (("#seed", "0"), ("#d_model", "8"), ("#d_k", "8")):
+        page.fill(field, value)
+    for field in ("#x", "#w_q", "#w_k", "#w_v"):
+        page.fill(field, "")
+    page.fill("#extra", "")
+    page.select_option("#weight_layout", "in_out")
+    _, data = _run(page, "attention")
+    assert len(data["weights"]) == 256
+    canvas = page.locator('figure[data-name="weights"] canvas')
+    assert canvas.get_attribute("data-rows") == "256"
+    canvas.focus()
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowDown")
+    readout = page.locator('figure[data-name="weights"] .cell-readout').inner_text()
+    assert readout.startswith("w1 → w1: ")
+    assert float(readout.split(": ")[1]) == pytest.approx(data["weights"][1][1], abs=5e-4)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "explorer-256-tokens.png"))
+
+
+def test_heatmaps_export_as_svg_and_png(offline_page: tuple[Any, list[str]], server: str) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    _run(page, "attention")
+    figure = page.locator('figure[data-name="weights"]')
+    with page.expect_download() as svg:
+        figure.get_by_role("button", name="Download weights  softmax as SVG").click()
+    assert Path(svg.value.path()).read_text().startswith("<svg")
+    with page.expect_download() as png:
+        figure.get_by_role("button", name="Download weights  softmax as PNG").click()
+    assert Path(png.value.path()).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_copy_as_curl_gives_a_command_that_works(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    page.click("#copy-curl")
+    command = page.locator("#curl").inner_text()
+    assert command.startswith(f"curl -s {server}/attention ")
+    out = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    assert json.loads(out)["summary"][2]["top_key"] == "I"
+
+
+@pytest.mark.parametrize("offline_page", [(390, 844)], indirect=True, ids=["phone"])
+def test_usable_at_phone_width(offline_page: tuple[Any, list[str]], server: str) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    _run(page, "attention")
+    assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth + 1")
+    assert page.locator("#run").is_visible()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "explorer-phone.png"), full_page=True)

@@ -70,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(router)
     app.include_router(ops.router)
     ops.install_docs(app)
+    ops.install_explorer(app)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

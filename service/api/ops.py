@@ -110,3 +110,21 @@ def install_docs(app: FastAPI) -> None:
         )
         page.headers["Content-Security-Policy"] = DOCS_CSP
         return page
+
+
+STATIC = files("service") / "static"
+PAGE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'self'; frame-ancestors 'self'"
+)
+
+
+def install_explorer(app: FastAPI) -> None:
+    """The explorer page at / and its files at /static (shipped in the package, no CDN)."""
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def explorer() -> HTMLResponse:
+        page = HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
+        page.headers["Content-Security-Policy"] = PAGE_CSP
+        return page
