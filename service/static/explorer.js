@@ -258,6 +258,8 @@ async function run(event) {
   setupBatch(data);
   render();
   $("status").textContent = `Done in ${Math.round(ms)} ms`;
+  const top = $("results").getBoundingClientRect().top;
+  if (top < 0 || top > window.innerHeight) $("results").scrollIntoView({ block: "start" });
 }
 
 function isBatched(data) {
