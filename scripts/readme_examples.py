@@ -12,30 +12,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from service.api import examples as ex
+
 EXAMPLES: list[tuple[str, str, dict[str, Any] | None]] = [
     (
         "Scaled dot-product attention, “I am Batman” with PyTorch-layout weights:",
         "/attention",
-        {
-            "tokens": ["I", "am", "Batman"],
-            "x": [[1, 0], [0, 0], [0, 1]],
-            "w_q": [[1, 2], [3, 4]],
-            "w_k": [[0.5, 1], [1.5, 1]],
-            "w_v": [[1, 0.5], [0.5, 1]],
-            "weight_layout": "out_in",
-            "decimals": 4,
-            "include": ["scores", "weights", "output", "summary"],
-        },
+        {**ex.I_AM_BATMAN, "decimals": 4, "include": ["scores", "weights", "output", "summary"]},
     ),
     (
         "A causal mask over four tokens (masked scores are `null`):",
         "/mask",
         {
-            "tokens": ["my", "dog", "likes", "walks"],
-            "q": [[1, 0], [0, 1], [1, 1], [0.5, -1]],
-            "k": [[1, 0], [0, 1], [1, 1], [-1, 0.5]],
-            "v": [[1, 0], [0, 1], [0.5, 0.5], [2, -1]],
-            "mask": {"type": "causal"},
+            **ex.CAUSAL_FOUR_TOKENS,
             "decimals": 3,
             "include": ["masked_scores", "weights", "fully_masked_rows"],
         },

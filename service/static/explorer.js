@@ -206,9 +206,6 @@ function formFieldFor(apiField) {
   let name = apiField.split(/[.[]/)[0];
   if (mask) name = maskSources[Number(mask[1])] || "key_lengths";
   if (name === "mask") name = maskSources[0] || "key_lengths";
-  if (name === "layer_norm" || name === "positional_encoding" || name === "num_heads" || name === "num_kv_heads") {
-    // these have fields of their own
-  }
   const el = document.querySelector(`.field[data-field="${CSS.escape(name)}"]`);
   if (el && !el.closest("[hidden]")) return el;
   return document.querySelector('.field[data-field="extra"]');
