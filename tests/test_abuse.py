@@ -72,12 +72,13 @@ def test_a_million_bad_labels_stop_at_the_first(lenient: TestClient) -> None:
     ("path", "body"),
     [
         ("/attention", {"q": [[1e200]], "k": [[1e200]], "v": [[1.0]]}),
+        ("/attention", {"q": [[1e200], [1.0]], "k": [[-1e200], [1.0]], "v": [[1.0], [2.0]]}),
         ("/attention", {"x": [[1e200, 1.0]], "w_q": [[1.0], [1.0]], "w_k": [[1.0], [1.0]], "w_v": [[1e200], [1.0]]}),
         ("/attention", {"x": [[1e200, 1.0]], "w_q": [[1e200], [1.0]], "w_k": [[1.0], [1.0]], "w_v": [[1.0], [1.0]]}),
         ("/multihead", {"x": [[1e300, 1e300]], "num_heads": 1, "w_q": [[1.0, 0.0], [0.0, 1.0]], "w_k": [[1.0, 0.0], [0.0, 1.0]],
                         "w_v": [[1e10, 0.0], [0.0, 1e10]]}),
     ],
-    ids=["scores", "values", "projection", "multihead"],
+    ids=["scores", "scores-to-minus-infinity", "values", "projection", "multihead"],
 )  # fmt: skip
 def test_overflow_during_the_computation_is_422_never_nan(
     lenient: TestClient, path: str, body: dict[str, Any]

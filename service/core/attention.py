@@ -94,6 +94,7 @@ def scaled_dot_product_attention(
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported by softmax
         scores = q @ np.swapaxes(k, -1, -2)  # (..., L, S)
         scaled_scores = scores * scale  # (..., L, S)
+    require_finite(scaled_scores, "the scaled scores Q Kᵀ · scale")  # −∞ must not pass for a mask
     masked_scores = None if additive is None else scaled_scores + additive  # (..., L, S)
     logits = scaled_scores if masked_scores is None else masked_scores
 
