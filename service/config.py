@@ -30,6 +30,12 @@ class Settings(BaseSettings):
         ge=1,
         description="most numbers one response may hold (413 above, before computing)",
     )
+    max_computed_numbers: int = Field(
+        50_000_000,
+        ge=1,
+        description="most numbers one request may compute, intermediates included whatever "
+        "include says (413 above, before computing); 50M float64 is 400 MB",
+    )
     max_seq_len: int = Field(4096, ge=1, description="largest L and S")
     max_d_model: int = Field(4096, ge=1, description="largest d_model, d_k and d_v")
     max_heads: int = Field(128, ge=1, description="largest num_heads")

@@ -151,6 +151,15 @@ def test_body_over_the_limit_is_413_while_streaming(small: TestClient) -> None:
     assert r.status_code == 413
 
 
+def test_computing_over_the_limit_is_413_even_when_little_is_returned() -> None:
+    with make_client(max_computed_numbers=100_000) as c:
+        body = {"seed": 0, "seq_len": 200, "d_model": 8, "num_heads": 4, "include": ["output"]}
+        r = c.post("/multihead", json=body)  # returns 1,600 numbers, computes ~700,000
+        assert r.status_code == 413
+        assert "would compute" in r.json()["message"] and r.json()["errors"][0]["limit"] == 100_000
+        assert c.post("/multihead", json={**body, "seq_len": 20}).status_code == 200
+
+
 def test_result_over_the_number_limit_is_413_before_computing(small: TestClient) -> None:
     q = [[1.0, 0.0]] * 20
     r = small.post("/attention", json={"q": q, "k": q, "v": q})  # 4 outputs of 20×20 alone

@@ -65,9 +65,10 @@ def result_sizes(req: InputFields, dims: Dims) -> dict[str, int]:
     return sizes
 
 
-def check_limits(req: InputFields, dims: Dims, settings: Settings) -> int:
-    """Raise LimitError when a size is over its cap or the response would be too large;
-    otherwise return how many numbers the response will hold."""
+def check_limits(req: InputFields, dims: Dims, settings: Settings) -> tuple[int, int]:
+    """Raise LimitError when a size is over its cap, the response would be too large, or the
+    computation would make too many numbers; otherwise return (numbers returned, numbers
+    computed). Every intermediate is computed whatever `include` asks for."""
     caps = [
         ("seq_len", "L (query rows)", dims.seq_len, settings.max_seq_len),
         ("context", "S (keys)", dims.ctx_len, settings.max_seq_len),
@@ -94,4 +95,13 @@ def check_limits(req: InputFields, dims: Dims, settings: Settings) -> int:
             'outputs with include (e.g. ["weights", "output"]) or send shorter sequences',
             settings.max_result_numbers,
         )
-    return total
+    computed = sum(sizes.values())
+    if computed > settings.max_computed_numbers:
+        raise LimitError(
+            None,
+            f"this request would compute {computed:,} numbers (every intermediate, whatever "
+            f"include asks for), over the limit of {settings.max_computed_numbers:,}; use fewer "
+            "heads, a smaller batch or shorter sequences",
+            settings.max_computed_numbers,
+        )
+    return total, computed

@@ -34,7 +34,7 @@ router = APIRouter(tags=["attention"], dependencies=[Depends(require_api_key)])
 Model = TypeVar("Model", bound=InputFields)
 
 INLINE_BODY_BYTES = 16 * 1024  # parse on the event loop below this
-INLINE_RESULT_NUMBERS = 20_000  # compute and serialise on the event loop below this
+INLINE_NUMBERS = 20_000  # compute and serialise on the event loop below this many numbers
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "The body is not valid JSON"},
@@ -100,10 +100,11 @@ def _parse(raw: bytes, model: type[Model]) -> Model:
 
 def _planned(raw: bytes, model: type[Model], settings: Settings) -> tuple[Model, Any, int]:
     """Parse, validate and check the limits; return the request, its dims and how many numbers
-    the response will hold."""
+    it computes (intermediates included)."""
     req = _parse(raw, model)
     dims = req.dims()
-    return req, dims, check_limits(req, dims, settings)
+    _, computed = check_limits(req, dims, settings)
+    return req, dims, computed
 
 
 async def _answer(
@@ -115,7 +116,7 @@ async def _answer(
         req, dims, numbers = _planned(raw, model, settings)
     else:
         req, dims, numbers = await run_in_threadpool(_planned, raw, model, settings)
-    if numbers <= INLINE_RESULT_NUMBERS:
+    if numbers <= INLINE_NUMBERS:
         return Response(encode_whole(run(req, dims), req.decimals), media_type="application/json")
     body = await run_in_threadpool(run, req, dims)
     return StreamingResponse(
