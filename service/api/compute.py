@@ -18,6 +18,7 @@ from service.api.schemas import (
 from service.core import masks
 from service.core.attention import (
     AttentionTrace,
+    WeightLayout,
     entropy_bits,
     project,
     scaled_dot_product_attention,
@@ -73,7 +74,7 @@ def _generate_steps(req: InputFields, generated: dict[str, Array]) -> list[Step]
     ]
 
 
-def _weight(req: InputFields, name: str, generated: dict[str, Array]) -> tuple[Array, str]:
+def _weight(req: InputFields, name: str, generated: dict[str, Array]) -> tuple[Array, WeightLayout]:
     """A projection weight and its layout (generated weights are always in_out)."""
     if name in generated:
         return generated[name], "in_out"
@@ -220,7 +221,7 @@ def run_attention(req: AttentionRequest, dims: Dims) -> dict[str, Any]:
         for name, inp, label in (("w_q", x, "X"), ("w_k", source, src), ("w_v", source, src)):
             w, layout = _weight(req, name, generated)
             bias = getattr(req, "b_" + name[-1])
-            proj[name] = project(inp, w, bias, layout)  # type: ignore[arg-type]
+            proj[name] = project(inp, w, bias, layout)
             width = dims.d_v if name == "w_v" else dims.d_k
             rows = dims.seq_len if name == "w_q" else dims.ctx_len
             steps.append(
