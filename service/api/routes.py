@@ -102,7 +102,7 @@ def _planned(raw: bytes, model: type[Model], settings: Settings) -> tuple[Model,
     """Parse, validate and check the limits; return the request, its dims and how many numbers
     it computes (intermediates included)."""
     req = _parse(raw, model)
-    dims = req.dims()
+    dims = req.checked_dims()
     _, computed = check_limits(req, dims, settings)
     return req, dims, computed
 

@@ -16,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
+    PrivateAttr,
     ValidationInfo,
     WithJsonSchema,
     model_validator,
@@ -312,11 +313,17 @@ class InputFields(BaseModel):
     decimals: int | None = Field(None, ge=0, le=15, description="round every returned float")
 
     includable: ClassVar[tuple[str, ...]] = INCLUDABLE_ATTENTION
+    _checked: Dims | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> Self:
-        self.dims()
+        self._checked = self.dims()
         return self
+
+    def checked_dims(self) -> Dims:
+        """The dims found when the request was validated (computed again if it was built
+        without validation)."""
+        return self._checked if self._checked is not None else self.dims()
 
     def dims(self) -> Dims:
         """Check how the fields fit together and return the sizes they imply."""
