@@ -99,9 +99,8 @@ def _first_bad_number(name: str, value: Any, ndim: int) -> str:
         node = value
         for i in path:
             node = node[i]
-        if isinstance(node, int | float) and not isinstance(
-            node, bool
-        ):  # an integer beyond float64
+        is_number = isinstance(node, int | float) and not isinstance(node, bool)
+        if is_number:  # an integer beyond float64
             return f"{name} {_where(path)} is not a finite number ({_NON_FINITE})"
         return f"{name} {_where(path)} is {_describe(node)}, not a number"
     arr = np.asarray(value, dtype=object)  # every element is a number: one is too big or not finite
@@ -115,19 +114,25 @@ def _first_bad_number(name: str, value: Any, ndim: int) -> str:
     return f"{name} holds something that is not a number"
 
 
+def _nested(value: Any, name: str, expected: str, dtype: type | None = None) -> np.ndarray:
+    """``np.array`` of a JSON list, or a ValueError naming the first ragged place."""
+    if not isinstance(value, list):
+        raise ValueError(f"{name} must be {expected}, got {_describe(value)}")
+    try:
+        return np.array(value, dtype=dtype)
+    except (ValueError, TypeError, OverflowError):
+        raise ValueError(
+            _first_structure_problem(name, value) or f"{name} must be {expected}"
+        ) from None
+
+
 def to_array(value: Any, name: str, ndims: tuple[int, ...], expected: str) -> Array:
     """Convert a JSON value to a float64 array with one of ``ndims`` dimensions.
 
     ``expected`` names the shape in words for messages, e.g. "a matrix [L][d_model]".
     Raises ValueError with a sentence that names ``name`` and the first problem found.
     """
-    if not isinstance(value, list):
-        raise ValueError(f"{name} must be {expected}, got {_describe(value)}")
-    try:
-        arr = np.array(value)
-    except (ValueError, TypeError, OverflowError):
-        problem = _first_structure_problem(name, value)
-        raise ValueError(problem or f"{name} must be {expected}") from None
+    arr = _nested(value, name, expected)
     if arr.dtype.kind not in "iuf":  # strings, null, booleans only, integers beyond 64 bits
         raise ValueError(_first_bad_number(name, value, arr.ndim))
     if arr.ndim not in ndims or 0 in arr.shape:
@@ -144,14 +149,7 @@ def to_array(value: Any, name: str, ndims: tuple[int, ...], expected: str) -> Ar
 def to_bool_matrix(value: Any, name: str) -> NDArray[np.bool_]:
     """A boolean mask matrix [L][S] or [B][L][S]: true/false, or 1/0."""
     expected = "a matrix [L][S] (or [B][L][S]) of true/false or 1/0"
-    if not isinstance(value, list):
-        raise ValueError(f"{name} must be {expected}, got {_describe(value)}")
-    try:
-        arr = np.array(value)
-    except (ValueError, TypeError, OverflowError):
-        raise ValueError(
-            _first_structure_problem(name, value) or f"{name} must be {expected}"
-        ) from None
+    arr = _nested(value, name, expected)
     if arr.dtype.kind not in "biuf":
         problem = _first_structure_problem(name, value)
         raise ValueError(problem or f"{name} must hold only true/false or 1/0")
@@ -170,14 +168,7 @@ def to_bool_matrix(value: Any, name: str) -> NDArray[np.bool_]:
 def to_additive_matrix(value: Any, name: str) -> Array:
     """An additive mask [L][S] or [B][L][S]: finite numbers, null for −∞."""
     expected = "a matrix [L][S] (or [B][L][S]) of numbers, null for −∞"
-    if not isinstance(value, list):
-        raise ValueError(f"{name} must be {expected}, got {_describe(value)}")
-    try:
-        obj = np.array(value, dtype=object)
-    except (ValueError, TypeError):
-        raise ValueError(
-            _first_structure_problem(name, value) or f"{name} must be {expected}"
-        ) from None
+    obj = _nested(value, name, expected, dtype=object)
     if obj.ndim not in (2, 3) or 0 in obj.shape:
         raise ValueError(_first_structure_problem(name, value) or f"{name} must be {expected}")
     is_null = np.frompyfunc(lambda e: e is None, 1, 1)(obj).astype(bool)

@@ -427,17 +427,20 @@ class InputFields(BaseModel):
                 return int(w.shape[0] if self.weight_layout == "in_out" else w.shape[1])
         return None
 
-    def _weight_out(self, name: str, w: Array, d_model: int) -> int:
-        """Check a projection's input size against d_model; return its output size."""
+    def _weight_out(self, name: str, w: Array, width: int, source: str | None = None) -> int:
+        """Check a weight's input size (rows in in_out, columns in out_in) against ``width``,
+        the width of what it multiplies (``source`` says what that is; default x / d_model);
+        return its output size."""
         rows, cols = w.shape
         d_in, d_out = (rows, cols) if self.weight_layout == "in_out" else (cols, rows)
-        if d_in != d_model:
+        if d_in != width:
             side = "rows" if self.weight_layout == "in_out" else "columns"
-            source = f"x has {d_model} columns" if self.x is not None else f"d_model is {d_model}"
+            if source is None:
+                source = f"x has {width} columns" if self.x is not None else f"d_model is {width}"
             raise FieldError(
                 name,
                 f"{name} is {rows}×{cols} but {source}: with weight_layout {self.weight_layout} "
-                f"{name} must have {d_model} {side}",
+                f"{name} must have {width} {side}",
             )
         return int(d_out)
 
@@ -752,16 +755,7 @@ class MultiheadRequest(InputFields):
         for i, head in enumerate(self.heads):
             widths = {}
             for name in ("w_q", "w_k", "w_v"):
-                w = getattr(head, name)
-                rows, cols = w.shape
-                d_in, d_o = (rows, cols) if self.weight_layout == "in_out" else (cols, rows)
-                if d_in != d_model:
-                    side = "rows" if self.weight_layout == "in_out" else "columns"
-                    raise FieldError(
-                        f"heads[{i}].{name}",
-                        f"heads[{i}].{name} is {rows}×{cols} but x has {d_model} columns: with weight_layout {self.weight_layout} it must have {d_model} {side}",
-                    )
-                widths[name] = d_o
+                widths[name] = self._weight_out(f"heads[{i}].{name}", getattr(head, name), d_model)
             if widths["w_q"] != widths["w_k"]:
                 raise FieldError(
                     f"heads[{i}].w_k",
@@ -870,14 +864,12 @@ class MultiheadRequest(InputFields):
             raise FieldError("out_proj_bias", "give b_o or out_proj_bias, not both")
         d_out = concat_width
         if self.w_o is not None:
-            rows, cols = self.w_o.shape
-            d_in, d_out = (rows, cols) if self.weight_layout == "in_out" else (cols, rows)
-            if d_in != concat_width:
-                side = "rows" if self.weight_layout == "in_out" else "columns"
-                raise FieldError(
-                    "w_o",
-                    f"w_o is {rows}×{cols} but the concatenated heads have h·d_v = {concat_width} columns: with weight_layout {self.weight_layout} w_o must have {concat_width} {side}",
-                )
+            d_out = self._weight_out(
+                "w_o",
+                self.w_o,
+                concat_width,
+                f"the concatenated heads have h·d_v = {concat_width} columns",
+            )
         if self.out_proj_weight is not None:
             d_out, d_in = self.out_proj_weight.shape
             if d_in != concat_width:
