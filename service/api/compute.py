@@ -83,6 +83,11 @@ def _weight(req: InputFields, name: str, generated: dict[str, Array]) -> tuple[A
     return w, req.weight_layout
 
 
+def _in_out(w: Array, layout: WeightLayout) -> Array:
+    """A weight in in_out layout (X @ W), whatever layout it came in."""
+    return w if layout == "in_out" else w.T
+
+
 def _projection_formula(out: str, source: str, w: str, layout: str, bias: bool) -> str:
     t = "ᵀ" if layout == "out_in" else ""
     return f"{out} = {source} {w}{t}" + (f" + b_{w[-1]}" if bias else "")
@@ -276,21 +281,18 @@ def run_attention(req: AttentionRequest, dims: Dims) -> dict[str, Any]:
     return _finish(body, req, dims, ("scale", "d_k", "d_v", "conventions"))
 
 
-def _stack_heads(heads: list[HeadWeights], layout: str) -> tuple[Any, ...]:
+def _stack_heads(heads: list[HeadWeights], layout: WeightLayout) -> tuple[Any, ...]:
     """Per-head weights side by side: (w_q, w_k, w_v, b_q, b_k, b_v) in in_out layout, head i
     in columns i·d_k … (i+1)·d_k − 1; a head without a bias gets zeros."""
 
-    def in_out(w: Array) -> Array:
-        return w if layout == "in_out" else w.T
-
     def weight(name: str) -> Array:
-        return np.concatenate([in_out(getattr(hd, "w_" + name)) for hd in heads], axis=1)
+        return np.concatenate([_in_out(getattr(hd, "w_" + name), layout) for hd in heads], axis=1)
 
     def bias(name: str) -> Array | None:
         if all(getattr(hd, "b_" + name) is None for hd in heads):
             return None
         parts = [getattr(hd, "b_" + name) for hd in heads]
-        widths = [in_out(getattr(hd, "w_" + name)).shape[1] for hd in heads]
+        widths = [_in_out(getattr(hd, "w_" + name), layout).shape[1] for hd in heads]
         return np.concatenate(
             [np.zeros(w) if p is None else p for p, w in zip(parts, widths, strict=True)]
         )
@@ -313,16 +315,12 @@ def _multihead_weights(
         pb = req.in_proj_bias
         b_q, b_k, b_v = (None, None, None) if pb is None else (pb[:d], pb[d : 2 * d], pb[2 * d :])
     else:
-        ws = {}
-        for name in ("w_q", "w_k", "w_v"):
-            w, layout = _weight(req, name, generated)
-            ws[name] = w if layout == "in_out" else w.T
-        w_q, w_k, w_v = ws["w_q"], ws["w_k"], ws["w_v"]
+        w_q, w_k, w_v = (_in_out(*_weight(req, n, generated)) for n in ("w_q", "w_k", "w_v"))
         b_q, b_k, b_v = req.b_q, req.b_k, req.b_v
     if req.out_proj_weight is not None:
         w_o: Array | None = req.out_proj_weight.T
     elif req.w_o is not None:
-        w_o = req.w_o if req.weight_layout == "in_out" else req.w_o.T
+        w_o = _in_out(req.w_o, req.weight_layout)
     else:
         w_o = None
     b_o = req.out_proj_bias if req.out_proj_bias is not None else req.b_o
