@@ -24,8 +24,8 @@ run: $(VENV)/.installed
 	$(BIN)/python -m service --host $(HOST) --port $(PORT) --workers $(WORKERS)
 
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check service tests scripts benchmarks
-	$(BIN)/ruff format --check service tests scripts benchmarks
+	$(BIN)/ruff check service harness tests scripts benchmarks
+	$(BIN)/ruff format --check service harness tests scripts benchmarks
 
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy

@@ -32,11 +32,11 @@ import orjson  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from harness.live import start_server  # noqa: E402
 from service.api.limits import result_sizes  # noqa: E402
 from service.api.schemas import AttentionRequest  # noqa: E402
 from service.core.attention import project, scaled_dot_product_attention  # noqa: E402
 from service.core.multihead import MultiheadWeights, multihead_attention  # noqa: E402
-from tests.live import start_server  # noqa: E402
 
 Row = dict[str, Any]
 

@@ -17,7 +17,7 @@ GOLDEN_SEED = 2026
 def main() -> None:
     import torch
 
-    from tests.torch_reference import build_cases
+    from harness.torch_reference import build_cases
 
     cases = [
         {"name": name, "endpoint": endpoint, "request": request, "expected": expected}

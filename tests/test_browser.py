@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.live import start_server
+from harness.live import start_server
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"

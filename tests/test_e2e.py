@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from harness.live import http_json, start_server
 from service.api import examples as ex
 from tests.conftest import assert_close
-from tests.live import http_json, start_server
 
 pytestmark = pytest.mark.e2e
 GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "golden.json").read_text())

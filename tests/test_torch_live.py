@@ -16,7 +16,7 @@ torch = pytest.importorskip(
     "the golden fixtures still check every number)",
 )
 
-from tests.torch_reference import build_cases  # noqa: E402
+from harness.torch_reference import build_cases  # noqa: E402
 
 SEEDS = (1, 7, 99)
 CASES = [(seed, *case) for seed in SEEDS for case in build_cases(seed)]
