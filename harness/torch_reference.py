@@ -456,4 +456,190 @@ def _multihead_cases(r: Callable[..., np.ndarray]) -> list[Case]:
     return cases
 
 
-BUILDERS = [_worked_examples, _sdpa_cases, _projection_cases, _multihead_cases]
+def _split(y: T, h: int) -> T:
+    """(..., n, h·d) -> (..., h, n, d): head i takes output columns i·d … (i+1)·d − 1."""
+    return y.reshape(*y.shape[:-1], h, y.shape[-1] // h).transpose(-3, -2)
+
+
+def _mha_expected(q: T, k: T, v: T, w_o: T, b_o: T, *, enable_gqa: bool = False) -> dict[str, Any]:
+    """Heads ``q (..., h, L, d_k)``, ``k (..., h_kv, S, d_k)``, ``v (..., h_kv, S, d_v)`` through
+    explicit softmax attention and F.scaled_dot_product_attention (which must agree), then
+    concat and ``F.linear(concat, w_o, b_o)`` with ``w_o`` out_in (d_out, h·d_v)."""
+    h, d_k = q.shape[-3], q.shape[-1]
+    rep = h // k.shape[-3]
+    kk, vv = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    scores = q @ kk.transpose(-2, -1)  # (..., h, L, S)
+    scaled = scores / d_k**0.5
+    weights = torch.softmax(scaled, dim=-1)
+    out = F.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa)  # (..., h, L, d_v)
+    torch.testing.assert_close(weights @ vv, out, rtol=1e-12, atol=1e-12)
+    concat = out.transpose(-3, -2).flatten(-2)  # (..., L, h·d_v)
+    projected = linear(concat, w_o, b_o)  # (..., L, d_out)
+    heads = [
+        {
+            name: n(a[..., i, :, :])
+            for name, a in (
+                ("q", q),
+                ("k", kk),
+                ("v", vv),
+                ("scores", scores),
+                ("scaled_scores", scaled),
+                ("weights", weights),
+                ("output", out),
+            )
+        }
+        for i in range(h)
+    ]
+    return {
+        "num_heads": h,
+        "num_kv_heads": k.shape[-3],
+        "d_k": d_k,
+        "d_v": v.shape[-1],
+        "heads": heads,
+        "average_weights": n(weights.mean(dim=-3)),
+        "concat": n(concat),
+        "projected": n(projected),
+        "output": n(projected),
+    }
+
+
+def _nonsquare_weight_cases(r: Callable[..., np.ndarray]) -> list[Case]:
+    """Every weight matrix is non-square, so a missing or extra transpose of an out_in weight
+    (combined, per head, or w_o) is refused for its shape or changes the numbers."""
+    cases: list[Case] = []
+    # d_model 6, h 2, d_k 4 (≠ d_model/h = 3), d_v 2 (≠ d_k), d_out 5 (≠ h·d_v = 4), L 3:
+    # w_q, w_k 8×6, w_v 4×6, w_o 5×4 (out_in)
+    d_model, h, d_k, d_v, d_out, L = 6, 2, 4, 2, 5, 3
+    x = r(L, d_model)
+    w_q, w_k, w_v = r(h * d_k, d_model), r(h * d_k, d_model), r(h * d_v, d_model)
+    b_q, b_k, b_v = r(h * d_k), r(h * d_k), r(h * d_v)
+    w_o, b_o = r(d_out, h * d_v), r(d_out)
+    tx = t(x)
+    expected = _mha_expected(
+        _split(linear(tx, t(w_q), t(b_q)), h),
+        _split(linear(tx, t(w_k), t(b_k)), h),
+        _split(linear(tx, t(w_v), t(b_v)), h),
+        t(w_o),
+        t(b_o),
+    )
+    body: dict[str, Any] = {
+        "x": x.tolist(),
+        "num_heads": h,
+        "weight_layout": "out_in",
+        **{
+            name: a.tolist()
+            for name, a in (
+                ("w_q", w_q),
+                ("w_k", w_k),
+                ("w_v", w_v),
+                ("b_q", b_q),
+                ("b_k", b_k),
+                ("b_v", b_v),
+                ("w_o", w_o),
+                ("b_o", b_o),
+            )
+        },
+    }
+    cases.append(("mha_out_in_combined_nonsquare", "/multihead", body, expected))
+    # the same weights transposed into in_out layout give the same numbers
+    body_in_out = {
+        **body,
+        "weight_layout": "in_out",
+        **{name: a.T.tolist() for name, a in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v))},
+        "w_o": w_o.T.tolist(),
+    }
+    cases.append(("mha_in_out_combined_nonsquare", "/multihead", body_in_out, expected))
+
+    # per-head weights in out_in layout (w_q, w_k 4×6, w_v 2×6), biases on some heads only,
+    # w_o 5×4 out_in; cross-attention over a context of S = 4 ≠ L = 3, batch B = 2
+    B, S = 2, 4
+    xb, ctx = r(B, L, d_model), r(B, S, d_model)
+    heads: list[dict[str, np.ndarray]] = [
+        {"w_q": r(d_k, d_model), "w_k": r(d_k, d_model), "w_v": r(d_v, d_model)} for _ in range(h)
+    ]
+    heads[0] |= {"b_q": r(d_k), "b_k": r(d_k)}  # head 0: no b_v
+    heads[1] |= {"b_v": r(d_v)}  # head 1: no b_q, b_k
+    w_o, b_o = r(d_out, h * d_v), r(d_out)
+
+    def per_head(src: np.ndarray, name: str) -> T:
+        """(B, n, d_model) -> (B, h, n, ·), each head its own F.linear; no bias = zero bias."""
+        return torch.stack(
+            [
+                linear(
+                    t(src), t(hd["w_" + name]), t(hd["b_" + name]) if "b_" + name in hd else None
+                )
+                for hd in heads
+            ],
+            dim=-3,
+        )
+
+    cases.append(
+        (
+            "mha_per_head_out_in_nonsquare",
+            "/multihead",
+            {
+                "x": xb.tolist(),
+                "context": ctx.tolist(),
+                "num_heads": h,
+                "weight_layout": "out_in",
+                "heads": [{name: a.tolist() for name, a in hd.items()} for hd in heads],
+                "w_o": w_o.tolist(),
+                "b_o": b_o.tolist(),
+            },
+            _mha_expected(
+                per_head(xb, "q"), per_head(ctx, "k"), per_head(ctx, "v"), t(w_o), t(b_o)
+            ),
+        )
+    )
+
+    # grouped-query attention, combined out_in: d_model 5, h 4, h_kv 2, d_k 3, d_v 2, d_out 6, L 4:
+    # w_q 12×5, w_k 6×5, w_v 4×5, w_o 6×8; torch enable_gqa
+    d_model, h, h_kv, d_k, d_v, d_out, L = 5, 4, 2, 3, 2, 6, 4
+    x = r(L, d_model)
+    w_q, w_k, w_v = r(h * d_k, d_model), r(h_kv * d_k, d_model), r(h_kv * d_v, d_model)
+    b_q, b_k, b_v = r(h * d_k), r(h_kv * d_k), r(h_kv * d_v)
+    w_o, b_o = r(d_out, h * d_v), r(d_out)
+    tx = t(x)
+    cases.append(
+        (
+            "gqa_out_in_nonsquare",
+            "/multihead",
+            {
+                "x": x.tolist(),
+                "num_heads": h,
+                "num_kv_heads": h_kv,
+                "weight_layout": "out_in",
+                **{
+                    name: a.tolist()
+                    for name, a in (
+                        ("w_q", w_q),
+                        ("w_k", w_k),
+                        ("w_v", w_v),
+                        ("b_q", b_q),
+                        ("b_k", b_k),
+                        ("b_v", b_v),
+                        ("w_o", w_o),
+                        ("b_o", b_o),
+                    )
+                },
+            },
+            _mha_expected(
+                _split(linear(tx, t(w_q), t(b_q)), h),
+                _split(linear(tx, t(w_k), t(b_k)), h_kv),
+                _split(linear(tx, t(w_v), t(b_v)), h_kv),
+                t(w_o),
+                t(b_o),
+                enable_gqa=True,
+            ),
+        )
+    )
+    return cases
+
+
+BUILDERS = [
+    _worked_examples,
+    _sdpa_cases,
+    _projection_cases,
+    _multihead_cases,
+    _nonsquare_weight_cases,  # new builders go last: the earlier cases keep their random draws
+]

@@ -24,6 +24,10 @@ def test_golden_file_covers_every_kind_of_case() -> None:
         "mha_torch_packed",
         "gqa_enable_gqa",
         "block_sinusoidal_residual_layer_norm",
+        "mha_out_in_combined_nonsquare",
+        "mha_in_out_combined_nonsquare",
+        "mha_per_head_out_in_nonsquare",
+        "gqa_out_in_nonsquare",
     ):
         assert required in names
 
