@@ -16,7 +16,8 @@ from service.core.multihead import (
     sinusoidal_encoding,
     split_heads,
 )
-from service.core.softmax import AttentionInputError, FullyMaskedRowsError, softmax
+from service.core.errors import AttentionInputError, FullyMaskedRowsError
+from service.core.softmax import softmax
 
 NEG = -np.inf
 
@@ -34,11 +35,26 @@ def test_fully_masked_row_policies(policy: str, expected_row: list[float]) -> No
     np.testing.assert_allclose(w[1], expected_row, rtol=1e-15)
 
 
-def test_fully_masked_error_policy_names_rows() -> None:
-    s = np.array([[[0.0, 1.0], [NEG, NEG]], [[NEG, NEG], [1.0, NEG]]])
+def test_fully_masked_error_policy_names_rows_per_batch_item() -> None:
+    q = k = v = np.ones((2, 2, 1))
+    allowed = np.array([[[True, True], [False, False]], [[False, False], [True, False]]])
+    m = masks.combine([masks.Boolean(allowed)], 2, 2, 2)
     with pytest.raises(FullyMaskedRowsError) as err:
-        softmax(s, "error")
+        scaled_dot_product_attention(q, k, v, additive=m.additive, fully_masked_policy="error")
     assert err.value.rows == [[1], [0]]
+    assert "batch item 0: rows [1]; batch item 1: rows [0]" in str(err.value)
+
+
+def test_scores_plus_an_additive_mask_that_overflow_are_refused_not_masked() -> None:
+    q = k = np.array([[[1e154]]])  # scaled score 1e308, finite
+    for bias in (1e308, -np.inf):  # overflows to +∞; −∞ is a mask and must pass
+        additive = np.array([[[bias]]])
+        if np.isfinite(bias):
+            with pytest.raises(AttentionInputError, match="masked scores"):
+                scaled_dot_product_attention(q, k, q, scale=1.0, additive=additive)
+        else:
+            trace = scaled_dot_product_attention(q, k, q, scale=1.0, additive=additive)
+            assert trace.weights[0, 0, 0] == 0.0
 
 
 def test_softmax_subtracts_the_max_so_large_scores_do_not_overflow() -> None:
@@ -96,13 +112,11 @@ def test_padded_query_rows_are_zero_and_not_fully_masked_errors() -> None:
     assert not trace.fully_masked_rows.any()
 
 
-@pytest.mark.parametrize("layout", ["in_out", "out_in"])
-def test_project_layouts(layout: str) -> None:
+def test_project_is_x_w_plus_b() -> None:
     x = np.array([[1.0, 2.0]])
-    w_in_out = np.array([[1.0, 0.0, 2.0], [0.0, 1.0, 3.0]])  # (d_in 2, d_out 3)
-    w = w_in_out if layout == "in_out" else w_in_out.T
-    # [1, 2] @ w_in_out = [1, 2, 8], plus bias [1, 1, 1]
-    np.testing.assert_array_equal(project(x, w, np.ones(3), layout), [[2.0, 3.0, 9.0]])  # type: ignore[arg-type]
+    w = np.array([[1.0, 0.0, 2.0], [0.0, 1.0, 3.0]])  # (d_in 2, d_out 3)
+    # [1, 2] @ w = [1, 2, 8], plus bias [1, 1, 1]
+    np.testing.assert_array_equal(project(x, w, np.ones(3)), [[2.0, 3.0, 9.0]])
 
 
 def test_default_scale_is_one_over_sqrt_d_k() -> None:

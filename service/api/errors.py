@@ -1,4 +1,5 @@
-"""One JSON shape for every error: {"message": ..., "errors": [{"field", "message", "type"}]}.
+"""One home for the API's errors and one JSON shape for all of them:
+{"message": ..., "errors": [{"field", "message", "type", "limit"?}]}.
 
 Messages are sentences for people; nothing of the input is echoed beyond a short excerpt.
 """
@@ -9,14 +10,13 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.api.limits import LimitError
-from service.api.schemas import FieldError
-from service.core.softmax import AttentionInputError, FullyMaskedRowsError
+from service.core.errors import AttentionInputError, FullyMaskedRowsError
 
 MAX_LISTED = 10
+_MASK_TAGS = {"causal", "padding", "window", "boolean", "additive"}  # pydantic's union tags
 
 
 class ErrorItem(BaseModel):
@@ -37,6 +37,51 @@ class ErrorBody(BaseModel):
     errors: list[ErrorItem] = Field(description="every problem found (at most 10)")
 
 
+class RequestError(Exception):
+    """A request the service refuses; ``status`` and ``items`` make the answer."""
+
+    status = 422
+
+    def __init__(self, items: list[ErrorItem]) -> None:
+        self.items = items
+        super().__init__(items[0].message if items else "bad request")
+
+
+class FieldError(RequestError):
+    """A rule about one named field (or how it fits the others) is broken: 422."""
+
+    def __init__(self, field: str | None, message: str) -> None:
+        self.field = field
+        super().__init__([ErrorItem(field=field, message=message, type="value_error")])
+
+
+class LimitError(RequestError):
+    """A request over a configured limit: 413, before any computing."""
+
+    status = 413
+
+    def __init__(self, field: str | None, message: str, limit: int) -> None:
+        self.limit = limit
+        super().__init__(
+            [ErrorItem(field=field, message=message, type="limit_exceeded", limit=limit)]
+        )
+
+
+class BodyError(RequestError):
+    """The body is not JSON (or nested too deeply to read): 400."""
+
+    status = 400
+
+    def __init__(self, problem: str) -> None:
+        message = f"the body is not valid JSON: {problem}"
+        super().__init__([ErrorItem(field=None, message=message, type="json_invalid")])
+
+
+def invalid_fields(err: ValidationError | RequestValidationError) -> RequestError:
+    """pydantic's per-field errors, as one 422 with a sentence per problem (first 10)."""
+    return RequestError([_item(e) for e in list(err.errors())[:MAX_LISTED]])
+
+
 def _field(loc: tuple[Any, ...]) -> str | None:
     """('body', 'mask', 0, 'matrix') -> 'mask[0].matrix'; discriminator tags are dropped."""
     parts = list(loc[1:] if loc and loc[0] == "body" else loc)
@@ -44,34 +89,16 @@ def _field(loc: tuple[Any, ...]) -> str | None:
     for part in parts:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in (
-            "causal",
-            "padding",
-            "window",
-            "boolean",
-            "additive",
-            "function-after[_some_lengths(), PaddingMask]",
-        ):
-            continue
-        else:
+        elif part not in _MASK_TAGS:
             out += ("." if out else "") + str(part)
     return out or None
 
 
-def _item(err: dict[str, Any]) -> ErrorItem:
-    ctx = err.get("ctx") or {}
-    cause = ctx.get("error")
-    kind = str(err.get("type", "value_error"))
-    if isinstance(cause, FieldError):
-        return ErrorItem(field=cause.field, message=str(cause), type=kind)
+def _item(err: Any) -> ErrorItem:
     field = _field(tuple(err.get("loc", ())))
-    if kind == "json_invalid":
-        return ErrorItem(
-            field=None,
-            message=f"the body is not valid JSON: {ctx.get('error', 'parse error')}",
-            type=kind,
-        )
-    if isinstance(cause, ValueError):
+    kind = str(err.get("type", "value_error"))
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, ValueError):  # raised by our array validators: already a sentence
         return ErrorItem(field=field, message=str(cause), type=kind)
     msg = str(err.get("msg", "invalid value"))
     if kind == "missing":
@@ -96,25 +123,20 @@ def error_response(status: int, items: list[ErrorItem]) -> Response:
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every failure into the one error shape."""
 
+    @app.exception_handler(RequestError)
+    async def _request(_: Request, exc: RequestError) -> Response:
+        return error_response(exc.status, exc.items)
+
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:
-        errors = list(exc.errors())
-        items = [_item(e) for e in errors[:MAX_LISTED]]
-        status = 400 if any(i.type == "json_invalid" for i in items) else 422
-        return error_response(status, items)
+        error = invalid_fields(exc)  # FastAPI's own checks (query parameters of ops routes)
+        return error_response(error.status, error.items)
 
     @app.exception_handler(AttentionInputError)
     async def _math(_: Request, exc: AttentionInputError) -> Response:
         field = "mask" if isinstance(exc, FullyMaskedRowsError) else None
         return error_response(
             422, [ErrorItem(field=field, message=str(exc), type="attention_error")]
-        )
-
-    @app.exception_handler(LimitError)
-    async def _limit(_: Request, exc: LimitError) -> Response:
-        return error_response(
-            413,
-            [ErrorItem(field=exc.field, message=str(exc), type="limit_exceeded", limit=exc.limit)],
         )
 
     @app.exception_handler(StarletteHTTPException)

@@ -1,8 +1,14 @@
-"""Response models: they document every field in /docs. The routes return orjson bytes built
-from arrays directly, so these models describe the body without being built for each request.
-Arrays gain a leading B when the request was batched."""
+"""Response models for /docs, built from the outputs table (:mod:`service.api.outputs`).
+The routes stream orjson bytes built from arrays directly, so these models describe the body
+without being built for each request. Arrays gain a leading B when the request was batched."""
 
-from pydantic import BaseModel, Field
+from dataclasses import asdict
+from typing import Any
+
+from pydantic import BaseModel, Field, create_model
+
+from service.api.outputs import Kind, Output, in_heads, top_level
+from service.api.plan import Endpoint
 
 Matrix = list[list[float]] | list[list[list[float]]]
 NullableMatrix = list[list[float | None]] | list[list[list[float | None]]]
@@ -48,87 +54,53 @@ class Conventions(BaseModel):
     json_non_finite: str = Field(description="how −∞ appears in JSON: null")
 
 
-class _Common(BaseModel):
-    scale: float = Field(description="the factor applied to Q Kᵀ")
-    d_k: int = Field(description="width of queries and keys (per head in /multihead)")
-    d_v: int = Field(description="width of values (per head in /multihead)")
-    tokens: list[str] | None = Field(None, description="labels of the L queries, when known")
-    context_tokens: list[str] | None = Field(None, description="labels of the S keys, when known")
-    conventions: Conventions
-    summary: list[SummaryRow] | list[list[SummaryRow]] | None = Field(
-        None,
-        description="per query row: top key, its weight and the entropy (per batch item when batched)",
+TYPES: dict[Kind, Any] = {
+    "matrix": Matrix,
+    "nullable": NullableMatrix,
+    "bool": BoolMatrix,
+    "rows": list[int] | list[list[int]],
+    "summary": list[SummaryRow] | list[list[SummaryRow]],
+    "steps": list[Step],
+    "labels": list[str],
+    "float": float,
+    "int": int,
+    "conventions": Conventions,
+    "weight": list[list[float]],
+}  # and "heads", once HeadTrace is built below
+
+
+def _field(out: Output) -> Any:
+    """(type, Field) of one output for create_model; the explorer reads ``x-view``."""
+    extra = {"x-view": asdict(out.view)} if out.view is not None else None
+    if out.always:
+        return TYPES[out.kind], Field(description=out.doc, json_schema_extra=extra)
+    return TYPES[out.kind] | None, Field(None, description=out.doc, json_schema_extra=extra)
+
+
+HeadTrace = create_model(
+    "HeadTrace",
+    __doc__="One head's scaled dot-product attention.",
+    **{out.name: _field(out) for out in in_heads("multihead")},
+)
+TYPES["heads"] = list[HeadTrace]  # type: ignore[valid-type]
+
+
+def response_model(endpoint: Endpoint, name: str, doc: str) -> type[BaseModel]:
+    """The documented body of an endpoint's 200 answer, one field per top-level output."""
+    return create_model(
+        name, __doc__=doc, **{out.name: _field(out) for out in top_level(endpoint)}
     )
-    steps: list[Step] | None = Field(None, description="every operation performed, in order")
-    mask: BoolMatrix | None = Field(None, description="the combined mask [L][S], true = may attend")
-    additive_mask: NullableMatrix | None = Field(
-        None, description="0 where allowed, null (−∞) where masked, plus additive values"
-    )
-    fully_masked_rows: list[int] | list[list[int]] | None = Field(
-        None, description="query rows with no key allowed (per batch item when batched)"
-    )
-    x: list[list[float]] | None = Field(None, description="generated x, when it was generated")
-    w_q: list[list[float]] | None = Field(
-        None, description="generated w_q (in_out), when generated"
-    )
-    w_k: list[list[float]] | None = Field(
-        None, description="generated w_k (in_out), when generated"
-    )
-    w_v: list[list[float]] | None = Field(
-        None, description="generated w_v (in_out), when generated"
-    )
 
 
-class AttentionResponse(_Common):
-    """Every intermediate of scaled dot-product attention."""
-
-    q: Matrix | None = Field(None, description="queries [L][d_k]")
-    k: Matrix | None = Field(None, description="keys [S][d_k]")
-    v: Matrix | None = Field(None, description="values [S][d_v]")
-    scores: Matrix | None = Field(None, description="Q Kᵀ [L][S]")
-    scaled_scores: Matrix | None = Field(None, description="Q Kᵀ · scale [L][S]")
-    masked_scores: NullableMatrix | None = Field(
-        None,
-        description="scaled scores plus the mask; null where masked (only when a mask applies)",
-    )
-    weights: Matrix | None = Field(
-        None, description="row softmax of the (masked) scaled scores [L][S]"
-    )
-    output: Matrix | None = Field(None, description="weights V [L][d_v]")
-
-
-class MaskResponse(AttentionResponse):
-    """Everything /attention returns, plus the combined mask (always present here)."""
-
-
-class HeadTrace(BaseModel):
-    """One head's scaled dot-product attention."""
-
-    q: Matrix | None = None
-    k: Matrix | None = None
-    v: Matrix | None = None
-    scores: Matrix | None = None
-    scaled_scores: Matrix | None = None
-    masked_scores: NullableMatrix | None = None
-    weights: Matrix | None = None
-    output: Matrix | None = None
-
-
-class MultiheadResponse(_Common):
-    """Every intermediate of a multi-head attention block."""
-
-    heads: list[HeadTrace] | None = Field(None, description="h per-head traces")
-    average_weights: Matrix | None = Field(
-        None,
-        description="mean of the heads' weights (nn.MultiheadAttention average_attn_weights=True)",
-    )
-    x_in: Matrix | None = Field(
-        None, description="x after positional encoding (when one is applied)"
-    )
-    concat: Matrix | None = Field(None, description="the heads' outputs side by side [L][h·d_v]")
-    projected: Matrix | None = Field(None, description="concat W_o + b_o")
-    residual: Matrix | None = Field(None, description="x_in + projected (when asked)")
-    layer_norm: Matrix | None = Field(None, description="layer norm of the residual (when asked)")
-    output: Matrix | None = Field(None, description="the final result")
-    num_heads: int = Field(description="h")
-    num_kv_heads: int = Field(description="key/value heads (h unless grouped-query attention)")
+AttentionResponse = response_model(
+    "attention", "AttentionResponse", "Every intermediate of scaled dot-product attention."
+)
+MaskResponse = response_model(
+    "attention",
+    "MaskResponse",
+    "Everything /attention returns; mask, additive_mask, masked_scores and fully_masked_rows "
+    "are always present here.",
+)
+MultiheadResponse = response_model(
+    "multihead", "MultiheadResponse", "Every intermediate of a multi-head attention block."
+)

@@ -1,40 +1,58 @@
 """The compute routes.
 
 Each route reads the raw body and then, off the event loop for anything but tiny requests:
-parses it with orjson, validates it with the pydantic model, checks the limits, computes, and
-streams the JSON straight from the arrays (service.api.encode). Tiny requests (small body, small
-result) are answered inline, where a thread hop would cost more than the work.
+parses it with orjson, validates each field with the pydantic model, applies the rules that
+involve several fields (service.api.plan), checks the limits, plans (draws generated arrays,
+converts weights), computes, and streams the JSON straight from the arrays
+(service.api.encode). Tiny requests (small body, small result) are answered inline, where a
+thread hop would cost more than the work.
 """
 
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.models import Example
 from fastapi.responses import StreamingResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
+from service.api import outputs
 from service.api.auth import require_api_key
 from service.api.compute import run_attention, run_multihead
 from service.api.encode import encode, encode_whole
-from service.api.errors import ErrorBody
+from service.api.errors import BodyError, ErrorBody, invalid_fields
 from service.api.examples import ATTENTION_EXAMPLES, MASK_EXAMPLES, MULTIHEAD_EXAMPLES
 from service.api.limits import check_limits
+from service.api.plan import (
+    Endpoint,
+    Plan,
+    Shapes,
+    attention_shapes,
+    multihead_shapes,
+    plan_attention,
+    plan_multihead,
+)
 from service.api.responses import AttentionResponse, MaskResponse, MultiheadResponse
-from service.api.schemas import AttentionRequest, InputFields, MaskRequest, MultiheadRequest
+from service.api.schemas.requests import (
+    AttentionRequest,
+    InputFields,
+    MaskRequest,
+    MultiheadRequest,
+)
 from service.config import Settings
 from service.memory import release_memory
 
 router = APIRouter(tags=["attention"], dependencies=[Depends(require_api_key)])
-Model = TypeVar("Model", bound=InputFields)
+Req = TypeVar("Req", bound=InputFields)
+P = TypeVar("P", bound=Plan)
 
 INLINE_BODY_BYTES = 16 * 1024  # parse on the event loop below this
-INLINE_NUMBERS = 20_000  # compute and serialise on the event loop below this many numbers
+INLINE_NUMBERS = 20_000  # draw, compute and serialise on the event loop below this many numbers
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "The body is not valid JSON"},
@@ -48,10 +66,26 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     },
     422: {"model": ErrorBody, "description": "The request is JSON but does not fit the contract"},
 }
-REQUEST_MODELS: tuple[type[InputFields], ...] = (AttentionRequest, MaskRequest, MultiheadRequest)
 
 
-def request_body(model: type[InputFields], examples: dict[str, Example]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Route(Generic[Req, P]):
+    """One compute endpoint: its request model and the three steps from request to body."""
+
+    endpoint: Endpoint
+    model: type[Req]
+    shapes: Callable[[Req], Shapes]  # every cross-field rule
+    plan: Callable[[Req, Shapes], P]  # generated arrays drawn, weights converted
+    run: Callable[[P], dict[str, Any]]  # the engine, then the outputs table
+
+
+ATTENTION = Route("attention", AttentionRequest, attention_shapes, plan_attention, run_attention)
+MASK = Route("attention", MaskRequest, attention_shapes, plan_attention, run_attention)
+MULTIHEAD = Route("multihead", MultiheadRequest, multihead_shapes, plan_multihead, run_multihead)
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (AttentionRequest, MaskRequest, MultiheadRequest)
+
+
+def request_body(model: type[BaseModel], examples: dict[str, Example]) -> dict[str, Any]:
     """OpenAPI for a body the route parses itself: the model's schema and the worked examples
     (service.api.app adds the model schemas to the components)."""
     content = {
@@ -61,64 +95,48 @@ def request_body(model: type[InputFields], examples: dict[str, Example]) -> dict
     return {"requestBody": {"required": True, "content": {"application/json": content}}}
 
 
-def _parse(raw: bytes, model: type[Model]) -> Model:
-    """JSON bytes to a validated request, or the same errors FastAPI would raise."""
+def _parse(raw: bytes, model: type[Req]) -> Req:
+    """JSON bytes to a validated request (400 for a body that is not JSON, 422 for fields)."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         try:  # NaN, Infinity, 1e999: valid for Python's json, refused with 422 by the validators
             data = json.loads(raw)
         except RecursionError:
-            raise RequestValidationError(
-                [
-                    {
-                        "type": "json_invalid",
-                        "loc": ("body",),
-                        "msg": "JSON decode error",
-                        "ctx": {"error": "nested too deeply (more than 1000 levels)"},
-                    }
-                ]
-            ) from None
+            raise BodyError("nested too deeply (more than 1000 levels)") from None
         except ValueError as err:
-            pos = getattr(err, "pos", 0)
-            msg = getattr(err, "msg", str(err))
-            raise RequestValidationError(
-                [
-                    {
-                        "type": "json_invalid",
-                        "loc": ("body", pos),
-                        "msg": "JSON decode error",
-                        "ctx": {"error": msg},
-                    }
-                ]
-            ) from None
+            raise BodyError(getattr(err, "msg", str(err))) from None
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise RequestValidationError(err.errors(include_url=False)) from None
+        raise invalid_fields(err) from None
 
 
-def _planned(raw: bytes, model: type[Model], settings: Settings) -> tuple[Model, Any, int]:
-    """Parse, validate and check the limits; return the request, its dims and how many numbers
-    it computes (intermediates included)."""
-    req = _parse(raw, model)
-    dims = req.checked_dims()
-    _, computed = check_limits(req, dims, settings)
-    return req, dims, computed
+def _checked(raw: bytes, route: Route[Req, P], settings: Settings) -> tuple[Req, Shapes, int]:
+    """Parse, apply the rules and check the limits; return the request, its shapes and how
+    many numbers it computes (intermediates included)."""
+    req = _parse(raw, route.model)
+    shapes = route.shapes(req)
+    outputs.check_include(route.endpoint, req.include)
+    return req, shapes, check_limits(shapes, req.include, settings)
 
 
-async def _answer(
-    request: Request, model: type[Model], run: Callable[[Model, Any], dict[str, Any]]
-) -> Response:
+def _body(route: Route[Req, P], req: Req, shapes: Shapes) -> dict[str, Any]:
+    """Plan, then run: the response body as arrays and values."""
+    return route.run(route.plan(req, shapes))
+
+
+async def _answer(request: Request, route: Route[Req, P]) -> Response:
     raw = await request.body()
     settings: Settings = request.app.state.settings
     if len(raw) <= INLINE_BODY_BYTES:
-        req, dims, numbers = _planned(raw, model, settings)
+        req, shapes, numbers = _checked(raw, route, settings)
     else:
-        req, dims, numbers = await run_in_threadpool(_planned, raw, model, settings)
+        req, shapes, numbers = await run_in_threadpool(_checked, raw, route, settings)
     if numbers <= INLINE_NUMBERS:
-        return Response(encode_whole(run(req, dims), req.decimals), media_type="application/json")
-    body = await run_in_threadpool(run, req, dims)
+        body = _body(route, req, shapes)
+        return Response(encode_whole(body, req.decimals), media_type="application/json")
+    body = await run_in_threadpool(_body, route, req, shapes)
     return StreamingResponse(
         encode(body, req.decimals),
         media_type="application/json",
@@ -134,7 +152,7 @@ async def _answer(
 )
 async def attention(request: Request) -> Response:
     """Scaled dot-product attention, every step: Q, K, V, scores, scaled scores, weights, output."""
-    return await _answer(request, AttentionRequest, run_attention)
+    return await _answer(request, ATTENTION)
 
 
 @router.post(
@@ -146,7 +164,7 @@ async def attention(request: Request) -> Response:
 async def mask(request: Request) -> Response:
     """Attention with a mask (causal, padding, window, boolean, additive; combined with AND),
     returning the combined mask, the masked scores and the fully masked rows."""
-    return await _answer(request, MaskRequest, run_attention)
+    return await _answer(request, MASK)
 
 
 @router.post(
@@ -157,4 +175,4 @@ async def mask(request: Request) -> Response:
 )
 async def multihead(request: Request) -> Response:
     """Multi-head attention: per-head traces, averaged weights, concat, W_o, residual, layer norm."""
-    return await _answer(request, MultiheadRequest, run_multihead)
+    return await _answer(request, MULTIHEAD)

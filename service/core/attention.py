@@ -2,27 +2,29 @@
 
 Shapes use paper names: L queries, S keys, d_k query/key width, d_v value width. Every
 function accepts any number of leading batch axes (``...``): ``(B, L, d)`` for a batch,
-``(B, h, L, d)`` for heads.
+``(B, h, L, d)`` for heads. Weights are in ``in_out`` layout (``X @ W``); the API converts
+other layouts before calling in here.
 """
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-from numpy.typing import NDArray
 
-from service.core.softmax import (
-    AttentionInputError,
-    FullyMaskedPolicy,
-    FullyMaskedRowsError,
-    fully_masked,
-    rows_by_item,
-    softmax,
-)
+from service.core.errors import AttentionInputError, FullyMaskedRowsError
+from service.core.softmax import fully_masked, rows_by_item, softmax
+from service.core.types import Array, BoolArray, FullyMaskedPolicy
 
-WeightLayout = Literal["in_out", "out_in"]
-Array = NDArray[np.float64]
-BoolArray = NDArray[np.bool_]
+
+@dataclass(frozen=True)
+class Projections:
+    """Query, key and value weights in in_out layout (``X @ W + b``)."""
+
+    w_q: Array  # (d_model, d_q), d_q = h·d_k
+    w_k: Array  # (d_model, d_kv), d_kv = h_kv·d_k
+    w_v: Array  # (d_model, h_kv·d_v)
+    b_q: Array | None = None  # (d_q,)
+    b_k: Array | None = None  # (d_kv,)
+    b_v: Array | None = None  # (h_kv·d_v,)
 
 
 @dataclass(frozen=True)
@@ -41,19 +43,21 @@ class AttentionTrace:
     fully_masked_rows: BoolArray  # (..., L)  query rows that could attend to no key
 
 
-def project(x: Array, w: Array, b: Array | None = None, layout: WeightLayout = "in_out") -> Array:
-    """Linear projection of ``x (..., n, d_in)``.
-
-    ``in_out``: ``x @ w`` with w ``(d_in, d_out)``; ``out_in``: ``x @ w.T`` with w
-    ``(d_out, d_in)`` (PyTorch ``nn.Linear``). The optional bias ``b (d_out,)`` is added.
-    Returns ``(..., n, d_out)``.
-    """
-    with np.errstate(over="ignore", invalid="ignore"):
-        out = x @ (w if layout == "in_out" else w.T)  # (..., n, d_out)
+def project(x: Array, w: Array, b: Array | None = None) -> Array:
+    """Linear projection ``x @ w + b`` of ``x (..., n, d_in)`` with w ``(d_in, d_out)`` and the
+    optional bias ``b (d_out,)``. Returns ``(..., n, d_out)``."""
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused below
+        out = x @ w  # (..., n, d_out)
         if b is not None:
             out += b
     require_finite(out, "a projection (X W)")
     return out
+
+
+def project_qkv(x: Array, source: Array, p: Projections) -> tuple[Array, Array, Array]:
+    """Q from ``x (..., L, d_model)``; K and V from ``source (..., S, d_model)`` (x itself for
+    self-attention, the context for cross-attention)."""
+    return project(x, p.w_q, p.b_q), project(source, p.w_k, p.b_k), project(source, p.w_v, p.b_v)
 
 
 def require_finite(a: Array, what: str) -> None:
@@ -86,16 +90,17 @@ def scaled_dot_product_attention(
     1/√d_k. ``additive`` is a mask broadcastable to ``(..., L, S)``: 0 where a query may
     attend, −∞ where it may not, other finite values are biases (PyTorch float masks).
     ``padded_queries`` (broadcastable to ``(..., L)``) marks query rows whose weights and
-    output are forced to 0. Rows where every key is masked follow ``fully_masked_policy``
-    (see :func:`service.core.softmax.softmax`); padding rows never count as such.
+    output are forced to 0. Rows where every key is masked get weights 0 (``"zero"``), 1/S
+    (``"uniform"``) or raise :class:`FullyMaskedRowsError` (``"error"``); padding rows never
+    count as such. Scores that overflow are refused, never taken for masked.
     """
     d_k = q.shape[-1]
     scale = default_scale(d_k) if scale is None else scale
-    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported by softmax
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
         scores = q @ np.swapaxes(k, -1, -2)  # (..., L, S)
         scaled_scores = scores * scale  # (..., L, S)
     require_finite(scaled_scores, "the scaled scores Q Kᵀ · scale")  # −∞ must not pass for a mask
-    masked_scores = None if additive is None else scaled_scores + additive  # (..., L, S)
+    masked_scores = None if additive is None else _add_mask(scaled_scores, additive)
     logits = scaled_scores if masked_scores is None else masked_scores
 
     empty = fully_masked(logits)  # (..., L)
@@ -104,11 +109,11 @@ def scaled_dot_product_attention(
     if fully_masked_policy == "error" and empty.any():
         raise FullyMaskedRowsError(rows_by_item(empty))
 
-    weights = softmax(logits, "zero" if fully_masked_policy == "error" else fully_masked_policy)
+    weights = softmax(logits, "uniform" if fully_masked_policy == "uniform" else "zero")
     if padded_queries is not None and padded_queries.any():
         weights[np.broadcast_to(padded_queries[..., None], weights.shape)] = 0.0
     require_finite(v, "V")
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
         output = weights @ v  # (..., L, d_v)
     require_finite(output, "the output (weights V)")
     return AttentionTrace(
@@ -123,6 +128,18 @@ def scaled_dot_product_attention(
         scale=scale,
         fully_masked_rows=empty,
     )
+
+
+def _add_mask(scaled_scores: Array, additive: Array) -> Array:
+    """scaled scores + M, refusing sums that overflow (finite + finite reaching ±∞)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        masked = scaled_scores + additive  # (..., L, S)
+    if not (np.isfinite(masked) | np.isneginf(additive)).all():
+        raise AttentionInputError(
+            "the masked scores (scaled scores plus the additive mask) overflowed float64; "
+            "use smaller additive values or inputs"
+        )
+    return masked
 
 
 def entropy_bits(weights: Array) -> Array:

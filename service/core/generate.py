@@ -1,16 +1,11 @@
 """Arrays drawn from ``numpy.random.RandomState(seed)``, in the order the contract fixes."""
 
-from typing import Literal
-
 import numpy as np
-from numpy.typing import NDArray
 
-Init = Literal["uniform", "normal"]
+from service.core.types import Array, Init
 
 
-def draw(
-    seed: int, init: Init, shapes: list[tuple[str, tuple[int, ...]]]
-) -> dict[str, NDArray[np.float64]]:
+def draw(seed: int, init: Init, shapes: list[tuple[str, tuple[int, ...]]]) -> dict[str, Array]:
     """Draw each named array in the order given, from one RandomState(seed).
 
     ``uniform`` uses ``rand`` (U[0, 1)), ``normal`` uses ``randn`` (N(0, 1)), so

@@ -6,14 +6,10 @@ objects into these dataclasses.
 """
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-from numpy.typing import NDArray
 
-Alignment = Literal["upper_left", "lower_right"]
-BoolArray = NDArray[np.bool_]
-Array = NDArray[np.float64]
+from service.core.types import Alignment, Array, BoolArray
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,21 @@
 """Multi-head attention (Vaswani et al. 2017, §3.2.2) with positional encoding, residual and
 layer norm, keeping every intermediate. Weights arrive in ``in_out`` layout (``X @ W``); the
-API converts PyTorch's ``out_in`` and packed forms before calling in here.
+API converts PyTorch's ``out_in``, packed and per-head forms before calling in here.
 """
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-from numpy.typing import NDArray
 
 from service.core.attention import (
     AttentionTrace,
-    project,
+    Projections,
+    project_qkv,
     require_finite,
     scaled_dot_product_attention,
 )
 from service.core.masks import CombinedMask
-from service.core.softmax import FullyMaskedPolicy
-
-Array = NDArray[np.float64]
-NormOver = Literal["features", "all"]
+from service.core.types import Array, FullyMaskedPolicy, NormOver
 
 
 @dataclass(frozen=True)
@@ -33,15 +29,10 @@ class LayerNorm:
 
 
 @dataclass(frozen=True)
-class MultiheadWeights:
-    """Projection weights in in_out layout; head i owns columns i·d_k … (i+1)·d_k − 1."""
+class MultiheadWeights(Projections):
+    """Projection weights in in_out layout; head i owns columns i·d_k … (i+1)·d_k − 1 of w_q
+    (and of w_k, w_v for key/value head i), plus the output projection."""
 
-    w_q: Array  # (d_model, h·d_k)
-    w_k: Array  # (d_model, h_kv·d_k)
-    w_v: Array  # (d_model, h_kv·d_v)
-    b_q: Array | None = None  # (h·d_k,)
-    b_k: Array | None = None  # (h_kv·d_k,)
-    b_v: Array | None = None  # (h_kv·d_v,)
     w_o: Array | None = None  # (h·d_v, d_out); None = identity
     b_o: Array | None = None  # (d_out,)
 
@@ -56,7 +47,7 @@ class MultiheadTrace:
     concat: Array  # (B, L, h·d_v)
     projected: Array  # (B, L, d_out)  concat W_o + b_o
     residual: Array | None  # (B, L, d_model)  x_in + projected
-    layer_norm: Array | None  # (B, L, d_model)
+    layer_norm: Array | None  # (B, L, d_out)
     output: Array  # (B, L, d_out)  the last of projected / residual / layer_norm
 
 
@@ -128,9 +119,10 @@ def multihead_attention(
     x_in = x if positional is None else x + positional  # (B, L, d_model)
     source = x_in if context is None else context  # (B, S, d_model)
 
-    q = split_heads(project(x_in, weights.w_q, weights.b_q), h)  # (B, h, L, d_k)
-    k = split_heads(project(source, weights.w_k, weights.b_k), h_kv)  # (B, h_kv, S, d_k)
-    v = split_heads(project(source, weights.w_v, weights.b_v), h_kv)  # (B, h_kv, S, d_v)
+    q, k, v = project_qkv(x_in, source, weights)  # (B, L, h·d_k), (B, S, h_kv·d_k), (B, S, h_kv·d_v)
+    q = split_heads(q, h)  # (B, h, L, d_k)
+    k = split_heads(k, h_kv)  # (B, h_kv, S, d_k)
+    v = split_heads(v, h_kv)  # (B, h_kv, S, d_v)
     if h_kv != h:
         k = np.repeat(k, h // h_kv, axis=1)  # (B, h, S, d_k)
         v = np.repeat(v, h // h_kv, axis=1)  # (B, h, S, d_v)

@@ -1,0 +1,163 @@
+"""The request bodies of POST /attention, /mask and /multihead: fields and their docs only."""
+
+from pydantic import BaseModel, Field
+
+from service.api.schemas.fields import FiniteFloat, Matrix, Positional, Sequence, Vector
+from service.api.schemas.masks import STRICT, MaskList
+from service.core.types import FullyMaskedPolicy, Init, NormOver, WeightLayout
+
+
+class InputFields(BaseModel):
+    """Fields shared by the three compute endpoints."""
+
+    model_config = STRICT
+
+    x: Sequence | None = Field(
+        None, description="input embeddings [L][d_model] (or [B][L][d_model])"
+    )
+    context: Sequence | None = Field(
+        None, description="cross-attention: keys and values are projected from this [S][d_model]"
+    )
+    seed: int | None = Field(
+        None,
+        ge=0,
+        le=2**32 - 1,
+        description="generated mode: numpy.random.RandomState(seed) draws missing arrays",
+    )
+    init: Init = Field(
+        "uniform", description="generated mode: uniform = rand (U[0,1)), normal = randn (N(0,1))"
+    )
+    d_model: int | None = Field(None, ge=1, description="generated mode: width of generated x")
+    d_k: int | None = Field(None, ge=1, description="generated mode: width of queries and keys")
+    d_v: int | None = Field(None, ge=1, description="generated mode: width of values (default d_k)")
+    seq_len: int | None = Field(
+        None, ge=1, description="generated mode: L when there are no tokens"
+    )
+    tokens: list[str] | None = Field(
+        None, fail_fast=True, description="labels of the L queries (fix L in generated mode)"
+    )  # a million bad labels: one error, not a million
+    context_tokens: list[str] | None = Field(
+        None, fail_fast=True, description="labels of the S keys"
+    )
+    sentence: str | None = Field(None, description="split on whitespace into tokens")
+    weight_layout: WeightLayout = Field(
+        "in_out",
+        description="in_out: X @ W, W is (d_in, d_out); out_in: X @ W.T, W is (d_out, d_in) "
+        "(PyTorch weights as they are). Generated weights are always in_out",
+    )
+    scale: FiniteFloat | None = Field(None, description="multiplies Q Kᵀ; default 1/sqrt(d_k)")
+    mask: MaskList | None = Field(None, description="one mask object or a list, combined with AND")
+    fully_masked_rows: FullyMaskedPolicy = Field(
+        "zero", description="rows with every key masked: weights 0, 1/S, or a 422 naming the rows"
+    )
+    include: list[str] | None = Field(
+        None, fail_fast=True, description="output names to return (default: all)"
+    )
+    decimals: int | None = Field(None, ge=0, le=15, description="round every returned float")
+
+
+class AttentionRequest(InputFields):
+    """POST /attention: scaled dot-product attention, every step."""
+
+    w_q: Matrix | None = Field(
+        None, description="query weights: d_model × d_k (in_out), d_k × d_model (out_in)"
+    )
+    w_k: Matrix | None = Field(
+        None, description="key weights: d_model × d_k (in_out), d_k × d_model (out_in)"
+    )
+    w_v: Matrix | None = Field(
+        None, description="value weights: d_model × d_v (in_out), d_v × d_model (out_in)"
+    )
+    b_q: Vector | None = Field(None, description="query bias [d_k]")
+    b_k: Vector | None = Field(None, description="key bias [d_k]")
+    b_v: Vector | None = Field(None, description="value bias [d_v]")
+    q: Sequence | None = Field(None, description="direct mode: queries [L][d_k]")
+    k: Sequence | None = Field(None, description="direct mode: keys [S][d_k]")
+    v: Sequence | None = Field(None, description="direct mode: values [S][d_v]")
+
+
+class MaskRequest(AttentionRequest):
+    """POST /mask: attention with a mask, returning the mask itself too."""
+
+    mask: MaskList = Field(description="one mask object or a list, combined with AND")
+
+
+class LayerNormOptions(BaseModel):
+    """Layer norm settings; `true` instead of this object means all defaults."""
+
+    model_config = STRICT
+    eps: float = Field(1e-5, gt=0, allow_inf_nan=False, description="added to the variance")
+    gamma: Vector | None = Field(None, description="scale per feature (default 1)")
+    beta: Vector | None = Field(None, description="shift per feature (default 0)")
+    over: NormOver = Field(
+        "features",
+        description="features: per token (torch nn.LayerNorm); all: over the whole [L][d] matrix",
+    )
+
+
+class HeadWeights(BaseModel):
+    """One head's own projections: d_model × d_k (d_v for w_v) in in_out layout, transposed in
+    out_in."""
+
+    model_config = STRICT
+    w_q: Matrix
+    w_k: Matrix
+    w_v: Matrix
+    b_q: Vector | None = None
+    b_k: Vector | None = None
+    b_v: Vector | None = None
+
+
+class MultiheadRequest(InputFields):
+    """POST /multihead: multi-head attention with optional positional encoding, W_o, residual
+    and layer norm."""
+
+    num_heads: int = Field(
+        ge=1, description="h; combined weights are split into h heads of d_k columns each"
+    )
+    num_kv_heads: int | None = Field(
+        None,
+        ge=1,
+        description="grouped-query attention: key/value heads; num_heads must be a multiple",
+    )
+    w_q: Matrix | None = Field(
+        None,
+        description="all heads' query weights: d_model × h·d_k (in_out), h·d_k × d_model "
+        "(out_in); head i uses outputs i·d_k … (i+1)·d_k − 1",
+    )
+    w_k: Matrix | None = Field(
+        None, description="key weights: d_model × h_kv·d_k (in_out), transposed in out_in"
+    )
+    w_v: Matrix | None = Field(
+        None, description="value weights: d_model × h_kv·d_v (in_out), transposed in out_in"
+    )
+    b_q: Vector | None = Field(None, description="query bias [h·d_k]")
+    b_k: Vector | None = Field(None, description="key bias [h_kv·d_k]")
+    b_v: Vector | None = Field(None, description="value bias [h_kv·d_v]")
+    heads: list[HeadWeights] | None = Field(
+        None, fail_fast=True, description="per-head weights, one entry per head"
+    )
+    in_proj_weight: Matrix | None = Field(
+        None, description="PyTorch packed [3·d_model][d_model] (rows q, k, v), always out_in"
+    )
+    in_proj_bias: Vector | None = Field(None, description="PyTorch packed [3·d_model] bias")
+    w_o: Matrix | None = Field(
+        None,
+        description="output projection: h·d_v × d_out (in_out), d_out × h·d_v (out_in); "
+        "default identity",
+    )
+    b_o: Vector | None = Field(None, description="output bias [d_out]")
+    out_proj_weight: Matrix | None = Field(
+        None, description="PyTorch out_proj.weight [d_out][h·d_v], always out_in"
+    )
+    out_proj_bias: Vector | None = Field(None, description="PyTorch out_proj.bias [d_out]")
+    positional_encoding: Positional | None = Field(
+        None,
+        description='"sinusoidal" (Vaswani et al. 2017) or an explicit [L][d_model] matrix, added to x',
+    )
+    residual: bool = Field(
+        False, description="add the block's input (x after positional encoding) to its output"
+    )
+    layer_norm: bool | LayerNormOptions = Field(
+        False, description="true or options: layer norm applied after the residual"
+    )

@@ -1,0 +1,21 @@
+"""Errors the engine raises; their messages are written for the person who sent the input."""
+
+
+class AttentionInputError(ValueError):
+    """Input the math cannot proceed with (e.g. numbers that overflow float64)."""
+
+
+class FullyMaskedRowsError(AttentionInputError):
+    """Raised under the "error" policy when some query rows may attend to no key."""
+
+    def __init__(self, rows: list[list[int]]) -> None:
+        self.rows = rows  # per batch item, the indices of its fully masked rows
+        listed = "; ".join(
+            f"batch item {b}: rows {r}" if len(rows) > 1 else f"rows {r}"
+            for b, r in enumerate(rows)
+            if r
+        )
+        super().__init__(
+            f"every key is masked for some query rows ({listed}); with fully_masked_rows 'error' "
+            "this is refused: relax the mask, or choose 'zero' or 'uniform'"
+        )
