@@ -1,15 +1,21 @@
 """End to end: the real server (`python -m service`, uvicorn) on a free loopback port."""
 
 import json
+import os
+import shutil
 import signal
+import subprocess
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from harness.live import http_json, start_server
 from service.api import examples as ex
@@ -52,6 +58,9 @@ def test_multihead_over_http(server: str) -> None:
     assert status == 200 and len(body["heads"]) == 2
 
 
+_MASK_200 = {"method": "POST", "endpoint": "/mask", "status": "200"}
+
+
 def _mask_count(server: str) -> list[float]:
     with urllib.request.urlopen(server + "/metrics", timeout=10) as r:
         text = r.read().decode()
@@ -64,11 +73,63 @@ def _mask_count(server: str) -> list[float]:
     ]
 
 
-def test_metrics_add_up_across_workers(server: str) -> None:
-    (before,) = _mask_count(server) or [0.0]
-    for _ in range(10):  # spread over both workers by the kernel
-        http_json(server + "/mask", ex.CAUSAL_FOUR_TOKENS)
-    assert _mask_count(server) == [before + 10]  # one series, summed over the workers
+def _mask_count_per_worker(metrics_dir: Path, scratch: Path) -> dict[str, float]:
+    """Each worker's own count of POST /mask → 200, read from its counter_<pid>.db alone: every
+    file is copied into a directory of its own and collected there, so nothing is summed."""
+    counts: dict[str, float] = {}
+    for db in sorted(metrics_dir.glob("counter_*.db")):
+        pid = db.stem.removeprefix("counter_")
+        alone = scratch / pid
+        alone.mkdir(exist_ok=True)
+        shutil.copyfile(db, alone / db.name)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(alone))  # type: ignore[no-untyped-call]
+        counts[pid] = registry.get_sample_value("attention_requests_total", _MASK_200) or 0.0
+    return counts
+
+
+def _settled_counts(metrics_dir: Path, scratch: Path, sent: int) -> dict[str, float]:
+    """The per-worker counts once they account for every request sent: a worker counts a
+    request just after sending its last byte, so the client can be a moment ahead."""
+    deadline = time.monotonic() + 5
+    while sum((counts := _mask_count_per_worker(metrics_dir, scratch)).values()) < sent:
+        assert time.monotonic() < deadline, f"{sent} sent, the workers counted {counts}"
+        time.sleep(0.05)
+    return counts
+
+
+def test_metrics_add_up_across_workers(tmp_path: Path) -> None:
+    metrics_dir, scratch = tmp_path / "metrics", tmp_path / "scratch"
+    metrics_dir.mkdir()
+    scratch.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+    proc, base = start_server(workers=2, env=env)
+
+    def post_mask(_: int) -> int:  # urllib opens a new connection for every request
+        return http_json(base + "/mask", ex.CAUSAL_FOUR_TOKENS)[0]
+
+    try:
+        sent, per_worker = 0, dict[str, float]()
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            for _ in range(25):  # rounds of 16 concurrent requests until both workers got some
+                assert list(pool.map(post_mask, range(16))) == [200] * 16
+                sent += 16
+                per_worker = _settled_counts(metrics_dir, scratch, sent)
+                if sum(count > 0 for count in per_worker.values()) >= 2:
+                    break
+            else:
+                pytest.fail(f"only one worker ever served /mask: {per_worker} after {sent} sent")
+        assert len(per_worker) == 2 and all(count > 0 for count in per_worker.values()), per_worker
+        assert sum(per_worker.values()) == sent
+        assert _mask_count(base) == [sent]  # one series: the sum over both workers
+    finally:
+        proc.terminate()
+        try:
+            code = proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert code == 0
 
 
 def test_sigterm_finishes_the_request_in_flight_then_exits_0() -> None:
