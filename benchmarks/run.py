@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.live import start_server  # noqa: E402
-from service.api.limits import result_sizes  # noqa: E402
-from service.api.schemas import AttentionRequest  # noqa: E402
+from service.api.outputs import sizes  # noqa: E402
+from service.api.plan import attention_shapes  # noqa: E402
+from service.api.schemas.requests import AttentionRequest  # noqa: E402
 from service.core.attention import project, scaled_dot_product_attention  # noqa: E402
 from service.core.multihead import MultiheadWeights, multihead_attention  # noqa: E402
 
@@ -68,9 +69,8 @@ def attention_floor(body: dict[str, Any]) -> bytes:
 
 def multihead_floor(body: dict[str, Any]) -> bytes:
     x = np.asarray(body["x"])[None]
-    w = MultiheadWeights(
-        *(np.asarray(body[n]) for n in ("w_q", "w_k", "w_v")), w_o=np.asarray(body["w_o"])
-    )
+    w_q, w_k, w_v, w_o = (np.asarray(body[n]) for n in ("w_q", "w_k", "w_v", "w_o"))
+    w = MultiheadWeights(w_q, w_k, w_v, w_o=w_o)
     t = multihead_attention(x, w, num_heads=body["num_heads"])
     hs = t.heads
     heads = [{n: np.ascontiguousarray(getattr(hs, n)[0, i]) for n in
@@ -120,8 +120,14 @@ def p1_p3(base: str, tmp: Path, runs: int) -> list[Row]:
         ("P3", "/multihead", multihead_body(), multihead_floor, 1.3, "POST /multihead L=512 d=256 h=8, full trace"),
     ):  # fmt: skip
         f = write_body(body, tmp, rid + ".json")
-        floor_s, service_s = alternate(lambda body=body, floor=floor: timed(lambda: floor(body)),
-                                       lambda f=f, path=path: curl_seconds(base + path, f), runs)  # fmt: skip
+
+        def in_process(body: dict[str, Any] = body, floor: Callable[..., bytes] = floor) -> float:
+            return timed(lambda: floor(body))
+
+        def over_http(f: str = f, path: str = path) -> float:
+            return curl_seconds(base + path, f)
+
+        floor_s, service_s = alternate(in_process, over_http, runs)
         rows.append(row(rid, what, service_s / floor_s, "≤", target,
                         f"service {service_s * 1e3:.0f} ms, floor {floor_s * 1e3:.0f} ms (medians of {runs})"))  # fmt: skip
     return rows
@@ -191,11 +197,7 @@ def p5(base: str, tmp: Path, runs: int) -> Row:
     per_million = {}
     for L in (128, 256, 512, 1024, 2048):
         body = attention_body(L)
-        numbers = sum(
-            result_sizes(
-                AttentionRequest.model_validate(body), AttentionRequest.model_validate(body).dims()
-            ).values()
-        )
+        numbers = sum(sizes(attention_shapes(AttentionRequest.model_validate(body))).values())
         f = write_body(body, tmp, f"P5-{L}.json")
         seconds = statistics.median(curl_seconds(base + "/attention", f) for _ in range(runs))
         per_million[L] = seconds * 1e3 / (numbers / 1e6)

@@ -71,7 +71,6 @@ def main(argv: list[str] | None = None) -> None:
         log_config=log_config(settings.log_level),
         access_log=False,
         proxy_headers=True,
-        root_path=settings.root_path,
         timeout_graceful_shutdown=30,
     )
 

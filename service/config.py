@@ -55,7 +55,8 @@ class Settings(BaseSettings):
 
     @field_validator("cors_origins", "api_keys", mode="before")
     @classmethod
-    def _split_origins(cls, value: object) -> object:
+    def _split_commas(cls, value: object) -> object:
+        """ "a, b" -> ["a", "b"] (CORS origins and API keys are comma-separated lists)."""
         if isinstance(value, str):
             return [o.strip() for o in value.split(",") if o.strip()]
         return value

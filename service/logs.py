@@ -1,6 +1,7 @@
 """Logging as one JSON object a line; the uvicorn log config used by ``python -m service``."""
 
 import logging
+import sys
 import time
 from typing import Any
 
@@ -43,3 +44,14 @@ def log_config(level: str) -> dict[str, Any]:
             "service": {"handlers": ["default"], "level": level.upper(), "propagate": False},
         },
     }
+
+
+def configure(level: str) -> None:
+    """Set the service's log level; give its loggers the JSON handler when nothing configured
+    them (the app served by a plain `uvicorn service.main:app`, not `python -m service`)."""
+    logger = logging.getLogger("service")
+    logger.setLevel(level.upper())
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(JsonFormatter())
+        logger.addHandler(handler)

@@ -83,8 +83,12 @@ def test_two_heads_full_block_example(client: TestClient) -> None:
     body = post(client, "/multihead", ex.TWO_HEADS_FULL_BLOCK)
     assert len(body["heads"]) == 2
     assert np.array(body["concat"]).shape == (3, 4)
-    out = np.array(body["output"])  # layer norm over features: each row has mean 0
-    np.testing.assert_allclose(out.mean(axis=1), 0.0, atol=1e-3)
+    # layer norm over each token's features, from its definition (biased variance, eps 1e-5,
+    # no gamma/beta), applied to the residual the response returns (rounded to 4 decimals)
+    res = np.array(body["residual"])
+    mean, var = res.mean(axis=1, keepdims=True), res.var(axis=1, keepdims=True)
+    np.testing.assert_allclose(body["output"], (res - mean) / np.sqrt(var + 1e-5), atol=2e-3)
+    assert body["layer_norm"] == body["output"]
     names = [s["name"] for s in body["steps"]]
     assert names[0] == "x_in" and names[-3:] == ["projected", "residual", "layer_norm"]
 
@@ -271,6 +275,27 @@ BAD: list[tuple[str, str, dict[str, Any], str, str]] = [
         },
         "mask[0].key_lengths",
         "has 3 entries but the batch has 2",
+    ),
+    (
+        "padding_without_lengths",
+        "/mask",
+        {**DIRECT, "mask": {"type": "padding"}},
+        "mask[0]",
+        "needs key_lengths, query_lengths or both",
+    ),
+    (
+        "negative_length",
+        "/mask",
+        {**DIRECT, "mask": [{"type": "causal"}, {"type": "padding", "key_lengths": -1}]},
+        "mask[1].key_lengths",
+        "must be 0 or more, got -1",
+    ),
+    (
+        "per_head_bias_width",
+        "/multihead",
+        {"x": X2, "num_heads": 1, "heads": [{"w_q": W2, "w_k": W2, "w_v": W2, "b_k": [1.0]}]},
+        "heads[0].b_k",
+        "heads[0].b_k has 1 entries but heads[0].w_k has width 2",
     ),
     ("unknown_field", "/attention", {**DIRECT, "W_q": W2}, "W_q", "not a field of this endpoint"),
     (

@@ -8,6 +8,7 @@ import pytest
 
 from service.core import masks
 from service.core.attention import entropy_bits, project, scaled_dot_product_attention
+from service.core.errors import AttentionInputError, FullyMaskedRowsError
 from service.core.generate import draw
 from service.core.multihead import (
     LayerNorm,
@@ -16,8 +17,8 @@ from service.core.multihead import (
     sinusoidal_encoding,
     split_heads,
 )
-from service.core.errors import AttentionInputError, FullyMaskedRowsError
 from service.core.softmax import softmax
+from service.core.types import Alignment
 
 NEG = -np.inf
 
@@ -77,9 +78,7 @@ def test_overflowed_scores_are_refused_not_nan() -> None:
     ],
     ids=["upper_left-2x3", "lower_right-2x3", "lower_right-3x2"],
 )
-def test_causal_alignment(
-    alignment: masks.Alignment, L: int, S: int, expected: list[list[int]]
-) -> None:
+def test_causal_alignment(alignment: Alignment, L: int, S: int, expected: list[list[int]]) -> None:
     np.testing.assert_array_equal(masks.causal(L, S, alignment), np.array(expected, dtype=bool))
 
 

@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -148,3 +149,38 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0() -> None:
     worker.join(timeout=60)
     assert proc.wait(timeout=60) == 0
     assert result == {"status": 200, "rows": 1500}
+
+
+def test_plain_uvicorn_honours_root_path_and_log_level(tmp_path: Path) -> None:
+    """`uvicorn service.main:app`, as README offers, reads ATTENTION_ROOT_PATH and
+    ATTENTION_LOG_LEVEL too (not only `python -m service`)."""
+    from harness.live import free_port
+
+    port = free_port()
+    log = tmp_path / "server.log"
+    env = {**os.environ, "ATTENTION_ROOT_PATH": "/api", "ATTENTION_LOG_LEVEL": "info"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "service.main:app", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if http_json(base + "/healthz")[0] == 200:
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+        with urllib.request.urlopen(base + "/docs", timeout=10) as r:
+            assert "/api/openapi.json" in r.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    access = [entry for entry in lines if entry.get("logger") == "service.access"]
+    assert [entry["path"] for entry in access] == ["/healthz", "/docs"]

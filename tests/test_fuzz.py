@@ -2,6 +2,7 @@
 (valid and invalid), no server errors and no response that breaks its documented schema."""
 
 import warnings
+from typing import Any
 
 import pytest
 import schemathesis
@@ -37,5 +38,5 @@ CHECKS = [
 @schema.parametrize()
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @pytest.mark.filterwarnings("ignore")
-def test_api_survives_generated_requests(case: schemathesis.Case) -> None:
+def test_api_survives_generated_requests(case: schemathesis.Case[Any]) -> None:
     case.call_and_validate(checks=CHECKS)

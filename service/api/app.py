@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 
-from service import __version__
+from service import __version__, logs
 from service.api import errors, ops
 from service.api.middleware import RequestMiddleware
 from service.api.routes import REQUEST_MODELS, router
@@ -56,6 +56,7 @@ def _document_request_models(app: FastAPI) -> None:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; ``settings`` defaults to the environment's (see service.config)."""
     settings = settings or get_settings()
+    logs.configure(settings.log_level)
     app = FastAPI(
         title="Attention service",
         version=__version__,
@@ -63,6 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         lifespan=_lifespan,
+        root_path=settings.root_path,  # here, so `uvicorn service.main:app` honours it too
     )
     app.state.settings = settings
     app.state.ready = False

@@ -296,7 +296,8 @@ def _per_head_dims(req: MultiheadRequest, d_model: int) -> tuple[int, int]:
         sizes.add((widths["w_q"], widths["w_v"]))
     if len(sizes) > 1:
         raise FieldError(
-            "heads", "every head must have the same d_k and d_v so their outputs can be concatenated"
+            "heads",
+            "every head must have the same d_k and d_v so their outputs can be concatenated",
         )
     d_k, d_v = sizes.pop()
     return d_k, d_v
@@ -316,7 +317,9 @@ def _in_proj_dims(req: MultiheadRequest, d_model: int) -> tuple[int, int]:
             f"in_proj_weight is {got} but must be {3 * d_model}×{d_model} (3·d_model × d_model, rows q, k, v, as PyTorch packs it)",
         )
     if d_model % req.num_heads:
-        raise FieldError("num_heads", f"num_heads {req.num_heads} does not divide d_model {d_model}")
+        raise FieldError(
+            "num_heads", f"num_heads {req.num_heads} does not divide d_model {d_model}"
+        )
     _check_bias(req.in_proj_bias, "in_proj_bias", 3 * d_model, "in_proj_weight (3·d_model rows)")
     return d_model // req.num_heads, d_model // req.num_heads
 
@@ -553,7 +556,9 @@ def _check_padding(
         if lengths is None:
             continue
         if min(lengths) < 0:
-            raise FieldError(f"{field}.{name}", f"{field}.{name} must be 0 or more, got {min(lengths)}")
+            raise FieldError(
+                f"{field}.{name}", f"{field}.{name} must be 0 or more, got {min(lengths)}"
+            )
         if len(lengths) not in (1, batch or 1):
             raise FieldError(
                 f"{field}.{name}",
@@ -586,7 +591,7 @@ def plan_attention(req: AttentionRequest, shapes: Shapes) -> AttentionPlan:
     common = _common(req, shapes, generated)
     if req.q is not None and req.k is not None and req.v is not None:
         return AttentionPlan(**common, q=_batched(req.q), k=_batched(req.k), v=_batched(req.v))
-    x = _batched(generated["x"] if "x" in generated else req.x)
+    x = _batched(generated.get("x", req.x))
     w_q, w_k, w_v = (_given_or_drawn(req, n, generated) for n in ("w_q", "w_k", "w_v"))
     return AttentionPlan(
         **common,
@@ -613,7 +618,7 @@ def plan_multihead(req: MultiheadRequest, shapes: Shapes) -> MultiheadPlan:
     )
     return MultiheadPlan(
         **_common(req, shapes, generated),
-        x=_batched(generated["x"] if "x" in generated else req.x),
+        x=_batched(generated.get("x", req.x)),
         context=None if req.context is None else _batched(req.context),
         weights=_multihead_weights(req, generated),
         form=_weight_form(req),
@@ -743,9 +748,8 @@ def _stack_heads(heads: list[HeadWeights], layout: WeightLayout) -> Projections:
             [np.zeros(wh.shape[1]) if p is None else p for p, wh in zip(parts, w[n], strict=True)]
         )
 
-    return Projections(
-        *(np.concatenate(w[n], axis=1) for n in ("q", "k", "v")), bias("q"), bias("k"), bias("v")
-    )
+    w_q, w_k, w_v = (np.concatenate(w[n], axis=1) for n in ("q", "k", "v"))
+    return Projections(w_q, w_k, w_v, bias("q"), bias("k"), bias("v"))
 
 
 def _batched(a: Array | None) -> Array:

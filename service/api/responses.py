@@ -3,9 +3,10 @@ The routes stream orjson bytes built from arrays directly, so these models descr
 without being built for each request. Arrays gain a leading B when the request was batched."""
 
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, Field, create_model
+from pydantic.config import JsonDict
 
 from service.api.outputs import Kind, Output, in_heads, top_level
 from service.api.plan import Endpoint
@@ -71,7 +72,7 @@ TYPES: dict[Kind, Any] = {
 
 def _field(out: Output) -> Any:
     """(type, Field) of one output for create_model; the explorer reads ``x-view``."""
-    extra = {"x-view": asdict(out.view)} if out.view is not None else None
+    extra = None if out.view is None else cast(JsonDict, {"x-view": asdict(out.view)})
     if out.always:
         return TYPES[out.kind], Field(description=out.doc, json_schema_extra=extra)
     return TYPES[out.kind] | None, Field(None, description=out.doc, json_schema_extra=extra)
@@ -82,14 +83,12 @@ HeadTrace = create_model(
     __doc__="One head's scaled dot-product attention.",
     **{out.name: _field(out) for out in in_heads("multihead")},
 )
-TYPES["heads"] = list[HeadTrace]  # type: ignore[valid-type]
+TYPES["heads"] = list[HeadTrace]
 
 
 def response_model(endpoint: Endpoint, name: str, doc: str) -> type[BaseModel]:
     """The documented body of an endpoint's 200 answer, one field per top-level output."""
-    return create_model(
-        name, __doc__=doc, **{out.name: _field(out) for out in top_level(endpoint)}
-    )
+    return create_model(name, __doc__=doc, **{out.name: _field(out) for out in top_level(endpoint)})
 
 
 AttentionResponse = response_model(

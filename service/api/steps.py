@@ -53,7 +53,8 @@ def _attention(plan: Plan, scale: float) -> list[Step]:
             _step(s, "masked_scores", "scaled_scores + M, M = 0 where a query may attend, −∞ "
                   "(null) where masked, plus any additive mask values")
         )  # fmt: skip
-    return steps + [
+    return [
+        *steps,
         _step(s, "weights", "softmax over keys: exp(s − max(s)) / Σ exp(s − max(s)), row by row"),
         _step(s, "output", "weights V"),
     ]
@@ -103,7 +104,11 @@ def multihead_steps(plan: MultiheadPlan, scale: float) -> list[Step]:
     if plan.residual:
         steps.append(_step(s, "residual", f"{x} + projected"))
     if plan.norm is not None:
-        over = "each token's features" if plan.norm.over == "features" else "all numbers of the sequence"
+        over = (
+            "each token's features"
+            if plan.norm.over == "features"
+            else "all numbers of the sequence"
+        )
         steps.append(
             _step(s, "layer_norm", f"(z − mean) / √(var + {plan.norm.eps:g}) · γ + β, mean and biased var over {over}")
         )  # fmt: skip

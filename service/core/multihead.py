@@ -119,7 +119,8 @@ def multihead_attention(
     x_in = x if positional is None else x + positional  # (B, L, d_model)
     source = x_in if context is None else context  # (B, S, d_model)
 
-    q, k, v = project_qkv(x_in, source, weights)  # (B, L, h·d_k), (B, S, h_kv·d_k), (B, S, h_kv·d_v)
+    # (B, L, h·d_k), (B, S, h_kv·d_k), (B, S, h_kv·d_v)
+    q, k, v = project_qkv(x_in, source, weights)
     q = split_heads(q, h)  # (B, h, L, d_k)
     k = split_heads(k, h_kv)  # (B, h_kv, S, d_k)
     v = split_heads(v, h_kv)  # (B, h_kv, S, d_v)
