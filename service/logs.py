@@ -52,6 +52,6 @@ def configure(level: str) -> None:
     logger = logging.getLogger("service")
     logger.setLevel(level.upper())
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stdout)
+        handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonFormatter())
         logger.addHandler(handler)

@@ -255,7 +255,7 @@ BAD: list[tuple[str, str, dict[str, Any], str, str]] = [
         "/mask",
         {**DIRECT, "mask": {"type": "boolean", "matrix": [[2]]}},
         "mask[0].matrix",
-        "only true/false or 1/0",
+        "mask[0].matrix row 0, column 0 is 2: only true/false or 1/0",
     ),
     (
         "key_lengths_too_long",
@@ -296,6 +296,32 @@ BAD: list[tuple[str, str, dict[str, Any], str, str]] = [
         {"x": X2, "num_heads": 1, "heads": [{"w_q": W2, "w_k": W2, "w_v": W2, "b_k": [1.0]}]},
         "heads[0].b_k",
         "heads[0].b_k has 1 entries but heads[0].w_k has width 2",
+    ),
+    (
+        "multihead_d_v_vs_w_v",
+        "/multihead",
+        {**PROJ, "num_heads": 1, "d_v": 3},
+        "d_v",
+        "d_v is 3 but the given w_v makes heads of values of width 2",
+    ),
+    (
+        "in_proj_d_k",
+        "/multihead",
+        {"x": X2, "num_heads": 1, "in_proj_weight": [[1.0, 0.0]] * 6, "d_k": 1},
+        "d_k",
+        "d_k is 1 but the in_proj weights make heads of width 2",
+    ),
+    (
+        "in_proj_bias_with_heads",
+        "/multihead",
+        {
+            "x": X2,
+            "num_heads": 1,
+            "heads": [{"w_q": W2, "w_k": W2, "w_v": W2}],
+            "in_proj_bias": [0.0] * 6,
+        },
+        "in_proj_bias",
+        "in_proj_bias goes with in_proj_weight",
     ),
     ("unknown_field", "/attention", {**DIRECT, "W_q": W2}, "W_q", "not a field of this endpoint"),
     (
@@ -384,3 +410,22 @@ def test_real_answers_match_the_documented_response_schemas(client: TestClient) 
             f"{list(e.absolute_path)[:4]}: {e.message[:120]}" for e in validator.iter_errors(body)
         ]
         assert not errors, f"{case['endpoint']} {case['request'].get('tokens', '')}: {errors[:3]}"
+
+
+def test_direct_keys_of_another_length_are_not_labelled_with_the_query_tokens(
+    client: TestClient,
+) -> None:
+    q = [[1.0], [0.0]]
+    k = v = [[0.0], [1.0], [5.0]]  # S = 3 keys, L = 2 queries: the key at index 2 wins
+    body = post(client, "/attention", {"q": q, "k": k, "v": v, "tokens": ["a", "b"]})
+    assert body["context_tokens"] is None
+    assert body["summary"][0] == {**body["summary"][0], "token": "a", "top_key": None,
+                                  "top_key_index": 2}  # fmt: skip
+
+
+def test_generated_steps_say_the_draws_share_one_state(client: TestClient) -> None:
+    steps = post(client, "/attention", ex.GENERATED_SENTENCE)["steps"]
+    assert [s["formula"] for s in steps[:2]] == [
+        "x = RandomState(42).rand(5, 4)",
+        "w_q = RandomState(42).rand(4, 3), drawn after x from the same state",
+    ]

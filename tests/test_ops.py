@@ -161,6 +161,15 @@ def test_computing_over_the_limit_is_413_even_when_little_is_returned() -> None:
         assert c.post("/multihead", json={**body, "seq_len": 20}).status_code == 200
 
 
+def test_the_413_advice_names_outputs_the_endpoint_has(small: TestClient) -> None:
+    body = {"seed": 0, "seq_len": 20, "d_model": 4, "num_heads": 2}
+    r = small.post("/multihead", json=body)
+    assert r.status_code == 413
+    assert 'include (e.g. ["average_weights", "output"])' in r.json()["message"]
+    advice = ["average_weights", "output"]
+    assert small.post("/multihead", json={**body, "include": advice}).status_code == 200
+
+
 def test_result_over_the_number_limit_is_413_before_computing(small: TestClient) -> None:
     q = [[1.0, 0.0]] * 20
     r = small.post("/attention", json={"q": q, "k": q, "v": q})  # 4 outputs of 20×20 alone

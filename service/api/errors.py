@@ -99,7 +99,10 @@ def _item(err: Any) -> ErrorItem:
     kind = str(err.get("type", "value_error"))
     cause = (err.get("ctx") or {}).get("error")
     if isinstance(cause, ValueError):  # raised by our array validators: already a sentence
-        return ErrorItem(field=field, message=str(cause), type=kind)
+        message, leaf = str(cause), str(err["loc"][-1]) if err.get("loc") else ""
+        if field and field != leaf and message.startswith(leaf + " "):  # "matrix row 0 …"
+            message = field + message[len(leaf) :]  # -> "mask[0].matrix row 0 …"
+        return ErrorItem(field=field, message=message, type=kind)
     msg = str(err.get("msg", "invalid value"))
     if kind == "missing":
         msg = f"{field} is required"

@@ -29,11 +29,13 @@ def check_limits(shapes: Shapes, include: list[str] | None, settings: Settings) 
     if total > settings.max_result_numbers:
         biggest = sorted(wanted, key=lambda n: -numbers[n])[:3]
         listed = ", ".join(f"{n} {numbers[n]:,}" for n in biggest)
+        weights = "average_weights" if shapes.endpoint == "multihead" else "weights"
+        example = f'["{weights}", "output"]'
         raise LimitError(
             "include",
             f"this request would return {total:,} numbers, over the limit of "
             f"{settings.max_result_numbers:,}; the largest outputs are {listed}. Ask for fewer "
-            'outputs with include (e.g. ["weights", "output"]) or send shorter sequences',
+            f"outputs with include (e.g. {example}) or send shorter sequences",
             settings.max_result_numbers,
         )
     computed = sum(numbers.values())

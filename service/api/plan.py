@@ -180,13 +180,9 @@ def _projection_shapes(req: AttentionRequest) -> Shapes:
     d_k = widths.get("w_q", widths.get("w_k", req.d_k))
     if d_k is None:
         raise FieldError("d_k", "to generate w_q and w_k, give d_k (the width of queries and keys)")
-    if req.d_k is not None and req.d_k != d_k:
-        raise FieldError(
-            "d_k", f"d_k is {req.d_k} but the given weights make queries of width {d_k}"
-        )
+    _check_size(req.d_k, "d_k", d_k, "the given weights make queries of width")
     d_v = widths.get("w_v", req.d_v if req.d_v is not None else d_k)
-    if req.d_v is not None and req.d_v != d_v:
-        raise FieldError("d_v", f"d_v is {req.d_v} but w_v makes values of width {d_v}")
+    _check_size(req.d_v, "d_v", d_v, "w_v makes values of width")
     _check_bias(req.b_q, "b_q", d_k, "Q")
     _check_bias(req.b_k, "b_k", d_k, "K")
     _check_bias(req.b_v, "b_v", d_v, "V")
@@ -209,10 +205,12 @@ def multihead_shapes(req: MultiheadRequest) -> Shapes:
         )
     form = _weight_form(req)
     generate = ["x"] if req.x is None else []
-    if form == "per_head":
-        d_k, d_v = _per_head_dims(req, d_model)
-    elif form == "in_proj":
-        d_k, d_v = _in_proj_dims(req, d_model)
+    if form != "combined":
+        d_k, d_v = (
+            _per_head_dims(req, d_model) if form == "per_head" else _in_proj_dims(req, d_model)
+        )
+        _check_size(req.d_k, "d_k", d_k, f"the {form} weights make heads of width")
+        _check_size(req.d_v, "d_v", d_v, f"the {form} weights make values of width")
     else:
         d_k, d_v, missing = _combined_dims(req, d_model, h, h_kv)
         generate += missing
@@ -271,6 +269,11 @@ def _weight_form(req: MultiheadRequest) -> WeightForm:
 
 def _per_head_dims(req: MultiheadRequest, d_model: int) -> tuple[int, int]:
     assert req.heads is not None
+    if req.in_proj_bias is not None:
+        raise FieldError(
+            "in_proj_bias",
+            "in_proj_bias goes with in_proj_weight; per-head weights take b_q, b_k, b_v in each head",
+        )
     if len(req.heads) != req.num_heads:
         raise FieldError(
             "heads", f"heads has {len(req.heads)} entries but num_heads is {req.num_heads}"
@@ -359,14 +362,14 @@ def _combined_dims(
                 f"num_heads {h} does not divide d_model {d_model}: give d_k (the width of each head)",
             )
         d_k = d_model // h
-    if req.d_k is not None and req.d_k != d_k:
-        raise FieldError("d_k", f"d_k is {req.d_k} but the given weights make heads of width {d_k}")
+    _check_size(req.d_k, "d_k", d_k, "the given weights make heads of width")
     if "w_k" in widths and widths["w_k"] != h_kv * d_k:
         raise FieldError(
             "w_k",
             f"w_k has {widths['w_k']} outputs but needs num_kv_heads·d_k = {h_kv}·{d_k} = {h_kv * d_k} to match the query heads",
         )
     d_v = widths["w_v"] // h_kv if "w_v" in widths else req.d_v if req.d_v is not None else d_k
+    _check_size(req.d_v, "d_v", d_v, "the given w_v makes heads of values of width")
     missing = [n for n in ("w_q", "w_k", "w_v") if n not in widths]
     if missing and req.seed is None:
         raise FieldError(
@@ -477,11 +480,11 @@ def _labels(
     if req.tokens is not None and req.sentence is not None:
         raise FieldError("sentence", "give tokens or sentence, not both")
     tokens = req.sentence.split() if req.sentence is not None else req.tokens
+    source = "sentence" if req.sentence is not None else "tokens"
     if tokens is not None and not tokens:
         raise FieldError(
-            "tokens", "tokens is empty" if req.sentence is None else "sentence has no words"
+            source, "tokens is empty" if req.sentence is None else "sentence has no words"
         )
-    source = "sentence" if req.sentence is not None else "tokens"
     if tokens is not None and seq_len is not None and len(tokens) != seq_len:
         raise FieldError(
             source, f"{source} gives {len(tokens)} tokens but there are {seq_len} query rows (L)"
@@ -492,8 +495,8 @@ def _labels(
             "context_tokens",
             f"context_tokens has {len(ctx)} labels but there are {ctx_len} keys (S)",
         )
-    if ctx is None and req.context is None:
-        ctx = tokens
+    if ctx is None and req.context is None and (ctx_len is None or ctx_len == seq_len):
+        ctx = tokens  # self-attention: the keys are the queries' tokens
     return (None if tokens is None else tuple(tokens)), (None if ctx is None else tuple(ctx))
 
 
@@ -515,6 +518,12 @@ def _weight_out(
             f"{name} must have {width} {side}",
         )
     return int(d_out)
+
+
+def _check_size(given: int | None, name: str, found: int, what: str) -> None:
+    """A size the request states (d_k, d_v) must agree with the one its arrays imply."""
+    if given is not None and given != found:
+        raise FieldError(name, f"{name} is {given} but {what} {found}")
 
 
 def _check_bias(b: Array | None, name: str, size: int, of: str) -> None:

@@ -28,15 +28,17 @@ def conventions(plan: Plan) -> dict[str, str]:
 
 
 def _generation(plan: Plan) -> list[Step]:
+    """One step per drawn array: all come from one RandomState, one after the other."""
     sample = "rand" if plan.init == "uniform" else "randn"
-    return [
-        {
-            "name": f"generate {name}",
-            "formula": f"{name} = RandomState({plan.seed}).{sample}({', '.join(map(str, a.shape))})",
-            "shape": list(a.shape),
-        }
-        for name, a in plan.generated.items()
-    ]
+    steps, before = [], ""
+    for name, a in plan.generated.items():
+        draw = f"RandomState({plan.seed}).{sample}({', '.join(map(str, a.shape))})"
+        formula = f"{name} = {draw}" + (
+            f", drawn after {before} from the same state" if before else ""
+        )
+        steps.append({"name": f"generate {name}", "formula": formula, "shape": list(a.shape)})
+        before = name
+    return steps
 
 
 def _attention(plan: Plan, scale: float) -> list[Step]:
@@ -84,17 +86,22 @@ def multihead_steps(plan: MultiheadPlan, scale: float) -> list[Step]:
         steps.append(_step(s, "x_in", f"X_in = X + {kind}"))
     source = x if plan.context is None else "C"
     gqa = f", key/value head ⌊i·{h_kv}/{h}⌋ serves query head i" if h_kv != h else ""
+    w = plan.weights
+
+    def heads(n: int) -> str:
+        return "1 head" if n == 1 else f"{n} heads"
+
+    def bias(name: str) -> str:
+        return f" + b_{name}" if getattr(w, f"b_{name}") is not None else ""
+
     steps += [
-        _step(s, "q", f"Q = {x} W_q (+ b_q), split into {h} heads of d_k = {s.d_k} columns"),
-        _step(s, "k", f"K = {source} W_k (+ b_k), split into {h_kv} heads{gqa}"),
-        _step(s, "v", f"V = {source} W_v (+ b_v), split into {h_kv} heads{gqa}"),
+        _step(s, "q", f"Q = {x} W_q{bias('q')}, split into {heads(h)} of d_k = {s.d_k} columns"),
+        _step(s, "k", f"K = {source} W_k{bias('k')}, split into {heads(h_kv)}{gqa}"),
+        _step(s, "v", f"V = {source} W_v{bias('v')}, split into {heads(h_kv)}{gqa}"),
     ]
     steps += _attention(plan, scale)
-    w = plan.weights
-    projected = (
-        "Concat W_o + b_o"
-        if w.w_o is not None
-        else "Concat (W_o = identity)" + (" + b_o" if w.b_o is not None else "")
+    projected = ("Concat W_o" if w.w_o is not None else "Concat (W_o = identity)") + (
+        " + b_o" if w.b_o is not None else ""
     )
     steps += [
         _step(s, "average_weights", "mean of the heads' weights"),

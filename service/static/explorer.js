@@ -182,9 +182,14 @@ function fillForm(example) {
   showFor();
 }
 
+async function loadSpec() {
+  if (!spec) spec = await (await fetch("openapi.json")).json();
+  return spec;
+}
+
 async function loadExamples() {
   const ep = $("endpoint").value;
-  if (!spec) spec = await (await fetch("openapi.json")).json();
+  await loadSpec();
   const examples = spec.paths[`/${ep}`].post.requestBody.content["application/json"].examples || {};
   const select = $("example");
   select.replaceChildren(new Option("— choose —", ""));
@@ -250,27 +255,73 @@ async function run(event) {
     showErrors(data.message || `HTTP ${response.status}`, data.errors || []);
     return;
   }
+  try { await loadSpec(); } catch (e) { $("status").textContent = ""; showErrors(`Could not read openapi.json: ${e.message}`, []); return; }
   lastResult = { ep, body, data };
   const ms = performance.now() - started;
-  setupBatch(data);
+  setupBatch(ep, data);
   render();
   $("status").textContent = `Done in ${Math.round(ms)} ms`;
   const top = $("results").getBoundingClientRect().top;
   if (top < 0 || top > window.innerHeight) $("results").scrollIntoView({ block: "start" });
 }
 
-function isBatched(data) {
-  const w = data.weights || data.average_weights || (data.heads && data.heads[0] && data.heads[0].weights);
-  return Array.isArray(w) && Array.isArray(w[0]) && Array.isArray(w[0][0]);
+// ---- what to draw: the x-view entries of the response schema ---------------------------------
+
+// The service describes each drawable output in its OpenAPI document: the property of the
+// endpoint's response schema carries `x-view` {title, map, rows, each_head}, and property order is
+// drawing order. `map` names a heatmap's colours (scores, weights, mask); without one the output is
+// a table whose rows are the query tokens, the key tokens or plain indices. A property holding a
+// list of objects whose own properties carry x-view (the per-head traces of /multihead) is drawn
+// once per item, for the entries marked each_head. No output name is listed here.
+
+function resolveRef(ref) { return ref.replace(/^#\//, "").split("/").reduce((o, k) => (o ? o[k] : undefined), spec); }
+
+function viewsOf(schema) {
+  const views = [];
+  for (const [name, prop] of Object.entries((schema && schema.properties) || {})) {
+    const view = prop["x-view"];
+    if (view) { views.push({ ...view, name, map: view.map || null }); continue; }
+    for (const alt of prop.anyOf || prop.oneOf || [prop]) { // a nullable property is anyOf [..., null]
+      const item = alt.type === "array" && alt.items && alt.items.$ref ? resolveRef(alt.items.$ref) : null;
+      const each = viewsOf(item).filter((v) => v.each_head && !v.each);
+      if (each.length) { views.push({ name, each }); break; }
+    }
+  }
+  return views;
 }
 
-function setupBatch(data) {
+const viewCache = new Map();
+function responseViews(ep) {
+  if (!viewCache.has(ep)) {
+    const schema = spec.paths[`/${ep}`].post.responses["200"].content["application/json"].schema;
+    viewCache.set(ep, viewsOf(schema.$ref ? resolveRef(schema.$ref) : schema));
+  }
+  return viewCache.get(ep);
+}
+
+const isMatrix = (m) => Array.isArray(m) && Array.isArray(m[0]) && !Array.isArray(m[0][0]);
+const isStack = (m) => Array.isArray(m) && Array.isArray(m[0]) && Array.isArray(m[0][0]);
+
+// The first heatmap in the answer (top level first, then the first item of a per-head list), as
+// returned: [L][S], or [B][L][S] when the request was batched.
+function firstMap(ep, data) {
+  const views = responseViews(ep);
+  for (const v of views) if (v.map && data[v.name]) return data[v.name];
+  for (const v of views) if (v.each && Array.isArray(data[v.name]) && data[v.name][0]) {
+    for (const e of v.each) if (e.map && data[v.name][0][e.name]) return data[v.name][0][e.name];
+  }
+  return null;
+}
+
+function isBatched(ep, data) { return isStack(firstMap(ep, data)); }
+
+function setupBatch(ep, data) {
   const pick = $("batch");
   pick.replaceChildren();
-  const batched = isBatched(data);
+  const batched = isBatched(ep, data);
   $("batch-pick").hidden = !batched;
   if (batched) {
-    const n = (data.weights || data.average_weights || data.heads[0].weights).length;
+    const n = firstMap(ep, data).length;
     for (let b = 0; b < n; b++) pick.add(new Option(String(b), String(b)));
   }
 }
@@ -407,16 +458,22 @@ function table(key, title, m, rows) {
   return wrap;
 }
 
+// The map whose values are Q Kᵀ times `scale`: its title at the top level shows the factor.
+const SCALED_BY_SCALE = "scaled_scores";
+
 function render() {
   if (!lastResult) return;
   const { ep, data } = lastResult;
+  const views = responseViews(ep);
   const b = Number($("batch").value || 0);
-  const batched = isBatched(data);
+  const batched = isBatched(ep, data);
   const pick = (v) => (v === undefined || v === null ? v : batched ? v[b] : v);
-  const n = (pick(data.weights || data.average_weights) || []).length;
+  // a drawn value is [·][·], or [B][·][·] when batched (generated arrays never gain the B)
+  const matrix = (v) => (isStack(v) ? v[b] : isMatrix(v) ? v : undefined);
+  const first = matrix(firstMap(ep, data));
+  const n = first ? first.length : 0;
   const rows = data.tokens || Array.from({ length: n }, (_, i) => String(i));
-  const firstMap = pick(data.weights || data.average_weights);
-  const S = firstMap ? firstMap[0].length : 0;
+  const S = first && first.length ? first[0].length : 0;
   const cols = data.context_tokens || (S === rows.length ? rows : Array.from({ length: S }, (_, i) => String(i)));
   $("results").hidden = false;
 
@@ -430,38 +487,37 @@ function render() {
     return li;
   }));
 
-  const maps = [];
-  const allowed = pick(data.mask);
-  const addMap = (key, title, m, kind) => { if (m) maps.push(heatmap(key, title, m, rows, cols, kind, kind === "weights" ? allowed : null)); };
-  if (ep === "multihead") {
-    addMap("average_weights", "average weights (all heads)", pick(data.average_weights), "weights");
-    (data.heads || []).forEach((h, i) => {
-      addMap(`head${i}_weights`, `head ${i}: weights`, pick(h.weights), "weights");
-      addMap(`head${i}_scaled_scores`, `head ${i}: ${h.masked_scores ? "masked scores" : "scaled scores"}`, pick(h.masked_scores || h.scaled_scores), "scores");
+  // what to draw, in schema order: {key, title, view, m}; a per-head list expands in place
+  const items = [];
+  for (const view of views) {
+    if (!view.each) {
+      const title = view.name === SCALED_BY_SCALE && data.scale !== undefined ? `${view.title}  · ${fmt(data.scale)}` : view.title;
+      items.push({ key: view.name, title, view, m: matrix(data[view.name]) });
+      continue;
+    }
+    (Array.isArray(data[view.name]) ? data[view.name] : []).forEach((head, i) => {
+      let scoreMap = null; // one score map per head: a later one present (masked) supersedes an earlier (scaled)
+      for (const v of view.each) {
+        const item = { key: `head${i}_${v.name}`, title: `head ${i}: ${v.title}`, view: v, m: matrix(head[v.name]) };
+        if (!item.m) continue;
+        if (v.map === "scores" && scoreMap) { Object.assign(scoreMap, { title: item.title, view: v, m: item.m }); continue; }
+        if (v.map === "scores") scoreMap = item;
+        items.push(item);
+      }
     });
-  } else {
-    addMap("scores", "scores  Q Kᵀ", pick(data.scores), "scores");
-    addMap("scaled_scores", `scaled scores  · ${fmt(data.scale)}`, pick(data.scaled_scores), "scores");
-    addMap("masked_scores", "masked scores", pick(data.masked_scores), "scores");
-    addMap("weights", "weights  softmax", pick(data.weights), "weights");
   }
-  if (data.mask) addMap("mask", "mask (1 = may attend)", pick(data.mask), "mask");
-  $("heatmaps").replaceChildren(...maps);
 
+  const maskView = views.find((v) => v.map === "mask");
+  const allowed = maskView ? matrix(data[maskView.name]) : undefined; // hatches masked cells of weights maps
+  const labels = { queries: rows, keys: cols, index: [] };
+  const maps = [];
   const tables = [];
-  const addTable = (key, title, m, labels) => { if (m && m.length) tables.push(table(key, title, m, labels)); };
-  for (const name of ["x", "w_q", "w_k", "w_v"]) addTable(name, `${name} (generated)`, data[name], []);
-  if (ep === "multihead") {
-    addTable("x_in", "x after positional encoding", pick(data.x_in), rows);
-    (data.heads || []).forEach((h, i) => { addTable(`head${i}_q`, `head ${i}: Q`, pick(h.q), rows); addTable(`head${i}_k`, `head ${i}: K`, pick(h.k), cols); addTable(`head${i}_v`, `head ${i}: V`, pick(h.v), cols); });
-    addTable("concat", "concat", pick(data.concat), rows);
-    addTable("projected", "concat · W_o", pick(data.projected), rows);
-    addTable("residual", "residual", pick(data.residual), rows);
-    addTable("layer_norm", "layer norm", pick(data.layer_norm), rows);
-  } else {
-    addTable("q", "Q", pick(data.q), rows); addTable("k", "K", pick(data.k), cols); addTable("v", "V", pick(data.v), cols);
+  for (const { key, title, view, m } of items) {
+    if (!m || !m.length) continue;
+    if (view.map) maps.push(heatmap(key, title, m, rows, cols, view.map, view.map === "weights" ? allowed : null));
+    else tables.push(table(key, title, m, labels[view.rows] || []));
   }
-  addTable("output", "output", pick(data.output), rows);
+  $("heatmaps").replaceChildren(...maps);
   $("tables").replaceChildren(...tables);
 
   $("steps").replaceChildren(...(data.steps || []).map((s) => {
