@@ -75,6 +75,11 @@ def trace(
     return out
 
 
+def _lists(**arrays: np.ndarray) -> dict[str, Any]:
+    """Arrays as the JSON lists a request carries, under their names."""
+    return {name: a.tolist() for name, a in arrays.items()}
+
+
 def linear(x: T, w_out_in: T, b: T | None = None) -> T:
     return F.linear(x, w_out_in, b)
 
@@ -526,19 +531,7 @@ def _nonsquare_weight_cases(r: Callable[..., np.ndarray]) -> list[Case]:
         "x": x.tolist(),
         "num_heads": h,
         "weight_layout": "out_in",
-        **{
-            name: a.tolist()
-            for name, a in (
-                ("w_q", w_q),
-                ("w_k", w_k),
-                ("w_v", w_v),
-                ("b_q", b_q),
-                ("b_k", b_k),
-                ("b_v", b_v),
-                ("w_o", w_o),
-                ("b_o", b_o),
-            )
-        },
+        **_lists(w_q=w_q, w_k=w_k, w_v=w_v, b_q=b_q, b_k=b_k, b_v=b_v, w_o=w_o, b_o=b_o),
     }
     cases.append(("mha_out_in_combined_nonsquare", "/multihead", body, expected))
     # the same weights transposed into in_out layout give the same numbers
@@ -609,19 +602,7 @@ def _nonsquare_weight_cases(r: Callable[..., np.ndarray]) -> list[Case]:
                 "num_heads": h,
                 "num_kv_heads": h_kv,
                 "weight_layout": "out_in",
-                **{
-                    name: a.tolist()
-                    for name, a in (
-                        ("w_q", w_q),
-                        ("w_k", w_k),
-                        ("w_v", w_v),
-                        ("b_q", b_q),
-                        ("b_k", b_k),
-                        ("b_v", b_v),
-                        ("w_o", w_o),
-                        ("b_o", b_o),
-                    )
-                },
+                **_lists(w_q=w_q, w_k=w_k, w_v=w_v, b_q=b_q, b_k=b_k, b_v=b_v, w_o=w_o, b_o=b_o),
             },
             _mha_expected(
                 _split(linear(tx, t(w_q), t(b_q)), h),
