@@ -272,7 +272,8 @@ async function run(event) {
 // drawing order. `map` names a heatmap's colours (scores, weights, mask); without one the output is
 // a table whose rows are the query tokens, the key tokens or plain indices. A property holding a
 // list of objects whose own properties carry x-view (the per-head traces of /multihead) is drawn
-// once per item, for the entries marked each_head. No output name is listed here.
+// once per item, for the entries marked each_head. No output name is listed for drawing (only
+// SCALED_BY_SCALE below, which adds the scale to one title).
 
 function resolveRef(ref) { return ref.replace(/^#\//, "").split("/").reduce((o, k) => (o ? o[k] : undefined), spec); }
 
