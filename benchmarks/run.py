@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.live import start_server  # noqa: E402
 from service.api.outputs import sizes  # noqa: E402
-from service.api.plan import attention_shapes  # noqa: E402
+from service.api.rules import attention_shapes  # noqa: E402
 from service.api.schemas.requests import AttentionRequest  # noqa: E402
 from service.core.attention import project, scaled_dot_product_attention  # noqa: E402
 from service.core.multihead import MultiheadWeights, multihead_attention  # noqa: E402

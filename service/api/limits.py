@@ -3,7 +3,7 @@ the numbers a request would return and compute (from the outputs table)."""
 
 from service.api.errors import LimitError
 from service.api.outputs import sizes
-from service.api.plan import Shapes
+from service.api.rules import Shapes
 from service.config import Settings
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from service.api.errors import FieldError
-from service.api.plan import Endpoint, Shapes
+from service.api.rules import Endpoint, Shapes
 
 Kind = Literal[
     "matrix",  # float array [L][·] (a leading [B] when batched)

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, create_model
 from pydantic.config import JsonDict
 
 from service.api.outputs import Kind, Output, in_heads, top_level
-from service.api.plan import Endpoint
+from service.api.rules import Endpoint
 
 Matrix = list[list[float]] | list[list[list[float]]]
 NullableMatrix = list[list[float | None]] | list[list[list[float | None]]]

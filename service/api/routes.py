@@ -2,8 +2,8 @@
 
 Each route reads the raw body and then, off the event loop for anything but tiny requests:
 parses it with orjson, validates each field with the pydantic model, applies the rules that
-involve several fields (service.api.plan), checks the limits, plans (draws generated arrays,
-converts weights), computes, and streams the JSON straight from the arrays
+involve several fields (service.api.rules), checks the limits, plans (draws generated arrays,
+converts weights: service.api.plan), computes, and streams the JSON straight from the arrays
 (service.api.encode). Tiny requests (small body, small result) are answered inline, where a
 thread hop would cost more than the work.
 """
@@ -28,16 +28,9 @@ from service.api.encode import encode, encode_whole
 from service.api.errors import BodyError, ErrorBody, invalid_fields
 from service.api.examples import ATTENTION_EXAMPLES, MASK_EXAMPLES, MULTIHEAD_EXAMPLES
 from service.api.limits import check_limits
-from service.api.plan import (
-    Endpoint,
-    Plan,
-    Shapes,
-    attention_shapes,
-    multihead_shapes,
-    plan_attention,
-    plan_multihead,
-)
+from service.api.plan import Plan, plan_attention, plan_multihead
 from service.api.responses import AttentionResponse, MaskResponse, MultiheadResponse
+from service.api.rules import Endpoint, Shapes, attention_shapes, multihead_shapes
 from service.api.schemas.requests import (
     AttentionRequest,
     InputFields,

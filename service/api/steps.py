@@ -4,7 +4,8 @@ Shapes come from the outputs table (:func:`service.api.outputs.step_shape`)."""
 from typing import Any
 
 from service.api.outputs import step_shape
-from service.api.plan import AttentionPlan, MultiheadPlan, Plan, Shapes
+from service.api.plan import AttentionPlan, MultiheadPlan, Plan
+from service.api.rules import Shapes
 
 Step = dict[str, Any]
 

@@ -1,5 +1,5 @@
-"""Mask objects as a request writes them; :mod:`service.api.plan` checks them against the
-request's shapes and turns them into :mod:`service.core.masks` specs."""
+"""Mask objects as a request writes them; :mod:`service.api.rules` checks them against the
+request's shapes and :mod:`service.api.plan` turns them into :mod:`service.core.masks` specs."""
 
 from typing import Annotated, Literal
 

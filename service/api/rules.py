@@ -1,0 +1,527 @@
+"""Every rule that involves several fields of a request, applied before anything is drawn or
+computed: input modes, shapes, tokens, masks, heads. A request that breaks one gets a
+:class:`FieldError` naming the field; one that keeps them all gets the :class:`Shapes` it
+implies, from which the limits are checked and the plan is built (:mod:`service.api.plan`)."""
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from service.api.errors import FieldError
+from service.api.schemas.masks import AdditiveMask, BooleanMask, PaddingMask
+from service.api.schemas.requests import (
+    AttentionRequest,
+    InputFields,
+    LayerNormOptions,
+    MultiheadRequest,
+)
+from service.core.types import Array
+
+Endpoint = Literal["attention", "multihead"]
+WeightForm = Literal["combined", "in_proj", "per_head"]
+_PROJECTION_FIELDS = ("x", "context", "w_q", "w_k", "w_v", "b_q", "b_k", "b_v", "seed", "d_model",
+                      "d_k", "d_v")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Sizes, labels and optional parts a request implies, known before anything is computed.
+    On /attention there is one head."""
+
+    endpoint: Endpoint
+    batch: int | None  # B; None: an unbatched request
+    seq_len: int  # L
+    ctx_len: int  # S
+    d_model: int | None  # None in direct mode
+    d_k: int  # per head
+    d_v: int  # per head
+    num_heads: int = 1  # h
+    num_kv_heads: int = 1  # h_kv
+    d_out: int = 0  # width of /multihead's output
+    masked: bool = False
+    generated: tuple[str, ...] = ()  # arrays to draw, in the contract's order
+    positional: bool = False
+    residual: bool = False
+    layer_norm: bool = False
+    tokens: tuple[str, ...] | None = None
+    context_tokens: tuple[str, ...] | None = None
+
+
+def attention_shapes(req: AttentionRequest) -> Shapes:
+    """Check how the fields of an /attention or /mask request fit together."""
+    direct = [n for n in ("q", "k", "v") if getattr(req, n) is not None]
+    projection = [n for n in _PROJECTION_FIELDS if getattr(req, n) is not None]
+    if direct and projection:
+        raise FieldError(
+            projection[0],
+            f"give either q, k and v (direct mode) or x with w_q, w_k, w_v (projections mode), not both: found {direct[0]} and {projection[0]}",
+        )
+    shapes = _direct_shapes(req) if direct else _projection_shapes(req)
+    _check_masks(req, shapes.batch, shapes.seq_len, shapes.ctx_len)
+    return shapes
+
+
+def _direct_shapes(req: AttentionRequest) -> Shapes:
+    for n in ("q", "k", "v"):
+        if getattr(req, n) is None:
+            raise FieldError(n, f"direct mode needs q, k and v; {n} is missing")
+    assert req.q is not None and req.k is not None and req.v is not None
+    q, k, v = req.q, req.k, req.v
+    if not q.ndim == k.ndim == v.ndim:
+        raise FieldError("k", "q, k and v must all be single matrices or all be batches [B][·][·]")
+    batch = q.shape[0] if q.ndim == 3 else None
+    if batch is not None and not q.shape[0] == k.shape[0] == v.shape[0]:
+        raise FieldError(
+            "k",
+            f"q, k and v must have the same batch size; got {q.shape[0]}, {k.shape[0]} and {v.shape[0]}",
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise FieldError(
+            "k",
+            f"q has {q.shape[-1]} columns but k has {k.shape[-1]}: queries and keys need the same width d_k for Q Kᵀ",
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise FieldError(
+            "v",
+            f"k has {k.shape[-2]} rows but v has {v.shape[-2]}: every key needs its value (S rows each)",
+        )
+    seq_len, ctx_len = q.shape[-2], k.shape[-2]
+    tokens, ctx_tokens = _labels(req, seq_len, ctx_len)
+    return Shapes(
+        "attention", batch, seq_len, ctx_len, None, q.shape[-1], v.shape[-1],
+        masked=req.mask is not None, tokens=tokens, context_tokens=ctx_tokens,
+    )  # fmt: skip
+
+
+def _projection_shapes(req: AttentionRequest) -> Shapes:
+    batch, seq_len, ctx_len, d_model = _sequence_shapes(req)
+    generate = ["x"] if req.x is None else []
+    widths: dict[str, int] = {}
+    for name in ("w_q", "w_k", "w_v"):
+        w = getattr(req, name)
+        if w is None:
+            if req.seed is None:
+                raise FieldError(
+                    name, f"{name} is missing: give {name}, or give seed and d_k to generate it"
+                )
+            generate.append(name)
+        else:
+            widths[name] = _weight_out(req, name, w, d_model)
+    if "w_q" in widths and "w_k" in widths and widths["w_q"] != widths["w_k"]:
+        raise FieldError(
+            "w_k",
+            f"w_q gives queries of width {widths['w_q']} but w_k gives keys of width {widths['w_k']}: they must match for Q Kᵀ",
+        )
+    d_k = widths.get("w_q", widths.get("w_k", req.d_k))
+    if d_k is None:
+        raise FieldError("d_k", "to generate w_q and w_k, give d_k (the width of queries and keys)")
+    _check_size(req.d_k, "d_k", d_k, "the given weights make queries of width")
+    d_v = widths.get("w_v", req.d_v if req.d_v is not None else d_k)
+    _check_size(req.d_v, "d_v", d_v, "w_v makes values of width")
+    _check_bias(req.b_q, "b_q", d_k, "Q")
+    _check_bias(req.b_k, "b_k", d_k, "K")
+    _check_bias(req.b_v, "b_v", d_v, "V")
+    tokens, ctx_tokens = _labels(req, seq_len, ctx_len)
+    return Shapes(
+        "attention", batch, seq_len, ctx_len, d_model, d_k, d_v, masked=req.mask is not None,
+        generated=tuple(generate), tokens=tokens, context_tokens=ctx_tokens,
+    )  # fmt: skip
+
+
+def multihead_shapes(req: MultiheadRequest) -> Shapes:
+    """Check how the fields of a /multihead request fit together."""
+    batch, seq_len, ctx_len, d_model = _sequence_shapes(req)
+    h = req.num_heads
+    h_kv = req.num_kv_heads or h
+    if h % h_kv:
+        raise FieldError(
+            "num_kv_heads",
+            f"num_heads {h} is not a multiple of num_kv_heads {h_kv}: each key/value head must serve the same number of query heads",
+        )
+    form = weight_form(req)
+    generate = ["x"] if req.x is None else []
+    if form != "combined":
+        d_k, d_v = (
+            _per_head_dims(req, d_model) if form == "per_head" else _in_proj_dims(req, d_model)
+        )
+        _check_size(req.d_k, "d_k", d_k, f"the {form} weights make heads of width")
+        _check_size(req.d_v, "d_v", d_v, f"the {form} weights make values of width")
+    else:
+        d_k, d_v, missing = _combined_dims(req, d_model, h, h_kv)
+        generate += missing
+    d_out = _output_dims(req, h * d_v)
+    if req.residual and d_out != d_model:
+        raise FieldError(
+            "residual",
+            f"the residual adds x (width {d_model}) to the attention output (width {d_out}): they must match; choose w_o with {d_model} outputs",
+        )
+    if isinstance(req.layer_norm, LayerNormOptions):
+        for name in ("gamma", "beta"):
+            vec = getattr(req.layer_norm, name)
+            if vec is not None and vec.shape[0] != d_out:
+                raise FieldError(
+                    f"layer_norm.{name}",
+                    f"layer_norm.{name} has {vec.shape[0]} entries but the normalised output has {d_out} features",
+                )
+    pe = req.positional_encoding
+    if isinstance(pe, np.ndarray) and pe.shape != (seq_len, d_model):
+        got = "×".join(map(str, pe.shape))
+        raise FieldError(
+            "positional_encoding",
+            f"positional_encoding is {got} but x is {seq_len}×{d_model}: it must be [L][d_model]",
+        )
+    tokens, ctx_tokens = _labels(req, seq_len, ctx_len)
+    _check_masks(req, batch, seq_len, ctx_len)
+    return Shapes(
+        "multihead", batch, seq_len, ctx_len, d_model, d_k, d_v, h, h_kv, d_out,
+        masked=req.mask is not None, generated=tuple(generate), positional=pe is not None,
+        residual=req.residual, layer_norm=req.layer_norm is not False, tokens=tokens,
+        context_tokens=ctx_tokens,
+    )  # fmt: skip
+
+
+def weight_form(req: MultiheadRequest) -> WeightForm:
+    """Which of the three ways to give /multihead's projections the request uses (one only)."""
+    combined = any(getattr(req, n) is not None for n in ("w_q", "w_k", "w_v", "b_q", "b_k", "b_v"))
+    forms = [
+        name
+        for name, present in (
+            ("w_q/w_k/w_v", combined),
+            ("in_proj_weight", req.in_proj_weight is not None),
+            ("heads", req.heads is not None),
+        )
+        if present
+    ]
+    if len(forms) > 1:
+        raise FieldError(
+            forms[1].split("/")[0],
+            f"give the projections in one form only: found {forms[0]} and {forms[1]}",
+        )
+    if req.heads is not None:
+        return "per_head"
+    return "in_proj" if req.in_proj_weight is not None else "combined"
+
+
+def _per_head_dims(req: MultiheadRequest, d_model: int) -> tuple[int, int]:
+    assert req.heads is not None
+    if req.in_proj_bias is not None:
+        raise FieldError(
+            "in_proj_bias",
+            "in_proj_bias goes with in_proj_weight; per-head weights take b_q, b_k, b_v in each head",
+        )
+    if len(req.heads) != req.num_heads:
+        raise FieldError(
+            "heads", f"heads has {len(req.heads)} entries but num_heads is {req.num_heads}"
+        )
+    if req.num_kv_heads not in (None, req.num_heads):
+        raise FieldError(
+            "num_kv_heads",
+            "num_kv_heads needs combined weights (w_k, w_v of d_model × num_kv_heads·d_k); per-head weights give every head its own keys and values",
+        )
+    sizes = set()
+    for i, head in enumerate(req.heads):
+        widths = {
+            name: _weight_out(req, f"heads[{i}].{name}", getattr(head, name), d_model)
+            for name in ("w_q", "w_k", "w_v")
+        }
+        if widths["w_q"] != widths["w_k"]:
+            raise FieldError(
+                f"heads[{i}].w_k",
+                f"heads[{i}] makes queries of width {widths['w_q']} but keys of width {widths['w_k']}: they must match",
+            )
+        for b, w in (("b_q", "w_q"), ("b_k", "w_k"), ("b_v", "w_v")):
+            _check_bias(getattr(head, b), f"heads[{i}].{b}", widths[w], f"heads[{i}].{w}")
+        sizes.add((widths["w_q"], widths["w_v"]))
+    if len(sizes) > 1:
+        raise FieldError(
+            "heads",
+            "every head must have the same d_k and d_v so their outputs can be concatenated",
+        )
+    d_k, d_v = sizes.pop()
+    return d_k, d_v
+
+
+def _in_proj_dims(req: MultiheadRequest, d_model: int) -> tuple[int, int]:
+    assert req.in_proj_weight is not None
+    if req.num_kv_heads not in (None, req.num_heads):
+        raise FieldError(
+            "num_kv_heads",
+            "in_proj_weight is PyTorch's nn.MultiheadAttention packing, which has no grouped-query attention: give w_q, w_k, w_v to use num_kv_heads",
+        )
+    if req.in_proj_weight.shape != (3 * d_model, d_model):
+        got = "×".join(map(str, req.in_proj_weight.shape))
+        raise FieldError(
+            "in_proj_weight",
+            f"in_proj_weight is {got} but must be {3 * d_model}×{d_model} (3·d_model × d_model, rows q, k, v, as PyTorch packs it)",
+        )
+    if d_model % req.num_heads:
+        raise FieldError(
+            "num_heads", f"num_heads {req.num_heads} does not divide d_model {d_model}"
+        )
+    _check_bias(req.in_proj_bias, "in_proj_bias", 3 * d_model, "in_proj_weight (3·d_model rows)")
+    return d_model // req.num_heads, d_model // req.num_heads
+
+
+def _combined_dims(
+    req: MultiheadRequest, d_model: int, h: int, h_kv: int
+) -> tuple[int, int, list[str]]:
+    """(d_k, d_v, weights to generate) of combined weights w_q, w_k, w_v."""
+    if req.in_proj_bias is not None:
+        raise FieldError(
+            "in_proj_bias",
+            "in_proj_bias goes with in_proj_weight; with w_q, w_k, w_v use b_q, b_k, b_v",
+        )
+    widths = {
+        n: _weight_out(req, n, w, d_model)
+        for n in ("w_q", "w_k", "w_v")
+        if (w := getattr(req, n)) is not None
+    }
+    for name, heads in (("w_q", h), ("w_k", h_kv), ("w_v", h_kv)):
+        if name in widths and widths[name] % heads:
+            label = "num_heads" if name == "w_q" else "num_kv_heads"
+            raise FieldError(
+                name,
+                f"{name} has {widths[name]} outputs, which {label} {heads} does not divide into equal heads",
+            )
+    d_k = (
+        widths["w_q"] // h
+        if "w_q" in widths
+        else widths["w_k"] // h_kv
+        if "w_k" in widths
+        else req.d_k
+    )
+    if d_k is None:
+        if d_model % h:
+            raise FieldError(
+                "d_k",
+                f"num_heads {h} does not divide d_model {d_model}: give d_k (the width of each head)",
+            )
+        d_k = d_model // h
+    _check_size(req.d_k, "d_k", d_k, "the given weights make heads of width")
+    if "w_k" in widths and widths["w_k"] != h_kv * d_k:
+        raise FieldError(
+            "w_k",
+            f"w_k has {widths['w_k']} outputs but needs num_kv_heads·d_k = {h_kv}·{d_k} = {h_kv * d_k} to match the query heads",
+        )
+    d_v = widths["w_v"] // h_kv if "w_v" in widths else req.d_v if req.d_v is not None else d_k
+    _check_size(req.d_v, "d_v", d_v, "the given w_v makes heads of values of width")
+    missing = [n for n in ("w_q", "w_k", "w_v") if n not in widths]
+    if missing and req.seed is None:
+        raise FieldError(
+            missing[0],
+            f"{missing[0]} is missing: give w_q, w_k and w_v (or in_proj_weight, or heads), or give seed to generate them",
+        )
+    _check_bias(req.b_q, "b_q", h * d_k, "Q (all heads)")
+    _check_bias(req.b_k, "b_k", h_kv * d_k, "K (all key heads)")
+    _check_bias(req.b_v, "b_v", h_kv * d_v, "V (all value heads)")
+    return d_k, d_v, missing
+
+
+def _output_dims(req: MultiheadRequest, concat_width: int) -> int:
+    """Check w_o / out_proj_* against the concatenated heads; return d_out."""
+    if req.w_o is not None and req.out_proj_weight is not None:
+        raise FieldError("out_proj_weight", "give w_o or out_proj_weight, not both")
+    if req.b_o is not None and req.out_proj_bias is not None:
+        raise FieldError("out_proj_bias", "give b_o or out_proj_bias, not both")
+    d_out = concat_width
+    if req.w_o is not None:
+        d_out = _weight_out(
+            req,
+            "w_o",
+            req.w_o,
+            concat_width,
+            f"the concatenated heads have h·d_v = {concat_width} columns",
+        )
+    if req.out_proj_weight is not None:
+        d_out, d_in = req.out_proj_weight.shape
+        if d_in != concat_width:
+            raise FieldError(
+                "out_proj_weight",
+                f"out_proj_weight is {d_out}×{d_in} but the concatenated heads have h·d_v = {concat_width} columns: it must have {concat_width} columns (out_in, as PyTorch)",
+            )
+    _check_bias(req.b_o, "b_o", d_out, "the output")
+    _check_bias(req.out_proj_bias, "out_proj_bias", d_out, "the output")
+    return int(d_out)
+
+
+def _sequence_shapes(req: InputFields) -> tuple[int | None, int, int, int]:
+    """(B, L, S, d_model) from x, context and the generated-mode sizes."""
+    batch = None
+    if req.x is not None:
+        batch = req.x.shape[0] if req.x.ndim == 3 else None
+        seq_len, d_model = req.x.shape[-2:]
+        if req.seq_len is not None and req.seq_len != seq_len:
+            raise FieldError("seq_len", f"seq_len is {req.seq_len} but x has {seq_len} rows")
+        if req.d_model is not None and req.d_model != d_model:
+            raise FieldError("d_model", f"d_model is {req.d_model} but x has {d_model} columns")
+    else:
+        if req.seed is None:
+            raise FieldError(
+                "x",
+                "x is missing: give x, or give seed (with d_model and tokens, sentence or seq_len) to generate it",
+            )
+        seq_len = _seq_len_from_labels(req)
+        found = req.d_model if req.d_model is not None else _d_model_from_weights(req)
+        if found is None:
+            raise FieldError("d_model", "to generate x, give d_model (its number of columns)")
+        d_model = found
+    ctx_len = seq_len
+    if req.context is not None:
+        c_batch = req.context.shape[0] if req.context.ndim == 3 else None
+        if c_batch != batch:
+            raise FieldError(
+                "context",
+                f"context is {_batch_words(c_batch)} but x is {_batch_words(batch)}: batch both or neither, with the same B",
+            )
+        ctx_len, c_width = req.context.shape[-2:]
+        if c_width != d_model:
+            raise FieldError(
+                "context",
+                f"context has {c_width} columns but x has {d_model}: both are projected by the same weights",
+            )
+    return batch, int(seq_len), int(ctx_len), int(d_model)
+
+
+def _seq_len_from_labels(req: InputFields) -> int:
+    """L for a generated x: from tokens or sentence, else seq_len."""
+    tokens, _ = _labels(req, None, None)
+    if tokens is not None:
+        if req.seq_len is not None and req.seq_len != len(tokens):
+            raise FieldError(
+                "seq_len", f"seq_len is {req.seq_len} but there are {len(tokens)} tokens"
+            )
+        return len(tokens)
+    if req.seq_len is None:
+        raise FieldError(
+            "seq_len",
+            "to generate x, give tokens, sentence or seq_len so the sequence length L is known",
+        )
+    return req.seq_len
+
+
+def _d_model_from_weights(req: InputFields) -> int | None:
+    """d_model as the first given projection weight implies it (its input size)."""
+    for name in ("w_q", "w_k", "w_v"):
+        w = getattr(req, name, None)
+        if isinstance(w, np.ndarray):
+            return int(w.shape[0] if req.weight_layout == "in_out" else w.shape[1])
+    return None
+
+
+def _labels(
+    req: InputFields, seq_len: int | None, ctx_len: int | None
+) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
+    """tokens (from tokens or sentence) and context_tokens, checked against L and S."""
+    if req.tokens is not None and req.sentence is not None:
+        raise FieldError("sentence", "give tokens or sentence, not both")
+    tokens = req.sentence.split() if req.sentence is not None else req.tokens
+    source = "sentence" if req.sentence is not None else "tokens"
+    if tokens is not None and not tokens:
+        raise FieldError(
+            source, "tokens is empty" if req.sentence is None else "sentence has no words"
+        )
+    if tokens is not None and seq_len is not None and len(tokens) != seq_len:
+        raise FieldError(
+            source, f"{source} gives {len(tokens)} tokens but there are {seq_len} query rows (L)"
+        )
+    ctx = req.context_tokens
+    if ctx is not None and ctx_len is not None and len(ctx) != ctx_len:
+        raise FieldError(
+            "context_tokens",
+            f"context_tokens has {len(ctx)} labels but there are {ctx_len} keys (S)",
+        )
+    if ctx is None and req.context is None and (ctx_len is None or ctx_len == seq_len):
+        ctx = tokens  # self-attention: the keys are the queries' tokens
+    return (None if tokens is None else tuple(tokens)), (None if ctx is None else tuple(ctx))
+
+
+def _weight_out(
+    req: InputFields, name: str, w: Array, width: int, source: str | None = None
+) -> int:
+    """Check a weight's input size (rows in in_out, columns in out_in) against ``width``,
+    the width of what it multiplies (``source`` says what that is; default x / d_model);
+    return its output size."""
+    rows, cols = w.shape
+    d_in, d_out = (rows, cols) if req.weight_layout == "in_out" else (cols, rows)
+    if d_in != width:
+        side = "rows" if req.weight_layout == "in_out" else "columns"
+        if source is None:
+            source = f"x has {width} columns" if req.x is not None else f"d_model is {width}"
+        raise FieldError(
+            name,
+            f"{name} is {rows}×{cols} but {source}: with weight_layout {req.weight_layout} "
+            f"{name} must have {width} {side}",
+        )
+    return int(d_out)
+
+
+def _check_size(given: int | None, name: str, found: int, what: str) -> None:
+    """A size the request states (d_k, d_v) must agree with the one its arrays imply."""
+    if given is not None and given != found:
+        raise FieldError(name, f"{name} is {given} but {what} {found}")
+
+
+def _check_bias(b: Array | None, name: str, size: int, of: str) -> None:
+    if b is not None and b.shape[0] != size:
+        raise FieldError(name, f"{name} has {b.shape[0]} entries but {of} has width {size}")
+
+
+def _check_masks(req: InputFields, batch: int | None, seq_len: int, ctx_len: int) -> None:
+    """Each mask against the scores' shape L×S and the batch."""
+    for i, item in enumerate(req.mask or []):
+        field = f"mask[{i}]"
+        if isinstance(item, BooleanMask | AdditiveMask):
+            m = item.matrix
+            if m.ndim == 3 and (batch is None or m.shape[0] != batch):
+                raise FieldError(
+                    f"{field}.matrix",
+                    f"{field}.matrix is a batch of {m.shape[0]} but the request is {_batch_words(batch)}",
+                )
+            if m.shape[-2:] != (seq_len, ctx_len):
+                got = "×".join(map(str, m.shape[-2:]))
+                raise FieldError(
+                    f"{field}.matrix",
+                    f"{field}.matrix is {got} but the scores are L×S = {seq_len}×{ctx_len} ({seq_len} queries, {ctx_len} keys)",
+                )
+        if isinstance(item, PaddingMask):
+            _check_padding(item, field, batch, seq_len, ctx_len)
+
+
+def _check_padding(
+    item: PaddingMask, field: str, batch: int | None, seq_len: int, ctx_len: int
+) -> None:
+    if item.key_lengths is None and item.query_lengths is None:
+        raise FieldError(field, "a padding mask needs key_lengths, query_lengths or both")
+    for name, limit, what in (
+        ("key_lengths", ctx_len, "keys (S)"),
+        ("query_lengths", seq_len, "queries (L)"),
+    ):
+        given = lengths(getattr(item, name))
+        if given is None:
+            continue
+        if min(given) < 0:
+            raise FieldError(
+                f"{field}.{name}", f"{field}.{name} must be 0 or more, got {min(given)}"
+            )
+        if len(given) not in (1, batch or 1):
+            raise FieldError(
+                f"{field}.{name}",
+                f"{field}.{name} has {len(given)} entries but the batch has {batch or 1} item(s)",
+            )
+        if max(given) > limit:
+            raise FieldError(
+                f"{field}.{name}",
+                f"{field}.{name} has {max(given)} but there are only {limit} {what}",
+            )
+
+
+def lengths(value: int | list[int] | None) -> tuple[int, ...] | None:
+    """One int or a list, as a tuple."""
+    if value is None:
+        return None
+    return (value,) if isinstance(value, int) else tuple(value)
+
+
+def _batch_words(batch: int | None) -> str:
+    return "unbatched" if batch is None else f"a batch of {batch}"
