@@ -15,7 +15,11 @@ from service.core.types import Array
 
 def _combined_mask(plan: Plan) -> masks.CombinedMask | None:
     s = plan.shapes
-    return masks.combine(list(plan.masks), s.batch or 1, s.seq_len, s.ctx_len) if s.masked else None
+    return (
+        masks.combine(list(plan.mask_specs), s.batch or 1, s.seq_len, s.ctx_len)
+        if s.masked
+        else None
+    )
 
 
 def _common(plan: Plan, trace: AttentionTrace, mask: masks.CombinedMask | None) -> dict[str, Any]:

@@ -4,11 +4,11 @@ layout, masks turned into engine specs."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypedDict, assert_never
+from typing import Any, TypeVar, assert_never
 
 import numpy as np
 
-from service.api.rules import Shapes, WeightForm, lengths, weight_form
+from service.api.rules import Shapes, lengths
 from service.api.schemas.masks import (
     AdditiveMask,
     BooleanMask,
@@ -34,7 +34,7 @@ class Plan:
     """What every compute request carries into the engine."""
 
     shapes: Shapes
-    masks: tuple[masks.MaskSpec, ...]
+    mask_specs: tuple[masks.MaskSpec, ...]
     scale: float | None  # None: 1/√d_k
     fully_masked_rows: FullyMaskedPolicy
     generated: Mapping[str, Array]  # drawn arrays by name, in draw order
@@ -65,24 +65,28 @@ class MultiheadPlan(Plan):
     x: Array  # (B, L, d_model)
     context: Array | None  # (B, S, d_model)
     weights: MultiheadWeights
-    form: WeightForm
     positional: Array | None  # (L, d_model), added to x
     positional_given: bool  # an explicit matrix, not the sinusoidal encoding
     residual: bool
     norm: LayerNorm | None
 
 
+P = TypeVar("P", bound=Plan)
+
+
 def plan_attention(req: AttentionRequest, shapes: Shapes) -> AttentionPlan:
     """The engine's inputs for /attention and /mask (``shapes`` from :func:`attention_shapes`)."""
     generated = _draw(req, shapes)
-    common = _common(req, shapes, generated)
     if req.q is not None and req.k is not None and req.v is not None:
-        return AttentionPlan(**common, q=_batched(req.q), k=_batched(req.k), v=_batched(req.v))
-    x = _batched(generated.get("x", req.x))
+        q, k, v = _batched(req.q), _batched(req.k), _batched(req.v)
+        return _plan(AttentionPlan, req, shapes, generated, q=q, k=k, v=v)
     w_q, w_k, w_v = (_given_or_drawn(req, n, generated) for n in ("w_q", "w_k", "w_v"))
-    return AttentionPlan(
-        **common,
-        x=x,
+    return _plan(
+        AttentionPlan,
+        req,
+        shapes,
+        generated,
+        x=_batched(generated.get("x", req.x)),
         context=None if req.context is None else _batched(req.context),
         projections=Projections(w_q, w_k, w_v, req.b_q, req.b_k, req.b_v),
     )
@@ -103,12 +107,14 @@ def plan_multihead(req: MultiheadRequest, shapes: Shapes) -> MultiheadPlan:
         if layer_norm is True
         else LayerNorm(layer_norm.eps, layer_norm.gamma, layer_norm.beta, layer_norm.over)
     )
-    return MultiheadPlan(
-        **_common(req, shapes, generated),
+    return _plan(
+        MultiheadPlan,
+        req,
+        shapes,
+        generated,
         x=_batched(generated.get("x", req.x)),
         context=None if req.context is None else _batched(req.context),
         weights=_multihead_weights(req, generated),
-        form=weight_form(req),
         positional=positional,
         positional_given=isinstance(pe, np.ndarray),
         residual=req.residual,
@@ -116,38 +122,25 @@ def plan_multihead(req: MultiheadRequest, shapes: Shapes) -> MultiheadPlan:
     )
 
 
-class _Common(TypedDict):
-    """The fields every plan has (see :class:`Plan`)."""
-
-    shapes: Shapes
-    masks: tuple[masks.MaskSpec, ...]
-    scale: float | None
-    fully_masked_rows: FullyMaskedPolicy
-    generated: Mapping[str, Array]
-    seed: int | None
-    init: Init
-    weight_layout: WeightLayout
-    alignment: Alignment
-    include: frozenset[str] | None
-    decimals: int | None
-
-
-def _common(req: InputFields, shapes: Shapes, generated: dict[str, Array]) -> _Common:
-    """The fields every plan has."""
+def _plan(
+    cls: type[P], req: InputFields, shapes: Shapes, generated: dict[str, Array], **rest: Any
+) -> P:
+    """A plan of class ``cls``: the fields every plan has, from the request, plus ``rest``."""
     alignments = [m.alignment for m in req.mask or [] if isinstance(m, CausalMask)]
-    return {
-        "shapes": shapes,
-        "masks": tuple(_mask_spec(m) for m in req.mask or []),
-        "scale": req.scale,
-        "fully_masked_rows": req.fully_masked_rows,
-        "generated": generated,
-        "seed": req.seed,
-        "init": req.init,
-        "weight_layout": req.weight_layout,
-        "alignment": alignments[0] if alignments else "upper_left",
-        "include": None if req.include is None else frozenset(req.include),
-        "decimals": req.decimals,
-    }
+    return cls(
+        shapes=shapes,
+        mask_specs=tuple(_mask_spec(m) for m in req.mask or []),
+        scale=req.scale,
+        fully_masked_rows=req.fully_masked_rows,
+        generated=generated,
+        seed=req.seed,
+        init=req.init,
+        weight_layout=req.weight_layout,
+        alignment=alignments[0] if alignments else "upper_left",
+        include=None if req.include is None else frozenset(req.include),
+        decimals=req.decimals,
+        **rest,
+    )
 
 
 def _mask_spec(

@@ -139,7 +139,7 @@ def multihead_shapes(req: MultiheadRequest) -> Shapes:
             "num_kv_heads",
             f"num_heads {h} is not a multiple of num_kv_heads {h_kv}: each key/value head must serve the same number of query heads",
         )
-    form = weight_form(req)
+    form = _weight_form(req)
     generate = ["x"] if req.x is None else []
     if form != "combined":
         d_k, d_v = (
@@ -181,7 +181,7 @@ def multihead_shapes(req: MultiheadRequest) -> Shapes:
     )  # fmt: skip
 
 
-def weight_form(req: MultiheadRequest) -> WeightForm:
+def _weight_form(req: MultiheadRequest) -> WeightForm:
     """Which of the three ways to give /multihead's projections the request uses (one only)."""
     combined = any(getattr(req, n) is not None for n in ("w_q", "w_k", "w_v", "b_q", "b_k", "b_v"))
     forms = [
