@@ -8,8 +8,9 @@ Adding an output is one row here plus its computation: a field of the engine's t
 """
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Literal
 
 from service.api.errors import FieldError
@@ -149,16 +150,27 @@ OUTPUTS: tuple[Output, ...] = (
 )  # fmt: skip
 
 
-def top_level(endpoint: Endpoint) -> Iterator[Output]:
+@cache
+def top_level(endpoint: Endpoint) -> tuple[Output, ...]:
     """The outputs at the top of an endpoint's response, in order."""
-    for out in OUTPUTS:
-        if endpoint in out.endpoints and not (out.head and endpoint == "multihead"):
-            yield out
+    return tuple(
+        out
+        for out in OUTPUTS
+        if endpoint in out.endpoints and not (out.head and endpoint == "multihead")
+    )
 
 
-def in_heads(endpoint: Endpoint) -> Iterator[Output]:
+@cache
+def in_heads(endpoint: Endpoint) -> tuple[Output, ...]:
     """The outputs inside each ``heads[i]`` of an endpoint's response (none on /attention)."""
-    return (out for out in OUTPUTS if out.head and endpoint == "multihead")
+    return tuple(out for out in OUTPUTS if out.head and endpoint == "multihead")
+
+
+@cache
+def _for_steps(endpoint: Endpoint) -> dict[str, Output]:
+    """Step names to outputs: per-head outputs first (a /multihead step named "output" is the
+    heads' weights V, not the block's output)."""
+    return {o.name: o for o in top_level(endpoint)} | {o.name: o for o in OUTPUTS if o.head}
 
 
 def includable(endpoint: Endpoint) -> tuple[str, ...]:
@@ -197,9 +209,7 @@ def sizes(shapes: Shapes) -> dict[str, int]:
 
 def step_shape(shapes: Shapes, name: str) -> list[int]:
     """The shape a step named after an output produces, with B (and h on /multihead) in front."""
-    heads = {o.name: o for o in OUTPUTS if o.head}
-    top = {o.name: o for o in top_level(shapes.endpoint)}
-    out = heads.get(name) or top[name]
+    out = _for_steps(shapes.endpoint)[name]
     assert out.shape is not None
     lead = [shapes.batch] if shapes.batch is not None and out.batched else []
     if out.head and shapes.endpoint == "multihead":
