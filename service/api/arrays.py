@@ -9,10 +9,9 @@ from functools import lru_cache
 from typing import Annotated, Any
 
 import numpy as np
-from numpy.typing import NDArray
 from pydantic import FailFast, Strict, TypeAdapter, ValidationError
 
-Array = NDArray[np.float64]
+from service.core.types import Array, BoolArray
 
 _LEVELS = {1: ("entry",), 2: ("row", "column"), 3: ("item", "row", "column")}
 _NON_FINITE = "NaN, Infinity and overflowing literals such as 1e999 are rejected"
@@ -146,7 +145,7 @@ def to_array(value: Any, name: str, ndims: tuple[int, ...], expected: str) -> Ar
     return out
 
 
-def to_bool_matrix(value: Any, name: str) -> NDArray[np.bool_]:
+def to_bool_matrix(value: Any, name: str) -> BoolArray:
     """A boolean mask matrix [L][S] or [B][L][S]: true/false, or 1/0."""
     expected = "a matrix [L][S] (or [B][L][S]) of true/false or 1/0"
     arr = _nested(value, name, expected)

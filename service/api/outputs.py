@@ -207,6 +207,13 @@ def sizes(shapes: Shapes) -> dict[str, int]:
     }
 
 
+def drawn_shape(shapes: Shapes, name: str) -> tuple[int, ...]:
+    """The shape of a generated array (x, w_q, w_k, w_v): drawn with it, returned with it."""
+    out = {o.name: o for o in top_level(shapes.endpoint)}[name]
+    assert out.kind == "weight" and out.shape is not None
+    return out.shape(shapes)
+
+
 def step_shape(shapes: Shapes, name: str) -> list[int]:
     """The shape a step named after an output produces, with B (and h on /multihead) in front."""
     out = _for_steps(shapes.endpoint)[name]

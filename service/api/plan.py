@@ -8,6 +8,7 @@ from typing import Any, TypeVar, assert_never
 
 import numpy as np
 
+from service.api.outputs import drawn_shape
 from service.api.rules import Shapes, lengths
 from service.api.schemas.masks import (
     AdditiveMask,
@@ -165,15 +166,8 @@ def _draw(req: InputFields, shapes: Shapes) -> dict[str, Array]:
     """The missing arrays, drawn in the contract's order: x, then w_q, w_k, w_v (in_out)."""
     if not shapes.generated:
         return {}
-    assert req.seed is not None and shapes.d_model is not None
-    d, d_k = shapes.d_model, shapes.d_k
-    sizes = {
-        "x": (shapes.seq_len, d),
-        "w_q": (d, shapes.num_heads * d_k),
-        "w_k": (d, shapes.num_kv_heads * d_k),
-        "w_v": (d, shapes.num_kv_heads * shapes.d_v),
-    }
-    return draw(req.seed, req.init, [(name, sizes[name]) for name in shapes.generated])
+    assert req.seed is not None
+    return draw(req.seed, req.init, [(n, drawn_shape(shapes, n)) for n in shapes.generated])
 
 
 def _in_out(w: Array, layout: WeightLayout) -> Array:

@@ -3,8 +3,6 @@ the JSON schema /docs shows for them."""
 
 from typing import Annotated, Any, Literal
 
-import numpy as np
-from numpy.typing import NDArray
 from pydantic import Field, PlainValidator, ValidationInfo, WithJsonSchema
 
 from service.api.arrays import to_additive_matrix, to_array, to_bool_matrix
@@ -62,7 +60,7 @@ Sequence = Annotated[Array, PlainValidator(_sequence), WithJsonSchema({"anyOf": 
 Matrix = Annotated[Array, PlainValidator(_matrix), WithJsonSchema(_MATRIX)]
 Vector = Annotated[Array, PlainValidator(_vector), WithJsonSchema(_ROW)]
 BoolMatrix = Annotated[
-    NDArray[np.bool_],
+    BoolArray,
     PlainValidator(_bool_matrix),
     WithJsonSchema({"anyOf": [_BOOL_MATRIX, {"type": "array", "items": _BOOL_MATRIX}]}),
 ]
