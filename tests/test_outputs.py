@@ -1,0 +1,75 @@
+"""The outputs table against real answers: every output it sizes holds exactly that many numbers,
+every output it says is present is returned, and `include` accepts exactly its names."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api import examples as ex
+from service.api import outputs
+from service.api.rules import Shapes, attention_shapes, multihead_shapes
+from service.api.schemas.requests import AttentionRequest, MaskRequest, MultiheadRequest
+
+GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "golden.json").read_text())["cases"]
+CASES: list[tuple[str, str, dict[str, Any]]] = [
+    (c["name"], c["endpoint"], c["request"]) for c in GOLDEN
+] + [
+    ("generated_sentence", "/attention", ex.GENERATED_SENTENCE),
+    ("padded_batch", "/mask", ex.PADDED_BATCH),
+    ("generated_multihead_all", "/multihead", {**ex.GENERATED_MULTIHEAD, "include": None}),
+    ("gqa_generated_batch_free", "/multihead",
+     {"seed": 3, "seq_len": 3, "d_model": 6, "num_heads": 4, "num_kv_heads": 2, "d_k": 2,
+      "d_v": 3, "residual": False, "mask": {"type": "window", "left": 1}}),
+]  # fmt: skip
+
+
+def _shapes(endpoint: str, body: dict[str, Any]) -> Shapes:
+    if endpoint == "/multihead":
+        return multihead_shapes(MultiheadRequest.model_validate(body))
+    model = MaskRequest if endpoint == "/mask" else AttentionRequest
+    return attention_shapes(model.model_validate(body))
+
+
+def _leaves(value: Any) -> int:
+    """How many numbers (or booleans, or nulls for −∞) a JSON value holds."""
+    if isinstance(value, list):
+        return sum(_leaves(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_leaves(v) for v in value.values())
+    return 1
+
+
+@pytest.mark.parametrize(("endpoint", "body"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_every_output_holds_the_numbers_the_table_counts(
+    client: TestClient, endpoint: str, body: dict[str, Any]
+) -> None:
+    shapes = _shapes(endpoint, body)
+    answer = client.post(endpoint, json={**body, "include": None, "decimals": None}).json()
+    counted = outputs.sizes(shapes)
+    for name, numbers in counted.items():
+        assert name in answer, f"the table says {name} is present"
+        if name == "summary":  # three numbers a row: top_key_index, top_weight, entropy_bits
+            rows = (
+                answer[name] if shapes.batch is None else [r for item in answer[name] for r in item]
+            )
+            assert 3 * len(rows) == numbers
+        elif numbers:
+            assert _leaves(answer[name]) == numbers, name
+    arrays = {k for k, v in answer.items() if isinstance(v, list) and k not in counted}
+    assert arrays <= {"tokens", "context_tokens", "steps"}, (
+        f"returned but not in the table: {arrays}"
+    )
+
+
+@pytest.mark.parametrize("endpoint", ["/attention", "/multihead"])
+def test_include_accepts_exactly_the_tables_names(client: TestClient, endpoint: str) -> None:
+    body = ex.TWO_HEADS_FULL_BLOCK if endpoint == "/multihead" else ex.I_AM_BATMAN
+    names = outputs.includable("multihead" if endpoint == "/multihead" else "attention")
+    for name in names:
+        assert client.post(endpoint, json={**body, "include": [name]}).status_code == 200, name
+    always = {o.name for o in outputs.OUTPUTS if o.always}
+    for name in always:
+        assert client.post(endpoint, json={**body, "include": [name]}).status_code == 422, name
