@@ -168,7 +168,7 @@ def in_heads(endpoint: Endpoint) -> tuple[Output, ...]:
 
 @cache
 def _for_steps(endpoint: Endpoint) -> dict[str, Output]:
-    """Step names to outputs: per-head outputs first (a /multihead step named "output" is the
+    """Step names to outputs, per-head outputs winning (a /multihead step named "output" is the
     heads' weights V, not the block's output)."""
     return {o.name: o for o in top_level(endpoint)} | {o.name: o for o in OUTPUTS if o.head}
 
