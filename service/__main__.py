@@ -25,6 +25,7 @@ def _prepare_environment(workers: int) -> None:
     """Before any worker imports NumPy or prometheus_client: share one BLAS budget among the
     workers (threads × workers ≤ cores, unless already set) and give the metrics a directory
     that every worker writes to."""
+    os.environ["ATTENTION_WORKERS"] = str(workers)  # each worker's share of the memory budget
     threads = str(max(1, available_cpus() // workers))
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(name, threads)

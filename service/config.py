@@ -40,6 +40,21 @@ class Settings(BaseSettings):
     max_d_model: int = Field(4096, ge=1, description="largest d_model, d_k and d_v")
     max_heads: int = Field(128, ge=1, description="largest num_heads")
     max_batch: int = Field(256, ge=1, description="largest batch B")
+    memory_budget_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="memory one worker may give to admitted requests (default: the container's "
+        "memory limit ÷ workers, less headroom for the interpreter and for parsing bodies)",
+    )
+    queue_length: int = Field(
+        64, ge=0, description="requests that may wait for memory per worker (503 beyond)"
+    )
+    queue_wait_seconds: float = Field(
+        10.0, gt=0, description="longest wait for memory before a 503 with Retry-After"
+    )
+    parse_concurrency: int = Field(
+        1, ge=1, description="large bodies (over 16 KiB) parsed at once per worker; others wait"
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="origins allowed by CORS, comma-separated (empty: CORS closed; * for any)",

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -184,3 +185,57 @@ def test_plain_uvicorn_honours_root_path_and_log_level(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     access = [entry for entry in lines if entry.get("logger") == "service.access"]
     assert [entry["path"] for entry in access] == ["/healthz", "/docs"]
+
+
+def _post_raw(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
+    except urllib.error.HTTPError as err:
+        return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read()
+
+
+def test_overload_answers_200_or_503_with_retry_after_and_small_requests_pass() -> None:
+    """A worker whose memory budget fits one large request at a time, a queue of one: six large
+    requests at once get 200s and 503s (never a broken connection), and a small request sent
+    meanwhile is answered at once."""
+    env = {
+        **os.environ,
+        "ATTENTION_MEMORY_BUDGET_BYTES": str(30 << 20),  # one request below costs ≈ 19 MiB
+        "ATTENTION_QUEUE_LENGTH": "1",
+        "ATTENTION_QUEUE_WAIT_SECONDS": "20",
+    }
+    proc, base = start_server(workers=1, env=env)
+    large = {"seed": 1, "seq_len": 600, "d_model": 16, "d_k": 16}
+    try:
+        with ThreadPoolExecutor(max_workers=7) as pool:
+            answers = [pool.submit(_post_raw, base + "/attention", large) for _ in range(6)]
+            time.sleep(0.05)
+            start = time.perf_counter()
+            small = _post_raw(base + "/attention", ex.I_AM_BATMAN)
+            small_seconds = time.perf_counter() - start
+            results = [a.result() for a in answers]
+        statuses = sorted(status for status, _, _ in results)
+        assert set(statuses) <= {200, 503} and statuses.count(200) >= 2, statuses
+        assert 503 in statuses, statuses
+        for status, headers, raw in results:
+            if status == 503:
+                assert headers["retry-after"] == "2"
+                assert json.loads(raw)["errors"][0]["type"] == "overloaded"
+            else:
+                assert len(json.loads(raw)["weights"]) == 600
+        assert small[0] == 200 and small_seconds < 1.0
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        rejected = [
+            line for line in text.splitlines() if line.startswith("attention_rejected_total")
+        ]
+        assert sum(float(line.rsplit(" ", 1)[1]) for line in rejected) == statuses.count(503)
+        assert "attention_budget_bytes 3.145728e+07" in text
+        assert "attention_budget_in_use_bytes 0.0" in text  # everything given back
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)

@@ -1,5 +1,6 @@
 """The FastAPI application."""
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -9,7 +10,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 
 from service import __version__, logs
-from service.api import errors, ops
+from service.api import errors, metrics, ops
+from service.api.budget import Budget, worker_budget
 from service.api.middleware import RequestMiddleware
 from service.api.routes import REQUEST_MODELS, router
 from service.config import Settings, get_settings
@@ -68,6 +70,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.ready = False
+    app.state.budget = Budget(
+        worker_budget(settings), settings.queue_length, settings.queue_wait_seconds
+    )
+    app.state.parsing = asyncio.Semaphore(settings.parse_concurrency)
+    metrics.BUDGET.set(app.state.budget.total)
     errors.install(app)
     app.include_router(router)
     app.include_router(ops.router)

@@ -41,6 +41,7 @@ class RequestError(Exception):
     """A request the service refuses; ``status`` and ``items`` make the answer."""
 
     status = 422
+    headers: dict[str, str] = {}  # noqa: RUF012 - read only
 
     def __init__(self, items: list[ErrorItem]) -> None:
         self.items = items
@@ -128,7 +129,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestError)
     async def _request(_: Request, exc: RequestError) -> Response:
-        return error_response(exc.status, exc.items)
+        response = error_response(exc.status, exc.items)
+        response.headers.update(exc.headers)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:

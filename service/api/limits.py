@@ -38,13 +38,14 @@ def check_limits(shapes: Shapes, include: list[str] | None, settings: Settings) 
             f"outputs with include (e.g. {example}) or send shorter sequences",
             settings.max_result_numbers,
         )
-    computed = sum(numbers.values())
+    masks = shapes.num_masks * (shapes.batch or 1) * shapes.seq_len * shapes.ctx_len
+    computed = sum(numbers.values()) + masks  # each mask is built over the B·L·S scores
     if computed > settings.max_computed_numbers:
         raise LimitError(
             None,
             f"this request would compute {computed:,} numbers (every intermediate, whatever "
             f"include asks for), over the limit of {settings.max_computed_numbers:,}; use fewer "
-            "heads, a smaller batch or shorter sequences",
+            "heads, fewer masks, a smaller batch or shorter sequences",
             settings.max_computed_numbers,
         )
     return computed

@@ -7,6 +7,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -45,3 +46,21 @@ def render() -> tuple[bytes, str]:
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(), CONTENT_TYPE_LATEST
+
+
+# admission by cost (service.api.budget); gauges are summed over the live workers
+ADMITTED = Counter("attention_admitted", "Requests admitted to compute")
+QUEUED = Counter("attention_queued", "Requests that had to wait for memory")
+REJECTED = Counter("attention_rejected", "Requests refused with 503", ["reason"])
+WAITING = Gauge("attention_waiting", "Requests waiting for memory now", multiprocess_mode="livesum")
+BUDGET = Gauge(
+    "attention_budget_bytes", "Memory budget of the workers", multiprocess_mode="livesum"
+)
+BUDGET_IN_USE = Gauge(
+    "attention_budget_in_use_bytes", "Memory held by admitted requests", multiprocess_mode="livesum"
+)
+QUEUE_WAIT = Histogram(
+    "attention_queue_wait_seconds",
+    "Time a request waited for memory",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)

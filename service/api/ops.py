@@ -63,8 +63,10 @@ def version() -> dict[str, Any]:
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
-def prometheus_metrics() -> Response:
-    """Prometheus metrics: requests by endpoint and status, latency, request and response sizes."""
+async def prometheus_metrics() -> Response:
+    """Prometheus metrics: requests by endpoint and status, latency, request and response sizes,
+    admission (admitted, queued, rejected, waiting, budget). Async: never waits for the compute
+    pool."""
     body, content_type = metrics.render()
     return Response(body, media_type=content_type)
 

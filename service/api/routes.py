@@ -9,7 +9,7 @@ thread hop would cost more than the work.
 """
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -20,9 +20,11 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from service.api import outputs
 from service.api.auth import require_api_key
+from service.api.budget import Budget, cost_bytes
 from service.api.compute import run_attention, run_multihead
 from service.api.encode import encode, encode_whole
 from service.api.errors import BodyError, ErrorBody, invalid_fields
@@ -55,9 +57,16 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     },
     413: {
         "model": ErrorBody,
-        "description": "The body, a size, or the result is over a configured limit",
+        "description": "The body, a size, the result, or the memory the request needs is over "
+        "a configured limit",
     },
     422: {"model": ErrorBody, "description": "The request is JSON but does not fit the contract"},
+    503: {
+        "model": ErrorBody,
+        "description": "The worker's memory is taken and the request could not wait; retry "
+        "after the Retry-After header's seconds",
+        "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}},
+    },
 }
 
 
@@ -119,22 +128,45 @@ def _body(route: Route[Req, P], req: Req, shapes: Shapes) -> dict[str, Any]:
     return route.run(route.plan(req, shapes))
 
 
+class _Budgeted(StreamingResponse):
+    """A streamed answer that gives its memory back when the last byte is sent, or when the
+    client goes away (the arrays it streams from live until then)."""
+
+    def __init__(self, content: Iterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(
+            content,
+            media_type="application/json",
+            background=BackgroundTask(run_in_threadpool, release_memory),  # after the last byte
+        )
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
 async def _answer(request: Request, route: Route[Req, P]) -> Response:
     raw = await request.body()
-    settings: Settings = request.app.state.settings
+    state = request.app.state
+    settings: Settings = state.settings
     if len(raw) <= INLINE_BODY_BYTES:
         req, shapes, numbers = _checked(raw, route, settings)
     else:
-        req, shapes, numbers = await run_in_threadpool(_checked, raw, route, settings)
-    if numbers <= INLINE_NUMBERS:
+        async with state.parsing:  # a few large bodies parse at once: the rest wait, off the GIL
+            req, shapes, numbers = await run_in_threadpool(_checked, raw, route, settings)
+    if numbers <= INLINE_NUMBERS:  # small: answered at once, never queued behind large ones
         body = _body(route, req, shapes)
         return Response(encode_whole(body, req.decimals), media_type="application/json")
-    body = await run_in_threadpool(_body, route, req, shapes)
-    return StreamingResponse(
-        encode(body, req.decimals),
-        media_type="application/json",
-        background=BackgroundTask(run_in_threadpool, release_memory),  # after the last byte
-    )
+    budget: Budget = state.budget
+    release = await budget.admit(cost_bytes(numbers))
+    try:
+        body = await run_in_threadpool(_body, route, req, shapes)
+    except BaseException:
+        release()
+        raise
+    return _Budgeted(encode(body, req.decimals), release)
 
 
 @router.post(

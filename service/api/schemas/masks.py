@@ -66,8 +66,9 @@ MaskItem = Annotated[
     CausalMask | PaddingMask | WindowMask | BooleanMask | AdditiveMask,
     Field(discriminator="type"),
 ]
+MAX_MASKS = 64  # each mask costs a pass over B·L·S entries (counted in the computed numbers)
 MaskList = Annotated[
     list[MaskItem],
     BeforeValidator(lambda v: [v] if isinstance(v, dict) else v),
-    Field(min_length=1),
+    Field(min_length=1, max_length=MAX_MASKS),
 ]

@@ -1,0 +1,164 @@
+"""Admission by cost (service.api.budget): who is admitted, who waits, who gets 503 or 413, and
+where the budget comes from."""
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.api.budget import Budget, Overloaded, memory_limit_bytes, worker_budget
+from service.api.errors import LimitError
+from service.config import Settings
+
+MB = 1 << 20
+
+
+def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(scenario())
+
+
+def test_admits_while_the_sum_fits_and_release_gives_back() -> None:
+    async def scenario() -> None:
+        budget = Budget(100, queue_length=4, max_wait=1.0)
+        first = await budget.admit(60)
+        second = await budget.admit(40)
+        assert budget.in_use == 100
+        first()
+        first()  # a second call gives nothing back twice
+        assert budget.in_use == 40
+        second()
+        assert budget.in_use == 0
+
+    run(scenario)
+
+
+def test_a_request_larger_than_the_whole_budget_is_413_at_once() -> None:
+    async def scenario() -> None:
+        with pytest.raises(LimitError) as err:
+            await Budget(10 * MB, 4, 1.0).admit(11 * MB)
+        assert err.value.status == 413 and err.value.limit == 10 * MB
+        assert "11 MiB" in str(err.value) and "budget of 10 MiB" in str(err.value)
+
+    run(scenario)
+
+
+def test_a_waiter_is_admitted_when_memory_comes_free() -> None:
+    async def scenario() -> None:
+        budget = Budget(100, 4, max_wait=5.0)
+        held = await budget.admit(80)
+        waiter = asyncio.create_task(budget.admit(50))
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        held()
+        release = await asyncio.wait_for(waiter, 1.0)
+        assert budget.in_use == 50
+        release()
+
+    run(scenario)
+
+
+def test_small_requests_pass_a_large_one_that_waits() -> None:
+    async def scenario() -> None:
+        budget = Budget(100, 4, max_wait=5.0)
+        held = await budget.admit(60)
+        large = asyncio.create_task(budget.admit(90))
+        await asyncio.sleep(0.01)
+        small = await asyncio.wait_for(budget.admit(30), 0.5)  # fits now: not behind `large`
+        assert budget.in_use == 90 and not large.done()
+        small()
+        held()
+        (await asyncio.wait_for(large, 1.0))()
+        assert budget.in_use == 0
+
+    run(scenario)
+
+
+def test_a_full_queue_and_a_wait_that_runs_out_are_503_with_retry_after() -> None:
+    async def scenario() -> None:
+        budget = Budget(100, queue_length=1, max_wait=0.2)
+        held = await budget.admit(100)
+        waiting = asyncio.create_task(budget.admit(10))
+        await asyncio.sleep(0.01)
+        with pytest.raises(Overloaded) as full:
+            await budget.admit(10)
+        assert full.value.status == 503 and full.value.headers["Retry-After"] == "2"
+        assert "the queue for memory is full (1 waiting)" in str(full.value)
+        with pytest.raises(Overloaded) as late:
+            await waiting
+        assert "within 0.2 s" in str(late.value)
+        assert budget.in_use == 100 and not budget._waiting
+        held()
+
+    run(scenario)
+
+
+def test_a_cancelled_waiter_leaves_the_queue_and_holds_nothing() -> None:
+    async def scenario() -> None:
+        budget = Budget(100, 4, max_wait=5.0)
+        held = await budget.admit(100)
+        waiter = asyncio.create_task(budget.admit(10))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        held()
+        assert budget.in_use == 0 and not budget._waiting
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"memory.max": "4294967296\n"}, 4 << 30),
+        ({"memory.max": "max\n", "memory/memory.limit_in_bytes": "2147483648\n"}, 2 << 30),
+        ({"memory/memory.limit_in_bytes": "9223372036854771712\n"}, None),  # v1: no limit
+        ({}, None),
+    ],
+    ids=["cgroup-v2", "cgroup-v1", "v1-unlimited", "no-cgroup"],
+)
+def test_memory_limit_from_cgroups_else_physical_memory(
+    tmp_path: Path, files: dict[str, str], expected: int | None
+) -> None:
+    import os
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert memory_limit_bytes(tmp_path) == (physical if expected is None else expected)
+
+
+def test_worker_budget_shares_the_limit_less_headroom() -> None:
+    settings = Settings(workers=2, max_body_bytes=32 * MB, parse_concurrency=1)
+    # 4 GiB ÷ 2 workers − 256 MiB interpreter − 10 × 32 MiB for one body parsing
+    assert worker_budget(settings, limit=4 << 30) == (2048 - 256 - 320) * MB
+    assert worker_budget(Settings(memory_budget_bytes=123 * MB)) == 123 * MB
+    assert worker_budget(settings, limit=256 * MB) == 64 * MB  # never below the floor
+
+
+def test_over_the_budget_is_413_through_the_api() -> None:
+    with TestClient(create_app(Settings(memory_budget_bytes=8 * MB))) as client:
+        r = client.post("/attention", json={"seed": 0, "seq_len": 400, "d_model": 4, "d_k": 4})
+        assert r.status_code == 413, r.text
+        assert "budget of 8 MiB" in r.json()["message"]
+        assert r.json()["errors"][0]["limit"] == 8 * MB
+        small = client.post("/attention", json={"seed": 0, "seq_len": 3, "d_model": 4, "d_k": 4})
+        assert small.status_code == 200  # small requests are never queued or refused for memory
+
+
+def test_mask_lists_are_capped_and_their_work_is_counted(client: TestClient) -> None:
+    import time
+
+    base = {"seed": 0, "seq_len": 2048, "d_model": 1, "d_k": 1, "include": ["output"]}
+    start = time.perf_counter()
+    many = client.post("/mask", json={**base, "mask": [{"type": "causal"}] * 2000})
+    assert many.status_code == 422 and many.json()["errors"][0]["field"] == "mask"
+    assert "at most 64" in many.json()["message"]
+    work = client.post("/mask", json={**base, "mask": [{"type": "causal"}] * 20})
+    assert work.status_code == 413 and "fewer masks" in work.json()["message"]
+    assert time.perf_counter() - start < 1.0  # refused before any mask is built
