@@ -239,3 +239,38 @@ def test_overload_answers_200_or_503_with_retry_after_and_small_requests_pass() 
     finally:
         proc.terminate()
         proc.wait(timeout=15)
+
+
+def test_a_client_that_leaves_mid_answer_gives_its_memory_back() -> None:
+    import socket
+
+    env = {**os.environ, "ATTENTION_MEMORY_BUDGET_BYTES": str(400 << 20)}
+    proc, base = start_server(workers=1, env=env)
+    port = int(base.rsplit(":", 1)[1])
+    body = json.dumps({"seed": 1, "seq_len": 1500, "d_model": 16, "d_k": 16}).encode()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(
+                b"POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")  # the answer has started
+            in_use = _gauge(base, "attention_budget_in_use_bytes")
+            assert in_use > 100 << 20  # ≈ 16 bytes × 6.8 M numbers, held while streaming
+        deadline = time.monotonic() + 10
+        while _gauge(base, "attention_budget_in_use_bytes") != 0.0:
+            assert time.monotonic() < deadline, "the budget was not given back"
+            time.sleep(0.1)
+        assert http_json(base + "/attention", ex.I_AM_BATMAN)[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def _gauge(base: str, name: str) -> float:
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} is not in /metrics")
