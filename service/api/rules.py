@@ -39,7 +39,6 @@ class Shapes:
     num_heads: int = 1  # h
     num_kv_heads: int = 1  # h_kv
     d_out: int = 0  # width of /multihead's output
-    masked: bool = False
     num_masks: int = 0  # mask objects, each a pass over B·L·S entries
     generated: tuple[str, ...] = ()  # arrays to draw, in the contract's order
     positional: bool = False
@@ -47,6 +46,11 @@ class Shapes:
     layer_norm: bool = False
     tokens: tuple[str, ...] | None = None
     context_tokens: tuple[str, ...] | None = None
+
+    @property
+    def masked(self) -> bool:
+        """Whether any mask applies (and so the mask outputs are returned)."""
+        return self.num_masks > 0
 
 
 def attention_shapes(req: AttentionRequest) -> Shapes:
@@ -91,7 +95,7 @@ def _direct_shapes(req: AttentionRequest) -> Shapes:
     tokens, ctx_tokens = _labels(req, seq_len, ctx_len)
     return Shapes(
         "attention", batch, seq_len, ctx_len, None, q.shape[-1], v.shape[-1],
-        masked=req.mask is not None, num_masks=len(req.mask or []), tokens=tokens, context_tokens=ctx_tokens,
+        num_masks=len(req.mask or []), tokens=tokens, context_tokens=ctx_tokens,
     )  # fmt: skip
 
 
@@ -125,7 +129,7 @@ def _projection_shapes(req: AttentionRequest) -> Shapes:
     _check_bias(req.b_v, "b_v", d_v, "V")
     tokens, ctx_tokens = _labels(req, seq_len, ctx_len)
     return Shapes(
-        "attention", batch, seq_len, ctx_len, d_model, d_k, d_v, masked=req.mask is not None, num_masks=len(req.mask or []),
+        "attention", batch, seq_len, ctx_len, d_model, d_k, d_v, num_masks=len(req.mask or []),
         generated=tuple(generate), tokens=tokens, context_tokens=ctx_tokens,
     )  # fmt: skip
 
@@ -176,7 +180,7 @@ def multihead_shapes(req: MultiheadRequest) -> Shapes:
     _check_masks(req, batch, seq_len, ctx_len)
     return Shapes(
         "multihead", batch, seq_len, ctx_len, d_model, d_k, d_v, h, h_kv, d_out,
-        masked=req.mask is not None, num_masks=len(req.mask or []), generated=tuple(generate), positional=pe is not None,
+        num_masks=len(req.mask or []), generated=tuple(generate), positional=pe is not None,
         residual=req.residual, layer_norm=req.layer_norm is not False, tokens=tokens,
         context_tokens=ctx_tokens,
     )  # fmt: skip
