@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> None:
         access_log=False,
         proxy_headers=True,
         timeout_graceful_shutdown=30,
+        # the supervisor kills a worker that does not answer its ping in time; a worker parsing
+        # a large body holds the GIL for a while, which is busy, not hung
+        timeout_worker_healthcheck=30,
     )
 
 

@@ -1,5 +1,6 @@
 """End to end: the real server (`python -m service`, uvicorn) on a free loopback port."""
 
+import http.client
 import json
 import os
 import shutil
@@ -274,3 +275,80 @@ def _gauge(base: str, name: str) -> float:
             if line.startswith(name + " "):
                 return float(line.split()[1])
     raise AssertionError(f"{name} is not in /metrics")
+
+
+def test_a_client_that_leaves_while_its_answer_is_computed_stops_the_work() -> None:
+    """The work stops at the next step (logged and counted as 499, not 500 or 200) and its
+    memory is given back; the same for a client that leaves during its upload."""
+    import socket
+
+    proc, base = start_server(workers=1)
+    port = int(base.rsplit(":", 1)[1])
+    work = {"seed": 1, "seq_len": 3000, "d_model": 64, "d_k": 64, "include": ["output"]}
+    body = json.dumps(work).encode()
+    head = (
+        b"POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(head + body)
+            time.sleep(0.3)  # computing now (≈1 s of work)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(head + body[:100])  # leaves during the upload
+        deadline = time.monotonic() + 10
+        while _count(base, 'status="499"') < 2:
+            assert time.monotonic() < deadline, "the departed clients were not counted as 499"
+            time.sleep(0.1)
+        assert _count(base, 'status="500"') == 0 and _count(base, 'status="200"') == 0
+        assert _gauge(base, "attention_budget_in_use_bytes") == 0.0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def _count(base: str, label: str) -> float:
+    """attention_requests_total for POST /attention with ``label``."""
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in r.read().decode().splitlines()
+            if line.startswith("attention_requests_total") and label in line
+            and 'endpoint="/attention"' in line
+        )  # fmt: skip
+
+
+def _workers(pid: int) -> set[int]:
+    """The uvicorn worker processes under ``pid`` (the supervisor also runs other children)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return {int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()}
+
+
+def test_a_worker_killed_mid_request_is_replaced_and_the_other_keeps_serving() -> None:
+    proc, base = start_server(workers=2)
+    try:
+        deadline = time.monotonic() + 20
+        while len(workers := _workers(proc.pid)) < 2:
+            assert time.monotonic() < deadline, workers
+            time.sleep(0.1)
+        victim = min(workers)
+        slow = {"seed": 1, "seq_len": 2500, "d_model": 64, "d_k": 64, "include": ["output"]}
+        outcomes: list[int | str] = []
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            pending = [pool.submit(_post_raw, base + "/attention", slow) for _ in range(4)]
+            time.sleep(0.3)
+            os.kill(victim, signal.SIGKILL)
+            for future in pending:
+                try:
+                    outcomes.append(future.result()[0])
+                except (urllib.error.URLError, ConnectionError, http.client.HTTPException):
+                    outcomes.append("broken")  # the killed worker's own requests: SIGKILL
+        assert set(outcomes) <= {200, "broken"}, outcomes
+        assert [http_json(base + "/attention", ex.I_AM_BATMAN)[0] for _ in range(20)] == [200] * 20
+        deadline = time.monotonic() + 30
+        while len(now := _workers(proc.pid)) != 2 or victim in now:  # a new worker replaces it
+            assert time.monotonic() < deadline, f"no replacement for {victim}: {now}"
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,5 +1,7 @@
-"""Run a plan on the engine and hand the trace to the outputs table."""
+"""Run a plan on the engine and hand the trace to the outputs table. ``check`` is called
+between the large steps: it raises when the client has gone, so its work stops there."""
 
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -48,7 +50,14 @@ def _arrays(trace: AttentionTrace) -> dict[str, Any]:
     return {f.name: getattr(trace, f.name) for f in fields(trace)}
 
 
-def run_attention(plan: AttentionPlan) -> dict[str, Any]:
+Check = Callable[[], None]
+
+
+def _never() -> None:
+    """A check for callers with no client to lose."""
+
+
+def run_attention(plan: AttentionPlan, check: Check = _never) -> dict[str, Any]:
     """POST /attention and /mask: scaled dot-product attention with every intermediate."""
     if plan.projections is not None:
         assert plan.x is not None
@@ -57,7 +66,9 @@ def run_attention(plan: AttentionPlan) -> dict[str, Any]:
     else:
         assert plan.q is not None and plan.k is not None and plan.v is not None
         q, k, v = plan.q, plan.k, plan.v
+    check()
     mask = _combined_mask(plan)
+    check()
     trace = scaled_dot_product_attention(
         q,
         k,
@@ -67,6 +78,7 @@ def run_attention(plan: AttentionPlan) -> dict[str, Any]:
         padded_queries=None if mask is None else mask.padded_queries,
         fully_masked_policy=plan.fully_masked_rows,
     )
+    check()
     values = _common(plan, trace, mask) | {
         "summary": lambda: _summary(plan, trace.weights),
         "steps": steps.attention_steps(plan, trace.scale),
@@ -74,10 +86,11 @@ def run_attention(plan: AttentionPlan) -> dict[str, Any]:
     return outputs.response(plan.shapes, plan.include, values, _arrays(trace))
 
 
-def run_multihead(plan: MultiheadPlan) -> dict[str, Any]:
+def run_multihead(plan: MultiheadPlan, check: Check = _never) -> dict[str, Any]:
     """POST /multihead: multi-head attention, per-head traces and the block around them."""
     s = plan.shapes
     mask = _combined_mask(plan)
+    check()
     trace = multihead_attention(
         plan.x,
         plan.weights,
@@ -91,6 +104,7 @@ def run_multihead(plan: MultiheadPlan) -> dict[str, Any]:
         residual=plan.residual,
         norm=plan.norm,
     )
+    check()
     values = _common(plan, trace.heads, mask) | {
         "num_heads": s.num_heads,
         "num_kv_heads": s.num_kv_heads,

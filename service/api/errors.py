@@ -78,6 +78,13 @@ class BodyError(RequestError):
         super().__init__([ErrorItem(field=None, message=message, type="json_invalid")])
 
 
+class ClientGone(Exception):
+    """The client went away before its answer was ready: its work stops here (logged as 499)."""
+
+
+CLIENT_CLOSED = 499  # nginx's status for a client that closed the connection first
+
+
 def invalid_fields(err: ValidationError | RequestValidationError) -> RequestError:
     """pydantic's per-field errors, as one 422 with a sentence per problem (first 10)."""
     return RequestError([_item(e) for e in list(err.errors())[:MAX_LISTED]])
@@ -137,6 +144,10 @@ def install(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError) -> Response:
         error = invalid_fields(exc)  # FastAPI's own checks (query parameters of ops routes)
         return error_response(error.status, error.items)
+
+    @app.exception_handler(ClientGone)
+    async def _gone(_: Request, exc: ClientGone) -> Response:
+        return Response(status_code=CLIENT_CLOSED)  # nobody reads it: it names the outcome
 
     @app.exception_handler(AttentionInputError)
     async def _math(_: Request, exc: AttentionInputError) -> Response:

@@ -9,7 +9,7 @@ import uuid
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import metrics
-from service.api.errors import ErrorItem, error_response
+from service.api.errors import CLIENT_CLOSED, ErrorItem, error_response
 
 access_log = logging.getLogger("service.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -56,7 +56,8 @@ class RequestMiddleware:
         try:
             if scope["method"] in _WITH_BODY:
                 body = await self._read_body(headers, receive)
-                if body is None:  # the client went away
+                if body is None:  # the client went away during its upload: not our error
+                    status = CLIENT_CLOSED
                     return
                 bytes_in = len(body)
                 receive = _replay(body, receive)

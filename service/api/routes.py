@@ -8,7 +8,9 @@ converts weights: service.api.plan), computes, and streams the JSON straight fro
 thread hop would cost more than the work.
 """
 
+import asyncio
 import json
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -25,9 +27,9 @@ from starlette.types import Receive, Scope, Send
 from service.api import outputs
 from service.api.auth import require_api_key
 from service.api.budget import Budget, cost_bytes
-from service.api.compute import run_attention, run_multihead
+from service.api.compute import Check, run_attention, run_multihead
 from service.api.encode import encode, encode_whole
-from service.api.errors import BodyError, ErrorBody, invalid_fields
+from service.api.errors import BodyError, ClientGone, ErrorBody, invalid_fields
 from service.api.examples import ATTENTION_EXAMPLES, MASK_EXAMPLES, MULTIHEAD_EXAMPLES
 from service.api.limits import check_limits
 from service.api.plan import Plan, plan_attention, plan_multihead
@@ -78,7 +80,7 @@ class Route(Generic[Req, P]):
     model: type[Req]
     shapes: Callable[[Req], Shapes]  # every cross-field rule
     plan: Callable[[Req, Shapes], P]  # generated arrays drawn, weights converted
-    run: Callable[[P], dict[str, Any]]  # the engine, then the outputs table
+    run: Callable[[P, Check], dict[str, Any]]  # the engine, then the outputs table
 
 
 ATTENTION = Route("attention", AttentionRequest, attention_shapes, plan_attention, run_attention)
@@ -123,9 +125,25 @@ def _checked(raw: bytes, route: Route[Req, P], settings: Settings) -> tuple[Req,
     return req, shapes, check_limits(shapes, req.include, settings)
 
 
-def _body(route: Route[Req, P], req: Req, shapes: Shapes) -> dict[str, Any]:
-    """Plan, then run: the response body as arrays and values."""
-    return route.run(route.plan(req, shapes))
+def _body(route: Route[Req, P], req: Req, shapes: Shapes, gone: threading.Event) -> dict[str, Any]:
+    """Plan, then run: the response body as arrays and values. Stops (ClientGone) at the next
+    step once ``gone`` is set."""
+
+    def check() -> None:
+        if gone.is_set():
+            raise ClientGone
+
+    plan = route.plan(req, shapes)
+    check()
+    return route.run(plan, check)
+
+
+async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
+    """Set ``gone`` when the client disconnects (its body has been read: receive() now waits
+    for the disconnect, or for nothing)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
 
 
 class _Budgeted(StreamingResponse):
@@ -157,15 +175,19 @@ async def _answer(request: Request, route: Route[Req, P]) -> Response:
         async with state.parsing:  # a few large bodies parse at once: the rest wait, off the GIL
             req, shapes, numbers = await run_in_threadpool(_checked, raw, route, settings)
     if numbers <= INLINE_NUMBERS:  # small: answered at once, never queued behind large ones
-        body = _body(route, req, shapes)
+        body = _body(route, req, shapes, threading.Event())
         return Response(encode_whole(body, req.decimals), media_type="application/json")
     budget: Budget = state.budget
     release = await budget.admit(cost_bytes(numbers))
+    gone = threading.Event()
+    watcher = asyncio.create_task(_watch_disconnect(request, gone))
     try:
-        body = await run_in_threadpool(_body, route, req, shapes)
+        body = await run_in_threadpool(_body, route, req, shapes, gone)
     except BaseException:
         release()
         raise
+    finally:
+        watcher.cancel()
     return _Budgeted(encode(body, req.decimals), release)
 
 
