@@ -6,7 +6,7 @@ HOST   ?= 0.0.0.0
 PORT   ?= 8000
 WORKERS ?= 1
 
-.PHONY: run test lint typecheck pytest fixtures bench load clean
+.PHONY: run test lint typecheck pytest fixtures bench load overload clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ test: lint typecheck pytest
 
 load: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/load.py
+
+# many large requests at once against the memory budget a 4 GB container would give 2 workers
+overload: $(VENV)/.installed-dev
+	$(BIN)/python benchmarks/overload.py
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/run.py
