@@ -9,15 +9,24 @@ import tempfile
 from service.config import get_settings
 
 
-def available_cpus() -> int:
-    """CPUs this process may use: the cgroup quota (containers), else the affinity mask."""
+def available_cpus(root: str = "/sys/fs/cgroup") -> int:
+    """CPUs this process may use: the cgroup quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``),
+    else the affinity mask."""
+    quota = period = ""
     try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
+        with open(f"{root}/cpu.max") as f:
             quota, period = f.read().split()[:2]
-        if quota != "max":
-            return max(1, int(int(quota) / int(period)))
     except (OSError, ValueError):
-        pass
+        try:
+            with (
+                open(f"{root}/cpu/cpu.cfs_quota_us") as q,
+                open(f"{root}/cpu/cpu.cfs_period_us") as p,
+            ):
+                quota, period = q.read().strip(), p.read().strip()
+        except OSError:
+            pass
+    if quota.isdigit() and period.isdigit() and int(period) > 0:  # "max" or -1: no quota
+        return max(1, int(quota) // int(period))
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 

@@ -257,3 +257,27 @@ def test_allocator_tuning_applies_on_glibc() -> None:
     assert kept > 40_000, f"the freed arrays should still be resident before the trim: {kb}"
     # release_memory must hand at least three quarters of the freed memory back to the system
     assert kb["held"] - kb["released"] > 0.75 * kept, f"RSS did not drop after release_memory: {kb}"
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"cpu.max": "200000 100000\n"}, 2),
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "150000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ],
+    ids=["v2-quota", "v2-none", "v1-quota", "v1-none"],
+)
+def test_cpus_follow_the_cgroup_quota(
+    tmp_path: Path, files: dict[str, str], expected: int | None
+) -> None:
+    import os
+
+    from service.__main__ import available_cpus
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    affinity = len(os.sched_getaffinity(0))
+    assert available_cpus(str(tmp_path)) == (affinity if expected is None else expected)
