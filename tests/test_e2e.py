@@ -263,6 +263,10 @@ def test_a_client_that_leaves_mid_answer_gives_its_memory_back() -> None:
         while _gauge(base, "attention_budget_in_use_bytes") != 0.0:
             assert time.monotonic() < deadline, "the budget was not given back"
             time.sleep(0.1)
+        while _count(base, 'status="499"') != 1:  # logged as a client that left, not a 200
+            assert time.monotonic() < deadline, "the departed client was not counted as 499"
+            time.sleep(0.1)
+        assert _count(base, 'status="200"') == 0
         assert http_json(base + "/attention", ex.I_AM_BATMAN)[0] == 200
     finally:
         proc.terminate()

@@ -40,9 +40,12 @@ class RequestMiddleware:
         request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         status, bytes_in, bytes_out = 500, 0, 0
+        complete = False  # the last body message has been handed to the server
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status, bytes_out
+            nonlocal status, bytes_out, complete
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                complete = True
             if message["type"] == "http.response.start":
                 status = message["status"]
                 message["headers"] = [
@@ -73,6 +76,8 @@ class RequestMiddleware:
             )
             await error_response(413, [item])(scope, receive, send_with_id)
         finally:
+            if status < 400 and bytes_out and not complete:  # a streamed answer left unfinished
+                status = CLIENT_CLOSED
             route = scope.get("route")
             endpoint = getattr(route, "path", None) or (
                 scope["path"] if scope["path"] in self.paths else "unmatched"
