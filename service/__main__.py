@@ -5,6 +5,7 @@ import os
 import signal
 import sys
 import tempfile
+from pathlib import Path
 
 from service.config import get_settings
 
@@ -40,11 +41,20 @@ def _prepare_environment(workers: int) -> None:
         os.environ.setdefault(name, threads)
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="attention-metrics-")
+    for mark in Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).glob("cut-*"):  # an earlier run's
+        mark.unlink()
+
+
+def _stop_status() -> int:
+    """0 when every answer was complete at the stop; 1 when the grace period ran out and some
+    were cut (each worker leaves a mark for them: service.api.middleware)."""
+    marks = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")).glob("cut-*")
+    return 1 if os.environ.get("PROMETHEUS_MULTIPROC_DIR") and any(marks) else 0
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
     """uvicorn finishes in-flight requests on SIGTERM, restores this handler, then re-raises
-    the signal into it: a stop that completed gracefully ends with status 0."""
+    the signal into it: unwind, and let :func:`main` say how the stop went."""
     sys.exit(0)
 
 
@@ -69,23 +79,27 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    signal.signal(signal.SIGTERM, _exit_cleanly)
-
     from service.logs import log_config
 
-    uvicorn.run(
-        "service.main:app",
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        log_config=log_config(settings.log_level),
-        access_log=False,
-        proxy_headers=True,
-        timeout_graceful_shutdown=30,
-        # the supervisor kills a worker that does not answer its ping in time; a worker parsing
-        # a large body holds the GIL for a while, which is busy, not hung
-        timeout_worker_healthcheck=30,
-    )
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    try:
+        uvicorn.run(
+            "service.main:app",
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_config=log_config(settings.log_level),
+            access_log=False,
+            proxy_headers=True,
+            timeout_graceful_shutdown=settings.graceful_seconds,
+            # the supervisor kills a worker that does not answer its ping in time; a worker
+            # parsing a large body holds the GIL for a while, which is busy, not hung
+            timeout_worker_healthcheck=30,
+        )
+    except SystemExit as stop:  # SIGTERM, once the answers in flight are done or cut
+        if stop.code not in (None, 0):
+            raise
+    sys.exit(_stop_status())  # after every cut answer has left its mark (asyncio.run's cleanup)
 
 
 if __name__ == "__main__":

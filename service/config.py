@@ -40,6 +40,12 @@ class Settings(BaseSettings):
     max_d_model: int = Field(4096, ge=1, description="largest d_model, d_k and d_v")
     max_heads: int = Field(128, ge=1, description="largest num_heads")
     max_batch: int = Field(256, ge=1, description="largest batch B")
+    graceful_seconds: int = Field(
+        30,
+        ge=1,
+        description="on SIGTERM, how long answers in flight may take to finish; longer ones are "
+        "cut, logged as such, and the stop exits 1",
+    )
     memory_budget_bytes: int | None = Field(
         None,
         ge=1,

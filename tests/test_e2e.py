@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from harness.live import http_json, start_server
+from harness.live import free_port, http_json, start_server
 from service.api import examples as ex
 from tests.conftest import assert_close
 
@@ -356,3 +356,45 @@ def test_a_worker_killed_mid_request_is_replaced_and_the_other_keeps_serving() -
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_stop_that_must_cut_an_answer_exits_1_and_logs_it_as_cut(tmp_path: Path) -> None:
+    """SIGTERM while a slow reader is still receiving a large answer: after the grace period the
+    answer is cut, its log line says so (not 200), and the stop exits 1 (a clean one exits 0:
+    test_sigterm_finishes_the_request_in_flight_then_exits_0)."""
+    import socket
+
+    env = {**os.environ, "ATTENTION_GRACEFUL_SECONDS": "1"}
+    log = tmp_path / "server.log"
+    port = free_port()
+    cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if http_json(base + "/healthz")[0] == 200:
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+        body = json.dumps({"seed": 1, "seq_len": 1500, "d_model": 16, "d_k": 16}).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(
+                b"POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            assert sock.recv(1024).startswith(b"HTTP/1.1 200")  # then reads nothing more
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    access = [e for e in lines if e.get("logger") == "service.access" and e["path"] == "/attention"]
+    assert [(e["status"], e["outcome"]) for e in access] == [(503, "cut")]

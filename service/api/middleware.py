@@ -1,7 +1,9 @@
 """Pure ASGI middleware around every HTTP request: the body limit (enforced while the body
 streams in), the X-Request-ID, one JSON access log line, and the Prometheus metrics."""
 
+import asyncio
 import logging
+import os
 import re
 import time
 import uuid
@@ -16,8 +18,19 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _WITH_BODY = {"POST", "PUT", "PATCH"}
 
 
+CUT = 503  # logged for an answer the server's stop cut off (with "outcome": "cut")
+
+
 class _TooLarge(Exception):
     pass
+
+
+def _mark_cut() -> None:
+    """Leave a mark for `python -m service`, which then exits 1: some answer was cut."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if folder:
+        with open(os.path.join(folder, f"cut-{os.getpid()}"), "a") as f:
+            f.write("cut\n")
 
 
 class RequestMiddleware:
@@ -41,6 +54,7 @@ class RequestMiddleware:
         scope.setdefault("state", {})["request_id"] = request_id
         status, bytes_in, bytes_out = 500, 0, 0
         complete = False  # the last body message has been handed to the server
+        cut = False  # the server stopped before the answer was complete
 
         async def send_with_id(message: Message) -> None:
             nonlocal status, bytes_out, complete
@@ -65,6 +79,10 @@ class RequestMiddleware:
                 bytes_in = len(body)
                 receive = _replay(body, receive)
             await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:  # the stop's grace period ran out mid-answer
+            cut = True
+            _mark_cut()
+            raise
         except _TooLarge:
             limit = self.max_body_bytes
             item = ErrorItem(
@@ -76,7 +94,9 @@ class RequestMiddleware:
             )
             await error_response(413, [item])(scope, receive, send_with_id)
         finally:
-            if status < 400 and bytes_out and not complete:  # a streamed answer left unfinished
+            if cut:
+                status = CUT
+            elif status < 400 and bytes_out and not complete:  # the client left mid-answer
                 status = CLIENT_CLOSED
             route = scope.get("route")
             endpoint = getattr(route, "path", None) or (
@@ -94,6 +114,7 @@ class RequestMiddleware:
                     "duration_ms": round(seconds * 1000, 3),
                     "bytes_in": bytes_in,
                     "bytes_out": bytes_out,
+                    "outcome": "cut" if cut else "complete" if complete else "incomplete",
                 },
             )
 
