@@ -162,3 +162,10 @@ def test_mask_lists_are_capped_and_their_work_is_counted(client: TestClient) -> 
     work = client.post("/mask", json={**base, "mask": [{"type": "causal"}] * 20})
     assert work.status_code == 413 and "fewer masks" in work.json()["message"]
     assert time.perf_counter() - start < 1.0  # refused before any mask is built
+
+
+def test_per_head_weight_lists_are_capped_before_conversion(client: TestClient) -> None:
+    head = {"w_q": [[1.0]], "w_k": [[1.0]], "w_v": [[1.0]]}
+    r = client.post("/multihead", json={"x": [[1.0]], "num_heads": 2000, "heads": [head] * 2000})
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "heads"
+    assert "at most 1024" in r.json()["message"]

@@ -7,6 +7,9 @@ from service.api.schemas.masks import STRICT, MaskList
 from service.core.types import FullyMaskedPolicy, Init, NormOver, WeightLayout
 
 
+MAX_HEAD_ENTRIES = 1024  # refused before their weights are converted (num_heads has its own cap)
+
+
 class InputFields(BaseModel):
     """Fields shared by the three compute endpoints."""
 
@@ -135,7 +138,10 @@ class MultiheadRequest(InputFields):
     b_k: Vector | None = Field(None, description="key bias [h_kv·d_k]")
     b_v: Vector | None = Field(None, description="value bias [h_kv·d_v]")
     heads: list[HeadWeights] | None = Field(
-        None, fail_fast=True, description="per-head weights, one entry per head"
+        None,
+        fail_fast=True,
+        max_length=MAX_HEAD_ENTRIES,
+        description=f"per-head weights, one entry per head (at most {MAX_HEAD_ENTRIES})",
     )
     in_proj_weight: Matrix | None = Field(
         None, description="PyTorch packed [3·d_model][d_model] (rows q, k, v), always out_in"
