@@ -6,7 +6,6 @@ from service.api.schemas.fields import FiniteFloat, Matrix, Positional, Sequence
 from service.api.schemas.masks import STRICT, MaskList
 from service.core.types import FullyMaskedPolicy, Init, NormOver, WeightLayout
 
-
 MAX_HEAD_ENTRIES = 1024  # refused before their weights are converted (num_heads has its own cap)
 
 
