@@ -59,7 +59,10 @@ class Settings(BaseSettings):
         10.0, gt=0, description="longest wait for memory before a 503 with Retry-After"
     )
     parse_concurrency: int = Field(
-        1, ge=1, description="large bodies (over 16 KiB) parsed at once per worker; others wait"
+        1,
+        ge=1,
+        description="parser processes per worker: bodies over 16 KiB are parsed there, one each "
+        "at a time, so that parsing never stalls the worker's event loop",
     )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

@@ -135,8 +135,8 @@ def test_memory_limit_from_cgroups_else_physical_memory(
 
 def test_worker_budget_shares_the_limit_less_headroom() -> None:
     settings = Settings(workers=2, max_body_bytes=32 * MB, parse_concurrency=1)
-    # 4 GiB ÷ 2 workers − 256 MiB interpreter − 10 × 32 MiB for one body parsing
-    assert worker_budget(settings, limit=4 << 30) == (2048 - 256 - 320) * MB
+    # 4 GiB ÷ 2 workers − 256 MiB for the worker − 256 MiB + 10 × 32 MiB for its parser process
+    assert worker_budget(settings, limit=4 << 30) == (2048 - 256 - 256 - 320) * MB
     assert worker_budget(Settings(memory_budget_bytes=123 * MB)) == 123 * MB
     assert worker_budget(settings, limit=256 * MB) == 64 * MB  # never below the floor
 

@@ -13,6 +13,7 @@ from service import __version__, logs
 from service.api import errors, metrics, ops
 from service.api.budget import Budget, worker_budget
 from service.api.middleware import RequestMiddleware
+from service.api.parser import Parser
 from service.api.routes import REQUEST_MODELS, router
 from service.config import Settings, get_settings
 
@@ -33,6 +34,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.ready = True
     yield
     app.state.ready = False
+    app.state.parser.close()
 
 
 def _document_request_models(app: FastAPI) -> None:
@@ -74,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         worker_budget(settings), settings.queue_length, settings.queue_wait_seconds
     )
     app.state.parsing = asyncio.Semaphore(settings.parse_concurrency)
+    app.state.parser = Parser(settings.parse_concurrency)  # large bodies parse there
     metrics.BUDGET.set(app.state.budget.total)
     errors.install(app)
     app.include_router(router)

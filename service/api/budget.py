@@ -6,7 +6,8 @@ wait, so small requests never queue behind large ones. One that does not fit wai
 queue; when the queue is full or its wait runs out it gets 503 with ``Retry-After``. A request
 larger than the whole budget gets 413 at once. The budget comes from the container's memory
 limit (cgroup v2, then v1, else physical memory), shared among the workers, less headroom for
-the interpreter and for parsing bodies (:func:`worker_budget`).
+the interpreters (the worker's and its parser processes') and for the bodies they parse
+(:func:`worker_budget`).
 """
 
 import asyncio
@@ -53,7 +54,8 @@ def worker_budget(settings: Settings, limit: int | None = None) -> int:
     if settings.memory_budget_bytes is not None:
         return settings.memory_budget_bytes
     share = (memory_limit_bytes() if limit is None else limit) // settings.workers
-    parsing = settings.parse_concurrency * PARSE_BYTES_PER_BODY_BYTE * settings.max_body_bytes
+    parsers = settings.parse_concurrency  # processes (service.api.parser), each parsing a body
+    parsing = parsers * (INTERPRETER_BYTES + PARSE_BYTES_PER_BODY_BYTE * settings.max_body_bytes)
     return max(MIN_BUDGET, share - INTERPRETER_BYTES - parsing)
 
 

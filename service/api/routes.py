@@ -76,16 +76,22 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 class Route(Generic[Req, P]):
     """One compute endpoint: its request model and the three steps from request to body."""
 
-    endpoint: Endpoint
+    name: str  # the path without its slash
+    endpoint: Endpoint  # which outputs it has
     model: type[Req]
     shapes: Callable[[Req], Shapes]  # every cross-field rule
     plan: Callable[[Req, Shapes], P]  # generated arrays drawn, weights converted
     run: Callable[[P, Check], dict[str, Any]]  # the engine, then the outputs table
 
 
-ATTENTION = Route("attention", AttentionRequest, attention_shapes, plan_attention, run_attention)
-MASK = Route("attention", MaskRequest, attention_shapes, plan_attention, run_attention)
-MULTIHEAD = Route("multihead", MultiheadRequest, multihead_shapes, plan_multihead, run_multihead)
+ATTENTION = Route(
+    "attention", "attention", AttentionRequest, attention_shapes, plan_attention, run_attention
+)
+MASK = Route("mask", "attention", MaskRequest, attention_shapes, plan_attention, run_attention)
+MULTIHEAD = Route(
+    "multihead", "multihead", MultiheadRequest, multihead_shapes, plan_multihead, run_multihead
+)
+ROUTES: dict[str, Route[Any, Any]] = {r.name: r for r in (ATTENTION, MASK, MULTIHEAD)}
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (AttentionRequest, MaskRequest, MultiheadRequest)
 
 
@@ -116,7 +122,7 @@ def _parse(raw: bytes, model: type[Req]) -> Req:
         raise invalid_fields(err) from None
 
 
-def _checked(raw: bytes, route: Route[Req, P], settings: Settings) -> tuple[Req, Shapes, int]:
+def checked(raw: bytes, route: Route[Req, P], settings: Settings) -> tuple[Req, Shapes, int]:
     """Parse, apply the rules and check the limits; return the request, its shapes and how
     many numbers it computes (intermediates included)."""
     req = _parse(raw, route.model)
@@ -170,10 +176,10 @@ async def _answer(request: Request, route: Route[Req, P]) -> Response:
     state = request.app.state
     settings: Settings = state.settings
     if len(raw) <= INLINE_BODY_BYTES:
-        req, shapes, numbers = _checked(raw, route, settings)
+        req, shapes, numbers = checked(raw, route, settings)
     else:
         async with state.parsing:  # a few large bodies parse at once: the rest wait, off the GIL
-            req, shapes, numbers = await run_in_threadpool(_checked, raw, route, settings)
+            req, shapes, numbers = await state.parser.check(raw, route.name, settings)
     if numbers <= INLINE_NUMBERS:  # small: answered at once, never queued behind large ones
         body = _body(route, req, shapes, threading.Event())
         return Response(encode_whole(body, req.decimals), media_type="application/json")

@@ -1,0 +1,75 @@
+"""Large bodies are parsed in a separate process, so that parsing never stalls a worker.
+
+Parsing a large JSON body (orjson) and turning its lists into arrays hold the GIL for a long time
+in C code (≈0.5 s for 28 MiB): in the worker's own process that would stop its event loop, and
+with it every probe and small request it serves. One parser process per worker does it instead
+(``parse_concurrency`` of them); the worker waits for the answer without holding the GIL, and
+gets back the validated request, its shapes and its cost (arrays pickle as plain copies).
+"""
+
+import asyncio
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from service.api.budget import Overloaded
+from service.api.errors import ErrorItem, RequestError
+from service.api.rules import Shapes
+from service.config import Settings
+from service.memory import release_memory, tune_allocator
+
+Checked = tuple[Any, Shapes, int]  # the validated request, its shapes, the numbers it computes
+
+
+class Parser:
+    """A small pool of parser processes, started on first use (``spawn``: no copy of the
+    worker's threads or sockets)."""
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            context = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(
+                self.processes, mp_context=context, initializer=tune_allocator
+            )
+        return self._pool
+
+    async def check(self, raw: bytes, route: str, settings: Settings) -> Checked:
+        """Parse, validate and apply the rules to ``raw`` for ``route`` in a parser process;
+        raise the same errors as in process."""
+        loop = asyncio.get_running_loop()
+        try:
+            outcome = await loop.run_in_executor(self._executor(), _check, raw, route, settings)
+        except BrokenProcessPool:  # a parser died (e.g. killed for memory): start afresh
+            self.close()
+            raise Overloaded("the service's parser restarted while reading this body") from None
+        if outcome[0] == "error":
+            _, status, items = outcome
+            error = RequestError([ErrorItem(**item) for item in items])
+            error.status = status
+            raise error
+        _, req, shapes, numbers = outcome
+        return req, shapes, numbers
+
+    def close(self) -> None:
+        """Stop the parser processes (they start again on the next large body)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _check(raw: bytes, route: str, settings: Settings) -> tuple[Any, ...]:
+    """In the parser process: the route's checks, as a plain tuple (errors included)."""
+    from service.api.routes import ROUTES, checked
+
+    try:
+        req, shapes, numbers = checked(raw, ROUTES[route], settings)
+    except RequestError as err:
+        return ("error", err.status, [item.model_dump() for item in err.items])
+    finally:
+        release_memory()  # the parsed lists are gone: give their pages back
+    return ("ok", req, shapes, numbers)
