@@ -64,9 +64,11 @@ class Overloaded(RequestError):
 
     status = 503
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, reason: str, message: str) -> None:
         super().__init__([ErrorItem(field=None, message=message, type="overloaded")])
         self.headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+        self.reason = reason  # queue_full, wait_timeout, parser_restarted: metrics and access log
+        metrics.REJECTED.labels(reason).inc()
 
 
 @dataclass
@@ -109,10 +111,10 @@ class Budget:
 
     async def _wait(self, cost: int) -> None:
         if len(self._waiting) >= self.queue_length:
-            metrics.REJECTED.labels("queue_full").inc()
             raise Overloaded(
+                "queue_full",
                 f"the service is busy: the queue for memory is full ({len(self._waiting)} "
-                f"waiting); retry in {RETRY_AFTER_SECONDS} s"
+                f"waiting); retry in {RETRY_AFTER_SECONDS} s",
             )
         ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (cost, ticket)
@@ -125,10 +127,10 @@ class Budget:
         except TimeoutError:
             if ticket.done():  # admitted just as the wait ran out: keep it
                 return
-            metrics.REJECTED.labels("wait_timeout").inc()
             raise Overloaded(
+                "wait_timeout",
                 f"the service is busy: no memory came free within {self.max_wait:g} s; "
-                f"retry in {RETRY_AFTER_SECONDS} s"
+                f"retry in {RETRY_AFTER_SECONDS} s",
             ) from None
         except BaseException:
             if ticket.done() and not ticket.cancelled():  # admitted, then abandoned: give back

@@ -135,7 +135,10 @@ def install(app: FastAPI) -> None:
     """Register the handlers that turn every failure into the one error shape."""
 
     @app.exception_handler(RequestError)
-    async def _request(_: Request, exc: RequestError) -> Response:
+    async def _request(request: Request, exc: RequestError) -> Response:
+        reason = getattr(exc, "reason", None)
+        if reason:  # for the access log line (service.api.middleware)
+            request.scope.setdefault("state", {})["reason"] = reason
         response = error_response(exc.status, exc.items)
         response.headers.update(exc.headers)
         return response

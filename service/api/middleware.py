@@ -115,6 +115,7 @@ class RequestMiddleware:
                     "bytes_in": bytes_in,
                     "bytes_out": bytes_out,
                     "outcome": "cut" if cut else "complete" if complete else "incomplete",
+                    **({"reason": reason} if (reason := scope["state"].get("reason")) else {}),
                 },
             )
 

@@ -46,7 +46,9 @@ class Parser:
             outcome = await loop.run_in_executor(self._executor(), _check, raw, route, settings)
         except BrokenProcessPool:  # a parser died (e.g. killed for memory): start afresh
             self.close()
-            raise Overloaded("the service's parser restarted while reading this body") from None
+            raise Overloaded(
+                "parser_restarted", "the service's parser restarted while reading this body"
+            ) from None
         if outcome[0] == "error":
             _, status, items = outcome
             error = RequestError([ErrorItem(**item) for item in items])
