@@ -398,3 +398,37 @@ def test_a_stop_that_must_cut_an_answer_exits_1_and_logs_it_as_cut(tmp_path: Pat
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     access = [e for e in lines if e.get("logger") == "service.access" and e["path"] == "/attention"]
     assert [(e["status"], e["outcome"]) for e in access] == [(503, "cut")]
+
+
+def test_a_client_that_leaves_while_queued_gives_up_its_place() -> None:
+    import socket
+
+    env = {**os.environ, "ATTENTION_MEMORY_BUDGET_BYTES": str(140 << 20)}  # one request below
+    proc, base = start_server(workers=1, env=env)
+    port = int(base.rsplit(":", 1)[1])
+    body = json.dumps({"seed": 1, "seq_len": 1500, "d_model": 16, "d_k": 16}).encode()
+    request = (
+        b"POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as holder:
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            holder.sendall(request)
+            assert holder.recv(1024).startswith(b"HTTP/1.1 200")  # holds the budget, reads no more
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as queued:
+                queued.sendall(request)
+                deadline = time.monotonic() + 10
+                while _gauge(base, "attention_waiting") != 1.0:
+                    assert time.monotonic() < deadline, "the second request never queued"
+                    time.sleep(0.05)
+            deadline = time.monotonic() + 10  # it left: its place in the queue is given up
+            while _gauge(base, "attention_waiting") != 0.0 or _count(base, 'status="499"') != 1:
+                assert time.monotonic() < deadline, "the departed client kept its place"
+                time.sleep(0.05)
+            in_use = _gauge(base, "attention_budget_in_use_bytes")
+            assert 0 < in_use < 140 << 20  # only the holder's share
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

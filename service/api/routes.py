@@ -9,6 +9,7 @@ thread hop would cost more than the work.
 """
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -178,23 +179,36 @@ async def _answer(request: Request, route: Route[Req, P]) -> Response:
     if len(raw) <= INLINE_BODY_BYTES:
         req, shapes, numbers = checked(raw, route, settings)
     else:
-        async with state.parsing:  # a few large bodies parse at once: the rest wait, off the GIL
+        async with state.parsing:  # in the parser process, one body at a time
             req, shapes, numbers = await state.parser.check(raw, route.name, settings)
     if numbers <= INLINE_NUMBERS:  # small: answered at once, never queued behind large ones
         body = _body(route, req, shapes, threading.Event())
         return Response(encode_whole(body, req.decimals), media_type="application/json")
-    budget: Budget = state.budget
-    release = await budget.admit(cost_bytes(numbers))
     gone = threading.Event()
     watcher = asyncio.create_task(_watch_disconnect(request, gone))
     try:
-        body = await run_in_threadpool(_body, route, req, shapes, gone)
-    except BaseException:
-        release()
-        raise
+        release = await _admitted(state.budget, cost_bytes(numbers), watcher)
+        try:
+            body = await run_in_threadpool(_body, route, req, shapes, gone)
+        except BaseException:
+            release()
+            raise
     finally:
         watcher.cancel()
     return _Budgeted(encode(body, req.decimals), release)
+
+
+async def _admitted(budget: Budget, cost: int, watcher: asyncio.Task[None]) -> Callable[[], None]:
+    """Wait for the budget to admit ``cost``, unless the client leaves first (then it gives up
+    its place in the queue: ClientGone)."""
+    admission = asyncio.ensure_future(budget.admit(cost))
+    done, _ = await asyncio.wait({admission, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if admission in done:
+        return admission.result()  # or the 413 / 503 it raised
+    admission.cancel()  # leaves the queue; memory already given to it comes back
+    with contextlib.suppress(asyncio.CancelledError):
+        (await admission)()  # admitted just before the cancel: give it back
+    raise ClientGone
 
 
 @router.post(
