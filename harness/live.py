@@ -8,6 +8,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,25 +32,23 @@ def http_json(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
 
 
 def start_server(
-    workers: int = 1, env: dict[str, str] | None = None
+    workers: int = 1,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+    plain_uvicorn: bool = False,
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Start the server and return once /healthz answers; the caller stops it."""
+    """Start `python -m service` (or `python -m uvicorn service.main:app`) on a free port and
+    return once /healthz answers; the caller stops it. Its output goes to ``log`` when given."""
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "service",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-    ]
+    where = ["--host", "127.0.0.1", "--port", str(port)]
+    if plain_uvicorn:
+        cmd = [sys.executable, "-m", "uvicorn", "service.main:app", *where]
+    else:
+        cmd = [sys.executable, "-m", "service", *where, "--workers", str(workers)]
     # a file, not a pipe: a pipe nobody reads fills up and stalls the server; it lives as long as
     # the server, so no context manager here
-    log = tempfile.TemporaryFile()  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    out = tempfile.TemporaryFile() if log is None else log.open("w+b")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -60,6 +59,6 @@ def start_server(
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            log.seek(0)
-            pytest.fail(f"server did not start:\n{log.read().decode(errors='replace')}")
+            out.seek(0)
+            pytest.fail(f"server did not start:\n{out.read().decode(errors='replace')}")
         time.sleep(0.2)

@@ -6,7 +6,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -20,7 +19,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from harness.live import free_port, http_json, start_server
+from harness.live import http_json, start_server
 from service.api import examples as ex
 from tests.conftest import assert_close
 
@@ -156,28 +155,10 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0() -> None:
 def test_plain_uvicorn_honours_root_path_and_log_level(tmp_path: Path) -> None:
     """`uvicorn service.main:app`, as README offers, reads ATTENTION_ROOT_PATH and
     ATTENTION_LOG_LEVEL too (not only `python -m service`)."""
-    from harness.live import free_port
-
-    port = free_port()
     log = tmp_path / "server.log"
     env = {**os.environ, "ATTENTION_ROOT_PATH": "/api", "ATTENTION_LOG_LEVEL": "info"}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "service.main:app", "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_server(env=env, log=log, plain_uvicorn=True)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if http_json(base + "/healthz")[0] == 200:
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.2)
         with urllib.request.urlopen(base + "/docs", timeout=10) as r:
             assert "/api/openapi.json" in r.read().decode()
     finally:
@@ -366,20 +347,9 @@ def test_a_stop_that_must_cut_an_answer_exits_1_and_logs_it_as_cut(tmp_path: Pat
 
     env = {**os.environ, "ATTENTION_GRACEFUL_SECONDS": "1"}
     log = tmp_path / "server.log"
-    port = free_port()
-    cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_server(env=env, log=log)
+    port = int(base.rsplit(":", 1)[1])
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if http_json(base + "/healthz")[0] == 200:
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.2)
         body = json.dumps({"seed": 1, "seq_len": 1500, "d_model": 16, "d_k": 16}).encode()
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
