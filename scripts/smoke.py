@@ -27,6 +27,25 @@ def close(actual: Any, expected: Any, path: str) -> None:
         raise AssertionError(f"{path}: {actual!r} != {expected!r}")
 
 
+def large_body(base: str) -> None:
+    """A body over 16 KiB, parsed in the service's parser process: zero queries attend uniformly,
+    so every output row is the mean of V's rows."""
+    L, S, d = 400, 300, 8
+    v = [[(i * 7 + j * 3) % 11 / 10 for j in range(d)] for i in range(S)]
+    k = [[((i + 1) * (j + 2)) % 5 / 4 for j in range(d)] for i in range(S)]
+    body = {"q": [[0.0] * d] * L, "k": k, "v": v, "include": ["output"]}
+    data = json.dumps(body).encode()
+    assert len(data) > 16 * 1024
+    req = urllib.request.Request(
+        base + "/attention", data=data, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        output = json.loads(r.read())["output"]
+    mean = [sum(row[j] for row in v) / S for j in range(d)]
+    for i, row in enumerate(output):
+        close(row, mean, f"large body output[{i}]")
+
+
 def main(base: str) -> None:
     cases = json.loads(GOLDEN.read_text())["cases"]
     for case in cases:
@@ -37,6 +56,7 @@ def main(base: str) -> None:
         )
         with urllib.request.urlopen(req, timeout=30) as r:
             close(json.loads(r.read()), case["expected"], case["name"])
+    large_body(base)
     with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
         text = r.read().decode()
     assert 'endpoint="/attention"' in text, "/metrics does not count the requests just made"
@@ -48,7 +68,10 @@ def main(base: str) -> None:
     ):
         with urllib.request.urlopen(base + page, timeout=10) as r:
             assert r.status == 200, page
-    print(f"smoke: {len(cases)} golden cases match PyTorch to 1e-12; docs and metrics served")
+    print(
+        f"smoke: {len(cases)} golden cases match PyTorch to 1e-12; a large body parsed; docs and "
+        "metrics served"
+    )
 
 
 if __name__ == "__main__":
