@@ -183,3 +183,24 @@ def test_a_503_carries_retry_after_and_its_reason_is_logged(
     assert r.json()["errors"][0]["type"] == "overloaded"
     line: Any = next(rec for rec in caplog.records if rec.name == "service.access")
     assert (line.status, line.reason) == (503, "queue_full")
+
+
+def test_a_ticket_gives_back_in_parts_and_admits_waiters_as_it_does() -> None:
+    async def scenario() -> None:
+        budget = Budget(100, 4, max_wait=5.0)
+        ticket = await budget.admit(90)
+        waiter = asyncio.create_task(budget.admit(50))
+        await asyncio.sleep(0.01)
+        ticket.give_back(30)  # 60 held: 50 more does not fit yet
+        await asyncio.sleep(0.01)
+        assert budget.in_use == 60 and not waiter.done()
+        ticket.give_back(30)
+        other = await asyncio.wait_for(waiter, 1.0)
+        assert budget.in_use == 80 and ticket.held == 30
+        ticket()
+        ticket()
+        ticket.give_back(10)  # nothing left to give
+        other()
+        assert budget.in_use == 0
+
+    run(scenario)

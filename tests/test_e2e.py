@@ -402,3 +402,35 @@ def test_a_client_that_leaves_while_queued_gives_up_its_place() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_memory_goes_back_while_the_answer_streams_out() -> None:
+    """Each output's share of the budget comes back once it is written, not only at the end: a
+    reader halfway through a large answer holds well under its request's cost."""
+    import socket
+
+    proc, base = start_server(workers=1)
+    port = int(base.rsplit(":", 1)[1])
+    body = json.dumps({"seed": 1, "seq_len": 1500, "d_model": 16, "d_k": 16}).encode()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(
+                b"POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            first = sock.recv(65536)
+            assert first.startswith(b"HTTP/1.1 200")
+            cost = _gauge(base, "attention_budget_in_use_bytes")
+            assert cost > 100 << 20  # ≈ 16 bytes × 6.8 M numbers
+            received, lowest = len(first), cost
+            while lowest > cost / 2:  # read on, a few MB at a time, until half has come back
+                chunk = sock.recv(1 << 20)
+                assert chunk, f"the answer ended with {lowest:,.0f} of {cost:,.0f} bytes held"
+                received += len(chunk)
+                if received % (8 << 20) < len(chunk):
+                    lowest = _gauge(base, "attention_budget_in_use_bytes")
+            assert received < 100 << 20  # the answer (≈ 130 MB) is far from over
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -30,7 +30,7 @@ def body() -> dict[str, Any]:
 @pytest.mark.parametrize("decimals", [None, 0, 3], ids=["exact", "decimals-0", "decimals-3"])
 def test_streaming_equals_one_call_and_round_trips(decimals: int | None) -> None:
     b = body()
-    streamed = b"".join(enc.encode(b, decimals))
+    streamed = b"".join(enc.encode(body(), decimals))
     assert streamed == enc.encode_whole(b, decimals)
     back = json.loads(streamed)
     big = np.array([[np.nan if v is None else v for v in row] for row in back["big"]])
@@ -44,3 +44,21 @@ def test_chunks_are_bounded() -> None:
     chunks = list(enc.encode(body()))
     assert len(chunks) > 1
     assert max(len(c) for c in chunks) < 2 * enc.CHUNK_BYTES
+
+
+def test_each_value_is_dropped_once_written() -> None:
+    """The streamed body is consumed key by key, so its arrays can be freed while the rest of
+    the answer is still being written."""
+    import weakref
+
+    b = body()
+    big = weakref.ref(b["big"])
+    written: list[str] = []
+    chunks = enc.encode(b, None, written.append)
+    seen = b""
+    while big() is not None:  # the first chunks hold "big" (the first key)
+        seen += next(chunks)
+    assert written[0] == "big" and "big" not in b  # dropped before the rest is written
+    seen += b"".join(chunks)
+    assert written == list(body()) and b == {}
+    assert seen == enc.encode_whole(body())

@@ -13,7 +13,6 @@ the interpreters (the worker's and its parser processes') and for the bodies the
 import asyncio
 import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +32,11 @@ UNLIMITED = 1 << 60  # cgroup v1 writes a huge number for "no limit"
 def cost_bytes(computed_numbers: int) -> int:
     """The memory a request may hold while it is computed and answered."""
     return BASE_COST + BYTES_PER_NUMBER * computed_numbers
+
+
+def held_bytes(numbers: int) -> int:
+    """The memory ``numbers`` still waiting to be written hold (of a request's cost)."""
+    return BYTES_PER_NUMBER * numbers
 
 
 def memory_limit_bytes(root: Path = Path("/sys/fs/cgroup")) -> int:
@@ -81,9 +85,9 @@ class Budget:
     in_use: int = 0
     _waiting: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
 
-    async def admit(self, cost: int) -> Callable[[], None]:
-        """Wait until ``cost`` fits, then return the function that gives it back (call it once).
-        Raises LimitError (413) when it can never fit, Overloaded (503) when it cannot wait."""
+    async def admit(self, cost: int) -> "Ticket":
+        """Wait until ``cost`` fits, then return the ticket that gives it back. Raises
+        LimitError (413) when it can never fit, Overloaded (503) when it cannot wait."""
         if cost > self.total:
             raise LimitError(
                 None,
@@ -97,17 +101,13 @@ class Budget:
         else:
             self._take(cost)
         metrics.ADMITTED.inc()
-        released = False
+        return Ticket(self, cost)
 
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self.in_use -= cost
-                metrics.BUDGET_IN_USE.dec(cost)
-                self._wake()
-
-        return release
+    def give(self, n: int) -> None:
+        """``n`` admitted bytes come back: admit whoever now fits."""
+        self.in_use -= n
+        metrics.BUDGET_IN_USE.dec(n)
+        self._wake()
 
     async def _wait(self, cost: int) -> None:
         if len(self._waiting) >= self.queue_length:
@@ -134,9 +134,7 @@ class Budget:
             ) from None
         except BaseException:
             if ticket.done() and not ticket.cancelled():  # admitted, then abandoned: give back
-                self.in_use -= cost
-                metrics.BUDGET_IN_USE.dec(cost)
-                self._wake()
+                self.give(cost)
             raise
         finally:
             if entry in self._waiting:
@@ -158,6 +156,26 @@ class Budget:
                 self._take(cost)
                 ticket.set_result(None)
                 self._waiting.remove((cost, ticket))
+
+
+class Ticket:
+    """The memory admitted to one request: given back in parts while its answer streams out
+    (:meth:`give_back`), the rest when it ends (call the ticket). Event-loop thread only."""
+
+    def __init__(self, budget: Budget, cost: int) -> None:
+        self.budget = budget
+        self.held = cost
+
+    def give_back(self, n: int) -> None:
+        """Give back ``n`` bytes (at most what is still held)."""
+        n = min(n, self.held)
+        if n > 0:
+            self.held -= n
+            self.budget.give(n)
+
+    def __call__(self) -> None:
+        """Give back everything still held (again: nothing)."""
+        self.give_back(self.held)
 
 
 def _mb(n: int) -> str:

@@ -5,7 +5,7 @@ piece by piece: it can go out on the socket while the rest is still being writte
 body never sits in memory at once, and no single step holds the GIL for long.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -43,12 +43,20 @@ def _contiguous(value: Any) -> Any:
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
-def encode(body: dict[str, Any], decimals: int | None = None) -> Iterator[bytes]:
+def encode(
+    body: dict[str, Any],
+    decimals: int | None = None,
+    written: Callable[[str], None] | None = None,
+) -> Iterator[bytes]:
     """Yield the JSON of ``body`` in chunks of about CHUNK_BYTES; arrays become nested lists,
-    −∞ and NaN become null (orjson), float arrays are rounded to ``decimals`` when given."""
+    −∞ and NaN become null (orjson), float arrays are rounded to ``decimals`` when given.
+
+    ``body`` is consumed: each top-level value is dropped from it once written (and
+    ``written(key)`` called), so its memory can go back while the rest streams out.
+    """
     pieces: list[bytes | memoryview] = []
     size = 0
-    for piece in _value(body, decimals):
+    for piece in _consumed(body, decimals, written):
         pieces.append(piece)
         size += len(piece)
         if size >= CHUNK_BYTES:
@@ -56,6 +64,21 @@ def encode(body: dict[str, Any], decimals: int | None = None) -> Iterator[bytes]
             pieces, size = [], 0
     if pieces:
         yield b"".join(pieces)
+
+
+def _consumed(
+    body: dict[str, Any], decimals: int | None, written: Callable[[str], None] | None
+) -> Iterator[bytes | memoryview]:
+    """The top-level object, each value popped before it is written and forgotten after."""
+    yield b"{"
+    for i, key in enumerate(list(body)):
+        value = body.pop(key)
+        yield (b',"' if i else b'"') + key.encode() + b'":'
+        yield from _value(value, decimals)
+        del value
+        if written is not None:
+            written(key)
+    yield b"}"
 
 
 def _value(value: Any, decimals: int | None) -> Iterator[bytes | memoryview]:

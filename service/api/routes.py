@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from service.api import outputs
 from service.api.auth import require_api_key
-from service.api.budget import Budget, cost_bytes
+from service.api.budget import BASE_COST, Budget, Ticket, cost_bytes, held_bytes
 from service.api.compute import Check, run_attention, run_multihead
 from service.api.encode import encode, encode_whole
 from service.api.errors import BodyError, ClientGone, ErrorBody, invalid_fields
@@ -157,7 +157,7 @@ class _Budgeted(StreamingResponse):
     """A streamed answer that gives its memory back when the last byte is sent, or when the
     client goes away (the arrays it streams from live until then)."""
 
-    def __init__(self, content: Iterator[bytes], release: Callable[[], None]) -> None:
+    def __init__(self, content: Iterator[bytes], release: Ticket) -> None:
         super().__init__(
             content,
             media_type="application/json",
@@ -187,18 +187,31 @@ async def _answer(request: Request, route: Route[Req, P]) -> Response:
     gone = threading.Event()
     watcher = asyncio.create_task(_watch_disconnect(request, gone))
     try:
-        release = await _admitted(state.budget, cost_bytes(numbers), watcher)
+        ticket = await _admitted(state.budget, cost_bytes(numbers), watcher)
         try:
             body = await run_in_threadpool(_body, route, req, shapes, gone)
         except BaseException:
-            release()
+            ticket()
             raise
     finally:
         watcher.cancel()
-    return _Budgeted(encode(body, req.decimals), release)
+    return _Budgeted(encode(body, req.decimals, _giving_back(ticket, shapes, body)), ticket)
 
 
-async def _admitted(budget: Budget, cost: int, watcher: asyncio.Task[None]) -> Callable[[], None]:
+def _giving_back(ticket: Ticket, shapes: Shapes, body: dict[str, Any]) -> Callable[[str], None]:
+    """Memory goes back as the answer streams out: at once, what the body does not hold (the
+    intermediates `include` left out, masks); then each output's share once it is written."""
+    held = {name: held_bytes(n) for name, n in outputs.sizes(shapes).items() if name in body}
+    ticket.give_back(ticket.held - BASE_COST - sum(held.values()))
+    loop = asyncio.get_running_loop()
+
+    def written(name: str) -> None:  # in the encoding thread
+        loop.call_soon_threadsafe(ticket.give_back, held.get(name, 0))
+
+    return written
+
+
+async def _admitted(budget: Budget, cost: int, watcher: asyncio.Task[None]) -> Ticket:
     """Wait for the budget to admit ``cost``, unless the client leaves first (then it gives up
     its place in the queue: ClientGone)."""
     admission = asyncio.ensure_future(budget.admit(cost))
