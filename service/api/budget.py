@@ -4,7 +4,8 @@ A request's cost is known before it computes (the numbers it makes, every interm
 included: :func:`cost_bytes`). A request that fits is admitted at once, even when larger ones
 wait, so small requests never queue behind large ones. One that does not fit waits in a bounded
 queue; when the queue is full or its wait runs out it gets 503 with ``Retry-After``. A request
-larger than the whole budget gets 413 at once. The budget comes from the container's memory
+larger than the whole budget gets 413 at once. An admitted request's :class:`Ticket` gives its
+memory back in parts as its answer streams out. The budget comes from the container's memory
 limit (cgroup v2, then v1, else physical memory), shared among the workers, less headroom for
 the interpreters (the worker's and its parser processes') and for the bodies they parse
 (:func:`worker_budget`).
