@@ -434,3 +434,33 @@ def test_memory_goes_back_while_the_answer_streams_out() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_parser_processes_end_with_their_worker() -> None:
+    """A worker's parser process (large bodies) ends when the worker stops, or is killed:
+    nothing is left behind."""
+    body = {"q": [[0.0] * 8] * 400, "k": [[1.0] * 8] * 300, "v": [[1.0] * 8] * 300}
+    proc, base = start_server(workers=2)
+    try:
+        deadline = time.monotonic() + 20
+        while len(parsers := [p for w in _workers(proc.pid) for p in _children(w)]) < 2:
+            assert time.monotonic() < deadline, f"no parser process under each worker: {parsers}"
+            assert http_json(base + "/attention", {**body, "include": ["output"]})[0] == 200
+        victim = min(_workers(proc.pid))
+        orphan = _children(victim)
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{p}").exists() for p in orphan):
+            assert time.monotonic() < deadline, f"{orphan} outlived their killed worker"
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    deadline = time.monotonic() + 10
+    while alive := [p for p in parsers if Path(f"/proc/{p}").exists()]:
+        assert time.monotonic() < deadline, f"{alive} outlived the server"
+        time.sleep(0.2)

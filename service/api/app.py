@@ -34,7 +34,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.ready = True
     yield
     app.state.ready = False
-    app.state.parser.close()
+    app.state.parser.close(wait=True)
 
 
 def _document_request_models(app: FastAPI) -> None:

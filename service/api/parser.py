@@ -9,6 +9,9 @@ gets back the validated request, its shapes and its cost (arrays pickle as plain
 
 import asyncio
 import multiprocessing
+import os
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -34,7 +37,7 @@ class Parser:
         if self._pool is None:
             context = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(
-                self.processes, mp_context=context, initializer=tune_allocator
+                self.processes, mp_context=context, initializer=_start, initargs=(os.getpid(),)
             )
         return self._pool
 
@@ -57,11 +60,25 @@ class Parser:
         _, req, shapes, numbers = outcome
         return req, shapes, numbers
 
-    def close(self) -> None:
-        """Stop the parser processes (they start again on the next large body)."""
+    def close(self, wait: bool = False) -> None:
+        """Stop the parser processes (they start again on the next large body); ``wait`` for
+        them to exit (at shutdown: a worker process may end without running exit handlers)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=wait, cancel_futures=True)
             self._pool = None
+
+
+def _start(parent: int) -> None:
+    """In a new parser process: cap the allocator's arenas, and end with the worker that
+    started it, however that one ends (even SIGKILL: nobody would read our answers)."""
+    tune_allocator()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _check(raw: bytes, route: str, settings: Settings) -> tuple[Any, ...]:
