@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -25,6 +26,21 @@ from tests.conftest import assert_close
 
 pytestmark = pytest.mark.e2e
 GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "golden.json").read_text())
+
+
+LARGE = {"seed": 1, "seq_len": 1500, "d_model": 16, "d_k": 16}  # ≈ 6.8 M numbers, ≈ 130 MB of JSON
+
+
+def _raw_post(body: dict[str, Any]) -> bytes:
+    """A whole POST /attention as bytes, for tests that play the client on a raw socket."""
+    data = json.dumps(body).encode()
+    head = "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    return f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data
+
+
+def _connect(base: str) -> socket.socket:
+    """A raw connection to the server at ``base``."""
+    return socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])), timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -224,19 +240,11 @@ def test_overload_answers_200_or_503_with_retry_after_and_small_requests_pass() 
 
 
 def test_a_client_that_leaves_mid_answer_gives_its_memory_back() -> None:
-    import socket
-
     env = {**os.environ, "ATTENTION_MEMORY_BUDGET_BYTES": str(400 << 20)}
     proc, base = start_server(workers=1, env=env)
-    port = int(base.rsplit(":", 1)[1])
-    body = json.dumps({"seed": 1, "seq_len": 1500, "d_model": 16, "d_k": 16}).encode()
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-            sock.sendall(
-                b"POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
+        with _connect(base) as sock:
+            sock.sendall(_raw_post(LARGE))
             assert sock.recv(65536).startswith(b"HTTP/1.1 200")  # the answer has started
             in_use = _gauge(base, "attention_budget_in_use_bytes")
             assert in_use > 100 << 20  # ≈ 16 bytes × 6.8 M numbers, held while streaming
@@ -265,22 +273,16 @@ def _gauge(base: str, name: str) -> float:
 def test_a_client_that_leaves_while_its_answer_is_computed_stops_the_work() -> None:
     """The work stops at the next step (logged and counted as 499, not 500 or 200) and its
     memory is given back; the same for a client that leaves during its upload."""
-    import socket
-
     proc, base = start_server(workers=1)
-    port = int(base.rsplit(":", 1)[1])
-    work = {"seed": 1, "seq_len": 3000, "d_model": 64, "d_k": 64, "include": ["output"]}
-    body = json.dumps(work).encode()
-    head = (
-        b"POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    request = _raw_post(
+        {"seed": 1, "seq_len": 3000, "d_model": 64, "d_k": 64, "include": ["output"]}
     )
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-            sock.sendall(head + body)
+        with _connect(base) as sock:
+            sock.sendall(request)
             time.sleep(0.3)  # computing now (≈1 s of work)
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-            sock.sendall(head + body[:100])  # leaves during the upload
+        with _connect(base) as sock:
+            sock.sendall(request[: request.index(b"\r\n\r\n") + 104])  # leaves during the upload
         deadline = time.monotonic() + 10
         while _count(base, 'status="499"') < 2:
             assert time.monotonic() < deadline, "the departed clients were not counted as 499"
@@ -343,21 +345,13 @@ def test_a_stop_that_must_cut_an_answer_exits_1_and_logs_it_as_cut(tmp_path: Pat
     """SIGTERM while a slow reader is still receiving a large answer: after the grace period the
     answer is cut, its log line says so (not 200), and the stop exits 1 (a clean one exits 0:
     test_sigterm_finishes_the_request_in_flight_then_exits_0)."""
-    import socket
-
     env = {**os.environ, "ATTENTION_GRACEFUL_SECONDS": "1"}
     log = tmp_path / "server.log"
     proc, base = start_server(env=env, log=log)
-    port = int(base.rsplit(":", 1)[1])
     try:
-        body = json.dumps({"seed": 1, "seq_len": 1500, "d_model": 16, "d_k": 16}).encode()
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        with _connect(base) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.sendall(
-                b"POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
+            sock.sendall(_raw_post(LARGE))
             assert sock.recv(1024).startswith(b"HTTP/1.1 200")  # then reads nothing more
             time.sleep(0.5)
             proc.send_signal(signal.SIGTERM)
@@ -371,23 +365,15 @@ def test_a_stop_that_must_cut_an_answer_exits_1_and_logs_it_as_cut(tmp_path: Pat
 
 
 def test_a_client_that_leaves_while_queued_gives_up_its_place() -> None:
-    import socket
-
     env = {**os.environ, "ATTENTION_MEMORY_BUDGET_BYTES": str(140 << 20)}  # one request below
     proc, base = start_server(workers=1, env=env)
-    port = int(base.rsplit(":", 1)[1])
-    body = json.dumps({"seed": 1, "seq_len": 1500, "d_model": 16, "d_k": 16}).encode()
-    request = (
-        b"POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
+    request = _raw_post(LARGE)
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as holder:
+        with _connect(base) as holder:
             holder.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             holder.sendall(request)
             assert holder.recv(1024).startswith(b"HTTP/1.1 200")  # holds the budget, reads no more
-            with socket.create_connection(("127.0.0.1", port), timeout=30) as queued:
+            with _connect(base) as queued:
                 queued.sendall(request)
                 deadline = time.monotonic() + 10
                 while _gauge(base, "attention_waiting") != 1.0:
@@ -407,18 +393,10 @@ def test_a_client_that_leaves_while_queued_gives_up_its_place() -> None:
 def test_memory_goes_back_while_the_answer_streams_out() -> None:
     """Each output's share of the budget comes back once it is written, not only at the end: a
     reader halfway through a large answer holds well under its request's cost."""
-    import socket
-
     proc, base = start_server(workers=1)
-    port = int(base.rsplit(":", 1)[1])
-    body = json.dumps({"seed": 1, "seq_len": 1500, "d_model": 16, "d_k": 16}).encode()
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-            sock.sendall(
-                b"POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
+        with _connect(base) as sock:
+            sock.sendall(_raw_post(LARGE))
             first = sock.recv(65536)
             assert first.startswith(b"HTTP/1.1 200")
             cost = _gauge(base, "attention_budget_in_use_bytes")
