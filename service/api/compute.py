@@ -53,11 +53,7 @@ def _arrays(trace: AttentionTrace) -> dict[str, Any]:
 Check = Callable[[], None]
 
 
-def _never() -> None:
-    """A check for callers with no client to lose."""
-
-
-def run_attention(plan: AttentionPlan, check: Check = _never) -> dict[str, Any]:
+def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
     """POST /attention and /mask: scaled dot-product attention with every intermediate."""
     if plan.projections is not None:
         assert plan.x is not None
@@ -86,7 +82,7 @@ def run_attention(plan: AttentionPlan, check: Check = _never) -> dict[str, Any]:
     return outputs.response(plan.shapes, plan.include, values, _arrays(trace))
 
 
-def run_multihead(plan: MultiheadPlan, check: Check = _never) -> dict[str, Any]:
+def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
     """POST /multihead: multi-head attention, per-head traces and the block around them."""
     s = plan.shapes
     mask = _combined_mask(plan)
