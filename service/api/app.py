@@ -1,6 +1,5 @@
 """The FastAPI application."""
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -75,7 +74,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.budget = Budget(
         worker_budget(settings), settings.queue_length, settings.queue_wait_seconds
     )
-    app.state.parsing = asyncio.Semaphore(settings.parse_concurrency)
     app.state.parser = Parser(settings.parse_concurrency)  # large bodies parse there
     metrics.BUDGET.set(app.state.budget.total)
     errors.install(app)

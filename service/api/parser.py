@@ -32,6 +32,7 @@ class Parser:
     def __init__(self, processes: int) -> None:
         self.processes = processes
         self._pool: ProcessPoolExecutor | None = None
+        self._slots = asyncio.Semaphore(processes)  # one body per process; the rest wait here
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
@@ -46,7 +47,8 @@ class Parser:
         raise the same errors as in process."""
         loop = asyncio.get_running_loop()
         try:
-            outcome = await loop.run_in_executor(self._executor(), _check, raw, route, settings)
+            async with self._slots:  # a client that leaves while waiting never reaches the pool
+                outcome = await loop.run_in_executor(self._executor(), _check, raw, route, settings)
         except BrokenProcessPool:  # a parser died (e.g. killed for memory): start afresh
             self.close()
             raise Overloaded(

@@ -179,8 +179,7 @@ async def _answer(request: Request, route: Route[Req, P]) -> Response:
     if len(raw) <= INLINE_BODY_BYTES:
         req, shapes, numbers = checked(raw, route, settings)
     else:
-        async with state.parsing:  # in the parser process, one body at a time
-            req, shapes, numbers = await state.parser.check(raw, route.name, settings)
+        req, shapes, numbers = await state.parser.check(raw, route.name, settings)
     if numbers <= INLINE_NUMBERS:  # small: answered at once, never queued behind large ones
         body = _body(route, req, shapes, threading.Event())
         return Response(encode_whole(body, req.decimals), media_type="application/json")
