@@ -167,9 +167,9 @@ def in_heads(endpoint: Endpoint) -> tuple[Output, ...]:
 
 
 @cache
-def _for_steps(endpoint: Endpoint) -> dict[str, Output]:
-    """Step names to outputs, per-head outputs winning (a /multihead step named "output" is the
-    heads' weights V, not the block's output)."""
+def _by_name(endpoint: Endpoint) -> dict[str, Output]:
+    """Output (and step) names to outputs, computed once; per-head outputs win (a /multihead
+    step named "output" is the heads' weights V, not the block's output)."""
     return {o.name: o for o in top_level(endpoint)} | {o.name: o for o in OUTPUTS if o.head}
 
 
@@ -209,14 +209,14 @@ def sizes(shapes: Shapes) -> dict[str, int]:
 
 def drawn_shape(shapes: Shapes, name: str) -> tuple[int, ...]:
     """The shape of a generated array (x, w_q, w_k, w_v): drawn with it, returned with it."""
-    out = {o.name: o for o in top_level(shapes.endpoint)}[name]
+    out = _by_name(shapes.endpoint)[name]
     assert out.kind == "weight" and out.shape is not None
     return out.shape(shapes)
 
 
 def step_shape(shapes: Shapes, name: str) -> list[int]:
     """The shape a step named after an output produces, with B (and h on /multihead) in front."""
-    out = _for_steps(shapes.endpoint)[name]
+    out = _by_name(shapes.endpoint)[name]
     assert out.shape is not None
     lead = [shapes.batch] if shapes.batch is not None and out.batched else []
     if out.head and shapes.endpoint == "multihead":
