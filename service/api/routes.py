@@ -154,22 +154,22 @@ async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
 
 
 class _Budgeted(StreamingResponse):
-    """A streamed answer that gives its memory back when the last byte is sent, or when the
-    client goes away (the arrays it streams from live until then)."""
+    """A streamed answer whose ticket gives back whatever memory it still holds when the last
+    byte is sent, or when the client goes away (parts go back earlier: _giving_back)."""
 
-    def __init__(self, content: Iterator[bytes], release: Ticket) -> None:
+    def __init__(self, content: Iterator[bytes], ticket: Ticket) -> None:
         super().__init__(
             content,
             media_type="application/json",
             background=BackgroundTask(run_in_threadpool, release_memory),  # after the last byte
         )
-        self.release = release
+        self.ticket = ticket
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.release()
+            self.ticket()
 
 
 async def _answer(request: Request, route: Route[Req, P]) -> Response:
