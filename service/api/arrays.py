@@ -6,11 +6,13 @@ say exactly where the problem is, and only the first problem is reported.
 
 import math
 from functools import lru_cache
+from itertools import chain
 from typing import Annotated, Any
 
 import numpy as np
 from pydantic import FailFast, Strict, TypeAdapter, ValidationError
 
+from service.api.errors import TooManyDigits, excerpt, too_many_digits
 from service.core.types import Array, BoolArray
 
 _LEVELS = {1: ("entry",), 2: ("row", "column"), 3: ("item", "row", "column")}
@@ -33,14 +35,15 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        text = value if len(value) <= 20 else value[:20] + "…"
-        return f'the string "{text}"'
+        return f'the string "{excerpt(value, 20)}"'
     if isinstance(value, dict):
         return "an object"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, int | float):
         return "a number"
+    if isinstance(value, TooManyDigits):
+        return "a number with too many digits"
     return f"a {type(value).__name__}"
 
 
@@ -98,6 +101,8 @@ def _first_bad_number(name: str, value: Any, ndim: int) -> str:
         node = value
         for i in path:
             node = node[i]
+        if isinstance(node, TooManyDigits):
+            return too_many_digits(f"{name} {_where(path)}", node)
         is_number = isinstance(node, int | float) and not isinstance(node, bool)
         if is_number:  # an integer beyond float64
             return f"{name} {_where(path)} is not a finite number ({_NON_FINITE})"
@@ -113,10 +118,26 @@ def _first_bad_number(name: str, value: Any, ndim: int) -> str:
     return f"{name} holds something that is not a number"
 
 
-def _nested(value: Any, name: str, expected: str, dtype: type | None = None) -> np.ndarray:
-    """``np.array`` of a JSON list, or a ValueError naming the first ragged place."""
+def _depth(value: Any) -> int:
+    """How deep lists nest along the first items (without recursion: a JSON body may nest
+    lists a thousand deep)."""
+    depth = 0
+    while isinstance(value, list):
+        depth += 1
+        value = value[0] if value else None
+    return depth
+
+
+def _nested(
+    value: Any, name: str, expected: str, most: int, dtype: type | None = None
+) -> np.ndarray:
+    """``np.array`` of a JSON list at most ``most`` lists deep, or a ValueError naming the
+    first ragged place."""
     if not isinstance(value, list):
         raise ValueError(f"{name} must be {expected}, got {_describe(value)}")
+    depth = _depth(value)
+    if depth > most:  # checked first: deeper lists would only make the walks below recurse
+        raise ValueError(f"{name} must be {expected}, but it is nested {depth} level(s) deep")
     try:
         return np.array(value, dtype=dtype)
     except (ValueError, TypeError, OverflowError):
@@ -125,14 +146,25 @@ def _nested(value: Any, name: str, expected: str, dtype: type | None = None) -> 
         ) from None
 
 
+def _has_bool(value: Any, arr: np.ndarray) -> bool:
+    """Whether the lists behind the numeric ``arr`` hold a JSON true or false, which NumPy
+    reads as 1 or 0: only an array holding a 0 or a 1 is looked through."""
+    if not ((arr == 0) | (arr == 1)).any():
+        return False
+    items: Any = value
+    for _ in range(arr.ndim - 1):
+        items = chain.from_iterable(items)
+    return bool in set(map(type, items))
+
+
 def to_array(value: Any, name: str, ndims: tuple[int, ...], expected: str) -> Array:
     """Convert a JSON value to a float64 array with one of ``ndims`` dimensions.
 
     ``expected`` names the shape in words for messages, e.g. "a matrix [L][d_model]".
     Raises ValueError with a sentence that names ``name`` and the first problem found.
     """
-    arr = _nested(value, name, expected)
-    if arr.dtype.kind not in "iuf":  # strings, null, booleans only, integers beyond 64 bits
+    arr = _nested(value, name, expected, max(ndims))
+    if arr.dtype.kind not in "iuf" or _has_bool(value, arr):  # strings, null, booleans, …
         raise ValueError(_first_bad_number(name, value, arr.ndim))
     if arr.ndim not in ndims or 0 in arr.shape:
         if 0 in arr.shape:
@@ -148,7 +180,7 @@ def to_array(value: Any, name: str, ndims: tuple[int, ...], expected: str) -> Ar
 def to_bool_matrix(value: Any, name: str) -> BoolArray:
     """A boolean mask matrix [L][S] or [B][L][S]: true/false, or 1/0."""
     expected = "a matrix [L][S] (or [B][L][S]) of true/false or 1/0"
-    arr = _nested(value, name, expected)
+    arr = _nested(value, name, expected, 3)
     if arr.dtype.kind not in "biuf":
         problem = _first_structure_problem(name, value)
         raise ValueError(problem or f"{name} must hold only true/false or 1/0")
@@ -167,7 +199,7 @@ def to_bool_matrix(value: Any, name: str) -> BoolArray:
 def to_additive_matrix(value: Any, name: str) -> Array:
     """An additive mask [L][S] or [B][L][S]: finite numbers, null for −∞."""
     expected = "a matrix [L][S] (or [B][L][S]) of numbers, null for −∞"
-    obj = _nested(value, name, expected, dtype=object)
+    obj = _nested(value, name, expected, 3, dtype=object)
     if obj.ndim not in (2, 3) or 0 in obj.shape:
         raise ValueError(_first_structure_problem(name, value) or f"{name} must be {expected}")
     is_null = np.frompyfunc(lambda e: e is None, 1, 1)(obj).astype(bool)
@@ -177,6 +209,8 @@ def to_additive_matrix(value: Any, name: str) -> Array:
     )(obj).astype(bool)
     if not is_number.all():
         index = [int(i) for i in np.argwhere(~is_number)[0]]
+        if isinstance(obj[tuple(index)], TooManyDigits):
+            raise ValueError(too_many_digits(f"{name} {_where(index)}", obj[tuple(index)]))
         raise ValueError(
             f"{name} {_where(index)} is {_describe(obj[tuple(index)])}, not a number or null"
         )

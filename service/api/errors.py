@@ -4,6 +4,8 @@
 Messages are sentences for people; nothing of the input is echoed beyond a short excerpt.
 """
 
+import re
+import sys
 from typing import Any
 
 import orjson
@@ -17,6 +19,9 @@ from service.core.errors import AttentionInputError, FullyMaskedRowsError
 
 MAX_LISTED = 10
 _MASK_TAGS = {"causal", "padding", "window", "boolean", "additive"}  # pydantic's union tags
+# and the tags of the unions service.api.schemas picks by the input's JSON type (layer_norm,
+# key_lengths, query_lengths): in an error's loc, none of them is a field
+_TAGS = _MASK_TAGS | {"flag", "options", "one", "each", "none"}
 
 
 class ErrorItem(BaseModel):
@@ -90,35 +95,112 @@ def invalid_fields(err: ValidationError | RequestValidationError) -> RequestErro
     return RequestError([_item(e) for e in list(err.errors())[:MAX_LISTED]])
 
 
-def _field(loc: tuple[Any, ...]) -> str | None:
-    """('body', 'mask', 0, 'matrix') -> 'mask[0].matrix'; discriminator tags are dropped."""
+EXCERPT_CHARS = 64  # the most of a name or string from the input that an answer repeats
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+class TooManyDigits:
+    """Stands for a JSON integer with more digits than Python reads (the json fallback's
+    ``parse_int``), so that validation can name its field instead of refusing the whole body."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def read_int(text: str) -> int | TooManyDigits:
+    """``parse_int`` for the json fallback: an int, or a stand-in when it has too many digits."""
+    try:
+        return int(text)
+    except ValueError:
+        return TooManyDigits(len(text.lstrip("-")))
+
+
+def too_many_digits(where: str, number: TooManyDigits) -> str:
+    """The sentence for an integer too long to read, e.g. 'seq_len: the number has too many
+    digits'."""
+    limit = sys.get_int_max_str_digits()
+    return f"{where}: the number has too many digits ({number.digits}; at most {limit})"
+
+
+def lone_surrogate(text: str) -> str | None:
+    """Why ``text`` is not valid Unicode, e.g. 'it contains a lone surrogate (\\ud800) at
+    character 3' (JSON's "\\ud800" with no pair; Python's json reads it, no encoder writes
+    it), or None when it is valid."""
+    bad = None if text.isascii() else _SURROGATE.search(text)
+    if bad is None:
+        return None
+    return f"it contains a lone surrogate ({escaped(bad.group())}) at character {bad.start()}"
+
+
+def escaped(text: str) -> str:
+    """``text`` with lone surrogates written as \\udxxx, so that it can be encoded as JSON."""
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """A short, encodable excerpt of a string from the input: at most ``limit`` characters, then
+    '…'."""
+    return escaped(text if len(text) <= limit else text[:limit] + "…")
+
+
+def _field(loc: tuple[Any, ...], kind: str = "") -> str | None:
+    """('body', 'mask', 0, 'matrix') -> 'mask[0].matrix'; union tags are dropped (except an
+    unknown field's own name) and each name is cut to a short excerpt."""
     parts = list(loc[1:] if loc and loc[0] == "body" else loc)
     out = ""
-    for part in parts:
+    for n, part in enumerate(parts):
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part not in _MASK_TAGS:
-            out += ("." if out else "") + str(part)
+        elif part not in _TAGS or (kind == "extra_forbidden" and n == len(parts) - 1):
+            out += ("." if out else "") + excerpt(str(part))
     return out or None
 
 
+def _leaf(loc: tuple[Any, ...]) -> str:
+    """The name a validator knows its field by: the last name in ``loc`` that is not a tag."""
+    names = [str(p) for p in loc if isinstance(p, str) and p not in _TAGS and p != "body"]
+    return names[-1] if names else ""
+
+
 def _item(err: Any) -> ErrorItem:
-    field = _field(tuple(err.get("loc", ())))
+    """One pydantic error as an ErrorItem whose message is a sentence naming the field."""
+    loc = tuple(err.get("loc", ()))
     kind = str(err.get("type", "value_error"))
+    field = _field(loc, kind)
     cause = (err.get("ctx") or {}).get("error")
-    if isinstance(cause, ValueError):  # raised by our array validators: already a sentence
-        message, leaf = str(cause), str(err["loc"][-1]) if err.get("loc") else ""
-        if field and field != leaf and message.startswith(leaf + " "):  # "matrix row 0 …"
-            message = field + message[len(leaf) :]  # -> "mask[0].matrix row 0 …"
-        return ErrorItem(field=field, message=message, type=kind)
+    if isinstance(cause, ValueError):  # raised by our validators: already a sentence
+        message, leaf = str(cause), _leaf(loc)
+        if field and leaf and field != leaf and message.startswith(leaf + " "):
+            message = field + message[len(leaf) :]  # "matrix row 0 …" -> "mask[0].matrix row 0 …"
+        return ErrorItem(field=field, message=escaped(message), type=kind)
     msg = str(err.get("msg", "invalid value"))
+    ctx = err.get("ctx") or {}
     if kind == "missing":
         msg = f"{field} is required"
     elif kind == "extra_forbidden":
         msg = f"{field} is not a field of this endpoint (check the spelling; see /docs)"
+    elif kind == "string_unicode" and isinstance(err.get("input"), str):  # a name or a literal
+        problem = lone_surrogate(err["input"]) or "it cannot be read"
+        if not loc or isinstance(loc[-1], int) or loc[-1] in _TAGS:  # an object's field name
+            msg = (
+                f"{field or 'the body'} has a field name that is not valid Unicode text: {problem}"
+            )
+        else:
+            msg = f"{field} is not valid Unicode text: {problem}"
+    elif isinstance(err.get("input"), TooManyDigits):
+        msg = too_many_digits(field or "the body", err["input"])
+    elif kind == "union_tag_invalid":
+        given = err.get("input")  # pydantic's ctx has the tag with lone surrogates mangled
+        tag = given.get("type") if isinstance(given, dict) else ctx.get("tag")
+        tags = str(ctx.get("expected_tags", "")).replace("'", "")
+        name = f"{field}.type" if field else "type"
+        msg = f'{name} is "{excerpt(str(tag))}", which is not one of {tags}'
     elif field:
         msg = f"{field}: {msg[0].lower()}{msg[1:]}"
-    return ErrorItem(field=field, message=msg[:300], type=kind)
+    return ErrorItem(field=field, message=escaped(msg[:300]), type=kind)
 
 
 def error_response(status: int, items: list[ErrorItem]) -> Response:

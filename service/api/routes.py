@@ -108,11 +108,15 @@ def request_body(model: type[BaseModel], examples: dict[str, Example]) -> dict[s
 
 def _parse(raw: bytes, model: type[Req]) -> Req:
     """JSON bytes to a validated request (400 for a body that is not JSON, 422 for fields)."""
+    from service.api.errors import read_int  # local: this edit stays within _parse
+
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        try:  # NaN, Infinity, 1e999: valid for Python's json, refused with 422 by the validators
-            data = json.loads(raw)
+        # NaN, Infinity, 1e999, integers of thousands of digits, lone surrogates ("\ud800"):
+        # Python's json reads them, and the validators refuse them with a 422 naming the field
+        try:
+            data = json.loads(raw, parse_int=read_int)
         except RecursionError:
             raise BodyError("nested too deeply (more than 1000 levels)") from None
         except ValueError as err:

@@ -3,9 +3,19 @@ the JSON schema /docs shows for them."""
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PlainValidator, ValidationInfo, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    Discriminator,
+    Field,
+    PlainValidator,
+    Strict,
+    Tag,
+    ValidationInfo,
+    WithJsonSchema,
+)
 
 from service.api.arrays import to_additive_matrix, to_array, to_bool_matrix
+from service.api.errors import excerpt, lone_surrogate
 from service.core.types import Array, BoolArray
 
 _NUM: dict[str, Any] = {"type": "number"}
@@ -19,7 +29,17 @@ _BOOL_MATRIX: dict[str, Any] = {"type": "array", "items": _BOOL_ROW}
 
 
 def _name(info: ValidationInfo) -> str:
+    """The field's name, for messages."""
     return info.field_name or "value"
+
+
+def _text(value: str, info: ValidationInfo) -> str:
+    """Refuse a string that cannot be written back as UTF-8 (Python's json reads a lone
+    surrogate, orjson cannot write it): every free-text field is checked here."""
+    problem = lone_surrogate(value)
+    if problem:
+        raise ValueError(f"{_name(info)} is not valid Unicode text: {problem}")
+    return value
 
 
 def _sequence(value: Any, info: ValidationInfo) -> Array:
@@ -51,7 +71,7 @@ def _positional(value: Any, info: ValidationInfo) -> Literal["sinusoidal"] | Arr
         return "sinusoidal"
     if isinstance(value, str):
         raise ValueError(
-            f'positional_encoding must be "sinusoidal" or a matrix [L][d_model], got "{value[:20]}"'
+            f'positional_encoding must be "sinusoidal" or a matrix [L][d_model], got "{excerpt(value, 20)}"'
         )
     return to_array(value, _name(info), (2,), 'a matrix [L][d_model], or "sinusoidal"')
 
@@ -74,5 +94,36 @@ Positional = Annotated[
     PlainValidator(_positional),
     WithJsonSchema({"anyOf": [{"type": "string", "enum": ["sinusoidal"]}, _MATRIX]}),
 ]
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-Lengths = int | Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=4096)]
+Text = Annotated[str, AfterValidator(_text)]  # every free-text field: tokens, sentence, names
+# JSON's true and false are not numbers (JSON Schema's integer and number exclude them): lax
+# mode would read them as 1 and 0, and "3" as 3; strict mode refuses them, and 3.5 or 3.0 where
+# an integer belongs. A JSON integer is still accepted where a number belongs.
+Int = Annotated[int, Strict()]
+FiniteFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+
+
+def _lengths_branch(value: Any) -> str:
+    """Which form of key/query lengths the input is: a list, or one integer (or null)."""
+    return "each" if isinstance(value, list) else "none" if value is None else "one"
+
+
+_MAX_LENGTHS = 4096
+Lengths = Annotated[
+    Annotated[Int, Tag("one")]
+    | Annotated[list[Annotated[Int, Field(ge=0)]], Field(max_length=_MAX_LENGTHS), Tag("each")]
+    | Annotated[None, Tag("none")],
+    Discriminator(_lengths_branch),  # errors come from the form the input has, not from both
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer"},
+                {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 0},
+                    "maxItems": _MAX_LENGTHS,
+                },
+                {"type": "null"},
+            ]
+        }
+    ),
+]

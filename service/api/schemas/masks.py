@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from service.api.schemas.fields import AdditiveMatrix, BoolMatrix, Lengths
+from service.api.schemas.fields import AdditiveMatrix, BoolMatrix, Int, Lengths
 from service.core.types import Alignment
 
 STRICT = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -29,10 +29,10 @@ class PaddingMask(BaseModel):
 
     model_config = STRICT
     type: Literal["padding"]
-    key_lengths: Lengths | None = Field(
+    key_lengths: Lengths = Field(
         None, description="valid keys per batch item (one int for an unbatched request)"
     )
-    query_lengths: Lengths | None = Field(
+    query_lengths: Lengths = Field(
         None, description="valid query rows per batch item (one int for an unbatched request)"
     )
 
@@ -42,8 +42,8 @@ class WindowMask(BaseModel):
 
     model_config = STRICT
     type: Literal["window"]
-    left: int | None = Field(None, ge=0, description="keys before the query it may see (null: all)")
-    right: int | None = Field(None, ge=0, description="keys after the query it may see (null: all)")
+    left: Int | None = Field(None, ge=0, description="keys before the query it may see (null: all)")
+    right: Int | None = Field(None, ge=0, description="keys after the query it may see (null: all)")
 
 
 class BooleanMask(BaseModel):

@@ -1,8 +1,18 @@
 """The request bodies of POST /attention, /mask and /multihead: fields and their docs only."""
 
-from pydantic import BaseModel, Field
+from typing import Annotated, Any
 
-from service.api.schemas.fields import FiniteFloat, Matrix, Positional, Sequence, Vector
+from pydantic import BaseModel, Discriminator, Field, Tag
+
+from service.api.schemas.fields import (
+    FiniteFloat,
+    Int,
+    Matrix,
+    Positional,
+    Sequence,
+    Text,
+    Vector,
+)
 from service.api.schemas.masks import STRICT, MaskList
 from service.core.types import FullyMaskedPolicy, Init, NormOver, WeightLayout
 
@@ -20,7 +30,7 @@ class InputFields(BaseModel):
     context: Sequence | None = Field(
         None, description="cross-attention: keys and values are projected from this [S][d_model]"
     )
-    seed: int | None = Field(
+    seed: Int | None = Field(
         None,
         ge=0,
         le=2**32 - 1,
@@ -29,19 +39,19 @@ class InputFields(BaseModel):
     init: Init = Field(
         "uniform", description="generated mode: uniform = rand (U[0,1)), normal = randn (N(0,1))"
     )
-    d_model: int | None = Field(None, ge=1, description="generated mode: width of generated x")
-    d_k: int | None = Field(None, ge=1, description="generated mode: width of queries and keys")
-    d_v: int | None = Field(None, ge=1, description="generated mode: width of values (default d_k)")
-    seq_len: int | None = Field(
+    d_model: Int | None = Field(None, ge=1, description="generated mode: width of generated x")
+    d_k: Int | None = Field(None, ge=1, description="generated mode: width of queries and keys")
+    d_v: Int | None = Field(None, ge=1, description="generated mode: width of values (default d_k)")
+    seq_len: Int | None = Field(
         None, ge=1, description="generated mode: L when there are no tokens"
     )
-    tokens: list[str] | None = Field(
+    tokens: list[Text] | None = Field(
         None, fail_fast=True, description="labels of the L queries (fix L in generated mode)"
     )  # a million bad labels: one error, not a million
-    context_tokens: list[str] | None = Field(
+    context_tokens: list[Text] | None = Field(
         None, fail_fast=True, description="labels of the S keys"
     )
-    sentence: str | None = Field(None, description="split on whitespace into tokens")
+    sentence: Text | None = Field(None, description="split on whitespace into tokens")
     weight_layout: WeightLayout = Field(
         "in_out",
         description="in_out: X @ W, W is (d_in, d_out); out_in: X @ W.T, W is (d_out, d_in) "
@@ -52,10 +62,10 @@ class InputFields(BaseModel):
     fully_masked_rows: FullyMaskedPolicy = Field(
         "zero", description="rows with every key masked: weights 0, 1/S, or a 422 naming the rows"
     )
-    include: list[str] | None = Field(
+    include: list[Text] | None = Field(
         None, fail_fast=True, description="output names to return (default: all)"
     )
-    decimals: int | None = Field(None, ge=0, le=15, description="round every returned float")
+    decimals: Int | None = Field(None, ge=0, le=15, description="round every returned float")
 
 
 class AttentionRequest(InputFields):
@@ -88,13 +98,34 @@ class LayerNormOptions(BaseModel):
     """Layer norm settings; `true` instead of this object means all defaults."""
 
     model_config = STRICT
-    eps: float = Field(1e-5, gt=0, allow_inf_nan=False, description="added to the variance")
+    eps: FiniteFloat = Field(
+        1e-5,
+        gt=0,
+        description="added to the variance before the square root (default 1e-5, as torch); "
+        "must be greater than 0: with 0, a token whose features are all equal would divide 0 by 0",
+    )
     gamma: Vector | None = Field(None, description="scale per feature (default 1)")
     beta: Vector | None = Field(None, description="shift per feature (default 0)")
     over: NormOver = Field(
         "features",
         description="features: per token (torch nn.LayerNorm); all: over the whole [L][d] matrix",
     )
+
+
+def _layer_norm_branch(value: Any) -> str:
+    """An object is layer norm options; anything else is read as true or false."""
+    return "options" if isinstance(value, dict | LayerNormOptions) else "flag"
+
+
+def _any_of(schema: dict[str, Any]) -> None:
+    """Show a union picked by the input's type as anyOf, as plain unions are."""
+    schema["anyOf"] = schema.pop("oneOf")
+
+
+LayerNormSetting = Annotated[
+    Annotated[bool, Tag("flag")] | Annotated[LayerNormOptions, Tag("options")],
+    Discriminator(_layer_norm_branch),  # errors come from the branch the input's type picks
+]
 
 
 class HeadWeights(BaseModel):
@@ -114,10 +145,10 @@ class MultiheadRequest(InputFields):
     """POST /multihead: multi-head attention with optional positional encoding, W_o, residual
     and layer norm."""
 
-    num_heads: int = Field(
+    num_heads: Int = Field(
         ge=1, description="h; combined weights are split into h heads of d_k columns each"
     )
-    num_kv_heads: int | None = Field(
+    num_kv_heads: Int | None = Field(
         None,
         ge=1,
         description="grouped-query attention: key/value heads; num_heads must be a multiple",
@@ -163,6 +194,8 @@ class MultiheadRequest(InputFields):
     residual: bool = Field(
         False, description="add the block's input (x after positional encoding) to its output"
     )
-    layer_norm: bool | LayerNormOptions = Field(
-        False, description="true or options: layer norm applied after the residual"
+    layer_norm: LayerNormSetting = Field(
+        False,
+        description="true or options: layer norm applied after the residual",
+        json_schema_extra=_any_of,
     )
