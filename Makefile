@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-HOST   ?= 0.0.0.0
+HOST   ?= 127.0.0.1
 PORT   ?= 8000
 WORKERS ?= 1
 

@@ -1,6 +1,7 @@
 """``python -m service [--host H] [--port P] [--workers N]``: serve with uvicorn."""
 
 import argparse
+import logging.config
 import os
 import signal
 import sys
@@ -81,6 +82,13 @@ def main(argv: list[str] | None = None) -> None:
 
     from service.logs import log_config
 
+    logging.config.dictConfig(log_config(settings.log_level))
+    shown = "localhost" if args.host in ("0.0.0.0", "::", "") else args.host
+    base = f"http://{shown}:{args.port}{settings.root_path}"
+    logging.getLogger("service").info(
+        f"the explorer is at {base}/ and the API docs at {base}/docs",
+        extra={"explorer": f"{base}/", "docs": f"{base}/docs"},
+    )
     signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
         uvicorn.run(
@@ -88,6 +96,9 @@ def main(argv: list[str] | None = None) -> None:
             host=args.host,
             port=args.port,
             workers=args.workers,
+            # limits and deadlines per connection; by name, so that only workers import it
+            http="service.api.connection:GuardedProtocol",
+            server_header=False,  # no "server: uvicorn" on every answer
             log_config=log_config(settings.log_level),
             access_log=False,
             proxy_headers=True,

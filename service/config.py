@@ -16,7 +16,10 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ATTENTION_", extra="ignore")
 
-    host: str = Field("0.0.0.0", description="address to listen on")
+    host: str = Field(
+        "127.0.0.1",
+        description="address to listen on (the container image sets 0.0.0.0 to be reachable)",
+    )
     port: int = Field(8000, ge=1, le=65535, description="port to listen on")
     workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
@@ -63,6 +66,42 @@ class Settings(BaseSettings):
         ge=1,
         description="parser processes per worker: bodies over 16 KiB are parsed there, one each "
         "at a time, so that parsing never stalls the worker's event loop",
+    )
+    max_header_bytes: int = Field(
+        32 * 1024,
+        ge=1024,
+        description="largest request head (request line and headers together); 431 and the "
+        "connection closed as soon as more arrives",
+    )
+    max_headers: int = Field(100, ge=8, description="most header fields in one request (431 above)")
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="longest time from a connection's first byte (or its opening) to the end of "
+        "the request's headers (408, then close)",
+    )
+    body_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="the request body must arrive at min_transfer_rate over each window this "
+        "long (408, then close)",
+    )
+    send_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="while a client reads nothing, how long the answer may wait at less than "
+        "min_transfer_rate before the connection is closed",
+    )
+    min_transfer_rate: int = Field(
+        4096,
+        ge=1,
+        description="bytes per second a body must arrive at, and an answer must be read at",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        description="open connections per worker; more get 503 with Retry-After at once "
+        "(lowered to fit the process's open-file limit)",
     )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

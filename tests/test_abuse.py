@@ -140,7 +140,14 @@ def test_a_wrong_or_malformed_key_is_401(keyed: TestClient, headers: dict[str, s
 
 
 @pytest.mark.parametrize(
-    "path", ["/healthz", "/readyz", "/version", "/metrics", "/docs", "/redoc", "/openapi.json"]
+    "path", ["/healthz", "/readyz", "/metrics", "/docs", "/redoc", "/openapi.json"]
 )
 def test_health_metrics_and_docs_stay_open(keyed: TestClient, path: str) -> None:
     assert keyed.get(path).status_code == 200
+
+
+def test_versions_are_behind_the_key_when_keys_are_configured(keyed: TestClient) -> None:
+    """/version names Python, the platform and BLAS: only key holders see it."""
+    assert keyed.get("/version").status_code == 401
+    answer = keyed.get("/version", headers={"X-API-Key": "s3cret"})
+    assert answer.status_code == 200 and "python" in answer.json()

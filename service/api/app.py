@@ -1,15 +1,17 @@
 """The FastAPI application."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
+from starlette.routing import BaseRoute
 
 from service import __version__, logs
 from service.api import errors, metrics, ops
+from service.api.auth import require_api_key
 from service.api.budget import Budget, worker_budget
 from service.api.middleware import RequestMiddleware
 from service.api.parser import Parser
@@ -56,6 +58,17 @@ def _document_request_models(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def _leaves(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
+    """The routes that answer requests: FastAPI wraps each included router in one route (its
+    ``original_router`` holds the real ones; none is included with a prefix)."""
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is None:
+            yield route
+        else:
+            yield from _leaves(inner.routes)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; ``settings`` defaults to the environment's (see service.config)."""
     settings = settings or get_settings()
@@ -77,11 +90,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.parser = Parser(settings.parse_concurrency)  # large bodies parse there
     metrics.BUDGET.set(app.state.budget.total)
     errors.install(app)
-    app.include_router(router)
+    keyed = [Depends(require_api_key)] if settings.api_keys else []  # /docs shows a padlock
+    app.include_router(router, dependencies=keyed)
     app.include_router(ops.router)
+    app.include_router(ops.keyed_router, dependencies=keyed)
     ops.install_docs(app)
     ops.install_explorer(app)
-    if settings.cors_origins:
+    _document_request_models(app)
+    app.router.redirect_slashes = False  # the middleware redirects, relatively (no Host echoed)
+    compute = frozenset(str(getattr(r, "path", "")) for r in router.routes)
+    app.add_middleware(
+        RequestMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        routes=list(_leaves(app.router.routes)),
+        json_paths=compute,
+        keyed_paths=compute | {"/version"},
+        api_keys=settings.api_keys,
+    )
+    if settings.cors_origins:  # outermost: preflights and early answers get its headers
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
@@ -89,7 +115,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-ID"],
             expose_headers=["X-Request-ID"],
         )
-    _document_request_models(app)
-    paths = frozenset(str(getattr(r, "path", "")) for r in app.routes)
-    app.add_middleware(RequestMiddleware, max_body_bytes=settings.max_body_bytes, paths=paths)
     return app

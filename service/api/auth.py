@@ -24,21 +24,29 @@ def _matches(given: str, keys: list[str]) -> bool:
     return found
 
 
+MISSING = "this service requires an API key: send Authorization: Bearer <key> or X-API-Key: <key>"
+WRONG = "the API key is not valid"
+
+
+def key_problem(api_key: str | None, authorization: str | None, keys: list[str]) -> str | None:
+    """Why a request with these headers may not use a keyed endpoint (None: it may)."""
+    if not keys:
+        return None
+    scheme, _, credentials = (authorization or "").partition(" ")
+    given = api_key or (credentials.strip() if scheme.lower() == "bearer" else None)
+    if not given:
+        return MISSING
+    return None if _matches(given, keys) else WRONG
+
+
 async def require_api_key(
     request: Request,
     api_key: Annotated[str | None, Security(_api_key)],
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
 ) -> None:
-    """401 unless the request carries a configured key; nothing to do when none is configured."""
+    """401 unless the request carries a configured key (the middleware checks it before the
+    body is read; this dependency documents it in /docs and checks it again)."""
     keys: list[str] = request.app.state.settings.api_keys
-    if not keys:
-        return
-    given = api_key or (bearer.credentials if bearer else None)
-    if given is None:
-        raise HTTPException(
-            401,
-            "this service requires an API key: send Authorization: Bearer <key> or X-API-Key: <key>",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    if not _matches(given, keys):
-        raise HTTPException(401, "the API key is not valid", headers={"WWW-Authenticate": "Bearer"})
+    problem = key_problem(api_key, f"Bearer {bearer.credentials}" if bearer else None, keys)
+    if problem:
+        raise HTTPException(401, problem, headers={"WWW-Authenticate": "Bearer"})

@@ -1,5 +1,7 @@
-"""Pure ASGI middleware around every HTTP request: the body limit (enforced while the body
-streams in), the X-Request-ID, one JSON access log line, and the Prometheus metrics."""
+"""Pure ASGI middleware around every HTTP request: the answers given before any body byte is
+read (404, 405, 401, 415, 413, relative trailing-slash redirects), the body limit (enforced
+while the body streams in), the X-Request-ID, one JSON access log line, and the Prometheus
+metrics."""
 
 import asyncio
 import logging
@@ -7,10 +9,15 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Sequence
 
+from starlette._utils import get_route_path
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import metrics
+from service.api.auth import key_problem
 from service.api.errors import CLIENT_CLOSED, ErrorItem, error_response
 
 access_log = logging.getLogger("service.access")
@@ -19,6 +26,8 @@ _WITH_BODY = {"POST", "PUT", "PATCH"}
 
 
 CUT = 503  # logged for an answer the server's stop cut off (with "outcome": "cut")
+REFUSED = "refused"  # scope["state"] key: (status, reason) when the connection answered itself
+JSON_TYPES = ("application/json",)  # and any application/…+json
 
 
 class _TooLarge(Exception):
@@ -33,15 +42,129 @@ def _mark_cut() -> None:
             f.write("cut\n")
 
 
+def record(
+    *,
+    request_id: str,
+    method: str,
+    path: str,
+    endpoint: str,
+    status: int,
+    seconds: float,
+    bytes_in: int,
+    bytes_out: int,
+    outcome: str,
+    reason: str | None = None,
+) -> None:
+    """One request done: its metrics and its access log line (also for the answers the
+    connection gives itself: service.api.connection)."""
+    metrics.observe(method, endpoint, status, seconds, bytes_in, bytes_out)
+    access_log.info(
+        "request",
+        extra={
+            "request_id": request_id,
+            "method": method,
+            "path": path,
+            "status": status,
+            "duration_ms": round(seconds * 1000, 3),
+            "bytes_in": bytes_in,
+            "bytes_out": bytes_out,
+            "outcome": outcome,
+            **({"reason": reason} if reason else {}),
+        },
+    )
+
+
+def _early(status: int, kind: str, message: str, headers: dict[str, str]) -> Response:
+    """An answer given before the body is read."""
+    response = error_response(status, [ErrorItem(field=None, message=message, type=kind)])
+    response.headers.update(headers)
+    return response
+
+
+def _media_type(value: str) -> str:
+    return value.split(";", 1)[0].strip().lower()
+
+
 class RequestMiddleware:
     """Wraps the app; see the module docstring."""
 
     def __init__(
-        self, app: ASGIApp, max_body_bytes: int, paths: frozenset[str] = frozenset()
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        routes: Sequence[BaseRoute] = (),
+        json_paths: frozenset[str] = frozenset(),
+        keyed_paths: frozenset[str] = frozenset(),
+        api_keys: Sequence[str] = (),
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
-        self.paths = paths  # known endpoints, to label requests refused before routing
+        self.routes = routes  # the app's routes, matched here before the body is read
+        self.json_paths = json_paths  # take a JSON body (415 for any other)
+        self.keyed_paths = keyed_paths  # need an API key when keys are configured
+        self.api_keys = list(api_keys)
+        self._known: dict[tuple[str, str], str] = {}  # (method, route path) -> matched route
+
+    def _route(self, scope: Scope) -> tuple[str | None, Response | None]:
+        """The matched route's path (None: none) and the answer when the request cannot be
+        served as it is (404, 405 with Allow, 308 to the path with or without its slash)."""
+        path, method = get_route_path(scope), scope["method"]
+        known = self._known.get((method, path))
+        if known is not None:
+            return known, None
+        partial: BaseRoute | None = None
+        for route in self.routes:
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
+                found = str(getattr(route, "path", ""))
+                if not isinstance(route, Mount):  # mounts match unbounded paths: not cached
+                    self._known[(method, path)] = found
+                return found, None
+            if match is Match.PARTIAL and partial is None:
+                partial = route
+        if partial is not None:
+            allowed = sorted(getattr(partial, "methods", None) or ())
+            message = f"{path} does not take {method}; it takes {', '.join(allowed)}"
+            headers = {"Allow": ", ".join(allowed)}
+            return str(getattr(partial, "path", "")), _early(
+                405, "method_not_allowed", message, headers
+            )
+        other = path[:-1] if path.endswith("/") and len(path) > 1 else path + "/"
+        moved = {**scope, "path": scope.get("root_path", "") + other}
+        if any(route.matches(moved)[0] is not Match.NONE for route in self.routes):
+            query = scope.get("query_string", b"").decode("latin-1")
+            location = (
+                scope.get("root_path", "").rstrip("/") + other + (f"?{query}" if query else "")
+            )
+            return None, _early(308, "moved", f"this endpoint is {other}", {"Location": location})
+        return None, _early(404, "not_found", f"there is no endpoint {path[:100]}", {})
+
+    def _refused(self, scope: Scope, headers: dict[bytes, bytes]) -> Response | None:
+        """401 or 415 before the body is read (the route takes a JSON body or needs a key)."""
+        path = get_route_path(scope)
+        if path in self.keyed_paths:
+            problem = key_problem(
+                headers.get(b"x-api-key", b"").decode("latin-1") or None,
+                headers.get(b"authorization", b"").decode("latin-1") or None,
+                self.api_keys,
+            )
+            if problem:
+                return _early(401, "unauthorized", problem, {"WWW-Authenticate": "Bearer"})
+        if path in self.json_paths:
+            given = _media_type(headers.get(b"content-type", b"").decode("latin-1"))
+            if not (
+                given in JSON_TYPES
+                or (given.startswith("application/") and given.endswith("+json"))
+            ):
+                shown = f"Content-Type {given[:60]}" if given else "no Content-Type"
+                return _early(
+                    415,
+                    "unsupported_media_type",
+                    f"the body must be JSON sent with Content-Type: application/json (this "
+                    f"request has {shown}; curl needs -H 'Content-Type: application/json')",
+                    {},
+                )
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -51,7 +174,9 @@ class RequestMiddleware:
         headers = dict(scope["headers"])
         given = headers.get(b"x-request-id", b"").decode("latin-1")
         request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        method = scope["method"]
         status, bytes_in, bytes_out = 500, 0, 0
         complete = False  # the last body message has been handed to the server
         cut = False  # the server stopped before the answer was complete
@@ -70,11 +195,23 @@ class RequestMiddleware:
                 bytes_out += len(message.get("body", b""))
             await send(message)
 
+        endpoint, early = self._route(scope)
+        if method == "HEAD" and early is not None and early.status_code == 405:
+            scope = {**scope, "method": "GET"}  # HEAD is GET without the body (the server drops it)
+            endpoint, early = self._route(scope)
+        early = early or self._refused(scope, headers)
         try:
-            if scope["method"] in _WITH_BODY:
+            if early is not None:
+                if b"content-length" in headers or b"transfer-encoding" in headers:
+                    early.headers["Connection"] = "close"  # its body is not read
+                await early(scope, receive, send_with_id)
+                return
+            if method in _WITH_BODY:
                 body = await self._read_body(headers, receive)
                 if body is None:  # the client went away during its upload: not our error
-                    status = CLIENT_CLOSED
+                    status, reason = state.get(REFUSED, (CLIENT_CLOSED, None))
+                    if reason:
+                        state["reason"] = reason
                     return
                 bytes_in = len(body)
                 receive = _replay(body, receive)
@@ -92,31 +229,25 @@ class RequestMiddleware:
                 type="body_too_large",
                 limit=limit,
             )
-            await error_response(413, [item])(scope, receive, send_with_id)
+            response = error_response(413, [item])
+            response.headers["Connection"] = "close"  # the rest of the body is not read
+            await response(scope, receive, send_with_id)
         finally:
             if cut:
                 status = CUT
             elif status < 400 and bytes_out and not complete:  # the client left mid-answer
                 status = CLIENT_CLOSED
-            route = scope.get("route")
-            endpoint = getattr(route, "path", None) or (
-                scope["path"] if scope["path"] in self.paths else "unmatched"
-            )
-            seconds = time.perf_counter() - start
-            metrics.observe(scope["method"], endpoint, status, seconds, bytes_in, bytes_out)
-            access_log.info(
-                "request",
-                extra={
-                    "request_id": request_id,
-                    "method": scope["method"],
-                    "path": scope["path"],
-                    "status": status,
-                    "duration_ms": round(seconds * 1000, 3),
-                    "bytes_in": bytes_in,
-                    "bytes_out": bytes_out,
-                    "outcome": "cut" if cut else "complete" if complete else "incomplete",
-                    **({"reason": reason} if (reason := scope["state"].get("reason")) else {}),
-                },
+            record(
+                request_id=request_id,
+                method=method,
+                path=scope["path"],
+                endpoint=endpoint or "unmatched",
+                status=status,
+                seconds=time.perf_counter() - start,
+                bytes_in=bytes_in,
+                bytes_out=bytes_out,
+                outcome="cut" if cut else "complete" if complete else "incomplete",
+                reason=state.get("reason"),
             )
 
     async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes | None:

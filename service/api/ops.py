@@ -17,6 +17,7 @@ from service.api import metrics
 from service.core.attention import scaled_dot_product_attention
 
 router = APIRouter(tags=["operations"])
+keyed_router = APIRouter(tags=["operations"])  # behind the API key when keys are configured
 DOCS_ASSETS = "/docs-assets"
 # The docs pages may load nothing from outside the service: in a closed network a CDN request
 # would hang or fail, and the browser should not even try (ReDoc's footer links a CDN logo).
@@ -41,7 +42,7 @@ async def readyz(request: Request) -> JSONResponse:
     )
 
 
-@router.get("/version")
+@keyed_router.get("/version")
 def version() -> dict[str, Any]:
     """Package, Python, NumPy and BLAS versions, and the BLAS thread setting."""
     blas: dict[str, Any] = {}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import orjson
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.openapi.models import Example
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ValidationError
@@ -26,7 +26,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from service.api import outputs
-from service.api.auth import require_api_key
 from service.api.budget import BASE_COST, Budget, Ticket, cost_bytes, held_bytes
 from service.api.compute import Check, run_attention, run_multihead
 from service.api.encode import encode, encode_whole
@@ -45,7 +44,7 @@ from service.api.schemas.requests import (
 from service.config import Settings
 from service.memory import release_memory
 
-router = APIRouter(tags=["attention"], dependencies=[Depends(require_api_key)])
+router = APIRouter(tags=["attention"])  # API keys: service.api.app and the middleware
 Req = TypeVar("Req", bound=InputFields)
 P = TypeVar("P", bound=Plan)
 
@@ -58,12 +57,23 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         "model": ErrorBody,
         "description": "An API key is configured and the request has none, or a wrong one",
     },
+    404: {"model": ErrorBody, "description": "No such endpoint (answered before the body is read)"},
+    405: {"model": ErrorBody, "description": "The endpoint takes POST (see the Allow header)"},
+    408: {
+        "model": ErrorBody,
+        "description": "The headers or the body arrived too slowly; the connection is closed",
+    },
     413: {
         "model": ErrorBody,
         "description": "The body, a size, the result, or the memory the request needs is over "
         "a configured limit",
     },
+    415: {
+        "model": ErrorBody,
+        "description": "The body is not sent as JSON (Content-Type: application/json)",
+    },
     422: {"model": ErrorBody, "description": "The request is JSON but does not fit the contract"},
+    431: {"model": ErrorBody, "description": "The request's headers are over the limits"},
     503: {
         "model": ErrorBody,
         "description": "The worker's memory is taken and the request could not wait; retry "

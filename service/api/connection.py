@@ -1,0 +1,463 @@
+"""The HTTP/1.1 connection: uvicorn's httptools protocol with the limits and deadlines it lacks.
+
+uvicorn bounds neither a request's head nor the time a request takes to arrive (its keep-alive
+timeout starts only after a response), so one client could hold a worker's sockets and event
+loop. ``python -m service`` serves with :class:`GuardedProtocol`, which adds, per connection:
+
+- a cap on the head's bytes and header count: **431**, before the excess is buffered;
+- a deadline for the head and a minimum rate for the body: **408**, then close;
+- a minimum rate for reading the answer: a reader that stalls is disconnected (its memory goes
+  back to the budget);
+- a cap on open connections per worker: **503** with ``Retry-After`` rather than a failed accept;
+- HTTP/1.1's framing rules: exactly one ``Host`` (400), no transfer coding but ``chunked`` (501),
+  and HTTP/1.0 answers that are not chunked (RFC 9112 §6.1: they end when the connection does);
+- a lingering close: an answer given before the body was read (401, 413, …) is followed by a
+  bounded drain of the rest, so clients that upload before reading still see it.
+
+Every refusal has the service's JSON error shape and is logged and counted like any request.
+"""
+
+import asyncio
+import contextlib
+import http
+import resource
+import time
+import uuid
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import httptools
+import orjson
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.server import ServerState
+
+from service.api.errors import ErrorBody, ErrorItem
+from service.api.middleware import REFUSED, record
+from service.config import get_settings
+
+RETRY_AFTER_SECONDS = 2
+LINGER_SECONDS = 5.0  # the longest drain after an early answer
+LINGER_IDLE_SECONDS = 1.0  # ... ending sooner when the client sends nothing this long
+OWN_FILES = 64  # descriptors a worker keeps for itself (listening socket, parser pipes, logs)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The connection limits of one worker (from the settings)."""
+
+    max_header_bytes: int
+    max_headers: int
+    header_timeout: float
+    body_timeout: float
+    send_timeout: float
+    min_rate: int
+    max_connections: int
+    max_body_bytes: int
+
+
+@cache
+def limits() -> Limits:
+    """This worker's limits: the settings, with the connection cap lowered to fit the
+    process's open-file limit (its soft limit raised to the hard one first)."""
+    s = get_settings()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = s.max_connections + OWN_FILES
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    cap = (
+        s.max_connections
+        if soft == resource.RLIM_INFINITY
+        else min(s.max_connections, max(1, soft - OWN_FILES))
+    )
+    return Limits(
+        s.max_header_bytes,
+        s.max_headers,
+        s.header_timeout_seconds,
+        s.body_timeout_seconds,
+        s.send_timeout_seconds,
+        s.min_transfer_rate,
+        cap,
+        s.max_body_bytes,
+    )
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An answer the connection gives itself, before or instead of the app."""
+
+    status: int
+    kind: str  # the error's type, and the access log's reason
+    message: str
+    linger: bool = True  # drain what the client is still sending before closing
+
+
+class _Refused(Exception):
+    """Raised inside a parser callback to stop parsing; the refusal is on the protocol."""
+
+
+def _error_json(refusal: Refusal) -> bytes:
+    item = ErrorItem(field=None, message=refusal.message, type=refusal.kind)
+    return orjson.dumps(ErrorBody(message=refusal.message, errors=[item]).model_dump())
+
+
+class _Transport:
+    """The socket's transport as the protocol's request cycles see it: closing it while the
+    request body is still arriving starts a lingering close instead (see GuardedProtocol)."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: "GuardedProtocol") -> None:
+        self.real = transport
+        self.protocol = protocol
+
+    def write(self, data: bytes) -> None:
+        """Forward to the socket."""
+        self.real.write(data)
+
+    def close(self) -> None:
+        """Close, or linger first when the client is still sending its body."""
+        if not self.protocol.linger():
+            self.real.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)  # is_closing, pause_reading, get_extra_info, …
+
+
+class _Http10Cycle(RequestResponseCycle):
+    """A request/response cycle for an HTTP/1.0 client: an answer of unknown length is sent as
+    it is and ends with the connection (HTTP/1.0 has no chunked coding)."""
+
+    close_delimited = False
+
+    async def send(self, message: Any) -> None:
+        """Frame the answer for HTTP/1.0, then let uvicorn's cycle write it."""
+        if message["type"] == "http.response.start":
+            names = {name.lower() for name, _ in message.get("headers", [])}
+            if b"content-length" not in names and self.scope["method"] != "HEAD":
+                self.close_delimited = True
+                self.keep_alive = False
+                self.chunked_encoding = False  # uvicorn then adds no transfer-encoding
+        elif message["type"] == "http.response.body" and self.close_delimited:
+            size = len(message.get("body", b""))  # uvicorn counts down a length: give it one
+            self.expected_content_length = size + (1 if message.get("more_body") else 0)
+        await super().send(message)
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits above; pass it as uvicorn's ``http``."""
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.limits = limits()
+        self.opened = time.monotonic()
+        self.in_head = True  # the next bytes belong to a request's head
+        self.head_bytes = 0
+        self.head_tail = b""  # the head's last bytes, to find its end across reads
+        self.header_count = 0
+        self.refusal: Refusal | None = None
+        self.head_timer: asyncio.TimerHandle | None = None
+        self.body_timer: asyncio.TimerHandle | None = None
+        self.body_bytes = 0
+        self.body_mark = (0.0, 0)  # (when, body bytes then): the current window's start
+        self.send_timer: asyncio.TimerHandle | None = None
+        self.send_mark = (0.0, 0)  # (when, bytes waiting to be sent then)
+        self.lingering = False
+        self.linger_until = 0.0
+        self.linger_left = 0
+        self.last_read = 0.0
+
+    # the connection
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Refuse beyond the connection cap; otherwise start the head's deadline."""
+        if len(self.connections) >= self.limits.max_connections:
+            self.transport = transport
+            self._answer(
+                Refusal(
+                    503,
+                    "too_many_connections",
+                    f"this worker has {self.limits.max_connections:,} open connections, its "
+                    f"limit; retry after {RETRY_AFTER_SECONDS} s",
+                    linger=False,
+                ),
+                retry_after=True,
+            )
+            return
+        super().connection_made(_Transport(transport, self))  # type: ignore[arg-type]
+        self.head_timer = self.loop.call_later(self.limits.header_timeout, self._head_late)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Stop the timers, then uvicorn's own clean-up."""
+        for timer in (self.head_timer, self.body_timer, self.send_timer):
+            if timer is not None:
+                timer.cancel()
+        if self.flow is None:  # refused at connection_made: uvicorn's state was never set up
+            return
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """Count the head's bytes before the parser sees them; drain while lingering."""
+        self._unset_keepalive_if_required()
+        self.last_read = time.monotonic()
+        if self.lingering:
+            self.linger_left -= len(data)
+            if self.linger_left <= 0 or self.last_read > self.linger_until:
+                self._transport().close()
+            return
+        if self.in_head:
+            if self.head_timer is None:  # the first bytes of a keep-alive connection's next head
+                self.head_timer = self.loop.call_later(self.limits.header_timeout, self._head_late)
+            seen = self.head_tail + data
+            end = seen.find(b"\r\n\r\n")
+            self.head_bytes += len(data) if end < 0 else end + 4 - len(self.head_tail)
+            if self.head_bytes > self.limits.max_header_bytes:
+                self._refuse_head_size()
+                return
+            self.head_tail = seen[-3:]
+        else:
+            self.body_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # no upgrades here (h2c, websocket): the request is answered as HTTP/1.1
+        except httptools.HttpParserError:
+            refusal = self.refusal or Refusal(
+                400, "http_invalid", "the request is not valid HTTP/1.1", linger=False
+            )
+            self._answer(refusal)
+            return
+        cycle = self.cycle
+        if not self.in_head and cycle is not None and cycle.more_body and self.body_timer is None:
+            self.body_mark = (time.monotonic(), self.body_bytes)
+            self.body_timer = self.loop.call_later(self.limits.body_timeout, self._body_check)
+
+    # parser callbacks
+    def on_message_begin(self) -> None:
+        """A new request: its head is counted afresh."""
+        super().on_message_begin()
+        self.header_count = 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """Count the header fields."""
+        self.header_count += 1
+        if self.header_count > self.limits.max_headers:
+            self.refusal = Refusal(
+                431,
+                "headers_too_large",
+                f"the request has more than {self.limits.max_headers} header fields",
+            )
+            raise _Refused
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        """HTTP/1.1's framing rules, then uvicorn starts the request."""
+        self.in_head = False
+        self.head_bytes, self.head_tail = 0, b""
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+        self.body_bytes = 0
+        self.scope["method"] = self.parser.get_method().decode("ascii", "replace")  # for the log
+        version = self.parser.get_http_version()
+        hosts = sum(1 for name, _ in self.headers if name == b"host")
+        codings = [
+            c.strip().lower()
+            for name, value in self.headers
+            if name == b"transfer-encoding"
+            for c in value.split(b",")
+        ]
+        if hosts > 1 or (hosts == 0 and version != "1.0"):
+            self.refusal = Refusal(
+                400, "host_invalid", "an HTTP/1.1 request needs exactly one Host header"
+            )
+            raise _Refused
+        if codings and codings != [b"chunked"]:
+            self.refusal = Refusal(
+                501,
+                "transfer_coding_unsupported",
+                "the only transfer coding this service reads is chunked; send the body "
+                "uncompressed",
+            )
+            raise _Refused
+        super().on_headers_complete()
+        if version == "1.0" and self.cycle is not None:
+            self.cycle.__class__ = _Http10Cycle  # the same cycle, framed for HTTP/1.0
+
+    def on_message_complete(self) -> None:
+        """The request is all here: its body deadline ends, the next head may begin."""
+        super().on_message_complete()
+        self.in_head = True
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
+
+    # answers and deadlines
+    def _transport(self) -> asyncio.Transport:
+        """The socket's own transport (not the lingering wrapper)."""
+        t = self.transport
+        return t.real if isinstance(t, _Transport) else t
+
+    def _answer(self, refusal: Refusal, retry_after: bool = False) -> None:
+        """Write ``refusal`` as a JSON error with ``Connection: close``, log and count it, and
+        close (after a lingering drain when it asks for one)."""
+        body = _error_json(refusal)
+        request_id = uuid.uuid4().hex
+        head = [
+            f"HTTP/1.1 {refusal.status} {http.HTTPStatus(refusal.status).phrase}\r\n".encode(),
+            *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n",
+            b"x-request-id: " + request_id.encode() + b"\r\n",
+            b"retry-after: %d\r\n" % RETRY_AFTER_SECONDS if retry_after else b"",
+            b"\r\n",
+        ]
+        transport = self._transport()
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started and not cycle.response_complete:
+            transport.abort()  # an answer is going out (pipelining): no room for another
+            return
+        if not transport.is_closing():
+            transport.write(b"".join(head) + body)
+        if cycle is not None and not cycle.response_complete:  # routed already: it says 408 …
+            cycle.scope["state"][REFUSED] = (refusal.status, refusal.kind)
+            cycle.disconnected = True  # … and its app stops reading and writing
+            cycle.message_event.set()
+        else:
+            record(
+                request_id=request_id,
+                method=self.scope["method"] if self.scope and "method" in self.scope else "-",
+                path=self.scope.get("path", "-") if self.scope else "-",
+                endpoint="unmatched",
+                status=refusal.status,
+                seconds=time.monotonic() - self.opened,
+                bytes_in=0,
+                bytes_out=len(body),
+                outcome="complete",
+                reason=refusal.kind,
+            )
+        if not (refusal.linger and self._start_linger()):
+            transport.close()
+
+    def _refuse_head_size(self) -> None:
+        self._answer(
+            Refusal(
+                431,
+                "headers_too_large",
+                f"the request's head is larger than this service's limit of "
+                f"{self.limits.max_header_bytes:,} bytes",
+            )
+        )
+
+    def _head_late(self) -> None:
+        """The head's deadline: 408 unless it is complete."""
+        self.head_timer = None
+        if self.in_head and not self._transport().is_closing() and not self.lingering:
+            seconds = self.limits.header_timeout
+            self._answer(
+                Refusal(
+                    408,
+                    "header_timeout",
+                    f"the request's headers did not arrive within {seconds:g} s",
+                    linger=False,
+                )
+            )
+
+    def _body_check(self) -> None:
+        """The end of a body window: 408 unless the body came at the minimum rate."""
+        self.body_timer = None
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or cycle.response_complete or self.lingering:
+            return
+        now = time.monotonic()
+        since, then = self.body_mark
+        if not self.flow.read_paused:  # (paused: the app is not reading; not the client's fault)
+            needed = max(1, int(self.limits.min_rate * (now - since)))
+            if self.body_bytes - then < needed:
+                self._answer(
+                    Refusal(
+                        408,
+                        "body_timeout",
+                        f"the request body arrived slower than {self.limits.min_rate:,} bytes/s "
+                        f"over {self.limits.body_timeout:g} s",
+                        linger=False,
+                    )
+                )
+                return
+        self.body_mark = (now, self.body_bytes)
+        self.body_timer = self.loop.call_later(self.limits.body_timeout, self._body_check)
+
+    def pause_writing(self) -> None:
+        """The client reads slower than the answer is written: watch how fast it drains."""
+        super().pause_writing()
+        if self.send_timer is None:
+            self.send_mark = (time.monotonic(), self._transport().get_write_buffer_size())
+            self.send_timer = self.loop.call_later(self.limits.send_timeout, self._send_check)
+
+    def resume_writing(self) -> None:
+        """The client caught up."""
+        super().resume_writing()
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
+
+    def _send_check(self) -> None:
+        """The end of a send window: disconnect a reader that took less than the minimum rate
+        (its answer stops, and its memory goes back)."""
+        self.send_timer = None
+        if not self.flow.write_paused:
+            return
+        transport = self._transport()
+        now, waiting = time.monotonic(), transport.get_write_buffer_size()
+        since, before = self.send_mark
+        if before - waiting < max(1, int(self.limits.min_rate * (now - since))):
+            if self.cycle is not None:
+                self.cycle.scope["state"]["reason"] = "send_timeout"
+            transport.abort()
+            return
+        self.send_mark = (now, waiting)
+        self.send_timer = self.loop.call_later(self.limits.send_timeout, self._send_check)
+
+    # the lingering close
+    def linger(self) -> bool:
+        """Called for every close: linger (and say so) when the client is still sending the
+        body of a request that has been answered."""
+        if self.lingering:
+            return False  # closing for good
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or self.parser is None:
+            return False
+        return self._start_linger()
+
+    def _start_linger(self) -> bool:
+        """Half-close (the answer is complete), then read and drop what the client still
+        sends, for at most LINGER_SECONDS and the body limit's bytes."""
+        transport = self._transport()
+        if transport.is_closing() or not transport.can_write_eof():
+            return False
+        self.lingering = True
+        self.linger_until = time.monotonic() + LINGER_SECONDS
+        self.linger_left = self.limits.max_body_bytes
+        transport.write_eof()
+        if self.flow is not None:
+            self.flow.resume_reading()
+        self.loop.call_later(LINGER_IDLE_SECONDS, self._linger_check)
+        return True
+
+    def _linger_check(self) -> None:
+        now = time.monotonic()
+        transport = self._transport()
+        if transport.is_closing():
+            return
+        if now - self.last_read >= LINGER_IDLE_SECONDS or now > self.linger_until:
+            transport.close()
+        else:
+            self.loop.call_later(LINGER_IDLE_SECONDS, self._linger_check)
