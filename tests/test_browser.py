@@ -95,12 +95,28 @@ def test_swagger_ui_renders_and_try_it_out_executes_offline(
 
 
 def test_redoc_renders_offline(offline_page: tuple[Any, list[str]], server: str) -> None:
+    """ReDoc renders from the service alone, and nothing it does is refused by its CSP."""
     page, outside = offline_page
+    console: list[str] = []
+    page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
     page.goto(server + "/redoc")
     page.get_by_text("Scaled dot-product attention, every step").first.wait_for(timeout=20_000)
+    page.get_by_text("API docs by Redocly").first.wait_for(timeout=5_000)  # the footer is drawn
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "redoc.png"))
     assert outside == []
+    assert console == [], f"console errors: {console}"
+
+
+def test_swagger_shows_no_authorize_button_without_keys(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    """Without ATTENTION_API_KEYS nothing needs a key, so Swagger UI offers none."""
+    page, _ = offline_page
+    page.goto(server + "/docs")
+    page.locator("#operations-attention-attention_attention_post").wait_for(timeout=20_000)
+    assert page.locator(".auth-wrapper .authorize").count() == 0
+    assert page.locator(".authorization__btn").count() == 0
 
 
 # ---- the explorer page ----------------------------------------------------------------------

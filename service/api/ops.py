@@ -19,6 +19,7 @@ from service.core.attention import scaled_dot_product_attention
 router = APIRouter(tags=["operations"])
 keyed_router = APIRouter(tags=["operations"])  # behind the API key when keys are configured
 DOCS_ASSETS = "/docs-assets"
+REDOC_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"
 # The docs pages may load nothing from outside the service: in a closed network a CDN request
 # would hang or fail, and the browser should not even try (ReDoc's footer links a CDN logo).
 DOCS_CSP = (
@@ -82,6 +83,19 @@ def install_docs(app: FastAPI) -> None:
     """Swagger UI at /docs and ReDoc at /redoc from assets shipped in a package (no CDN), with
     syntax highlighting off so that large responses do not freeze the page."""
     assets = files("fastapi_offline") / "static"
+    redoc_js = (assets / "redoc.standalone.js").read_text(encoding="utf-8")
+    # ReDoc's footer loads its logo from a CDN, which the CSP refuses (a console error on every
+    # load); an empty image instead makes ReDoc drop the logo and keep its link
+    redoc_js = redoc_js.replace(REDOC_LOGO, "data:,")
+
+    @app.get(f"{DOCS_ASSETS}/redoc.standalone.js", include_in_schema=False)
+    def redoc_script() -> Response:
+        return Response(
+            redoc_js,
+            media_type="text/javascript",
+            headers={"Cache-Control": "public, max-age=86400"},
+        )
+
     app.mount(DOCS_ASSETS, StaticFiles(directory=str(assets)), name="docs-assets")
 
     def prefix(request: Request) -> str:
