@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
             # limits and deadlines per connection; by name, so that only workers import it
             http="service.api.connection:GuardedProtocol",
             server_header=False,  # no "server: uvicorn" on every answer
+            ws="none",  # no WebSocket endpoints: an Upgrade request is answered as plain HTTP
             log_config=log_config(settings.log_level),
             access_log=False,
             proxy_headers=True,

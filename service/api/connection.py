@@ -227,7 +227,7 @@ class GuardedProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            pass  # no upgrades here (h2c, websocket): the request is answered as HTTP/1.1
+            pass  # no upgrades (h2c; WebSocket is off in service.__main__): answered as HTTP/1.1
         except httptools.HttpParserError:
             refusal = self.refusal or Refusal(
                 400, "http_invalid", "the request is not valid HTTP/1.1", linger=False
