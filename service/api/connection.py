@@ -38,7 +38,7 @@ from service.api.middleware import REFUSED, record
 from service.config import get_settings
 
 RETRY_AFTER_SECONDS = 2
-LINGER_SECONDS = 5.0  # the longest drain after an early answer
+LINGER_SECONDS = 10.0  # the longest drain after an early answer (bounded by time, as nginx's)
 LINGER_IDLE_SECONDS = 1.0  # ... ending sooner when the client sends nothing this long
 OWN_FILES = 64  # descriptors a worker keeps for itself (listening socket, parser pipes, logs)
 
@@ -172,7 +172,6 @@ class GuardedProtocol(HttpToolsProtocol):
         self.send_mark = (0.0, 0)  # (when, bytes waiting to be sent then)
         self.lingering = False
         self.linger_until = 0.0
-        self.linger_left = 0
         self.last_read = 0.0
 
     # the connection
@@ -208,8 +207,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._unset_keepalive_if_required()
         self.last_read = time.monotonic()
         if self.lingering:
-            self.linger_left -= len(data)
-            if self.linger_left <= 0 or self.last_read > self.linger_until:
+            if self.last_read > self.linger_until:
                 self._transport().close()
             return
         if self.in_head:
@@ -309,7 +307,10 @@ class GuardedProtocol(HttpToolsProtocol):
         """Write ``refusal`` as a JSON error with ``Connection: close``, log and count it, and
         close (after a lingering drain when it asks for one)."""
         body = _error_json(refusal)
-        request_id = uuid.uuid4().hex
+        cycle = self.cycle
+        routed = cycle is not None and not cycle.response_complete  # the app has its request
+        state = cycle.scope["state"] if cycle is not None and routed else {}
+        request_id = str(state.get("request_id") or uuid.uuid4().hex)
         head = [
             f"HTTP/1.1 {refusal.status} {http.HTTPStatus(refusal.status).phrase}\r\n".encode(),
             *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
@@ -321,14 +322,13 @@ class GuardedProtocol(HttpToolsProtocol):
             b"\r\n",
         ]
         transport = self._transport()
-        cycle = self.cycle
         if cycle is not None and cycle.response_started and not cycle.response_complete:
             transport.abort()  # an answer is going out (pipelining): no room for another
             return
         if not transport.is_closing():
             transport.write(b"".join(head) + body)
-        if cycle is not None and not cycle.response_complete:  # routed already: it says 408 …
-            cycle.scope["state"][REFUSED] = (refusal.status, refusal.kind)
+        if cycle is not None and routed:  # the app's access line says 408 …
+            state[REFUSED] = (refusal.status, refusal.kind, len(body))
             cycle.disconnected = True  # … and its app stops reading and writing
             cycle.message_event.set()
         else:
@@ -439,13 +439,13 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def _start_linger(self) -> bool:
         """Half-close (the answer is complete), then read and drop what the client still
-        sends, for at most LINGER_SECONDS and the body limit's bytes."""
+        sends, for at most LINGER_SECONDS (a client that uploads before reading then sees the
+        answer, whatever its body's size)."""
         transport = self._transport()
         if transport.is_closing() or not transport.can_write_eof():
             return False
         self.lingering = True
         self.linger_until = time.monotonic() + LINGER_SECONDS
-        self.linger_left = self.limits.max_body_bytes
         transport.write_eof()
         if self.flow is not None:
             self.flow.resume_reading()

@@ -26,7 +26,7 @@ _WITH_BODY = {"POST", "PUT", "PATCH"}
 
 
 CUT = 503  # logged for an answer the server's stop cut off (with "outcome": "cut")
-REFUSED = "refused"  # scope["state"] key: (status, reason) when the connection answered itself
+REFUSED = "refused"  # scope["state"] key: (status, reason, bytes) when the connection answered
 JSON_TYPES = ("application/json",)  # and any application/…+json
 
 
@@ -124,6 +124,7 @@ class RequestMiddleware:
                 partial = route
         if partial is not None:
             allowed = sorted(getattr(partial, "methods", None) or ())
+            allowed += ["HEAD"] if "GET" in allowed and "HEAD" not in allowed else []
             message = f"{path} does not take {method}; it takes {', '.join(allowed)}"
             headers = {"Allow": ", ".join(allowed)}
             return str(getattr(partial, "path", "")), _early(
@@ -209,7 +210,7 @@ class RequestMiddleware:
             if method in _WITH_BODY:
                 body = await self._read_body(headers, receive)
                 if body is None:  # the client went away during its upload: not our error
-                    status, reason = state.get(REFUSED, (CLIENT_CLOSED, None))
+                    status, reason, bytes_out = state.get(REFUSED, (CLIENT_CLOSED, None, 0))
                     if reason:
                         state["reason"] = reason
                     return
