@@ -3,14 +3,21 @@
 Starts a real server (`python -m service`, 1 worker) on a free loopback port, alternates the
 two sides of every comparison, takes medians, prints the ratios and writes them to
 benchmarks/results/latest.json. Absolute times on shared machines are noise; ratios are not.
-Needs curl; P2 needs wrk (apt-get install wrk) and P6 needs torch — rows whose tool is missing
-say so and are skipped.
+Needs curl; P2, C1 and C2 need wrk (apt-get install wrk) and P6 needs torch — rows whose tool
+is missing say so and are skipped.
+
+C1/C2 (what the connection protections cost a small request): three pairs of fresh one-worker
+servers, all launched through ``service.__main__.main`` (same app, settings, logging, access
+log, proxy headers, server header), in each pair one with its ``GuardedProtocol`` and one with
+uvicorn's stock httptools protocol; wrk runs alternate within each pair, and the value is the
+median guarded ÷ stock ratio of back-to-back runs (its quartiles show how noisy the machine was).
 """
 
 import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -32,7 +39,7 @@ import orjson  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.live import start_server  # noqa: E402
+from harness.live import free_port, http_json, start_server  # noqa: E402
 from service.api.outputs import sizes  # noqa: E402
 from service.api.rules import attention_shapes  # noqa: E402
 from service.api.schemas.requests import AttentionRequest  # noqa: E402
@@ -150,15 +157,9 @@ def p2(base: str, tmp: Path, rounds: int) -> Row:
             "POST /attention 3 tokens vs GET /healthz, wrk -c8",
             "wrk is not installed (apt-get install wrk)",
         )
-    from service.api.examples import I_AM_BATMAN
-
-    script = tmp / "post.lua"
-    body = json.dumps(I_AM_BATMAN).replace("\\", "\\\\").replace('"', '\\"')
-    script.write_text(
-        f'wrk.method = "POST"\nwrk.body = "{body}"\nwrk.headers["Content-Type"] = "application/json"\n'
-    )
+    script = post_script(tmp)
     health, attention = alternate(lambda: wrk_rps(base + "/healthz", 4),
-                                  lambda: wrk_rps(base + "/attention", 4, str(script)), rounds)  # fmt: skip
+                                  lambda: wrk_rps(base + "/attention", 4, script), rounds)  # fmt: skip
     return row("P2", "POST /attention 3 tokens vs GET /healthz, wrk -c8", attention / health, "≥", 0.8,
                f"{attention:.0f} vs {health:.0f} requests/s (medians of {rounds})")  # fmt: skip
 
@@ -257,6 +258,162 @@ def p7(base: str, tmp: Path, seconds: float) -> Row:
                f"{len(latencies)} probes, p50 {np.percentile(latencies, 50) * 1e3:.1f} ms")  # fmt: skip
 
 
+# `python -m service` exactly, except that with "stock" uvicorn gets its own httptools protocol
+LAUNCHER = """
+import sys
+import uvicorn
+stock = sys.argv.pop(1) == "stock"
+run = uvicorn.run
+def launch(*args, **kwargs):
+    assert kwargs["http"] == "service.api.connection:GuardedProtocol", kwargs["http"]
+    run(*args, **{**kwargs, "http": "httptools" if stock else kwargs["http"]})
+uvicorn.run = launch
+from service.__main__ import main
+main(sys.argv[1:])
+"""
+PROTECTION_TARGET = 0.95  # guarded ÷ stock requests/s: the protections cost at most 5 %
+
+
+def start_launched(sides: list[bool]) -> list[tuple[subprocess.Popen[bytes], str]]:
+    """One worker per side (True: stock protocol) via LAUNCHER, each on a free loopback port,
+    started together; returns once every /healthz answers."""
+    started = []
+    for stock in sides:
+        port = free_port()
+        args = ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+        out = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the server)
+        proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, "stock" if stock else "guarded", *args],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        started.append((proc, f"http://127.0.0.1:{port}", out))
+    deadline = time.monotonic() + 60
+    for proc, base, out in started:
+        while True:
+            try:
+                if http_json(base + "/healthz")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                for other, _, _ in started:
+                    other.kill()
+                out.seek(0)
+                log = out.read().decode(errors="replace")
+                raise RuntimeError(f"a server for C1/C2 did not start:\n{log}")
+            time.sleep(0.2)
+    return [(proc, base) for proc, base, _ in started]
+
+
+def raw_status(base: str, request: bytes) -> int:
+    """The status code a raw HTTP request gets."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(request)
+        return int(s.recv(64).split()[1])
+
+
+def wrk_stats(url: str, seconds: int, script: str | None = None) -> tuple[float, float]:
+    """(requests/s, p99 latency in ms) from one wrk -t2 -c8 run."""
+    cmd = ["wrk", "-t2", "-c8", "--latency", f"-d{seconds}s", url] + (
+        ["-s", script] if script else []
+    )
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    if "Non-2xx" in out or "Socket errors" in out:
+        raise RuntimeError(f"wrk saw errors:\n{out}")
+    rps = float(
+        next(line.split()[1] for line in out.splitlines() if line.startswith("Requests/sec"))
+    )
+    p99 = next(line.split()[1] for line in out.splitlines() if line.strip().startswith("99%"))
+    unit = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+    number = p99.rstrip("usm")
+    return rps, float(number) * unit[p99[len(number) :]]
+
+
+def post_script(tmp: Path) -> str:
+    """A wrk script that POSTs P2's 3-token /attention request."""
+    from service.api.examples import I_AM_BATMAN
+
+    script = tmp / "post.lua"
+    body = json.dumps(I_AM_BATMAN).replace("\\", "\\\\").replace('"', '\\"')
+    script.write_text(
+        f'wrk.method = "POST"\nwrk.body = "{body}"\nwrk.headers["Content-Type"] = "application/json"\n'
+    )
+    return str(script)
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    """Lower quartile, median, upper quartile."""
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def c1_c2(tmp: Path, ids: set[str], pairs: int = 3, rounds: int = 3, seconds: int = 1) -> list[Row]:
+    """Guarded vs stock protocol on small requests: ``pairs`` pairs of one-worker servers
+    (several, since one process can run several % faster or slower than an identical one), a
+    wrk run on each side of a pair back to back, the side going first swapped each time; the
+    value is the median of those pairs' guarded ÷ stock ratios."""
+    what = {"C1": "connection protections: POST /attention 3 tokens, guarded ÷ stock protocol",
+            "C2": "connection protections: GET /healthz, guarded ÷ stock protocol"}  # fmt: skip
+    if not shutil.which("wrk"):
+        return [skipped(rid, w, "wrk is not installed (apt-get install wrk)")
+                for rid, w in what.items() if rid in ids]  # fmt: skip
+    from service.api.examples import I_AM_BATMAN
+
+    script = post_script(tmp)
+    sides = [
+        stock for k in range(pairs) for stock in ((False, True) if k % 2 == 0 else (True, False))
+    ]
+    servers = start_launched(sides)  # which side starts first alternates too
+    try:
+        # the two sides really differ: only the guarded protocol refuses a second Host header
+        twice = b"GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"
+        codes = [raw_status(base, twice) for _, base in servers]
+        expected = [200 if stock else 400 for stock in sides]
+        assert codes == expected, (
+            f"stock/guarded servers {sides} answered a doubled Host with {codes}"
+        )
+        bases = [(servers[2 * k + sides[2 * k]][1], servers[2 * k + 1 - sides[2 * k]][1])
+                 for k in range(pairs)]  # (guarded, stock) per pair  # fmt: skip
+        rows = []
+        for rid, path, lua in (("C1", "/attention", script), ("C2", "/healthz", None)):
+            if rid not in ids:
+                continue
+            for _, base in servers:  # first calls (imports, caches) are not what is measured
+                for _ in range(20):
+                    http_json(base + path, I_AM_BATMAN if lua else None)
+            # (guarded, stock) (requests/s, p99 ms), each pair of runs back to back
+            runs: list[tuple[tuple[float, float], tuple[float, float]]] = []
+            for i in range(rounds):
+                for k, (guarded, stock) in enumerate(bases):
+                    if (i + k) % 2 == 0:
+                        g = wrk_stats(guarded + path, seconds, lua)
+                        runs.append((g, wrk_stats(stock + path, seconds, lua)))
+                    else:
+                        s = wrk_stats(stock + path, seconds, lua)
+                        runs.append((wrk_stats(guarded + path, seconds, lua), s))
+            # the median of the ratios of back-to-back runs: load from elsewhere on the machine
+            # that comes and goes hits both runs of a pair alike
+            q1, ratio, q3 = quartiles([g[0] / s[0] for g, s in runs])
+            p99_ratio = statistics.median(g[1] / s[1] for g, s in runs)
+            g_rps, s_rps, g_p99, s_p99 = (
+                statistics.median(r[side][f] for r in runs) for f in (0, 1) for side in (0, 1)
+            )
+            verdict = "PASS" if ratio >= PROTECTION_TARGET else "WARN"
+            r = row(rid, what[rid], ratio, "≥", PROTECTION_TARGET,
+                    f"{verdict}: {g_rps:.0f} vs {s_rps:.0f} requests/s, p99 {g_p99:.2f} vs {s_p99:.2f} ms "
+                    f"(p99 ratio {p99_ratio:.2f}); median of {len(runs)} back-to-back pairs of "
+                    f"{seconds} s wrk -t2 -c8 runs on {pairs} server pairs (1 worker each), "
+                    f"ratios' quartiles {q1:.2f}–{q3:.2f}")  # fmt: skip
+            r["p99_ratio"] = round(p99_ratio, 3)
+            r["runs"] = [[round(g[0]), round(s[0])] for g, s in runs]  # requests/s per pair
+            rows.append(r)
+        return rows
+    finally:
+        for proc, _ in servers:
+            proc.terminate()
+        for proc, _ in servers:
+            proc.wait(timeout=30)
+
+
 def row(rid: str, what: str, value: float, op: str, target: float, detail: str) -> Row:
     met = {"≤": value <= target, "≥": value >= target, "<": value < target}[op]
     return {
@@ -286,7 +443,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="row ids to run, e.g. P1 P4")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest.json"))
     args = parser.parse_args()
-    want = set(args.only or ["P1", "P2", "P3", "P4", "P5", "P6", "P7"])
+    want = set(args.only or ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "C1", "C2"])
     proc, base = start_server(workers=1)
     rows: list[Row] = []
     try:
@@ -304,6 +461,8 @@ def main() -> None:
                 rows.append(p6(max(args.runs, 9)))
             if "P7" in want:
                 rows.append(p7(base, tmp, 8.0))
+            if want & {"C1", "C2"}:
+                rows += c1_c2(tmp, want)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
