@@ -251,6 +251,28 @@ def test_header_limits_are_exact(server: Server, request_bytes: bytes, status: i
         assert answer.header("connection") == "close"
 
 
+@pytest.mark.parametrize("tail", [1, 2, 3, 4, 5], ids=lambda n: f"last-{n}-bytes-apart")
+def test_a_head_split_across_reads_is_counted_exactly(server: Server, tail: int) -> None:
+    """A POST head of exactly max_header_bytes whose blank line is split between two reads, the
+    second read also carrying the body, is served: the head's end is found across the reads, so
+    the body's bytes are not counted as head."""
+    body = json.dumps({"q": [[1.0, 0.0]], "k": [[1.0, 0.0]], "v": [[2.0, 3.0]]}).encode()
+    fields = [("Host", "x"), *KEYED_JSON, ("Content-Length", str(len(body))), ("X-Pad", "")]
+    start = _head("POST", "/attention", fields)[: -len(b"\r\n\r\n")]
+    head = start + b"p" * (MAX_HEADER_BYTES - len(start) - 4) + b"\r\n\r\n"
+    assert len(head) == MAX_HEADER_BYTES
+    with server.connect() as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(head[:-tail])
+        time.sleep(0.05)  # two reads on the server
+        sock.sendall(head[-tail:] + body + _sized_head(1024))  # and a next request, pipelined
+        first = b""
+        while b'"output"' not in first and (chunk := sock.recv(1 << 16)):
+            first += chunk
+    assert first.startswith(b"HTTP/1.1 200"), first[:200]
+    assert b'"output":[[2.0,3.0]]' in first
+
+
 # 3. the head and body deadlines
 @pytest.mark.parametrize("case", ["silent", "head-trickled", "body-trickled"])
 def test_a_request_that_arrives_too_slowly_is_408_then_closed(server: Server, case: str) -> None:

@@ -112,10 +112,8 @@ class _Transport:
     def __init__(self, transport: asyncio.Transport, protocol: "GuardedProtocol") -> None:
         self.real = transport
         self.protocol = protocol
-
-    def write(self, data: bytes) -> None:
-        """Forward to the socket."""
-        self.real.write(data)
+        self.write = transport.write  # called for every answer: bound once, not looked up
+        self.is_closing = transport.is_closing
 
     def close(self) -> None:
         """Close, or linger first when the client is still sending its body."""
@@ -163,6 +161,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self.head_bytes = 0
         self.head_tail = b""  # the head's last bytes, to find its end across reads
         self.header_count = 0
+        self.hosts = 0  # Host fields in this head
+        self.codings = b""  # its Transfer-Encoding values, each after a comma
         self.refusal: Refusal | None = None
         self.head_timer: asyncio.TimerHandle | None = None
         self.body_timer: asyncio.TimerHandle | None = None
@@ -213,13 +213,16 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.in_head:
             if self.head_timer is None:  # the first bytes of a keep-alive connection's next head
                 self.head_timer = self.loop.call_later(self.limits.header_timeout, self._head_late)
-            seen = self.head_tail + data
-            end = seen.find(b"\r\n\r\n")
-            self.head_bytes += len(data) if end < 0 else end + 4 - len(self.head_tail)
+            found = data.find(b"\r\n\r\n")
+            end = found + 4 if found >= 0 else None  # how much of ``data`` is head
+            if self.head_tail and found != 0:  # the blank line may straddle the previous read
+                straddled = (self.head_tail + data[:3]).find(b"\r\n\r\n")
+                end = straddled + 4 - len(self.head_tail) if straddled >= 0 else end
+            self.head_bytes += len(data) if end is None else end
             if self.head_bytes > self.limits.max_header_bytes:
                 self._refuse_head_size()
                 return
-            self.head_tail = seen[-3:]
+            self.head_tail = (self.head_tail + data[-3:])[-3:] if end is None else b""
         else:
             self.body_bytes += len(data)
         try:
@@ -240,11 +243,13 @@ class GuardedProtocol(HttpToolsProtocol):
     # parser callbacks
     def on_message_begin(self) -> None:
         """A new request: its head is counted afresh."""
-        super().on_message_begin()
-        self.header_count = 0
+        HttpToolsProtocol.on_message_begin(self)
+        self.header_count = self.hosts = 0
+        self.codings = b""
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        """Count the header fields."""
+        """Keep the header (as uvicorn does), counting the fields and noting Host and
+        Transfer-Encoding for the framing rules."""
         self.header_count += 1
         if self.header_count > self.limits.max_headers:
             self.refusal = Refusal(
@@ -253,7 +258,14 @@ class GuardedProtocol(HttpToolsProtocol):
                 f"the request has more than {self.limits.max_headers} header fields",
             )
             raise _Refused
-        super().on_header(name, value)
+        name = name.lower()
+        if name == b"host":
+            self.hosts += 1
+        elif name == b"transfer-encoding":
+            self.codings += b"," + value
+        elif name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         """HTTP/1.1's framing rules, then uvicorn starts the request."""
@@ -263,27 +275,23 @@ class GuardedProtocol(HttpToolsProtocol):
             self.head_timer.cancel()
             self.head_timer = None
         self.body_bytes = 0
-        self.scope["method"] = self.parser.get_method().decode("ascii", "replace")  # for the log
         version = self.parser.get_http_version()
-        hosts = sum(1 for name, _ in self.headers if name == b"host")
-        codings = [
-            c.strip().lower()
-            for name, value in self.headers
-            if name == b"transfer-encoding"
-            for c in value.split(b",")
-        ]
-        if hosts > 1 or (hosts == 0 and version != "1.0"):
+        if self.hosts > 1 or (self.hosts == 0 and version != "1.0"):
             self.refusal = Refusal(
                 400, "host_invalid", "an HTTP/1.1 request needs exactly one Host header"
             )
+            self.scope["method"] = self.parser.get_method().decode("ascii", "replace")  # the log
             raise _Refused
-        if codings and codings != [b"chunked"]:
+        if self.codings and [c.strip().lower() for c in self.codings.split(b",")[1:]] != [
+            b"chunked"
+        ]:
             self.refusal = Refusal(
                 501,
                 "transfer_coding_unsupported",
                 "the only transfer coding this service reads is chunked; send the body "
                 "uncompressed",
             )
+            self.scope["method"] = self.parser.get_method().decode("ascii", "replace")
             raise _Refused
         super().on_headers_complete()
         if version == "1.0" and self.cycle is not None:
@@ -291,7 +299,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         """The request is all here: its body deadline ends, the next head may begin."""
-        super().on_message_complete()
+        HttpToolsProtocol.on_message_complete(self)
         self.in_head = True
         if self.body_timer is not None:
             self.body_timer.cancel()
