@@ -569,3 +569,34 @@ def test_a_reader_that_stalls_is_disconnected_and_its_memory_given_back(server: 
         lambda: _gauge(server, "attention_budget_in_use_bytes") == 0.0,
         "the stalled reader's memory was not given back",
     )
+
+
+# the connection cap and the open-file limit (in process)
+@pytest.mark.parametrize(
+    ("soft", "hard", "raised_to", "cap"),
+    [
+        (1024, 1024, None, 1024 - 64),  # cannot be raised: the cap fits the limit
+        (1024, 4096, 1064, 1000),  # raised just enough for 1,000 connections
+        (65536, 65536, None, 1000),  # already enough
+    ],
+    ids=["hard-limit-low", "soft-raised", "enough"],
+)
+def test_the_connection_cap_fits_the_open_file_limit(
+    monkeypatch: pytest.MonkeyPatch, soft: int, hard: int, raised_to: int | None, cap: int
+) -> None:
+    """The worker raises its soft open-file limit to fit the cap, or lowers the cap to fit."""
+    import resource
+
+    from service.api import connection
+    from service.config import Settings
+
+    raised: list[int] = []
+    monkeypatch.setattr(connection, "get_settings", lambda: Settings(max_connections=1000))
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, hard))
+    monkeypatch.setattr(resource, "setrlimit", lambda _, limits: raised.append(limits[0]))
+    connection.limits.cache_clear()
+    try:
+        assert connection.limits().max_connections == cap
+    finally:
+        connection.limits.cache_clear()
+    assert raised == ([] if raised_to is None else [raised_to])

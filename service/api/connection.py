@@ -66,9 +66,10 @@ def limits() -> Limits:
     wanted = s.max_connections + OWN_FILES
     if soft != resource.RLIM_INFINITY and soft < wanted:
         target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
+        if target > soft:  # (else the hard limit is the soft one: nothing to raise)
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
     cap = (
         s.max_connections
         if soft == resource.RLIM_INFINITY
