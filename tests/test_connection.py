@@ -600,3 +600,12 @@ def test_the_connection_cap_fits_the_open_file_limit(
     finally:
         connection.limits.cache_clear()
     assert raised == ([] if raised_to is None else [raised_to])
+
+
+def test_start_up_logs_where_the_explorer_and_the_docs_are(server: Server) -> None:
+    """The first lines tell a person which URLs to open (the server listens on 127.0.0.1)."""
+    lines = [json.loads(x) for x in server.log.read_text().splitlines() if x.startswith("{")]
+    said = [x for x in lines if x.get("explorer")]
+    assert len(said) == 1
+    assert said[0]["explorer"] == f"{server.base}/" and said[0]["docs"] == f"{server.base}/docs"
+    assert "the explorer is at" in said[0]["message"]
