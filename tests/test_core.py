@@ -63,6 +63,16 @@ def test_softmax_subtracts_the_max_so_large_scores_do_not_overflow() -> None:
     np.testing.assert_allclose(w, [[1 / 3, 2 / 3]], rtol=1e-12)
 
 
+@pytest.mark.parametrize("over", ["features", "all"])
+def test_a_layer_norm_whose_variance_overflows_is_refused_not_zero(over: str) -> None:
+    """Values near 1e200 square past float64: the variance is ∞, which would make every
+    normalised value 0 (the true answer for [[1e200, -1e200]] is [[1, -1]])."""
+    x = np.array([[[1e200, -1e200]]])
+    with pytest.raises(AttentionInputError, match="variance in layer norm"):
+        layer_norm(x, LayerNorm(over=over))  # type: ignore[arg-type]
+    np.testing.assert_allclose(layer_norm(x / 1e190, LayerNorm(eps=0.0)), [[[1.0, -1.0]]])
+
+
 def test_overflowed_scores_are_refused_not_nan() -> None:
     q = np.array([[1e200, 0.0]])
     with pytest.raises(AttentionInputError, match="overflowed"):

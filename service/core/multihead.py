@@ -69,8 +69,10 @@ def layer_norm(x: Array, norm: LayerNorm) -> Array:
     ``all`` normalises each sequence over all its L·d numbers.
     """
     axes: tuple[int, ...] = (-1,) if norm.over == "features" else (-2, -1)
-    mean = x.mean(axis=axes, keepdims=True)
-    var = x.var(axis=axes, keepdims=True)  # biased, as torch
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+        mean = x.mean(axis=axes, keepdims=True)
+        var = x.var(axis=axes, keepdims=True)  # biased, as torch
+    require_finite(var, "the variance in layer norm")  # ∞ would silently give 0 for every value
     out = (x - mean) / np.sqrt(var + norm.eps)  # (B, L, d)
     if norm.gamma is not None:
         out *= norm.gamma
@@ -143,7 +145,10 @@ def multihead_attention(
         if weights.b_o is not None:
             projected = projected + weights.b_o
         res = x_in + projected if residual else None  # (B, L, d_model)
-        normed = layer_norm(projected if res is None else res, norm) if norm is not None else None
+    require_finite(projected, "the projected heads (concat W_o)")
+    if res is not None:
+        require_finite(res, "the residual x + projected")
+    normed = layer_norm(projected if res is None else res, norm) if norm is not None else None
     output = normed if normed is not None else res if res is not None else projected
     require_finite(output, "the multi-head output")
     return MultiheadTrace(
