@@ -1,0 +1,147 @@
+"""Score variants of modern attention (issue 13): QK-norm, logit soft-capping and sinks.
+
+They act between the projections and the weights, in the order the contract fixes:
+``qk_norm`` on Q and K (Qwen3), then the scores, then ``softcap`` on the scaled scores
+(Gemma 2), then position bias and mask, then ``softmax_with_sink`` in place of the plain
+softmax (gpt-oss). Shapes use paper names: L queries, S keys, d_k query/key width, h heads;
+every function accepts leading batch axes (``...``). NumPy only, no I/O.
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from service.core.attention import require_finite
+from service.core.errors import AttentionInputError
+from service.core.softmax import fully_masked, softmax
+from service.core.types import Array, BoolArray
+
+QKNormType = Literal["rms", "layer"]  # RMSNorm (Zhang & Sennrich 2019) or LayerNorm
+
+
+@dataclass(frozen=True)
+class QKNorm:
+    """Settings of one QK-norm (the query's or the key's: each has its own weight).
+
+    The contract's ``{"type", "eps", "q_weight", "k_weight"}`` gives two of these, sharing
+    ``type`` and ``eps``, as Qwen3 has ``q_norm`` and ``k_norm``.
+    """
+
+    type: QKNormType = "rms"
+    eps: float = 1e-6
+    weight: Array | None = None  # (d_k,); None = ones
+
+
+@dataclass(frozen=True)
+class SinkSoftmax:
+    """Row softmax with an attention sink: the key weights and the sink's share of each row."""
+
+    weights: Array  # (..., L, S)  rows sum to 1 − sink_weights
+    sink_weights: Array  # (..., L)  the weight the sink takes in each row
+    fully_masked_rows: BoolArray  # (..., L)  rows whose every key is masked (all to the sink)
+
+
+def qk_norm(x: Array, settings: QKNorm) -> Array:
+    """Normalise each query or key vector of ``x (..., n, d_k)`` over its own d_k features.
+
+    ``"rms"``: ``x / sqrt(mean(x²) + eps) · w`` (RMSNorm, Zhang & Sennrich 2019; Qwen3's
+    ``q_norm``/``k_norm`` = ``Qwen3RMSNorm(head_dim)``, ``torch.nn.functional.rms_norm``).
+    ``"layer"``: ``(x − mean) / sqrt(var + eps) · w`` with the biased variance and no bias
+    term (``torch.nn.functional.layer_norm`` with weight only). ``w`` is ``settings.weight
+    (d_k,)``, ones when None. For heads pass ``(B, h, n, d_k)``: the norm is per head, never
+    across heads (Qwen3: "only on the head dim"). Returns an array shaped like ``x``.
+
+    A mean square or variance that overflows float64 (values beyond ~1e154) is refused with
+    :class:`AttentionInputError`, as is a zero (rms) or constant (layer) vector with eps 0.
+    """
+    eps = settings.eps
+    if not (np.isfinite(eps) and eps >= 0):
+        raise AttentionInputError(f"qk_norm eps must be a finite number ≥ 0, not {eps}")
+    d_k = x.shape[-1]
+    if settings.weight is not None and settings.weight.shape != (d_k,):
+        raise AttentionInputError(
+            f"qk_norm weight has shape {list(settings.weight.shape)} but the query/key vectors "
+            f"have {d_k} features: it must be a vector of {d_k} numbers"
+        )
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+        if settings.type == "rms":
+            centred = x  # (..., n, d_k)
+            spread = np.mean(x * x, axis=-1, keepdims=True)  # (..., n, 1)  mean(x²)
+        else:
+            centred = x - x.mean(axis=-1, keepdims=True)  # (..., n, d_k)  x − mean
+            spread = np.mean(centred * centred, axis=-1, keepdims=True)  # (..., n, 1)  biased var
+    what = "mean square" if settings.type == "rms" else "variance"
+    require_finite(spread, f"the {what} in qk_norm ({settings.type})")
+    denom = np.sqrt(spread + eps)  # (..., n, 1)
+    if (denom == 0).any():
+        raise AttentionInputError(
+            f"qk_norm ({settings.type}) with eps 0 met a query/key vector whose {what} is 0: "
+            "it cannot be normalised; give eps > 0"
+        )
+    out: Array = centred / denom  # (..., n, d_k)
+    if settings.weight is not None:
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+            out = out * settings.weight  # (..., n, d_k)
+        require_finite(out, f"qk_norm ({settings.type}) times its weight")
+    return out
+
+
+def softcap(scaled_scores: Array, cap: float) -> Array:
+    """Soft-cap the scaled scores: ``c · tanh(s / c)`` (Gemma 2, ``attn_logit_softcapping``).
+
+    ``scaled_scores (..., L, S)``; ``cap`` = c, a finite number > 0. The result lies in
+    [−c, c], is odd in s and ≈ s for |s| ≪ c. The contract applies it before bias and mask,
+    so it normally sees finite scores; should it meet −∞ (a masked key) it keeps −∞ (the key
+    stays masked) rather than mapping it to −c as the bare formula would. NaN and +∞ are
+    refused with :class:`AttentionInputError`.
+    """
+    if not (np.isfinite(cap) and cap > 0):
+        raise AttentionInputError(f"softcap must be a finite number > 0, not {cap}")
+    masked = np.isneginf(scaled_scores)  # (..., L, S)
+    if not (np.isfinite(scaled_scores) | masked).all():
+        raise AttentionInputError("softcap got scores that are NaN or +infinity")
+    with np.errstate(over="ignore"):  # s/c → ±∞ for a tiny c: tanh(±∞) = ±1, the right limit
+        capped: Array = cap * np.tanh(scaled_scores / cap)  # (..., L, S)
+    capped[masked] = -np.inf  # −∞ stays −∞ (tanh alone would give −c)
+    return capped
+
+
+def softmax_with_sink(scores: Array, sink: float | Array) -> SinkSoftmax:
+    """Row softmax over keys plus one sink logit per head (gpt-oss "attention sinks").
+
+    ``weights_j = exp(s_j − m) / (Σ_k exp(s_k − m) + exp(sink − m))``, m the row's max over
+    the keys and the sink; the sink is one more key with no value, dropped after the softmax
+    (transformers ``models/gpt_oss`` ``eager_attention_forward``). ``scores (..., L, S)`` are
+    the final logits (scaled, capped, biased, masked), finite or −∞ (masked). ``sink`` is a
+    number, shared by every row (``/attention``, any batch), or an array ``(h,)``, one per
+    head, for scores ``(..., h, L, S)`` (``/multihead``: ``(B, h, L, S)``).
+
+    Each row's weights sum to ``1 − sink_weights``; a row whose every key is masked gives all
+    its weight to the sink (weights 0, sink weight 1) — no fully-masked policy applies, as
+    the contract says. Returns :class:`SinkSoftmax`.
+    """
+    sinks = np.asarray(sink, dtype=np.float64)
+    if not np.isfinite(sinks).all():
+        raise AttentionInputError("sinks must be finite numbers")
+    if not (np.isfinite(scores) | np.isneginf(scores)).all():
+        raise AttentionInputError("the scores before the sink softmax are NaN or +infinity")
+    rows = (*scores.shape[:-1], 1)  # (..., L, 1)
+    if sinks.ndim == 0:
+        sink_col = np.broadcast_to(sinks, rows)  # (..., L, 1)
+    elif sinks.ndim == 1 and scores.ndim >= 3 and sinks.shape[0] == scores.shape[-3]:
+        sink_col = np.broadcast_to(sinks[:, None, None], rows)  # (..., h, L, 1)
+    else:
+        heads = scores.shape[-3] if scores.ndim >= 3 else 1
+        raise AttentionInputError(
+            f"sinks has shape {list(sinks.shape)}: give one number, or one per head "
+            f"({heads} numbers for scores shaped {list(scores.shape)})"
+        )
+    with_sink = np.concatenate([scores, sink_col], axis=-1)  # (..., L, S + 1), sink last
+    with np.errstate(over="ignore"):  # s − m below −1.8e308 gives −∞, whose exp is the right 0
+        probs = softmax(with_sink)  # (..., L, S + 1)  never empty: the sink is finite
+    return SinkSoftmax(
+        weights=np.ascontiguousarray(probs[..., :-1]),  # (..., L, S)
+        sink_weights=np.ascontiguousarray(probs[..., -1]),  # (..., L)
+        fully_masked_rows=fully_masked(scores),  # (..., L)
+    )
