@@ -1,0 +1,301 @@
+"""Position variants of attention: rotary embeddings (RoPE), ALiBi and T5 relative bias.
+
+Shapes use paper names: n heads, L queries, S keys, d_k query/key width. ``positions`` (L,)
+are the queries' token positions and ``context_positions`` (S,) the keys'; both are integers
+(default 0 … L−1 and 0 … S−1, chosen by the caller). The relative position of key j seen from
+query i is ``p'_j − p_i`` (T5's "memory position − query position"): negative for earlier keys.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from service.core.attention import require_finite
+from service.core.errors import AttentionInputError
+from service.core.types import Array
+
+IntArray = NDArray[np.integer[Any]]
+RopeStyle = Literal["half", "interleaved"]
+
+MAX_POSITION = 2**53  # |p| above this is not exact in float64 (and p' − p could overflow int64)
+
+
+@dataclass(frozen=True)
+class LinearScaling:
+    """Linear position interpolation (kaiokendev; Chen et al. 2023): positions divided by f."""
+
+    factor: float
+
+
+@dataclass(frozen=True)
+class Llama3Scaling:
+    """LLaMA 3.1 frequency scaling: long wavelengths slowed by ``factor``, short ones kept,
+    a smooth blend between (Hugging Face ``rope_type: "llama3"``)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192  # HF: original_max_position_embeddings
+
+
+RopeScaling = LinearScaling | Llama3Scaling
+
+
+@dataclass(frozen=True)
+class Rope:
+    """Rotary position embedding settings (Su et al. 2021)."""
+
+    base: float = 10000.0  # HF: rope_theta
+    style: RopeStyle = "half"
+    rotary_dim: int | None = None  # None = d_k; even, ≤ d_k
+    scaling: RopeScaling | None = None
+
+
+def check_positions(positions: IntArray, length: int | None, what: str) -> None:
+    """Refuse positions that are not a list of ``length`` (any if None) integers within ±2^53."""
+    if positions.ndim != 1 or (length is not None and positions.shape[0] != length):
+        wanted = "" if length is None else f"{length} "
+        raise AttentionInputError(
+            f"{what} must be a list of {wanted}integers (one per token), got shape "
+            f"{list(positions.shape)}"
+        )
+    if not np.issubdtype(positions.dtype, np.integer):
+        raise AttentionInputError(f"{what} must be integers")
+    if positions.size and np.abs(positions.astype(np.float64)).max() > MAX_POSITION:
+        raise AttentionInputError(f"{what} must lie between −2^53 and 2^53")
+
+
+def _relative_positions(positions: IntArray, context_positions: IntArray) -> NDArray[np.int64]:
+    """(L, S): p'_j − p_i, the key's position minus the query's (exact: |p| ≤ 2^53)."""
+    check_positions(positions, None, "positions")
+    check_positions(context_positions, None, "context_positions")
+    p = positions.astype(np.int64)
+    p_ctx = context_positions.astype(np.int64)
+    return p_ctx[None, :] - p[:, None]  # (L, S)
+
+
+# --- RoPE -------------------------------------------------------------------------------------
+
+
+def _check_scaling(scaling: RopeScaling | None) -> None:
+    if scaling is None:
+        return
+    if not (math.isfinite(scaling.factor) and scaling.factor > 0):
+        raise AttentionInputError("rope scaling factor must be a finite number > 0")
+    if isinstance(scaling, Llama3Scaling):
+        low, high = scaling.low_freq_factor, scaling.high_freq_factor
+        if not (math.isfinite(low) and math.isfinite(high) and 0 < low < high):
+            raise AttentionInputError(
+                "rope llama3 scaling needs 0 < low_freq_factor < high_freq_factor (finite)"
+            )
+        if scaling.original_max_position <= 0:
+            raise AttentionInputError("rope llama3 original_max_position must be > 0")
+
+
+def rope_frequencies(rotary_dim: int, base: float, scaling: RopeScaling | None = None) -> Array:
+    """(rotary_dim/2,): the rotation frequency θ_i of each feature pair i.
+
+    θ_i = base^(−2i/rotary_dim) (Su et al. 2021, eq. 15; computed as transformers does,
+    ``1 / base^(2i/rotary_dim)``). With :class:`Llama3Scaling` the frequencies are rescaled as
+    transformers' ``_compute_llama3_parameters`` (LLaMA 3.1): with wavelength λ_i = 2π/θ_i and
+    λ_low = original_max_position / low_freq_factor, λ_high = original_max_position /
+    high_freq_factor, θ_i is kept when λ_i < λ_high, divided by ``factor`` when λ_i > λ_low,
+    and otherwise blended ``(1 − s)·θ_i/factor + s·θ_i`` with
+    ``s = (original_max_position/λ_i − low_freq_factor) / (high_freq_factor − low_freq_factor)``.
+    :class:`LinearScaling` leaves the frequencies alone: it divides the positions instead
+    (:func:`rope_angles`), as the API contract states it.
+    """
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise AttentionInputError(f"rope rotary_dim must be even and > 0, got {rotary_dim}")
+    if not (math.isfinite(base) and base > 0):
+        raise AttentionInputError(f"rope base must be a finite number > 0, got {base}")
+    _check_scaling(scaling)
+    two_i = np.arange(0, rotary_dim, 2, dtype=np.float64)  # (r/2,)
+    theta = 1.0 / base ** (two_i / rotary_dim)  # (r/2,)
+    if isinstance(scaling, Llama3Scaling):
+        theta = _llama3_frequencies(theta, scaling)
+    return theta
+
+
+def _llama3_frequencies(theta: Array, s: Llama3Scaling) -> Array:
+    """LLaMA 3.1's piecewise rescaling of θ (see :func:`rope_frequencies`)."""
+    old_context = float(s.original_max_position)
+    low_wavelen = old_context / s.low_freq_factor  # longer than this: slowed by factor
+    high_wavelen = old_context / s.high_freq_factor  # shorter than this: kept
+    wavelen = 2 * math.pi / theta  # (r/2,)
+    smooth = (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - smooth) * theta / s.factor + smooth * theta  # (r/2,)
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    out = np.where(wavelen > low_wavelen, theta / s.factor, theta)  # (r/2,)
+    return np.where(medium, blended, out)
+
+
+def rope_angles(
+    positions: IntArray, frequencies: Array, scaling: RopeScaling | None = None
+) -> Array:
+    """(n, r/2): the angle p·θ_i by which token p's feature pair i turns.
+
+    With :class:`LinearScaling` the positions are divided by its factor first: (p/f)·θ_i.
+    """
+    check_positions(positions, None, "positions")
+    p = positions.astype(np.float64)  # (n,)
+    if isinstance(scaling, LinearScaling):
+        _check_scaling(scaling)
+        p = p / scaling.factor
+    return p[:, None] * frequencies[None, :]  # (n, r/2)
+
+
+def rotate_half(x: Array) -> Array:
+    """(..., r) -> (..., r): [x1, x2] -> [−x2, x1], the halves of the last axis (transformers)."""
+    half = x.shape[-1] // 2
+    return np.concatenate((-x[..., half:], x[..., :half]), axis=-1)
+
+
+def rotate_every_two(x: Array) -> Array:
+    """(..., r) -> (..., r): each pair (x_2i, x_2i+1) -> (−x_2i+1, x_2i) (GPT-J, RoFormer)."""
+    out = np.empty_like(x)
+    out[..., 0::2] = -x[..., 1::2]
+    out[..., 1::2] = x[..., 0::2]
+    return out
+
+
+def rope(x: Array, positions: IntArray, settings: Rope) -> Array:
+    """Rotate ``x (..., n, d_k)`` by its tokens' ``positions (n,)``; returns ``(..., n, d_k)``.
+
+    RoPE (Su et al. 2021, "RoFormer"): feature pair i of the token at position p turns by the
+    angle p·θ_i (:func:`rope_frequencies`, :func:`rope_angles`), so that the score of a rotated
+    query and key depends only on the offset between their positions. ``"half"`` pairs feature
+    i with feature i + r/2 (``x·cos + rotate_half(x)·sin``: transformers' LLaMA, GPT-NeoX,
+    Qwen, Mistral); ``"interleaved"`` pairs features 2i and 2i+1 (RoFormer, GPT-J, Meta's
+    original LLaMA). Only the first r = ``rotary_dim`` features turn (partial rotary, GPT-NeoX
+    ``rotary_pct``); the others pass through unchanged.
+    """
+    d_k, n = x.shape[-1], x.shape[-2]
+    r = d_k if settings.rotary_dim is None else settings.rotary_dim
+    if r > d_k:
+        raise AttentionInputError(f"rope rotary_dim ({r}) must not exceed d_k ({d_k})")
+    check_positions(positions, n, "positions")
+    theta = rope_frequencies(r, settings.base, settings.scaling)  # (r/2,)
+    angles = rope_angles(positions, theta, settings.scaling)  # (n, r/2)
+    if settings.style == "half":
+        cos = np.cos(np.concatenate((angles, angles), axis=-1))  # (n, r): [a, a]
+        sin = np.sin(np.concatenate((angles, angles), axis=-1))  # (n, r)
+        turn = rotate_half
+    else:
+        cos = np.repeat(np.cos(angles), 2, axis=-1)  # (n, r): a_0, a_0, a_1, a_1, …
+        sin = np.repeat(np.sin(angles), 2, axis=-1)  # (n, r)
+        turn = rotate_every_two
+    x_rot = x[..., :r]  # (..., n, r)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+        rotated = x_rot * cos + turn(x_rot) * sin  # (..., n, r)
+    require_finite(rotated, "the rotated vectors (RoPE)")
+    return np.concatenate((rotated, x[..., r:]), axis=-1)  # (..., n, d_k)
+
+
+# --- ALiBi ------------------------------------------------------------------------------------
+
+
+def alibi_slopes(n: int) -> Array:
+    """(n,): the ALiBi slope of each head (Press et al. 2022, "Train Short, Test Long").
+
+    For n a power of two, head h (1-based) has slope 2^(−8h/n). Otherwise, with p the largest
+    power of two below n: the p slopes for p heads, then the 1st, 3rd, 5th, … slopes for 2p
+    heads (2^(−8·1/2p), 2^(−8·3/2p), …) until there are n (the paper's ``get_slopes``).
+    """
+    if n < 1:
+        raise AttentionInputError(f"ALiBi needs at least one head, got {n}")
+    p = 1 << (n.bit_length() - 1)  # largest power of two ≤ n
+    h = np.arange(1, p + 1, dtype=np.float64)  # (p,)
+    slopes = np.exp2(-8.0 * h / p)  # (p,)
+    if p == n:
+        return slopes
+    odd = np.arange(1, 2 * (n - p), 2, dtype=np.float64)  # (n − p,): 1, 3, 5, …
+    return np.concatenate((slopes, np.exp2(-8.0 * odd / (2 * p))))  # (n,)
+
+
+def alibi_bias(
+    slopes: Array, positions: IntArray, context_positions: IntArray, symmetric: bool = False
+) -> Array:
+    """(n, L, S): the ALiBi bias ``slope_h · (p'_j − p_i)`` (Press et al. 2022).
+
+    0 where key and query share a position, −slope·distance to earlier keys (and +slope·distance
+    to later ones); with ``symmetric`` ``−slope_h · |p'_j − p_i|`` (bidirectional encoders).
+    ``slopes (n,)`` usually come from :func:`alibi_slopes`.
+    """
+    if slopes.ndim != 1 or not np.isfinite(slopes).all():
+        raise AttentionInputError("ALiBi slopes must be a list of finite numbers, one per head")
+    rel = _relative_positions(positions, context_positions).astype(np.float64)  # (L, S)
+    if symmetric:
+        rel = -np.abs(rel)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+        bias = slopes[:, None, None] * rel[None]  # (n, L, S)
+    require_finite(bias, "the ALiBi bias (slope · distance)")
+    return bias
+
+
+# --- T5 relative bias -------------------------------------------------------------------------
+
+
+def t5_bucket(
+    relative_position: NDArray[np.int64],
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> NDArray[np.int64]:
+    """The T5 bucket (Raffel et al. 2020) of each relative position ``p'_j − p_i``, same shape.
+
+    As T5's ``_relative_position_bucket`` (Mesh TensorFlow; transformers): when bidirectional,
+    half the buckets are for keys after the query (``relative_position > 0``) and the distance
+    is |relative_position|; otherwise only earlier keys count (later ones are distance 0). Of
+    the b buckets left, distances below b/2 get a bucket each; larger ones share logarithmic
+    bins up to ``max_distance``, beyond which all fall in the last bucket. The logarithm is taken
+    in float32, as T5 does, so the bins' edges match it exactly.
+    """
+    b = num_buckets // 2 if bidirectional else num_buckets
+    max_exact = b // 2
+    if max_exact < 1:
+        raise AttentionInputError(
+            f"relative_bias needs at least {4 if bidirectional else 2} buckets, got {num_buckets}"
+        )
+    if max_distance <= max_exact:
+        raise AttentionInputError(
+            f"relative_bias max_distance ({max_distance}) must exceed the {max_exact} exact buckets"
+        )
+    rel = relative_position.astype(np.int64)
+    if bidirectional:
+        offset = (rel > 0).astype(np.int64) * b  # keys after the query: upper half
+        distance = np.abs(rel)
+    else:
+        offset = np.zeros_like(rel)
+        distance = -np.minimum(rel, 0)
+    # float32 throughout, as T5 (distances below max_exact never reach the log)
+    ratio = np.maximum(distance, max_exact).astype(np.float32) / np.float32(max_exact)
+    log_bin = (
+        np.log(ratio) / np.float32(math.log(max_distance / max_exact)) * np.float32(b - max_exact)
+    )
+    large = np.minimum(max_exact + log_bin.astype(np.int64), b - 1)  # truncated, as .to(long)
+    return offset + np.where(distance < max_exact, distance, large)
+
+
+def relative_bias(
+    table: Array,
+    positions: IntArray,
+    context_positions: IntArray,
+    bidirectional: bool = True,
+    max_distance: int = 128,
+) -> Array:
+    """(n, L, S): T5's learned relative position bias ``table[bucket(p'_j − p_i)][h]``.
+
+    ``table (num_buckets, n)`` holds one learned scalar per bucket and head (T5's
+    ``relative_attention_bias`` embedding); the bucket is :func:`t5_bucket`'s.
+    """
+    if table.ndim != 2 or not np.isfinite(table).all():
+        raise AttentionInputError(
+            "relative_bias table must be num_buckets rows of finite numbers, one per head"
+        )
+    rel = _relative_positions(positions, context_positions)  # (L, S)
+    bucket = t5_bucket(rel, bidirectional, table.shape[0], max_distance)  # (L, S)
+    return np.moveaxis(table[bucket], -1, 0)  # (L, S, n) -> (n, L, S)

@@ -1,0 +1,483 @@
+"""Position variants (RoPE, ALiBi, T5 relative bias) against independent references in float64:
+Hugging Face transformers' own functions, and the ALiBi paper's ``get_slopes``.
+
+transformers builds some of its tables in float32 (``dtype=torch.float`` in the RoPE init
+functions, ``torch.float32`` in BLOOM's slopes). Those functions are run verbatim with their
+module's ``torch`` swapped for :class:`_Float64Torch`, so that every reference is float64.
+"""
+
+import math
+import os
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from service.core.errors import AttentionInputError
+from service.core.positions import (
+    LinearScaling,
+    Llama3Scaling,
+    Rope,
+    RopeScaling,
+    RopeStyle,
+    alibi_bias,
+    alibi_slopes,
+    relative_bias,
+    rope,
+    rope_frequencies,
+    t5_bucket,
+)
+
+if os.environ.get("REQUIRE_TORCH"):  # CI sets it: a missing torch must fail, not skip
+    import torch
+    import transformers
+torch = pytest.importorskip(
+    "torch",
+    reason="PyTorch is not installed: position cross-checks skipped (install torch==2.13.0)",
+)
+transformers = pytest.importorskip(
+    "transformers",
+    reason="transformers is not installed: position cross-checks skipped",
+)
+
+from transformers import GPTNeoXConfig, LlamaConfig, T5Config  # noqa: E402
+from transformers import modeling_rope_utils as hf_rope  # noqa: E402
+from transformers.models.bloom import modeling_bloom  # noqa: E402
+from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
+from transformers.models.gptj import modeling_gptj  # noqa: E402
+from transformers.models.llama import modeling_llama  # noqa: E402
+from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
+
+ATOL = 1e-12
+
+
+class _Float64Torch(types.ModuleType):
+    """``torch``, except that ``torch.float`` and ``torch.float32`` name float64."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("float", "float32"):
+            return torch.float64
+        return getattr(torch, name)
+
+
+@contextmanager
+def float64_torch_in(*modules: types.ModuleType) -> Iterator[None]:
+    """Run the given transformers modules' code with :class:`_Float64Torch` as their torch."""
+    saved = [m.torch for m in modules]
+    for m in modules:
+        m.torch = _Float64Torch("torch")  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for m, t in zip(modules, saved, strict=True):
+            m.torch = t  # type: ignore[attr-defined]
+
+
+def t64(a: Any) -> Any:
+    return torch.as_tensor(np.asarray(a), dtype=torch.float64)
+
+
+def hf_rope_parameters(base: float, scaling: RopeScaling | None) -> dict[str, Any]:
+    """transformers 5's ``rope_parameters`` dict for these settings."""
+    if scaling is None:
+        return {"rope_type": "default", "rope_theta": base}
+    if isinstance(scaling, LinearScaling):
+        return {"rope_type": "linear", "rope_theta": base, "factor": scaling.factor}
+    return {
+        "rope_type": "llama3",
+        "rope_theta": base,
+        "factor": scaling.factor,
+        "low_freq_factor": scaling.low_freq_factor,
+        "high_freq_factor": scaling.high_freq_factor,
+        "original_max_position_embeddings": scaling.original_max_position,
+    }
+
+
+def llama_inv_freq(d_k: int, base: float, scaling: RopeScaling | None) -> Any:
+    """transformers' ``LlamaRotaryEmbedding(config).inv_freq`` for a tiny LlamaConfig, float64."""
+    config = LlamaConfig(
+        hidden_size=2 * d_k,
+        num_attention_heads=2,
+        head_dim=d_k,
+        max_position_embeddings=131072,
+        rope_parameters=hf_rope_parameters(base, scaling),
+    )
+    with float64_torch_in(hf_rope, modeling_llama):
+        emb = modeling_llama.LlamaRotaryEmbedding(config)
+    assert emb.inv_freq.dtype == torch.float64
+    assert emb.attention_scaling == 1.0
+    return emb.inv_freq
+
+
+def hf_cos_sin(inv_freq: Any, positions: np.ndarray) -> tuple[Any, Any]:
+    """``LlamaRotaryEmbedding.forward`` in float64: (1, n, r) cos and sin of ``[p·θ, p·θ]``."""
+    freqs = t64(positions)[:, None] * inv_freq[None, :]  # (n, r/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (n, r)
+    return emb.cos()[None], emb.sin()[None]
+
+
+LLAMA3 = Llama3Scaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
+SCALINGS: list[tuple[str, RopeScaling | None]] = [
+    ("none", None),
+    ("linear-4", LinearScaling(4.0)),
+    ("linear-2.5", LinearScaling(2.5)),
+    ("llama3-3.1", LLAMA3),
+    ("llama3-odd", Llama3Scaling(32.0, 2.0, 16.0, 4096)),
+]
+
+
+# --- RoPE frequencies -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("d_k", "base"), [(8, 500000.0), (128, 500000.0), (64, 10000.0)])
+@pytest.mark.parametrize(
+    ("name", "scaling"), [s for s in SCALINGS if not isinstance(s[1], LinearScaling)]
+)
+def test_rope_frequencies_match_transformers_inv_freq(
+    d_k: int, base: float, name: str, scaling: RopeScaling | None
+) -> None:
+    expected = llama_inv_freq(d_k, base, scaling).numpy()
+    np.testing.assert_allclose(rope_frequencies(d_k, base, scaling), expected, rtol=1e-14, atol=0)
+
+
+def test_llama3_frequencies_cover_all_three_regimes() -> None:
+    # d_k 8, base 5e5: wavelengths ≈ 6, 167 (kept), 4443 (blended), 118 000 (slowed 8×)
+    plain = rope_frequencies(8, 500000.0)
+    scaled = rope_frequencies(8, 500000.0, LLAMA3)
+    assert scaled[0] == plain[0] and scaled[1] == plain[1]
+    assert plain[2] / 8 < scaled[2] < plain[2]
+    assert scaled[3] == pytest.approx(plain[3] / 8, rel=1e-15)
+
+
+def test_linear_scaling_divides_positions_not_frequencies() -> None:
+    x = np.random.default_rng(0).normal(size=(5, 8))
+    pos = np.array([0, 4, 8, 12, 16])
+    scaled = rope(x, pos, Rope(scaling=LinearScaling(4.0)))
+    np.testing.assert_allclose(scaled, rope(x, pos // 4, Rope()), rtol=0, atol=ATOL)
+    np.testing.assert_array_equal(
+        rope_frequencies(8, 10000.0, LinearScaling(4.0)), rope_frequencies(8, 10000.0)
+    )
+
+
+# --- RoPE rotation ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "scaling"), SCALINGS, ids=[s[0] for s in SCALINGS])
+@pytest.mark.parametrize("positions", ["default", "offset", "gaps"])
+def test_rope_half_matches_transformers_llama(
+    name: str, scaling: RopeScaling | None, positions: str
+) -> None:
+    rng = np.random.default_rng(1)
+    h, n, d_k, base = 3, 6, 16, 500000.0
+    q, k = rng.normal(size=(2, 1, h, n, d_k))  # (1, h, n, d_k) each
+    pos = {
+        "default": np.arange(n),
+        "offset": np.arange(n) + 9000,  # beyond original_max_position: llama3 matters
+        "gaps": np.array([0, 3, 4, 100, 20000, 7]),
+    }[positions]
+    cos, sin = hf_cos_sin(llama_inv_freq(d_k, base, scaling), pos)
+    q_ref, k_ref = modeling_llama.apply_rotary_pos_emb(t64(q), t64(k), cos, sin)
+    settings_ = Rope(base=base, scaling=scaling)
+    # angles up to 2·10⁴ rad: a 1-ulp difference in the angle is ~4e-12
+    np.testing.assert_allclose(rope(q, pos, settings_), q_ref.numpy(), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(rope(k, pos, settings_), k_ref.numpy(), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("rotary_pct", [0.25, 0.5, 1.0], ids=lambda p: f"pct{p}")
+def test_rope_half_partial_matches_transformers_gpt_neox(rotary_pct: float) -> None:
+    rng = np.random.default_rng(2)
+    h, n, d_k = 2, 5, 16
+    config = GPTNeoXConfig(
+        hidden_size=h * d_k,
+        num_attention_heads=h,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": rotary_pct,
+        },
+    )
+    with float64_torch_in(hf_rope, modeling_gpt_neox):
+        emb = modeling_gpt_neox.GPTNeoXRotaryEmbedding(config)
+    assert emb.inv_freq.dtype == torch.float64
+    r = int(d_k * rotary_pct)
+    assert emb.inv_freq.shape == (r // 2,)
+    q, k = rng.normal(size=(2, 1, h, n, d_k))
+    pos = np.arange(n) + 3
+    cos, sin = hf_cos_sin(emb.inv_freq, pos)
+    q_ref, k_ref = modeling_gpt_neox.apply_rotary_pos_emb(  # type: ignore[no-untyped-call]
+        t64(q), t64(k), cos, sin
+    )
+    np.testing.assert_allclose(rope(q, pos, Rope(rotary_dim=r)), q_ref.numpy(), rtol=0, atol=ATOL)
+    np.testing.assert_allclose(rope(k, pos, Rope(rotary_dim=r)), k_ref.numpy(), rtol=0, atol=ATOL)
+    np.testing.assert_array_equal(rope(q, pos, Rope(rotary_dim=r))[..., r:], q[..., r:])
+
+
+@pytest.mark.parametrize("rotary_dim", [4, 8, 16], ids=lambda r: f"rot{r}")
+def test_rope_interleaved_matches_transformers_gptj(rotary_dim: int) -> None:
+    rng = np.random.default_rng(3)
+    h, n, d_k = 2, 7, 16
+    key = rng.normal(size=(1, n, h, d_k))  # GPT-J's layout (B, n, h, d_k)
+    pos = np.array([0, 1, 2, 5, 9, 30, 31])
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # GPT-J's table is then float64 throughout
+    try:
+        sincos = modeling_gptj.create_sinusoidal_positions(64, rotary_dim)
+    finally:
+        torch.set_default_dtype(previous)
+    assert sincos.dtype == torch.float64
+    sin, cos = torch.split(sincos[torch.as_tensor(pos)][None], rotary_dim // 2, dim=-1)
+    k_t = t64(key)
+    k_rot = modeling_gptj.apply_rotary_pos_emb(k_t[..., :rotary_dim], sin, cos)
+    expected = torch.cat((k_rot, k_t[..., rotary_dim:]), dim=-1).numpy()
+    ours = rope(key.transpose(0, 2, 1, 3), pos, Rope(style="interleaved", rotary_dim=rotary_dim))
+    np.testing.assert_allclose(ours.transpose(0, 2, 1, 3), expected, rtol=0, atol=ATOL)
+
+
+def test_rope_styles_differ_by_a_feature_permutation() -> None:
+    # interleaved on x equals half on x with its pairs (2i, 2i+1) moved to (i, i + d/2)
+    x = np.random.default_rng(4).normal(size=(2, 5, 8))
+    pos = np.arange(5)
+    perm = np.concatenate((np.arange(0, 8, 2), np.arange(1, 8, 2)))
+    half = rope(x[..., perm], pos, Rope(style="half"))
+    np.testing.assert_allclose(half, rope(x, pos, Rope(style="interleaved"))[..., perm], atol=ATOL)
+
+
+finite = st.floats(-100, 100, allow_nan=False, allow_infinity=False)
+STYLES: tuple[RopeStyle, ...] = ("half", "interleaved")
+styles = st.sampled_from(STYLES)
+
+
+@st.composite
+def rope_case(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, Rope]:
+    n, half_d = draw(st.integers(1, 5)), draw(st.integers(1, 4))
+    d_k = 2 * half_d + draw(st.integers(0, 3))
+    x = draw(arrays(np.float64, (n, d_k), elements=finite))
+    pos = draw(arrays(np.int64, (n,), elements=st.integers(-5000, 5000)))
+    r = 2 * draw(st.integers(1, half_d))
+    scaling = draw(st.sampled_from([s for _, s in SCALINGS]))
+    base = draw(st.sampled_from([10000.0, 500000.0, 2.0]))
+    return x, pos, Rope(base=base, style=draw(styles), rotary_dim=r, scaling=scaling)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rope_case())
+def test_rope_keeps_each_vector_norm(case: tuple[np.ndarray, np.ndarray, Rope]) -> None:
+    x, pos, s = case
+    out = rope(x, pos, s)
+    np.testing.assert_allclose(
+        np.linalg.norm(out, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-12, atol=1e-12
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    arrays(np.float64, (2, 8), elements=finite),
+    st.integers(-3000, 3000),
+    st.integers(-3000, 3000),
+    st.integers(-3000, 3000),
+    styles,
+)
+def test_rope_score_depends_only_on_the_offset(
+    qk: np.ndarray, p_q: int, p_k: int, shift: int, style: Any
+) -> None:
+    s = Rope(style=style)
+    q, k = qk[0:1], qk[1:2]
+
+    def score(a: int, b: int) -> float:
+        return float(rope(q, np.array([a]), s)[0] @ rope(k, np.array([b]), s)[0])
+
+    assert score(p_q + shift, p_k + shift) == pytest.approx(score(p_q, p_k), rel=1e-9, abs=1e-8)
+
+
+def test_rope_rotates_a_unit_pair_by_position_times_theta() -> None:
+    # d_k 2: θ_0 = 1, so position p turns (1, 0) to (cos p, sin p) in either style
+    expected = np.array([[1, 0], [math.cos(1), math.sin(1)], [math.cos(2), math.sin(2)]])
+    for style in STYLES:
+        out = rope(np.array([[1.0, 0.0]] * 3), np.array([0, 1, 2]), Rope(style=style))
+        np.testing.assert_allclose(out, expected, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("settings_", "positions", "message"),
+    [
+        (Rope(rotary_dim=3), np.arange(2), "even"),
+        (Rope(rotary_dim=10), np.arange(2), "must not exceed d_k"),
+        (Rope(rotary_dim=0), np.arange(2), "even and > 0"),
+        (Rope(base=0.0), np.arange(2), "base"),
+        (Rope(scaling=LinearScaling(0.0)), np.arange(2), "factor"),
+        (Rope(scaling=Llama3Scaling(8.0, 4.0, 4.0)), np.arange(2), "low_freq_factor"),
+        (Rope(), np.arange(3), "2 integers"),
+        (Rope(), np.array([0.0, 1.0]), "integers"),
+        (Rope(), np.array([0, 2**60]), r"2\^53"),
+    ],
+    ids=[
+        "odd-dim",
+        "dim-too-big",
+        "zero-dim",
+        "base-0",
+        "linear-0",
+        "llama3-low-eq-high",
+        "positions-count",
+        "float-positions",
+        "huge-position",
+    ],
+)
+def test_rope_refuses_bad_settings(settings_: Rope, positions: np.ndarray, message: str) -> None:
+    with pytest.raises(AttentionInputError, match=message):
+        rope(np.ones((2, 8)), positions, settings_)
+
+
+# --- ALiBi ------------------------------------------------------------------------------------
+
+
+def paper_get_slopes(n: int) -> list[float]:
+    """Press et al.'s ``get_slopes`` (github.com/ofirpress/attention_with_linear_biases), verbatim."""
+
+    def get_slopes_power_of_2(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        ratio = start
+        return [start * ratio**i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return get_slopes_power_of_2(n)
+    closest_power_of_2 = 2 ** math.floor(math.log2(n))
+    return (
+        get_slopes_power_of_2(closest_power_of_2)
+        + paper_get_slopes(2 * closest_power_of_2)[0::2][: n - closest_power_of_2]
+    )
+
+
+def bloom_slopes(n: int) -> np.ndarray:
+    """transformers' BLOOM ``_get_alibi_slopes``, run in float64."""
+    with float64_torch_in(modeling_bloom):
+        slopes = modeling_bloom._get_alibi_slopes(n, torch.device("cpu"))
+    assert slopes.dtype == torch.float64
+    return slopes.numpy()
+
+
+HEADS = [1, 2, 3, 5, 6, 8, 12, 16, 20, 32, 40, 64, 96]
+
+
+@pytest.mark.parametrize("n", HEADS, ids=lambda n: f"{n}heads")
+@pytest.mark.parametrize(
+    "reference", [paper_get_slopes, bloom_slopes], ids=["paper-get_slopes", "bloom"]
+)
+def test_alibi_slopes_match_references(n: int, reference: Callable[[int], Any]) -> None:
+    np.testing.assert_allclose(alibi_slopes(n), reference(n), rtol=1e-14, atol=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 8))
+def test_alibi_slopes_for_powers_of_two_are_the_formula(k: int) -> None:
+    n = 2**k
+    h = np.arange(1, n + 1)
+    np.testing.assert_allclose(alibi_slopes(n), 2.0 ** (-8.0 * h / n), rtol=1e-15, atol=0)
+
+
+def test_alibi_slopes_for_six_heads_follow_the_paper_rule() -> None:
+    # p = 4: 2^-2, 2^-4, 2^-6, 2^-8; then the 1st and 3rd of the 8-head sequence: 2^-1, 2^-3
+    np.testing.assert_array_equal(alibi_slopes(6), [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3])
+
+
+def test_alibi_bias_values() -> None:
+    slopes = np.array([0.5, 0.25])
+    pos, ctx = np.array([2, 3]), np.array([0, 1, 2, 3])
+    expected = np.array([[-2, -1, 0, 1], [-3, -2, -1, 0]], dtype=float)  # p'_j − p_i
+    bias = alibi_bias(slopes, pos, ctx)
+    assert bias.shape == (2, 2, 4)
+    np.testing.assert_array_equal(bias, slopes[:, None, None] * expected)
+    np.testing.assert_array_equal(
+        alibi_bias(slopes, pos, ctx, symmetric=True), -slopes[:, None, None] * np.abs(expected)
+    )
+
+
+@pytest.mark.parametrize("n", [4, 6], ids=lambda n: f"{n}heads")
+def test_alibi_causal_softmax_matches_bloom_alibi(n: int) -> None:
+    # BLOOM adds slope·j (not slope·(j − i)); under a causal mask the softmax is the same
+    L = 6
+    scores = np.random.default_rng(5).normal(size=(n, L, L))
+    causal = np.triu(np.full((L, L), -np.inf), 1)
+    bloom = modeling_bloom.build_alibi_tensor(torch.ones(1, L), n, torch.float64)  # (n, 1, L)
+    ref = torch.softmax(t64(scores) + bloom + t64(causal), dim=-1).numpy()
+    ours = scores + alibi_bias(alibi_slopes(n), np.arange(L), np.arange(L)) + causal
+    ours = np.exp(ours - ours.max(axis=-1, keepdims=True))
+    # bloom's slopes are float32 (cast to float64 at the end): 1e-7 relative
+    np.testing.assert_allclose(ours / ours.sum(axis=-1, keepdims=True), ref, rtol=0, atol=1e-6)
+
+
+def test_alibi_refuses_bad_slopes_and_heads() -> None:
+    with pytest.raises(AttentionInputError, match="at least one head"):
+        alibi_slopes(0)
+    with pytest.raises(AttentionInputError, match="finite"):
+        alibi_bias(np.array([np.nan]), np.arange(2), np.arange(2))
+    with pytest.raises(AttentionInputError, match="overflowed"):
+        alibi_bias(np.array([1e300]), np.array([0]), np.array([2**52]))
+
+
+# --- T5 relative bias -------------------------------------------------------------------------
+
+BUCKETS = [
+    (True, 32, 128),
+    (False, 32, 128),
+    (True, 64, 256),
+    (False, 16, 20),
+    (True, 4, 3),
+    (False, 2, 5),
+    (True, 10, 1000),
+]
+
+
+@pytest.mark.parametrize(
+    ("bidirectional", "num_buckets", "max_distance"),
+    BUCKETS,
+    ids=[f"{'bi' if b else 'uni'}-{nb}-{md}" for b, nb, md in BUCKETS],
+)
+def test_t5_bucket_matches_transformers(
+    bidirectional: bool, num_buckets: int, max_distance: int
+) -> None:
+    rel = np.arange(-5000, 5001, dtype=np.int64)
+    expected = T5Attention._relative_position_bucket(  # type: ignore[no-untyped-call]
+        torch.as_tensor(rel), bidirectional, num_buckets, max_distance
+    ).numpy()
+    np.testing.assert_array_equal(
+        t5_bucket(rel, bidirectional, num_buckets, max_distance), expected
+    )
+
+
+@pytest.mark.parametrize("decoder", [False, True], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("past", [0, 37], ids=["prefill", "cached"])
+def test_relative_bias_matches_transformers_t5_compute_bias(decoder: bool, past: int) -> None:
+    n, L, S = 3, 4, 40
+    config = T5Config(
+        d_model=8,
+        d_kv=4,
+        num_heads=n,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=20,
+        is_decoder=decoder,
+    )
+    attention = T5Attention(config, has_relative_attention_bias=True).double()
+    table = np.random.default_rng(6).normal(size=(32, n))
+    with torch.no_grad():
+        attention.relative_attention_bias.weight.copy_(t64(table))
+        bias = attention.compute_bias(L, S, past_seen_tokens=past)  # type: ignore[no-untyped-call]
+        expected = bias[0].numpy()  # (n, L, S)
+    ours = relative_bias(table, np.arange(L) + past, np.arange(S), not decoder, 20)
+    np.testing.assert_array_equal(ours, expected)
+
+
+def test_relative_bias_refuses_bad_input() -> None:
+    with pytest.raises(AttentionInputError, match="table"):
+        relative_bias(np.ones(4), np.arange(2), np.arange(2))
+    with pytest.raises(AttentionInputError, match="at least 4 buckets"):
+        relative_bias(np.ones((2, 1)), np.arange(2), np.arange(2))
+    with pytest.raises(AttentionInputError, match="max_distance"):
+        relative_bias(np.ones((32, 1)), np.arange(2), np.arange(2), max_distance=8)
+    with pytest.raises(AttentionInputError, match="context_positions"):
+        relative_bias(np.ones((32, 1)), np.arange(2), np.arange(4).reshape(2, 2))
