@@ -25,7 +25,6 @@ from service.core.positions import (
     Llama3Scaling,
     Rope,
     RopeScaling,
-    RopeStyle,
     alibi_bias,
     alibi_slopes,
     relative_bias,
@@ -33,6 +32,7 @@ from service.core.positions import (
     rope_frequencies,
     t5_bucket,
 )
+from service.core.types import RopeStyle
 
 if os.environ.get("REQUIRE_TORCH"):  # CI sets it: a missing torch must fail, not skip
     import torch

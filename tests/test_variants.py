@@ -20,7 +20,8 @@ from hypothesis.extra.numpy import arrays
 
 from service.core.errors import AttentionInputError
 from service.core.softmax import softmax
-from service.core.variants import QKNorm, QKNormType, qk_norm, softcap, softmax_with_sink
+from service.core.types import QKNormType
+from service.core.variants import QKNorm, qk_norm, softcap, softmax_with_sink
 
 TOL = 1e-12
 

@@ -8,17 +8,13 @@ query i is ``p'_j − p_i`` (T5's "memory position − query position"): negativ
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
 from service.core.attention import require_finite
 from service.core.errors import AttentionInputError
-from service.core.types import Array
-
-IntArray = NDArray[np.integer[Any]]
-RopeStyle = Literal["half", "interleaved"]
+from service.core.types import Array, IntArray, RopeStyle
 
 MAX_POSITION = 2**53  # |p| above this is not exact in float64 (and p' − p could overflow int64)
 

@@ -8,16 +8,13 @@ every function accepts leading batch axes (``...``). NumPy only, no I/O.
 """
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from service.core.attention import require_finite
 from service.core.errors import AttentionInputError
 from service.core.softmax import fully_masked, softmax
-from service.core.types import Array, BoolArray
-
-QKNormType = Literal["rms", "layer"]  # RMSNorm (Zhang & Sennrich 2019) or LayerNorm
+from service.core.types import Array, BoolArray, QKNormType
 
 
 @dataclass(frozen=True)
