@@ -453,3 +453,77 @@ def test_softmax_with_sink_refuses_bad_sinks_and_scores(
 ) -> None:
     with pytest.raises(AttentionInputError, match=message):
         softmax_with_sink(s, sink)
+
+
+# ---------------------------------------------------------------- all of them in one attention
+COMBINATIONS = {
+    "qk_norm": {"qk_norm"},
+    "rope": {"rope"},
+    "qwen3-like": {"qk_norm", "rope"},
+    "gemma2-like": {"rope", "softcap"},
+    "alibi": {"bias"},
+    "gpt-oss-like": {"rope", "sinks"},
+    "everything": {"qk_norm", "rope", "softcap", "bias", "sinks"},
+}
+
+
+@pytest.mark.parametrize("parts", list(COMBINATIONS.values()), ids=list(COMBINATIONS))
+def test_the_variants_apply_in_the_contracts_order(parts: set[str]) -> None:
+    """scaled_dot_product_attention with variants equals the contract's order built from torch
+    in float64: rms_norm, transformers' LLaMA apply_rotary_pos_emb (half style) at positions
+    3…7, scaling, c·tanh(s/c), + bias, causal mask, softmax with one sink column per head."""
+    torch = reference("torch")
+    llama = reference("transformers.models.llama.modeling_llama")
+    from service.core.attention import Variants, scaled_dot_product_attention
+    from service.core.masks import causal
+    from service.core.positions import Rope, alibi_bias, alibi_slopes
+
+    g = rng(7)
+    b, h, n, d = 2, 3, 5, 8
+    q, k, v = (g.normal(size=(b, h, n, d)) for _ in range(3))  # (B, h, L, d)
+    w_q, w_k = g.normal(size=d), g.normal(size=d)
+    positions = np.arange(3, 3 + n)
+    bias = alibi_bias(alibi_slopes(h), positions, positions)  # (h, L, L)
+    sinks = g.normal(size=h)
+    additive = np.where(causal(n, n, "upper_left"), 0.0, -np.inf)  # (L, L)
+    variants = Variants(
+        q_norm=QKNorm(weight=w_q) if "qk_norm" in parts else None,
+        k_norm=QKNorm(weight=w_k) if "qk_norm" in parts else None,
+        rope=Rope() if "rope" in parts else None,
+        positions=positions,
+        context_positions=positions,
+        softcap=2.0 if "softcap" in parts else None,
+        position_bias=bias if "bias" in parts else None,
+        sinks=sinks if "sinks" in parts else None,
+    )
+    ours = scaled_dot_product_attention(q, k, v, additive=additive, variants=variants)
+
+    tq, tk, tv = (torch.tensor(a, dtype=torch.float64) for a in (q, k, v))
+    if "qk_norm" in parts:
+        tq = torch.nn.functional.rms_norm(tq, (d,), torch.tensor(w_q), eps=1e-6)
+        tk = torch.nn.functional.rms_norm(tk, (d,), torch.tensor(w_k), eps=1e-6)
+    if "rope" in parts:
+        inv_freq = 1.0 / 10000 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+        angles = torch.tensor(positions, dtype=torch.float64)[:, None] * inv_freq  # (L, d/2)
+        emb = torch.cat([angles, angles], dim=-1)[None]  # (1, L, d)
+        tq, tk = llama.apply_rotary_pos_emb(tq, tk, emb.cos(), emb.sin())
+    logits = tq @ tk.transpose(-1, -2) / d**0.5
+    if "softcap" in parts:
+        logits = 2.0 * torch.tanh(logits / 2.0)
+    if "bias" in parts:
+        logits = logits + torch.tensor(bias)
+    logits = logits + torch.tensor(additive)
+    if "sinks" in parts:
+        column = torch.tensor(sinks).reshape(1, h, 1, 1).expand(b, h, n, 1)
+        probs = torch.softmax(torch.cat([logits, column], dim=-1), dim=-1)
+        weights, sunk = probs[..., :-1], probs[..., -1]
+        assert ours.sink_weights is not None
+        np.testing.assert_allclose(ours.sink_weights, sunk.numpy(), rtol=0, atol=1e-12)
+    else:
+        weights = torch.softmax(logits, dim=-1)
+        assert ours.sink_weights is None
+    np.testing.assert_allclose(ours.weights, weights.numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(ours.output, (weights @ tv).numpy(), rtol=0, atol=1e-12)
+    assert (ours.q_rotated is None) == ("rope" not in parts)
+    assert (ours.capped_scores is None) == ("softcap" not in parts)
+    assert (ours.biased_scores is None) == ("bias" not in parts)

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.core.errors import AttentionInputError, FullyMaskedRowsError
+from service.core.errors import AttentionInputError, FullyMaskedRowsError, require_finite
+from service.core.positions import Rope, rope
 from service.core.softmax import fully_masked, rows_by_item, softmax
-from service.core.types import Array, BoolArray, FullyMaskedPolicy
+from service.core.types import Array, BoolArray, FullyMaskedPolicy, IntArray
+from service.core.variants import QKNorm, qk_norm, softcap, softmax_with_sink
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,31 @@ class AttentionTrace:
     output: Array  # (..., L, d_v)  weights V
     scale: float
     fully_masked_rows: BoolArray  # (..., L)  query rows that could attend to no key
+    # the variants (issue 13), None when off
+    q_normed: Array | None = None  # (..., L, d_k)  qk_norm(Q)
+    k_normed: Array | None = None  # (..., S, d_k)  qk_norm(K)
+    q_rotated: Array | None = None  # (..., L, d_k)  RoPE(Q), what the scores use
+    k_rotated: Array | None = None  # (..., S, d_k)  RoPE(K)
+    capped_scores: Array | None = None  # (..., L, S)  c · tanh(scaled / c)
+    position_bias: Array | None = None  # (..., L, S)  ALiBi or T5 bias
+    biased_scores: Array | None = None  # (..., L, S)  the scores so far + position_bias
+    sink_weights: Array | None = None  # (..., L)  the weight each row gives the sink
+
+
+@dataclass(frozen=True)
+class Variants:
+    """The variants of modern attention, in the order they apply (each None when off):
+    QK-norm, RoPE, soft-capping, a position bias (ALiBi or T5, computed from the positions by
+    service.core.positions), sinks."""
+
+    q_norm: QKNorm | None = None
+    k_norm: QKNorm | None = None
+    rope: Rope | None = None
+    positions: IntArray | None = None  # (L,) query positions; default 0 … L−1
+    context_positions: IntArray | None = None  # (S,) key positions; default 0 … S−1
+    softcap: float | None = None
+    position_bias: Array | None = None  # broadcastable to (..., L, S)
+    sinks: float | Array | None = None  # one number, or one per head (h,)
 
 
 def project(x: Array, w: Array, b: Array | None = None) -> Array:
@@ -60,15 +87,6 @@ def project_qkv(x: Array, source: Array, p: Projections) -> tuple[Array, Array, 
     return project(x, p.w_q, p.b_q), project(source, p.w_k, p.b_k), project(source, p.w_v, p.b_v)
 
 
-def require_finite(a: Array, what: str) -> None:
-    """Refuse a result that overflowed: NaN or ±∞ must never reach a response."""
-    if not np.isfinite(a).all():
-        raise AttentionInputError(
-            f"{what} overflowed float64 (a value reached ±infinity or NaN); scale the inputs "
-            "down: products of values near 1e154 or larger overflow"
-        )
-
-
 def default_scale(d_k: int) -> float:
     """1/√d_k, the scale of Vaswani et al. (2017)."""
     return 1.0 / float(np.sqrt(d_k))
@@ -83,6 +101,7 @@ def scaled_dot_product_attention(
     additive: Array | None = None,
     padded_queries: BoolArray | None = None,
     fully_masked_policy: FullyMaskedPolicy = "zero",
+    variants: Variants | None = None,
 ) -> AttentionTrace:
     """softmax(Q Kᵀ · scale + M) V, returning every step.
 
@@ -93,23 +112,52 @@ def scaled_dot_product_attention(
     output are forced to 0. Rows where every key is masked get weights 0 (``"zero"``), 1/S
     (``"uniform"``) or raise :class:`FullyMaskedRowsError` (``"error"``); padding rows never
     count as such. Scores that overflow are refused, never taken for masked.
+
+    ``variants`` adds, in this order (API.md, "Position and score variants"): QK-norm of Q and
+    K, RoPE at ``positions``/``context_positions``, soft-capping of the scaled scores, a
+    position bias, then (after the mask) the sinks, which join each row's softmax as one more
+    key with no value; a row with every key masked then gives all its weight to the sink,
+    whatever ``fully_masked_policy`` says.
     """
+    var = variants or Variants()
+    q_normed = None if var.q_norm is None else qk_norm(q, var.q_norm)
+    k_normed = None if var.k_norm is None else qk_norm(k, var.k_norm)
+    q_used = q if q_normed is None else q_normed  # (..., L, d_k)
+    k_used = k if k_normed is None else k_normed  # (..., S, d_k)
+    q_rotated = k_rotated = None
+    if var.rope is not None:
+        l_pos = np.arange(q.shape[-2]) if var.positions is None else var.positions  # (L,)
+        s_pos = np.arange(k.shape[-2]) if var.context_positions is None else var.context_positions
+        q_used = q_rotated = rope(q_used, l_pos, var.rope)  # (..., L, d_k)
+        k_used = k_rotated = rope(k_used, s_pos, var.rope)  # (..., S, d_k)
     d_k = q.shape[-1]
     scale = default_scale(d_k) if scale is None else scale
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
-        scores = q @ np.swapaxes(k, -1, -2)  # (..., L, S)
+        scores = q_used @ np.swapaxes(k_used, -1, -2)  # (..., L, S)
         scaled_scores = scores * scale  # (..., L, S)
     require_finite(scaled_scores, "the scaled scores Q Kᵀ · scale")  # −∞ must not pass for a mask
-    masked_scores = None if additive is None else _add_mask(scaled_scores, additive)
-    logits = scaled_scores if masked_scores is None else masked_scores
+    capped = None if var.softcap is None else softcap(scaled_scores, var.softcap)
+    logits = scaled_scores if capped is None else capped
+    position_bias = biased = None
+    if var.position_bias is not None:
+        position_bias = np.broadcast_to(var.position_bias, logits.shape)  # (..., L, S)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+            logits = biased = logits + position_bias  # (..., L, S)
+        require_finite(biased, "the scores plus the position bias")
+    masked_scores = None if additive is None else _add_mask(logits, additive)
+    logits = logits if masked_scores is None else masked_scores
 
     empty = fully_masked(logits)  # (..., L)
     if padded_queries is not None:
         empty &= ~padded_queries
-    if fully_masked_policy == "error" and empty.any():
+    sink_weights = None
+    if var.sinks is not None:  # fully masked rows go to the sink: no policy applies
+        sunk = softmax_with_sink(logits, var.sinks)
+        weights, sink_weights = sunk.weights, sunk.sink_weights
+    elif fully_masked_policy == "error" and empty.any():
         raise FullyMaskedRowsError(rows_by_item(empty))
-
-    weights = softmax(logits, "uniform" if fully_masked_policy == "uniform" else "zero")
+    else:
+        weights = softmax(logits, "uniform" if fully_masked_policy == "uniform" else "zero")
     if padded_queries is not None and padded_queries.any():
         weights[np.broadcast_to(padded_queries[..., None], weights.shape)] = 0.0
     require_finite(v, "V")
@@ -127,6 +175,14 @@ def scaled_dot_product_attention(
         output=output,
         scale=scale,
         fully_masked_rows=empty,
+        q_normed=q_normed,
+        k_normed=k_normed,
+        q_rotated=q_rotated,
+        k_rotated=k_rotated,
+        capped_scores=capped,
+        position_bias=position_bias,
+        biased_scores=biased,
+        sink_weights=sink_weights,
     )
 
 

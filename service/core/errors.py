@@ -1,5 +1,9 @@
 """Errors the engine raises; their messages are written for the person who sent the input."""
 
+import numpy as np
+
+from service.core.types import Array
+
 
 class AttentionInputError(ValueError):
     """Input the math cannot proceed with (e.g. numbers that overflow float64)."""
@@ -18,4 +22,13 @@ class FullyMaskedRowsError(AttentionInputError):
         super().__init__(
             f"every key is masked for some query rows ({listed}); with fully_masked_rows 'error' "
             "this is refused: relax the mask, or choose 'zero' or 'uniform'"
+        )
+
+
+def require_finite(a: Array, what: str) -> None:
+    """Refuse a result that overflowed: NaN or ±∞ must never reach a response."""
+    if not np.isfinite(a).all():
+        raise AttentionInputError(
+            f"{what} overflowed float64 (a value reached ±infinity or NaN); scale the inputs "
+            "down: products of values near 1e154 or larger overflow"
         )

@@ -11,9 +11,9 @@ from service.core.attention import (
     AttentionTrace,
     Projections,
     project_qkv,
-    require_finite,
     scaled_dot_product_attention,
 )
+from service.core.errors import require_finite
 from service.core.masks import CombinedMask
 from service.core.types import Array, FullyMaskedPolicy, NormOver
 

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from service.core.attention import require_finite
-from service.core.errors import AttentionInputError
+from service.core.errors import AttentionInputError, require_finite
 from service.core.types import Array, IntArray, RopeStyle
 
 MAX_POSITION = 2**53  # |p| above this is not exact in float64 (and p' − p could overflow int64)

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.core.attention import require_finite
-from service.core.errors import AttentionInputError
+from service.core.errors import AttentionInputError, require_finite
 from service.core.softmax import fully_masked, softmax
 from service.core.types import Array, BoolArray, QKNormType
 
