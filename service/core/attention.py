@@ -147,13 +147,12 @@ def scaled_dot_product_attention(
     masked_scores = None if additive is None else _add_mask(logits, additive)
     logits = logits if masked_scores is None else masked_scores
 
-    empty = fully_masked(logits)  # (..., L)
+    sunk = None if var.sinks is None else softmax_with_sink(logits, var.sinks)
+    empty = fully_masked(logits) if sunk is None else sunk.fully_masked_rows  # (..., L)
     if padded_queries is not None:
         empty &= ~padded_queries
-    sink_weights = None
-    if var.sinks is not None:  # fully masked rows go to the sink: no policy applies
-        sunk = softmax_with_sink(logits, var.sinks)
-        weights, sink_weights = sunk.weights, sunk.sink_weights
+    if sunk is not None:  # fully masked rows go to the sink: no policy applies
+        weights = sunk.weights
     elif fully_masked_policy == "error" and empty.any():
         raise FullyMaskedRowsError(rows_by_item(empty))
     else:
@@ -182,7 +181,7 @@ def scaled_dot_product_attention(
         capped_scores=capped,
         position_bias=position_bias,
         biased_scores=biased,
-        sink_weights=sink_weights,
+        sink_weights=None if sunk is None else sunk.sink_weights,
     )
 
 
