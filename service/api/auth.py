@@ -42,11 +42,11 @@ def key_problem(api_key: str | None, authorization: str | None, keys: list[str])
 async def require_api_key(
     request: Request,
     api_key: Annotated[str | None, Security(_api_key)],
-    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],  # for /docs
 ) -> None:
     """401 unless the request carries a configured key (the middleware checks it before the
     body is read; this dependency documents it in /docs and checks it again)."""
     keys: list[str] = request.app.state.settings.api_keys
-    problem = key_problem(api_key, f"Bearer {bearer.credentials}" if bearer else None, keys)
+    problem = key_problem(api_key, request.headers.get("authorization"), keys)
     if problem:
         raise HTTPException(401, problem, headers={"WWW-Authenticate": "Bearer"})

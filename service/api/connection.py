@@ -28,12 +28,11 @@ from functools import cache
 from typing import Any
 
 import httptools
-import orjson
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from service.api.errors import ErrorBody, ErrorItem
+from service.api.errors import ErrorItem, error_json
 from service.api.middleware import REFUSED, record
 from service.config import get_settings
 
@@ -99,11 +98,6 @@ class Refusal:
 
 class _Refused(Exception):
     """Raised inside a parser callback to stop parsing; the refusal is on the protocol."""
-
-
-def _error_json(refusal: Refusal) -> bytes:
-    item = ErrorItem(field=None, message=refusal.message, type=refusal.kind)
-    return orjson.dumps(ErrorBody(message=refusal.message, errors=[item]).model_dump())
 
 
 class _Transport:
@@ -315,7 +309,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def _answer(self, refusal: Refusal, retry_after: bool = False) -> None:
         """Write ``refusal`` as a JSON error with ``Connection: close``, log and count it, and
         close (after a lingering drain when it asks for one)."""
-        body = _error_json(refusal)
+        body = error_json([ErrorItem(field=None, message=refusal.message, type=refusal.kind)])
         cycle = self.cycle
         routed = cycle is not None and not cycle.response_complete  # the app has its request
         state = cycle.scope["state"] if cycle is not None and routed else {}

@@ -203,14 +203,17 @@ def _item(err: Any) -> ErrorItem:
     return ErrorItem(field=field, message=escaped(msg[:300]), type=kind)
 
 
-def error_response(status: int, items: list[ErrorItem]) -> Response:
-    """The one error shape, as a JSON response."""
+def error_json(items: list[ErrorItem]) -> bytes:
+    """The one error shape, as JSON bytes."""
     body = ErrorBody(
         message=items[0].message if items else "bad request", errors=items[:MAX_LISTED]
     )
-    return Response(
-        orjson.dumps(body.model_dump()), status_code=status, media_type="application/json"
-    )
+    return orjson.dumps(body.model_dump())
+
+
+def error_response(status: int, items: list[ErrorItem]) -> Response:
+    """The one error shape, as a JSON response."""
+    return Response(error_json(items), status_code=status, media_type="application/json")
 
 
 def install(app: FastAPI) -> None:

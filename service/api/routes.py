@@ -29,7 +29,7 @@ from service.api import outputs
 from service.api.budget import BASE_COST, Budget, Ticket, cost_bytes, held_bytes
 from service.api.compute import Check, run_attention, run_multihead
 from service.api.encode import encode, encode_whole
-from service.api.errors import BodyError, ClientGone, ErrorBody, invalid_fields
+from service.api.errors import BodyError, ClientGone, ErrorBody, invalid_fields, read_int
 from service.api.examples import ATTENTION_EXAMPLES, MASK_EXAMPLES, MULTIHEAD_EXAMPLES
 from service.api.limits import check_limits
 from service.api.plan import Plan, plan_attention, plan_multihead
@@ -118,8 +118,6 @@ def request_body(model: type[BaseModel], examples: dict[str, Example]) -> dict[s
 
 def _parse(raw: bytes, model: type[Req]) -> Req:
     """JSON bytes to a validated request (400 for a body that is not JSON, 422 for fields)."""
-    from service.api.errors import read_int  # local: this edit stays within _parse
-
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
