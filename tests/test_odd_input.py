@@ -314,7 +314,7 @@ def test_the_openapi_still_says_number_and_integer(client: TestClient) -> None:
     schemas = client.get("/openapi.json").json()["components"]["schemas"]
     request = schemas["MultiheadRequest"]["properties"]
     assert request["decimals"]["anyOf"][0] == {"type": "integer", "minimum": 0, "maximum": 15}
-    assert request["num_heads"]["type"] == "integer"
+    assert request["num_heads"]["anyOf"][0] == {"type": "integer", "minimum": 1}
     assert request["scale"]["anyOf"][0] == {"type": "number"}
     assert request["layer_norm"]["anyOf"] == [
         {"type": "boolean"},

@@ -177,14 +177,19 @@ def to_array(value: Any, name: str, ndims: tuple[int, ...], expected: str) -> Ar
     return out
 
 
-def to_bool_matrix(value: Any, name: str) -> BoolArray:
-    """A boolean mask matrix [L][S] or [B][L][S]: true/false, or 1/0."""
-    expected = "a matrix [L][S] (or [B][L][S]) of true/false or 1/0"
-    arr = _nested(value, name, expected, 3)
+def to_bool_matrix(
+    value: Any,
+    name: str,
+    ndims: tuple[int, ...] = (2, 3),
+    expected: str = "a matrix [L][S] (or [B][L][S]) of true/false or 1/0",
+) -> BoolArray:
+    """A boolean array with one of ``ndims`` dimensions (a mask matrix [L][S] or [B][L][S]
+    by default): true/false, or 1/0."""
+    arr = _nested(value, name, expected, max(ndims))
     if arr.dtype.kind not in "biuf":
         problem = _first_structure_problem(name, value)
         raise ValueError(problem or f"{name} must hold only true/false or 1/0")
-    if arr.ndim not in (2, 3) or 0 in arr.shape:
+    if arr.ndim not in ndims or 0 in arr.shape:
         raise ValueError(f"{name} must be {expected}")
     if arr.dtype.kind != "b":
         bad = np.argwhere((arr != 0) & (arr != 1))

@@ -2,15 +2,23 @@
 between the large steps: it raises when the client has gone, so its work stops there."""
 
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
+
+import numpy as np
 
 from service.api import outputs, steps
 from service.api.plan import AttentionPlan, MultiheadPlan, Plan
 from service.api.summary import summary
 from service.core import masks
-from service.core.attention import AttentionTrace, project_qkv, scaled_dot_product_attention
-from service.core.multihead import multihead_attention
+from service.core.attention import (
+    AttentionTrace,
+    Variants,
+    project_qkv,
+    scaled_dot_product_attention,
+)
+from service.core.multihead import attend_heads, multihead_attention
+from service.core.positions import position_bias
 from service.core.softmax import rows_by_item
 from service.core.types import Array
 
@@ -22,6 +30,18 @@ def _combined_mask(plan: Plan) -> masks.CombinedMask | None:
         if s.masked
         else None
     )
+
+
+def _variants(plan: Plan) -> Variants:
+    """The plan's variants with the position bias computed: (h, L, S), h = 1 on /attention."""
+    v = plan.variants
+    if plan.bias is None:
+        return v
+    s = plan.shapes
+    p = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
+    p_ctx = np.arange(s.ctx_len) if v.context_positions is None else v.context_positions  # (S,)
+    bias = position_bias(plan.bias, s.num_heads, p, p_ctx)  # (h, L, S)
+    return replace(v, position_bias=bias)
 
 
 def _common(plan: Plan, trace: AttentionTrace, mask: masks.CombinedMask | None) -> dict[str, Any]:
@@ -73,6 +93,7 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
         additive=None if mask is None else mask.additive,
         padded_queries=None if mask is None else mask.padded_queries,
         fully_masked_policy=plan.fully_masked_rows,
+        variants=_variants(plan),
     )
     check()
     values = _common(plan, trace, mask) | {
@@ -87,24 +108,35 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
     s = plan.shapes
     mask = _combined_mask(plan)
     check()
-    trace = multihead_attention(
-        plan.x,
-        plan.weights,
-        num_heads=s.num_heads,
-        num_kv_heads=s.num_kv_heads,
-        context=plan.context,
-        positional=plan.positional,
-        mask=mask,
-        scale=plan.scale,
-        fully_masked_policy=plan.fully_masked_rows,
-        residual=plan.residual,
-        norm=plan.norm,
-    )
+    variants = _variants(plan)
+    if plan.heads is not None:
+        q, k, v = plan.heads  # (B, h, L, d_k), (B, h_kv, S, d_k), (B, h_kv, S, d_v)
+        trace = attend_heads(
+            q, k, v, w_o=plan.w_o, b_o=plan.b_o, mask=mask, scale=plan.scale,
+            fully_masked_policy=plan.fully_masked_rows, norm=plan.norm, variants=variants,
+        )  # fmt: skip
+    else:
+        assert plan.x is not None and plan.weights is not None
+        trace = multihead_attention(
+            plan.x,
+            plan.weights,
+            num_heads=s.num_heads,
+            num_kv_heads=s.num_kv_heads,
+            context=plan.context,
+            positional=plan.positional,
+            mask=mask,
+            scale=plan.scale,
+            fully_masked_policy=plan.fully_masked_rows,
+            residual=plan.residual,
+            norm=plan.norm,
+            variants=variants,
+        )
     check()
     values = _common(plan, trace.heads, mask) | {
         "num_heads": s.num_heads,
         "num_kv_heads": s.num_kv_heads,
         "average_weights": trace.average_weights,
+        "weights": trace.heads.weights,  # (B, h, L, S)
         "x_in": trace.x_in,
         "concat": trace.concat,
         "projected": trace.projected,

@@ -18,6 +18,8 @@ from service.api.rules import Endpoint, Shapes
 
 Kind = Literal[
     "matrix",  # float array [L][·] (a leading [B] when batched)
+    "vector",  # float array [L] (a leading [B] when batched)
+    "stack",  # float array [h][L][S] (a leading [B] when batched)
     "nullable",  # float array with −∞ as null
     "bool",  # boolean array
     "rows",  # list of row indices (per batch item when batched)
@@ -75,14 +77,38 @@ OUTPUTS: tuple[Output, ...] = (
            view=View("K", rows="keys", each_head=True)),
     Output("v", "matrix", "values [S][d_v]", lambda s: (s.ctx_len, s.d_v), head=True,
            view=View("V", rows="keys", each_head=True)),
+    Output("q_normed", "matrix", "qk_norm(Q) [L][d_k] (when qk_norm is on)",
+           lambda s: (s.seq_len, s.d_k), present=lambda s: s.qk_norm, head=True,
+           view=View("Q after qk_norm", rows="queries", each_head=True)),
+    Output("k_normed", "matrix", "qk_norm(K) [S][d_k] (when qk_norm is on)",
+           lambda s: (s.ctx_len, s.d_k), present=lambda s: s.qk_norm, head=True,
+           view=View("K after qk_norm", rows="keys", each_head=True)),
+    Output("q_rotated", "matrix", "RoPE(Q) [L][d_k], what the scores use (when rope is on)",
+           lambda s: (s.seq_len, s.d_k), present=lambda s: s.rope, head=True,
+           view=View("Q rotated (RoPE)", rows="queries", each_head=True)),
+    Output("k_rotated", "matrix", "RoPE(K) [S][d_k] (when rope is on)",
+           lambda s: (s.ctx_len, s.d_k), present=lambda s: s.rope, head=True,
+           view=View("K rotated (RoPE)", rows="keys", each_head=True)),
     Output("scores", "matrix", "Q Kᵀ [L][S]", _ls, head=True, view=View("scores  Q Kᵀ", "scores")),
     Output("scaled_scores", "matrix", "Q Kᵀ · scale [L][S]", _ls, head=True,
            view=View("scaled scores", "scores", each_head=True)),
+    Output("capped_scores", "matrix", "c · tanh(scaled_scores / c) [L][S] (when softcap is on)",
+           _ls, present=lambda s: s.softcap, head=True,
+           view=View("capped scores  c·tanh(s/c)", "scores", each_head=True)),
+    Output("position_bias", "matrix", "the ALiBi or T5 bias [L][S] (when one is on)", _ls,
+           present=lambda s: s.position_bias, head=True,
+           view=View("position bias", "scores", each_head=True)),
+    Output("biased_scores", "matrix", "the scores so far plus position_bias [L][S]", _ls,
+           present=lambda s: s.position_bias, head=True,
+           view=View("scores + position bias", "scores", each_head=True)),
     Output("masked_scores", "nullable",
-           "scaled scores plus the mask; null where masked (only when a mask applies)", _ls,
+           "the scores so far plus the mask; null where masked (only when a mask applies)", _ls,
            present=lambda s: s.masked, head=True,
            view=View("masked scores", "scores", each_head=True)),
-    Output("weights", "matrix", "row softmax of the (masked) scaled scores [L][S]", _ls,
+    Output("sink_weights", "vector", "the weight each query row gives the sink [L] (when "
+           "sinks are on); its weights sum to 1 − this", lambda s: (s.seq_len,),
+           present=lambda s: s.sinks, head=True),
+    Output("weights", "matrix", "row softmax of the final scores [L][S]", _ls,
            head=True, view=View("weights  softmax", "weights", each_head=True)),
     Output("output", "matrix", "weights V [L][d_v]", lambda s: (s.seq_len, s.d_v), head=True,
            view=View("output")),
@@ -90,6 +116,10 @@ OUTPUTS: tuple[Output, ...] = (
     Output("average_weights", "matrix",
            "mean of the heads' weights (nn.MultiheadAttention average_attn_weights=True)", _ls,
            endpoints=MULTIHEAD, view=View("average weights (all heads)", "weights")),
+    Output("weights", "stack",
+           "every head's weights stacked [h][L][S] (nn.MultiheadAttention "
+           "average_attn_weights=False)", lambda s: (s.num_heads, s.seq_len, s.ctx_len),
+           endpoints=MULTIHEAD),
     Output("x_in", "matrix", "x after positional encoding (when one is applied)",
            lambda s: (s.seq_len, s.d_model or 0), endpoints=MULTIHEAD,
            present=lambda s: s.positional, view=View("x after positional encoding")),

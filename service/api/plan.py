@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, assert_never
 
 import numpy as np
+from numpy.typing import NDArray
 
 from service.api.outputs import drawn_shape
 from service.api.rules import Shapes, lengths
@@ -23,11 +24,26 @@ from service.api.schemas.requests import (
     InputFields,
     MultiheadRequest,
 )
+from service.api.schemas.variants import (
+    AlibiOptions,
+    LinearScalingOptions,
+    QKNormOptions,
+    RopeOptions,
+)
 from service.core import masks
-from service.core.attention import Projections
+from service.core.attention import Projections, Variants
 from service.core.generate import draw
 from service.core.multihead import LayerNorm, MultiheadWeights, sinusoidal_encoding
+from service.core.positions import (
+    Alibi,
+    LinearScaling,
+    Llama3Scaling,
+    PositionBias,
+    RelativeBias,
+    Rope,
+)
 from service.core.types import Alignment, Array, FullyMaskedPolicy, Init, WeightLayout
+from service.core.variants import QKNorm
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +61,8 @@ class Plan:
     alignment: Alignment  # of the first causal mask (upper_left when there is none)
     include: frozenset[str] | None  # None: every output
     decimals: int | None
+    variants: Variants  # position_bias not yet computed: see bias
+    bias: PositionBias | None  # ALiBi or T5 settings; the bias is computed with the attention
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,9 +81,12 @@ class AttentionPlan(Plan):
 class MultiheadPlan(Plan):
     """POST /multihead: the block's weights in in_out layout and its optional parts."""
 
-    x: Array  # (B, L, d_model)
+    x: Array | None  # (B, L, d_model); None: q, k, v given per head
     context: Array | None  # (B, S, d_model)
-    weights: MultiheadWeights
+    weights: MultiheadWeights | None  # None: q, k, v given per head
+    heads: tuple[Array, Array, Array] | None  # q (B, h, L, d_k), k, v (B, h_kv, S, ·)
+    w_o: Array | None  # (h·d_v, d_out) in_out; None = identity
+    b_o: Array | None  # (d_out,)
     positional: Array | None  # (L, d_model), added to x
     positional_given: bool  # an explicit matrix, not the sinusoidal encoding
     residual: bool
@@ -96,17 +117,16 @@ def plan_attention(req: AttentionRequest, shapes: Shapes) -> AttentionPlan:
 def plan_multihead(req: MultiheadRequest, shapes: Shapes) -> MultiheadPlan:
     """The engine's inputs for /multihead (``shapes`` from :func:`multihead_shapes`)."""
     generated = _draw(req, shapes)
+    w_o, b_o = _output_projection(req)
+    if req.q is not None and req.k is not None and req.v is not None:
+        return _plan(
+            MultiheadPlan, req, shapes, generated, x=None, context=None, weights=None,
+            heads=(_heads(req.q), _heads(req.k), _heads(req.v)), w_o=w_o, b_o=b_o,
+            positional=None, positional_given=False, residual=False, norm=_norm(req),
+        )  # fmt: skip
     pe = req.positional_encoding
     positional = (
         sinusoidal_encoding(shapes.seq_len, shapes.d_model or 0) if isinstance(pe, str) else pe
-    )
-    layer_norm = req.layer_norm
-    norm = (
-        None
-        if layer_norm is False
-        else LayerNorm()
-        if layer_norm is True
-        else LayerNorm(layer_norm.eps, layer_norm.gamma, layer_norm.beta, layer_norm.over)
     )
     return _plan(
         MultiheadPlan,
@@ -115,22 +135,108 @@ def plan_multihead(req: MultiheadRequest, shapes: Shapes) -> MultiheadPlan:
         generated,
         x=_batched(generated.get("x", req.x)),
         context=None if req.context is None else _batched(req.context),
-        weights=_multihead_weights(req, generated),
+        weights=_multihead_weights(req, generated, w_o, b_o),
+        heads=None,
+        w_o=w_o,
+        b_o=b_o,
         positional=positional,
         positional_given=isinstance(pe, np.ndarray),
         residual=req.residual,
-        norm=norm,
+        norm=_norm(req),
+    )
+
+
+def _norm(req: MultiheadRequest) -> LayerNorm | None:
+    """The layer norm settings (None when off)."""
+    layer_norm = req.layer_norm
+    if layer_norm is False:
+        return None
+    if layer_norm is True:
+        return LayerNorm()
+    return LayerNorm(layer_norm.eps, layer_norm.gamma, layer_norm.beta, layer_norm.over)
+
+
+def _output_projection(req: MultiheadRequest) -> tuple[Array | None, Array | None]:
+    """(w_o in in_out, b_o) from whichever of w_o, out_proj.weight, o_proj.weight is given."""
+    if req.out_proj_weight is not None:
+        w_o: Array | None = req.out_proj_weight.T  # always out_in, as PyTorch stores it
+    elif req.o_proj_weight is not None:
+        w_o = req.o_proj_weight.T  # Hugging Face: out_in too
+    else:
+        w_o = None if req.w_o is None else _in_out(req.w_o, req.weight_layout)
+    b_o = next((b for b in (req.out_proj_bias, req.o_proj_bias, req.b_o) if b is not None), None)
+    return w_o, b_o
+
+
+def _variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> Variants:
+    """The engine's variant settings (the position bias is computed later, from ``bias``)."""
+    q_norm = k_norm = None
+    if shapes.qk_norm:
+        o = req.qk_norm if isinstance(req.qk_norm, QKNormOptions) else QKNormOptions()
+        q_w, k_w = o.q_weight, o.k_weight
+        if isinstance(req, MultiheadRequest):
+            q_w = req.q_norm_weight if req.q_norm_weight is not None else q_w
+            k_w = req.k_norm_weight if req.k_norm_weight is not None else k_w
+        q_norm, k_norm = QKNorm(o.type, o.eps, q_w), QKNorm(o.type, o.eps, k_w)
+    rope = None
+    if shapes.rope:
+        r = req.rope if isinstance(req.rope, RopeOptions) else RopeOptions()
+        scaling: LinearScaling | Llama3Scaling | None = None
+        if isinstance(r.scaling, LinearScalingOptions):
+            scaling = LinearScaling(r.scaling.factor)
+        elif r.scaling is not None:
+            s = r.scaling
+            scaling = Llama3Scaling(
+                s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position
+            )
+        rope = Rope(r.base, r.style, r.rotary_dim, scaling)
+    sinks: float | Array | None = req.sinks
+    return Variants(
+        q_norm=q_norm,
+        k_norm=k_norm,
+        rope=rope,
+        positions=_positions(req.positions),
+        context_positions=_positions(req.context_positions),
+        softcap=req.softcap,
+        sinks=sinks,
+    )
+
+
+def _positions(given: list[int] | None) -> NDArray[np.int64] | None:
+    """Token positions as given (None: the engine uses 0 … n−1)."""
+    return None if given is None else np.asarray(given, dtype=np.int64)
+
+
+def _bias(req: AttentionRequest | MultiheadRequest) -> PositionBias | None:
+    """The position bias settings, if any."""
+    if req.relative_bias is not None:
+        b = req.relative_bias
+        table = b.table if b.table.ndim == 2 else b.table[:, None]  # (num_buckets, n)
+        return RelativeBias(table, b.bidirectional, b.max_distance)
+    if req.alibi is False:
+        return None
+    return (
+        Alibi(req.alibi.slopes, req.alibi.symmetric)
+        if isinstance(req.alibi, AlibiOptions)
+        else Alibi()
     )
 
 
 def _plan(
-    cls: type[P], req: InputFields, shapes: Shapes, generated: dict[str, Array], **rest: Any
+    cls: type[P],
+    req: AttentionRequest | MultiheadRequest,
+    shapes: Shapes,
+    generated: dict[str, Array],
+    **rest: Any,
 ) -> P:
     """A plan of class ``cls``: the fields every plan has, from the request, plus ``rest``."""
     alignments = [m.alignment for m in req.mask or [] if isinstance(m, CausalMask)]
+    specs = [_mask_spec(m) for m in req.mask or []]
+    if req.key_padding_mask is not None:  # true = padding: (S,) or (B, S) -> allowed (·, 1, S)
+        specs.append(masks.Boolean(~req.key_padding_mask[..., None, :]))
     return cls(
         shapes=shapes,
-        mask_specs=tuple(_mask_spec(m) for m in req.mask or []),
+        mask_specs=tuple(specs),
         scale=req.scale,
         fully_masked_rows=req.fully_masked_rows,
         generated=generated,
@@ -140,6 +246,8 @@ def _plan(
         alignment=alignments[0] if alignments else "upper_left",
         include=None if req.include is None else frozenset(req.include),
         decimals=req.decimals,
+        variants=_variants(req, shapes),
+        bias=_bias(req),
         **rest,
     )
 
@@ -153,8 +261,8 @@ def _mask_spec(
             return masks.Causal(alignment)
         case PaddingMask(key_lengths=keys, query_lengths=queries):
             return masks.Padding(lengths(keys), lengths(queries))
-        case BooleanMask(matrix=matrix):
-            return masks.Boolean(matrix)
+        case BooleanMask(matrix=matrix, true_means=true_means):
+            return masks.Boolean(matrix if true_means == "attend" else ~matrix)
         case AdditiveMask(matrix=matrix):
             return masks.Additive(matrix)
         case WindowMask(left=left, right=right):
@@ -185,10 +293,21 @@ def _given_or_drawn(req: InputFields, name: str, generated: Mapping[str, Array])
     return _in_out(w, req.weight_layout)
 
 
-def _multihead_weights(req: MultiheadRequest, generated: Mapping[str, Array]) -> MultiheadWeights:
-    """Every accepted weight form as combined in_out weights."""
+def _multihead_weights(
+    req: MultiheadRequest, generated: Mapping[str, Array], w_o: Array | None, b_o: Array | None
+) -> MultiheadWeights:
+    """Every accepted weight form as combined in_out weights, with the output projection."""
     if req.heads is not None:
         projections = _stack_heads(req.heads, req.weight_layout)
+    elif req.q_proj_weight is not None:  # a state dict's: always out_in
+        assert req.k_proj_weight is not None and req.v_proj_weight is not None
+        biases = (req.q_proj_bias, req.k_proj_bias, req.v_proj_bias)
+        if req.in_proj_bias is not None:  # nn.MultiheadAttention with kdim/vdim packs them
+            rows = np.cumsum([req.q_proj_weight.shape[0], req.k_proj_weight.shape[0]])
+            biases = tuple(np.split(req.in_proj_bias, rows))  # type: ignore[assignment]
+        projections = Projections(
+            req.q_proj_weight.T, req.k_proj_weight.T, req.v_proj_weight.T, *biases
+        )
     elif req.in_proj_weight is not None:
         packed = req.in_proj_weight.T  # (d_model, 3·d_model), columns q, k, v
         w_q, w_k, w_v = np.split(packed, 3, axis=1)
@@ -198,11 +317,6 @@ def _multihead_weights(req: MultiheadRequest, generated: Mapping[str, Array]) ->
     else:
         w_q, w_k, w_v = (_given_or_drawn(req, n, generated) for n in ("w_q", "w_k", "w_v"))
         projections = Projections(w_q, w_k, w_v, req.b_q, req.b_k, req.b_v)
-    if req.out_proj_weight is not None:
-        w_o: Array | None = req.out_proj_weight.T  # always out_in, as PyTorch stores it
-    else:
-        w_o = None if req.w_o is None else _in_out(req.w_o, req.weight_layout)
-    b_o = req.out_proj_bias if req.out_proj_bias is not None else req.b_o
     p = projections
     return MultiheadWeights(p.w_q, p.w_k, p.w_v, p.b_q, p.b_k, p.b_v, w_o=w_o, b_o=b_o)
 
@@ -224,6 +338,11 @@ def _stack_heads(heads: list[HeadWeights], layout: WeightLayout) -> Projections:
 
     w_q, w_k, w_v = (np.concatenate(w[n], axis=1) for n in ("q", "k", "v"))
     return Projections(w_q, w_k, w_v, bias("q"), bias("k"), bias("v"))
+
+
+def _heads(a: Array) -> Array:
+    """(h, n, d) -> (1, h, n, d); a batch stays as it is."""
+    return a if a.ndim == 4 else a[None]
 
 
 def _batched(a: Array | None) -> Array:

@@ -57,6 +57,8 @@ class Conventions(BaseModel):
 
 TYPES: dict[Kind, Any] = {
     "matrix": Matrix,
+    "vector": list[float] | list[list[float]],
+    "stack": list[list[list[float]]] | list[list[list[list[float]]]],
     "nullable": NullableMatrix,
     "bool": BoolMatrix,
     "rows": list[int] | list[list[int]],

@@ -3,7 +3,9 @@ computed: input modes, shapes, tokens, masks, heads. A request that breaks one g
 :class:`FieldError` naming the field; one that keeps them all gets the :class:`Shapes` it
 implies, from which the limits are checked and the plan is built (:mod:`service.api.plan`)."""
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -16,12 +18,27 @@ from service.api.schemas.requests import (
     LayerNormOptions,
     MultiheadRequest,
 )
+from service.api.schemas.variants import (
+    AlibiOptions,
+    Llama3ScalingOptions,
+    QKNormOptions,
+    RopeOptions,
+)
+from service.core import positions
+from service.core.errors import AttentionInputError
 from service.core.types import Array
 
 Endpoint = Literal["attention", "multihead"]
-WeightForm = Literal["combined", "in_proj", "per_head"]
+WeightForm = Literal["combined", "in_proj", "per_head", "state_dict"]
 _PROJECTION_FIELDS = ("x", "context", "w_q", "w_k", "w_v", "b_q", "b_k", "b_v", "seed", "d_model",
                       "d_k", "d_v")  # fmt: skip
+_STATE_DICT = ("q_proj_weight", "k_proj_weight", "v_proj_weight")
+_STATE_DICT_BIASES = ("q_proj_bias", "k_proj_bias", "v_proj_bias")
+_DOTTED = {f"{n}_{p}": f"{n}.{p}" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm",
+           "k_norm") for p in ("weight", "bias")}  # fmt: skip
+_MULTIHEAD_INPUTS = ("x", "context", "seed", "d_model", "w_q", "w_k", "w_v", "b_q", "b_k", "b_v",
+                     "heads", "in_proj_weight", "in_proj_bias", *_STATE_DICT, *_STATE_DICT_BIASES,
+                     "positional_encoding")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,12 @@ class Shapes:
     layer_norm: bool = False
     tokens: tuple[str, ...] | None = None
     context_tokens: tuple[str, ...] | None = None
+    # the variants that are on (API.md, "Position and score variants")
+    qk_norm: bool = False
+    rope: bool = False
+    softcap: bool = False
+    position_bias: bool = False  # ALiBi or T5
+    sinks: bool = False
 
     @property
     def masked(self) -> bool:
@@ -64,7 +87,7 @@ def attention_shapes(req: AttentionRequest) -> Shapes:
         )
     shapes = _direct_shapes(req) if direct else _projection_shapes(req)
     _check_masks(req, shapes.batch, shapes.seq_len, shapes.ctx_len)
-    return shapes
+    return _with_variants(req, shapes, req.sinks is not None)
 
 
 def _direct_shapes(req: AttentionRequest) -> Shapes:
@@ -95,7 +118,7 @@ def _direct_shapes(req: AttentionRequest) -> Shapes:
     tokens, ctx_tokens = _labels(req, seq_len, ctx_len)
     return Shapes(
         "attention", batch, seq_len, ctx_len, None, q.shape[-1], v.shape[-1],
-        num_masks=len(req.mask or []), tokens=tokens, context_tokens=ctx_tokens,
+        num_masks=_num_masks(req), tokens=tokens, context_tokens=ctx_tokens,
     )  # fmt: skip
 
 
@@ -129,46 +152,55 @@ def _projection_shapes(req: AttentionRequest) -> Shapes:
     _check_bias(req.b_v, "b_v", d_v, "V")
     tokens, ctx_tokens = _labels(req, seq_len, ctx_len)
     return Shapes(
-        "attention", batch, seq_len, ctx_len, d_model, d_k, d_v, num_masks=len(req.mask or []),
+        "attention", batch, seq_len, ctx_len, d_model, d_k, d_v, num_masks=_num_masks(req),
         generated=tuple(generate), tokens=tokens, context_tokens=ctx_tokens,
     )  # fmt: skip
 
 
 def multihead_shapes(req: MultiheadRequest) -> Shapes:
     """Check how the fields of a /multihead request fit together."""
-    batch, seq_len, ctx_len, d_model = _sequence_shapes(req)
+    if any(getattr(req, n) is not None for n in ("q", "k", "v")):
+        return _with_variants(req, _heads_shapes(req), req.sinks is not None)
     h = req.num_heads
-    h_kv = req.num_kv_heads or h
-    if h % h_kv:
+    if h is None:
         raise FieldError(
-            "num_kv_heads",
-            f"num_heads {h} is not a multiple of num_kv_heads {h_kv}: each key/value head must serve the same number of query heads",
+            "num_heads",
+            "num_heads is missing: give the number of heads h (only q, k and v given per head "
+            "[h][L][d_k] imply it)",
         )
     form = _weight_form(req)
+    kv_width = None
+    if form == "state_dict":
+        given = [n for n in ("k_proj_weight", "v_proj_weight") if getattr(req, n) is not None]
+        if given and req.context is not None:  # else they take x: d_model columns
+            kv_width = int(getattr(req, given[0]).shape[1])
+    batch, seq_len, ctx_len, d_model = _sequence_shapes(req, kv_width)
+    h_kv = req.num_kv_heads or h
     generate = ["x"] if req.x is None else []
-    if form != "combined":
-        d_k, d_v = (
-            _per_head_dims(req, d_model) if form == "per_head" else _in_proj_dims(req, d_model)
-        )
-        _check_size(req.d_k, "d_k", d_k, f"the {form} weights make heads of width")
-        _check_size(req.d_v, "d_v", d_v, f"the {form} weights make values of width")
+    if form == "state_dict":
+        d_k, d_v, h_kv = _state_dict_dims(req, d_model, kv_width or d_model, h)
     else:
-        d_k, d_v, missing = _combined_dims(req, d_model, h, h_kv)
-        generate += missing
+        if h % h_kv:
+            raise FieldError(
+                "num_kv_heads",
+                f"num_heads {h} is not a multiple of num_kv_heads {h_kv}: each key/value head must serve the same number of query heads",
+            )
+        if form == "combined":
+            d_k, d_v, missing = _combined_dims(req, d_model, h, h_kv)
+            generate += missing
+        else:
+            d_k, d_v = (
+                _per_head_dims(req, d_model) if form == "per_head" else _in_proj_dims(req, d_model)
+            )
+            _check_size(req.d_k, "d_k", d_k, f"the {form} weights make heads of width")
+            _check_size(req.d_v, "d_v", d_v, f"the {form} weights make values of width")
     d_out = _output_dims(req, h * d_v)
     if req.residual and d_out != d_model:
         raise FieldError(
             "residual",
             f"the residual adds x (width {d_model}) to the attention output (width {d_out}): they must match; choose w_o with {d_model} outputs",
         )
-    if isinstance(req.layer_norm, LayerNormOptions):
-        for name in ("gamma", "beta"):
-            vec = getattr(req.layer_norm, name)
-            if vec is not None and vec.shape[0] != d_out:
-                raise FieldError(
-                    f"layer_norm.{name}",
-                    f"layer_norm.{name} has {vec.shape[0]} entries but the normalised output has {d_out} features",
-                )
+    _check_layer_norm(req, d_out)
     pe = req.positional_encoding
     if isinstance(pe, np.ndarray) and pe.shape != (seq_len, d_model):
         got = "×".join(map(str, pe.shape))
@@ -178,23 +210,96 @@ def multihead_shapes(req: MultiheadRequest) -> Shapes:
         )
     tokens, ctx_tokens = _labels(req, seq_len, ctx_len)
     _check_masks(req, batch, seq_len, ctx_len)
-    return Shapes(
+    shapes = Shapes(
         "multihead", batch, seq_len, ctx_len, d_model, d_k, d_v, h, h_kv, d_out,
-        num_masks=len(req.mask or []), generated=tuple(generate), positional=pe is not None,
+        num_masks=_num_masks(req), generated=tuple(generate), positional=pe is not None,
         residual=req.residual, layer_norm=req.layer_norm is not False, tokens=tokens,
         context_tokens=ctx_tokens,
     )  # fmt: skip
+    return _with_variants(req, shapes, req.sinks is not None)
+
+
+def _heads_shapes(req: MultiheadRequest) -> Shapes:
+    """/multihead with q, k, v given per head, as torch scaled_dot_product_attention takes
+    them: q (B, h, L, d_k), k (B, h_kv, S, d_k), v (B, h_kv, S, d_v), B optional."""
+    extra = [n for n in _MULTIHEAD_INPUTS if getattr(req, n) is not None]
+    extra += ["residual"] if req.residual else []
+    if extra:
+        name = _DOTTED.get(extra[0], extra[0])
+        raise FieldError(
+            name,
+            f"q, k and v are given per head (direct mode), so there is nothing to project: {name} does not apply; give either q, k, v or x with the projections",
+        )
+    for n in ("q", "k", "v"):
+        if getattr(req, n) is None:
+            raise FieldError(n, f"direct mode needs q, k and v; {n} is missing")
+    assert req.q is not None and req.k is not None and req.v is not None
+    q, k, v = req.q, req.k, req.v
+    if not q.ndim == k.ndim == v.ndim:
+        raise FieldError("k", "q, k and v must all be [h][n][d] or all be batches [B][h][n][d]")
+    batch = q.shape[0] if q.ndim == 4 else None
+    if batch is not None and not q.shape[0] == k.shape[0] == v.shape[0]:
+        raise FieldError(
+            "k",
+            f"q, k and v must have the same batch size; got {q.shape[0]}, {k.shape[0]} and {v.shape[0]}",
+        )
+    h, seq_len, d_k = q.shape[-3:]
+    h_kv, ctx_len, k_width = k.shape[-3:]
+    if v.shape[-3] != h_kv:
+        raise FieldError(
+            "v", f"k has {h_kv} key heads but v has {v.shape[-3]}: each key head needs its values"
+        )
+    _check_size(req.num_heads, "num_heads", h, "q has query heads:")
+    _check_size(req.num_kv_heads, "num_kv_heads", h_kv, "k has key/value heads:")
+    if h % h_kv:
+        raise FieldError(
+            "k",
+            f"q has {h} heads, which is not a multiple of k's {h_kv} key/value heads: each key/value head must serve the same number of query heads",
+        )
+    if k_width != d_k:
+        raise FieldError(
+            "k",
+            f"q has {d_k} columns but k has {k_width}: queries and keys need the same width d_k for Q Kᵀ",
+        )
+    if v.shape[-2] != ctx_len:
+        raise FieldError(
+            "v",
+            f"k has {ctx_len} rows per head but v has {v.shape[-2]}: every key needs its value (S rows each)",
+        )
+    d_v = int(v.shape[-1])
+    d_out = _output_dims(req, h * d_v)
+    _check_layer_norm(req, d_out)
+    tokens, ctx_tokens = _labels(req, seq_len, ctx_len)
+    _check_masks(req, batch, seq_len, ctx_len)
+    return Shapes(
+        "multihead", batch, int(seq_len), int(ctx_len), None, int(d_k), d_v, int(h), int(h_kv),
+        d_out, num_masks=_num_masks(req), layer_norm=req.layer_norm is not False, tokens=tokens,
+        context_tokens=ctx_tokens,
+    )  # fmt: skip
+
+
+def _check_layer_norm(req: MultiheadRequest, d_out: int) -> None:
+    if isinstance(req.layer_norm, LayerNormOptions):
+        for name in ("gamma", "beta"):
+            vec = getattr(req.layer_norm, name)
+            if vec is not None and vec.shape[0] != d_out:
+                raise FieldError(
+                    f"layer_norm.{name}",
+                    f"layer_norm.{name} has {vec.shape[0]} entries but the normalised output has {d_out} features",
+                )
 
 
 def _weight_form(req: MultiheadRequest) -> WeightForm:
     """Which of the three ways to give /multihead's projections the request uses (one only)."""
     combined = any(getattr(req, n) is not None for n in ("w_q", "w_k", "w_v", "b_q", "b_k", "b_v"))
+    state_dict = [n for n in (*_STATE_DICT, *_STATE_DICT_BIASES) if getattr(req, n) is not None]
     forms = [
         name
         for name, present in (
             ("w_q/w_k/w_v", combined),
             ("in_proj_weight", req.in_proj_weight is not None),
             ("heads", req.heads is not None),
+            (_DOTTED[state_dict[0]] if state_dict else "", bool(state_dict)),
         )
         if present
     ]
@@ -205,6 +310,8 @@ def _weight_form(req: MultiheadRequest) -> WeightForm:
         )
     if req.heads is not None:
         return "per_head"
+    if state_dict:
+        return "state_dict"
     return "in_proj" if req.in_proj_weight is not None else "combined"
 
 
@@ -247,8 +354,85 @@ def _per_head_dims(req: MultiheadRequest, d_model: int) -> tuple[int, int]:
     return d_k, d_v
 
 
+def _state_dict_dims(
+    req: MultiheadRequest, d_model: int, kv_width: int, h: int
+) -> tuple[int, int, int]:
+    """(d_k, d_v, h_kv) of q_proj.weight, k_proj.weight, v_proj.weight (always out_in): d_k
+    is q_proj.weight's rows ÷ num_heads, num_kv_heads k_proj.weight's rows ÷ d_k."""
+    for name in _STATE_DICT:
+        if getattr(req, name) is None:
+            raise FieldError(
+                _DOTTED[name],
+                f"{_DOTTED[name]} is missing: a state dict's projections come as q_proj.weight, k_proj.weight and v_proj.weight together",
+            )
+    assert req.q_proj_weight is not None and req.k_proj_weight is not None
+    assert req.v_proj_weight is not None
+    for name, w, width, of in (
+        ("q_proj.weight", req.q_proj_weight, d_model, "x"),
+        (
+            "k_proj.weight",
+            req.k_proj_weight,
+            kv_width,
+            "context" if req.context is not None else "x",
+        ),
+        (
+            "v_proj.weight",
+            req.v_proj_weight,
+            kv_width,
+            "context" if req.context is not None else "x",
+        ),
+    ):
+        if w.shape[1] != width:
+            rows, cols = w.shape
+            raise FieldError(
+                name,
+                f"{name} is {rows}×{cols} but {of} has {width} columns: a state dict's weights are [out][in] (out_in), so it must have {width} columns",
+            )
+    q_rows, k_rows, v_rows = (int(getattr(req, n).shape[0]) for n in _STATE_DICT)
+    if q_rows % h:
+        raise FieldError(
+            "q_proj.weight",
+            f"q_proj.weight has {q_rows} rows, which num_heads {h} does not divide into equal heads (d_k = rows ÷ num_heads)",
+        )
+    d_k = q_rows // h
+    _check_size(req.d_k, "d_k", d_k, "q_proj.weight's rows ÷ num_heads give heads of width")
+    if k_rows % d_k:
+        raise FieldError(
+            "k_proj.weight",
+            f"k_proj.weight has {k_rows} rows, not a multiple of d_k = {d_k} (num_kv_heads = rows ÷ d_k)",
+        )
+    h_kv = k_rows // d_k
+    _check_size(req.num_kv_heads, "num_kv_heads", h_kv, f"k_proj.weight has {k_rows} rows = d_k ·")
+    if h % h_kv:
+        raise FieldError(
+            "k_proj.weight",
+            f"k_proj.weight makes {h_kv} key/value heads, which does not divide num_heads {h}: each key/value head must serve the same number of query heads",
+        )
+    if v_rows % h_kv:
+        raise FieldError(
+            "v_proj.weight",
+            f"v_proj.weight has {v_rows} rows, which the {h_kv} key/value heads do not divide",
+        )
+    d_v = v_rows // h_kv
+    _check_size(req.d_v, "d_v", d_v, "v_proj.weight makes values of width")
+    if req.in_proj_bias is not None and any(
+        getattr(req, n) is not None for n in _STATE_DICT_BIASES
+    ):
+        raise FieldError(
+            "in_proj_bias", "give in_proj_bias or q_proj.bias, k_proj.bias, v_proj.bias, not both"
+        )
+    _check_bias(
+        req.in_proj_bias, "in_proj_bias", q_rows + k_rows + v_rows, "the three projections together"
+    )
+    for name, rows in zip(_STATE_DICT_BIASES, (q_rows, k_rows, v_rows), strict=True):
+        _check_bias(
+            getattr(req, name), _DOTTED[name], rows, _DOTTED[name.replace("bias", "weight")]
+        )
+    return d_k, d_v, h_kv
+
+
 def _in_proj_dims(req: MultiheadRequest, d_model: int) -> tuple[int, int]:
-    assert req.in_proj_weight is not None
+    assert req.in_proj_weight is not None and req.num_heads is not None
     if req.num_kv_heads not in (None, req.num_heads):
         raise FieldError(
             "num_kv_heads",
@@ -325,10 +509,13 @@ def _combined_dims(
 
 def _output_dims(req: MultiheadRequest, concat_width: int) -> int:
     """Check w_o / out_proj_* against the concatenated heads; return d_out."""
-    if req.w_o is not None and req.out_proj_weight is not None:
-        raise FieldError("out_proj_weight", "give w_o or out_proj_weight, not both")
-    if req.b_o is not None and req.out_proj_bias is not None:
-        raise FieldError("out_proj_bias", "give b_o or out_proj_bias, not both")
+    for given in (
+        [n for n in ("w_o", "out_proj_weight", "o_proj_weight") if getattr(req, n) is not None],
+        [n for n in ("b_o", "out_proj_bias", "o_proj_bias") if getattr(req, n) is not None],
+    ):
+        if len(given) > 1:
+            a, b = (_DOTTED.get(n, n) for n in given[:2])
+            raise FieldError(b, f"give {a} or {b}, not both: both are the output projection")
     d_out = concat_width
     if req.w_o is not None:
         d_out = _weight_out(
@@ -338,20 +525,27 @@ def _output_dims(req: MultiheadRequest, concat_width: int) -> int:
             concat_width,
             f"the concatenated heads have h·d_v = {concat_width} columns",
         )
-    if req.out_proj_weight is not None:
-        d_out, d_in = req.out_proj_weight.shape
-        if d_in != concat_width:
-            raise FieldError(
-                "out_proj_weight",
-                f"out_proj_weight is {d_out}×{d_in} but the concatenated heads have h·d_v = {concat_width} columns: it must have {concat_width} columns (out_in, as PyTorch)",
-            )
+    for name in ("out_proj_weight", "o_proj_weight"):
+        w = getattr(req, name)
+        if w is not None:
+            d_out, d_in = w.shape
+            if d_in != concat_width:
+                label = _DOTTED.get(name, name)
+                raise FieldError(
+                    label,
+                    f"{label} is {d_out}×{d_in} but the concatenated heads have h·d_v = {concat_width} columns: it must have {concat_width} columns (out_in, as PyTorch)",
+                )
     _check_bias(req.b_o, "b_o", d_out, "the output")
     _check_bias(req.out_proj_bias, "out_proj_bias", d_out, "the output")
+    _check_bias(req.o_proj_bias, "o_proj.bias", d_out, "the output")
     return int(d_out)
 
 
-def _sequence_shapes(req: InputFields) -> tuple[int | None, int, int, int]:
-    """(B, L, S, d_model) from x, context and the generated-mode sizes."""
+def _sequence_shapes(
+    req: InputFields, kv_width: int | None = None
+) -> tuple[int | None, int, int, int]:
+    """(B, L, S, d_model) from x, context and the generated-mode sizes; the context must have
+    ``kv_width`` columns (default d_model)."""
     batch = None
     if req.x is not None:
         batch = req.x.shape[0] if req.x.ndim == 3 else None
@@ -380,10 +574,15 @@ def _sequence_shapes(req: InputFields) -> tuple[int | None, int, int, int]:
                 f"context is {_batch_words(c_batch)} but x is {_batch_words(batch)}: batch both or neither, with the same B",
             )
         ctx_len, c_width = req.context.shape[-2:]
-        if c_width != d_model:
+        if kv_width is None and c_width != d_model:
             raise FieldError(
                 "context",
                 f"context has {c_width} columns but x has {d_model}: both are projected by the same weights",
+            )
+        if kv_width is not None and c_width != kv_width:
+            raise FieldError(
+                "context",
+                f"context has {c_width} columns but k_proj.weight takes {kv_width}: the keys and values are projected from the context",
             )
     return batch, int(seq_len), int(ctx_len), int(d_model)
 
@@ -411,7 +610,8 @@ def _d_model_from_weights(req: InputFields) -> int | None:
         w = getattr(req, name, None)
         if isinstance(w, np.ndarray):
             return int(w.shape[0] if req.weight_layout == "in_out" else w.shape[1])
-    return None
+    w = getattr(req, "q_proj_weight", None)  # a state dict's: always out_in
+    return None if w is None else int(w.shape[1])
 
 
 def _labels(
@@ -530,3 +730,151 @@ def lengths(value: int | list[int] | None) -> tuple[int, ...] | None:
 
 def _batch_words(batch: int | None) -> str:
     return "unbatched" if batch is None else f"a batch of {batch}"
+
+
+def _num_masks(req: InputFields) -> int:
+    """Mask objects plus key_padding_mask: each a pass over B·L·S entries."""
+    return len(req.mask or []) + (req.key_padding_mask is not None)
+
+
+@contextmanager
+def _engine_rule(field: str) -> Iterator[None]:
+    """The engine's own check of a setting, reported on the field that holds it."""
+    try:
+        yield
+    except AttentionInputError as err:
+        raise FieldError(field, str(err)) from None
+
+
+def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes, sinks: bool) -> Shapes:
+    """Check the variants against the shapes (per head: d_k; n = h heads on /multihead, 1 on
+    /attention) and record which are on."""
+    n = shapes.num_heads
+    _check_qk_norm(req, shapes.d_k)
+    rope = req.rope if isinstance(req.rope, RopeOptions) else RopeOptions() if req.rope else None
+    if rope is not None:
+        _check_rope(rope, shapes.d_k)
+    alibi = req.alibi is not False
+    if alibi and req.relative_bias is not None:
+        raise FieldError(
+            "relative_bias", "give alibi or relative_bias, not both: one position bias at most"
+        )
+    slopes = req.alibi.slopes if isinstance(req.alibi, AlibiOptions) else None
+    if slopes is not None and slopes.shape[0] != n:
+        raise FieldError(
+            "alibi.slopes",
+            f"alibi.slopes has {slopes.shape[0]} entries but there {'is 1 head' if n == 1 else f'are {n} heads'}: one slope per head",
+        )
+    if req.relative_bias is not None:
+        _check_relative_bias(req.relative_bias.table, n, req)
+    for name, given, size, what in (
+        ("positions", req.positions, shapes.seq_len, "queries (L)"),
+        ("context_positions", req.context_positions, shapes.ctx_len, "keys (S)"),
+    ):
+        if given is None:
+            continue
+        if rope is None and not alibi and req.relative_bias is None:
+            raise FieldError(
+                name, f"{name} is used by rope, alibi and relative_bias, and none of them is on"
+            )
+        if len(given) != size:
+            raise FieldError(name, f"{name} has {len(given)} entries but there are {size} {what}")
+    if req.key_padding_mask is not None:
+        _check_key_padding(req.key_padding_mask, shapes)
+    if sinks:
+        _check_sinks(req, n)
+    return replace(
+        shapes,
+        qk_norm=req.qk_norm is not False or _norm_weights_given(req),
+        rope=rope is not None,
+        softcap=req.softcap is not None,
+        position_bias=alibi or req.relative_bias is not None,
+        sinks=sinks,
+    )
+
+
+def _norm_weights_given(req: AttentionRequest | MultiheadRequest) -> bool:
+    """Whether a state dict's q_norm.weight or k_norm.weight is given (/multihead)."""
+    return isinstance(req, MultiheadRequest) and (
+        req.q_norm_weight is not None or req.k_norm_weight is not None
+    )
+
+
+def _check_qk_norm(req: AttentionRequest | MultiheadRequest, d_k: int) -> None:
+    options = req.qk_norm if isinstance(req.qk_norm, QKNormOptions) else None
+    weights: dict[str, Array | None] = {
+        "qk_norm.q_weight": None if options is None else options.q_weight,
+        "qk_norm.k_weight": None if options is None else options.k_weight,
+    }
+    if isinstance(req, MultiheadRequest):
+        for state, field in (
+            ("q_norm.weight", "qk_norm.q_weight"),
+            ("k_norm.weight", "qk_norm.k_weight"),
+        ):
+            w = req.q_norm_weight if state.startswith("q") else req.k_norm_weight
+            if w is not None and weights[field] is not None:
+                raise FieldError(
+                    state, f"give {state} or {field}, not both: both are the same weight"
+                )
+            if w is not None:
+                weights[state] = w
+    for name, w in weights.items():
+        if w is not None and w.shape[0] != d_k:
+            raise FieldError(
+                name,
+                f"{name} has {w.shape[0]} entries but each query/key vector has d_k = {d_k} features",
+            )
+
+
+def _check_rope(rope: RopeOptions, d_k: int) -> None:
+    r = d_k if rope.rotary_dim is None else rope.rotary_dim
+    if r % 2:
+        raise FieldError(
+            "rope.rotary_dim" if rope.rotary_dim is not None else "rope",
+            f"rope turns pairs of features, so rotary_dim must be even; it is {r}"
+            + ("" if rope.rotary_dim is not None else " (d_k): give an even rotary_dim below it"),
+        )
+    if r > d_k:
+        raise FieldError("rope.rotary_dim", f"rope.rotary_dim is {r} but d_k is only {d_k}")
+    if isinstance(rope.scaling, Llama3ScalingOptions):
+        s = rope.scaling
+        if not s.low_freq_factor < s.high_freq_factor:
+            raise FieldError(
+                "rope.scaling.high_freq_factor",
+                f"rope.scaling needs low_freq_factor < high_freq_factor; got {s.low_freq_factor:g} and {s.high_freq_factor:g}",
+            )
+
+
+def _check_relative_bias(table: Array, n: int, req: AttentionRequest | MultiheadRequest) -> None:
+    cols = 1 if table.ndim == 1 else table.shape[1]
+    if cols != n:
+        raise FieldError(
+            "relative_bias.table",
+            f"relative_bias.table has {cols} column(s) but there {'is 1 head' if n == 1 else f'are {n} heads'}: it is num_buckets × heads",
+        )
+    assert req.relative_bias is not None
+    with _engine_rule("relative_bias"):
+        positions.t5_bucket(
+            np.zeros(1, dtype=np.int64), req.relative_bias.bidirectional, table.shape[0],
+            req.relative_bias.max_distance,
+        )  # fmt: skip
+
+
+def _check_key_padding(flags: np.ndarray, shapes: Shapes) -> None:
+    if flags.shape[-1] != shapes.ctx_len:
+        raise FieldError(
+            "key_padding_mask",
+            f"key_padding_mask has {flags.shape[-1]} entries per row but there are {shapes.ctx_len} keys (S)",
+        )
+    if flags.ndim == 2 and flags.shape[0] != (shapes.batch or 1):
+        raise FieldError(
+            "key_padding_mask",
+            f"key_padding_mask has {flags.shape[0]} rows but the request is {_batch_words(shapes.batch)}: one row [S] per batch item",
+        )
+
+
+def _check_sinks(req: AttentionRequest | MultiheadRequest, n: int) -> None:
+    if isinstance(req, MultiheadRequest) and req.sinks is not None and req.sinks.shape[0] != n:
+        raise FieldError(
+            "sinks", f"sinks has {req.sinks.shape[0]} entries but there are {n} heads: one per head"
+        )

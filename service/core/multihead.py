@@ -10,6 +10,7 @@ import numpy as np
 from service.core.attention import (
     AttentionTrace,
     Projections,
+    Variants,
     project_qkv,
     scaled_dot_product_attention,
 )
@@ -41,7 +42,7 @@ class MultiheadWeights(Projections):
 class MultiheadTrace:
     """Every intermediate of a multi-head attention block."""
 
-    x_in: Array  # (B, L, d_model)  x after positional encoding
+    x_in: Array | None  # (B, L, d_model)  x after positional encoding; None: direct heads
     heads: AttentionTrace  # arrays shaped (B, h, L, ·)
     average_weights: Array  # (B, L, S)  mean of the heads' weights
     concat: Array  # (B, L, h·d_v)
@@ -106,15 +107,15 @@ def multihead_attention(
     fully_masked_policy: FullyMaskedPolicy = "zero",
     residual: bool = False,
     norm: LayerNorm | None = None,
+    variants: Variants | None = None,
 ) -> MultiheadTrace:
     """Multi-head attention over ``x (B, L, d_model)``, keys/values from ``context (B, S, d_model)``
     (default: x itself).
 
-    ``positional (L, d_model)`` is added to x first. Each head runs scaled dot-product attention
-    with scale 1/√d_k by default. With ``num_kv_heads`` (grouped-query attention) query head i
-    uses key/value head ⌊i·h_kv/h⌋, as torch's ``enable_gqa`` ``repeat_interleave``. The heads'
-    outputs are concatenated and multiplied by ``w_o`` (identity if None) plus ``b_o``; then
-    the residual ``x_in + projected`` and layer norm are applied when asked.
+    ``positional (L, d_model)`` is added to x first. The projections are split into h query
+    heads and h_kv = ``num_kv_heads`` key/value heads (default h) of d_k columns each, then
+    :func:`attend_heads` runs the heads (with the ``variants``), concatenates them and applies
+    ``w_o``, the residual ``x_in + projected`` and layer norm when asked.
     """
     h = num_heads
     h_kv = num_kv_heads or h
@@ -123,9 +124,49 @@ def multihead_attention(
 
     # (B, L, h·d_k), (B, S, h_kv·d_k), (B, S, h_kv·d_v)
     q, k, v = project_qkv(x_in, source, weights)
-    q = split_heads(q, h)  # (B, h, L, d_k)
-    k = split_heads(k, h_kv)  # (B, h_kv, S, d_k)
-    v = split_heads(v, h_kv)  # (B, h_kv, S, d_v)
+    return attend_heads(
+        split_heads(q, h),  # (B, h, L, d_k)
+        split_heads(k, h_kv),  # (B, h_kv, S, d_k)
+        split_heads(v, h_kv),  # (B, h_kv, S, d_v)
+        w_o=weights.w_o,
+        b_o=weights.b_o,
+        x_in=x_in,
+        mask=mask,
+        scale=scale,
+        fully_masked_policy=fully_masked_policy,
+        residual=residual,
+        norm=norm,
+        variants=variants,
+    )
+
+
+def attend_heads(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    w_o: Array | None = None,
+    b_o: Array | None = None,
+    x_in: Array | None = None,
+    mask: CombinedMask | None = None,
+    scale: float | None = None,
+    fully_masked_policy: FullyMaskedPolicy = "zero",
+    residual: bool = False,
+    norm: LayerNorm | None = None,
+    variants: Variants | None = None,
+) -> MultiheadTrace:
+    """The heads of multi-head attention and the block after them.
+
+    ``q (B, h, L, d_k)``, ``k (B, h_kv, S, d_k)``, ``v (B, h_kv, S, d_v)``, as
+    ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)`` takes them: with
+    h_kv < h (grouped-query attention) query head i uses key/value head ⌊i·h_kv/h⌋ (torch's
+    ``repeat_interleave``). Each head runs scaled dot-product attention (scale 1/√d_k by
+    default) with the ``variants``; per-head ones (ALiBi slopes, T5 table columns, sinks) are
+    indexed by the query head. The heads' outputs are concatenated and multiplied by ``w_o
+    (h·d_v, d_out)`` (identity if None) plus ``b_o``; ``residual`` adds ``x_in (B, L, d_out)``
+    and ``norm`` is applied last.
+    """
+    h, h_kv = q.shape[1], k.shape[1]
     if h_kv != h:
         k = np.repeat(k, h // h_kv, axis=1)  # (B, h, S, d_k)
         v = np.repeat(v, h // h_kv, axis=1)  # (B, h, S, d_v)
@@ -138,13 +179,17 @@ def multihead_attention(
         additive=None if mask is None else mask.additive[:, None],  # (B, 1, L, S)
         padded_queries=None if mask is None else mask.padded_queries[:, None],  # (B, 1, L)
         fully_masked_policy=fully_masked_policy,
+        variants=variants,
     )
     concat = merge_heads(heads.output)  # (B, L, h·d_v)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused below
-        projected = concat if weights.w_o is None else concat @ weights.w_o  # (B, L, d_out)
-        if weights.b_o is not None:
-            projected = projected + weights.b_o
-        res = x_in + projected if residual else None  # (B, L, d_model)
+        projected = concat if w_o is None else concat @ w_o  # (B, L, d_out)
+        if b_o is not None:
+            projected = projected + b_o
+        res = None
+        if residual:
+            assert x_in is not None, "the residual needs the block's input"
+            res = x_in + projected  # (B, L, d_model)
     require_finite(projected, "the projected heads (concat W_o)")
     if res is not None:
         require_finite(res, "the residual x + projected")

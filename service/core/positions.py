@@ -294,3 +294,39 @@ def relative_bias(
     rel = _relative_positions(positions, context_positions)  # (L, S)
     bucket = t5_bucket(rel, bidirectional, table.shape[0], max_distance)  # (L, S)
     return np.moveaxis(table[bucket], -1, 0)  # (L, S, n) -> (n, L, S)
+
+
+# --- either bias, as a request names it ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Alibi:
+    """ALiBi settings: explicit slopes (one per head) or the paper's (None), and symmetry."""
+
+    slopes: Array | None = None  # (n,)
+    symmetric: bool = False
+
+
+@dataclass(frozen=True)
+class RelativeBias:
+    """T5 relative position bias settings: the learned table and its bucketing."""
+
+    table: Array  # (num_buckets, n)
+    bidirectional: bool = True
+    max_distance: int = 128
+
+
+PositionBias = Alibi | RelativeBias
+
+
+def position_bias(
+    spec: PositionBias, num_heads: int, positions: IntArray, context_positions: IntArray
+) -> Array:
+    """(n, L, S): the ALiBi or T5 bias of ``num_heads`` heads for queries at ``positions (L,)``
+    and keys at ``context_positions (S,)``."""
+    if isinstance(spec, Alibi):
+        slopes = alibi_slopes(num_heads) if spec.slopes is None else spec.slopes  # (n,)
+        return alibi_bias(slopes, positions, context_positions, spec.symmetric)
+    return relative_bias(
+        spec.table, positions, context_positions, spec.bidirectional, spec.max_distance
+    )

@@ -62,6 +62,23 @@ def _bool_matrix(value: Any, info: ValidationInfo) -> BoolArray:
     return to_bool_matrix(value, _name(info))
 
 
+def _padding_flags(value: Any, info: ValidationInfo) -> BoolArray:
+    return to_bool_matrix(
+        value, _name(info), (1, 2), "[S] (or [B][S]) of true/false or 1/0, true = padding"
+    )
+
+
+def _heads(value: Any, info: ValidationInfo) -> Array:
+    return to_array(
+        value, _name(info), (3, 4), "heads [h][n][d] (rows of numbers per head) or a batch "
+        "[B][h][n][d]",
+    )  # fmt: skip
+
+
+def _table(value: Any, info: ValidationInfo) -> Array:
+    return to_array(value, _name(info), (1, 2), "num_buckets rows of one number per head")
+
+
 def _additive_matrix(value: Any, info: ValidationInfo) -> Array:
     return to_additive_matrix(value, _name(info))
 
@@ -89,6 +106,17 @@ AdditiveMatrix = Annotated[
     PlainValidator(_additive_matrix),
     WithJsonSchema({"anyOf": [_NULLABLE_MATRIX, {"type": "array", "items": _NULLABLE_MATRIX}]}),
 ]
+PaddingFlags = Annotated[
+    BoolArray,
+    PlainValidator(_padding_flags),
+    WithJsonSchema({"anyOf": [_BOOL_ROW, {"type": "array", "items": _BOOL_ROW}]}),
+]
+Heads = Annotated[
+    Array,
+    PlainValidator(_heads),
+    WithJsonSchema({"anyOf": [_BATCH, {"type": "array", "items": _BATCH}]}),
+]
+Table = Annotated[Array, PlainValidator(_table), WithJsonSchema({"anyOf": [_ROW, _MATRIX]})]
 Positional = Annotated[
     Literal["sinusoidal"] | Array,
     PlainValidator(_positional),

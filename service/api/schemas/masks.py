@@ -8,6 +8,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from service.api.schemas.fields import AdditiveMatrix, BoolMatrix, Int, Lengths
 from service.core.types import Alignment
 
+TrueMeans = Literal["attend", "masked"]  # what true says in a boolean mask
+
 STRICT = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
 
@@ -47,11 +49,19 @@ class WindowMask(BaseModel):
 
 
 class BooleanMask(BaseModel):
-    """An explicit [L][S] (or [B][L][S]) matrix, true (or 1) = may attend."""
+    """An explicit [L][S] (or [B][L][S]) matrix, true (or 1) = may attend unless true_means
+    says "masked"."""
 
     model_config = STRICT
     type: Literal["boolean"]
-    matrix: BoolMatrix = Field(description="true or 1 = may attend, false or 0 = masked")
+    matrix: BoolMatrix = Field(
+        description="true or 1 = may attend, false or 0 = masked (see true_means)"
+    )
+    true_means: TrueMeans = Field(
+        "attend",
+        description="attend: true = may attend (torch scaled_dot_product_attention, JAX); "
+        "masked: true = masked (nn.MultiheadAttention's attn_mask)",
+    )
 
 
 class AdditiveMask(BaseModel):

@@ -1,19 +1,22 @@
 """The request bodies of POST /attention, /mask and /multihead: fields and their docs only."""
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import BaseModel, Discriminator, Field, Tag
+from pydantic import AliasChoices, BaseModel, Discriminator, Field, Tag
 
 from service.api.schemas.fields import (
     FiniteFloat,
+    Heads,
     Int,
     Matrix,
+    PaddingFlags,
     Positional,
     Sequence,
     Text,
     Vector,
 )
 from service.api.schemas.masks import STRICT, MaskList
+from service.api.schemas.variants import VariantFields, any_of, flag_or_options
 from service.core.types import FullyMaskedPolicy, Init, NormOver, WeightLayout
 
 MAX_HEAD_ENTRIES = 1024  # refused before their weights are converted (num_heads has its own cap)
@@ -59,6 +62,11 @@ class InputFields(BaseModel):
     )
     scale: FiniteFloat | None = Field(None, description="multiplies Q Kᵀ; default 1/sqrt(d_k)")
     mask: MaskList | None = Field(None, description="one mask object or a list, combined with AND")
+    key_padding_mask: PaddingFlags | None = Field(
+        None,
+        description="[S] or [B][S], true = padding (that key is ignored), as torch's "
+        "nn.MultiheadAttention key_padding_mask",
+    )
     fully_masked_rows: FullyMaskedPolicy = Field(
         "zero", description="rows with every key masked: weights 0, 1/S, or a 422 naming the rows"
     )
@@ -68,8 +76,14 @@ class InputFields(BaseModel):
     decimals: Int | None = Field(None, ge=0, le=15, description="round every returned float")
 
 
-class AttentionRequest(InputFields):
+class AttentionRequest(VariantFields, InputFields):
     """POST /attention: scaled dot-product attention, every step."""
+
+    sinks: FiniteFloat | None = Field(
+        None,
+        description="a sink logit that joins each row's softmax as one more key with no value "
+        "(gpt-oss); returns sink_weights",
+    )
 
     w_q: Matrix | None = Field(
         None, description="query weights: d_model × d_k (in_out), d_k × d_model (out_in)"
@@ -112,19 +126,9 @@ class LayerNormOptions(BaseModel):
     )
 
 
-def _layer_norm_branch(value: Any) -> str:
-    """An object is layer norm options; anything else is read as true or false."""
-    return "options" if isinstance(value, dict | LayerNormOptions) else "flag"
-
-
-def _any_of(schema: dict[str, Any]) -> None:
-    """Show a union picked by the input's type as anyOf, as plain unions are."""
-    schema["anyOf"] = schema.pop("oneOf")
-
-
 LayerNormSetting = Annotated[
     Annotated[bool, Tag("flag")] | Annotated[LayerNormOptions, Tag("options")],
-    Discriminator(_layer_norm_branch),  # errors come from the branch the input's type picks
+    Discriminator(flag_or_options),  # errors come from the branch the input's type picks
 ]
 
 
@@ -141,12 +145,21 @@ class HeadWeights(BaseModel):
     b_v: Vector | None = None
 
 
-class MultiheadRequest(InputFields):
+def _named(*names: str) -> AliasChoices:
+    """A field read under each of these names (a state dict's dotted name and its underscore
+    form); the first is the one /docs shows."""
+    return AliasChoices(*names)
+
+
+class MultiheadRequest(VariantFields, InputFields):
     """POST /multihead: multi-head attention with optional positional encoding, W_o, residual
     and layer norm."""
 
-    num_heads: Int = Field(
-        ge=1, description="h; combined weights are split into h heads of d_k columns each"
+    num_heads: Int | None = Field(
+        None,
+        ge=1,
+        description="h; combined weights are split into h heads of d_k columns each (required "
+        "unless q, k and v are given per head)",
     )
     num_kv_heads: Int | None = Field(
         None,
@@ -173,6 +186,57 @@ class MultiheadRequest(InputFields):
         max_length=MAX_HEAD_ENTRIES,
         description=f"per-head weights, one entry per head (at most {MAX_HEAD_ENTRIES})",
     )
+    q_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("q_proj.weight", "q_proj_weight"),
+        description="Hugging Face q_proj.weight [h·d_k][d_model] (or nn.MultiheadAttention's "
+        "q_proj_weight), always out_in; d_k = its rows ÷ num_heads",
+    )
+    k_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("k_proj.weight", "k_proj_weight"),
+        description="k_proj.weight [h_kv·d_k][d_model or the context's width], always out_in; "
+        "num_kv_heads = its rows ÷ d_k",
+    )
+    v_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("v_proj.weight", "v_proj_weight"),
+        description="v_proj.weight [h_kv·d_v][d_model or the context's width], always out_in",
+    )
+    q_proj_bias: Vector | None = Field(
+        None, validation_alias=_named("q_proj.bias", "q_proj_bias"), description="[h·d_k]"
+    )
+    k_proj_bias: Vector | None = Field(
+        None, validation_alias=_named("k_proj.bias", "k_proj_bias"), description="[h_kv·d_k]"
+    )
+    v_proj_bias: Vector | None = Field(
+        None, validation_alias=_named("v_proj.bias", "v_proj_bias"), description="[h_kv·d_v]"
+    )
+    q_norm_weight: Vector | None = Field(
+        None,
+        validation_alias=_named("q_norm.weight", "q_norm_weight"),
+        description="Qwen3's q_norm.weight [d_k]: the queries' qk_norm weight (turns qk_norm "
+        "on, rms with eps 1e-6, unless qk_norm is given)",
+    )
+    k_norm_weight: Vector | None = Field(
+        None,
+        validation_alias=_named("k_norm.weight", "k_norm_weight"),
+        description="Qwen3's k_norm.weight [d_k]: the keys' qk_norm weight",
+    )
+    sinks: Vector | None = Field(
+        None,
+        description="gpt-oss sinks [h]: one sink logit per head joins each row's softmax as one "
+        "more key with no value; returns sink_weights",
+    )
+    q: Heads | None = Field(
+        None, description="direct mode: queries per head [h][L][d_k] or [B][h][L][d_k]"
+    )
+    k: Heads | None = Field(
+        None, description="direct mode: keys per key/value head [h_kv][S][d_k] (or batched)"
+    )
+    v: Heads | None = Field(
+        None, description="direct mode: values per key/value head [h_kv][S][d_v] (or batched)"
+    )
     in_proj_weight: Matrix | None = Field(
         None, description="PyTorch packed [3·d_model][d_model] (rows q, k, v), always out_in"
     )
@@ -184,9 +248,25 @@ class MultiheadRequest(InputFields):
     )
     b_o: Vector | None = Field(None, description="output bias [d_out]")
     out_proj_weight: Matrix | None = Field(
-        None, description="PyTorch out_proj.weight [d_out][h·d_v], always out_in"
+        None,
+        validation_alias=_named("out_proj_weight", "out_proj.weight"),
+        description="PyTorch out_proj.weight [d_out][h·d_v], always out_in",
     )
-    out_proj_bias: Vector | None = Field(None, description="PyTorch out_proj.bias [d_out]")
+    out_proj_bias: Vector | None = Field(
+        None,
+        validation_alias=_named("out_proj_bias", "out_proj.bias"),
+        description="PyTorch out_proj.bias [d_out]",
+    )
+    o_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("o_proj.weight", "o_proj_weight"),
+        description="Hugging Face o_proj.weight [d_out][h·d_v], always out_in",
+    )
+    o_proj_bias: Vector | None = Field(
+        None,
+        validation_alias=_named("o_proj.bias", "o_proj_bias"),
+        description="Hugging Face o_proj.bias [d_out]",
+    )
     positional_encoding: Positional | None = Field(
         None,
         description='"sinusoidal" (Vaswani et al. 2017) or an explicit [L][d_model] matrix, added to x',
@@ -197,5 +277,5 @@ class MultiheadRequest(InputFields):
     layer_norm: LayerNormSetting = Field(
         False,
         description="true or options: layer norm applied after the residual",
-        json_schema_extra=_any_of,
+        json_schema_extra=any_of,
     )
