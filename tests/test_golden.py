@@ -1,4 +1,6 @@
-"""The service against golden cases computed by PyTorch (scripts/make_golden.py), no torch needed."""
+"""The service against golden cases computed by PyTorch and transformers (scripts/make_golden.py),
+no torch needed: tests/fixtures/golden.json (torch ops and modules) and
+tests/fixtures/golden_layers.json (whole Hugging Face attention layers in float64)."""
 
 import json
 from pathlib import Path
@@ -9,8 +11,11 @@ from fastapi.testclient import TestClient
 
 from tests.conftest import assert_close
 
-GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "golden.json").read_text())
+FIXTURES = Path(__file__).parent / "fixtures"
+GOLDEN = json.loads((FIXTURES / "golden.json").read_text())
 CASES: list[dict[str, Any]] = GOLDEN["cases"]
+LAYERS = json.loads((FIXTURES / "golden_layers.json").read_text())
+LAYER_CASES: list[dict[str, Any]] = LAYERS["cases"]
 
 
 def test_golden_file_covers_every_kind_of_case() -> None:
@@ -32,8 +37,41 @@ def test_golden_file_covers_every_kind_of_case() -> None:
         assert required in names
 
 
+def test_golden_layers_file_covers_every_layer() -> None:
+    assert LAYERS["transformers_version"] and LAYERS["torch_version"]
+    names = {c["name"] for c in LAYER_CASES}
+    for required in (
+        "hf_llama_gqa_bias_causal",
+        "hf_llama3_rope_scaling_offset_positions",
+        "hf_llama_batch_padding_causal",
+        "hf_qwen3_qk_norm_causal",
+        "hf_qwen3_qk_norm_eps_batch",
+        "hf_gemma2_softcap_causal",
+        "hf_gemma2_softcap_sliding_window",
+        "hf_gpt_oss_sinks_causal",
+        "hf_gpt_oss_sinks_sliding_batch",
+        "torch_mha_key_padding_bool_attn_mask",
+        "sdpa_direct_gqa_causal_batch",
+        "sdpa_direct_mqa_scale_unbatched",
+    ):
+        assert required in names
+    for case in LAYER_CASES:  # every case checks the layer's output and stacked weights
+        assert {"output", "weights"} <= set(case["expected"]), case["name"]
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_service_matches_torch_golden(client: TestClient, case: dict[str, Any]) -> None:
+    response = client.post(case["endpoint"], json=case["request"])
+    assert response.status_code == 200, response.text
+    assert_close(response.json(), case["expected"])
+
+
+@pytest.mark.parametrize("case", LAYER_CASES, ids=[c["name"] for c in LAYER_CASES])
+def test_service_matches_hugging_face_layer_golden(
+    client: TestClient, case: dict[str, Any]
+) -> None:
+    """Llama, Qwen3, Gemma 2 and gpt-oss attention layers (transformers, float64), and torch's
+    nn.MultiheadAttention and scaled_dot_product_attention, sent with their own names."""
     response = client.post(case["endpoint"], json=case["request"])
     assert response.status_code == 200, response.text
     assert_close(response.json(), case["expected"])
