@@ -45,7 +45,7 @@ overload: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/run.py
 
-# Regenerates tests/fixtures/golden.json from PyTorch (needs: .venv/bin/pip install torch==2.13.0).
+# Regenerates tests/fixtures/golden.json and golden_layers.json (needs: .venv/bin/pip install torch==2.13.0 transformers==5.23.0).
 fixtures: $(VENV)/.installed-dev
 	$(BIN)/python scripts/make_golden.py
 
