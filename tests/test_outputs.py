@@ -13,10 +13,21 @@ from service.api import outputs
 from service.api.rules import Shapes, attention_shapes, multihead_shapes
 from service.api.schemas.requests import AttentionRequest, MaskRequest, MultiheadRequest
 
-GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "golden.json").read_text())["cases"]
+FIXTURES = Path(__file__).parent / "fixtures"
+GOLDEN = [
+    case
+    for file in ("golden.json", "golden_layers.json")
+    for case in json.loads((FIXTURES / file).read_text())["cases"]
+]
+EVERY_VARIANT = {"qk_norm": True, "rope": {"rotary_dim": 2}, "softcap": 3.0, "alibi": True,
+                 "mask": {"type": "causal"}}  # fmt: skip
 CASES: list[tuple[str, str, dict[str, Any]]] = [
     (c["name"], c["endpoint"], c["request"]) for c in GOLDEN
 ] + [
+    ("every_variant_batch", "/attention",
+     {**ex.PADDED_BATCH, **EVERY_VARIANT, "sinks": 0.5}),
+    ("every_variant_multihead", "/multihead",
+     {**ex.GENERATED_MULTIHEAD, **EVERY_VARIANT, "include": None, "sinks": [0.0, 1.0]}),
     ("generated_sentence", "/attention", ex.GENERATED_SENTENCE),
     ("padded_batch", "/mask", ex.PADDED_BATCH),
     ("generated_multihead_all", "/multihead", {**ex.GENERATED_MULTIHEAD, "include": None}),
