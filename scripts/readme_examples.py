@@ -43,18 +43,47 @@ EXAMPLES: list[tuple[str, str, dict[str, Any] | None]] = [
             "include": ["average_weights", "output"],
         },
     ),
+    (
+        "A LLaMA attention layer step by step: Hugging Face's `q_proj.weight` … `o_proj.weight` "
+        "as they are, 2 query heads sharing 1 key/value head (GQA), RoPE and a causal mask "
+        "(`output` is `LlamaAttention`'s, checked by tests/test_examples_reference.py):",
+        "/multihead",
+        ex.LLAMA_LAYER,
+    ),
+    (
+        "ALiBi on 6 heads: 6 is not a power of two, so the slopes follow the paper's rule "
+        "(those for 4 heads, then every other one for 8); the `position_bias` step lists them:",
+        "/multihead",
+        ex.ALIBI_SIX_HEADS,
+    ),
+    (
+        "What soft-capping does to large scores: `softcap` 10 squeezes 20 and 40 to 9.64 and "
+        "9.99, so a score twice as large no longer takes almost all the weight:",
+        "/attention",
+        ex.SOFTCAP_LARGE_SCORES,
+    ),
+    (
+        "Where the sink takes the weight: the sink logit 1.0 joins each row's softmax, so a row "
+        "sums to 1 − its `sink_weights`; the first query, with one key, gives the sink the most:",
+        "/attention",
+        ex.SINK_CAUSAL,
+    ),
     ("Liveness:", "/healthz", None),
 ]
 
 
+def flat(value: Any) -> bool:
+    """A number, string, flag or null, or a list of them (a step's shape)."""
+    if isinstance(value, list):
+        return not any(isinstance(v, dict | list) for v in value)
+    return not isinstance(value, dict)
+
+
 def compact(value: Any, indent: int = 0) -> str:
-    """JSON with objects one key a line and lists of numbers (or rows of them) on one line."""
+    """JSON with objects one key a line and lists of numbers (or rows of them) on one line; a
+    nested object of numbers, strings and flat lists (a step) on one line too."""
     pad = " " * indent
-    if (
-        isinstance(value, dict)
-        and indent
-        and not any(isinstance(v, dict | list) for v in value.values())
-    ):
+    if isinstance(value, dict) and indent and all(map(flat, value.values())):
         return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
     if isinstance(value, dict):
         inner = ",\n".join(f'{pad}  "{k}": {compact(v, indent + 2)}' for k, v in value.items())

@@ -77,6 +77,52 @@ GENERATED_MULTIHEAD: dict[str, Any] = {
 }
 
 
+# ---- the variants (API.md, "Position and score variants" and "PyTorch and Hugging Face as they
+# are"); tests/test_examples_reference.py checks each against an independent reference
+LLAMA_LAYER: dict[str, Any] = {
+    "tokens": ["the", "cat", "sat", "down"],
+    "x": [[1, 0, 0.5, 0], [0, 1, 0, 0.5], [0.5, 0.5, 1, 0], [0, 0, 0.5, 1]],
+    "num_heads": 2,
+    "q_proj.weight": [[1, 0, 0.5, 0], [0, 1, 0, 0.5], [0.5, 0, 1, 0], [0, 0.5, 0, 1]],
+    "k_proj.weight": [[1, 0.5, 0, 0], [0, 0, 1, 0.5]],
+    "v_proj.weight": [[1, 0, 0, 0.5], [0, 1, 0.5, 0]],
+    "o_proj.weight": [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0.5, 0.5, 0.5, 0.5]],
+    "rope": {"base": 10000},
+    "mask": {"type": "causal"},
+    "include": ["heads", "output", "steps"],
+    "decimals": 4,
+}
+ALIBI_SIX_HEADS: dict[str, Any] = {
+    "sentence": "the cat sat on",
+    "seed": 0,
+    "d_model": 6,
+    "num_heads": 6,
+    "alibi": True,
+    "mask": {"type": "causal"},
+    "include": ["average_weights", "steps"],
+    "decimals": 4,
+}
+SOFTCAP_LARGE_SCORES: dict[str, Any] = {
+    "tokens": ["a", "b", "c"],
+    "q": [[2], [4], [8]],
+    "k": [[5], [2.5], [0]],
+    "v": [[1, 0], [0, 1], [0.5, 0.5]],
+    "softcap": 10,
+    "include": ["scaled_scores", "capped_scores", "weights"],
+    "decimals": 4,
+}
+SINK_CAUSAL: dict[str, Any] = {
+    "tokens": ["I", "am", "here"],
+    "q": [[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 1, 1]],
+    "k": [[0, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 1]],
+    "v": [[1, 0], [0, 1], [0.5, 0.5]],
+    "sinks": 1.0,
+    "mask": {"type": "causal"},
+    "include": ["scaled_scores", "weights", "sink_weights"],
+    "decimals": 4,
+}
+
+
 def _examples(*items: tuple[str, str, dict[str, Any]]) -> dict[str, Example]:
     return {key: Example(summary=summary, value=value) for key, summary, value in items}
 
@@ -86,6 +132,8 @@ ATTENTION_EXAMPLES = _examples(
     ("the_cat_sat", "The cat sat: given x, weights from seed 0 (d_k 4)", THE_CAT_SAT),
     ("generated_sentence", "A sentence with generated embeddings and weights", GENERATED_SENTENCE),
     ("causal", "Direct q, k, v with a causal mask", CAUSAL_FOUR_TOKENS),
+    ("softcap", "What soft-capping does to large scores (softcap 10)", SOFTCAP_LARGE_SCORES),
+    ("sink", "Where the sink takes the weight (sinks 1.0, causal mask)", SINK_CAUSAL),
 )
 MASK_EXAMPLES = _examples(
     ("causal", "Causal mask over 4 tokens", CAUSAL_FOUR_TOKENS),
@@ -99,4 +147,10 @@ MULTIHEAD_EXAMPLES = _examples(
         TWO_HEADS_FULL_BLOCK,
     ),
     ("generated", "A generated sentence, sinusoidal encoding, causal mask", GENERATED_MULTIHEAD),
+    (
+        "llama",
+        "A LLaMA attention layer step by step: Hugging Face weights, GQA, RoPE, causal",
+        LLAMA_LAYER,
+    ),
+    ("alibi", "ALiBi on 6 heads: the paper's slopes when h is not a power of two", ALIBI_SIX_HEADS),
 )
