@@ -90,15 +90,17 @@ def attention_shapes(req: AttentionRequest) -> Shapes:
     return _with_variants(req, shapes, req.sinks is not None)
 
 
-def _direct_shapes(req: AttentionRequest) -> Shapes:
+def _given_qkv(req: AttentionRequest | MultiheadRequest, ndim: int, form: str) -> int | None:
+    """Check q, k and v given directly (``ndim`` dimensions per sequence, ``form`` naming them
+    for messages) against each other; return the batch size (None: unbatched)."""
     for n in ("q", "k", "v"):
         if getattr(req, n) is None:
             raise FieldError(n, f"direct mode needs q, k and v; {n} is missing")
     assert req.q is not None and req.k is not None and req.v is not None
     q, k, v = req.q, req.k, req.v
     if not q.ndim == k.ndim == v.ndim:
-        raise FieldError("k", "q, k and v must all be single matrices or all be batches [B][·][·]")
-    batch = q.shape[0] if q.ndim == 3 else None
+        raise FieldError("k", f"q, k and v must all be {form} or all be batches [B]{form}")
+    batch = q.shape[0] if q.ndim > ndim else None
     if batch is not None and not q.shape[0] == k.shape[0] == v.shape[0]:
         raise FieldError(
             "k",
@@ -114,10 +116,16 @@ def _direct_shapes(req: AttentionRequest) -> Shapes:
             "v",
             f"k has {k.shape[-2]} rows but v has {v.shape[-2]}: every key needs its value (S rows each)",
         )
-    seq_len, ctx_len = q.shape[-2], k.shape[-2]
+    return batch
+
+
+def _direct_shapes(req: AttentionRequest) -> Shapes:
+    batch = _given_qkv(req, 2, "[L][d]")
+    assert req.q is not None and req.k is not None and req.v is not None
+    seq_len, ctx_len = req.q.shape[-2], req.k.shape[-2]
     tokens, ctx_tokens = _labels(req, seq_len, ctx_len)
     return Shapes(
-        "attention", batch, seq_len, ctx_len, None, q.shape[-1], v.shape[-1],
+        "attention", batch, seq_len, ctx_len, None, req.q.shape[-1], req.v.shape[-1],
         num_masks=_num_masks(req), tokens=tokens, context_tokens=ctx_tokens,
     )  # fmt: skip
 
@@ -230,21 +238,11 @@ def _heads_shapes(req: MultiheadRequest) -> Shapes:
             name,
             f"q, k and v are given per head (direct mode), so there is nothing to project: {name} does not apply; give either q, k, v or x with the projections",
         )
-    for n in ("q", "k", "v"):
-        if getattr(req, n) is None:
-            raise FieldError(n, f"direct mode needs q, k and v; {n} is missing")
+    batch = _given_qkv(req, 3, "[h][n][d]")
     assert req.q is not None and req.k is not None and req.v is not None
     q, k, v = req.q, req.k, req.v
-    if not q.ndim == k.ndim == v.ndim:
-        raise FieldError("k", "q, k and v must all be [h][n][d] or all be batches [B][h][n][d]")
-    batch = q.shape[0] if q.ndim == 4 else None
-    if batch is not None and not q.shape[0] == k.shape[0] == v.shape[0]:
-        raise FieldError(
-            "k",
-            f"q, k and v must have the same batch size; got {q.shape[0]}, {k.shape[0]} and {v.shape[0]}",
-        )
     h, seq_len, d_k = q.shape[-3:]
-    h_kv, ctx_len, k_width = k.shape[-3:]
+    h_kv, ctx_len = k.shape[-3:-1]
     if v.shape[-3] != h_kv:
         raise FieldError(
             "v", f"k has {h_kv} key heads but v has {v.shape[-3]}: each key head needs its values"
@@ -255,16 +253,6 @@ def _heads_shapes(req: MultiheadRequest) -> Shapes:
         raise FieldError(
             "k",
             f"q has {h} heads, which is not a multiple of k's {h_kv} key/value heads: each key/value head must serve the same number of query heads",
-        )
-    if k_width != d_k:
-        raise FieldError(
-            "k",
-            f"q has {d_k} columns but k has {k_width}: queries and keys need the same width d_k for Q Kᵀ",
-        )
-    if v.shape[-2] != ctx_len:
-        raise FieldError(
-            "v",
-            f"k has {ctx_len} rows per head but v has {v.shape[-2]}: every key needs its value (S rows each)",
         )
     d_v = int(v.shape[-1])
     d_out = _output_dims(req, h * d_v)
