@@ -294,3 +294,97 @@ def test_usable_at_phone_width(offline_page: tuple[Any, list[str]], server: str)
     assert page.locator("#run").is_visible()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "explorer-phone.png"), full_page=True)
+
+
+# ---- the position and score variants (API 2.6) -----------------------------------------------
+
+
+def _table(page: Any, name: str) -> list[list[str]]:
+    """The values (full precision, from each cell's title) of a drawn matrix table."""
+    rows: list[list[str]] = page.locator(f'table.matrix[data-name="{name}"] tbody tr').evaluate_all(
+        "trs => trs.map(tr => [...tr.querySelectorAll('td')].map(td => td.title))"
+    )
+    return rows
+
+
+def test_variants_from_the_form_draw_what_the_api_returns(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, outside = offline_page
+    _open(page, server)  # I am Batman: d_k 2
+    page.check("#causal")
+    page.check("#rope")
+    page.fill("#rope_base", "100")
+    page.fill("#softcap", "2")
+    page.check("#alibi")
+    page.fill("#sinks", "0.5")
+    body, data = _run(page, "attention")
+    assert body["rope"] == {"base": 100}
+    assert (body["softcap"], body["alibi"], body["sinks"]) == (2, True, 0.5)
+    assert body["mask"] == {"type": "causal", "alignment": "upper_left"}
+    assert "qk_norm" not in body and "positions" not in body
+    assert _post(server, "attention", body) == data
+
+    caption = page.locator('table.matrix[data-name="q_rotated"] caption').inner_text()
+    assert caption.startswith("Q rotated (RoPE)")
+    shown = _table(page, "q_rotated")
+    assert len(shown) == len(data["q_rotated"])
+    for row, expected in zip(shown, data["q_rotated"], strict=True):
+        assert [float(v) for v in row] == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    for name, title in (("capped_scores", "capped scores"), ("position_bias", "position bias")):
+        figure = page.locator(f'figure[data-name="{name}"]')
+        assert figure.locator("figcaption").inner_text().startswith(title)
+        cells = _cells(page, name)
+        assert len(cells) == 9
+        for (i, j), value in cells.items():
+            assert float(value) == pytest.approx(data[name][i][j], rel=1e-12, abs=1e-12)
+    assert page.locator('figure[data-name="biased_scores"]').count() == 1
+    sinks = _table(page, "sink_weights")
+    assert [float(r[0]) for r in sinks] == pytest.approx(data["sink_weights"], rel=1e-12)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "explorer-variants.png"), full_page=True)
+    assert outside == []
+
+
+def test_variants_per_head_on_multihead(offline_page: tuple[Any, list[str]], server: str) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    page.select_option("#endpoint", "multihead")
+    page.locator("#example option[value=two_heads]").wait_for(state="attached")
+    page.select_option("#example", "two_heads")
+    page.select_option("#qk_norm", "layer")
+    page.check("#rope")
+    page.select_option("#rope_style", "interleaved")
+    page.fill("#softcap", "5")
+    page.check("#alibi")
+    page.check("#alibi_symmetric")
+    page.fill("#sinks", "0.5 -1")
+    body, data = _run(page, "multihead")
+    assert body["qk_norm"] == {"type": "layer"}
+    assert body["rope"] == {"style": "interleaved"}
+    assert (body["alibi"], body["sinks"]) == ({"symmetric": True}, [0.5, -1])
+    assert _post(server, "multihead", body) == data
+    for h, head in enumerate(data["heads"]):
+        for name in ("capped_scores", "position_bias", "biased_scores"):
+            cells = _cells(page, f"head{h}_{name}")
+            assert cells and all(
+                float(v) == pytest.approx(head[name][i][j], rel=1e-12, abs=1e-12)
+                for (i, j), v in cells.items()
+            )
+        for name in ("q_normed", "q_rotated", "k_rotated", "sink_weights"):
+            assert page.locator(f'table.matrix[data-name="head{h}_{name}"]').count() == 1
+
+
+def test_a_rope_error_is_shown_next_to_the_rope_field(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    page.check("#rope")
+    page.fill("#rope_rotary_dim", "1")
+    body, data = _run(page, "attention")
+    assert body["rope"] == {"rotary_dim": 1}
+    assert data["errors"][0]["field"] == "rope.rotary_dim"
+    message = page.locator('.field[data-field="rope"] .field-error').inner_text()
+    assert message == data["errors"][0]["message"]
+    assert page.locator("#error").is_visible()

@@ -47,6 +47,16 @@ function parseInts(id) {
   return values.length === 1 ? values[0] : values;
 }
 
+function numbersOrUndefined(id, integers) {
+  const text = $(id).value.trim();
+  if (!text) return undefined;
+  const values = text.split(/[\s,]+/).map(Number);
+  if (values.some((v) => (integers ? !Number.isInteger(v) : !Number.isFinite(v)))) {
+    throw new FieldError(id, `${id}: ${integers ? "whole numbers" : "numbers"}, separated by spaces`);
+  }
+  return values;
+}
+
 function numberOrUndefined(id) {
   const text = $(id).value.trim();
   if (!text) return undefined;
@@ -59,7 +69,7 @@ function numberOrUndefined(id) {
 
 const TEXT_IDS = ["tokens", "sentence", "seed", "d_model", "d_k", "x", "w_q", "w_k", "w_v", "q", "k", "v", "context",
   "scale", "key_lengths", "query_lengths", "window_left", "window_right", "boolean", "additive", "num_kv_heads",
-  "positional_matrix", "w_o", "extra"];
+  "positional_matrix", "w_o", "softcap", "rope_base", "rope_rotary_dim", "sinks", "positions", "extra"];
 
 function showFor() {
   const ep = $("endpoint").value;
@@ -71,6 +81,7 @@ function showFor() {
     el.hidden = !el.classList.contains(`mode-${current}`);
   });
   $("multihead-set").hidden = ep !== "multihead";
+  $("sinks-label").textContent = ep === "multihead" ? "sinks (blank: off; one number per head)" : "sinks (blank: off; one number)";
   $("mask-set").querySelector("legend").textContent =
     ep === "mask" ? "Mask (required; combined with AND; true = may attend)" : "Mask (optional; combined with AND; true = may attend)";
 }
@@ -115,6 +126,29 @@ function buildBody() {
   if (additive !== undefined) add({ type: "additive", matrix: additive }, "additive");
   if (masks.length) body.mask = masks.length === 1 ? masks[0] : masks;
 
+  // position and score variants (API 2.6): only what is set; defaults alone send `true`
+  if ($("qk_norm").value) body.qk_norm = $("qk_norm").value === "rms" ? true : { type: $("qk_norm").value };
+  if ($("rope").checked) {
+    const rope = {};
+    const base = numberOrUndefined("rope_base");
+    if (base !== undefined) rope.base = base;
+    if ($("rope_style").value !== "half") rope.style = $("rope_style").value;
+    const dim = numberOrUndefined("rope_rotary_dim");
+    if (dim !== undefined) rope.rotary_dim = dim;
+    body.rope = Object.keys(rope).length ? rope : true;
+  }
+  const softcap = numberOrUndefined("softcap");
+  if (softcap !== undefined) body.softcap = softcap;
+  if ($("alibi").checked) body.alibi = $("alibi_symmetric").checked ? { symmetric: true } : true;
+  const sinks = numbersOrUndefined("sinks", false);
+  if (sinks !== undefined) {
+    if (ep === "multihead") body.sinks = sinks;
+    else if (sinks.length === 1) body.sinks = sinks[0];
+    else throw new FieldError("sinks", "sinks: one number on this endpoint (one per head on /multihead)");
+  }
+  const positions = numbersOrUndefined("positions", true);
+  if (positions !== undefined) body.positions = positions;
+
   if (ep === "multihead") {
     body.num_heads = numberOrUndefined("num_heads") ?? 1;
     const kv = numberOrUndefined("num_kv_heads");
@@ -141,7 +175,8 @@ function fillForm(example) {
   const ex = { ...example };
   delete ex.include; // the explorer shows every step
   for (const id of TEXT_IDS) $(id).value = "";
-  for (const id of ["causal", "residual", "layer_norm"]) $(id).checked = false;
+  for (const id of ["causal", "residual", "layer_norm", "rope", "alibi", "alibi_symmetric"]) $(id).checked = false;
+  $("qk_norm").value = ""; $("rope_style").value = "half";
   $("weight_layout").value = "in_out"; $("fully_masked_rows").value = "zero"; $("init").value = "uniform";
   $("alignment").value = "upper_left"; $("positional_kind").value = ""; $("ln_over").value = "features"; $("num_heads").value = "2";
 
@@ -170,6 +205,7 @@ function fillForm(example) {
     else leftover.push(m);
   }
   if (leftover.length) ex.mask = leftover; // kinds repeated beyond what the form holds
+  fillVariants(ex);
   const heads = take("num_heads"); if (heads !== undefined) $("num_heads").value = heads;
   const kv = take("num_kv_heads"); if (kv !== undefined) $("num_kv_heads").value = kv;
   const pe = take("positional_encoding");
@@ -180,6 +216,30 @@ function fillForm(example) {
   if (ln) { $("layer_norm").checked = true; if (typeof ln === "object" && ln.over) $("ln_over").value = ln.over; if (typeof ln === "object" && Object.keys(ln).some((key) => key !== "over")) { const { over, ...rest } = ln; ex.layer_norm = { over: over || "features", ...rest }; $("layer_norm").checked = false; } }
   if (Object.keys(ex).length) $("extra").value = JSON.stringify(ex);
   showFor();
+}
+
+// The variants the form holds move from `ex` into the form; other settings stay in `ex` (more fields).
+function fillVariants(ex) {
+  const only = (v, keys) => v === true || (v && typeof v === "object" && !Array.isArray(v) && Object.keys(v).every((k) => keys.includes(k)));
+  const qk = ex.qk_norm;
+  if (only(qk, ["type"])) { $("qk_norm").value = qk === true ? "rms" : qk.type || "rms"; delete ex.qk_norm; }
+  const rope = ex.rope;
+  if (only(rope, ["base", "style", "rotary_dim"])) {
+    $("rope").checked = true;
+    if (rope !== true) {
+      if (rope.base !== undefined) $("rope_base").value = rope.base;
+      if (rope.style) $("rope_style").value = rope.style;
+      if (rope.rotary_dim !== undefined) $("rope_rotary_dim").value = rope.rotary_dim;
+    }
+    delete ex.rope;
+  }
+  const alibi = ex.alibi;
+  if (only(alibi, ["symmetric"])) { $("alibi").checked = true; $("alibi_symmetric").checked = alibi !== true && !!alibi.symmetric; delete ex.alibi; }
+  if (typeof ex.softcap === "number") { $("softcap").value = ex.softcap; delete ex.softcap; }
+  if (typeof ex.sinks === "number" || (Array.isArray(ex.sinks) && ex.sinks.every((n) => typeof n === "number"))) {
+    $("sinks").value = [].concat(ex.sinks).join(" "); delete ex.sinks;
+  }
+  if (Array.isArray(ex.positions) && ex.positions.every(Number.isInteger)) { $("positions").value = ex.positions.join(" "); delete ex.positions; }
 }
 
 async function loadSpec() {
@@ -461,6 +521,15 @@ function table(key, title, m, rows) {
 
 // The map whose values are Q Kᵀ times `scale`: its title at the top level shows the factor.
 const SCALED_BY_SCALE = "scaled_scores";
+// A vector without x-view: the weight each query row gives the sink, drawn as a one-column table.
+const SINK_WEIGHTS = "sink_weights";
+function sinkColumn(obj) {
+  const v = obj && obj[SINK_WEIGHTS];
+  if (!Array.isArray(v) || !v.length) return null;
+  const b = Number($("batch").value || 0);
+  const row = Array.isArray(v[0]) ? v[b] : v; // [L], or [B][L] when batched
+  return Array.isArray(row) && row.every((x) => typeof x === "number") ? row.map((x) => [x]) : null;
+}
 
 function render() {
   if (!lastResult) return;
@@ -497,16 +566,23 @@ function render() {
       continue;
     }
     (Array.isArray(data[view.name]) ? data[view.name] : []).forEach((head, i) => {
-      let scoreMap = null; // one score map per head: a later one present (masked) supersedes an earlier (scaled)
+      // the head's first score map (scaled) gives way to the next one present (a variant's, or
+      // masked); every later score map is drawn too
+      let scoreMap = null;
       for (const v of view.each) {
         const item = { key: `head${i}_${v.name}`, title: `head ${i}: ${v.title}`, view: v, m: matrix(head[v.name]) };
         if (!item.m) continue;
-        if (v.map === "scores" && scoreMap) { Object.assign(scoreMap, { title: item.title, view: v, m: item.m }); continue; }
-        if (v.map === "scores") scoreMap = item;
+        if (v.map === "scores" && scoreMap) { Object.assign(scoreMap, { key: item.key, title: item.title, view: v, m: item.m }); scoreMap = false; continue; }
+        if (v.map === "scores" && scoreMap === null) scoreMap = item;
         items.push(item);
       }
+      const sinks = sinkColumn(head);
+      if (sinks) items.push({ key: `head${i}_${SINK_WEIGHTS}`, title: `head ${i}: sink weights`, view: { rows: "queries" }, m: sinks });
     });
   }
+
+  const topSinks = sinkColumn(data);
+  if (topSinks) items.push({ key: SINK_WEIGHTS, title: "sink weights", view: { rows: "queries" }, m: topSinks });
 
   const maskView = views.find((v) => v.map === "mask");
   const allowed = maskView ? matrix(data[maskView.name]) : undefined; // hatches masked cells of weights maps
