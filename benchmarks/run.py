@@ -83,7 +83,8 @@ def multihead_floor(body: dict[str, Any]) -> bytes:
     heads = [{n: np.ascontiguousarray(getattr(hs, n)[0, i]) for n in
               ("q", "k", "v", "scores", "scaled_scores", "weights", "output")} for i in range(body["num_heads"])]  # fmt: skip
     return orjson.dumps(
-        {"heads": heads, "average_weights": t.average_weights[0], "concat": t.concat[0],
+        {"heads": heads, "average_weights": t.average_weights[0], "weights": hs.weights[0],
+         "concat": t.concat[0],
          "projected": t.projected[0], "output": t.output[0]},
         option=orjson.OPT_SERIALIZE_NUMPY,
     )  # fmt: skip
