@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from service.api.outputs import drawn_shape
-from service.api.rules import Shapes, lengths
+from service.api.rules import Shapes, lengths, options
 from service.api.schemas.masks import (
     AdditiveMask,
     BooleanMask,
@@ -22,6 +22,7 @@ from service.api.schemas.requests import (
     AttentionRequest,
     HeadWeights,
     InputFields,
+    LayerNormOptions,
     MultiheadRequest,
 )
 from service.api.schemas.variants import (
@@ -121,7 +122,7 @@ def plan_multihead(req: MultiheadRequest, shapes: Shapes) -> MultiheadPlan:
     if req.q is not None and req.k is not None and req.v is not None:
         return _plan(
             MultiheadPlan, req, shapes, generated, x=None, context=None, weights=None,
-            heads=(_heads(req.q), _heads(req.k), _heads(req.v)), w_o=w_o, b_o=b_o,
+            heads=(_batched(req.q, 4), _batched(req.k, 4), _batched(req.v, 4)), w_o=w_o, b_o=b_o,
             positional=None, positional_given=False, residual=False, norm=_norm(req),
         )  # fmt: skip
     pe = req.positional_encoding
@@ -148,12 +149,8 @@ def plan_multihead(req: MultiheadRequest, shapes: Shapes) -> MultiheadPlan:
 
 def _norm(req: MultiheadRequest) -> LayerNorm | None:
     """The layer norm settings (None when off)."""
-    layer_norm = req.layer_norm
-    if layer_norm is False:
-        return None
-    if layer_norm is True:
-        return LayerNorm()
-    return LayerNorm(layer_norm.eps, layer_norm.gamma, layer_norm.beta, layer_norm.over)
+    o = options(req.layer_norm, LayerNormOptions)
+    return None if o is None else LayerNorm(o.eps, o.gamma, o.beta, o.over)
 
 
 def _output_projection(req: MultiheadRequest) -> tuple[Array | None, Array | None]:
@@ -172,15 +169,15 @@ def _variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> Varia
     """The engine's variant settings (the position bias is computed later, from ``bias``)."""
     q_norm = k_norm = None
     if shapes.qk_norm:
-        o = req.qk_norm if isinstance(req.qk_norm, QKNormOptions) else QKNormOptions()
+        o = options(req.qk_norm, QKNormOptions) or QKNormOptions()  # q_norm.weight alone: rms
         q_w, k_w = o.q_weight, o.k_weight
         if isinstance(req, MultiheadRequest):
             q_w = req.q_norm_weight if req.q_norm_weight is not None else q_w
             k_w = req.k_norm_weight if req.k_norm_weight is not None else k_w
         q_norm, k_norm = QKNorm(o.type, o.eps, q_w), QKNorm(o.type, o.eps, k_w)
     rope = None
-    if shapes.rope:
-        r = req.rope if isinstance(req.rope, RopeOptions) else RopeOptions()
+    r = options(req.rope, RopeOptions)
+    if r is not None:
         scaling: LinearScaling | Llama3Scaling | None = None
         if isinstance(r.scaling, LinearScalingOptions):
             scaling = LinearScaling(r.scaling.factor)
@@ -190,7 +187,6 @@ def _variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> Varia
                 s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position
             )
         rope = Rope(r.base, r.style, r.rotary_dim, scaling)
-    sinks: float | Array | None = req.sinks
     return Variants(
         q_norm=q_norm,
         k_norm=k_norm,
@@ -198,7 +194,7 @@ def _variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> Varia
         positions=_positions(req.positions),
         context_positions=_positions(req.context_positions),
         softcap=req.softcap,
-        sinks=sinks,
+        sinks=req.sinks,
     )
 
 
@@ -213,13 +209,8 @@ def _bias(req: AttentionRequest | MultiheadRequest) -> PositionBias | None:
         b = req.relative_bias
         table = b.table if b.table.ndim == 2 else b.table[:, None]  # (num_buckets, n)
         return RelativeBias(table, b.bidirectional, b.max_distance)
-    if req.alibi is False:
-        return None
-    return (
-        Alibi(req.alibi.slopes, req.alibi.symmetric)
-        if isinstance(req.alibi, AlibiOptions)
-        else Alibi()
-    )
+    alibi = options(req.alibi, AlibiOptions)
+    return None if alibi is None else Alibi(alibi.slopes, alibi.symmetric)
 
 
 def _plan(
@@ -340,12 +331,8 @@ def _stack_heads(heads: list[HeadWeights], layout: WeightLayout) -> Projections:
     return Projections(w_q, w_k, w_v, bias("q"), bias("k"), bias("v"))
 
 
-def _heads(a: Array) -> Array:
-    """(h, n, d) -> (1, h, n, d); a batch stays as it is."""
-    return a if a.ndim == 4 else a[None]
-
-
-def _batched(a: Array | None) -> Array:
-    """(L, d) -> (1, L, d); a batch stays as it is."""
+def _batched(a: Array | None, ndim: int = 3) -> Array:
+    """(L, d) -> (1, L, d), or with ``ndim`` 4 (h, L, d) -> (1, h, L, d); a batch stays as it
+    is."""
     assert a is not None
-    return a if a.ndim == 3 else a[None]
+    return a if a.ndim == ndim else a[None]

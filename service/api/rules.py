@@ -6,9 +6,10 @@ implies, from which the limits are checked and the plan is built (:mod:`service.
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
+from pydantic import BaseModel
 
 from service.api.errors import FieldError
 from service.api.schemas.masks import AdditiveMask, BooleanMask, PaddingMask
@@ -29,6 +30,7 @@ from service.core.errors import AttentionInputError
 from service.core.types import Array
 
 Endpoint = Literal["attention", "multihead"]
+M = TypeVar("M", bound=BaseModel)
 WeightForm = Literal["combined", "in_proj", "per_head", "state_dict"]
 _PROJECTION_FIELDS = ("x", "context", "w_q", "w_k", "w_v", "b_q", "b_k", "b_v", "seed", "d_model",
                       "d_k", "d_v")  # fmt: skip
@@ -87,7 +89,7 @@ def attention_shapes(req: AttentionRequest) -> Shapes:
         )
     shapes = _direct_shapes(req) if direct else _projection_shapes(req)
     _check_masks(req, shapes.batch, shapes.seq_len, shapes.ctx_len)
-    return _with_variants(req, shapes, req.sinks is not None)
+    return _with_variants(req, shapes)
 
 
 def _given_qkv(req: AttentionRequest | MultiheadRequest, ndim: int, form: str) -> int | None:
@@ -168,7 +170,7 @@ def _projection_shapes(req: AttentionRequest) -> Shapes:
 def multihead_shapes(req: MultiheadRequest) -> Shapes:
     """Check how the fields of a /multihead request fit together."""
     if any(getattr(req, n) is not None for n in ("q", "k", "v")):
-        return _with_variants(req, _heads_shapes(req), req.sinks is not None)
+        return _with_variants(req, _heads_shapes(req))
     h = req.num_heads
     if h is None:
         raise FieldError(
@@ -224,7 +226,7 @@ def multihead_shapes(req: MultiheadRequest) -> Shapes:
         residual=req.residual, layer_norm=req.layer_norm is not False, tokens=tokens,
         context_tokens=ctx_tokens,
     )  # fmt: skip
-    return _with_variants(req, shapes, req.sinks is not None)
+    return _with_variants(req, shapes)
 
 
 def _heads_shapes(req: MultiheadRequest) -> Shapes:
@@ -734,20 +736,28 @@ def _engine_rule(field: str) -> Iterator[None]:
         raise FieldError(field, str(err)) from None
 
 
-def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes, sinks: bool) -> Shapes:
+def options(setting: bool | M, model: type[M]) -> M | None:
+    """A setting written as true/false or an options object, as its options: the object itself,
+    every default for true, None for false."""
+    if isinstance(setting, model):
+        return setting
+    return model() if setting else None
+
+
+def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> Shapes:
     """Check the variants against the shapes (per head: d_k; n = h heads on /multihead, 1 on
     /attention) and record which are on."""
     n = shapes.num_heads
     _check_qk_norm(req, shapes.d_k)
-    rope = req.rope if isinstance(req.rope, RopeOptions) else RopeOptions() if req.rope else None
+    rope = options(req.rope, RopeOptions)
     if rope is not None:
         _check_rope(rope, shapes.d_k)
-    alibi = req.alibi is not False
-    if alibi and req.relative_bias is not None:
+    alibi = options(req.alibi, AlibiOptions)
+    if alibi is not None and req.relative_bias is not None:
         raise FieldError(
             "relative_bias", "give alibi or relative_bias, not both: one position bias at most"
         )
-    slopes = req.alibi.slopes if isinstance(req.alibi, AlibiOptions) else None
+    slopes = None if alibi is None else alibi.slopes
     if slopes is not None and slopes.shape[0] != n:
         raise FieldError(
             "alibi.slopes",
@@ -761,7 +771,7 @@ def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes, sin
     ):
         if given is None:
             continue
-        if rope is None and not alibi and req.relative_bias is None:
+        if rope is None and alibi is None and req.relative_bias is None:
             raise FieldError(
                 name, f"{name} is used by rope, alibi and relative_bias, and none of them is on"
             )
@@ -769,15 +779,15 @@ def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes, sin
             raise FieldError(name, f"{name} has {len(given)} entries but there are {size} {what}")
     if req.key_padding_mask is not None:
         _check_key_padding(req.key_padding_mask, shapes)
-    if sinks:
-        _check_sinks(req, n)
+    if isinstance(req, MultiheadRequest) and req.sinks is not None:
+        _check_sinks(req.sinks, n)
     return replace(
         shapes,
         qk_norm=req.qk_norm is not False or _norm_weights_given(req),
         rope=rope is not None,
         softcap=req.softcap is not None,
-        position_bias=alibi or req.relative_bias is not None,
-        sinks=sinks,
+        position_bias=alibi is not None or req.relative_bias is not None,
+        sinks=req.sinks is not None,
     )
 
 
@@ -789,10 +799,10 @@ def _norm_weights_given(req: AttentionRequest | MultiheadRequest) -> bool:
 
 
 def _check_qk_norm(req: AttentionRequest | MultiheadRequest, d_k: int) -> None:
-    options = req.qk_norm if isinstance(req.qk_norm, QKNormOptions) else None
+    given = options(req.qk_norm, QKNormOptions)
     weights: dict[str, Array | None] = {
-        "qk_norm.q_weight": None if options is None else options.q_weight,
-        "qk_norm.k_weight": None if options is None else options.k_weight,
+        "qk_norm.q_weight": None if given is None else given.q_weight,
+        "qk_norm.k_weight": None if given is None else given.k_weight,
     }
     if isinstance(req, MultiheadRequest):
         for state, field in (
@@ -861,8 +871,9 @@ def _check_key_padding(flags: np.ndarray, shapes: Shapes) -> None:
         )
 
 
-def _check_sinks(req: AttentionRequest | MultiheadRequest, n: int) -> None:
-    if isinstance(req, MultiheadRequest) and req.sinks is not None and req.sinks.shape[0] != n:
+def _check_sinks(sinks: Array, n: int) -> None:
+    """/multihead's sinks: one per head (on /attention the field is one number)."""
+    if sinks.shape[0] != n:
         raise FieldError(
-            "sinks", f"sinks has {req.sinks.shape[0]} entries but there are {n} heads: one per head"
+            "sinks", f"sinks has {sinks.shape[0]} entries but there are {n} heads: one per head"
         )
