@@ -204,13 +204,28 @@ def to_bool_matrix(
 def to_additive_matrix(value: Any, name: str) -> Array:
     """An additive mask [L][S] or [B][L][S]: finite numbers, null for −∞."""
     expected = "a matrix [L][S] (or [B][L][S]) of numbers, null for −∞"
-    obj = _nested(value, name, expected, 3, dtype=object)
-    if obj.ndim not in (2, 3) or 0 in obj.shape:
+    return to_nullable_array(value, name, (2, 3), expected, -np.inf, "use null for −∞; ")
+
+
+def to_nullable_array(
+    value: Any,
+    name: str,
+    ndims: tuple[int, ...],
+    expected: str,
+    null: float,
+    hint: str = "",
+    booleans: bool = False,
+) -> Array:
+    """A float64 array with one of ``ndims`` dimensions whose ``null`` entries become ``null``
+    (−∞ or NaN); true/false become 1/0 when ``booleans`` allows them. ``hint`` starts the
+    sentence refusing a non-finite literal."""
+    obj = _nested(value, name, expected, max(ndims), dtype=object)
+    if obj.ndim not in ndims or 0 in obj.shape:
         raise ValueError(_first_structure_problem(name, value) or f"{name} must be {expected}")
     is_null = np.frompyfunc(lambda e: e is None, 1, 1)(obj).astype(bool)
     obj[is_null] = 0.0
     is_number = np.frompyfunc(
-        lambda e: isinstance(e, int | float) and not isinstance(e, bool), 1, 1
+        lambda e: isinstance(e, int | float) and (booleans or not isinstance(e, bool)), 1, 1
     )(obj).astype(bool)
     if not is_number.all():
         index = [int(i) for i in np.argwhere(~is_number)[0]]
@@ -225,8 +240,6 @@ def to_additive_matrix(value: Any, name: str) -> Array:
         raise ValueError(f"{name} holds an integer too large for float64") from None
     if not np.isfinite(out).all():
         bad = [int(i) for i in np.argwhere(~np.isfinite(out))[0]]
-        raise ValueError(
-            f"{name} {_where(bad)} is not a finite number (use null for −∞; {_NON_FINITE})"
-        )
-    out[is_null] = -np.inf
+        raise ValueError(f"{name} {_where(bad)} is not a finite number ({hint}{_NON_FINITE})")
+    out[is_null] = null
     return out

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from service.api import outputs, steps
+from service.api.compare import compare, state_of
 from service.api.plan import AttentionPlan, MultiheadPlan, Plan
 from service.api.summary import summary
 from service.core import masks
@@ -17,6 +18,7 @@ from service.core.attention import (
     project_qkv,
     scaled_dot_product_attention,
 )
+from service.core.compare import Setup
 from service.core.multihead import attend_heads, multihead_attention
 from service.core.positions import position_bias
 from service.core.softmax import rows_by_item
@@ -54,6 +56,7 @@ def _common(plan: Plan, trace: AttentionTrace, mask: masks.CombinedMask | None) 
         "tokens": s.tokens,
         "context_tokens": s.context_tokens,
         "conventions": steps.conventions(plan),
+        "warnings": list(s.warnings),
         **plan.generated,
     }
     if mask is not None:
@@ -85,6 +88,7 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
     check()
     mask = _combined_mask(plan)
     check()
+    variants = _variants(plan)
     trace = scaled_dot_product_attention(
         q,
         k,
@@ -93,13 +97,19 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
         additive=None if mask is None else mask.additive,
         padded_queries=None if mask is None else mask.padded_queries,
         fully_masked_policy=plan.fully_masked_rows,
-        variants=_variants(plan),
+        variants=variants,
     )
     check()
     values = _common(plan, trace, mask) | {
         "summary": lambda: _summary(plan, trace.weights),
         "steps": steps.attention_steps(plan, trace.scale),
     }
+    if plan.expected is not None:
+        setup = _setup(
+            plan, trace, variants, x_in=plan.x, source=plan.context if plan.context is not None else plan.x,
+            projections=plan.projections,
+        )  # fmt: skip
+        values |= _compared(plan, _head_state(trace), mask, setup, check)
     return outputs.response(plan.shapes, plan.include, values, _arrays(trace))
 
 
@@ -146,7 +156,52 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
         "summary": lambda: _summary(plan, trace.average_weights),
         "steps": steps.multihead_steps(plan, trace.heads.scale),
     }
+    if plan.expected is not None:
+        source = trace.x_in if plan.context is None else plan.context
+        setup = _setup(
+            plan, trace.heads, variants, x_in=trace.x_in, source=source,
+            projections=plan.weights, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
+            w_o=plan.w_o, b_o=plan.b_o, residual=plan.residual, norm=plan.norm,
+        )  # fmt: skip
+        block = {
+            "x_in": trace.x_in,
+            "average_weights": trace.average_weights,
+            "concat": trace.concat,
+            "projected": trace.projected,
+            "residual": trace.residual,
+            "layer_norm": trace.layer_norm,
+            "block_output": trace.output,
+        }
+        values |= _compared(plan, _head_state(trace.heads) | block, mask, setup, check)
     return outputs.response(s, plan.include, values, _arrays(trace.heads))
+
+
+def _head_state(trace: AttentionTrace) -> dict[str, Array | None]:
+    """The trace's arrays by name (its scale and row flags left out)."""
+    return {n: a for n, a in _arrays(trace).items() if n not in ("scale", "fully_masked_rows")}
+
+
+def _setup(plan: Plan, trace: AttentionTrace, variants: Variants, **block: Any) -> Setup:
+    """What recomputing the steps under a mistake needs (service.core.compare)."""
+    s = plan.shapes
+    return Setup(
+        scale=trace.scale, d_k=s.d_k, fully_masked_policy=plan.fully_masked_rows,
+        variants=variants, mask_specs=plan.mask_specs, batch=s.batch or 1,
+        seq_len=s.seq_len, ctx_len=s.ctx_len, **block,
+    )  # fmt: skip
+
+
+def _compared(
+    plan: Plan,
+    arrays: dict[str, Array | None],
+    mask: masks.CombinedMask | None,
+    setup: Setup,
+    check: Check,
+) -> dict[str, Any]:
+    """comparison and first_mismatch: the caller's expected arrays against these."""
+    assert plan.expected is not None
+    state = state_of(arrays, mask)
+    return compare(plan.expected, plan.tolerance, state, setup, plan.shapes.batch is None, check)
 
 
 def _summary(plan: Plan, weights: Array) -> list[list[dict[str, Any]]]:

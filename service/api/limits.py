@@ -40,11 +40,13 @@ def check_limits(shapes: Shapes, include: list[str] | None, settings: Settings) 
         )
     masks = shapes.num_masks * (shapes.batch or 1) * shapes.seq_len * shapes.ctx_len
     computed = sum(numbers.values()) + masks  # each mask is built over the B·L·S scores
+    # comparing holds the caller's arrays and one recomputation of the steps at a time
+    computed = 2 * computed + shapes.expected_numbers if shapes.comparing else computed
     if computed > settings.max_computed_numbers:
         raise LimitError(
             None,
             f"this request would compute {computed:,} numbers (every intermediate, whatever "
-            f"include asks for), over the limit of {settings.max_computed_numbers:,}; use fewer "
+            f"include asks for, and a recomputation when comparing), over the limit of {settings.max_computed_numbers:,}; use fewer "
             "heads, fewer masks, a smaller batch or shorter sequences",
             settings.max_computed_numbers,
         )

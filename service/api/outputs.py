@@ -31,6 +31,9 @@ Kind = Literal[
     "conventions",
     "weight",  # a generated matrix, never batched
     "heads",  # /multihead: the list of per-head traces
+    "comparison",  # the caller's arrays against the service's
+    "name",  # an output's name, or null
+    "warnings",
 ]
 ShapeOf = Callable[[Shapes], tuple[int, ...]]
 BOTH: frozenset[Endpoint] = frozenset({"attention", "multihead"})
@@ -49,6 +52,11 @@ class View:
     each_head: bool = False  # on /multihead, drawn for every head
 
 
+def _everywhere(shapes: Shapes) -> bool:
+    """Present in every response."""
+    return True
+
+
 @dataclass(frozen=True)
 class Output:
     """One name a response may carry."""
@@ -58,11 +66,16 @@ class Output:
     doc: str
     shape: ShapeOf | None = None  # per sequence and head; None: not counted as numbers
     endpoints: frozenset[Endpoint] = BOTH
-    present: Callable[[Shapes], bool] = lambda s: True
+    present: Callable[[Shapes], bool] = _everywhere
     head: bool = False  # one per head: top level on /attention, inside heads[i] on /multihead
     always: bool = False  # returned whatever include says
     batched: bool = True  # gains a leading B when the request is batched
     view: View | None = None
+
+    @property
+    def required(self) -> bool:
+        """In every response of its endpoints (so the documented schema requires it)."""
+        return self.always and self.present is _everywhere
 
 
 def _ls(s: Shapes) -> tuple[int, ...]:
@@ -153,6 +166,17 @@ OUTPUTS: tuple[Output, ...] = (
            "per query row: top key, its weight and the entropy (per batch item when batched; "
            "over average_weights in /multihead)", lambda s: (s.seq_len, 3)),
     Output("steps", "steps", "every operation performed, in order", batched=False),
+    Output("warnings", "warnings", "what looks wrong without expected numbers, e.g. a boolean "
+           "mask whose polarity looks inverted (only when there is something)",
+           present=lambda s: bool(s.warnings), always=True, batched=False),
+    # compare with your numbers (when expected is given)
+    Output("comparison", "comparison",
+           "your expected arrays against the service's, in the order of the steps: whether "
+           "each matches, the largest difference and where, and for the first difference the "
+           "mistake that reproduces it", present=lambda s: s.comparing, always=True,
+           batched=False),
+    Output("first_mismatch", "name", "the earliest compared name that differs, or null",
+           present=lambda s: s.comparing, always=True, batched=False),
     # the mask
     Output("mask", "bool", "the combined mask [L][S], true = may attend", _ls,
            present=lambda s: s.masked, view=View("mask (1 = may attend)", "mask")),

@@ -11,6 +11,7 @@ from numpy.typing import NDArray
 
 from service.api.outputs import drawn_shape
 from service.api.rules import Shapes, lengths, options
+from service.api.schemas.compare import Expected, ToleranceOptions
 from service.api.schemas.masks import (
     AdditiveMask,
     BooleanMask,
@@ -33,6 +34,7 @@ from service.api.schemas.variants import (
 )
 from service.core import masks
 from service.core.attention import Projections, Variants
+from service.core.compare import Tolerance
 from service.core.generate import draw
 from service.core.multihead import LayerNorm, MultiheadWeights, sinusoidal_encoding
 from service.core.positions import (
@@ -64,6 +66,8 @@ class Plan:
     decimals: int | None
     variants: Variants  # position_bias not yet computed: see bias
     bias: PositionBias | None  # ALiBi or T5 settings; the bias is computed with the attention
+    expected: Expected | None  # the caller's arrays to compare with
+    tolerance: Tolerance
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,6 +243,8 @@ def _plan(
         decimals=req.decimals,
         variants=_variants(req, shapes),
         bias=_bias(req),
+        expected=req.expected,
+        tolerance=Tolerance(**(req.tolerance or ToleranceOptions()).model_dump()),
         **rest,
     )
 

@@ -55,6 +55,39 @@ class Conventions(BaseModel):
     json_non_finite: str = Field(description="how −∞ appears in JSON: null")
 
 
+class Diagnosis(BaseModel):
+    """The mistakes whose recomputation reproduces the caller's array."""
+
+    mistakes: list[str] = Field(description="codes, e.g. softmax_over_queries")
+    explanation: str = Field(description="what went wrong, in words")
+
+
+class Compared(BaseModel):
+    """One of the caller's arrays against the service's."""
+
+    name: str = Field(description="the output's name; heads.<i>.<name> per head on /multihead")
+    match: bool = Field(description="every number within the tolerance")
+    max_abs_diff: float | None = Field(
+        description="the largest |yours − ours| (null: one side is null, the other a number)"
+    )
+    where: list[int] = Field(description="index of the largest difference")
+    ours: float | None = Field(description="the service's number there (null: −∞ or NaN)")
+    yours: float | None = Field(description="your number there")
+    message: str = Field(description="the same in a sentence")
+    diagnosis: Diagnosis | None = Field(
+        description="for the first difference: the mistakes that reproduce it; null when no "
+        "listed mistake (alone or in pairs) does"
+    )
+
+
+class Warning(BaseModel):
+    """Something that looks wrong in the request."""
+
+    code: str = Field(description="mask_polarity")
+    field: str = Field(description="the request field it is about")
+    message: str = Field(description="what looks wrong and what to do")
+
+
 TYPES: dict[Kind, Any] = {
     "matrix": Matrix,
     "vector": list[float] | list[list[float]],
@@ -69,13 +102,16 @@ TYPES: dict[Kind, Any] = {
     "int": int,
     "conventions": Conventions,
     "weight": list[list[float]],
+    "comparison": list[Compared],
+    "name": str | None,
+    "warnings": list[Warning],
 }  # and "heads", once HeadTrace is built below
 
 
 def _field(out: Output) -> Any:
     """(type, Field) of one output for create_model; the explorer reads ``x-view``."""
     extra = None if out.view is None else cast(JsonDict, {"x-view": asdict(out.view)})
-    if out.always:
+    if out.required:
         return TYPES[out.kind], Field(description=out.doc, json_schema_extra=extra)
     return TYPES[out.kind] | None, Field(None, description=out.doc, json_schema_extra=extra)
 

@@ -27,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from service.api import outputs
 from service.api.budget import BASE_COST, Budget, Ticket, cost_bytes, held_bytes
+from service.api.compare import check_expected
 from service.api.compute import Check, run_attention, run_multihead
 from service.api.encode import encode, encode_whole
 from service.api.errors import BodyError, ClientGone, ErrorBody, invalid_fields, read_int
@@ -139,7 +140,7 @@ def checked(raw: bytes, route: Route[Req, P], settings: Settings) -> tuple[Req, 
     """Parse, apply the rules and check the limits; return the request, its shapes and how
     many numbers it computes (intermediates included)."""
     req = _parse(raw, route.model)
-    shapes = route.shapes(req)
+    shapes = check_expected(req.expected, route.shapes(req))
     outputs.check_include(route.endpoint, req.include)
     return req, shapes, check_limits(shapes, req.include, settings)
 

@@ -25,6 +25,7 @@ from service.api.schemas.variants import (
     QKNormOptions,
     RopeOptions,
 )
+from service.api.warnings import mask_warnings
 from service.core import positions
 from service.core.errors import AttentionInputError
 from service.core.types import Array
@@ -71,11 +72,18 @@ class Shapes:
     softcap: bool = False
     position_bias: bool = False  # ALiBi or T5
     sinks: bool = False
+    warnings: tuple[dict[str, str], ...] = ()  # what looks wrong (service.api.warnings)
+    expected_numbers: int = 0  # the caller's numbers to compare (expected); 0: none
 
     @property
     def masked(self) -> bool:
         """Whether any mask applies (and so the mask outputs are returned)."""
         return self.num_masks > 0
+
+    @property
+    def comparing(self) -> bool:
+        """Whether the request carries expected arrays to compare."""
+        return self.expected_numbers > 0
 
 
 def attention_shapes(req: AttentionRequest) -> Shapes:
@@ -788,6 +796,7 @@ def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> 
         softcap=req.softcap is not None,
         position_bias=alibi is not None or req.relative_bias is not None,
         sinks=req.sinks is not None,
+        warnings=mask_warnings(req),
     )
 
 

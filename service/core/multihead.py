@@ -63,16 +63,17 @@ def sinusoidal_encoding(seq_len: int, d_model: int) -> Array:
     return pe
 
 
-def layer_norm(x: Array, norm: LayerNorm) -> Array:
+def layer_norm(x: Array, norm: LayerNorm, ddof: int = 0) -> Array:
     """Normalise ``x (B, L, d)`` to zero mean and unit (biased) variance, then γ·x + β.
 
     ``features`` normalises each token over its d features (``torch.nn.LayerNorm(d)``);
-    ``all`` normalises each sequence over all its L·d numbers.
+    ``all`` normalises each sequence over all its L·d numbers. ``ddof`` 1 divides the
+    variance by n − 1 instead (a mistake :mod:`service.core.compare` recognises).
     """
     axes: tuple[int, ...] = (-1,) if norm.over == "features" else (-2, -1)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
         mean = x.mean(axis=axes, keepdims=True)
-        var = x.var(axis=axes, keepdims=True)  # biased, as torch
+        var = x.var(axis=axes, keepdims=True, ddof=ddof)  # biased (ddof 0), as torch
     require_finite(var, "the variance in layer norm")  # ∞ would silently give 0 for every value
     out = (x - mean) / np.sqrt(var + norm.eps)  # (B, L, d)
     if norm.gamma is not None:

@@ -4,6 +4,7 @@ from typing import Annotated
 
 from pydantic import AliasChoices, BaseModel, Discriminator, Field, Tag
 
+from service.api.schemas.compare import ExpectedArrays, ToleranceOptions
 from service.api.schemas.fields import (
     FiniteFloat,
     Heads,
@@ -74,6 +75,18 @@ class InputFields(BaseModel):
         None, fail_fast=True, description="output names to return (default: all)"
     )
     decimals: Int | None = Field(None, ge=0, le=15, description="round every returned float")
+    expected: ExpectedArrays | None = Field(
+        None,
+        description="your own arrays by output name (q, k, v, q_rotated, scores, "
+        "scaled_scores, masked_scores, weights, output, …; on /multihead also concat, "
+        "projected, residual, layer_norm, the stacked weights and heads: a list of per-head "
+        "objects), shaped as the response returns them; null is −∞ in masked scores and NaN "
+        "elsewhere. The response then carries comparison and first_mismatch, and names the "
+        "mistake behind the first difference when recomputing with it reproduces your numbers",
+    )
+    tolerance: ToleranceOptions | None = Field(
+        None, description='when your numbers match: default {"atol": 1e-6, "rtol": 1e-6}'
+    )
 
 
 class AttentionRequest(VariantFields, InputFields):

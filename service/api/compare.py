@@ -1,0 +1,290 @@
+"""Compare with your numbers: the caller's ``expected`` arrays against the service's, in the
+order of the steps, with the mistake behind the first difference named when recomputing with
+it reproduces the caller's array (:mod:`service.core.compare`); and warnings that need no
+expected numbers (a boolean mask whose polarity looks inverted)."""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from service.api.errors import FieldError
+from service.api.outputs import Output, in_heads, top_level
+from service.api.rules import Shapes
+from service.api.schemas.compare import Expected
+from service.core.compare import (
+    ORDER,
+    Diagnosis,
+    Difference,
+    Setup,
+    State,
+    Target,
+    Tolerance,
+    diagnose,
+    difference,
+)
+from service.core.masks import CombinedMask
+from service.core.types import Array
+
+COMPARABLE = frozenset({"matrix", "vector", "stack", "nullable", "bool"})
+# the order of the steps, with the arrays no mistake changes put where they are computed
+_ORDER = ("x_in", *ORDER[: ORDER.index("biased_scores")], "position_bias",
+          *ORDER[ORDER.index("biased_scores"):])  # fmt: skip
+
+
+def _comparable(outs: tuple[Output, ...], shapes: Shapes) -> dict[str, Output]:
+    return {o.name: o for o in outs if o.kind in COMPARABLE and o.present(shapes)}
+
+
+def _shape(out: Output, shapes: Shapes) -> tuple[int, ...]:
+    """The shape an output has in the response (per head inside heads[i])."""
+    assert out.shape is not None
+    lead = (shapes.batch,) if shapes.batch is not None and out.batched else ()
+    return (*lead, *out.shape(shapes))
+
+
+def _shape_problem(field: str, name: str, got: tuple[int, ...], want: tuple[int, ...]) -> str:
+    def dims(s: tuple[int, ...]) -> str:
+        return "×".join(map(str, s))
+
+    text = f"{field} is {dims(got)} but the response's {name} is {dims(want)}"
+    if len(got) == len(want) >= 2 and got == (*want[:-2], want[-1], want[-2]):
+        text += ": it is the transpose (rows and columns swapped: K Qᵀ, or a missing .T?)"
+    elif got == want[1:]:
+        text += ": this request is a batch, so give the leading B too"
+    elif got[1:] == want:
+        text += ": this request is not batched, so leave out the leading axis"
+    return text
+
+
+def check_expected(expected: Expected | None, shapes: Shapes) -> Shapes:
+    """Refuse expected arrays the response would not have, or shaped otherwise (422); return
+    the shapes with the numbers to compare counted."""
+    if expected is None:
+        return shapes
+    top = _comparable(top_level(shapes.endpoint), shapes)
+    heads = _comparable(in_heads(shapes.endpoint), shapes)
+    count = 0
+
+    def check(field: str, name: str, value: Array, outs: dict[str, Output]) -> None:
+        nonlocal count
+        if name not in outs:
+            choices = ", ".join(outs) + (", heads" if heads and outs is top else "")
+            raise FieldError(
+                field,
+                f'{field}: this request returns no array named "{name}" to compare with; '
+                f"choose from {choices}",
+            )
+        want = _shape(outs[name], shapes)
+        if value.shape != want:
+            raise FieldError(field, _shape_problem(field, name, value.shape, want))
+        count += value.size
+
+    for name, value in expected.arrays.items():
+        check(f"expected.{name}", name, value, top)
+    if expected.heads and not heads:
+        raise FieldError("expected.heads", "expected.heads is for /multihead's per-head arrays")
+    for i, per_head in expected.heads.items():
+        if i >= shapes.num_heads:
+            raise FieldError(
+                "expected.heads",
+                f"expected.heads has an entry for head {i} but there are {shapes.num_heads} heads",
+            )
+        for name, value in per_head.items():
+            check(f"expected.heads[{i}].{name}", name, value, heads)
+    return replace(shapes, expected_numbers=max(count, 1))
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One compared array: its name in the comparison, where it lives in the engine's state,
+    and the caller's numbers as the response shapes them."""
+
+    label: str
+    state: str
+    head: int | None
+    yours: Array
+
+
+def _entries(expected: Expected, multihead: bool) -> list[_Entry]:
+    """The caller's arrays in the order of the steps (head by head within a step)."""
+    entries = [
+        _Entry(name, "block_output" if multihead and name == "output" else name, None, a)
+        for name, a in expected.arrays.items()
+    ] + [
+        _Entry(f"heads.{i}.{name}", name, i, a)
+        for i, per_head in expected.heads.items()
+        for name, a in per_head.items()
+    ]
+    return sorted(entries, key=lambda e: (_ORDER.index(e.state), e.head is None, e.head or 0))
+
+
+def _engine(a: Array, unbatched: bool) -> Array:
+    """A response-shaped array with the engine's leading batch axis."""
+    return a[None] if unbatched else a
+
+
+def _ours(state: State, e: _Entry, unbatched: bool) -> Array:
+    """The service's array for an entry, shaped as the response returns it."""
+    a = state[e.state] if e.head is None else state[e.state][:, e.head]
+    return a[0] if unbatched else a
+
+
+def _given(earlier: list[_Entry], state: State, unbatched: bool) -> tuple[State, dict[str, Any]]:
+    """The state with the caller's (matching) arrays put in place of the service's, and which
+    names (all heads: None, or some heads) they cover."""
+    base = dict(state)
+    given: dict[str, tuple[int, ...] | None] = {}
+    for e in earlier:
+        theirs = _engine(e.yours, unbatched)
+        if e.head is None:
+            base[e.state], given[e.state] = theirs, None
+            continue
+        if given.get(e.state, ()) is None:
+            continue
+        mixed = base[e.state].copy() if e.state not in given else base[e.state]
+        mixed[:, e.head] = theirs
+        base[e.state] = mixed
+        given[e.state] = (*(given.get(e.state) or ()), e.head)
+    return base, given
+
+
+def compare(
+    expected: Expected,
+    tol: Tolerance,
+    state: State,
+    setup: Setup,
+    unbatched: bool,
+    check: Callable[[], None],
+) -> dict[str, Any]:
+    """``comparison`` and ``first_mismatch`` for the response (see the module's doc)."""
+    entries = _entries(expected, setup.num_heads is not None)
+    diffs = [_difference(state, e, unbatched, tol) for e in entries]
+    first = next((i for i, d in enumerate(diffs) if not d.match), None)
+    diagnosis = None
+    if first is not None and entries[first].state in ORDER:
+        e = entries[first]
+        base, given = _given(entries[:first], state, unbatched)
+        diagnosis = diagnose(
+            base, given, setup, Target(e.state, e.head, _engine(e.yours, unbatched)), tol, check
+        )
+    rows = []
+    for i, (e, d) in enumerate(zip(entries, diffs, strict=True)):
+        found = diagnosis if i == first else None
+        rows.append(
+            {
+                "name": e.label,
+                "match": d.match,
+                "max_abs_diff": _finite(d.max_abs_diff),
+                "where": list(d.where),
+                "ours": _finite(d.ours),
+                "yours": _finite(d.yours),
+                "message": _message(d, i, first, entries, found),
+                "diagnosis": None if found is None else _diagnosis(found, setup, e),
+            }
+        )
+    return {
+        "comparison": rows,
+        "first_mismatch": None if first is None else entries[first].label,
+    }
+
+
+def _difference(state: State, e: _Entry, unbatched: bool, tol: Tolerance) -> Difference:
+    return difference(_ours(state, e, unbatched), e.yours, tol)
+
+
+def _finite(x: float) -> float | None:
+    return x if np.isfinite(x) else None
+
+
+def _number(x: float) -> str:
+    return f"{x:.6g}" if np.isfinite(x) else "null"
+
+
+def _message(
+    d: Difference, i: int, first: int | None, entries: list[_Entry], found: Diagnosis | None
+) -> str:
+    """One sentence on an entry, for a person."""
+    at = list(d.where)
+    if d.match:
+        return f"matches (largest difference {d.max_abs_diff:.3g}, at {at})"
+    text = (
+        f"differs: the largest difference is {_number(d.max_abs_diff)} at {at}, where yours is "
+        f"{_number(d.yours)} and the service's {_number(d.ours)}"
+    )
+    if i != first:
+        label = entries[first or 0].label
+        return f"{text}; it comes after the first difference ({label}), which may explain it"
+    if found is None:
+        return (
+            f"{text}. No listed mistake, alone or in pairs, reproduces your numbers: compare "
+            "this step's inputs with the service's, or give them in expected"
+        )
+    return f"{text}. Recomputing with {' + '.join(found.mistakes)} reproduces your numbers"
+
+
+def _diagnosis(found: Diagnosis, setup: Setup, e: _Entry) -> dict[str, Any]:
+    sentences = [_explain(code, setup, found) for code in found.mistakes]
+    if len(sentences) == 1:
+        text = sentences[0]
+    else:
+        text = "Two mistakes: " + "; and ".join(
+            f"({n}) {s[0].lower()}{s[1:]}" for n, s in enumerate(sentences, 1)
+        )
+    return {"mistakes": list(found.mistakes), "explanation": text + "."}
+
+
+def _explain(code: str, s: Setup, found: Diagnosis) -> str:
+    """A learner's sentence for one mistake, with this computation's numbers."""
+    root = float(np.sqrt(s.d_k))
+    style = s.variants.rope.style if s.variants.rope is not None else "half"
+    other = "interleaved" if style == "half" else "half"
+    rows = {"zero": "zeros", "uniform": "1/S each", "nan": "NaN"}[found.rows]
+    texts = {
+        "softmax_over_queries": "your weights' columns sum to 1 instead of each row: the "
+        "softmax ran over the queries (axis 0, down each column) instead of over the keys of "
+        "each row (axis −1)",
+        "scale_after_softmax": f"the scale ({s.scale:.4g}) was applied after the softmax "
+        f"instead of before it: softmax(Q Kᵀ) · {s.scale:.4g}, so each row sums to "
+        f"{s.scale:.4g}, not 1",
+        "scale_missing": f"the scores were never scaled: softmax(Q Kᵀ) where softmax(Q Kᵀ · "
+        f"{s.scale:.4g}) was meant (scale 1/√d_k = 1/√{s.d_k})",
+        "scale_by_d_k": f"the scores were divided by d_k = {s.d_k} instead of by √d_k = {root:.4g}",
+        "weights_transposed": "a projection used the transposed weight matrix (X Wᵀ where X W "
+        "was meant, or the reverse): PyTorch's nn.Linear weights are (out, in) and need "
+        '"weight_layout": "out_in"; notebook weights (in, out) need "in_out"',
+        "q_k_swapped": "the scores are transposed: K Qᵀ (a row per key) where Q Kᵀ (a row per "
+        "query, a column per key) was meant",
+        "mask_inverted": "a boolean mask was read with the opposite polarity: here true means "
+        "the query may attend (as scaled_dot_product_attention); if your true means masked "
+        '(nn.MultiheadAttention\'s attn_mask), say "true_means": "masked"',
+        "causal_diagonal_masked": "the causal mask also hid each query's own key "
+        "(triu(ones, 0) where triu(ones, 1) was meant): a query sees itself and every earlier "
+        f"key; your fully masked first row holds {rows}",
+        "layer_norm_over_all": "the layer norm normalised the whole matrix at once instead of "
+        "each token over its own features (nn.LayerNorm(d_model))",
+        "layer_norm_per_token": "the layer norm normalised each token over its own features "
+        'where this request asks for the whole matrix ("over": "all")',
+        "unbiased_variance": "the layer norm divided the variance by n − 1 (torch.var's and "
+        "pandas' default) instead of n, as nn.LayerNorm does",
+        "heads_interleaved": "the heads took every h-th column (head i: columns i, i + h, …) "
+        "instead of contiguous blocks (head i: columns i·d_k … (i+1)·d_k − 1, as PyTorch "
+        "splits them)",
+        "rope_style_swapped": f'the rotary embedding paired the features "{other}" where '
+        f'"{style}" was meant; if your model rotates that way, set rope.style to "{other}"',
+    }
+    if code in {"mask_inverted"} and found.rows != "zero":
+        return f"{texts[code]}; your fully masked rows hold {rows}"
+    return texts[code]
+
+
+def state_of(arrays: Mapping[str, Array | None], mask: CombinedMask | None) -> State:
+    """The engine's arrays by name for the comparison (absent ones left out), with the
+    combined mask's arrays as the recomputation keeps them."""
+    state: State = {n: a for n, a in arrays.items() if a is not None}
+    if mask is not None:
+        state["mask"] = mask.allowed.astype(np.float64)  # (B, L, S)
+        state["additive_mask"] = mask.additive
+        state["padded_queries"] = mask.padded_queries.astype(np.float64)  # (B, L)
+    return state
