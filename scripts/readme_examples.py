@@ -68,6 +68,15 @@ EXAMPLES: list[tuple[str, str, dict[str, Any] | None]] = [
         "/attention",
         ex.SINK_CAUSAL,
     ),
+    (
+        "Compare with your numbers: a course notebook computed `weights = np.exp(scores) / "
+        "np.exp(scores).sum(axis=0) / np.sqrt(d_k)` and printed it to 4 decimals. Sent as "
+        "`expected` (with a tolerance of half the last printed digit), the answer names the first "
+        "step that differs and the two mistakes in that line, found by recomputing the step "
+        "with them:",
+        "/attention",
+        ex.COURSE_NOTEBOOK,
+    ),
     ("Liveness:", "/healthz", None),
 ]
 

@@ -221,3 +221,24 @@ def test_sink_example_rows_sum_to_one_minus_the_sink(client: TestClient) -> None
     # the first query sees one key with score 0: the sink gets e / (1 + e)
     assert ours["sink_weights"][0] == pytest.approx(math.e / (1 + math.e), abs=EXACT)
     assert ours["sink_weights"][0] == max(ours["sink_weights"])
+
+
+def test_course_notebook_example_holds_the_notebooks_numbers(client: TestClient) -> None:
+    """The example's expected weights are what the notebook's line prints (recomputed here in
+    torch float64: softmax down the columns, then ÷ √d_k), and the service names both mistakes
+    while its own weights are torch's row softmax of the scaled scores."""
+    e = ex.COURSE_NOTEBOOK
+    x, w_q, w_k = (torch.tensor(e[n], dtype=torch.float64) for n in ("x", "w_q", "w_k"))
+    scores = (x @ w_q) @ (x @ w_k).T
+    d_k = w_q.shape[1]
+    notebook = torch.exp(scores) / torch.exp(scores).sum(dim=0) / math.sqrt(d_k)
+    assert np.round(notebook.numpy(), 4).tolist() == e["expected"]["weights"]
+
+    body = full_precision(client, "/attention", e)
+    right = torch.softmax(scores / math.sqrt(d_k), dim=-1).numpy()
+    np.testing.assert_allclose(body["weights"], right, rtol=EXACT, atol=EXACT)
+    (entry,) = body["comparison"]
+    assert body["first_mismatch"] == "weights" and not entry["match"]
+    assert entry["diagnosis"]["mistakes"] == ["softmax_over_queries", "scale_after_softmax"]
+    printed = np.array(e["expected"]["weights"])
+    assert entry["max_abs_diff"] == pytest.approx(float(np.abs(right - printed).max()), abs=EXACT)

@@ -225,7 +225,8 @@ def _message(
 
 
 def _diagnosis(found: Diagnosis, setup: Setup, e: _Entry) -> dict[str, Any]:
-    sentences = [_explain(code, setup, found) for code in found.mistakes]
+    sums = _sums(e.yours) if e.state == "weights" else None
+    sentences = [_explain(code, setup, found, sums) for code in found.mistakes]
     if len(sentences) == 1:
         text = sentences[0]
     else:
@@ -235,19 +236,34 @@ def _diagnosis(found: Diagnosis, setup: Setup, e: _Entry) -> dict[str, Any]:
     return {"mistakes": list(found.mistakes), "explanation": text + "."}
 
 
-def _explain(code: str, s: Setup, found: Diagnosis) -> str:
-    """A learner's sentence for one mistake, with this computation's numbers."""
+def _sums(weights: Array) -> tuple[float | None, float | None]:
+    """What every column and every row of the caller's weights sum to, where they all agree."""
+
+    def common(sums: Array) -> float | None:
+        flat = sums[np.isfinite(sums)]
+        same = flat.size and np.allclose(flat, flat[0], rtol=1e-6, atol=1e-9)
+        return float(flat[0]) if same else None
+
+    return common(weights.sum(axis=-2)), common(weights.sum(axis=-1))
+
+
+def _explain(
+    code: str, s: Setup, found: Diagnosis, sums: tuple[float | None, float | None] | None
+) -> str:
+    """A learner's sentence for one mistake, with this computation's numbers (``sums``: what
+    the caller's weights' columns and rows sum to, when the target is the weights)."""
+    columns, rows_sum = sums or (None, None)
     root = float(np.sqrt(s.d_k))
     style = s.variants.rope.style if s.variants.rope is not None else "half"
     other = "interleaved" if style == "half" else "half"
     rows = {"zero": "zeros", "uniform": "1/S each", "nan": "NaN"}[found.rows]
     texts = {
-        "softmax_over_queries": "your weights' columns sum to 1 instead of each row: the "
-        "softmax ran over the queries (axis 0, down each column) instead of over the keys of "
-        "each row (axis −1)",
-        "scale_after_softmax": f"the scale ({s.scale:.4g}) was applied after the softmax "
-        f"instead of before it: softmax(Q Kᵀ) · {s.scale:.4g}, so each row sums to "
-        f"{s.scale:.4g}, not 1",
+        "softmax_over_queries": "the softmax ran over the queries (axis 0, down each column) "
+        "instead of over the keys of each row (axis −1)"
+        + ("" if columns is None else f": each column of your weights sums to {columns:.4g}"),
+        "scale_after_softmax": f"the scores were multiplied by the scale ({s.scale:.4g} = "
+        f"1/√{s.d_k}) after the softmax instead of before it"
+        + ("" if rows_sum is None else f": each row of your weights sums to {rows_sum:.4g}"),
         "scale_missing": f"the scores were never scaled: softmax(Q Kᵀ) where softmax(Q Kᵀ · "
         f"{s.scale:.4g}) was meant (scale 1/√d_k = 1/√{s.d_k})",
         "scale_by_d_k": f"the scores were divided by d_k = {s.d_k} instead of by √d_k = {root:.4g}",

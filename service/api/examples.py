@@ -122,6 +122,25 @@ SINK_CAUSAL: dict[str, Any] = {
     "decimals": 4,
 }
 
+# ---- compare with your numbers (API.md, "Compare with your numbers")
+# A course notebook's weights as it printed them (np.set_printoptions(precision=4)), from
+#     weights = np.exp(scores) / np.exp(scores).sum(axis=0) / np.sqrt(d_k)
+# with scores = (x @ w_q) @ (x @ w_k).T: the softmax down the columns and the scale after it,
+# in one line. tests/test_examples_reference.py recomputes these numbers with torch.
+COURSE_NOTEBOOK: dict[str, Any] = {
+    "tokens": ["The", "cat", "sat"],
+    "x": [[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]],
+    "w_q": [[1, 0], [0, 1], [1, 0], [0, 1]],
+    "w_k": [[0, 1], [1, 0], [0, 1], [1, 1]],
+    "w_v": [[1, 0], [0, 1], [0.5, 0], [0, 0.5]],
+    "expected": {
+        "weights": [[0.0002, 0.0125, 0.0002], [0.6942, 0.0125, 0.6226], [0.0127, 0.6821, 0.0843]]
+    },
+    "tolerance": {"atol": 5e-5, "rtol": 0},  # half a unit of the 4th printed decimal
+    "include": ["weights"],
+    "decimals": 4,
+}
+
 
 def _examples(*items: tuple[str, str, dict[str, Any]]) -> dict[str, Example]:
     return {key: Example(summary=summary, value=value) for key, summary, value in items}
@@ -134,6 +153,11 @@ ATTENTION_EXAMPLES = _examples(
     ("causal", "Direct q, k, v with a causal mask", CAUSAL_FOUR_TOKENS),
     ("softcap", "What soft-capping does to large scores (softcap 10)", SOFTCAP_LARGE_SCORES),
     ("sink", "Where the sink takes the weight (sinks 1.0, causal mask)", SINK_CAUSAL),
+    (
+        "compare",
+        "Compare with your numbers: a notebook's weights, two mistakes named",
+        COURSE_NOTEBOOK,
+    ),
 )
 MASK_EXAMPLES = _examples(
     ("causal", "Causal mask over 4 tokens", CAUSAL_FOUR_TOKENS),
