@@ -448,15 +448,16 @@ def recompute(
     target: str,
 ) -> Array | None:
     """The ``target`` array recomputed under ``trial``, from the first step the mistakes
-    change; arrays the caller gave (``given``: a name's heads, or None for all of it) stay
-    theirs, except the target. None when the mistakes cannot happen here or leave the
-    target alone."""
-    first = next((i for i, stage in enumerate(STAGES) if stage.mistakes & trial.mistakes), None)
+    change or the first after an array the caller gave (``given``: a name's heads, or None
+    for all of it), whichever comes first; the caller's arrays stay theirs, except the
+    target. None when the mistakes cannot happen here or leave the target alone."""
     last = next(i for i, stage in enumerate(STAGES) if target in stage.names)
-    if first is None or first > last:
+    changed = [i for i, stage in enumerate(STAGES) if stage.mistakes & trial.mistakes]
+    if not changed or changed[0] > last:
         return None
+    after_given = [i + 1 for i, stage in enumerate(STAGES) if set(stage.names) & set(given)]
     st = dict(base)
-    for stage in STAGES[first : last + 1]:
+    for stage in STAGES[min([changed[0], *after_given]) : last + 1]:
         if not any(n in st for n in stage.names):
             continue  # a step this computation does not have
         try:
