@@ -93,13 +93,14 @@ def wrong_weights(q: np.ndarray, k: np.ndarray, code: str) -> np.ndarray:
     """The weights as a notebook with one mistake computes them, written out here."""
     d_k = q.shape[-1]
     s = q @ k.T
-    return {
+    made: dict[str, np.ndarray] = {
         "softmax_over_queries": softmax(s / np.sqrt(d_k), 0),
         "scale_after_softmax": softmax(s, 1) / np.sqrt(d_k),
         "scale_missing": softmax(s, 1),
         "scale_by_d_k": softmax(s / d_k, 1),
         "q_k_swapped": softmax(k @ q.T / np.sqrt(d_k), 1),
-    }[code]
+    }
+    return made[code]
 
 
 def engine_state(q: np.ndarray, k: np.ndarray, v: np.ndarray, **kw: Any) -> tuple[State, Setup]:
