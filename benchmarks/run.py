@@ -141,6 +141,38 @@ def p1_p3(base: str, tmp: Path, runs: int) -> list[Row]:
     return rows
 
 
+def d1_d2(base: str, tmp: Path, runs: int) -> list[Row]:
+    """What comparing costs: /mask L=512 d=64 with a causal mask and include ["weights"], with
+    expected weights beside the same request without. D1: the course notebook's two mistakes
+    (found among the pairs); D2: noise, which no set explains (every trial runs)."""
+    L = 512
+    body = attention_body(L) | {"mask": {"type": "causal"}, "include": ["weights"]}
+    x, w_q, w_k = (np.array(body[n]) for n in ("x", "w_q", "w_k"))
+    scores = np.where(np.tril(np.ones((L, L))) > 0, (x @ w_q) @ (x @ w_k).T, -np.inf)
+    columns = np.exp(scores - scores.max(axis=0))  # the notebook: softmax down the columns
+    notebook = columns / columns.sum(axis=0) / 8.0  # ÷ √d_k after it
+    plain_f = write_body(body, tmp, "D-plain.json")
+    rng = np.random.default_rng(5)
+    rows = []
+    for rid, what, expected in (
+        ("D1", "comparison with a diagnosis (2 mistakes), L=512", notebook),
+        ("D2", "comparison, no mistake explains it (all trials), L=512",
+         np.clip(notebook + rng.normal(size=(L, L)) * 1e-3, 0, None)),
+    ):  # fmt: skip
+        f = write_body(body | {"expected": {"weights": expected.tolist()}}, tmp, rid + ".json")
+
+        def plain() -> float:
+            return curl_seconds(base + "/mask", plain_f)
+
+        def compared(f: str = f) -> float:
+            return curl_seconds(base + "/mask", f)
+
+        plain_s, compare_s = alternate(plain, compared, runs)
+        rows.append(row(rid, what + " ÷ the same request without expected", compare_s / plain_s,
+                        "≤", 20, f"{compare_s * 1e3:.0f} vs {plain_s * 1e3:.0f} ms (medians of {runs})"))  # fmt: skip
+    return rows
+
+
 def wrk_rps(url: str, seconds: int, script: str | None = None) -> float:
     cmd = ["wrk", "-t2", "-c8", f"-d{seconds}s", url] + (["-s", script] if script else [])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -444,7 +476,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="row ids to run, e.g. P1 P4")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest.json"))
     args = parser.parse_args()
-    want = set(args.only or ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "C1", "C2"])
+    want = set(args.only or ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "C1", "C2"])
     proc, base = start_server(workers=1)
     rows: list[Row] = []
     try:
@@ -462,6 +494,8 @@ def main() -> None:
                 rows.append(p6(max(args.runs, 9)))
             if "P7" in want:
                 rows.append(p7(base, tmp, 8.0))
+            if want & {"D1", "D2"}:
+                rows += [r for r in d1_d2(base, tmp, args.runs) if r["id"] in want]
             if want & {"C1", "C2"}:
                 rows += c1_c2(tmp, want)
     finally:
