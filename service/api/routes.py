@@ -193,7 +193,9 @@ async def _answer(request: Request, route: Route[Req, P]) -> Response:
         req, shapes, numbers = checked(raw, route, settings)
     else:
         req, shapes, numbers = await state.parser.check(raw, route.name, settings)
-    if numbers <= INLINE_NUMBERS:  # small: answered at once, never queued behind large ones
+    # small: answered at once, never queued behind large ones; a comparison's recomputations
+    # (up to ~100 of them) always run off the event loop
+    if numbers <= INLINE_NUMBERS and not shapes.comparing:
         body = _body(route, req, shapes, threading.Event())
         return Response(encode_whole(body, req.decimals), media_type="application/json")
     gone = threading.Event()
