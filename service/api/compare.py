@@ -254,6 +254,8 @@ def _explain(
     the caller's weights' columns and rows sum to, when the target is the weights)."""
     columns, rows_sum = sums or (None, None)
     root = float(np.sqrt(s.d_k))
+    default = abs(s.scale * root - 1.0) < 1e-12
+    scale = f"{s.scale:.4g} = 1/√{s.d_k}" if default else f"{s.scale:.4g}, as given"
     style = s.variants.rope.style if s.variants.rope is not None else "half"
     other = "interleaved" if style == "half" else "half"
     rows = {"zero": "zeros", "uniform": "1/S each", "nan": "NaN"}[found.rows]
@@ -261,20 +263,22 @@ def _explain(
         "softmax_over_queries": "the softmax ran over the queries (axis 0, down each column) "
         "instead of over the keys of each row (axis −1)"
         + ("" if columns is None else f": each column of your weights sums to {columns:.4g}"),
-        "scale_after_softmax": f"the scores were multiplied by the scale ({s.scale:.4g} = "
-        f"1/√{s.d_k}) after the softmax instead of before it"
+        "scale_after_softmax": f"the scores were multiplied by the scale ({scale}) after the "
+        "softmax instead of before it"
         + ("" if rows_sum is None else f": each row of your weights sums to {rows_sum:.4g}"),
-        "scale_missing": f"the scores were never scaled: softmax(Q Kᵀ) where softmax(Q Kᵀ · "
-        f"{s.scale:.4g}) was meant (scale 1/√d_k = 1/√{s.d_k})",
+        "scale_missing": "the scores were never scaled: softmax(Q Kᵀ) where softmax(Q Kᵀ · "
+        f"scale) was meant (scale {scale})",
         "scale_by_d_k": f"the scores were divided by d_k = {s.d_k} instead of by √d_k = {root:.4g}",
         "weights_transposed": "a projection used the transposed weight matrix (X Wᵀ where X W "
         "was meant, or the reverse): PyTorch's nn.Linear weights are (out, in) and need "
         '"weight_layout": "out_in"; notebook weights (in, out) need "in_out"',
         "q_k_swapped": "the scores are transposed: K Qᵀ (a row per key) where Q Kᵀ (a row per "
         "query, a column per key) was meant",
-        "mask_inverted": "a boolean mask was read with the opposite polarity: here true means "
-        "the query may attend (as scaled_dot_product_attention); if your true means masked "
-        '(nn.MultiheadAttention\'s attn_mask), say "true_means": "masked"',
+        "mask_inverted": "a boolean mask was read with the opposite polarity (every true and "
+        "false swapped). Here a mask's true means the query may attend (as "
+        'scaled_dot_product_attention) unless the mask says "true_means": "masked" (as '
+        "nn.MultiheadAttention's attn_mask), and key_padding_mask's true means padding: flip "
+        "the setting, or your mask",
         "causal_diagonal_masked": "the causal mask also hid each query's own key "
         "(triu(ones, 0) where triu(ones, 1) was meant): a query sees itself and every earlier "
         f"key; your fully masked first row holds {rows}",
