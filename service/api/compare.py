@@ -30,7 +30,8 @@ from service.core.types import Array
 COMPARABLE = frozenset({"matrix", "vector", "stack", "nullable", "bool"})
 # the order of the steps, with the arrays no mistake changes put where they are computed
 _ORDER = ("x_in", *ORDER[: ORDER.index("biased_scores")], "position_bias",
-          *ORDER[ORDER.index("biased_scores"):])  # fmt: skip
+          *ORDER[ORDER.index("biased_scores"): ORDER.index("concat")], "stacked_weights",
+          *ORDER[ORDER.index("concat"):])  # fmt: skip
 
 
 def _comparable(outs: tuple[Output, ...], shapes: Shapes) -> dict[str, Output]:
@@ -105,19 +106,19 @@ class _Entry:
     state: str
     head: int | None
     yours: Array
+    step: str  # where it sorts: its state, but /multihead's stacked weights with the block's
 
 
 def _entries(expected: Expected, multihead: bool) -> list[_Entry]:
     """The caller's arrays in the order of the steps (head by head within a step)."""
-    entries = [
-        _Entry(name, "block_output" if multihead and name == "output" else name, None, a)
-        for name, a in expected.arrays.items()
-    ] + [
-        _Entry(f"heads.{i}.{name}", name, i, a)
-        for i, per_head in expected.heads.items()
-        for name, a in per_head.items()
-    ]
-    return sorted(entries, key=lambda e: (_ORDER.index(e.state), e.head is None, e.head or 0))
+    block = {"output": ("block_output", "block_output"), "weights": ("weights", "stacked_weights")}
+    entries = []
+    for name, a in expected.arrays.items():
+        state, step = block[name] if multihead and name in block else (name, name)
+        entries.append(_Entry(name, state, None, a, step))
+    for i, per_head in expected.heads.items():
+        entries += [_Entry(f"heads.{i}.{n}", n, i, a, n) for n, a in per_head.items()]
+    return sorted(entries, key=lambda e: (_ORDER.index(e.step), e.head is None, e.head or 0))
 
 
 def _engine(a: Array, unbatched: bool) -> Array:

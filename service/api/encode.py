@@ -16,9 +16,15 @@ BLOCK_NUMBERS = 32_768  # numbers serialised per orjson call (a few ms at most)
 CHUNK_BYTES = 1 << 20  # bytes handed to the server at a time
 
 
+# top-level values never rounded: a comparison reports differences smaller than the rounding
+EXACT = frozenset({"comparison"})
+
+
 def encode_whole(body: Any, decimals: int | None = None) -> bytes:
     """The JSON of a small value in one orjson call (what :func:`encode` yields, joined)."""
-    if decimals is not None:
+    if decimals is not None and isinstance(body, dict):
+        body = {k: v if k in EXACT else _rounded(v, decimals) for k, v in body.items()}
+    elif decimals is not None:
         body = _rounded(body, decimals)
     return orjson.dumps(body, option=OPTIONS, default=_contiguous)
 
@@ -74,7 +80,7 @@ def _consumed(
     for i, key in enumerate(list(body)):
         value = body.pop(key)
         yield (b',"' if i else b'"') + key.encode() + b'":'
-        yield from _value(value, decimals)
+        yield from _value(value, None if key in EXACT else decimals)
         del value
         if written is not None:
             written(key)

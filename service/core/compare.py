@@ -118,10 +118,13 @@ class Setup:
 
 @dataclass(frozen=True)
 class Trial:
-    """One recomputation: a set of mistakes and what its fully masked rows hold."""
+    """One recomputation: a set of mistakes, what its fully masked rows hold, and how heads
+    taken as every h-th column were put side by side again (back in their columns, or in
+    blocks as np.concatenate does)."""
 
     mistakes: frozenset[str]
     rows: RowPolicy
+    merge: Literal["interleaved", "blocks"] = "interleaved"
 
 
 State = dict[str, Array]
@@ -304,7 +307,8 @@ def _average(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
 
 
 def _concat(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    merge = _merge_interleaved if "heads_interleaved" in t.mistakes else merge_heads
+    interleaved = "heads_interleaved" in t.mistakes and t.merge == "interleaved"
+    merge = _merge_interleaved if interleaved else merge_heads
     return {"concat": merge(st["output"])}  # (B, L, h·d_v)
 
 
@@ -424,7 +428,8 @@ class Diagnosis:
 
 def trials(codes: tuple[str, ...], policy: FullyMaskedPolicy) -> Iterator[Trial]:
     """Each mistake alone, then each pair (never two from one group); a set with a mask
-    mistake is tried with fully masked rows of zeros, 1/S and NaN, as notebooks differ."""
+    mistake is tried with fully masked rows of zeros, 1/S and NaN, and one with interleaved
+    heads with both ways of putting them side by side, as notebooks differ."""
     own: RowPolicy = "uniform" if policy == "uniform" else "zero"
     singles = [frozenset({c}) for c in codes]
     pairs = [
@@ -436,8 +441,12 @@ def trials(codes: tuple[str, ...], policy: FullyMaskedPolicy) -> Iterator[Trial]
         rows: tuple[RowPolicy, ...] = (own,)
         if mistakes & _MASK_MISTAKES:
             rows = (own, *(r for r in _ROW_POLICIES if r != own))
+        merges: tuple[Literal["interleaved", "blocks"], ...] = ("interleaved",)
+        if "heads_interleaved" in mistakes:
+            merges = ("interleaved", "blocks")
         for r in rows:
-            yield Trial(mistakes, r)
+            for m in merges:
+                yield Trial(mistakes, r, m)
 
 
 def recompute(
