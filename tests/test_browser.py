@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 
 from harness.live import start_server
@@ -388,3 +390,372 @@ def test_a_rope_error_is_shown_next_to_the_rope_field(
     message = page.locator('.field[data-field="rope"] .field-error').inner_text()
     assert message == data["errors"][0]["message"]
     assert page.locator("#error").is_visible()
+
+
+# ---- compare with my numbers (compare.js) ----------------------------------------------------
+
+
+def _paste(page: Any, name: str, text: str) -> None:
+    """Open the "Compare with my numbers" box under output ``name`` and paste ``text``."""
+    box = page.locator(f'details.my-numbers[data-name="{name}"]')
+    if box.get_attribute("open") is None:
+        box.locator("summary").click()
+    box.locator("textarea").fill(text)
+
+
+def _compare(page: Any, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Click Compare; return the request body the page sent and the JSON it got back."""
+    with page.expect_response(
+        lambda r: r.url.endswith("/" + endpoint) and r.request.method == "POST"
+    ) as info:
+        page.click("#compare")
+    response = info.value
+    status = page.locator("#compare-status").filter(has_text=re.compile("^(Compared|Error)"))
+    status.wait_for(timeout=20_000)
+    return response.request.post_data_json, response.json()
+
+
+def _notebook_weights(body: dict[str, Any]) -> npt.NDArray[np.float64]:
+    """The course notebook's weights: softmax down the columns (axis 0) of Q Kᵀ, then ÷ √d_k."""
+    x, w_q, w_k = (np.array(body[n], dtype=np.float64) for n in ("x", "w_q", "w_k"))
+    if body.get("weight_layout") == "out_in":  # PyTorch layout: X · Wᵀ
+        w_q, w_k = w_q.T, w_k.T
+    q, k = x @ w_q, x @ w_k
+    scores = q @ k.T
+    e = np.exp(scores - scores.max(axis=0, keepdims=True))
+    weights: npt.NDArray[np.float64] = e / e.sum(axis=0, keepdims=True) / np.sqrt(q.shape[1])
+    return weights
+
+
+def _rows(m: list[list[float]]) -> str:
+    """Whitespace-separated rows, one per line, at full precision."""
+    return "\n".join(" ".join(repr(v) for v in row) for row in m)
+
+
+def test_my_numbers_parser_reads_notebook_formats(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    cases: dict[str, list[Any]] = {
+        "[[0.1, 0.2], [0.3, 0.4]]": [["0.1", "0.2"], ["0.3", "0.4"]],
+        "[[0.1 0.2]\n [0.3 0.4]]": [["0.1", "0.2"], ["0.3", "0.4"]],
+        "array([[ 1.,  2.],\n       [-3.,  4.]])": [["1", "2"], ["-3", "4"]],
+        "array([[1.5, nan]], dtype=float32)": [["1.5", "NaN"]],
+        "tensor([[1.0000e-03, 2.0000e+00],\n        [3.5000e+00,       -inf]], dtype=torch.float64)": [
+            ["0.001", "2"],
+            ["3.5", "-Infinity"],
+        ],
+        "tensor([[0.5, 0.5]], requires_grad=True)": [["0.5", "0.5"]],
+        "1.2e-03 -4E+2\nnan -inf\n inf 7": [
+            ["0.0012", "-400"],
+            ["NaN", "-Infinity"],
+            ["Infinity", "7"],
+        ],
+        "1, 2, 3\n4,5,6\n\n": [["1", "2", "3"], ["4", "5", "6"]],
+        "1 2; 3 4": [["1", "2"], ["3", "4"]],
+        "[[[1. 2.]\n  [3. 4.]]\n\n [[5. 6.]\n  [7. 8.]]]": [
+            [["1", "2"], ["3", "4"]],
+            [["5", "6"], ["7", "8"]],
+        ],
+    }
+    parsed = page.evaluate(
+        """cases => Object.fromEntries(cases.map(c => {
+            const show = v => Array.isArray(v) ? v.map(show) : String(v);
+            return [c, show(parseNumbers(c))];
+        }))""",
+        list(cases),
+    )
+    assert parsed == cases
+    errors = {
+        "1 2 3 4\n5 6 7 8\n1 2 3": "row 2 has 3 numbers but row 0 has 4",
+        "[[1, 2], [3, 4, 5]]": "row 1 has 3 numbers but row 0 has 2",
+        "[[0.1 0.2]\n [0.3]]": "row 1 has 1 numbers but row 0 has 2",
+        "1 2\nabc 3": "row 1: “abc” is not a number",
+        "[[1, 2], [x, 4]]": "row 1: “x” is not a number",
+        "[[1, 2], [3, 4]": "a [ is never closed (1 ] missing at the end)",
+        "array([[1, 2, ..., 9]])": "the array was printed shortened",
+        "[[[1, 2]], [[3, 4], [5, 6]]]": "block 1 has 2 rows but block 0 has 1",
+        "[[1, 2], 3]": "row 1 is a single number where a list was expected",
+        "Out: [[1, 2]]": "unexpected text before the first [",
+    }
+    found = page.evaluate(
+        """cases => Object.fromEntries(cases.map(c => {
+            try { parseNumbers(c); return [c, "no error"]; } catch (e) { return [c, e.message]; }
+        }))""",
+        list(errors),
+    )
+    for text, message in errors.items():
+        assert found[text].startswith(message), (text, found[text])
+    assert page.evaluate("() => parseNumbers('   ')") is None
+
+
+def test_compare_names_the_course_notebook_mistake(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, outside = offline_page
+    _open(page, server)  # I am Batman (weight_layout out_in)
+    body, data = _run(page, "attention")
+    wrong = _notebook_weights(body)
+    _paste(page, "q", json.dumps(data["q"]))  # the right Q, as JSON rows
+    _paste(page, "weights", str(wrong))  # what print(weights) shows in the notebook
+    sent, got = _compare(page, "attention")
+    assert sent["expected"]["q"] == data["q"]
+    assert np.allclose(sent["expected"]["weights"], wrong, atol=1e-8)
+    assert sent["tolerance"] == {"atol": 1e-6, "rtol": 1e-6}
+    assert {k: v for k, v in sent.items() if k not in ("expected", "tolerance")} == body
+    assert got["first_mismatch"] == "weights"
+
+    panel = page.locator("#comparison")
+    assert panel.is_visible()
+    codes = panel.locator(".verdict code.mistake").all_inner_texts()
+    assert codes == ["softmax_over_queries", "scale_after_softmax"]
+    explanation = panel.locator(".verdict .explanation").inner_text()
+    assert explanation == got["comparison"][-1]["diagnosis"]["explanation"]
+    items = panel.locator("ol.compared li")
+    assert items.evaluate_all("els => els.map(e => e.dataset.name)") == ["q", "weights"]
+    assert items.nth(0).inner_text().startswith("✓ q")
+    first = panel.locator("ol.compared li.first-mismatch")
+    assert first.get_attribute("data-name") == "weights"
+    assert first.inner_text().startswith("✗ weights")
+    assert "first difference" in first.inner_text()
+    card = page.locator('figure[data-name="weights"]')
+    assert "first-mismatch" in (card.get_attribute("class") or "")
+
+    diff = page.locator('figure.diff[data-name="diff_weights"]')
+    assert diff.is_visible()
+    where = got["comparison"][-1]["where"]
+    assert diff.get_attribute("data-where") == f"{where[0]},{where[1]}"
+    outlined = diff.locator("rect.cell.where")
+    assert outlined.count() == 1
+    assert (outlined.get_attribute("data-row"), outlined.get_attribute("data-col")) == (
+        str(where[0]),
+        str(where[1]),
+    )
+    cells = _cells(page, "diff_weights")
+    assert len(cells) == 9
+    ours = np.array(data["weights"])
+    for (i, j), shown in cells.items():
+        assert float(shown) == pytest.approx(wrong[i][j] - ours[i][j], abs=1e-8)
+    assert page.locator('figure.diff[data-name="diff_q"]').count() == 1  # q: all zeros
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "explorer-compare-diagnosis.png"), full_page=True)
+    assert outside == []
+
+
+def test_compare_with_the_services_own_numbers_all_match(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    _, data = _run(page, "attention")
+    _paste(page, "k", json.dumps(data["k"]))
+    _paste(page, "scores", _rows(data["scores"]))
+    _paste(page, "weights", "array(" + json.dumps(data["weights"]) + ")")
+    _paste(page, "output", _rows(data["output"]))
+    page.fill("#atol", "1e-9")
+    page.fill("#rtol", "0")
+    sent, got = _compare(page, "attention")
+    assert sent["tolerance"] == {"atol": 1e-9, "rtol": 0}
+    assert got["first_mismatch"] is None
+    items = page.locator("#comparison ol.compared li")
+    names = ["k", "scores", "weights", "output"]
+    assert items.evaluate_all("els => els.map(e => e.dataset.name)") == names
+    assert all(t.startswith("✓") for t in items.all_inner_texts())
+    assert page.locator("#comparison .verdict.ok").inner_text().startswith("✓ All 4")
+    assert page.locator("#comparison .first-mismatch").count() == 0
+    for name in names:
+        assert page.locator(f'figure.diff[data-name="diff_{name}"]').count() == 1
+    assert set(_cells(page, "diff_weights").values()) == {"0"}
+    # a plain Run afterwards sends no expected numbers and hides the comparison
+    body, again = _run(page, "attention")
+    assert "expected" not in body and "comparison" not in again
+    assert page.locator("#comparison").is_hidden()
+    assert page.locator('details.my-numbers[data-name="weights"] textarea').input_value()
+
+
+def test_per_head_boxes_fill_expected_heads(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    page.select_option("#endpoint", "multihead")
+    page.locator("#example option[value=two_heads]").wait_for(state="attached")
+    page.select_option("#example", "two_heads")
+    assert json.loads(page.input_value("#extra")) == {"decimals": 4}
+    page.fill("#extra", "")  # the service's numbers at full precision, to paste back
+    _, data = _run(page, "multihead")
+    _paste(page, "heads.1.weights", json.dumps(data["heads"][1]["weights"]))
+    _paste(page, "concat", _rows(data["concat"]))
+    _paste(page, "output", json.dumps(data["output"]))
+    sent, got = _compare(page, "multihead")
+    assert sent["expected"]["heads"] == [None, {"weights": data["heads"][1]["weights"]}]
+    assert set(sent["expected"]) == {"heads", "concat", "output"}
+    assert [r["name"] for r in got["comparison"]] == ["heads.1.weights", "concat", "output"]
+    items = page.locator("#comparison ol.compared li")
+    assert all(t.startswith("✓") for t in items.all_inner_texts())
+    assert page.locator('figure.diff[data-name="diff_head1_weights"]').count() == 1
+
+
+def test_my_numbers_errors_are_shown_next_to_the_box(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    _, data = _run(page, "attention")
+    _paste(page, "weights", "0.1 0.2 0.3\n0.4 0.5\n0.6 0.7 0.8")
+    posts: list[str] = []
+    page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+    page.click("#compare")
+    error = page.locator('details.my-numbers[data-name="weights"] .box-error')
+    error.wait_for()
+    assert error.inner_text() == "Can't read your weights: row 1 has 2 numbers but row 0 has 3"
+    assert posts == []  # nothing is sent while a box cannot be read
+    # the service refuses a transposed array; its words go next to the box too
+    _paste(page, "weights", "")
+    _paste(page, "output", json.dumps(np.array(data["output"]).T.tolist()))
+    _, got = _compare(page, "attention")
+    assert got["errors"][0]["field"] == "expected.output"
+    shown = page.locator('details.my-numbers[data-name="output"] .box-error').inner_text()
+    assert shown == got["errors"][0]["message"]
+    assert "transpose" in shown
+    page.fill("#atol", "-1")
+    page.click("#compare")
+    assert page.locator("#atol-error").inner_text().startswith("atol: “-1” is not a number ≥ 0")
+
+
+def test_an_inverted_causal_mask_is_warned_about(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    page.select_option("#endpoint", "mask")
+    page.fill("#boolean", "0 1 1\n0 0 1\n0 0 0")  # true = may attend: the opposite of causal
+    body, data = _run(page, "mask")
+    assert body["mask"] == {"type": "boolean", "matrix": [[0, 1, 1], [0, 0, 1], [0, 0, 0]]}
+    assert [w["code"] for w in data["warnings"]] == ["mask_polarity"]
+    warnings = page.locator("#warnings")
+    assert warnings.is_visible()
+    assert "mask_polarity" in warnings.inner_text()
+    assert data["warnings"][0]["message"] in warnings.inner_text()
+    beside = page.locator('.field[data-field="boolean"] .field-warning')
+    assert data["warnings"][0]["message"] in beside.inner_text()
+    assert page.locator("#comparison").is_hidden()  # a warning needs no expected numbers
+    page.fill("#boolean", "1 0 0\n1 1 0\n1 1 1")
+    _, data = _run(page, "mask")
+    assert "warnings" not in data
+    assert page.locator("#warnings").is_hidden()
+    assert page.locator(".field-warning").count() == 0
+
+
+@pytest.mark.parametrize("offline_page", [(390, 844)], indirect=True, ids=["phone"])
+def test_compare_at_phone_width(offline_page: tuple[Any, list[str]], server: str) -> None:
+    page, _ = offline_page
+    console: list[str] = []
+    page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
+    _open(page, server)
+    body, _ = _run(page, "attention")
+    _paste(page, "weights", str(_notebook_weights(body)))
+    _compare(page, "attention")
+    assert page.locator("#comparison .verdict code.mistake").count() == 2
+    assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth + 1")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "explorer-compare-phone.png"), full_page=True)
+    assert console == [], f"console errors: {console}"
+
+
+def test_compare_leaves_out_decimals_and_shows_the_batch_item_that_differs(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    page.fill("#x", json.dumps([[[1, 0], [0, 0], [0, 1]], [[0, 1], [1, 1], [1, 0]]]))
+    page.fill("#extra", '{"decimals": 3}')
+    body, _ = _run(page, "attention")
+    assert body["decimals"] == 3 and page.locator("#batch-pick").is_visible()
+    exact = _post(server, "attention", {k: v for k, v in body.items() if k != "decimals"})
+    mine = np.array(exact["weights"])
+    mine[1, 2, 0] += 0.01
+    _paste(page, "weights", json.dumps(mine.tolist()))
+    sent, got = _compare(page, "attention")
+    assert "decimals" not in sent  # rounded answers would hide small differences
+    assert sent["expected"]["weights"] == mine.tolist()
+    entry = got["comparison"][0]
+    assert entry["where"] == [1, 2, 0]
+    assert entry["max_abs_diff"] == pytest.approx(0.01, abs=1e-12)
+    assert page.input_value("#batch") == "1"
+    assert '"decimals": 3' in page.locator("#comparison").inner_text()
+    diff = page.locator('figure.diff[data-name="diff_weights"]')
+    assert diff.get_attribute("data-where") == "2,0"
+    assert float(_cells(page, "diff_weights")[(2, 0)]) == pytest.approx(0.01, abs=1e-12)
+    page.select_option("#batch", "0")  # the other item: nothing outlined, no difference
+    assert diff.get_attribute("data-where") is None
+    assert set(_cells(page, "diff_weights").values()) == {"0"}
+
+
+def test_expected_numbers_in_a_worked_example_fill_the_boxes(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    """An example whose request carries `expected` (in "more fields"): Run shows the comparison,
+    the boxes and the tolerance take its numbers, and Compare gives the same answer."""
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    spec = TestClient(create_app()).get("/openapi.json").json()
+    content = spec["paths"]["/attention"]["post"]["requestBody"]["content"]["application/json"]
+    with_expected = [k for k, ex in content["examples"].items() if "expected" in ex["value"]]
+    if not with_expected:
+        pytest.skip("no /attention example carries expected numbers")
+    key = with_expected[0]
+    value = content["examples"][key]["value"]
+    page, _ = offline_page
+    _open(page, server)
+    page.select_option("#example", key)
+    body, data = _run(page, "attention")
+    assert body["expected"] == value["expected"]
+    names = [r["name"] for r in data["comparison"]]
+    assert (
+        page.locator("#comparison ol.compared li").evaluate_all(
+            "els => els.map(e => e.dataset.name)"
+        )
+        == names
+    )
+    for name, array in value["expected"].items():
+        text = page.locator(f'details.my-numbers[data-name="{name}"] textarea').input_value()
+        assert page.evaluate("t => parseNumbers(t)", text) == array
+    tolerance = value.get("tolerance", {})
+    for field in ("atol", "rtol"):
+        if field in tolerance:
+            assert float(page.input_value(f"#{field}")) == tolerance[field]
+    sent, got = _compare(page, "attention")
+    assert sent["expected"] == value["expected"]
+    assert got["first_mismatch"] == data["first_mismatch"]
+    assert [r["diagnosis"] for r in got["comparison"]] == [
+        r["diagnosis"] for r in data["comparison"]
+    ]
+    if data["first_mismatch"]:
+        first = next(r for r in data["comparison"] if r["name"] == data["first_mismatch"])
+        if first["diagnosis"]:
+            codes = page.locator("#comparison .verdict code.mistake").all_inner_texts()
+            assert codes == first["diagnosis"]["mistakes"]
+
+
+def test_masked_scores_printed_with_minus_inf_match(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    page.select_option("#endpoint", "mask")
+    page.check("#causal")
+    _, data = _run(page, "mask")
+    scores = np.array([[-np.inf if v is None else v for v in row] for row in data["masked_scores"]])
+    with np.printoptions(precision=17):
+        printed = repr(scores)  # array([[ 3.53553390593273731, -inf, ...
+    assert "-inf" in printed
+    _paste(page, "masked_scores", printed)
+    sent, got = _compare(page, "mask")
+    assert sent["expected"]["masked_scores"] == data["masked_scores"]  # −∞ goes as null
+    assert got["first_mismatch"] is None
+    assert page.locator("#comparison li[data-name=masked_scores]").inner_text().startswith("✓")
+    assert set(_cells(page, "diff_masked_scores").values()) == {"0"}

@@ -562,7 +562,7 @@ function render() {
   for (const view of views) {
     if (!view.each) {
       const title = view.name === SCALED_BY_SCALE && data.scale !== undefined ? `${view.title}  · ${fmt(data.scale)}` : view.title;
-      items.push({ key: view.name, title, view, m: matrix(data[view.name]) });
+      items.push({ key: view.name, label: view.name, title, view, m: matrix(data[view.name]) });
       continue;
     }
     (Array.isArray(data[view.name]) ? data[view.name] : []).forEach((head, i) => {
@@ -570,9 +570,9 @@ function render() {
       // masked); every later score map is drawn too
       let scoreMap = null;
       for (const v of view.each) {
-        const item = { key: `head${i}_${v.name}`, title: `head ${i}: ${v.title}`, view: v, m: matrix(head[v.name]) };
+        const item = { key: `head${i}_${v.name}`, label: `heads.${i}.${v.name}`, title: `head ${i}: ${v.title}`, view: v, m: matrix(head[v.name]) };
         if (!item.m) continue;
-        if (v.map === "scores" && scoreMap) { Object.assign(scoreMap, { key: item.key, title: item.title, view: v, m: item.m }); scoreMap = false; continue; }
+        if (v.map === "scores" && scoreMap) { Object.assign(scoreMap, item); scoreMap = false; continue; }
         if (v.map === "scores" && scoreMap === null) scoreMap = item;
         items.push(item);
       }
@@ -589,13 +589,17 @@ function render() {
   const labels = { queries: rows, keys: cols, index: [] };
   const maps = [];
   const tables = [];
-  for (const { key, title, view, m } of items) {
+  const drawn = []; // for "compare with my numbers" (compare.js): each output and its element
+  for (const item of items) {
+    const { key, title, view, m } = item;
     if (!m || !m.length) continue;
     if (view.map) maps.push(heatmap(key, title, m, rows, cols, view.map, view.map === "weights" ? allowed : null));
     else tables.push(table(key, title, m, labels[view.rows] || []));
+    drawn.push({ ...item, el: view.map ? maps.at(-1) : tables.at(-1), rows: view.map ? rows : labels[view.rows] || [], cols: view.map ? cols : null });
   }
   $("heatmaps").replaceChildren(...maps);
   $("tables").replaceChildren(...tables);
+  if (typeof MyNumbers !== "undefined") MyNumbers.afterRender({ ep, data, body: lastResult.body, batch: b, batched, drawn });
 
   $("steps").replaceChildren(...(data.steps || []).map((s) => {
     const li = document.createElement("li");
