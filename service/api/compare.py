@@ -295,7 +295,7 @@ def _explain(
         "rope_style_swapped": f'the rotary embedding paired the features "{other}" where '
         f'"{style}" was meant; if your model rotates that way, set rope.style to "{other}"',
     }
-    if code in {"mask_inverted"} and found.rows != "zero":
+    if code == "mask_inverted" and found.rows != "zero":
         return f"{texts[code]}; your fully masked rows hold {rows}"
     return texts[code]
 
