@@ -1333,3 +1333,19 @@ def test_reference_agrees_with_torch() -> None:
     c = torch.view_as_complex(qt.reshape(L, D_K // 2, 2).contiguous())
     gptj = torch.view_as_real(c * torch.polar(torch.ones_like(ang), ang)).reshape(L, D_K)
     np.testing.assert_allclose(ref_rope(Q, "interleaved"), gptj.numpy(), atol=1e-12)
+
+
+def test_cross_attention_is_recomputed_from_the_context(client: TestClient) -> None:
+    # reference: ref_attention with K and V projected from the context (S = 5 ≠ L = 3) through
+    # the transposed weights, as a notebook that used X Wᵀ with in_out weights computes them
+    rng = np.random.default_rng(11)
+    x, context = rng.normal(size=(3, 4)), rng.normal(size=(5, 4))
+    w_q, w_k, w_v = (rng.normal(size=(4, 4)) for _ in range(3))
+    wrong = ref_attention(x @ w_q.T, context @ w_k.T, context @ w_v.T)["weights"]
+    body = post(
+        client,
+        "/attention",
+        {"x": js(x), "context": js(context), "w_q": js(w_q), "w_k": js(w_k), "w_v": js(w_v),
+         "expected": {"weights": js(wrong)}},
+    )  # fmt: skip
+    assert entry(body, "weights")["diagnosis"]["mistakes"] == ["weights_transposed"]

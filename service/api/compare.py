@@ -132,11 +132,14 @@ def _ours(state: State, e: _Entry, unbatched: bool) -> Array:
     return a[0] if unbatched else a
 
 
-def _given(earlier: list[_Entry], state: State, unbatched: bool) -> tuple[State, dict[str, Any]]:
+Given = dict[str, tuple[int, ...] | None]  # names the caller gave: all heads (None) or some
+
+
+def _given(earlier: list[_Entry], state: State, unbatched: bool) -> tuple[State, Given]:
     """The state with the caller's (matching) arrays put in place of the service's, and which
     names (all heads: None, or some heads) they cover."""
     base = dict(state)
-    given: dict[str, tuple[int, ...] | None] = {}
+    given: Given = {}
     for e in earlier:
         theirs = _engine(e.yours, unbatched)
         if e.head is None:
@@ -161,7 +164,7 @@ def compare(
 ) -> dict[str, Any]:
     """``comparison`` and ``first_mismatch`` for the response (see the module's doc)."""
     entries = _entries(expected, setup.num_heads is not None)
-    diffs = [_difference(state, e, unbatched, tol) for e in entries]
+    diffs = [difference(_ours(state, e, unbatched), e.yours, tol) for e in entries]
     first = next((i for i, d in enumerate(diffs) if not d.match), None)
     diagnosis = None
     if first is not None and entries[first].state in ORDER:
@@ -189,10 +192,6 @@ def compare(
         "comparison": rows,
         "first_mismatch": None if first is None else entries[first].label,
     }
-
-
-def _difference(state: State, e: _Entry, unbatched: bool, tol: Tolerance) -> Difference:
-    return difference(_ours(state, e, unbatched), e.yours, tol)
 
 
 def _finite(x: float) -> float | None:

@@ -106,9 +106,8 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
     }
     if plan.expected is not None:
         setup = _setup(
-            plan, trace, variants, x_in=plan.x, source=plan.context if plan.context is not None else plan.x,
-            projections=plan.projections,
-        )  # fmt: skip
+            plan, trace, variants, x_in=plan.x, context=plan.context, projections=plan.projections
+        )
         values |= _compared(plan, _head_state(trace), mask, setup, check)
     return outputs.response(plan.shapes, plan.include, values, _arrays(trace))
 
@@ -157,9 +156,8 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
         "steps": steps.multihead_steps(plan, trace.heads.scale),
     }
     if plan.expected is not None:
-        source = trace.x_in if plan.context is None else plan.context
         setup = _setup(
-            plan, trace.heads, variants, x_in=trace.x_in, source=source,
+            plan, trace.heads, variants, x_in=trace.x_in, context=plan.context,
             projections=plan.weights, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
             w_o=plan.w_o, b_o=plan.b_o, residual=plan.residual, norm=plan.norm,
         )  # fmt: skip

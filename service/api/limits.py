@@ -46,8 +46,9 @@ def check_limits(shapes: Shapes, include: list[str] | None, settings: Settings) 
         raise LimitError(
             None,
             f"this request would compute {computed:,} numbers (every intermediate, whatever "
-            f"include asks for, and a recomputation when comparing), over the limit of {settings.max_computed_numbers:,}; use fewer "
-            "heads, fewer masks, a smaller batch or shorter sequences",
+            f"include asks for, and a recomputation when comparing), over the limit of "
+            f"{settings.max_computed_numbers:,}; use fewer heads, fewer masks, a smaller batch "
+            "or shorter sequences",
             settings.max_computed_numbers,
         )
     return computed

@@ -5,6 +5,7 @@ import numpy as np
 
 from service.api.schemas.masks import BooleanMask
 from service.api.schemas.requests import InputFields
+from service.core.masks import causal
 from service.core.types import BoolArray
 
 
@@ -46,9 +47,7 @@ def mask_warnings(req: InputFields) -> tuple[dict[str, str], ...]:
 def _polarity_problem(allowed: BoolArray) -> str | None:
     """What looks inverted about a boolean mask (true = may attend), or None."""
     n_q, n_k = allowed.shape[-2:]
-    i = np.arange(n_q)[:, None]  # (L, 1)
-    j = np.arange(n_k)[None, :]  # (1, S)
-    later_only = ~(allowed & (j <= i)).any()  # nothing at or before the diagonal
+    later_only = ~(allowed & causal(n_q, n_k)).any()  # nothing at or before the diagonal
     if n_q > 1 and later_only and allowed.any():
         return (
             "blocks each query's own key and lets it see only later keys: the opposite of a "

@@ -108,7 +108,7 @@ class Setup:
     num_heads: int | None = None  # /multihead: h; None on /attention (no heads axis)
     num_kv_heads: int | None = None
     x_in: Array | None = None  # (B, L, d_model); None: q, k, v were given
-    source: Array | None = None  # (B, S, d_model): x_in, or the context
+    context: Array | None = None  # (B, S, d_model): cross-attention's keys and values
     projections: Projections | None = None
     w_o: Array | None = None  # (h·d_v, d_out)
     b_o: Array | None = None
@@ -147,14 +147,15 @@ class _Unfit(Exception):
 def _projected(name: Literal["q", "k", "v"]) -> Compute:
     def compute(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
         p = s.projections
-        if p is None or s.x_in is None or s.source is None:
+        if p is None or s.x_in is None:
             raise _Unfit  # q, k, v were given: nothing to recompute
         w, b = {"q": (p.w_q, p.b_q), "k": (p.w_k, p.b_k), "v": (p.w_v, p.b_v)}[name]
         if "weights_transposed" in t.mistakes:
             if w.shape[0] != w.shape[1]:
                 raise _Unfit
             w = w.T  # X Wᵀ where X W was meant
-        out = project(s.x_in if name == "q" else s.source, w, b)  # (B, n, heads·d)
+        source = s.x_in if name == "q" or s.context is None else s.context  # (B, n, d_model)
+        out = project(source, w, b)  # (B, n, heads·d)
         if s.num_heads is None:
             return {name: out}
         h = s.num_heads if name == "q" else s.num_kv_heads or s.num_heads
@@ -252,10 +253,8 @@ def _mistaken_spec(spec: masks.MaskSpec, s: Setup, mistakes: frozenset[str]) -> 
     if isinstance(spec, masks.Boolean) and "mask_inverted" in mistakes:
         return masks.Boolean(~spec.matrix)
     if isinstance(spec, masks.Causal) and "causal_diagonal_masked" in mistakes:
-        offset = s.ctx_len - s.seq_len if spec.alignment == "lower_right" else 0
-        i = np.arange(s.seq_len)[:, None]  # (L, 1)
-        j = np.arange(s.ctx_len)[None, :]  # (1, S)
-        return masks.Boolean(j < i + offset)  # (L, S): the diagonal hidden too
+        strict = masks.causal(s.seq_len, s.ctx_len, spec.alignment, diagonal=False)  # (L, S)
+        return masks.Boolean(strict)
     return spec
 
 

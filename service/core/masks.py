@@ -67,12 +67,15 @@ class CombinedMask:
     padded_queries: BoolArray
 
 
-def causal(seq_len: int, ctx_len: int, alignment: Alignment = "upper_left") -> BoolArray:
-    """(L, S) causal pattern; lower_right shifts the diagonal by S − L (KV-cache style)."""
+def causal(
+    seq_len: int, ctx_len: int, alignment: Alignment = "upper_left", diagonal: bool = True
+) -> BoolArray:
+    """(L, S) causal pattern; lower_right shifts the diagonal by S − L (KV-cache style).
+    ``diagonal`` False hides the diagonal too (each query's own key: a notebook's mistake)."""
     offset = ctx_len - seq_len if alignment == "lower_right" else 0
     i = np.arange(seq_len)[:, None]  # (L, 1)
     j = np.arange(ctx_len)[None, :]  # (1, S)
-    return j <= i + offset
+    return j <= i + offset if diagonal else j < i + offset
 
 
 def window(seq_len: int, ctx_len: int, left: int | None, right: int | None) -> BoolArray:
