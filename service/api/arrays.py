@@ -1,7 +1,8 @@
-"""JSON lists to float64 arrays, with errors a person can act on.
+"""JSON lists (or safetensors tensors) to float64 arrays, with errors a person can act on.
 
 The fast path is one ``np.array`` call; only a bad input pays for a walk through the lists to
-say exactly where the problem is, and only the first problem is reported.
+say exactly where the problem is, and only the first problem is reported. A tensor from a
+safetensors body (service.api.binary) arrives as an array already and gets the same checks.
 """
 
 import math
@@ -132,7 +133,11 @@ def _nested(
     value: Any, name: str, expected: str, most: int, dtype: type | None = None
 ) -> np.ndarray:
     """``np.array`` of a JSON list at most ``most`` lists deep, or a ValueError naming the
-    first ragged place."""
+    first ragged place; a tensor as it is, at most ``most`` dimensions."""
+    if isinstance(value, np.ndarray):
+        if value.ndim > most:
+            raise ValueError(f"{name} must be {expected}, but it has {value.ndim} dimensions")
+        return value
     if not isinstance(value, list):
         raise ValueError(f"{name} must be {expected}, got {_describe(value)}")
     depth = _depth(value)
@@ -149,6 +154,8 @@ def _nested(
 def _has_bool(value: Any, arr: np.ndarray) -> bool:
     """Whether the lists behind the numeric ``arr`` hold a JSON true or false, which NumPy
     reads as 1 or 0: only an array holding a 0 or a 1 is looked through."""
+    if isinstance(value, np.ndarray):  # a tensor: numbers, or a BOOL tensor (kind "b")
+        return False
     if not ((arr == 0) | (arr == 1)).any():
         return False
     items: Any = value
@@ -164,6 +171,8 @@ def to_array(value: Any, name: str, ndims: tuple[int, ...], expected: str) -> Ar
     Raises ValueError with a sentence that names ``name`` and the first problem found.
     """
     arr = _nested(value, name, expected, max(ndims))
+    if arr.dtype.kind == "b" and isinstance(value, np.ndarray):
+        raise ValueError(f"{name} is a BOOL tensor: booleans are not numbers")
     if arr.dtype.kind not in "iuf" or _has_bool(value, arr):  # strings, null, booleans, …
         raise ValueError(_first_bad_number(name, value, arr.ndim))
     if arr.ndim not in ndims or 0 in arr.shape:
@@ -219,6 +228,8 @@ def to_nullable_array(
     """A float64 array with one of ``ndims`` dimensions whose ``null`` entries become ``null``
     (−∞ or NaN); true/false become 1/0 when ``booleans`` allows them. ``hint`` starts the
     sentence refusing a non-finite literal."""
+    if isinstance(value, np.ndarray):
+        return _nullable_tensor(value, name, ndims, expected, null, booleans)
     obj = _nested(value, name, expected, max(ndims), dtype=object)
     if obj.ndim not in ndims or 0 in obj.shape:
         raise ValueError(_first_structure_problem(name, value) or f"{name} must be {expected}")
@@ -242,4 +253,27 @@ def to_nullable_array(
         bad = [int(i) for i in np.argwhere(~np.isfinite(out))[0]]
         raise ValueError(f"{name} {_where(bad)} is not a finite number ({hint}{_NON_FINITE})")
     out[is_null] = null
+    return out
+
+
+def _nullable_tensor(
+    value: np.ndarray, name: str, ndims: tuple[int, ...], expected: str, null: float, booleans: bool
+) -> Array:
+    """:func:`to_nullable_array` for a tensor: it holds ``null``'s value itself (−∞ or NaN)
+    where JSON would have null, and finite numbers elsewhere."""
+    arr = _nested(value, name, expected, max(ndims))
+    if arr.ndim not in ndims or 0 in arr.shape:
+        raise ValueError(f"{name} must be {expected}")
+    if arr.dtype.kind == "b" and not booleans:
+        raise ValueError(f"{name} is a BOOL tensor: booleans are not numbers")
+    out = arr.astype(np.float64)
+    allowed = np.isnan(out) if math.isnan(null) else out == null
+    bad = ~np.isfinite(out) & ~allowed
+    if bad.any():
+        index = [int(i) for i in np.argwhere(bad)[0]]
+        where = "NaN" if math.isnan(null) else "−∞"
+        raise ValueError(
+            f"{name} {_where(index)} is {out[tuple(index)]}: a tensor may hold {where} where "
+            "JSON would have null, and finite numbers elsewhere"
+        )
     return out

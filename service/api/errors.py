@@ -74,13 +74,14 @@ class LimitError(RequestError):
 
 
 class BodyError(RequestError):
-    """The body is not JSON (or nested too deeply to read): 400."""
+    """The body is not JSON (or nested too deeply to read), or not safetensors: 400."""
 
     status = 400
 
-    def __init__(self, problem: str) -> None:
-        message = f"the body is not valid JSON: {problem}"
-        super().__init__([ErrorItem(field=None, message=message, type="json_invalid")])
+    def __init__(self, problem: str, form: str = "JSON") -> None:
+        message = f"the body is not valid {form}: {problem}"
+        kind = "json_invalid" if form == "JSON" else "safetensors_invalid"
+        super().__init__([ErrorItem(field=None, message=message, type=kind)])
 
 
 class ClientGone(Exception):

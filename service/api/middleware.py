@@ -18,7 +18,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import metrics
 from service.api.auth import key_problem
-from service.api.errors import CLIENT_CLOSED, ErrorItem, error_response
+from service.api.binary import MEDIA_TYPE, body_form, negotiate
+from service.api.errors import CLIENT_CLOSED, ErrorItem, error_response, excerpt
 
 access_log = logging.getLogger("service.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -27,7 +28,6 @@ _WITH_BODY = {"POST", "PUT", "PATCH"}
 
 CUT = 503  # logged for an answer the server's stop cut off (with "outcome": "cut")
 REFUSED = "refused"  # scope["state"] key: (status, reason, bytes) when the connection answered
-JSON_TYPES = ("application/json",)  # and any application/…+json
 
 
 class _TooLarge(Exception):
@@ -100,7 +100,7 @@ class RequestMiddleware:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.routes = routes  # the app's routes, matched here before the body is read
-        self.json_paths = json_paths  # take a JSON body (415 for any other)
+        self.json_paths = json_paths  # take JSON or safetensors (415, 406 for other types)
         self.keyed_paths = keyed_paths  # need an API key when keys are configured
         self.api_keys = list(api_keys)
         self._known: dict[tuple[str, str], str] = {}  # (method, route path) -> matched route
@@ -141,7 +141,8 @@ class RequestMiddleware:
         return None, _early(404, "not_found", f"there is no endpoint {path[:100]}", {})
 
     def _refused(self, scope: Scope, headers: dict[bytes, bytes]) -> Response | None:
-        """401 or 415 before the body is read (the route takes a JSON body or needs a key)."""
+        """401, 415 or 406 before the body is read (the route needs a key, or takes a body as
+        JSON or safetensors and answers in one of them)."""
         path = get_route_path(scope)
         if path in self.keyed_paths:
             problem = key_problem(
@@ -152,18 +153,26 @@ class RequestMiddleware:
             if problem:
                 return _early(401, "unauthorized", problem, {"WWW-Authenticate": "Bearer"})
         if path in self.json_paths:
-            given = _media_type(headers.get(b"content-type", b"").decode("latin-1"))
-            if not (
-                given in JSON_TYPES
-                or (given.startswith("application/") and given.endswith("+json"))
-            ):
-                shown = f"Content-Type {given[:60]}" if given else "no Content-Type"
+            given = headers.get(b"content-type", b"").decode("latin-1")
+            if body_form(given) is None:
+                media = _media_type(given)
+                shown = f"Content-Type {media[:60]}" if media else "no Content-Type"
                 return _early(
                     415,
                     "unsupported_media_type",
-                    f"the body must be JSON sent with Content-Type: application/json (this "
-                    f"request has {shown}; curl needs -H 'Content-Type: application/json')",
+                    f"the body must be JSON sent with Content-Type: application/json, or "
+                    f"safetensors with Content-Type: {MEDIA_TYPE} (this request has {shown}; "
+                    "curl needs -H 'Content-Type: application/json')",
                     {},
+                )
+            accept = headers.get(b"accept", b"").decode("latin-1")
+            if negotiate(accept) is None:
+                return _early(
+                    406,
+                    "not_acceptable",
+                    f"this endpoint answers application/json or {MEDIA_TYPE}, and the Accept "
+                    f"header ({excerpt(accept, 60)}) names neither",
+                    {"Vary": "Accept"},
                 )
         return None
 

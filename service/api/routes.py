@@ -1,10 +1,11 @@
 """The compute routes.
 
 Each route reads the raw body and then, off the event loop for anything but tiny requests:
-parses it with orjson, validates each field with the pydantic model, applies the rules that
+parses it (JSON with orjson, or safetensors: service.api.binary), validates each field with the pydantic model, applies the rules that
 involve several fields (service.api.rules), checks the limits, plans (draws generated arrays,
 converts weights: service.api.plan), computes, and streams the JSON straight from the arrays
-(service.api.encode). Tiny requests (small body, small result) are answered inline, where a
+(service.api.encode), or writes safetensors straight from them when the Accept header asks
+for it. Tiny requests (small body, small result) are answered inline, where a
 thread hop would cost more than the work.
 """
 
@@ -26,6 +27,15 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from service.api import outputs
+from service.api.binary import (
+    JSON_TYPE,
+    MEDIA_TYPE,
+    Format,
+    body_form,
+    decode_request,
+    encode_safetensors,
+    negotiate,
+)
 from service.api.budget import BASE_COST, Budget, Ticket, cost_bytes, held_bytes
 from service.api.compare import check_expected
 from service.api.compute import Check, run_attention, run_multihead
@@ -50,6 +60,7 @@ Req = TypeVar("Req", bound=InputFields)
 P = TypeVar("P", bound=Plan)
 
 INLINE_BODY_BYTES = 16 * 1024  # parse on the event loop below this
+VARY = {"Vary": "Accept"}  # the answer's form depends on it (for caches in between)
 INLINE_NUMBERS = 20_000  # draw, compute and serialise on the event loop below this many numbers
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -64,6 +75,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         "model": ErrorBody,
         "description": "The headers or the body arrived too slowly; the connection is closed",
     },
+    406: {
+        "model": ErrorBody,
+        "description": f"The Accept header names neither {JSON_TYPE} nor {MEDIA_TYPE}",
+    },
     413: {
         "model": ErrorBody,
         "description": "The body, a size, the result, or the memory the request needs is over "
@@ -71,7 +86,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     },
     415: {
         "model": ErrorBody,
-        "description": "The body is not sent as JSON (Content-Type: application/json)",
+        "description": f"The body is sent neither as JSON (Content-Type: {JSON_TYPE}) nor as "
+        f"safetensors ({MEDIA_TYPE})",
     },
     422: {"model": ErrorBody, "description": "The request is JSON but does not fit the contract"},
     431: {"model": ErrorBody, "description": "The request's headers are over the limits"},
@@ -107,39 +123,68 @@ ROUTES: dict[str, Route[Any, Any]] = {r.name: r for r in (ATTENTION, MASK, MULTI
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (AttentionRequest, MaskRequest, MultiheadRequest)
 
 
+_BINARY: dict[str, Any] = {"schema": {"type": "string", "format": "binary"}}
+BINARY_ANSWER: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": f"The response as JSON, or with Accept: {MEDIA_TYPE} as one safetensors "
+        "file: each array a tensor named by its path in the JSON (weights, heads.0.weights), "
+        'the rest as JSON text under __metadata__["json"]',
+        "content": {MEDIA_TYPE: _BINARY},
+    }
+}
+
+
 def request_body(model: type[BaseModel], examples: dict[str, Example]) -> dict[str, Any]:
     """OpenAPI for a body the route parses itself: the model's schema and the worked examples
-    (service.api.app adds the model schemas to the components)."""
+    as JSON, or safetensors (service.api.app adds the model schemas to the components)."""
     content = {
         "schema": {"$ref": f"#/components/schemas/{model.__name__}"},
         "examples": {k: dict(e) for k, e in examples.items()},
     }
-    return {"requestBody": {"required": True, "content": {"application/json": content}}}
+    binary = {
+        **_BINARY,
+        "description": "the arrays as tensors named as the JSON fields (x, w_q, "
+        'q_proj.weight, mask.0.matrix), every other field as JSON text under __metadata__["json"]',
+    }
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": content, MEDIA_TYPE: binary},
+        }
+    }
 
 
-def _parse(raw: bytes, model: type[Req]) -> Req:
-    """JSON bytes to a validated request (400 for a body that is not JSON, 422 for fields)."""
+def load_json(raw: bytes) -> Any:
+    """JSON bytes to Python values (400 for bytes that are not JSON)."""
     try:
-        data = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError:
         # NaN, Infinity, 1e999, integers of thousands of digits, lone surrogates ("\ud800"):
         # Python's json reads them, and the validators refuse them with a 422 naming the field
         try:
-            data = json.loads(raw, parse_int=read_int)
+            return json.loads(raw, parse_int=read_int)
         except RecursionError:
             raise BodyError("nested too deeply (more than 1000 levels)") from None
         except ValueError as err:
             raise BodyError(getattr(err, "msg", str(err))) from None
+
+
+def _parse(raw: bytes, model: type[Req], form: Format) -> Req:
+    """A JSON or safetensors body to a validated request (400 for a body that is neither, 422
+    for fields)."""
+    data = decode_request(raw, model, load_json) if form == "safetensors" else load_json(raw)
     try:
         return model.model_validate(data)
     except ValidationError as err:
         raise invalid_fields(err) from None
 
 
-def checked(raw: bytes, route: Route[Req, P], settings: Settings) -> tuple[Req, Shapes, int]:
+def checked(
+    raw: bytes, route: Route[Req, P], settings: Settings, form: Format = "json"
+) -> tuple[Req, Shapes, int]:
     """Parse, apply the rules and check the limits; return the request, its shapes and how
     many numbers it computes (intermediates included)."""
-    req = _parse(raw, route.model)
+    req = _parse(raw, route.model, form)
     shapes = check_expected(req.expected, route.shapes(req))
     outputs.check_include(route.endpoint, req.include)
     return req, shapes, check_limits(shapes, req.include, settings)
@@ -170,10 +215,11 @@ class _Budgeted(StreamingResponse):
     """A streamed answer whose ticket gives back whatever memory it still holds when the last
     byte is sent, or when the client goes away (parts go back earlier: _giving_back)."""
 
-    def __init__(self, content: Iterator[bytes], ticket: Ticket) -> None:
+    def __init__(self, content: Iterator[bytes | memoryview], ticket: Ticket, media: str) -> None:
         super().__init__(
             content,
-            media_type="application/json",
+            media_type=media,
+            headers=VARY,
             background=BackgroundTask(run_in_threadpool, release_memory),  # after the last byte
         )
         self.ticket = ticket
@@ -189,15 +235,22 @@ async def _answer(request: Request, route: Route[Req, P]) -> Response:
     raw = await request.body()
     state = request.app.state
     settings: Settings = state.settings
+    form = body_form(request.headers.get("content-type", "")) or "json"  # the middleware's 415
+    answer = negotiate(request.headers.get("accept")) or "json"  # and its 406
     if len(raw) <= INLINE_BODY_BYTES:
-        req, shapes, numbers = checked(raw, route, settings)
+        req, shapes, numbers = checked(raw, route, settings, form)
+    elif form == "safetensors":  # no text to parse: the bytes become arrays at once
+        req, shapes, numbers = await run_in_threadpool(checked, raw, route, settings, form)
     else:
         req, shapes, numbers = await state.parser.check(raw, route.name, settings)
     # small: answered at once, never queued behind large ones; a comparison's recomputations
     # (up to ~100 of them) always run off the event loop
     if numbers <= INLINE_NUMBERS and not shapes.comparing:
         body = _body(route, req, shapes, threading.Event())
-        return Response(encode_whole(body, req.decimals), media_type="application/json")
+        if answer == "json":
+            return Response(encode_whole(body, req.decimals), media_type=JSON_TYPE, headers=VARY)
+        whole = b"".join(encode_safetensors(body, req.decimals))
+        return Response(whole, media_type=MEDIA_TYPE, headers=VARY)
     gone = threading.Event()
     watcher = asyncio.create_task(_watch_disconnect(request, gone))
     try:
@@ -209,7 +262,10 @@ async def _answer(request: Request, route: Route[Req, P]) -> Response:
             raise
     finally:
         watcher.cancel()
-    return _Budgeted(encode(body, req.decimals, _giving_back(ticket, shapes, body)), ticket)
+    given_back = _giving_back(ticket, shapes, body)
+    if answer == "json":
+        return _Budgeted(encode(body, req.decimals, given_back), ticket, JSON_TYPE)
+    return _Budgeted(encode_safetensors(body, req.decimals, given_back), ticket, MEDIA_TYPE)
 
 
 def _giving_back(ticket: Ticket, shapes: Shapes, body: dict[str, Any]) -> Callable[[str], None]:
@@ -241,7 +297,7 @@ async def _admitted(budget: Budget, cost: int, watcher: asyncio.Task[None]) -> T
 @router.post(
     "/attention",
     response_model=AttentionResponse,
-    responses=ERRORS,
+    responses={**ERRORS, **BINARY_ANSWER},
     openapi_extra=request_body(AttentionRequest, ATTENTION_EXAMPLES),
 )
 async def attention(request: Request) -> Response:
@@ -252,7 +308,7 @@ async def attention(request: Request) -> Response:
 @router.post(
     "/mask",
     response_model=MaskResponse,
-    responses=ERRORS,
+    responses={**ERRORS, **BINARY_ANSWER},
     openapi_extra=request_body(MaskRequest, MASK_EXAMPLES),
 )
 async def mask(request: Request) -> Response:
@@ -264,7 +320,7 @@ async def mask(request: Request) -> Response:
 @router.post(
     "/multihead",
     response_model=MultiheadResponse,
-    responses=ERRORS,
+    responses={**ERRORS, **BINARY_ANSWER},
     openapi_extra=request_body(MultiheadRequest, MULTIHEAD_EXAMPLES),
 )
 async def multihead(request: Request) -> Response:
