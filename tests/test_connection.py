@@ -351,13 +351,14 @@ DECLARED = 8_000_000  # under the body limit: only an answer that does not wait 
         ("/healthz", KEYED_JSON, 405, "method_not_allowed"),
         ("/attention", [("X-API-Key", KEY), ("Content-Type", "text/plain")], 415, "unsupported_media_type"),
         ("/attention", [("X-API-Key", KEY)], 415, "unsupported_media_type"),
+        ("/attention", [*KEYED_JSON, ("Accept", "text/html")], 406, "not_acceptable"),
     ],
-    ids=["401-no-key", "404-no-route", "405-get-only", "415-text-plain", "415-no-content-type"],
+    ids=["401-no-key", "404-no-route", "405-get-only", "415-text-plain", "415-no-content-type", "406-html-only"],
 )  # fmt: skip
 def test_a_refusal_comes_before_the_body(
     server: Server, path: str, headers: list[tuple[str, str]], status: int, kind: str
 ) -> None:
-    """A head declaring a large body, with no body byte sent, gets its JSON 401/404/405/415
+    """A head declaring a large body, with no body byte sent, gets its JSON 401/404/405/415/406
     within a second, with Connection: close, and the connection is closed."""
     head = _head("POST", path, [("Host", "x"), *headers, ("Content-Length", str(DECLARED))])
     with server.connect(timeout=TIMEOUT + SLACK) as sock:

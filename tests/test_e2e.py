@@ -16,9 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
+from safetensors.numpy import load, save
 
 from harness.live import http_json, start_server
 from service.api import examples as ex
@@ -74,6 +76,31 @@ def test_bad_input_over_http(server: str) -> None:
 def test_multihead_over_http(server: str) -> None:
     status, body = http_json(server + "/multihead", ex.TWO_HEADS_FULL_BLOCK)
     assert status == 200 and len(body["heads"]) == 2
+
+
+def test_safetensors_both_ways_over_http(server: str) -> None:
+    """A 60 KB safetensors body (read off the event loop) and a streamed safetensors answer
+    (chunked) hold the numbers of the same request sent and answered as JSON, bit for bit."""
+    rng = np.random.default_rng(5)
+    arrays = {"x": rng.normal(size=(200, 32)), "w_q": rng.normal(size=(32, 16))}
+    arrays |= {"w_k": rng.normal(size=(32, 16)), "w_v": rng.normal(size=(32, 16))}
+    raw = save(arrays, metadata={"json": json.dumps({"mask": {"type": "causal"}})})
+    assert len(raw) > 16 * 1024
+    host, port = server.rsplit(":", 1)[0].removeprefix("http://"), int(server.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    st = "application/x-safetensors"
+    conn.request("POST", "/mask", body=raw, headers={"Content-Type": st, "Accept": st})
+    answer = conn.getresponse()
+    assert answer.status == 200 and answer.getheader("content-type") == st
+    assert answer.getheader("transfer-encoding") == "chunked"  # streamed from the arrays
+    tensors = load(answer.read())
+    conn.close()
+    body = {**{k: v.tolist() for k, v in arrays.items()}, "mask": {"type": "causal"}}
+    status, as_json = http_json(server + "/mask", body)
+    assert status == 200
+    assert tensors["weights"].tolist() == as_json["weights"]
+    assert np.array_equal(np.isneginf(tensors["masked_scores"]), ~tensors["mask"])
+    assert tensors["output"].tolist() == as_json["output"]
 
 
 _MASK_200 = {"method": "POST", "endpoint": "/mask", "status": "200"}

@@ -66,7 +66,8 @@ def negotiate(accept: str | None) -> Format | None:
     when it names neither (406)."""
     if not accept or accept == "*/*" or accept == JSON_TYPE:
         return "json"
-    best: dict[Format, tuple[float, int, int]] = {}  # format -> (q, specificity, -position)
+    # format -> (q, specificity, -position, JSON first on a full tie)
+    best: dict[Format, tuple[float, int, int, bool]] = {}
     for position, part in enumerate(accept.split(",")):
         media, _, params = part.partition(";")
         media = media.strip().lower()
@@ -77,7 +78,7 @@ def negotiate(accept: str | None) -> Format | None:
                 continue
             known = best.get(form)  # type: ignore[call-overload]
             if known is None or specificity > known[1]:  # the most specific range decides
-                best[form] = (q, specificity, -position)  # type: ignore[index]
+                best[form] = (q, specificity, -position, form == "json")  # type: ignore[index]
     wanted = [(v, f) for f, v in best.items() if v[0] > 0]
     return max(wanted)[1] if wanted else None
 

@@ -84,7 +84,7 @@ def _additive_matrix(value: Any, info: ValidationInfo) -> Array:
 
 
 def _positional(value: Any, info: ValidationInfo) -> Literal["sinusoidal"] | Array:
-    if value == "sinusoidal":
+    if isinstance(value, str) and value == "sinusoidal":
         return "sinusoidal"
     if isinstance(value, str):
         raise ValueError(
