@@ -51,6 +51,8 @@ def configure(level: str) -> None:
     them (the app served by a plain `uvicorn service.main:app`, not `python -m service`)."""
     logger = logging.getLogger("service")
     logger.setLevel(level.upper())
+    # the JSON lines show none of these: LogRecord need not look them up for every line
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonFormatter())

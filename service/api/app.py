@@ -15,7 +15,7 @@ from service.api.auth import require_api_key
 from service.api.budget import Budget, worker_budget
 from service.api.middleware import RequestMiddleware
 from service.api.parser import Parser
-from service.api.routes import REQUEST_MODELS, router
+from service.api.routes import DIRECT, REQUEST_MODELS, router
 from service.config import Settings, get_settings
 
 DESCRIPTION = """
@@ -106,6 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         json_paths=compute,
         keyed_paths=compute | {"/version"},
         api_keys=settings.api_keys,
+        direct=DIRECT,
     )
     if settings.cors_origins:  # outermost: preflights and early answers get its headers
         app.add_middleware(

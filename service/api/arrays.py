@@ -153,10 +153,11 @@ def _nested(
 
 def _has_bool(value: Any, arr: np.ndarray) -> bool:
     """Whether the lists behind the numeric ``arr`` hold a JSON true or false, which NumPy
-    reads as 1 or 0: only an array holding a 0 or a 1 is looked through."""
+    reads as 1 or 0: only a large array holding a 0 or a 1 is looked through (a small one is
+    looked through at once: cheaper than the test)."""
     if isinstance(value, np.ndarray):  # a tensor: numbers, or a BOOL tensor (kind "b")
         return False
-    if not ((arr == 0) | (arr == 1)).any():
+    if arr.size > 256 and not ((arr == 0) | (arr == 1)).any():
         return False
     items: Any = value
     for _ in range(arr.ndim - 1):

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from service.core.errors import AttentionInputError, FullyMaskedRowsError
 
@@ -217,33 +218,41 @@ def error_response(status: int, items: list[ErrorItem]) -> Response:
     return Response(error_json(items), status_code=status, media_type="application/json")
 
 
-def install(app: FastAPI) -> None:
-    """Register the handlers that turn every failure into the one error shape."""
-
-    @app.exception_handler(RequestError)
-    async def _request(request: Request, exc: RequestError) -> Response:
+def error_answer(exc: Exception, scope: Scope) -> Response | None:
+    """The answer for an exception the service raises on purpose (None for any other): a
+    refused request, a client gone, an input the engine refuses."""
+    if isinstance(exc, RequestError):
         reason = getattr(exc, "reason", None)
         if reason:  # for the access log line (service.api.middleware)
-            request.scope.setdefault("state", {})["reason"] = reason
+            scope.setdefault("state", {})["reason"] = reason
         response = error_response(exc.status, exc.items)
         response.headers.update(exc.headers)
         return response
+    if isinstance(exc, ClientGone):
+        return Response(status_code=CLIENT_CLOSED)  # nobody reads it: it names the outcome
+    if isinstance(exc, AttentionInputError):
+        field = "mask" if isinstance(exc, FullyMaskedRowsError) else None
+        return error_response(
+            422, [ErrorItem(field=field, message=str(exc), type="attention_error")]
+        )
+    return None
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every failure into the one error shape."""
+
+    async def _ours(request: Request, exc: Exception) -> Response:
+        answer = error_answer(exc, request.scope)
+        assert answer is not None  # registered for those types only
+        return answer
+
+    for kind in (RequestError, ClientGone, AttentionInputError):
+        app.add_exception_handler(kind, _ours)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:
         error = invalid_fields(exc)  # FastAPI's own checks (query parameters of ops routes)
         return error_response(error.status, error.items)
-
-    @app.exception_handler(ClientGone)
-    async def _gone(_: Request, exc: ClientGone) -> Response:
-        return Response(status_code=CLIENT_CLOSED)  # nobody reads it: it names the outcome
-
-    @app.exception_handler(AttentionInputError)
-    async def _math(_: Request, exc: AttentionInputError) -> Response:
-        field = "mask" if isinstance(exc, FullyMaskedRowsError) else None
-        return error_response(
-            422, [ErrorItem(field=field, message=str(exc), type="attention_error")]
-        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> Response:

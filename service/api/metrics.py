@@ -29,14 +29,31 @@ RESPONSE_BYTES = Histogram(
 )
 
 
+_Children = tuple[Counter, Histogram, Histogram, Histogram]
+_children: dict[tuple[str, str, int], _Children] = {}  # labels looked up once per combination
+_MAX_CHILDREN = 1024  # methods and endpoints are few (unmatched paths share one label)
+
+
 def observe(
     method: str, endpoint: str, status: int, seconds: float, bytes_in: int, bytes_out: int
 ) -> None:
     """Record one answered request."""
-    REQUESTS.labels(method, endpoint, str(status)).inc()
-    LATENCY.labels(method, endpoint).observe(seconds)
-    REQUEST_BYTES.labels(endpoint).observe(bytes_in)
-    RESPONSE_BYTES.labels(endpoint).observe(bytes_out)
+    key = (method, endpoint, status)
+    children = _children.get(key)
+    if children is None:
+        children = (
+            REQUESTS.labels(method, endpoint, str(status)),
+            LATENCY.labels(method, endpoint),
+            REQUEST_BYTES.labels(endpoint),
+            RESPONSE_BYTES.labels(endpoint),
+        )
+        if len(_children) < _MAX_CHILDREN:
+            _children[key] = children
+    requests, latency, request_bytes, response_bytes = children
+    requests.inc()
+    latency.observe(seconds)
+    request_bytes.observe(bytes_in)
+    response_bytes.observe(bytes_out)
 
 
 def render() -> tuple[bytes, str]:

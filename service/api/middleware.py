@@ -1,7 +1,8 @@
 """Pure ASGI middleware around every HTTP request: the answers given before any body byte is
-read (404, 405, 401, 415, 413, relative trailing-slash redirects), the body limit (enforced
+read (404, 405, 401, 415, 406, 413, relative trailing-slash redirects), the body limit (enforced
 while the body streams in), the X-Request-ID, one JSON access log line, and the Prometheus
-metrics."""
+metrics. Once a compute endpoint's body is read, it is answered from here directly
+(service.api.routes.DIRECT): every check FastAPI's router would make is made already."""
 
 import asyncio
 import logging
@@ -9,7 +10,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from starlette._utils import get_route_path
 from starlette.responses import Response
@@ -58,20 +59,23 @@ def record(
     """One request done: its metrics and its access log line (also for the answers the
     connection gives itself: service.api.connection)."""
     metrics.observe(method, endpoint, status, seconds, bytes_in, bytes_out)
-    access_log.info(
-        "request",
-        extra={
-            "request_id": request_id,
-            "method": method,
-            "path": path,
-            "status": status,
-            "duration_ms": round(seconds * 1000, 3),
-            "bytes_in": bytes_in,
-            "bytes_out": bytes_out,
-            "outcome": outcome,
-            **({"reason": reason} if reason else {}),
-        },
-    )
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    fields = {
+        "request_id": request_id,
+        "method": method,
+        "path": path,
+        "status": status,
+        "duration_ms": round(seconds * 1000, 3),
+        "bytes_in": bytes_in,
+        "bytes_out": bytes_out,
+        "outcome": outcome,
+        **({"reason": reason} if reason else {}),
+    }
+    # made directly: Logger.info would look up the calling frame, which the line never shows
+    line = access_log.makeRecord(access_log.name, logging.INFO, __file__, 0, "request", (), None)
+    line.__dict__.update(fields)
+    access_log.handle(line)
 
 
 def _early(status: int, kind: str, message: str, headers: dict[str, str]) -> Response:
@@ -96,6 +100,7 @@ class RequestMiddleware:
         json_paths: frozenset[str] = frozenset(),
         keyed_paths: frozenset[str] = frozenset(),
         api_keys: Sequence[str] = (),
+        direct: Mapping[str, ASGIApp] | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
@@ -103,6 +108,7 @@ class RequestMiddleware:
         self.json_paths = json_paths  # take JSON or safetensors (415, 406 for other types)
         self.keyed_paths = keyed_paths  # need an API key when keys are configured
         self.api_keys = list(api_keys)
+        self.direct = dict(direct or {})  # POST route path -> its app, called past the router
         self._known: dict[tuple[str, str], str] = {}  # (method, route path) -> matched route
 
     def _route(self, scope: Scope) -> tuple[str | None, Response | None]:
@@ -225,7 +231,8 @@ class RequestMiddleware:
                     return
                 bytes_in = len(body)
                 receive = _replay(body, receive)
-            await self.app(scope, receive, send_with_id)
+            handler = self.direct.get(endpoint or "") if method == "POST" else None
+            await (handler or self.app)(scope, receive, send_with_id)
         except asyncio.CancelledError:  # the stop's grace period ran out mid-answer
             cut = True
             _mark_cut()

@@ -197,7 +197,20 @@ def _add_mask(scaled_scores: Array, additive: Array) -> Array:
     return masked
 
 
+ENTROPY_BLOCK = 1 << 15  # weights per block of rows: the temporaries stay small (≈ 0.5 MB)
+
+
 def entropy_bits(weights: Array) -> Array:
-    """Shannon entropy in bits of each weight row, with 0·log 0 = 0.  (..., L, S) -> (..., L)"""
-    logs = np.log2(weights, out=np.zeros_like(weights), where=weights > 0)  # (..., L, S)
-    return 0.0 - (weights * logs).sum(axis=-1)  # type: ignore[no-any-return]  # 0.0 − x: no −0.0
+    """Shannon entropy in bits of each weight row, with 0·log 0 = 0.  (..., L, S) -> (..., L)
+
+    Computed a block of rows at a time, so its temporaries never approach the size of the
+    weights (they would add half again to a large request's memory)."""
+    rows = weights.reshape(-1, weights.shape[-1])  # (N, S), a view of contiguous weights
+    out = np.empty(rows.shape[0])  # (N,)
+    step = max(1, ENTROPY_BLOCK // max(1, rows.shape[1]))
+    for start in range(0, rows.shape[0], step):
+        block = rows[start : start + step]  # (n, S)
+        logs = np.log2(block, out=np.zeros_like(block), where=block > 0)  # (n, S)
+        logs *= block
+        out[start : start + step] = 0.0 - logs.sum(axis=-1)  # 0.0 − x: no −0.0
+    return out.reshape(weights.shape[:-1])

@@ -1,0 +1,94 @@
+"""service.api.connection's GuardedProtocol in process, on a transport that records its writes:
+an answer's head goes out in the same write as its first body bytes (one segment, one wake-up
+of the client), and a HEAD answer's head alone."""
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+
+from service.api.app import create_app
+from service.api.connection import GuardedProtocol
+from service.api.examples import I_AM_BATMAN
+from service.config import Settings
+
+
+class Recorder(asyncio.Transport):
+    """A transport that keeps every write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes.append(bytes(data))
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 5000), "sockname": ("127.0.0.1", 8000)}.get(name)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def _served(request: bytes, done: bytes) -> list[bytes]:
+    """Feed ``request`` to a GuardedProtocol; the writes once they end with ``done``."""
+    config = Config(app=create_app(Settings()), http=GuardedProtocol, log_config=None)
+    config.load()
+    protocol = GuardedProtocol(config=config, server_state=ServerState(), app_state={})
+    transport = Recorder()
+    protocol.connection_made(transport)
+    protocol.data_received(request)
+    for _ in range(500):
+        if b"".join(transport.writes).endswith(done):
+            break
+        await asyncio.sleep(0.01)
+    protocol.connection_lost(None)
+    return transport.writes
+
+
+def _post(body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    head = f"POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    return head.encode() + data
+
+
+def test_a_small_answer_is_one_write_of_head_and_body() -> None:
+    writes = asyncio.run(_served(_post(I_AM_BATMAN), b"}"))
+    assert len(writes) == 1, [w[:40] for w in writes]
+    head, _, body = writes[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    assert b"content-length: %d" % len(body) in head
+    assert json.loads(body)["weights"]
+
+
+def test_a_streamed_answer_sends_its_head_with_the_first_chunk() -> None:
+    body = {"seed": 0, "seq_len": 200, "d_model": 8, "d_k": 8}  # above the inline size
+    writes = asyncio.run(_served(_post(body), b"0\r\n\r\n"))
+    assert writes[0].startswith(b"HTTP/1.1 200 OK") and b"transfer-encoding: chunked" in writes[0]
+    head, _, first = writes[0].partition(b"\r\n\r\n")
+    assert first, "the head went out alone"
+    text = b"".join(writes).partition(b"\r\n\r\n")[2]
+    assert b'"weights":[[' in text
+
+
+@pytest.mark.parametrize("method", ["HEAD", "GET"])
+def test_healthz_head_has_no_body_and_get_one_write(method: str) -> None:
+    request = f"{method} /healthz HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    done = b"\r\n\r\n" if method == "HEAD" else b"}"
+    writes = asyncio.run(_served(request, done))
+    assert len(writes) == 1
+    assert writes[0].startswith(b"HTTP/1.1 200 OK")
+    assert writes[0].endswith(b"\r\n\r\n") == (method == "HEAD")
