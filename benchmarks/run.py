@@ -3,14 +3,27 @@
 Starts a real server (`python -m service`, 1 worker) on a free loopback port, alternates the
 two sides of every comparison, takes medians, prints the ratios and writes them to
 benchmarks/results/latest.json. Absolute times on shared machines are noise; ratios are not.
-Needs curl; P2, C1 and C2 need wrk (apt-get install wrk) and P6 needs torch — rows whose tool
-is missing say so and are skipped.
+Needs curl; P2, C1, C2, S1 and S1t need wrk (apt-get install wrk) and P6 needs torch — rows
+whose tool is missing say so and are skipped.
 
 C1/C2 (what the connection protections cost a small request): three pairs of fresh one-worker
 servers, all launched through ``service.__main__.main`` (same app, settings, logging, access
 log, proxy headers, server header), in each pair one with its ``GuardedProtocol`` and one with
 uvicorn's stock httptools protocol; wrk runs alternate within each pair, and the value is the
 median guarded ÷ stock ratio of back-to-back runs (its quartiles show how noisy the machine was).
+
+S1/S1t (small requests against plain FastAPI apps): P2's 3-token POST /attention on the service
+against two peers from benchmarks/peers.py, each plain uvicorn with 1 worker on the same loopback
+and the same BLAS thread variables — S1 a lean one (raw body, orjson, NumPy inline, orjson out),
+S1t a tutorial-style one (a pydantic body model, NumPy, FastAPI's default JSON). Both must give
+the service's numbers for that body (checked to 1e-12 first); wrk -t2 -c8 runs rotate among the
+three, medians of the rounds; the service ÷ each peer in requests/s.
+
+B1/B1j/B2 (safetensors answers): /attention L=1024 d=64, every output, with
+``Accept: application/x-safetensors``: B1 end to end (curl) ÷ the in-process floor (the NumPy
+computation plus ``safetensors.numpy.save`` of the same arrays), B1j the same request as JSON
+÷ as safetensors, B2 a fresh server's peak RSS increase while answering it ÷ the response's
+size. A service that answers JSON to that Accept header skips the three rows.
 """
 
 import argparse
@@ -64,14 +77,25 @@ def multihead_body(L: int = 512, d_model: int = 256, h: int = 8) -> dict[str, An
     return body
 
 
-def attention_floor(body: dict[str, Any]) -> bytes:
-    """The floor: the same NumPy computation plus orjson of the same arrays, in process."""
+def attention_arrays(body: dict[str, Any]) -> dict[str, Any]:
+    """Every array of the default /attention response (in_out weights), computed in process."""
     x = np.asarray(body["x"])[None]
     q, k, v = (project(x, np.asarray(body[n])) for n in ("w_q", "w_k", "w_v"))
     t = scaled_dot_product_attention(q, k, v)
-    arrays = {"q": t.q[0], "k": t.k[0], "v": t.v[0], "scores": t.scores[0],
-              "scaled_scores": t.scaled_scores[0], "weights": t.weights[0], "output": t.output[0]}  # fmt: skip
-    return orjson.dumps(arrays, option=orjson.OPT_SERIALIZE_NUMPY)
+    return {"q": t.q[0], "k": t.k[0], "v": t.v[0], "scores": t.scores[0],
+            "scaled_scores": t.scaled_scores[0], "weights": t.weights[0], "output": t.output[0]}  # fmt: skip
+
+
+def attention_floor(body: dict[str, Any]) -> bytes:
+    """The floor: the same NumPy computation plus orjson of the same arrays, in process."""
+    return orjson.dumps(attention_arrays(body), option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def safetensors_floor(body: dict[str, Any]) -> bytes:
+    """B1's floor: the same NumPy computation plus safetensors.numpy.save of the same arrays."""
+    from safetensors.numpy import save
+
+    return save(attention_arrays(body))
 
 
 def multihead_floor(body: dict[str, Any]) -> bytes:
@@ -447,6 +471,232 @@ def c1_c2(tmp: Path, ids: set[str], pairs: int = 3, rounds: int = 3, seconds: in
             proc.wait(timeout=30)
 
 
+S1_WHAT = {
+    "S1": "POST /attention 3 tokens, requests/s: service ÷ lean peer (orjson in and out)",
+    "S1t": "POST /attention 3 tokens, requests/s: service ÷ tutorial peer (pydantic, FastAPI JSON)",
+}
+S1_TARGETS = {"S1": 1.0, "S1t": 1.5}
+TRACE = ("q", "k", "v", "scores", "scaled_scores", "weights", "output")
+
+
+def start_peer(app: str) -> tuple[subprocess.Popen[bytes], str]:
+    """``python -m uvicorn benchmarks.peers:<app>`` from the repository root, one worker, on a
+    free loopback port, uvicorn's defaults otherwise (httptools, uvloop when installed, access
+    log on), the BLAS thread variables of this process (as the service gets them); returns once
+    it answers P2's 3-token request."""
+    from service.api.examples import I_AM_BATMAN
+
+    port = free_port()
+    out = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the server)
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", f"benchmarks.peers:{app}", "--host",
+                             "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            cwd=ROOT, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if http_json(base + "/attention", I_AM_BATMAN)[0] == 200:
+                return proc, base
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out.seek(0)
+            raise RuntimeError(f"peer {app} did not start:\n{out.read().decode(errors='replace')}")
+        time.sleep(0.2)
+
+
+def same_numbers(
+    mine: dict[str, Any], theirs: dict[str, Any], who: str, tol: float = 1e-12
+) -> None:
+    """Every trace array of ``theirs`` equals the service's (``mine``) to ``tol``."""
+    for name in TRACE:
+        a, b = np.asarray(mine[name], dtype=float), np.asarray(theirs[name], dtype=float)
+        assert a.shape == b.shape, f"{who}: {name} is {b.shape}, the service's {a.shape}"
+        diff = float(np.max(np.abs(a - b))) if a.size else 0.0
+        assert diff <= tol, f"{who}: {name} differs from the service's by {diff:.3g}"
+
+
+def s1(base: str, tmp: Path, ids: set[str], rounds: int = 5, seconds: int = 3) -> list[Row]:
+    """Small requests/s, our service (``base``: python -m service, 1 worker) against the two
+    peers of benchmarks/peers.py (plain uvicorn, 1 worker), each answering P2's 3-token body with
+    the same numbers (checked first); per round one wrk -t2 -c8 run on each of the three, the
+    order rotating; medians of the rounds."""
+    wanted = [rid for rid in S1_WHAT if rid in ids]
+    if not shutil.which("wrk"):
+        return [skipped(rid, S1_WHAT[rid], "wrk is not installed (apt-get install wrk)", f"≥ {S1_TARGETS[rid]}")
+                for rid in wanted]  # fmt: skip
+    from service.api.examples import I_AM_BATMAN
+
+    script = post_script(tmp)
+    peers = [start_peer("lean"), start_peer("tutorial")]
+    try:
+        sides = {"service": base, "lean": peers[0][1], "tutorial": peers[1][1]}
+        status, ours = http_json(base + "/attention", I_AM_BATMAN)
+        assert status == 200, f"the service answered {status}"
+        for name in ("lean", "tutorial"):
+            same_numbers(ours, http_json(sides[name] + "/attention", I_AM_BATMAN)[1], name)
+        for url in sides.values():  # first calls (imports, caches) are not what is measured
+            for _ in range(20):
+                http_json(url + "/attention", I_AM_BATMAN)
+        names = list(sides)
+        rps: dict[str, list[float]] = {n: [] for n in names}
+        p99: dict[str, list[float]] = {n: [] for n in names}
+        for i in range(rounds):
+            for n in names[i % 3 :] + names[: i % 3]:
+                requests, latency = wrk_stats(sides[n] + "/attention", seconds, script)
+                rps[n].append(requests)
+                p99[n].append(latency)
+    finally:
+        for proc, _ in peers:
+            proc.terminate()
+        for proc, _ in peers:
+            proc.wait(timeout=30)
+    med = {n: statistics.median(v) for n, v in rps.items()}
+    lat = {n: statistics.median(v) for n, v in p99.items()}
+    rows = []
+    for rid, peer in (("S1", "lean"), ("S1t", "tutorial")):
+        if rid not in ids:
+            continue
+        per_round = [s / p for s, p in zip(rps["service"], rps[peer], strict=True)]
+        detail = (
+            f"{med['service']:.0f} vs {med[peer]:.0f} requests/s, p99 {lat['service']:.2f} vs "
+            f"{lat[peer]:.2f} ms (medians of {rounds} rounds of {seconds} s wrk -t2 -c8 on each "
+            f"side, order rotating; per-round ratios {min(per_round):.2f}–{max(per_round):.2f}); "
+            "same numbers checked to 1e-12; the service logs one JSON access line per request, "
+            f"the {peer} peer uvicorn's default access line (both to a file); "
+            f"{'async, orjson in and out' if peer == 'lean' else 'sync def (threadpool), pydantic body, FastAPI default JSONResponse'}; "
+            f"BLAS threads {os.environ['OPENBLAS_NUM_THREADS']} on every side"
+        )
+        r = row(rid, S1_WHAT[rid], med["service"] / med[peer], "≥", S1_TARGETS[rid], detail)
+        r["runs"] = [[round(s), round(p)] for s, p in zip(rps["service"], rps[peer], strict=True)]
+        rows.append(r)
+    return rows
+
+
+SAFETENSORS = "application/x-safetensors"
+B_WHAT = {
+    "B1": "POST /attention L=1024 d=64, full trace, safetensors, curl ÷ in-process floor",
+    "B1j": "the same request as JSON ÷ as safetensors, end to end (curl)",
+    "B2": "peak RSS increase during one B1 request (safetensors) / response size",
+}
+B_TARGETS = {"B1": "≤ 1.2", "B1j": "≥ 2", "B2": "≤ 1.2"}  # as passed to row() below
+NOT_YET = "the service does not answer safetensors yet (Accept: application/x-safetensors got {})"
+
+
+def curl_fetch(url: str, body_file: str, accept: str, out: str) -> tuple[float, str, int]:
+    """POST a JSON body with ``Accept``, the answer to ``out``: (seconds, content type, bytes)."""
+    res = subprocess.run(
+        ["curl", "-s", "-o", out, "-w", "%{http_code} %{time_total} %{size_download} %{content_type}",
+         "-H", "Content-Type: application/json", "-H", f"Accept: {accept}",
+         "--data-binary", f"@{body_file}", url],
+        capture_output=True, text=True, check=True,
+    ).stdout.split(" ", 3)  # fmt: skip
+    code, seconds, size = res[:3]
+    assert code == "200", f"{url} answered {code}"
+    ctype = res[3].split(";")[0].strip() if len(res) > 3 else ""
+    return float(seconds), ctype, int(size)
+
+
+def safetensors_matches(path: Path, body: dict[str, Any]) -> list[str]:
+    """The response's arrays equal the floor's to 1e-12; returns the names it holds."""
+    from safetensors.numpy import load
+
+    got = load(path.read_bytes())
+    want = attention_arrays(body)
+    missing = set(want) - set(got)
+    assert not missing, f"the safetensors response lacks {sorted(missing)}"
+    for name in want:
+        a, b = want[name], got[name]
+        assert a.size == b.size, f"safetensors {name} is {b.shape}, the floor's {a.shape}"
+        diff = float(np.max(np.abs(a.reshape(b.shape) - b)))
+        assert diff <= 1e-12, f"safetensors {name} differs from the floor's by {diff:.3g}"
+    return sorted(got)
+
+
+def b1(base: str, tmp: Path, ids: set[str], runs: int) -> list[Row]:
+    """/attention L=1024 d_model=64 (every output) as safetensors end to end (curl, body from a
+    file, answer to /dev/null; the first to a file, checked against the floor's arrays), against
+    the floor (the same NumPy plus safetensors.numpy.save, in process, from the parsed body) and
+    the same request as JSON (Accept: application/json); the three sides interleaved, medians."""
+    body = attention_body(1024)
+    f = write_body(body, tmp, "B1.json")
+    st_out = str(tmp / "B1.safetensors")
+    _, ctype, st_size = curl_fetch(base + "/attention", f, SAFETENSORS, st_out)  # first call
+    if ctype != SAFETENSORS:
+        return [skipped(rid, B_WHAT[rid], NOT_YET.format(ctype or "no content type"), B_TARGETS[rid])
+                for rid in ("B1", "B1j") if rid in ids]  # fmt: skip
+    names = safetensors_matches(Path(st_out), body)
+    header = int.from_bytes(Path(st_out).read_bytes()[:8], "little")  # its JSON header's bytes
+    json_size = curl_fetch(base + "/attention", f, "application/json", os.devnull)[2]
+    floor_s: list[float] = []
+    st_s: list[float] = []
+    json_s: list[float] = []
+    for i in range(runs):
+        sides: list[Callable[[], None]] = [
+            lambda: floor_s.append(timed(lambda: safetensors_floor(body))),
+            lambda: st_s.append(curl_fetch(base + "/attention", f, SAFETENSORS, os.devnull)[0]),
+            lambda: json_s.append(curl_fetch(base + "/attention", f, "application/json", os.devnull)[0]),
+        ]  # fmt: skip
+        for side in sides[i % 3 :] + sides[: i % 3]:
+            side()
+    floor, st, js = (statistics.median(x) for x in (floor_s, st_s, json_s))
+    spread = {  # the ratios within each round: how much the machine moved under the medians
+        rid: "–".join(f"{q:.2f}" for q in quartiles(ratios)[::2]) if runs > 1 else "—"
+        for rid, ratios in (
+            ("B1", [a / b for a, b in zip(st_s, floor_s, strict=True)]),
+            ("B1j", [a / b for a, b in zip(json_s, st_s, strict=True)]),
+        )
+    }
+    rows = []
+    if "B1" in ids:
+        rows.append(row("B1", B_WHAT["B1"], st / floor, "≤", 1.2,
+                        f"{st * 1e3:.0f} ms for {st_size / 1e6:.1f} MB, floor {floor * 1e3:.0f} ms "
+                        f"(medians of {runs}, the three sides interleaved, per-round ratios' quartiles "
+                        f"{spread['B1']}); arrays {', '.join(names)} "
+                        f"checked against the floor to 1e-12; the answer's {header / 1e3:.0f} kB header (its "
+                        "JSON: summary, steps, conventions) is not in the floor, nor is parsing the body"))  # fmt: skip
+    if "B1j" in ids:
+        rows.append(row("B1j", B_WHAT["B1j"], js / st, "≥", 2,
+                        f"JSON {js * 1e3:.0f} ms for {json_size / 1e6:.1f} MB vs safetensors "
+                        f"{st * 1e3:.0f} ms for {st_size / 1e6:.1f} MB (medians of {runs}, per-round "
+                        f"ratios' quartiles {spread['B1j']})"))  # fmt: skip
+    return rows
+
+
+def b2(tmp: Path) -> Row:
+    """As P4, for B1's safetensors request: on a fresh server, after a small JSON and a small
+    safetensors request (imports and first calls), reset the peak (VmHWM) to the current RSS,
+    send B1's request, read the peak."""
+    from service.api.examples import I_AM_BATMAN
+
+    proc, base = start_server(workers=1)
+    try:
+        small = write_body(I_AM_BATMAN, tmp, "B2-small.json")
+        curl_fetch(base + "/attention", small, "application/json", str(tmp / "B2-small.out"))
+        _, ctype, _ = curl_fetch(base + "/attention", small, SAFETENSORS, str(tmp / "B2-small.out"))
+        if ctype != SAFETENSORS:
+            why = NOT_YET.format(ctype or "no content type")
+            return skipped("B2", B_WHAT["B2"], why, B_TARGETS["B2"])
+        f = write_body(attention_body(1024), tmp, "B2.json")
+        baseline = rss_kb(proc.pid, "VmRSS")
+        Path(f"/proc/{proc.pid}/clear_refs").write_text("5")  # reset the peak (VmHWM) to now
+        _, ctype, size = curl_fetch(base + "/attention", f, SAFETENSORS, str(tmp / "B2.out"))
+        peak = rss_kb(proc.pid, "VmHWM")
+        after = rss_kb(proc.pid, "VmRSS")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert ctype == SAFETENSORS, ctype
+    increase = (peak - baseline) * 1024
+    return row("B2", B_WHAT["B2"], increase / size, "≤", 1.2,
+               f"+{increase / 1e6:.1f} MB peak for a {size / 1e6:.1f} MB response (RSS "
+               f"{(after - baseline) * 1024 / 1e6:+.1f} MB after): VmHWM after the request − "
+               "VmRSS before it of the one server process (1 worker, no child), so the body, "
+               "parsed inputs, intermediates, the encoded answer and whatever the allocator "
+               "keeps; ÷ the response's bytes as curl downloaded them")  # fmt: skip
+
+
 def row(rid: str, what: str, value: float, op: str, target: float, detail: str) -> Row:
     met = {"≤": value <= target, "≥": value >= target, "<": value < target}[op]
     return {
@@ -459,15 +709,18 @@ def row(rid: str, what: str, value: float, op: str, target: float, detail: str) 
     }
 
 
-def skipped(rid: str, what: str, why: str) -> Row:
+def skipped(rid: str, what: str, why: str, target: str = "") -> Row:
     return {
         "id": rid,
         "workload": what,
         "value": None,
-        "target": "",
+        "target": target,
         "met": None,
         "detail": "skipped: " + why,
     }
+
+
+ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2"]  # fmt: skip
 
 
 def main() -> None:
@@ -476,11 +729,11 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="row ids to run, e.g. P1 P4")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest.json"))
     args = parser.parse_args()
-    want = set(args.only or ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "C1", "C2"])
+    want = set(args.only or ALL_ROWS)
     proc, base = start_server(workers=1)
     rows: list[Row] = []
     try:
-        with tempfile.TemporaryDirectory() as d:
+        with tempfile.TemporaryDirectory(prefix="bench_") as d:
             tmp = Path(d)
             if want & {"P1", "P3"}:
                 rows += [r for r in p1_p3(base, tmp, args.runs) if r["id"] in want]
@@ -498,6 +751,12 @@ def main() -> None:
                 rows += [r for r in d1_d2(base, tmp, args.runs) if r["id"] in want]
             if want & {"C1", "C2"}:
                 rows += c1_c2(tmp, want)
+            if want & {"S1", "S1t"}:
+                rows += s1(base, tmp, want)
+            if want & {"B1", "B1j"}:
+                rows += b1(base, tmp, want, args.runs)
+            if "B2" in want:
+                rows.append(b2(tmp))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
