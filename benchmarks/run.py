@@ -19,11 +19,11 @@ S1t a tutorial-style one (a pydantic body model, NumPy, FastAPI's default JSON).
 the service's numbers for that body (checked to 1e-12 first); wrk -t2 -c8 runs rotate among the
 three, medians of the rounds; the service ÷ each peer in requests/s.
 
-B1/B1j/B2 (safetensors answers): /attention L=1024 d=64, every output, with
-``Accept: application/x-safetensors``: B1 end to end (curl) ÷ the in-process floor (the NumPy
-computation plus ``safetensors.numpy.save`` of the same arrays), B1j the same request as JSON
-÷ as safetensors, B2 a fresh server's peak RSS increase while answering it ÷ the response's
-size. A service that answers JSON to that Accept header skips the three rows.
+B1/B1j/B2 (safetensors): /attention L=1024 d=64, every output, the body sent as safetensors
+with ``Accept: application/x-safetensors`` (as the Python client does): B1 end to end (curl) ÷
+the in-process floor (the NumPy computation plus ``safetensors.numpy.save`` of the same arrays),
+B1j the same request as JSON both ways ÷ as safetensors, B2 a fresh server's peak RSS increase
+while answering it ÷ the response's size. A service that answers JSON to that Accept header skips the three rows.
 """
 
 import argparse
@@ -142,6 +142,15 @@ def alternate(a: Callable[[], float], b: Callable[[], float], runs: int) -> tupl
 def write_body(body: dict[str, Any], tmp: Path, name: str) -> str:
     path = tmp / name
     path.write_bytes(orjson.dumps(body))
+    return str(path)
+
+
+def write_binary_body(body: dict[str, Any], tmp: Path, name: str) -> str:
+    """``body`` (all arrays) as a safetensors request, as the Python client sends it."""
+    from safetensors.numpy import save
+
+    path = tmp / name
+    path.write_bytes(save({k: np.asarray(v, dtype=np.float64) for k, v in body.items()}))
     return str(path)
 
 
@@ -576,8 +585,8 @@ def s1(base: str, tmp: Path, ids: set[str], rounds: int = 5, seconds: int = 3) -
 
 SAFETENSORS = "application/x-safetensors"
 B_WHAT = {
-    "B1": "POST /attention L=1024 d=64, full trace, safetensors, curl ÷ in-process floor",
-    "B1j": "the same request as JSON ÷ as safetensors, end to end (curl)",
+    "B1": "POST /attention L=1024 d=64, full trace, safetensors both ways, curl ÷ in-process floor",
+    "B1j": "the same request as JSON both ways ÷ as safetensors, end to end (curl)",
     "B2": "peak RSS increase during one B1 request (safetensors) / response size",
 }
 B_TARGETS = {"B1": "≤ 1.2", "B1j": "≥ 2", "B2": "≤ 1.2"}  # as passed to row() below
@@ -585,10 +594,12 @@ NOT_YET = "the service does not answer safetensors yet (Accept: application/x-sa
 
 
 def curl_fetch(url: str, body_file: str, accept: str, out: str) -> tuple[float, str, int]:
-    """POST a JSON body with ``Accept``, the answer to ``out``: (seconds, content type, bytes)."""
+    """POST a body (safetensors when the file ends in .safetensors, else JSON) with ``Accept``,
+    the answer to ``out``: (seconds, content type, bytes)."""
+    sent = SAFETENSORS if body_file.endswith(".safetensors") else "application/json"
     res = subprocess.run(
         ["curl", "-s", "-o", out, "-w", "%{http_code} %{time_total} %{size_download} %{content_type}",
-         "-H", "Content-Type: application/json", "-H", f"Accept: {accept}",
+         "-H", f"Content-Type: {sent}", "-H", f"Accept: {accept}",
          "--data-binary", f"@{body_file}", url],
         capture_output=True, text=True, check=True,
     ).stdout.split(" ", 3)  # fmt: skip
@@ -615,14 +626,16 @@ def safetensors_matches(path: Path, body: dict[str, Any]) -> list[str]:
 
 
 def b1(base: str, tmp: Path, ids: set[str], runs: int) -> list[Row]:
-    """/attention L=1024 d_model=64 (every output) as safetensors end to end (curl, body from a
-    file, answer to /dev/null; the first to a file, checked against the floor's arrays), against
+    """/attention L=1024 d_model=64 (every output) as safetensors both ways end to end (curl,
+    body from a file, answer to /dev/null; the first to a file, checked against the floor's
+    arrays), against
     the floor (the same NumPy plus safetensors.numpy.save, in process, from the parsed body) and
-    the same request as JSON (Accept: application/json); the three sides interleaved, medians."""
+    the same request as JSON both ways; the three sides interleaved, medians."""
     body = attention_body(1024)
     f = write_body(body, tmp, "B1.json")
-    st_out = str(tmp / "B1.safetensors")
-    _, ctype, st_size = curl_fetch(base + "/attention", f, SAFETENSORS, st_out)  # first call
+    fb = write_binary_body(body, tmp, "B1.safetensors")
+    st_out = str(tmp / "B1-answer.safetensors")
+    _, ctype, st_size = curl_fetch(base + "/attention", fb, SAFETENSORS, st_out)  # first call
     if ctype != SAFETENSORS:
         return [skipped(rid, B_WHAT[rid], NOT_YET.format(ctype or "no content type"), B_TARGETS[rid])
                 for rid in ("B1", "B1j") if rid in ids]  # fmt: skip
@@ -635,7 +648,7 @@ def b1(base: str, tmp: Path, ids: set[str], runs: int) -> list[Row]:
     for i in range(runs):
         sides: list[Callable[[], None]] = [
             lambda: floor_s.append(timed(lambda: safetensors_floor(body))),
-            lambda: st_s.append(curl_fetch(base + "/attention", f, SAFETENSORS, os.devnull)[0]),
+            lambda: st_s.append(curl_fetch(base + "/attention", fb, SAFETENSORS, os.devnull)[0]),
             lambda: json_s.append(curl_fetch(base + "/attention", f, "application/json", os.devnull)[0]),
         ]  # fmt: skip
         for side in sides[i % 3 :] + sides[: i % 3]:
@@ -665,8 +678,8 @@ def b1(base: str, tmp: Path, ids: set[str], runs: int) -> list[Row]:
 
 
 def b2(tmp: Path) -> Row:
-    """As P4, for B1's safetensors request: on a fresh server, after a small JSON and a small
-    safetensors request (imports and first calls), reset the peak (VmHWM) to the current RSS,
+    """As P4, for B1's safetensors request: on a fresh server, after small JSON and safetensors
+    requests (imports, first calls, the thread pool), reset the peak (VmHWM) to the current RSS,
     send B1's request, read the peak."""
     from service.api.examples import I_AM_BATMAN
 
@@ -675,10 +688,13 @@ def b2(tmp: Path) -> Row:
         small = write_body(I_AM_BATMAN, tmp, "B2-small.json")
         curl_fetch(base + "/attention", small, "application/json", str(tmp / "B2-small.out"))
         _, ctype, _ = curl_fetch(base + "/attention", small, SAFETENSORS, str(tmp / "B2-small.out"))
+        for L in (4, 300):  # a small binary body, and one read off the event loop (threads)
+            warm = write_binary_body(attention_body(L), tmp, f"B2-warm{L}.safetensors")
+            curl_fetch(base + "/attention", warm, SAFETENSORS, str(tmp / "B2-small.out"))
         if ctype != SAFETENSORS:
             why = NOT_YET.format(ctype or "no content type")
             return skipped("B2", B_WHAT["B2"], why, B_TARGETS["B2"])
-        f = write_body(attention_body(1024), tmp, "B2.json")
+        f = write_binary_body(attention_body(1024), tmp, "B2.safetensors")
         baseline = rss_kb(proc.pid, "VmRSS")
         Path(f"/proc/{proc.pid}/clear_refs").write_text("5")  # reset the peak (VmHWM) to now
         _, ctype, size = curl_fetch(base + "/attention", f, SAFETENSORS, str(tmp / "B2.out"))

@@ -307,11 +307,12 @@ def _error(response: Any, status: int) -> dict[str, Any]:
         ({**_weights(), "w_q": np.ones((3, 4))}, {}, "w_q", "w_q is 3×4 but x has 4 columns"),
         ({**_weights(), "mask.0.matrix": np.full((3, 3), np.nan)}, {"mask": [{"type": "additive"}]}, "mask[0].matrix", "a tensor may hold −∞ where JSON would have null"),
         ({**_weights(), "x": np.ones((3, 4))}, {"x": [[1.0]]}, "x", "x is given twice"),
-        ({**_weights(), "heads.5000.w_q": np.ones((4, 2))}, {}, "heads[5000].w_q", "is not an index"),
+        ({**_weights(), "mask.5000.matrix": np.ones((3, 3))}, {"mask": [{"type": "additive"}]}, "mask[5000].matrix", "is not an index"),
         ({**_weights(), "scale": np.array(1.0)}, {"scale": 2.0}, "scale", "scale is given twice"),
         ({**_weights(), "nothing": np.ones(2)}, {}, "nothing", "not a field of this endpoint"),
+        ({**_weights(), "q_proj.weight": np.ones((4, 4))}, {}, "q_proj.weight", "q_proj.weight is not a field of this endpoint"),
     ],
-    ids=["nan", "minus-inf-in-x", "bool-as-numbers", "too-many-dims", "wrong-shape", "nan-in-additive", "twice", "index-too-big", "scalar-twice", "unknown"],
+    ids=["nan", "minus-inf-in-x", "bool-as-numbers", "too-many-dims", "wrong-shape", "nan-in-additive", "twice", "index-too-big", "scalar-twice", "unknown", "state-dict-name-on-attention"],
 )  # fmt: skip
 def test_tensors_are_checked_as_json_is(
     client: TestClient,

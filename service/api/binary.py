@@ -141,10 +141,10 @@ def encode_safetensors(
     body: dict[str, Any],
     decimals: int | None = None,
     written: Callable[[str], None] | None = None,
-) -> Iterator[bytes | memoryview]:
-    """Yield ``body`` as one safetensors file: the header, then each array's bytes in blocks of
-    about CHUNK_BYTES, in the order of the JSON response; float arrays are rounded to
-    ``decimals`` when given.
+) -> tuple[int, Iterator[bytes | memoryview]]:
+    """``body`` as one safetensors file: its length in bytes, and its bytes as they are made
+    (the header, then each array's bytes in blocks of about CHUNK_BYTES, in the order of the
+    JSON response); float arrays are rounded to ``decimals`` when given.
 
     ``body`` is consumed as :func:`service.api.encode.encode` consumes it: each top-level
     value is dropped once its bytes are out, and ``written(key)`` called.
@@ -170,14 +170,18 @@ def encode_safetensors(
             offset += size
     text = orjson.dumps(header)
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as the format advises
-    yield struct.pack("<Q", len(text)) + text
-    del rest, header
-    for key in list(body):
-        del body[key]
-        for _, a in by_key.pop(key):
-            yield from _blocks(a, decimals)
-        if written is not None:
-            written(key)
+    start = struct.pack("<Q", len(text)) + text
+
+    def data() -> Iterator[bytes | memoryview]:
+        yield start
+        for key in list(body):
+            del body[key]
+            for _, a in by_key.pop(key):
+                yield from _blocks(a, decimals)
+            if written is not None:
+                written(key)
+
+    return len(start) + offset, data()
 
 
 def _blocks(a: np.ndarray, decimals: int | None) -> Iterator[memoryview]:
@@ -333,6 +337,8 @@ def _place(fields: dict[str, Any], name: str, value: Any, top: frozenset[str]) -
     shown = _json_name(name)
     if name in top or "." not in name:
         parts = [name]
+    elif name.split(".", 1)[0] not in top:  # e.g. q_proj.weight sent to /attention
+        raise FieldError(shown, f"{shown} is not a field of this endpoint (check the spelling; see /docs)")  # fmt: skip
     else:
         parts = name.split(".")
         if len(parts) > MAX_SEGMENTS or "" in parts:

@@ -121,15 +121,20 @@ class _Transport:
         return getattr(self.real, name)  # is_closing, pause_reading, get_extra_info, …
 
 
+COALESCE_BYTES = 64 * 1024  # a first body piece up to this size goes out in the head's write
+
+
 class _Cycle(RequestResponseCycle):
     """uvicorn's request/response cycle, writing an answer's head together with its first
-    body bytes: one write (one segment on the wire, one wake-up of the client) instead of two."""
+    body bytes when they are few: one write (one segment on the wire, one wake-up of the
+    client) instead of two."""
 
     head: bytes | None = None
 
     async def send(self, message: Any) -> None:
         """Hold the head that uvicorn writes for ``http.response.start``; put it in front of
-        the first body bytes (or write it alone first when the message brings none: HEAD)."""
+        the first body bytes (or write it alone first when the message brings none, as for
+        HEAD, or more than COALESCE_BYTES)."""
         transport: Any = self.transport
         real_write = transport.write
         if message["type"] == "http.response.start":
@@ -145,8 +150,11 @@ class _Cycle(RequestResponseCycle):
         if head is None:
             await super().send(message)
             return
-        if not message.get("body") or self.scope["method"] == "HEAD":
-            real_write(head)  # before uvicorn may close the connection
+        if (
+            not 0 < len(message.get("body", b"")) <= COALESCE_BYTES
+            or self.scope["method"] == "HEAD"
+        ):
+            real_write(head)  # alone: nothing to join it to, or too much to copy for it
             await super().send(message)
             return
 

@@ -219,14 +219,21 @@ async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
 
 
 class _Budgeted(StreamingResponse):
-    """A streamed answer whose ticket gives back whatever memory it still holds when the last
+    """A streamed answer (of a known ``length`` when given: no chunked coding) whose ticket
+    gives back whatever memory it still holds when the last
     byte is sent, or when the client goes away (parts go back earlier: _giving_back)."""
 
-    def __init__(self, content: Iterator[bytes | memoryview], ticket: Ticket, media: str) -> None:
+    def __init__(
+        self,
+        content: Iterator[bytes | memoryview],
+        ticket: Ticket,
+        media: str,
+        length: int | None = None,
+    ) -> None:
         super().__init__(
             content,
             media_type=media,
-            headers=VARY,
+            headers=VARY if length is None else {**VARY, "Content-Length": str(length)},
             background=BackgroundTask(run_in_threadpool, release_memory),  # after the last byte
         )
         self.ticket = ticket
@@ -256,7 +263,7 @@ async def _answer(request: Request, route: Route[Req, P]) -> Response:
         body = _body(route, req, shapes, threading.Event())
         if answer == "json":
             return Response(encode_whole(body, req.decimals), media_type=JSON_TYPE, headers=VARY)
-        whole = b"".join(encode_safetensors(body, req.decimals))
+        whole = b"".join(encode_safetensors(body, req.decimals)[1])
         return Response(whole, media_type=MEDIA_TYPE, headers=VARY)
     gone = threading.Event()
     watcher = asyncio.create_task(_watch_disconnect(request, gone))
@@ -272,7 +279,8 @@ async def _answer(request: Request, route: Route[Req, P]) -> Response:
     given_back = _giving_back(ticket, shapes, body)
     if answer == "json":
         return _Budgeted(encode(body, req.decimals, given_back), ticket, JSON_TYPE)
-    return _Budgeted(encode_safetensors(body, req.decimals, given_back), ticket, MEDIA_TYPE)
+    length, chunks = encode_safetensors(body, req.decimals, given_back)
+    return _Budgeted(chunks, ticket, MEDIA_TYPE, length)
 
 
 def _giving_back(ticket: Ticket, shapes: Shapes, body: dict[str, Any]) -> Callable[[str], None]:
