@@ -16,16 +16,16 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]'
+$(VENV)/.installed-dev: pyproject.toml client/pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]' -e ./client
 	touch $@ $(VENV)/.installed
 
 run: $(VENV)/.installed
 	$(BIN)/python -m service --host $(HOST) --port $(PORT) --workers $(WORKERS)
 
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check service harness tests scripts benchmarks
-	$(BIN)/ruff format --check service harness tests scripts benchmarks
+	$(BIN)/ruff check service harness tests scripts benchmarks client
+	$(BIN)/ruff format --check service harness tests scripts benchmarks client
 
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy

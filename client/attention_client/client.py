@@ -1,0 +1,226 @@
+"""``Client`` (sync) and ``AsyncClient``: the HTTP side, retries included."""
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+from attention_client.arrays import normalise
+from attention_client.endpoints import _Endpoints
+from attention_client.errors import error_from, retry_after
+from attention_client.result import Result
+from attention_client.wire import JSON, SAFETENSORS, decode, encode
+
+MAX_WAIT = 30.0  # seconds: the longest wait between two tries, whatever Retry-After says
+DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+RETRIED = (httpx.ConnectError, httpx.ConnectTimeout)  # no byte of the request was sent
+
+
+def _wait(attempt: int, max_retries: int, response: httpx.Response | None) -> float | None:
+    """Seconds to wait before trying again, or None to stop: retried are a 503 (after its
+    ``Retry-After``) and a connection that failed before any answer, with a doubling backoff."""
+    if attempt >= max_retries or (response is not None and response.status_code != 503):
+        return None
+    asked = None if response is None else retry_after(response)
+    return min(MAX_WAIT, asked if asked is not None else 0.5 * 2**attempt)
+
+
+def _headers(
+    api_key: str | None, binary: bool, headers: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The headers every request carries: the key, and the answer's format."""
+    out = {"Accept": SAFETENSORS if binary else JSON}
+    if api_key is not None:
+        out["Authorization"] = f"Bearer {api_key}"
+    out.update(headers or {})
+    return out
+
+
+def _result(response: httpx.Response) -> Result:
+    """A compute answer as a Result, or its error raised."""
+    if response.status_code >= 400:
+        raise error_from(response)
+    arrays, rest = decode(response)
+    return Result(arrays, rest, response.headers.get("x-request-id"))
+
+
+def _json(response: httpx.Response) -> Any:
+    """An operations answer's JSON, or its error raised."""
+    if response.status_code >= 400:
+        raise error_from(response)
+    return response.json()
+
+
+class _Common:
+    """Settings both clients share."""
+
+    def __init__(self, max_retries: int, binary: bool) -> None:
+        if max_retries < 0:
+            raise ValueError("max_retries must be ≥ 0")
+        self.max_retries = max_retries
+        self.binary = binary
+
+    def _body(self, fields: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
+        """A request's body and its Content-Type header."""
+        content, media = encode(normalise(fields), self.binary)
+        return content, {"Content-Type": media}
+
+
+class Client(_Common, _Endpoints[Result]):
+    """A synchronous client of the attention service.
+
+    ``Client("http://127.0.0.1:8000", api_key=None)``; use it as a context manager or call
+    :meth:`close`. ``binary=True`` (default) sends and receives safetensors, ``False`` JSON:
+    the results are the same. A 503 is retried up to ``max_retries`` times after the wait the
+    service asks for (at most 30 s), and so is a connection that fails before any answer; other
+    errors raise at once. ``transport`` is handed to ``httpx.Client`` (tests use
+    ``httpx.MockTransport``); ``sleep`` replaces ``time.sleep`` between tries.
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        api_key: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        max_retries: int = 3,
+        binary: bool = True,
+        transport: httpx.BaseTransport | None = None,
+        headers: Mapping[str, str] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        super().__init__(max_retries, binary)
+        self._sleep = sleep
+        self._http = httpx.Client(
+            base_url=base_url,
+            timeout=timeout,
+            transport=transport,
+            headers=_headers(api_key, binary, headers),
+        )
+
+    def _send(self, method: str, path: str, *, retry_503: bool = True, **kw: Any) -> httpx.Response:
+        """One request, tried again as ``_wait`` says."""
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(method, path, **kw)
+            except RETRIED:
+                wait = _wait(attempt, self.max_retries, None)
+                if wait is None:
+                    raise
+            else:
+                wait = _wait(attempt, self.max_retries if retry_503 else 0, response)
+                if wait is None:
+                    return response
+            self._sleep(wait)
+            attempt += 1
+
+    def _post(self, path: str, fields: dict[str, Any]) -> Result:
+        content, headers = self._body(fields)
+        return _result(self._send("POST", path, content=content, headers=headers))
+
+    def health(self) -> dict[str, Any]:
+        """``GET /healthz``: ``{"status": "ok", "version": …}`` while the service runs."""
+        return dict(_json(self._send("GET", "/healthz", retry_503=False)))
+
+    def ready(self) -> bool:
+        """``GET /readyz``: whether the service has finished starting."""
+        return self._send("GET", "/readyz", retry_503=False).status_code == 200
+
+    def version(self) -> dict[str, Any]:
+        """``GET /version``: service, Python, NumPy and BLAS versions."""
+        return dict(_json(self._send("GET", "/version", retry_503=False)))
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class AsyncClient(_Common, _Endpoints[Coroutine[Any, Any, Result]]):
+    """The asynchronous twin of :class:`Client`: the same arguments and methods, awaited
+    (``await client.attention(...)``); ``async with`` or :meth:`aclose`. ``transport`` is an
+    ``httpx.AsyncBaseTransport`` (e.g. ``httpx.ASGITransport(app=…)``), ``sleep`` an async
+    function (default ``asyncio.sleep``)."""
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        api_key: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        max_retries: int = 3,
+        binary: bool = True,
+        transport: httpx.AsyncBaseTransport | None = None,
+        headers: Mapping[str, str] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        super().__init__(max_retries, binary)
+        self._sleep = sleep
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            timeout=timeout,
+            transport=transport,
+            headers=_headers(api_key, binary, headers),
+        )
+
+    async def _send(
+        self, method: str, path: str, *, retry_503: bool = True, **kw: Any
+    ) -> httpx.Response:
+        """One request, tried again as ``_wait`` says."""
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.request(method, path, **kw)
+            except RETRIED:
+                wait = _wait(attempt, self.max_retries, None)
+                if wait is None:
+                    raise
+            else:
+                wait = _wait(attempt, self.max_retries if retry_503 else 0, response)
+                if wait is None:
+                    return response
+            await self._sleep(wait)
+            attempt += 1
+
+    def _post(self, path: str, fields: dict[str, Any]) -> Coroutine[Any, Any, Result]:
+        content, headers = self._body(fields)  # at once: a bad argument raises at the call
+
+        async def post() -> Result:
+            return _result(await self._send("POST", path, content=content, headers=headers))
+
+        return post()
+
+    async def health(self) -> dict[str, Any]:
+        """``GET /healthz``: ``{"status": "ok", "version": …}`` while the service runs."""
+        return dict(_json(await self._send("GET", "/healthz", retry_503=False)))
+
+    async def ready(self) -> bool:
+        """``GET /readyz``: whether the service has finished starting."""
+        return (await self._send("GET", "/readyz", retry_503=False)).status_code == 200
+
+    async def version(self) -> dict[str, Any]:
+        """``GET /version``: service, Python, NumPy and BLAS versions."""
+        return dict(_json(await self._send("GET", "/version", retry_503=False)))
+
+    async def aclose(self) -> None:
+        """Close the connections."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()

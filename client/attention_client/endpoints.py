@@ -1,0 +1,215 @@
+"""The three compute endpoints with their fields, written once for both clients.
+
+``_Endpoints[R]`` holds the typed methods; a client supplies ``_post``, which returns a
+``Result`` (``Client``) or a coroutine of one (``AsyncClient``).
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
+
+R = TypeVar("R")
+
+ArrayLike: TypeAlias = Any
+"""A NumPy array, a nested list of numbers, or a torch tensor."""
+MaskLike: TypeAlias = Any
+"""A mask object (``{"type": "causal"}``, ``masks.boolean(m)`` …), a list of them, or a bare
+matrix (boolean: a boolean mask; numbers: an additive one)."""
+Layout: TypeAlias = Literal["in_out", "out_in"]
+Policy: TypeAlias = Literal["zero", "uniform", "error"]
+
+
+def _fields(scope: dict[str, Any]) -> dict[str, Any]:
+    """A method's arguments as request fields: None means "not sent"; ``extra`` adds its own."""
+    extra = scope["extra"]
+    fields = {k: v for k, v in scope.items() if k not in ("self", "extra") and v is not None}
+    for name, value in extra.items():
+        if name in fields:
+            raise TypeError(f"{name} given twice")
+        fields[name] = value
+    return fields
+
+
+class _Endpoints(Generic[R]):
+    """``attention``, ``mask`` and ``multihead``; subclasses send the request (``_post``)."""
+
+    def _post(self, path: str, fields: dict[str, Any]) -> R:
+        raise NotImplementedError
+
+    def attention(
+        self,
+        *,
+        x: ArrayLike = None,
+        context: ArrayLike = None,
+        w_q: ArrayLike = None,
+        w_k: ArrayLike = None,
+        w_v: ArrayLike = None,
+        b_q: ArrayLike = None,
+        b_k: ArrayLike = None,
+        b_v: ArrayLike = None,
+        q: ArrayLike = None,
+        k: ArrayLike = None,
+        v: ArrayLike = None,
+        tokens: Sequence[str] | None = None,
+        sentence: str | None = None,
+        context_tokens: Sequence[str] | None = None,
+        seed: int | None = None,
+        init: Literal["uniform", "normal"] | None = None,
+        d_model: int | None = None,
+        d_k: int | None = None,
+        d_v: int | None = None,
+        seq_len: int | None = None,
+        weight_layout: Layout | None = None,
+        scale: float | None = None,
+        mask: MaskLike = None,
+        key_padding_mask: ArrayLike = None,
+        fully_masked_rows: Policy | None = None,
+        qk_norm: bool | Mapping[str, Any] | None = None,
+        rope: bool | Mapping[str, Any] | None = None,
+        softcap: float | None = None,
+        alibi: bool | Mapping[str, Any] | None = None,
+        relative_bias: Mapping[str, Any] | None = None,
+        sinks: float | ArrayLike | None = None,
+        positions: ArrayLike = None,
+        context_positions: ArrayLike = None,
+        include: Sequence[str] | None = None,
+        decimals: int | None = None,
+        expected: Mapping[str, Any] | None = None,
+        tolerance: Mapping[str, float] | None = None,
+        **extra: Any,
+    ) -> R:
+        """``POST /attention``: scaled dot-product attention, every step.
+
+        Give Q, K and V one way: ``x`` with ``w_q``, ``w_k``, ``w_v`` (``context`` for
+        cross-attention; ``weight_layout="out_in"`` for PyTorch weights), or ``q``, ``k``,
+        ``v`` directly, or let the service draw what is missing from ``seed``. Arrays may be
+        NumPy arrays, nested lists or torch tensors. Every argument left at None is not sent;
+        ``extra`` takes any other field of the API by its name. docs/api.md describes them all.
+
+        Returns a :class:`~attention_client.Result` (``result.weights``, ``result.output``,
+        ``result.steps`` …); raises :class:`~attention_client.ServiceError` on an error answer.
+        """
+        return self._post("/attention", _fields(locals()))
+
+    def mask(
+        self,
+        *,
+        mask: MaskLike,
+        x: ArrayLike = None,
+        context: ArrayLike = None,
+        w_q: ArrayLike = None,
+        w_k: ArrayLike = None,
+        w_v: ArrayLike = None,
+        b_q: ArrayLike = None,
+        b_k: ArrayLike = None,
+        b_v: ArrayLike = None,
+        q: ArrayLike = None,
+        k: ArrayLike = None,
+        v: ArrayLike = None,
+        tokens: Sequence[str] | None = None,
+        sentence: str | None = None,
+        context_tokens: Sequence[str] | None = None,
+        seed: int | None = None,
+        init: Literal["uniform", "normal"] | None = None,
+        d_model: int | None = None,
+        d_k: int | None = None,
+        d_v: int | None = None,
+        seq_len: int | None = None,
+        weight_layout: Layout | None = None,
+        scale: float | None = None,
+        key_padding_mask: ArrayLike = None,
+        fully_masked_rows: Policy | None = None,
+        qk_norm: bool | Mapping[str, Any] | None = None,
+        rope: bool | Mapping[str, Any] | None = None,
+        softcap: float | None = None,
+        alibi: bool | Mapping[str, Any] | None = None,
+        relative_bias: Mapping[str, Any] | None = None,
+        sinks: float | ArrayLike | None = None,
+        positions: ArrayLike = None,
+        context_positions: ArrayLike = None,
+        include: Sequence[str] | None = None,
+        decimals: int | None = None,
+        expected: Mapping[str, Any] | None = None,
+        tolerance: Mapping[str, float] | None = None,
+        **extra: Any,
+    ) -> R:
+        """``POST /mask``: attention with a required ``mask``; the answer adds ``mask``,
+        ``additive_mask``, ``masked_scores`` (−∞ where hidden) and ``fully_masked_rows``.
+
+        ``mask`` is a mask object (``{"type": "causal"}``; see :mod:`attention_client.masks`),
+        a list of them (combined with AND), or a bare matrix. The other arguments are those of
+        :meth:`attention`.
+        """
+        return self._post("/mask", _fields(locals()))
+
+    def multihead(
+        self,
+        *,
+        x: ArrayLike = None,
+        num_heads: int | None = None,
+        num_kv_heads: int | None = None,
+        context: ArrayLike = None,
+        w_q: ArrayLike = None,
+        w_k: ArrayLike = None,
+        w_v: ArrayLike = None,
+        b_q: ArrayLike = None,
+        b_k: ArrayLike = None,
+        b_v: ArrayLike = None,
+        in_proj_weight: ArrayLike = None,
+        in_proj_bias: ArrayLike = None,
+        heads: Sequence[Mapping[str, Any]] | None = None,
+        w_o: ArrayLike = None,
+        b_o: ArrayLike = None,
+        out_proj_weight: ArrayLike = None,
+        out_proj_bias: ArrayLike = None,
+        state_dict: Mapping[str, Any] | None = None,
+        q: ArrayLike = None,
+        k: ArrayLike = None,
+        v: ArrayLike = None,
+        tokens: Sequence[str] | None = None,
+        sentence: str | None = None,
+        context_tokens: Sequence[str] | None = None,
+        seed: int | None = None,
+        init: Literal["uniform", "normal"] | None = None,
+        d_model: int | None = None,
+        d_k: int | None = None,
+        d_v: int | None = None,
+        seq_len: int | None = None,
+        weight_layout: Layout | None = None,
+        scale: float | None = None,
+        positional_encoding: str | ArrayLike | None = None,
+        residual: bool | None = None,
+        layer_norm: bool | Mapping[str, Any] | None = None,
+        mask: MaskLike = None,
+        key_padding_mask: ArrayLike = None,
+        fully_masked_rows: Policy | None = None,
+        qk_norm: bool | Mapping[str, Any] | None = None,
+        rope: bool | Mapping[str, Any] | None = None,
+        softcap: float | None = None,
+        alibi: bool | Mapping[str, Any] | None = None,
+        relative_bias: Mapping[str, Any] | None = None,
+        sinks: ArrayLike = None,
+        positions: ArrayLike = None,
+        context_positions: ArrayLike = None,
+        include: Sequence[str] | None = None,
+        decimals: int | None = None,
+        expected: Mapping[str, Any] | None = None,
+        tolerance: Mapping[str, float] | None = None,
+        **extra: Any,
+    ) -> R:
+        """``POST /multihead``: multi-head attention, per-head traces, output projection,
+        residual and layer norm.
+
+        The projections come in one of four forms: ``w_q``/``w_k``/``w_v`` (split into
+        ``num_heads`` heads), PyTorch's packed ``in_proj_weight``, per-head ``heads``, or a
+        module's ``state_dict`` — ``nn.MultiheadAttention``'s (``in_proj_weight``,
+        ``out_proj.weight`` …) or a Hugging Face attention module's (``q_proj.weight``,
+        ``o_proj.weight``, ``q_norm.weight``, ``sinks`` …), whose entries are sent under their
+        own names. The other arguments are those of :meth:`attention`; ``result.heads[i]``
+        holds head i's arrays, ``result.weights`` the stacked ``[h][L][S]`` weights.
+        """
+        fields = _fields(locals())
+        for name, value in dict(fields.pop("state_dict", {})).items():
+            if name in fields:
+                raise TypeError(f"{name} given both in state_dict and as an argument")
+            fields[name] = value
+        return self._post("/multihead", fields)
