@@ -10,7 +10,7 @@ Adding an output is one row here plus its computation: a field of the engine's t
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, Literal
 
 from service.api.errors import FieldError
@@ -255,7 +255,16 @@ def _count(out: Output, shapes: Shapes) -> int:
 
 
 def sizes(shapes: Shapes) -> dict[str, int]:
-    """How many numbers each top-level output of this request holds (present ones only)."""
+    """How many numbers each top-level output of this request holds (present ones only).
+    Requests of the same shapes share the answer (a copy of it)."""
+    try:
+        return dict(_sizes(shapes))
+    except TypeError:  # unhashable: warnings hold dicts
+        return _sizes.__wrapped__(shapes)
+
+
+@lru_cache(maxsize=256)
+def _sizes(shapes: Shapes) -> dict[str, int]:
     return {
         out.name: _count(out, shapes) for out in top_level(shapes.endpoint) if out.present(shapes)
     }

@@ -205,6 +205,10 @@ def entropy_bits(weights: Array) -> Array:
 
     Computed a block of rows at a time, so its temporaries never approach the size of the
     weights (they would add half again to a large request's memory)."""
+    if weights.size <= ENTROPY_BLOCK:  # small: at once
+        logs = np.log2(weights, out=np.zeros_like(weights), where=weights > 0)  # (..., L, S)
+        logs *= weights
+        return 0.0 - logs.sum(axis=-1)  # type: ignore[no-any-return]  # 0.0 − x: no −0.0
     rows = weights.reshape(-1, weights.shape[-1])  # (N, S), a view of contiguous weights
     out = np.empty(rows.shape[0])  # (N,)
     step = max(1, ENTROPY_BLOCK // max(1, rows.shape[1]))
