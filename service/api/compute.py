@@ -102,7 +102,7 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
     check()
     values = _common(plan, trace, mask) | {
         "summary": lambda: _summary(plan, trace.weights),
-        "steps": steps.attention_steps(plan, trace.scale),
+        "steps": lambda: steps.attention_steps(plan, trace.scale),
     }
     if plan.expected is not None:
         setup = _setup(
@@ -153,7 +153,7 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
         "layer_norm": trace.layer_norm,
         "output": trace.output,
         "summary": lambda: _summary(plan, trace.average_weights),
-        "steps": steps.multihead_steps(plan, trace.heads.scale),
+        "steps": lambda: steps.multihead_steps(plan, trace.heads.scale),
     }
     if plan.expected is not None:
         setup = _setup(
