@@ -24,6 +24,12 @@ with ``Accept: application/x-safetensors`` (as the Python client does): B1 end t
 the in-process floor (the NumPy computation plus ``safetensors.numpy.save`` of the same arrays),
 B1j the same request as JSON both ways ÷ as safetensors, B2 a fresh server's peak RSS increase
 while answering it ÷ the response's size. A service that answers JSON to that Accept header skips the three rows.
+R1/R2 (replicas behind nginx, harness/replicas.py, deploy/nginx/nginx.conf.template; need nginx
+and wrk): P2's 3-token POST /attention. R1: requests/s through nginx to 2 replicas ÷ through the
+same nginx configuration to 1 replica (each replica ``python -m service --workers 1``; wrk -t2
+-c16, the two sides alternating, medians). R2: p50 latency through nginx ÷ straight to the same
+single replica (wrk -t1 -c1, alternating, medians). Everything (wrk, nginx, the replicas) shares
+this machine's CPUs, which the detail says.
 """
 
 import argparse
@@ -713,6 +719,98 @@ def b2(tmp: Path) -> Row:
                "keeps; ÷ the response's bytes as curl downloaded them")  # fmt: skip
 
 
+R_WHAT = {
+    "R1": "POST /attention 3 tokens, requests/s through nginx: 2 replicas ÷ 1 replica",
+    "R2": "POST /attention 3 tokens, p50 latency: through nginx ÷ straight to the replica",
+}
+R_TARGETS = {"R1": 1.7, "R2": 1.15}
+
+
+def wrk_latency(
+    url: str, seconds: int, script: str, threads: int, connections: int
+) -> tuple[float, float]:
+    """(requests/s, p50 latency in ms) from one wrk run; errors raise."""
+    cmd = [
+        "wrk",
+        f"-t{threads}",
+        f"-c{connections}",
+        "--latency",
+        f"-d{seconds}s",
+        "-s",
+        script,
+        url,
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    if "Non-2xx" in out or "Socket errors" in out:
+        raise RuntimeError(f"wrk saw errors:\n{out}")
+    rps = float(
+        next(line.split()[1] for line in out.splitlines() if line.startswith("Requests/sec"))
+    )
+    p50 = next(line.split()[1] for line in out.splitlines() if line.strip().startswith("50%"))
+    number = p50.rstrip("usm")
+    return rps, float(number) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[p50[len(number) :]]
+
+
+def r1_r2(tmp: Path, ids: set[str], rounds: int = 5, seconds: int = 3) -> list[Row]:
+    """R1: nginx in front of 2 replicas and (the same template) nginx in front of 1, wrk -t2
+    -c16 on each in turn, the side going first swapped each round; R2: on the 1-replica setup,
+    wrk -t1 -c1 through nginx and straight to its replica in turn. Medians of the rounds."""
+    from harness.replicas import Replicas, nginx_binary
+    from service.api.examples import I_AM_BATMAN
+
+    wanted = [rid for rid in ("R1", "R2") if rid in ids]
+    missing = [tool for tool, found in (("nginx", nginx_binary()), ("wrk", shutil.which("wrk"))) if not found]  # fmt: skip
+    if missing:
+        why = " and ".join(missing) + " not installed (apt-get install nginx wrk)"
+        return [skipped(rid, R_WHAT[rid], why, f"{'≥' if rid == 'R1' else '≤'} {R_TARGETS[rid]}") for rid in wanted]  # fmt: skip
+    script = post_script(tmp)
+    two, one = Replicas(2).start_all(), None
+    try:
+        one = Replicas(1).start_all()
+        direct = one.replicas[0].base
+        for url in (two.url, one.url, direct):  # first calls (imports, caches) are not measured
+            for _ in range(20):
+                assert http_json(url + "/attention", I_AM_BATMAN)[0] == 200, url
+        rows = []
+        if "R1" in ids:
+            rps2: list[float] = []
+            rps1: list[float] = []
+            for i in range(rounds):
+                sides = [(two.url, rps2), (one.url, rps1)]
+                for url, out in sides if i % 2 == 0 else sides[::-1]:
+                    out.append(wrk_latency(url + "/attention", seconds, script, 2, 16)[0])
+            served = [two.served(0), two.served(1)]
+            m2, m1 = statistics.median(rps2), statistics.median(rps1)
+            per_round = [a / b for a, b in zip(rps2, rps1, strict=True)]
+            r = row("R1", R_WHAT["R1"], m2 / m1, "≥", R_TARGETS["R1"],
+                    f"{m2:.0f} vs {m1:.0f} requests/s (medians of {rounds} rounds of {seconds} s "
+                    f"wrk -t2 -c16 on each side, alternating; per-round ratios {min(per_round):.2f}–"
+                    f"{max(per_round):.2f}); the 2 replicas served {served[0]} and {served[1]} "
+                    f"(their /metrics); on {os.cpu_count()} CPUs shared by wrk (2 threads), nginx "
+                    "(worker_processes auto) and the replicas (1 worker each), nothing pinned")  # fmt: skip
+            r["runs"] = [[round(a), round(b)] for a, b in zip(rps2, rps1, strict=True)]
+            rows.append(r)
+        if "R2" in ids:
+            via: list[float] = []
+            straight: list[float] = []
+            for i in range(rounds):
+                sides = [(one.url, via), (direct, straight)]
+                for url, out in sides if i % 2 == 0 else sides[::-1]:
+                    out.append(wrk_latency(url + "/attention", seconds, script, 1, 1)[1])
+            mv, ms = statistics.median(via), statistics.median(straight)
+            r = row("R2", R_WHAT["R2"], mv / ms, "≤", R_TARGETS["R2"],
+                    f"p50 {mv:.3f} vs {ms:.3f} ms (medians of {rounds} rounds of {seconds} s "
+                    "wrk -t1 -c1 on each side, alternating): nginx's keep-alive connection to the "
+                    "replica, request body buffered, answer through memory buffers; same machine")  # fmt: skip
+            r["runs"] = [[round(a, 3), round(b, 3)] for a, b in zip(via, straight, strict=True)]
+            rows.append(r)
+        return rows
+    finally:
+        two.close()
+        if one is not None:
+            one.close()
+
+
 def row(rid: str, what: str, value: float, op: str, target: float, detail: str) -> Row:
     met = {"≤": value <= target, "≥": value >= target, "<": value < target}[op]
     return {
@@ -736,7 +834,7 @@ def skipped(rid: str, what: str, why: str, target: str = "") -> Row:
     }
 
 
-ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2"]  # fmt: skip
+ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2"]  # fmt: skip
 
 
 def main() -> None:
@@ -773,6 +871,8 @@ def main() -> None:
                 rows += b1(base, tmp, want, args.runs)
             if "B2" in want:
                 rows.append(b2(tmp))
+            if want & {"R1", "R2"}:
+                rows += r1_r2(tmp, want)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
