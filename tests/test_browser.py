@@ -140,18 +140,26 @@ def _examples() -> list[tuple[str, str]]:
 
 
 def _open(page: Any, server: str) -> None:
+    """Open the explorer and wait until the first worked example is drawn."""
     page.goto(server + "/")
     page.locator("body[data-ready=true]").wait_for(timeout=20_000)
 
 
+def _idle(page: Any) -> None:
+    """Wait until no Run is under way (picking an example starts one)."""
+    page.locator("body:not([data-busy])").wait_for(state="attached", timeout=20_000)
+
+
 def _run(page: Any, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Click Run; return the request body the page sent and the JSON it got back."""
+    _idle(page)
     with page.expect_response(
         lambda r: r.url.endswith("/" + endpoint) and r.request.method == "POST"
     ) as info:
         page.click("#run")
     response = info.value
     page.locator("#status").filter(has_text=re.compile("^(Done|Error)")).wait_for(timeout=20_000)
+    _idle(page)
     return response.request.post_data_json, response.json()
 
 
@@ -759,3 +767,316 @@ def test_masked_scores_printed_with_minus_inf_match(
     assert got["first_mismatch"] is None
     assert page.locator("#comparison li[data-name=masked_scores]").inner_text().startswith("✓")
     assert set(_cells(page, "diff_masked_scores").values()) == {"0"}
+
+
+# ---- drawn at once; each input mode sends only its own fields ----------------------------------
+
+
+def test_the_page_opens_with_the_first_example_drawn(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, outside = offline_page
+    posts: list[str] = []
+    page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+    _open(page, server)  # no Run clicked
+    assert posts == [server + "/attention"]
+    assert page.locator("#results").is_visible()
+    assert "Batman attends most to I, 0.667" in page.locator("#summary").inner_text()
+    assert len(_cells(page, "weights")) == 9
+    assert page.locator("#outcome-status").inner_text().startswith("Done in")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "explorer-on-arrival.png"))
+    assert outside == []
+
+
+def test_picking_an_example_runs_it(offline_page: tuple[Any, list[str]], server: str) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    page.select_option("#endpoint", "mask")
+    page.locator("#example option[value=causal]").wait_for(state="attached")
+    with page.expect_response(lambda r: r.url.endswith("/mask")) as info:
+        page.select_option("#example", "causal")
+    data = info.value.json()
+    _idle(page)
+    weights = _cells(page, "weights")
+    assert len(weights) == len(data["weights"]) * len(data["weights"][0])
+    assert page.locator('figure[data-name="weights"] rect.cell.masked').count() > 0
+
+
+def test_switching_the_input_mode_sends_only_that_modes_fields(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _open(page, server)  # I am Batman: x and weights
+    x = page.input_value("#x")
+    page.select_option("#mode", "generated")
+    assert page.input_value("#x") == ""  # the projections' x is put away, not sent
+    page.fill("#sentence", "the cat sat on the mat")
+    for field, value in (("#seed", "1"), ("#d_model", "16"), ("#d_k", "4")):
+        page.fill(field, value)
+    body, data = _run(page, "attention")
+    assert not {"x", "w_q", "w_k", "w_v", "q", "k", "v"} & set(body)
+    assert "errors" not in data and len(data["weights"]) == 6
+    page.select_option("#mode", "direct")
+    page.fill("#q", "1 0\n0 1")
+    page.fill("#k", "1 0\n0 1")
+    page.fill("#v", "1 2\n3 4")
+    page.fill("#tokens", "")
+    body, data = _run(page, "attention")
+    assert set(body) & {"x", "w_q", "sentence", "seed", "d_model"} == set()
+    assert data["output"] and "errors" not in data
+    page.select_option("#mode", "projections")
+    assert page.input_value("#x") == x  # and comes back on return
+    page.select_option("#mode", "direct")
+    assert page.input_value("#q") == "1 0\n0 1"
+
+
+def test_errors_and_status_are_shown_at_the_top_of_the_results(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    page.fill("#x", "1 0\n0 0 1\n0 1")
+    _run(page, "attention")
+    top = page.locator("#outcome-error")
+    assert top.is_visible() and top.inner_text() == page.locator("#error").inner_text()
+    assert page.locator("#outcome-status").inner_text() == "Error 422"
+    box = top.bounding_box()
+    assert box is not None and box["y"] < 400  # beside the form's top, not below it
+    page.fill("#x", "1 0\n0 0\n0 1")
+    _run(page, "attention")
+    assert top.is_hidden()
+
+
+# ---- the cell-explanation hook (explain.js) --------------------------------------------------
+
+# A stand-in for explain.js, so that the hook is tested on its own: it records every ctx and
+# explains everything but capped_scores.
+EXPLAIN_STUB = """
+export function explainCell(ctx) {
+  (window.explained = window.explained || []).push(ctx);
+  if (ctx.name === "capped_scores") return null;
+  const p = document.createElement("p");
+  p.className = "stub-explanation";
+  p.textContent = `${ctx.name} head=${ctx.head} batch=${ctx.batch} ${ctx.i},${ctx.j}`;
+  return p;
+}
+"""
+
+
+def _stub_explain(page: Any) -> None:
+    page.route(
+        "**/static/explain.js",
+        lambda route: route.fulfill(status=200, content_type="text/javascript", body=EXPLAIN_STUB),
+    )
+
+
+def _last_ctx(page: Any) -> dict[str, Any]:
+    ctx: dict[str, Any] = page.evaluate("() => window.explained.at(-1)")
+    return ctx
+
+
+def test_clicking_a_cell_calls_explain_cell_and_shows_the_answer(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, outside = offline_page
+    _stub_explain(page)
+    _open(page, server)
+    body, data = _run(page, "attention")
+    panel = page.locator("#explain")
+    assert panel.is_hidden()
+    page.locator('figure[data-name="weights"] rect.cell[data-row="1"][data-col="2"]').click()
+    panel.locator(".stub-explanation").wait_for()
+    assert panel.inner_text().count("weights head=null batch=null 1,2") == 1
+    ctx = _last_ctx(page)
+    assert (ctx["endpoint"], ctx["name"], ctx["i"], ctx["j"]) == ("attention", "weights", 1, 2)
+    assert ctx["request"] == body and ctx["data"] == data
+    # the keyboard: focus a cell of another map and press Enter; the answer replaces the last
+    cell = page.locator('figure[data-name="scores"] rect.cell[data-row="0"][data-col="1"]')
+    cell.focus()
+    page.keyboard.press("Enter")
+    assert panel.locator(".stub-explanation").inner_text() == "scores head=null batch=null 0,1"
+    assert panel.locator(".stub-explanation").count() == 1
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "explorer-explain.png"))
+    page.keyboard.press("Escape")
+    assert panel.is_hidden()
+    # every cell of the output table too, and the close button
+    page.locator('table.matrix[data-name="output"] td[data-row="2"][data-col="0"]').click()
+    assert panel.locator(".stub-explanation").inner_text() == "output head=null batch=null 2,0"
+    page.click("#explain-close")
+    assert panel.is_hidden()
+    # the maps named by the hook are focusable; the others (inputs) are not
+    assert page.locator('figure[data-name="scaled_scores"] rect.cell[tabindex="0"]').count() == 9
+    assert page.locator('figure[data-name="mask"] rect.cell[tabindex]').count() == 0
+    assert outside == []
+
+
+def test_explain_hook_names_the_head_and_shows_nothing_for_null(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _stub_explain(page)
+    _open(page, server)
+    page.select_option("#endpoint", "multihead")
+    page.locator("#example option[value=two_heads]").wait_for(state="attached")
+    page.select_option("#example", "two_heads")
+    page.fill("#softcap", "5")
+    _, data = _run(page, "multihead")
+    page.locator('figure[data-name="head1_weights"] rect.cell[data-row="2"][data-col="0"]').click()
+    panel = page.locator("#explain")
+    panel.locator(".stub-explanation").wait_for()
+    ctx = _last_ctx(page)
+    assert (ctx["endpoint"], ctx["name"], ctx["head"], ctx["i"], ctx["j"]) == (
+        "multihead",
+        "weights",
+        1,
+        2,
+        0,
+    )
+    assert ctx["data"] == data
+    # explainCell answers null for capped_scores: nothing is shown
+    page.locator('figure[data-name="head0_capped_scores"] rect.cell').first.click()
+    page.wait_for_function("() => window.explained.at(-1).name === 'capped_scores'")
+    assert panel.is_hidden()
+
+
+def test_explain_hook_on_a_canvas_map_uses_the_keyboard_cursor(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _stub_explain(page)
+    _open(page, server)
+    page.select_option("#mode", "generated")
+    page.fill("#sentence", " ".join(f"w{i}" for i in range(40)))
+    for field, value in (("#seed", "0"), ("#d_model", "8"), ("#d_k", "8")):
+        page.fill(field, value)
+    page.fill("#extra", "")
+    _run(page, "attention")
+    canvas = page.locator('figure[data-name="weights"] canvas')
+    canvas.focus()
+    for key in ("ArrowDown", "ArrowDown", "ArrowRight", "Enter"):
+        page.keyboard.press(key)
+    page.locator("#explain .stub-explanation").wait_for()
+    assert page.locator("#explain").inner_text().endswith("weights head=null batch=null 2,1")
+
+
+# ---- export: CSV, JSON, safetensors ------------------------------------------------------------
+
+
+def test_export_csv_json_and_safetensors(offline_page: tuple[Any, list[str]], server: str) -> None:
+    page, outside = offline_page
+    _open(page, server)
+    _, data = _run(page, "attention")
+    figure = page.locator('figure[data-name="weights"]')
+    with page.expect_download() as csv:
+        figure.get_by_role("button", name="Download weights  softmax as CSV").click()
+    lines = Path(csv.value.path()).read_text().splitlines()
+    assert lines[0] == ",I,am,Batman"
+    assert [float(v) for v in lines[3].split(",")[1:]] == data["weights"][2]
+    with page.expect_download() as out:
+        page.locator('table.matrix[data-name="output"] caption button').click()
+    rows = Path(out.value.path()).read_text().splitlines()
+    assert [float(v) for v in rows[1].split(",")[1:]] == data["output"][0]
+    with page.expect_download() as whole:
+        page.click("#export-json")
+    assert json.loads(Path(whole.value.path()).read_text()) == data
+    with page.expect_download() as tensors:
+        page.click("#export-safetensors")
+    raw = Path(tensors.value.path()).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    entry = header["weights"]
+    begin, end = entry["data_offsets"]
+    assert entry["dtype"] == "F64" and entry["shape"] == [3, 3]
+    weights = np.frombuffer(raw[8 + n + begin : 8 + n + end], dtype="<f8").reshape(3, 3)
+    assert np.allclose(weights, data["weights"], rtol=0, atol=1e-12)
+    assert outside == []
+
+
+# ---- heads side by side (/multihead) ---------------------------------------------------------
+
+
+def test_heads_side_by_side_with_average_and_difference(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, outside = offline_page
+    _open(page, server)
+    page.select_option("#endpoint", "multihead")
+    page.locator("#example option[value=generated]").wait_for(state="attached")
+    with page.expect_response(lambda r: r.url.endswith("/multihead")) as info:
+        page.select_option("#example", "generated")
+    data = info.value.json()
+    _idle(page)
+    grid = page.locator("#heads-grid")
+    names = grid.locator(":scope > figure").evaluate_all("els => els.map(e => e.dataset.name)")
+    heads = len(data["heads"])
+    assert names == [f"head{h}_weights" for h in range(heads)] + ["average_weights"]
+    # the difference of two chosen heads
+    page.select_option("#diff-a", str(heads - 1))
+    page.select_option("#diff-b", "0")
+    diff = _cells(page, "heads_diff")
+    a, b = np.array(data["heads"][heads - 1]["weights"]), np.array(data["heads"][0]["weights"])
+    for (i, j), shown in diff.items():
+        assert float(shown) == pytest.approx(a[i, j] - b[i, j], abs=1e-12)
+    # masked-score maps are folded away
+    folded = page.locator("details.collapsed-map")
+    assert folded.count() == heads and folded.first.get_attribute("open") is None
+    assert page.locator('figure[data-name="head0_masked_scores"]').is_hidden()
+    folded.first.locator(":scope > summary").click()
+    assert page.locator('figure[data-name="head0_masked_scores"]').is_visible()
+    # one head's detailed maps only
+    page.select_option("#head-pick", "1")
+    assert page.locator('#heatmaps > [data-head="0"]').first.is_hidden()
+    assert page.locator('#heatmaps > [data-head="1"]').first.is_visible()
+    assert page.locator('figure[data-name="head0_weights"]').is_visible()  # the grid keeps all
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#heads").screenshot(path=str(ARTIFACTS / "explorer-heads.png"))
+    assert outside == []
+
+
+# ---- large inputs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("length", [512, 2048])
+def test_time_to_first_paint_of_a_large_weights_map(
+    offline_page: tuple[Any, list[str]], server: str, length: int
+) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    page.select_option("#mode", "generated")
+    page.fill("#tokens", "")
+    for field, value in (("#seed", "0"), ("#d_model", "16"), ("#d_k", "16")):
+        page.fill(field, value)
+    page.fill("#extra", json.dumps({"seq_len": length, "include": ["weights"]}))
+    page.evaluate("() => { window.explorerTiming = null; }")
+    _idle(page)
+    with page.expect_request(lambda r: r.url.endswith("/attention")) as sent:
+        page.click("#run")  # the answer is too large for the inspector to hand back: read the page
+    assert sent.value.headers.get("accept") == "application/x-safetensors"
+    page.locator("#status").filter(has_text=re.compile("^(Done|Error)")).wait_for(timeout=120_000)
+    assert page.locator("#status").inner_text().startswith("Done")
+    page.wait_for_function("() => window.explorerTiming", timeout=60_000)
+    timing = page.evaluate("() => window.explorerTiming")
+    assert timing.pop("format") == "safetensors"  # large answers are read as typed arrays
+    print(f"\nL={length}: " + ", ".join(f"{k} {v:.0f}" for k, v in timing.items()))
+    canvas = page.locator('figure[data-name="weights"] canvas')
+    assert canvas.get_attribute("data-rows") == str(length)
+    canvas.focus()
+    page.keyboard.press("ArrowDown")  # the tab still answers
+    readout = page.locator('figure[data-name="weights"] .cell-readout').inner_text()
+    assert readout.startswith("1 → 0: ")
+    if length == 512:  # the numbers read from safetensors are the API's
+        exact = _post(server, "attention", sent.value.post_data_json)["weights"][1][0]
+        assert float(readout.split(": ")[1]) == pytest.approx(exact, rel=5e-3)
+    # the card fits its map (the page does not scroll sideways); zoom in and out, labels drawn
+    assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth + 1")
+    figure = page.locator('figure[data-name="weights"]')
+    before = int(canvas.get_attribute("data-cell") or 0)
+    assert before >= 1 and int(canvas.get_attribute("data-ox") or 0) > 0
+    figure.get_by_role("button", name="Zoom in on weights").click()
+    assert int(canvas.get_attribute("data-cell") or 0) == 2 * before
+    figure.get_by_role("button", name="Fit weights").click()
+    assert int(canvas.get_attribute("data-cell") or 0) == before
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"explorer-L{length}.png"))

@@ -1,0 +1,78 @@
+// Export: SVG/PNG of a map, copy as curl, CSV of a matrix, the whole result as JSON or safetensors.
+import { $, state, buildBody, clearErrors, showErrors, FieldError } from "./request.js";
+import { drawCanvas } from "./heatmap.js";
+
+export function download(name, blob) {
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(blob); a.download = name;
+  document.body.append(a); a.click(); a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+}
+
+export function exportPng(name, m, rows, cols, kind, allowed) {
+  const cell = Math.max(4, Math.min(40, Math.floor(1600 / Math.max(cols.length, rows.length))));
+  const canvas = document.createElement("canvas");
+  drawCanvas(canvas, m, kind, cell, null, allowed);
+  canvas.toBlob((blob) => download(`${name}.png`, blob), "image/png");
+}
+
+// ---- copy as curl -------------------------------------------------------------------------
+
+export function curlCommand(ep, body) {
+  const url = new URL(ep, location.href).href;
+  const json = JSON.stringify(body).replace(/'/g, "'\\''");
+  return `curl -s ${url} -H 'Content-Type: application/json' -d '${json}'`;
+}
+
+export async function copyCurl() {
+  clearErrors();
+  let body;
+  try { body = buildBody(); } catch (e) { if (e instanceof FieldError) { showErrors(e.message, [{ field: e.field, message: e.message }]); return; } throw e; }
+  const cmd = curlCommand($("endpoint").value, body);
+  $("curl").textContent = cmd; $("curl").hidden = false;
+  try { await navigator.clipboard.writeText(cmd); $("status").textContent = "curl command copied"; }
+  catch { $("status").textContent = "curl command shown below (copy it from there)"; }
+}
+
+// ---- CSV, JSON and safetensors --------------------------------------------------------------
+
+function csvCell(v) {
+  const s = v === null || v === undefined ? "" : String(v);
+  return /[",\n]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
+}
+
+/** A matrix as CSV: a header of column labels, then one line per row led by its label; numbers
+ * at full precision, a masked (null) cell empty. */
+export function csvBlob(m, rows, cols) {
+  const width = m.length ? m[0].length : 0;
+  const colLabels = cols && cols.length === width ? cols : Array.from({ length: width }, (_, j) => String(j));
+  const lines = [["", ...colLabels].map(csvCell).join(",")];
+  m.forEach((row, i) => lines.push([rows && rows[i] !== undefined ? rows[i] : String(i), ...row].map(csvCell).join(",")));
+  return new Blob([lines.join("\n") + "\n"], { type: "text/csv" });
+}
+
+function downloadJson() {
+  const r = state.lastResult;
+  if (!r) return;
+  download(`${r.ep}.json`, new Blob([JSON.stringify(r.data, null, 1)], { type: "application/json" }));
+}
+
+// The same request again, answered as safetensors (every array a tensor named by its JSON path).
+async function downloadSafetensors() {
+  const r = state.lastResult;
+  if (!r) return;
+  const status = $("export-status");
+  status.textContent = "Asking for safetensors…";
+  let response;
+  try {
+    response = await fetch(r.ep, { method: "POST", headers: { "Content-Type": "application/json", Accept: "application/x-safetensors" }, body: JSON.stringify(r.body) });
+  } catch (e) { status.textContent = `The service did not answer: ${e.message}`; return; }
+  if (!response.ok) { status.textContent = `Error ${response.status}`; return; }
+  download(`${r.ep}.safetensors`, await response.blob());
+  status.textContent = "";
+}
+
+export function startExports() {
+  $("export-json").addEventListener("click", downloadJson);
+  $("export-safetensors").addEventListener("click", downloadSafetensors);
+}

@@ -1,0 +1,281 @@
+"""The explorer's cell explanations (service/static/explain.js) in a real browser: the page's own
+recomputation of every cell of every explainable map must give the service's numbers."""
+
+import json
+import math
+import os
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.live import start_server
+from service.api import examples as ex
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+
+if os.environ.get("REQUIRE_BROWSER"):  # CI sets it: a missing browser must fail, not skip
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install chromium"
+    import playwright  # noqa: F401
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
+)
+
+pytestmark = pytest.mark.e2e
+
+MAPS = ["scores", "scaled_scores", "capped_scores", "biased_scores", "masked_scores", "weights"]
+
+# every key padded away: each row is fully masked
+FULLY_MASKED: dict[str, Any] = {
+    "q": [[1, 0], [0, 1]],
+    "k": [[1, 0], [0, 1]],
+    "v": [[1, 2], [3, 4]],
+    "mask": {"type": "padding", "key_lengths": [0]},
+}
+
+# (id, endpoint, request); decimals and include are dropped so the numbers are the full doubles
+EXAMPLES: list[tuple[str, str, dict[str, Any]]] = [
+    ("batman", "attention", ex.I_AM_BATMAN),
+    ("causal_four_tokens", "mask", ex.CAUSAL_FOUR_TOKENS),
+    ("two_heads_full_block", "multihead", ex.TWO_HEADS_FULL_BLOCK),
+    ("sink_causal", "attention", ex.SINK_CAUSAL),
+    ("softcap_large_scores", "attention", ex.SOFTCAP_LARGE_SCORES),
+    ("alibi_window", "mask", ex.ALIBI_WINDOW),
+    ("llama_layer_rope_gqa", "multihead", ex.LLAMA_LAYER),
+    ("padded_batch", "mask", ex.PADDED_BATCH),
+    ("fully_masked_rows_zero", "mask", {**FULLY_MASKED}),
+    ("fully_masked_rows_uniform", "mask", {**FULLY_MASKED, "fully_masked_rows": "uniform"}),
+]
+
+RECOMPUTE_ALL = """async (args) => {
+  const m = await import('/static/explain.js');
+  const {endpoint, data, request, maps} = args;
+  const enc = (x) => (x === null || x === undefined) ? null
+    : (x === -Infinity ? '-inf' : (Number.isNaN(x) ? 'nan' : x));
+  const heads = endpoint === 'multihead' ? data.heads.map((_, h) => h) : [null];
+  const batched = Array.isArray(data.scores ?? data.heads?.[0]?.scores)
+    && Array.isArray((data.scores ?? data.heads[0].scores)[0][0]);
+  const batches = batched ? [0, (data.scores ?? data.heads[0].scores).length - 1] : [null];
+  const out = [];
+  for (const head of heads) for (const batch of batches) for (const name of [...maps, 'output']) {
+    const src = head === null ? data : data.heads[head];
+    let a = src[name];
+    if (a === undefined || (endpoint === 'multihead' && head === null && name === 'output')) continue;
+    if (batch !== null) a = a[batch];
+    for (let i = 0; i < a.length; i++) for (let j = 0; j < a[i].length; j++) {
+      const ctx = {endpoint, data, request, name, head, batch, i, j};
+      const r = m.recompute(ctx);
+      out.push([name, head, batch, i, j, r === null ? 'none' : enc(r.total),
+                r === null ? 'none' : enc(r.service)]);
+    }
+  }
+  return out;
+}"""
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    proc, base = start_server()
+    yield base
+    proc.terminate()
+    proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"],
+        )  # fmt: skip
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any, server: str) -> Iterator[Any]:
+    """The explorer page, able to reach only the server; no JavaScript errors allowed."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    outside: list[str] = []
+
+    def guard(route: Any) -> None:
+        if route.request.url.startswith(server):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", guard)
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.goto(server + "/")
+    yield pg
+    context.close()
+    assert errors == [], f"JavaScript errors on the page: {errors}"
+    assert outside == [], f"requests left the server: {outside}"
+
+
+def _post(server: str, endpoint: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(
+        f"{server}/{endpoint}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def _full(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k not in ("decimals", "include")}
+
+
+def _value(x: Any) -> float:
+    if x is None or x == "-inf":
+        return -math.inf
+    assert isinstance(x, (int, float)), x
+    return float(x)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body"), [(e, b) for _, e, b in EXAMPLES], ids=[n for n, _, _ in EXAMPLES]
+)
+def test_every_cell_recomputed_in_the_page_matches_the_service(
+    page: Any, server: str, endpoint: str, body: dict[str, Any]
+) -> None:
+    request = _full(body)
+    data = _post(server, endpoint, request)
+    rows = page.evaluate(
+        RECOMPUTE_ALL, {"endpoint": endpoint, "data": data, "request": request, "maps": MAPS}
+    )
+    names = {r[0] for r in rows}
+    assert "weights" in names and "scores" in names and "output" in names, names
+    bad = []
+    for name, head, batch, i, j, total, service in rows:
+        where = f"{name}[{i}][{j}] head={head} batch={batch}"
+        if total == "none":
+            bad.append(f"{where}: not explained")
+            continue
+        t, s = _value(total), _value(service)
+        if math.isinf(s) or math.isinf(t):
+            if t != s:
+                bad.append(f"{where}: page {t} service {s}")
+        elif abs(t - s) > 1e-12 * max(1.0, abs(s)):
+            bad.append(f"{where}: page {t!r} service {s!r}")
+    assert bad == [], "\n".join(bad[:20])
+
+
+def test_the_variants_are_in_the_examples_checked(server: str) -> None:
+    """The parametrized test above covers RoPE, the sink, the cap, the mask and a batch."""
+    seen = set()
+    for _, endpoint, body in EXAMPLES:
+        data = _post(server, endpoint, _full(body))
+        seen |= set(data) | {k for h in data.get("heads", []) for k in h}
+    assert {"q_rotated", "sink_weights", "capped_scores", "additive_mask"} <= seen, seen
+
+
+EXPLAIN_CELL = """async (args) => {
+  const m = await import('/static/explain.js');
+  const e = m.explainCell(args.ctx);
+  if (e === null) return null;
+  if (!(e instanceof HTMLElement)) return 'not an element';
+  if (args.show) { e.id = 'explain-shot'; document.body.append(e); }
+  return e.textContent;
+}"""
+
+
+def _fmt6(x: float) -> str:
+    """The page's format: 6 significant digits, fixed point."""
+    if x == 0:
+        return "0"
+    places = max(0, 5 - math.floor(math.log10(abs(x))))
+    return f"{x:.{places}f}"
+
+
+CELLS: list[tuple[str, str, dict[str, Any], str, int | None, int | None, int, int]] = [
+    ("batman_scores", "attention", ex.I_AM_BATMAN, "scores", None, None, 2, 0),
+    ("batman_scaled", "attention", ex.I_AM_BATMAN, "scaled_scores", None, None, 2, 0),
+    ("batman_weights", "attention", ex.I_AM_BATMAN, "weights", None, None, 2, 0),
+    ("batman_output", "attention", ex.I_AM_BATMAN, "output", None, None, 0, 1),
+    ("softcap_capped", "attention", ex.SOFTCAP_LARGE_SCORES, "capped_scores", None, None, 2, 0),
+    ("sink_weights", "attention", ex.SINK_CAUSAL, "weights", None, None, 1, 0),
+    ("llama_scores_head1", "multihead", ex.LLAMA_LAYER, "scores", 1, None, 3, 2),
+    ("llama_output_head0", "multihead", ex.LLAMA_LAYER, "output", 0, None, 2, 1),
+    ("batch_masked", "mask", ex.PADDED_BATCH, "masked_scores", None, 1, 2, 1),
+]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "name", "head", "batch", "i", "j"),
+    [c[1:] for c in CELLS],
+    ids=[c[0] for c in CELLS],
+)
+def test_explain_cell_shows_the_services_number(
+    page: Any,
+    server: str,
+    endpoint: str,
+    body: dict[str, Any],
+    name: str,
+    head: int | None,
+    batch: int | None,
+    i: int,
+    j: int,
+) -> None:
+    request = _full(body)
+    data = _post(server, endpoint, request)
+    src = data if head is None else data["heads"][head]
+    m = src[name] if batch is None else src[name][batch]
+    value = m[i][j]
+    ctx = {"endpoint": endpoint, "data": data, "request": request, "name": name,
+           "head": head, "batch": batch, "i": i, "j": j}  # fmt: skip
+    text = page.evaluate(EXPLAIN_CELL, {"ctx": ctx, "show": False})
+    assert isinstance(text, str) and text != "not an element", text
+    assert f"{name}[{i}][{j}]" in text
+    assert f"(the service: {_fmt6(value)})" in text, text
+    assert f"= {_fmt6(value)} (the service" in text, text
+
+
+def test_explain_cell_is_null_for_names_it_does_not_explain(page: Any, server: str) -> None:
+    request = _full(ex.TWO_HEADS_FULL_BLOCK)
+    data = _post(server, "multihead", request)
+    for name, head in [("concat", None), ("projected", None), ("layer_norm", None),
+                       ("output", None), ("average_weights", None), ("q", 0)]:  # fmt: skip
+        ctx = {"endpoint": "multihead", "data": data, "request": request, "name": name,
+               "head": head, "batch": None, "i": 0, "j": 0}  # fmt: skip
+        assert page.evaluate(EXPLAIN_CELL, {"ctx": ctx, "show": False}) is None, name
+
+
+def test_a_weights_explanation_renders_in_the_page(page: Any, server: str) -> None:
+    request = _full(ex.SINK_CAUSAL)
+    data = _post(server, "attention", request)
+    ctx = {"endpoint": "attention", "data": data, "request": request, "name": "weights",
+           "head": None, "batch": None, "i": 0, "j": 0}  # fmt: skip
+    text = page.evaluate(EXPLAIN_CELL, {"ctx": ctx, "show": True})
+    assert isinstance(text, str)
+    for word in ("max", "sum", "exp", "sink"):
+        assert word in text, (word, text)
+    row = [-math.inf if x is None else x for x in data["masked_scores"][0]]
+    top = max([*row, float(request["sinks"])])  # the row's max takes in the sink
+    assert f"max = {_fmt6(top)}," in text, text
+    shot = page.locator("#explain-shot")
+    assert shot.is_visible()
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot.screenshot(path=str(ARTIFACTS / "explain-weights.png"))
+    assert (ARTIFACTS / "explain-weights.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(("mode", "said"), [(None, "are 0"), ("uniform", "1/S each")])
+def test_a_fully_masked_row_is_said_so(page: Any, server: str, mode: str | None, said: str) -> None:
+    request = {**FULLY_MASKED, **({"fully_masked_rows": mode} if mode else {})}
+    data = _post(server, "mask", request)
+    ctx = {"endpoint": "mask", "data": data, "request": request, "name": "weights",
+           "head": None, "batch": None, "i": 1, "j": 0}  # fmt: skip
+    text = page.evaluate(EXPLAIN_CELL, {"ctx": ctx, "show": False})
+    assert isinstance(text, str) and "fully masked" in text and said in text, text
+    assert f"(the service: {_fmt6(data['weights'][1][0])})" in text, text
