@@ -2,6 +2,7 @@
 server, with every request that leaves the server blocked: the docs must work offline."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -1038,6 +1039,19 @@ def test_heads_side_by_side_with_average_and_difference(
 # ---- large inputs ----------------------------------------------------------------------------
 
 
+# How many colours the middle of the first whole cell in view holds (a cell of one colour: 1).
+CELL_COLOURS = """() => {
+  const c = document.querySelector('figure[data-name="weights"] canvas');
+  const cell = +c.dataset.cell, top = +c.dataset.top, left = +c.dataset.left;
+  const x = +c.dataset.ox + (Math.ceil(left) - left + 0.2) * cell;
+  const y = +c.dataset.oy + (Math.ceil(top) - top + 0.3) * cell;
+  const px = c.getContext('2d').getImageData(x, y, cell * 0.6, cell * 0.4).data;
+  const seen = new Set();
+  for (let k = 0; k < px.length; k += 4) seen.add(`${px[k]},${px[k + 1]},${px[k + 2]}`);
+  return seen.size;
+}"""
+
+
 @pytest.mark.parametrize("length", [512, 2048])
 def test_time_to_first_paint_of_a_large_weights_map(
     offline_page: tuple[Any, list[str]], server: str, length: int
@@ -1072,11 +1086,128 @@ def test_time_to_first_paint_of_a_large_weights_map(
     # the card fits its map (the page does not scroll sideways); zoom in and out, labels drawn
     assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth + 1")
     figure = page.locator('figure[data-name="weights"]')
-    before = int(canvas.get_attribute("data-cell") or 0)
-    assert before >= 1 and int(canvas.get_attribute("data-ox") or 0) > 0
-    figure.get_by_role("button", name="Zoom in on weights").click()
-    assert int(canvas.get_attribute("data-cell") or 0) == 2 * before
+    fitted = float(canvas.get_attribute("data-cell") or 0)
+    assert int(canvas.get_attribute("data-ox") or 0) > 0
+    card, drawn = figure.bounding_box(), canvas.bounding_box()
+    assert card is not None and drawn is not None
+    assert drawn["x"] + drawn["width"] <= card["x"] + card["width"]  # the map sits in its card
+    # "fit" shows the whole map: every row and key in the view, a fraction of a pixel a cell
+    assert fitted * length <= drawn["width"] and "the whole map" in figure.inner_text()
+    for _ in range(12):  # zoom in until the values are printed in the cells, and pan
+        figure.get_by_role("button", name="Zoom in on weights").click()
+    closest = float(canvas.get_attribute("data-cell") or 0)
+    assert closest >= 40, closest
+    assert "drag to pan" in figure.inner_text()
+    # the value is printed in the cell: the middle of a cell holds more than its own colour
+    assert page.evaluate(CELL_COLOURS) > 2
+    canvas.hover()
+    page.mouse.wheel(0, 4000)
+    top = float(canvas.get_attribute("data-top") or 0)
+    left = float(canvas.get_attribute("data-left") or 0)
+    assert top > 0  # the wheel moved the view down
+    # a click after panning names the cell under the pointer
+    ox, oy = int(canvas.get_attribute("data-ox") or 0), int(canvas.get_attribute("data-oy") or 0)
+    canvas.click(position={"x": ox + closest * 1.5, "y": oy + closest * 1.5})
+    readout = page.locator('figure[data-name="weights"] .cell-readout').inner_text()
+    i, j = math.floor(top + 1.5), math.floor(left + 1.5)
+    assert readout.startswith(f"{i} → {j}: "), (readout, top, left)
     figure.get_by_role("button", name="Fit weights").click()
-    assert int(canvas.get_attribute("data-cell") or 0) == before
+    assert float(canvas.get_attribute("data-cell") or 0) == fitted
+    assert canvas.get_attribute("data-top") == "0"
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"explorer-L{length}.png"))
+
+
+# ---- selected queries ------------------------------------------------------------------------
+
+
+def _picked_rows(page: Any) -> list[tuple[str, float, float]]:
+    """The selection table, row by row: (key, sum, average), from the full-precision data-value."""
+    rows: list[list[Any]] = page.locator("table.pick-table tbody tr").evaluate_all(
+        "trs => trs.map(tr => [tr.querySelector('th').textContent,"
+        " ...[...tr.querySelectorAll('td[data-value]')].map(td => +td.dataset.value)])"
+    )
+    return [(k, s, a) for k, s, a in rows]
+
+
+def _picked(page: Any) -> dict[str, tuple[float, float]]:
+    """The selection table as key -> (sum, average), for keys named once."""
+    return {k: (s, a) for k, s, a in _picked_rows(page)}
+
+
+def test_selected_queries_sum_and_average_their_attention(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, outside = offline_page
+    _open(page, server)
+    _, data = _run(page, "attention")
+    w = np.array(data["weights"])
+    # every query at first: the column sums of the weights
+    assert page.input_value("#pick-queries") == "0-2"
+    for j, key in enumerate(data["tokens"]):
+        s, a = _picked(page)[key]
+        assert s == pytest.approx(w[:, j].sum(), abs=1e-12)
+        assert a == pytest.approx(w[:, j].mean(), abs=1e-12)
+    # two tokens picked by their buttons
+    page.click("#pick-none")
+    assert page.locator("#pick-result").inner_text().startswith("No query picked")
+    page.locator("#pick-chips button", has_text="I").click()
+    page.locator("#pick-chips button", has_text="Batman").click()
+    assert page.input_value("#pick-queries") == "0 2"
+    assert page.locator('#pick-chips button[aria-pressed="true"]').all_inner_texts() == [
+        "I",
+        "Batman",
+    ]
+    got = _picked(page)
+    for j, key in enumerate(data["tokens"]):
+        assert got[key][0] == pytest.approx(w[[0, 2], j].sum(), abs=1e-12)
+        assert got[key][1] == pytest.approx(w[[0, 2], j].mean(), abs=1e-12)
+    top = data["tokens"][int(np.argmax(w[[0, 2]].sum(axis=0)))]
+    assert f"give most attention to {top}:" in page.locator(".pick-summary").inner_text()
+    with page.expect_download() as csv:
+        page.get_by_role("button", name="Download the selected queries' sums as CSV").click()
+    lines = Path(csv.value.path()).read_text().splitlines()
+    assert lines[0] == ",sum,average" and lines[1].startswith("I,")
+    assert float(lines[1].split(",")[1]) == got["I"][0]
+    # a range typed in the box; a query out of range is refused next to the box
+    page.fill("#pick-queries", "7")
+    page.press("#pick-queries", "Enter")
+    assert page.locator("#pick-error").inner_text() == "7: the queries are 0 to 2"
+    page.fill("#pick-queries", "1-2")
+    page.press("#pick-queries", "Enter")
+    assert page.locator("#pick-error").is_hidden()
+    assert _picked(page)["I"][0] == pytest.approx(w[1:, 0].sum(), abs=1e-12)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#pick").screenshot(path=str(ARTIFACTS / "explorer-selected-queries.png"))
+    assert outside == []
+
+
+def test_selected_queries_per_head_and_with_the_sink(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    page, _ = offline_page
+    _open(page, server)
+    page.select_option("#endpoint", "multihead")
+    page.locator("#example option[value=generated]").wait_for(state="attached")
+    with page.expect_response(lambda r: r.url.endswith("/multihead")) as info:
+        page.select_option("#example", "generated")
+    data = info.value.json()
+    _idle(page)
+    page.fill("#pick-queries", "0 2-3")
+    page.press("#pick-queries", "Enter")
+    average = np.array(data["average_weights"])[[0, 2, 3]].sum(axis=0)
+    assert [s for _, s, _ in _picked_rows(page)] == pytest.approx(average, abs=1e-12)
+    page.select_option("#pick-source", "1")
+    head = np.array(data["heads"][1]["weights"])[[0, 2, 3]]
+    assert [a for _, _, a in _picked_rows(page)] == pytest.approx(head.mean(axis=0), abs=1e-12)
+    # the sink's share is its own row, beside the keys'
+    page.select_option("#endpoint", "attention")
+    page.locator("#example option[value=sink]").wait_for(state="attached")
+    with page.expect_response(lambda r: r.url.endswith("/attention")) as info:
+        page.select_option("#example", "sink")
+    data = info.value.json()
+    _idle(page)
+    got = _picked(page)
+    assert got["(sink)"][0] == pytest.approx(sum(data["sink_weights"]), abs=1e-12)
+    keys = [s for k, s, _ in _picked_rows(page) if k != "(sink)"]
+    assert keys == pytest.approx(np.array(data["weights"]).sum(axis=0), abs=1e-12)

@@ -196,6 +196,7 @@ function makeBox(ep, item, batched) {
   const go = button("Compare", compareNow);
   go.className = "secondary compare-here";
   go.setAttribute("aria-label", "Compare all boxes with the service's numbers");
+  details.addEventListener("toggle", () => { if (details.open) $("compare-bar").hidden = false; });
   details.append(summary, label, area, error, go);
   return { details, area, error };
 }
@@ -251,14 +252,7 @@ function outline(fig, cell) {
     rect.ownerSVGElement.append(ring);
     return;
   }
-  const canvas = fig.querySelector("canvas");
-  if (canvas) {
-    const size = Number(canvas.dataset.cell), ox = Number(canvas.dataset.ox), oy = Number(canvas.dataset.oy);
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(1, 0, 0, 1, 0, 0);
-    ctx.strokeStyle = "#111"; ctx.lineWidth = 2;
-    ctx.strokeRect(ox + j * size, oy + i * size, size, size);
-  }
+  if (fig.markCell) fig.markCell(i, j); // a canvas map: outlined and brought into view
 }
 
 // The index within the drawn matrix of `where`, or null when it is in another batch item.
@@ -407,7 +401,9 @@ export function afterRender(ctx) {
   if (tol && typeof tol === "object") for (const id of ["atol", "rtol"]) if (typeof tol[id] === "number") $(id).value = String(tol[id]);
   warningsPanel(ctx.data);
   comparisonPanel(ctx.data, cards);
-  $("compare-bar").hidden = !boxes.size;
+  // the tolerance and Compare show once a box is opened (or a comparison was asked for)
+  const asked = rows.length > 0 || [...boxes.values()].some((box) => box.details.open);
+  $("compare-bar").hidden = !boxes.size || !asked;
 }
 
 // ---- Compare ------------------------------------------------------------------------------

@@ -1,15 +1,13 @@
 /* explain.js: how one cell of a map was computed from the step before, with the numbers.
  *
- * CSS classes used (add to explorer.css; nothing here sets styles inline):
- *   .explain          the box returned by explainCell (a <section>)
- *   .explain-title    its heading: "weights[1][2] (head 0, batch 1)"
- *   .explain-formula  the formula in words/symbols (<p>)
- *   .explain-terms    the term-by-term table (<table>; <th> header row, one <tr> a term)
- *   .explain-total    the result line "= 0.731059 (the service: 0.731059)" (<p>)
- *   .explain-service  the service's number inside .explain-total (<span>)
- *   .explain-note     a remark: RoPE angles, fully masked rows, the sink (<p>)
- *   .explain-mismatch added to .explain-total when the page's sum differs from the service's
+ * explainCell(ctx) returns a <section class="explain">: .explain-title ("weights[1][2] (head 0,
+ * batch item 1)"), .explain-who (the query and key tokens), .explain-formula lines,
+ * .explain-terms tables (the clicked cell's own term in tr.this-term), .explain-note remarks
+ * (RoPE angles, fully masked rows, the sink) and .explain-total ("= 0.731059 (the service:
+ * 0.731059)", .explain-mismatch when the page's sum differs). Styles are in explorer.css.
  */
+
+import { formatNumber } from "./heatmap.js";
 
 export const EXPLAINED = new Set([
   "scores", "scaled_scores", "capped_scores", "biased_scores",
@@ -23,17 +21,10 @@ export function num(x) {
   return x === null || x === undefined ? NEG_INF : Number(x);
 }
 
-/** Fixed significant digits, no scientific notation at or above 1e-4. */
+/** Six significant digits, trailing zeros kept (a column of terms lines up); −∞ for a masked
+ * score (null or -Infinity). */
 export function fmt(x, digits = 6) {
-  if (x === null || x === undefined) return "−∞";
-  if (x === Infinity) return "∞";
-  if (x === NEG_INF) return "−∞";
-  if (Number.isNaN(x)) return "NaN";
-  if (x === 0) return "0";
-  const a = Math.abs(x);
-  if (a < 1e-4) return x.toExponential(digits - 1);
-  const places = Math.max(0, digits - 1 - Math.floor(Math.log10(a)));
-  return x.toFixed(Math.min(places, 20));
+  return formatNumber(x === undefined || x === NEG_INF ? null : x, digits, false);
 }
 
 function depth(a) {
@@ -210,13 +201,14 @@ function el(tag, cls, text) {
   return e;
 }
 
-function table(head, rows) {
+/** A table of terms; row `mark` (the clicked cell's own term) is highlighted. */
+function table(head, rows, mark = -1) {
   const t = el("table", "explain-terms");
   const hr = el("tr");
   for (const h of head) hr.append(el("th", null, h));
   t.append(hr);
-  for (const r of rows) {
-    const tr = el("tr");
+  for (const [n, r] of rows.entries()) {
+    const tr = el("tr", n === mark ? "this-term" : null);
     for (const c of r) tr.append(el("td", null, c));
     t.append(tr);
   }
@@ -243,6 +235,12 @@ export function explainCell(ctx) {
   if (ctx.head !== null && ctx.head !== undefined) where.push("head " + ctx.head);
   if (ctx.batch !== null && ctx.batch !== undefined) where.push("batch item " + ctx.batch);
   box.append(el("h3", "explain-title", `${r.name}[${i}][${j}]` + (where.length ? ` (${where.join(", ")})` : "")));
+  const tokens = ctx.data.tokens, keys = ctx.data.context_tokens || tokens;
+  if (r.name !== "output" && Array.isArray(tokens) && tokens[i] !== undefined && keys && keys[j] !== undefined) {
+    box.append(el("p", "explain-who", `query ${i} “${tokens[i]}” → key ${j} “${keys[j]}”`));
+  } else if (r.name === "output" && Array.isArray(tokens) && tokens[i] !== undefined) {
+    box.append(el("p", "explain-who", `query ${i} “${tokens[i]}”, feature ${j} of what it takes from the values`));
+  }
   const f = (s) => box.append(el("p", "explain-formula", s));
   const note = (s) => box.append(el("p", "explain-note", s));
   if (r.kind === "dot") {
@@ -274,7 +272,7 @@ export function explainCell(ctx) {
       note(`Row ${i} is fully masked (every entry −∞): its weights are ${r.uniform ? "1/S each (fully_masked_rows: \"uniform\")" : "0"}.`);
     } else {
       box.append(table(["k", `m[${i}][k]`, "m − max", "exp(m − max)"],
-        r.terms.map((x) => [String(x.k) + (x.k === j ? " ←" : ""), fmt(x.m), fmt(x.m - r.max), fmt(x.exp)])));
+        r.terms.map((x) => [String(x.k) + (x.k === j ? " ←" : ""), fmt(x.m), fmt(x.m - r.max), fmt(x.exp)]), j));
       if (r.sink !== null) {
         note(`The sink (logit ${fmt(r.sink)}) is in the max and the sum: exp(${fmt(r.sink)} − max) = ${fmt(r.sinkExp)}` +
           (r.sinkWeight !== undefined ? `; its weight ${fmt(r.sinkExp / r.sum)} (the service: ${fmt(r.sinkWeight)})` : "") + ".");

@@ -1,6 +1,6 @@
 // Export: SVG/PNG of a map, copy as curl, CSV of a matrix, the whole result as JSON or safetensors.
 import { $, state, buildBody, clearErrors, showErrors, FieldError } from "./request.js";
-import { drawCanvas } from "./heatmap.js";
+import { drawWhole } from "./mapview.js";
 
 export function download(name, blob) {
   const a = document.createElement("a");
@@ -9,10 +9,13 @@ export function download(name, blob) {
   setTimeout(() => URL.revokeObjectURL(a.href), 1000);
 }
 
+// The whole map, at most PNG_SIDE px a side (a cell is then less than a pixel: neighbours averaged).
+const PNG_SIDE = 2048;
 export function exportPng(name, m, rows, cols, kind, allowed) {
-  const cell = Math.max(4, Math.min(40, Math.floor(1600 / Math.max(cols.length, rows.length))));
+  const most = Math.max(cols.length, rows.length);
+  const cell = Math.min(40, most <= PNG_SIDE / 4 ? Math.floor(PNG_SIDE / most) : PNG_SIDE / most);
   const canvas = document.createElement("canvas");
-  drawCanvas(canvas, m, kind, cell, null, allowed);
+  drawWhole(canvas, m, kind, cell, allowed);
   canvas.toBlob((blob) => download(`${name}.png`, blob), "image/png");
 }
 

@@ -4,6 +4,7 @@ import { $, state } from "./request.js";
 import { heatmap, button, fmt } from "./heatmap.js";
 import { afterRender } from "./compare.js";
 import { download, csvBlob } from "./export.js";
+import { drawSelection } from "./selection.js";
 
 export const TABLE_ROWS = 64;
 // The service describes each drawable output in its OpenAPI document: the property of the
@@ -296,6 +297,7 @@ export function render() {
   $("heatmaps").replaceChildren(...maps);
   $("tables").replaceChildren(...tables);
   headsPanel(grid, average, (i) => matrix(data.heads && data.heads[i] ? data.heads[i].weights : undefined), rows, cols, allowed);
+  drawSelection({ data, pick, rows, cols });
   afterRender({ ep, data, body: state.lastResult.body, batch: b, batched, drawn });
 
   $("steps").replaceChildren(...(data.steps || []).map((s) => {

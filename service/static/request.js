@@ -313,7 +313,12 @@ export function showErrors(message, errors) {
 // ---- running ------------------------------------------------------------------------------
 
 // The status line: beside the second Run button and at the top of the results.
-export function say(text) { $("status").textContent = text; $("outcome-status").textContent = text; }
+// `hint` (optional): a second sentence at the top only.
+export function say(text, hint = "") {
+  $("status").textContent = text;
+  $("outcome-status").textContent = text;
+  $("outcome-hint").textContent = hint;
+}
 
 // From this many tokens on, the answer is asked for as safetensors (the same numbers, read as
 // typed arrays instead of parsing megabytes of JSON).
@@ -364,7 +369,7 @@ export async function run(event, { scroll = true } = {}) {
     setupBatch(ep, data);
     render();
     const drawn = performance.now();
-    say(`Done in ${Math.round(ms)} ms`);
+    say(`Done in ${Math.round(ms)} ms.`, "Click any cell of a map, or of the output, to see how it was computed.");
     // how long each part took, for the large-input test: answer, JSON.parse, drawing, first paint
     const timing = { format: binary ? "safetensors" : "json", request_ms: received - started, parse_ms: parsed - received, render_ms: drawn - parsed };
     requestAnimationFrame(() => setTimeout(() => { timing.first_paint_ms = performance.now() - started; window.explorerTiming = timing; }, 0));

@@ -1,0 +1,302 @@
+// A large map on a canvas the size of the view, not of the map: the map's colours are made once
+// as one pixel per cell (an offscreen canvas); each redraw copies the visible part at the current
+// zoom and adds what fits at that zoom (the labels of the visible rows and keys, hatching of
+// masked cells, a grid, the values). A redraw costs the same at L = 64 and at L = 4096, and no
+// canvas grows with the map: from "fit" (the whole map in the card, a fraction of a pixel a cell)
+// up to cells wide enough to print their values.
+import { fmt, rgbOf, isMasked, maxAbs, MASKED } from "./heatmap.js";
+
+export const LABEL_W = 64, LABEL_H = 52; // room for the axis labels
+const MAX_CELL = 64; // px a cell at the closest zoom
+const VALUES_FROM = 40; // px a cell from which the values are printed in the cells
+const GRID_FROM = 10; // px a cell from which cell borders are drawn
+const HATCH_FROM = 4; // px a cell from which masked cells are hatched
+
+function abbreviate(s, n) { s = String(s); return s.length > n ? `${s.slice(0, n - 1)}…` : s; }
+
+/** The map's colours, one pixel a cell, made once per matrix. */
+export function picture(m, kind, allowed) {
+  const rows = m.length, cols = m[0].length;
+  const scale = maxAbs(m);
+  const img = new ImageData(cols, rows);
+  const px = img.data;
+  for (let i = 0; i < rows; i++) {
+    const row = m[i], ok = allowed && allowed[i];
+    for (let j = 0; j < cols; j++) {
+      const v = row[j];
+      const c = v === null || (ok && ok[j] === false) ? MASKED : rgbOf(v, kind, scale);
+      const p = (i * cols + j) * 4;
+      px[p] = c[0]; px[p + 1] = c[1]; px[p + 2] = c[2]; px[p + 3] = 255;
+    }
+  }
+  const off = document.createElement("canvas");
+  off.width = cols; off.height = rows;
+  off.getContext("2d").putImageData(img, 0, 0);
+  return { off, scale };
+}
+
+/** The whole map at `cell` px a cell, without labels (the PNG export). */
+export function drawWhole(canvas, m, kind, cell, allowed) {
+  const { off } = picture(m, kind, allowed);
+  canvas.width = Math.max(1, Math.round(m[0].length * cell));
+  canvas.height = Math.max(1, Math.round(m.length * cell));
+  const ctx = canvas.getContext("2d");
+  ctx.imageSmoothingEnabled = cell < 1; // below a pixel a cell, neighbours are averaged
+  ctx.drawImage(off, 0, 0, canvas.width, canvas.height);
+  if (cell >= HATCH_FROM) hatch(ctx, m, allowed, 0, m.length, 0, m[0].length, cell, 0, 0);
+}
+
+function hatch(ctx, m, allowed, i0, i1, j0, j1, cell, dx, dy) {
+  ctx.strokeStyle = "#7d8794"; ctx.lineWidth = 1; ctx.beginPath();
+  for (let i = i0; i < i1; i++) for (let j = j0; j < j1; j++) {
+    if (!isMasked(m, allowed, i, j)) continue;
+    ctx.moveTo(dx + j * cell, dy + (i + 1) * cell); ctx.lineTo(dx + (j + 1) * cell, dy + i * cell);
+  }
+  ctx.stroke();
+}
+
+/**
+ * A zoomable, pannable view of `m` on `canvas`. `rows`, `cols`: the axis labels. The view keeps
+ * `cell` (px a cell), `top`/`left` (the first visible row and key, fractional while panning),
+ * `cursor` [i, j] (the keyboard's cell) and `marks` (cells outlined, e.g. a first difference).
+ * The canvas carries data-cell, data-ox, data-oy, data-top, data-left (the view, in cells) for
+ * tests and tools.
+ */
+export class MapView {
+  constructor(canvas, m, rows, cols, kind, allowed) {
+    Object.assign(this, { canvas, m, rows, cols, kind, allowed });
+    this.nRows = m.length; this.nCols = m[0].length;
+    this.base = null; // made on the first draw: a map never shown costs nothing
+    this.cell = 0; this.top = 0; this.left = 0; this.width = 0;
+    this.cursor = null; this.marks = []; this.fitted = true;
+  }
+
+  /** Px a cell at which the whole map fits `width` px and a view of `height` px. */
+  fitCell(width, height) {
+    const c = Math.min((width - LABEL_W) / this.nCols, (height - LABEL_H) / this.nRows);
+    return c >= 1 ? Math.min(MAX_CELL, Math.floor(c)) : Math.max(c, 1 / 64);
+  }
+
+  maxHeight() { return Math.max(320, Math.round(window.innerHeight * 0.8)); }
+
+  /** The card's width changed (or was first known): refit unless the user zoomed. */
+  resize(width) {
+    if (width <= 0 || (width === this.width && this.cell)) return;
+    this.width = width;
+    if (this.fitted || !this.cell) this.cell = this.fitCell(width, this.maxHeight());
+    this.draw();
+  }
+
+  visible() {
+    const w = this.canvas.width - LABEL_W, h = this.canvas.height - LABEL_H;
+    return { cols: w / this.cell, rows: h / this.cell };
+  }
+
+  clamp() {
+    const v = this.visible();
+    this.left = Math.max(0, Math.min(this.left, this.nCols - v.cols));
+    this.top = Math.max(0, Math.min(this.top, this.nRows - v.rows));
+  }
+
+  draw() {
+    if (!this.width) return;
+    if (!this.base) this.base = picture(this.m, this.kind, this.allowed);
+    const { canvas, cell } = this;
+    const w = Math.min(this.width, Math.ceil(LABEL_W + this.nCols * cell));
+    const h = Math.min(this.maxHeight(), Math.ceil(LABEL_H + this.nRows * cell));
+    if (canvas.width !== w) canvas.width = w;
+    if (canvas.height !== h) canvas.height = h;
+    this.clamp();
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, w, h);
+    const v = this.visible();
+    const i0 = Math.floor(this.top), j0 = Math.floor(this.left);
+    const i1 = Math.min(this.nRows, Math.ceil(this.top + v.rows)), j1 = Math.min(this.nCols, Math.ceil(this.left + v.cols));
+    // (x, y) of cell (i, j)'s top-left corner: dx + j * cell, dy + i * cell
+    const dx = LABEL_W - this.left * cell, dy = LABEL_H - this.top * cell;
+    this.labels(ctx, i0, i1, j0, j1, dx, dy);
+    ctx.save();
+    ctx.beginPath(); ctx.rect(LABEL_W, LABEL_H, w - LABEL_W, h - LABEL_H); ctx.clip();
+    ctx.imageSmoothingEnabled = cell < 1;
+    ctx.drawImage(this.base.off, j0, i0, j1 - j0, i1 - i0, dx + j0 * cell, dy + i0 * cell, (j1 - j0) * cell, (i1 - i0) * cell);
+    if (cell >= HATCH_FROM) hatch(ctx, this.m, this.allowed, i0, i1, j0, j1, cell, dx, dy);
+    if (cell >= GRID_FROM) this.grid(ctx, i0, i1, j0, j1, dx, dy);
+    if (cell >= VALUES_FROM) this.values(ctx, i0, i1, j0, j1, dx, dy);
+    ctx.lineWidth = 2;
+    for (const [i, j] of this.marks) { ctx.strokeStyle = "#111"; ctx.strokeRect(dx + j * cell, dy + i * cell, Math.max(cell, 3), Math.max(cell, 3)); }
+    if (this.cursor) { ctx.strokeStyle = "#f2b705"; ctx.strokeRect(dx + this.cursor[1] * cell, dy + this.cursor[0] * cell, Math.max(cell, 3), Math.max(cell, 3)); }
+    ctx.restore();
+    Object.assign(canvas.dataset, { cell: String(cell), ox: String(LABEL_W), oy: String(LABEL_H), top: String(this.top), left: String(this.left) });
+  }
+
+  // The labels of the visible rows and keys (the keys' rotated), thinned to one every `step` so
+  // that they never overlap, abbreviated; the axis names in the corner.
+  labels(ctx, i0, i1, j0, j1, dx, dy) {
+    const { cell } = this;
+    ctx.fillStyle = "#3d4753"; ctx.font = "11px system-ui, sans-serif";
+    ctx.textBaseline = "middle"; ctx.textAlign = "right";
+    const step = Math.max(1, Math.ceil(13 / cell));
+    for (let i = Math.ceil(i0 / step) * step; i < i1; i += step) {
+      const y = dy + i * cell + Math.min(cell, 13) / 2;
+      if (y >= LABEL_H) ctx.fillText(abbreviate(this.rows[i] ?? i, 9), LABEL_W - 4, y);
+    }
+    ctx.textAlign = "left";
+    for (let j = Math.ceil(j0 / step) * step; j < j1; j += step) {
+      const x = dx + j * cell + Math.min(cell, 13) / 2;
+      if (x < LABEL_W) continue;
+      ctx.save(); ctx.translate(x, LABEL_H - 4); ctx.rotate(-Math.PI / 3);
+      ctx.fillText(abbreviate(this.cols[j] ?? j, 8), 0, 0); ctx.restore();
+    }
+    ctx.fillStyle = "#1d232b";
+    ctx.fillText("keys →", 2, 10); ctx.fillText("queries ↓", 2, LABEL_H - 8);
+  }
+
+  grid(ctx, i0, i1, j0, j1, dx, dy) {
+    ctx.strokeStyle = "#dde2e8"; ctx.lineWidth = 1; ctx.beginPath();
+    for (let i = i0; i <= i1; i++) { ctx.moveTo(dx + j0 * this.cell, dy + i * this.cell + 0.5); ctx.lineTo(dx + j1 * this.cell, dy + i * this.cell + 0.5); }
+    for (let j = j0; j <= j1; j++) { ctx.moveTo(dx + j * this.cell + 0.5, dy + i0 * this.cell); ctx.lineTo(dx + j * this.cell + 0.5, dy + i1 * this.cell); }
+    ctx.stroke();
+  }
+
+  values(ctx, i0, i1, j0, j1, dx, dy) {
+    const { cell, m } = this;
+    ctx.font = `${cell >= 56 ? 12 : 11}px system-ui, sans-serif`; ctx.textAlign = "center"; ctx.textBaseline = "middle";
+    for (let i = i0; i < i1; i++) for (let j = j0; j < j1; j++) {
+      const masked = isMasked(m, this.allowed, i, j);
+      const c = masked ? MASKED : rgbOf(m[i][j], this.kind, this.base.scale);
+      ctx.fillStyle = c[0] * 0.299 + c[1] * 0.587 + c[2] * 0.114 < 140 ? "#fff" : "#1d232b";
+      ctx.fillText(fmt(m[i][j]), dx + (j + 0.5) * cell, dy + (i + 0.5) * cell);
+    }
+  }
+
+  /** The cell under a pointer event, or null. */
+  at(e) {
+    const r = this.canvas.getBoundingClientRect();
+    const k = this.canvas.width / r.width;
+    const x = (e.clientX - r.left) * k - LABEL_W, y = (e.clientY - r.top) * k - LABEL_H;
+    if (x < 0 || y < 0) return null;
+    const i = Math.floor(this.top + y / this.cell), j = Math.floor(this.left + x / this.cell);
+    return i < this.nRows && j < this.nCols ? [i, j] : null;
+  }
+
+  /** Zoom to `next` px a cell, keeping the cell at view point (vx, vy) (default: the middle) in place. */
+  zoom(next, vx = null, vy = null) {
+    const fit = this.fitCell(this.width, this.maxHeight());
+    if (next >= 1) next = next > this.cell ? Math.round(next) : Math.floor(next); // whole pixels from 1 up
+    next = Math.max(Math.min(fit, 1), Math.min(MAX_CELL, next));
+    if (next === this.cell) return;
+    const v = this.visible();
+    const px = vx ?? v.cols * this.cell / 2, py = vy ?? v.rows * this.cell / 2;
+    const ci = this.top + py / this.cell, cj = this.left + px / this.cell;
+    this.cell = next; this.fitted = next === fit;
+    this.top = ci - py / next; this.left = cj - px / next;
+    this.draw();
+  }
+
+  fit() { this.fitted = true; this.cell = this.fitCell(this.width, this.maxHeight()); this.top = 0; this.left = 0; this.draw(); }
+
+  /** Pan by (dx, dy) px. */
+  pan(dx, dy) { this.left += dx / this.cell; this.top += dy / this.cell; this.draw(); }
+
+  /** Bring cell (i, j) into view (the middle of it when it is out of view). */
+  show(i, j) {
+    const v = this.visible();
+    if (i < this.top || i + 1 > this.top + v.rows) this.top = i + 0.5 - v.rows / 2;
+    if (j < this.left || j + 1 > this.left + v.cols) this.left = j + 0.5 - v.cols / 2;
+    this.draw();
+  }
+
+  setCursor(c) { this.cursor = c; this.show(c[0], c[1]); }
+
+  mark(i, j) { this.marks.push([i, j]); this.show(i, j); }
+}
+
+/** How a view's zoom reads: "12 px a cell", or "4 cells a px" below one. */
+export function zoomText(cell) {
+  return cell >= 1 ? `${cell} px a cell` : `${(1 / cell).toFixed(1).replace(/\.0$/, "")} cells a px`;
+}
+
+/**
+ * A large map's canvas, its zoom bar and its handlers, put into `fig` and `scroll`: hover or the
+ * arrow keys read a cell (`say(i, j)`), a click or Enter calls `onCell(i, j)`, dragging or the
+ * wheel pans, ctrl+wheel or + and − zoom. `fig.markCell(i, j)` outlines a cell and brings it
+ * into view. Drawn once the card has a width (a hidden map is drawn when first shown).
+ */
+export function canvasMap(fig, scroll, { title, m, rows, cols, kind, allowed, onCell, say }) {
+  const canvas = document.createElement("canvas");
+  canvas.tabIndex = 0; canvas.dataset.rows = String(m.length); canvas.dataset.cols = String(m[0].length);
+  canvas.setAttribute("role", "img");
+  canvas.setAttribute("aria-label", `${title}: ${m.length} × ${m[0].length}; arrow keys read cells, + and − zoom${onCell ? ", Enter explains a cell" : ""}`);
+  const view = new MapView(canvas, m, rows, cols, kind, allowed);
+  const size = document.createElement("span"); size.className = "zoom-size";
+  const where = document.createElement("span"); where.className = "zoom-where";
+  const status = () => {
+    const v = view.visible();
+    size.textContent = zoomText(view.cell);
+    const rowsShown = Math.min(m.length, Math.ceil(v.rows)), colsShown = Math.min(m[0].length, Math.ceil(v.cols));
+    where.textContent = rowsShown >= m.length && colsShown >= m[0].length ? "the whole map"
+      : `queries ${view.top | 0}–${Math.min(m.length, (view.top | 0) + rowsShown) - 1}, keys ${view.left | 0}–${Math.min(m[0].length, (view.left | 0) + colsShown) - 1} of ${m.length} × ${m[0].length}; drag to pan`;
+  };
+  const draw = view.draw.bind(view);
+  view.draw = () => { draw(); status(); };
+  new ResizeObserver(() => view.resize(Math.min(scroll.clientWidth, 1600))).observe(scroll);
+
+  let drag = null; // pointer panning; a drag is not a click
+  canvas.addEventListener("pointerdown", (e) => { drag = { x: e.clientX, y: e.clientY, moved: false }; });
+  canvas.addEventListener("pointermove", (e) => {
+    if (drag && e.buttons) {
+      const dx = e.clientX - drag.x, dy = e.clientY - drag.y;
+      if (Math.abs(dx) + Math.abs(dy) > 4) drag.moved = true;
+      if (drag.moved) { canvas.setPointerCapture(e.pointerId); view.pan(-dx, -dy); drag.x = e.clientX; drag.y = e.clientY; }
+      return;
+    }
+    const c = view.at(e); if (c) say(c[0], c[1]);
+  });
+  canvas.addEventListener("click", (e) => {
+    const moved = drag && drag.moved; drag = null;
+    if (moved) return;
+    const c = view.at(e);
+    if (!c) return;
+    view.setCursor(c); say(c[0], c[1]);
+    if (onCell) onCell(c[0], c[1]);
+  });
+  canvas.addEventListener("wheel", (e) => {
+    const r = canvas.getBoundingClientRect();
+    if (e.ctrlKey) { // pinch or ctrl+wheel: zoom about the pointer
+      e.preventDefault();
+      view.zoom(view.cell * (e.deltaY < 0 ? 2 : 0.5), e.clientX - r.left - LABEL_W, e.clientY - r.top - LABEL_H);
+      return;
+    }
+    const before = [view.top, view.left];
+    view.pan(e.shiftKey ? e.deltaY : e.deltaX, e.shiftKey ? 0 : e.deltaY);
+    if (view.top !== before[0] || view.left !== before[1]) e.preventDefault(); // at an edge the page scrolls
+  }, { passive: false });
+  const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+  canvas.addEventListener("keydown", (e) => {
+    if (onCell && e.key === "Enter") { e.preventDefault(); onCell(...(view.cursor || [0, 0])); return; }
+    if (e.key === "+" || e.key === "=") { e.preventDefault(); view.zoom(view.cell * 2); return; }
+    if (e.key === "-") { e.preventDefault(); view.zoom(view.cell / 2); return; }
+    if (!moves[e.key]) return;
+    e.preventDefault();
+    const c = view.cursor || [0, 0];
+    view.setCursor([Math.max(0, Math.min(m.length - 1, c[0] + moves[e.key][0])), Math.max(0, Math.min(m[0].length - 1, c[1] + moves[e.key][1]))]);
+    say(view.cursor[0], view.cursor[1]);
+  });
+  canvas.addEventListener("focus", () => { if (!view.cursor) view.setCursor([0, 0]); say(view.cursor[0], view.cursor[1]); });
+  fig.markCell = (i, j) => view.mark(i, j);
+
+  const zoomBar = document.createElement("div"); zoomBar.className = "zoom";
+  const zbutton = (text, label, act) => {
+    const b = document.createElement("button"); b.type = "button"; b.textContent = text;
+    b.setAttribute("aria-label", label); b.addEventListener("click", act); return b;
+  };
+  zoomBar.append("Zoom ",
+    zbutton("−", `Zoom out of ${title}`, () => view.zoom(view.cell / 2)),
+    zbutton("+", `Zoom in on ${title}`, () => view.zoom(view.cell * 2)),
+    zbutton("fit", `Fit ${title} to the card`, () => view.fit()), size, where);
+  fig.append(zoomBar);
+  fig.classList.add("large");
+  scroll.append(canvas);
+  return view;
+}
