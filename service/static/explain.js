@@ -3,8 +3,9 @@
  * explainCell(ctx) returns a <section class="explain">: .explain-title ("weights[1][2] (head 0,
  * batch item 1)"), .explain-who (the query and key tokens), .explain-formula lines,
  * .explain-terms tables (the clicked cell's own term in tr.this-term), .explain-note remarks
- * (RoPE angles, fully masked rows, the sink) and .explain-total ("= 0.731059 (the service:
- * 0.731059)", .explain-mismatch when the page's sum differs). Styles are in explorer.css.
+ * (RoPE angles, fully masked rows, the sink), .explain-total ("= 0.731059 (the service:
+ * 0.731059)", .explain-mismatch when the page's sum differs) and a button.explain-back whose
+ * data-step, data-i, data-j name the same cell of the step before. Styles are in explorer.css.
  */
 
 import { formatNumber } from "./heatmap.js";
@@ -285,5 +286,20 @@ export function explainCell(ctx) {
       r.terms.map((x) => [String(x.j), fmt(x.w), fmt(x.v), fmt(x.value)])));
   }
   box.append(totalLine(r.total, r.service));
+  const before = stepBefore(r);
+  if (before) { // walk back one step: the page shows that cell's explanation in place of this one
+    const back = el("button", "secondary explain-back", `← how ${before}[${i}][${j}] was computed`);
+    back.type = "button";
+    Object.assign(back.dataset, { step: before, i: String(i), j: String(j) });
+    box.append(back);
+  }
   return box;
+}
+
+/** The map the cell was computed from, cell for cell (none for scores and output). */
+function stepBefore(r) {
+  if (r.kind === "scale") return "scores";
+  if (r.kind === "cap") return "scaled_scores";
+  if (r.kind === "bias" || r.kind === "mask" || r.kind === "softmax") return r.prev;
+  return null;
 }

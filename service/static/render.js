@@ -117,6 +117,13 @@ export async function explain(ctx) {
   const body = $("explain-body");
   if (!el) { closeExplain(); return; }
   body.replaceChildren(el);
+  const back = el.querySelector("button.explain-back");
+  if (back) {
+    back.addEventListener("click", async () => {
+      await explain({ ...ctx, name: back.dataset.step, i: +back.dataset.i, j: +back.dataset.j });
+      ($("explain-body").querySelector("button.explain-back") || $("explain-close")).focus(); // the keyboard walks on
+    });
+  }
   panel.hidden = false;
   panel.dataset.name = ctx.name; panel.dataset.cell = `${ctx.i},${ctx.j}`;
   panel.dataset.head = ctx.head === null ? "" : String(ctx.head);

@@ -5,108 +5,18 @@ drawn from the form, and a readable hover read-out."""
 
 import json
 import math
-import os
 import re
 import urllib.request
-from collections.abc import Iterator
 from decimal import ROUND_HALF_UP, Decimal, localcontext
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.live import start_server
-
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-
-if os.environ.get("REQUIRE_BROWSER"):  # CI sets it: a missing browser must fail, not skip
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install chromium"
-    import playwright  # noqa: F401
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
-)
+from tests.browser.support import ARTIFACTS, map_cells, open_explorer, run_form
 
 pytestmark = pytest.mark.e2e
 
 Value = float | bool | None  # a cell's data-value: a number, a mask's true/false, or null (−∞)
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    proc, base = start_server()
-    yield base
-    proc.terminate()
-    proc.wait(timeout=15)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"],
-        )  # fmt: skip
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def offline_page(browser: Any, server: str) -> Iterator[tuple[Any, list[str]]]:
-    """A page that may reach only the server; every other request is aborted and recorded."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    outside: list[str] = []
-
-    def guard(route: Any) -> None:
-        if route.request.url.startswith(server):
-            route.continue_()
-        else:
-            outside.append(route.request.url)
-            route.abort()
-
-    context.route("**/*", guard)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    yield page, outside
-    context.close()
-    assert errors == [], f"JavaScript errors on the page: {errors}"
-
-
-def _open(page: Any, server: str) -> None:
-    """Open the explorer and wait until the first worked example is drawn."""
-    page.goto(server + "/")
-    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
-
-
-def _idle(page: Any) -> None:
-    """Wait until no Run is under way (picking an example starts one)."""
-    page.locator("body:not([data-busy])").wait_for(state="attached", timeout=20_000)
-
-
-def _run(page: Any, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Click Run; return the request body the page sent and the JSON it got back."""
-    _idle(page)
-    with page.expect_response(
-        lambda r: r.url.endswith("/" + endpoint) and r.request.method == "POST"
-    ) as info:
-        page.click("#run")
-    response = info.value
-    page.locator("#status").filter(has_text=re.compile("^(Done|Error)")).wait_for(timeout=20_000)
-    _idle(page)
-    assert response.status == 200, response.text()
-    return response.request.post_data_json, response.json()
-
-
-def _cells(page: Any, name: str) -> dict[tuple[int, int], str]:
-    cells = page.locator(f'figure[data-name="{name}"] rect.cell')
-    found = cells.evaluate_all(
-        "els => els.map(e => [+e.dataset.row, +e.dataset.col, e.dataset.value])"
-    )
-    return {(i, j): v for i, j, v in found}
 
 
 def _map_kinds(server: str, endpoint: str) -> dict[str, str]:
@@ -228,10 +138,10 @@ def test_each_map_has_one_legend_with_its_own_range(
     one −m, 0, m with m the map's largest |value|; "masked" in the legend exactly when the map has
     masked cells; a mask map: its two swatches."""
     page, outside = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     if example != "batman":  # the page opens with batman drawn
         page.select_option("#example", example)
-        _run(page, "attention")
+        run_form(page, "attention")
     kinds = _map_kinds(server, "attention")
     seen = set()
     for figure in _figures(page):
@@ -246,7 +156,7 @@ def test_each_map_has_one_legend_with_its_own_range(
         has_masked = figure.locator("rect.cell.masked").count() > 0
         assert ("masked" in labels) == has_masked, (name, labels)
         numbers = [t for t in labels if t != "masked"]
-        values = [v for v in map(_value, _cells(page, name).values()) if v is not None]
+        values = [v for v in map(_value, map_cells(page, name).values()) if v is not None]
         assert values, name
         if kind == "weights":
             assert numbers == ["0", fmt(max(values))], name
@@ -268,7 +178,7 @@ def test_maps_name_their_axes_and_do_not_repeat_the_title(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, outside = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     for figure in _figures(page):
         name = figure.get_attribute("data-name")
         axis = " ".join(figure.locator(".map-scroll svg text.axis-name").all_text_contents())
@@ -295,7 +205,7 @@ def _direct(page: Any, q: str, k: str, v: str) -> tuple[dict[str, Any], dict[str
     page.select_option("#weight_layout", "in_out")
     for field, text in (("#q", q), ("#k", k), ("#v", v)):
         page.fill(field, text)
-    body, data = _run(page, "attention")
+    body, data = run_form(page, "attention")
     assert set(body) >= {"q", "k", "v"} and "x" not in body
     return body, data
 
@@ -309,7 +219,7 @@ def _check_printed(page: Any) -> list[tuple[float, str]]:
     for figure in _figures(page):
         name = figure.get_attribute("data-name")
         printed = _printed(figure)
-        assert sorted((i, j) for i, j, *_ in printed) == sorted(_cells(page, name)), name
+        assert sorted((i, j) for i, j, *_ in printed) == sorted(map_cells(page, name)), name
         for i, j, raw, text, _ in printed:
             v = _value(raw)
             if isinstance(v, float) and math.isfinite(v):
@@ -333,7 +243,7 @@ def test_values_are_printed_with_three_significant_digits(
     """Scores far apart give weights from 1 down to 1e-300 and an exact 0 (underflow); each printed
     cell is fmt(data-value): 0.000915 plain, 1.01e-6 in exponent form."""
     page, outside = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     _, data = _direct(page, "1\n2\n10\n100", "0\n-6.9\n-13.8\n-2.3", "1\n2\n3\n4")
     weights = [v for row in data["weights"] for v in row]
     assert any(1e-4 <= v < 1e-2 for v in weights) and any(0 < v < 1e-4 for v in weights)
@@ -355,7 +265,7 @@ def test_huge_scores_are_printed_short_in_exponent_form(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, outside = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     _, data = _direct(page, "1e11\n1", "1e11\n1", "1\n2")
     assert data["scores"][0][0] == 1e22
     shown = dict(_check_printed(page))
@@ -368,7 +278,7 @@ def test_printed_values_fit_in_their_cells(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, outside = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     _direct(page, "1\n2\n10\n100", "0\n-6.9\n-13.8\n-2.3", "1\n2\n3\n4")
     for figure in _figures(page):
         name = figure.get_attribute("data-name")
@@ -384,8 +294,8 @@ def test_zero_cells_have_a_visible_stroke(offline_page: tuple[Any, list[str]], s
     """I am Batman: "am" is the zero vector, so its row of scores is all zeros; each of its cells
     (every zero cell of every map) is outlined in a colour darker than its white fill."""
     page, outside = offline_page
-    _open(page, server)
-    scores = _cells(page, "scores")
+    open_explorer(page, server)
+    scores = map_cells(page, "scores")
     assert [scores[1, j] for j in range(3)] == ["0", "0", "0"]
     zeros = page.locator("figure.heatmap rect.cell:not(.masked)").evaluate_all(
         """els => els.filter((e) => Number(e.dataset.value) === 0)
@@ -415,12 +325,12 @@ def _table(page: Any, name: str) -> list[list[float]]:
 
 def test_variants_from_the_form_are_drawn(offline_page: tuple[Any, list[str]], server: str) -> None:
     page, outside = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     page.check("#rope")
     page.fill("#softcap", "2")
     page.check("#alibi")
     page.fill("#sinks", "0.5")
-    body, data = _run(page, "attention")
+    body, data = run_form(page, "attention")
     assert body["rope"] is True and body["softcap"] == 2 and body["alibi"] is True
     assert body["sinks"] == 0.5
 
@@ -431,7 +341,7 @@ def test_variants_from_the_form_are_drawn(offline_page: tuple[Any, list[str]], s
         for got, want in zip(shown, data[name], strict=True):
             assert got == pytest.approx(want, rel=1e-12, abs=1e-12), name
     for name in ("capped_scores", "position_bias"):  # maps
-        cells = _cells(page, name)
+        cells = map_cells(page, name)
         want = data[name]
         assert len(cells) == len(want) * len(want[0]), name
         for (i, j), raw in cells.items():
@@ -455,16 +365,18 @@ def test_variants_from_the_form_are_drawn(offline_page: tuple[Any, list[str]], s
 
 
 def test_hover_readout_is_readable(offline_page: tuple[Any, list[str]], server: str) -> None:
+    from playwright.sync_api import expect
+
     page, outside = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     figure = page.locator('figure[data-name="weights"]')
     tokens = ["I", "am", "Batman"]
-    cells = _cells(page, "weights")
+    cells = map_cells(page, "weights")
     readout = figure.locator(".cell-readout")
     for i, j in ((2, 0), (0, 1)):
         figure.locator(f'rect.cell[data-row="{i}"][data-col="{j}"]').hover()
         want = f"{tokens[i]} → {tokens[j]}: {fmt(_value(cells[i, j]))}"
-        sync_api.expect(readout).to_have_text(want)
+        expect(readout).to_have_text(want)
     assert readout.is_visible()
     style = readout.evaluate(
         "e => { const s = getComputedStyle(e); return [s.fontSize, s.color, s.opacity]; }"

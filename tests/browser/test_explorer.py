@@ -1,13 +1,11 @@
-"""Swagger UI and ReDoc in a real browser (Debian's Chromium, driven by Playwright) against a real
-server, with every request that leaves the server blocked: the docs must work offline."""
+"""Swagger UI, ReDoc and the explorer page in a real browser (Debian's Chromium, driven by
+Playwright) against a real server, with every request that leaves the server blocked: the pages
+must work offline."""
 
 import json
 import math
-import os
 import re
 import subprocess
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,69 +13,17 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from harness.live import start_server
-
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-
-if os.environ.get("REQUIRE_BROWSER"):  # CI sets it: a missing browser must fail, not skip
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install chromium"
-    import playwright  # noqa: F401
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
+from tests.browser.support import (
+    ARTIFACTS,
+    map_cells,
+    open_explorer,
+    post_json,
+    run_example,
+    run_form,
+    wait_idle,
 )
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    proc, base = start_server()
-    yield base
-    proc.terminate()
-    proc.wait(timeout=15)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"],
-        )  # fmt: skip
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def offline_page(
-    browser: Any, server: str, request: pytest.FixtureRequest
-) -> Iterator[tuple[Any, list[str]]]:
-    """A page that may reach only the server; every other request is aborted and recorded.
-    Parametrize ``viewport`` indirectly to change the window size."""
-    size = getattr(request, "param", (1280, 900))
-    context = browser.new_context(
-        viewport={"width": size[0], "height": size[1]}, accept_downloads=True
-    )
-    outside: list[str] = []
-
-    def guard(route: Any) -> None:
-        if route.request.url.startswith(server):
-            route.continue_()
-        else:
-            outside.append(route.request.url)
-            route.abort()
-
-    context.route("**/*", guard)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    yield page, outside
-    context.close()
-    assert errors == [], f"JavaScript errors on the page: {errors}"
 
 
 def test_swagger_ui_renders_and_try_it_out_executes_offline(
@@ -140,48 +86,6 @@ def _examples() -> list[tuple[str, str]]:
     ]
 
 
-def _open(page: Any, server: str) -> None:
-    """Open the explorer and wait until the first worked example is drawn."""
-    page.goto(server + "/")
-    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
-
-
-def _idle(page: Any) -> None:
-    """Wait until no Run is under way (picking an example starts one)."""
-    page.locator("body:not([data-busy])").wait_for(state="attached", timeout=20_000)
-
-
-def _run(page: Any, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Click Run; return the request body the page sent and the JSON it got back."""
-    _idle(page)
-    with page.expect_response(
-        lambda r: r.url.endswith("/" + endpoint) and r.request.method == "POST"
-    ) as info:
-        page.click("#run")
-    response = info.value
-    page.locator("#status").filter(has_text=re.compile("^(Done|Error)")).wait_for(timeout=20_000)
-    _idle(page)
-    return response.request.post_data_json, response.json()
-
-
-def _post(server: str, endpoint: str, body: dict[str, Any]) -> Any:
-    req = urllib.request.Request(
-        f"{server}/{endpoint}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())
-
-
-def _cells(page: Any, name: str) -> dict[tuple[int, int], str]:
-    cells = page.locator(f'figure[data-name="{name}"] rect.cell')
-    found = cells.evaluate_all(
-        "els => els.map(e => [+e.dataset.row, +e.dataset.col, e.dataset.value])"
-    )
-    return {(i, j): v for i, j, v in found}
-
-
 @pytest.mark.parametrize(
     ("endpoint", "example"), _examples(), ids=[f"{e}-{k}" for e, k in _examples()]
 )
@@ -189,17 +93,15 @@ def test_each_worked_example_shows_what_the_api_returns(
     offline_page: tuple[Any, list[str]], server: str, endpoint: str, example: str
 ) -> None:
     page, outside = offline_page
-    _open(page, server)
-    page.select_option("#endpoint", endpoint)
-    page.locator(f"#example option[value={example}]").wait_for(state="attached")
-    page.select_option("#example", example)
-    body, data = _run(page, endpoint)
-    assert _post(server, endpoint, body) == data  # the page shows the API's own answer
+    open_explorer(page, server)
+    run_example(page, endpoint, example)
+    body, data = run_form(page, endpoint)
+    assert post_json(server, endpoint, body) == data  # the page shows the API's own answer
 
     batched = page.locator("#batch-pick").is_visible()
     key = "average_weights" if endpoint == "multihead" else "weights"
     weights = data[key][0] if batched else data[key]
-    cells = _cells(page, key)
+    cells = map_cells(page, key)
     assert len(cells) == len(weights) * len(weights[0])
     for (i, j), shown in cells.items():
         assert float(shown) == pytest.approx(weights[i][j], rel=1e-12, abs=1e-12)
@@ -223,8 +125,8 @@ def test_each_worked_example_shows_what_the_api_returns(
 
 def test_batman_summary_sentence(offline_page: tuple[Any, list[str]], server: str) -> None:
     page, _ = offline_page
-    _open(page, server)  # the first example (I am Batman) is loaded on arrival
-    _run(page, "attention")
+    open_explorer(page, server)  # the first example (I am Batman) is loaded on arrival
+    run_form(page, "attention")
     assert "Batman attends most to I, 0.667" in page.locator("#summary").inner_text()
 
 
@@ -232,9 +134,9 @@ def test_an_api_error_is_shown_next_to_its_field(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, _ = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     page.fill("#x", "1 0\n0 0 1\n0 1")
-    _, data = _run(page, "attention")
+    _, data = run_form(page, "attention")
     assert data["errors"][0]["field"] == "x"
     message = page.locator('.field[data-field="x"] .field-error').inner_text()
     assert message == "x row 1 has 3 numbers but row 0 has 2"
@@ -245,7 +147,7 @@ def test_256_tokens_render_on_canvas_and_read_by_keyboard(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, _ = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     page.select_option("#mode", "generated")
     page.fill("#tokens", "")
     page.fill("#sentence", " ".join(f"w{i}" for i in range(256)))
@@ -255,7 +157,7 @@ def test_256_tokens_render_on_canvas_and_read_by_keyboard(
         page.fill(field, "")
     page.fill("#extra", "")
     page.select_option("#weight_layout", "in_out")
-    _, data = _run(page, "attention")
+    _, data = run_form(page, "attention")
     assert len(data["weights"]) == 256
     canvas = page.locator('figure[data-name="weights"] canvas')
     assert canvas.get_attribute("data-rows") == "256"
@@ -271,8 +173,8 @@ def test_256_tokens_render_on_canvas_and_read_by_keyboard(
 
 def test_heatmaps_export_as_svg_and_png(offline_page: tuple[Any, list[str]], server: str) -> None:
     page, _ = offline_page
-    _open(page, server)
-    _run(page, "attention")
+    open_explorer(page, server)
+    run_form(page, "attention")
     figure = page.locator('figure[data-name="weights"]')
     with page.expect_download() as svg:
         figure.get_by_role("button", name="Download weights  softmax as SVG").click()
@@ -286,7 +188,7 @@ def test_copy_as_curl_gives_a_command_that_works(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, _ = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     page.click("#copy-curl")
     command = page.locator("#curl").inner_text()
     assert command.startswith(f"curl -s {server}/attention ")
@@ -299,8 +201,8 @@ def test_copy_as_curl_gives_a_command_that_works(
 @pytest.mark.parametrize("offline_page", [(390, 844)], indirect=True, ids=["phone"])
 def test_usable_at_phone_width(offline_page: tuple[Any, list[str]], server: str) -> None:
     page, _ = offline_page
-    _open(page, server)
-    _run(page, "attention")
+    open_explorer(page, server)
+    run_form(page, "attention")
     assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth + 1")
     assert page.locator("#run").is_visible()
     ARTIFACTS.mkdir(exist_ok=True)
@@ -322,19 +224,19 @@ def test_variants_from_the_form_draw_what_the_api_returns(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, outside = offline_page
-    _open(page, server)  # I am Batman: d_k 2
+    open_explorer(page, server)  # I am Batman: d_k 2
     page.check("#causal")
     page.check("#rope")
     page.fill("#rope_base", "100")
     page.fill("#softcap", "2")
     page.check("#alibi")
     page.fill("#sinks", "0.5")
-    body, data = _run(page, "attention")
+    body, data = run_form(page, "attention")
     assert body["rope"] == {"base": 100}
     assert (body["softcap"], body["alibi"], body["sinks"]) == (2, True, 0.5)
     assert body["mask"] == {"type": "causal", "alignment": "upper_left"}
     assert "qk_norm" not in body and "positions" not in body
-    assert _post(server, "attention", body) == data
+    assert post_json(server, "attention", body) == data
 
     caption = page.locator('table.matrix[data-name="q_rotated"] caption').inner_text()
     assert caption.startswith("Q rotated (RoPE)")
@@ -345,7 +247,7 @@ def test_variants_from_the_form_draw_what_the_api_returns(
     for name, title in (("capped_scores", "capped scores"), ("position_bias", "position bias")):
         figure = page.locator(f'figure[data-name="{name}"]')
         assert figure.locator("figcaption").inner_text().startswith(title)
-        cells = _cells(page, name)
+        cells = map_cells(page, name)
         assert len(cells) == 9
         for (i, j), value in cells.items():
             assert float(value) == pytest.approx(data[name][i][j], rel=1e-12, abs=1e-12)
@@ -359,10 +261,8 @@ def test_variants_from_the_form_draw_what_the_api_returns(
 
 def test_variants_per_head_on_multihead(offline_page: tuple[Any, list[str]], server: str) -> None:
     page, _ = offline_page
-    _open(page, server)
-    page.select_option("#endpoint", "multihead")
-    page.locator("#example option[value=two_heads]").wait_for(state="attached")
-    page.select_option("#example", "two_heads")
+    open_explorer(page, server)
+    run_example(page, "multihead", "two_heads")
     page.select_option("#qk_norm", "layer")
     page.check("#rope")
     page.select_option("#rope_style", "interleaved")
@@ -370,14 +270,14 @@ def test_variants_per_head_on_multihead(offline_page: tuple[Any, list[str]], ser
     page.check("#alibi")
     page.check("#alibi_symmetric")
     page.fill("#sinks", "0.5 -1")
-    body, data = _run(page, "multihead")
+    body, data = run_form(page, "multihead")
     assert body["qk_norm"] == {"type": "layer"}
     assert body["rope"] == {"style": "interleaved"}
     assert (body["alibi"], body["sinks"]) == ({"symmetric": True}, [0.5, -1])
-    assert _post(server, "multihead", body) == data
+    assert post_json(server, "multihead", body) == data
     for h, head in enumerate(data["heads"]):
         for name in ("capped_scores", "position_bias", "biased_scores"):
-            cells = _cells(page, f"head{h}_{name}")
+            cells = map_cells(page, f"head{h}_{name}")
             assert cells and all(
                 float(v) == pytest.approx(head[name][i][j], rel=1e-12, abs=1e-12)
                 for (i, j), v in cells.items()
@@ -390,10 +290,10 @@ def test_a_rope_error_is_shown_next_to_the_rope_field(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, _ = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     page.check("#rope")
     page.fill("#rope_rotary_dim", "1")
-    body, data = _run(page, "attention")
+    body, data = run_form(page, "attention")
     assert body["rope"] == {"rotary_dim": 1}
     assert data["errors"][0]["field"] == "rope.rotary_dim"
     message = page.locator('.field[data-field="rope"] .field-error').inner_text()
@@ -445,7 +345,7 @@ def test_my_numbers_parser_reads_notebook_formats(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, _ = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     cases: dict[str, list[Any]] = {
         "[[0.1, 0.2], [0.3, 0.4]]": [["0.1", "0.2"], ["0.3", "0.4"]],
         "[[0.1 0.2]\n [0.3 0.4]]": [["0.1", "0.2"], ["0.3", "0.4"]],
@@ -503,8 +403,8 @@ def test_compare_names_the_course_notebook_mistake(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, outside = offline_page
-    _open(page, server)  # I am Batman (weight_layout out_in)
-    body, data = _run(page, "attention")
+    open_explorer(page, server)  # I am Batman (weight_layout out_in)
+    body, data = run_form(page, "attention")
     wrong = _notebook_weights(body)
     _paste(page, "q", json.dumps(data["q"]))  # the right Q, as JSON rows
     _paste(page, "weights", str(wrong))  # what print(weights) shows in the notebook
@@ -541,7 +441,7 @@ def test_compare_names_the_course_notebook_mistake(
         str(where[0]),
         str(where[1]),
     )
-    cells = _cells(page, "diff_weights")
+    cells = map_cells(page, "diff_weights")
     assert len(cells) == 9
     ours = np.array(data["weights"])
     for (i, j), shown in cells.items():
@@ -556,8 +456,8 @@ def test_compare_with_the_services_own_numbers_all_match(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, _ = offline_page
-    _open(page, server)
-    _, data = _run(page, "attention")
+    open_explorer(page, server)
+    _, data = run_form(page, "attention")
     _paste(page, "k", json.dumps(data["k"]))
     _paste(page, "scores", _rows(data["scores"]))
     _paste(page, "weights", "array(" + json.dumps(data["weights"]) + ")")
@@ -575,9 +475,9 @@ def test_compare_with_the_services_own_numbers_all_match(
     assert page.locator("#comparison .first-mismatch").count() == 0
     for name in names:
         assert page.locator(f'figure.diff[data-name="diff_{name}"]').count() == 1
-    assert set(_cells(page, "diff_weights").values()) == {"0"}
+    assert set(map_cells(page, "diff_weights").values()) == {"0"}
     # a plain Run afterwards sends no expected numbers and hides the comparison
-    body, again = _run(page, "attention")
+    body, again = run_form(page, "attention")
     assert "expected" not in body and "comparison" not in again
     assert page.locator("#comparison").is_hidden()
     assert page.locator('details.my-numbers[data-name="weights"] textarea').input_value()
@@ -587,13 +487,11 @@ def test_per_head_boxes_fill_expected_heads(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, _ = offline_page
-    _open(page, server)
-    page.select_option("#endpoint", "multihead")
-    page.locator("#example option[value=two_heads]").wait_for(state="attached")
-    page.select_option("#example", "two_heads")
+    open_explorer(page, server)
+    run_example(page, "multihead", "two_heads")
     assert json.loads(page.input_value("#extra")) == {"decimals": 4}
     page.fill("#extra", "")  # the service's numbers at full precision, to paste back
-    _, data = _run(page, "multihead")
+    _, data = run_form(page, "multihead")
     _paste(page, "heads.1.weights", json.dumps(data["heads"][1]["weights"]))
     _paste(page, "concat", _rows(data["concat"]))
     _paste(page, "output", json.dumps(data["output"]))
@@ -610,8 +508,8 @@ def test_my_numbers_errors_are_shown_next_to_the_box(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, _ = offline_page
-    _open(page, server)
-    _, data = _run(page, "attention")
+    open_explorer(page, server)
+    _, data = run_form(page, "attention")
     _paste(page, "weights", "0.1 0.2 0.3\n0.4 0.5\n0.6 0.7 0.8")
     posts: list[str] = []
     page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
@@ -637,10 +535,10 @@ def test_an_inverted_causal_mask_is_warned_about(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, _ = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     page.select_option("#endpoint", "mask")
     page.fill("#boolean", "0 1 1\n0 0 1\n0 0 0")  # true = may attend: the opposite of causal
-    body, data = _run(page, "mask")
+    body, data = run_form(page, "mask")
     assert body["mask"] == {"type": "boolean", "matrix": [[0, 1, 1], [0, 0, 1], [0, 0, 0]]}
     assert [w["code"] for w in data["warnings"]] == ["mask_polarity"]
     warnings = page.locator("#warnings")
@@ -651,7 +549,7 @@ def test_an_inverted_causal_mask_is_warned_about(
     assert data["warnings"][0]["message"] in beside.inner_text()
     assert page.locator("#comparison").is_hidden()  # a warning needs no expected numbers
     page.fill("#boolean", "1 0 0\n1 1 0\n1 1 1")
-    _, data = _run(page, "mask")
+    _, data = run_form(page, "mask")
     assert "warnings" not in data
     assert page.locator("#warnings").is_hidden()
     assert page.locator(".field-warning").count() == 0
@@ -662,8 +560,8 @@ def test_compare_at_phone_width(offline_page: tuple[Any, list[str]], server: str
     page, _ = offline_page
     console: list[str] = []
     page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
-    _open(page, server)
-    body, _ = _run(page, "attention")
+    open_explorer(page, server)
+    body, _ = run_form(page, "attention")
     _paste(page, "weights", str(_notebook_weights(body)))
     _compare(page, "attention")
     assert page.locator("#comparison .verdict code.mistake").count() == 2
@@ -677,12 +575,12 @@ def test_compare_leaves_out_decimals_and_shows_the_batch_item_that_differs(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, _ = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     page.fill("#x", json.dumps([[[1, 0], [0, 0], [0, 1]], [[0, 1], [1, 1], [1, 0]]]))
     page.fill("#extra", '{"decimals": 3}')
-    body, _ = _run(page, "attention")
+    body, _ = run_form(page, "attention")
     assert body["decimals"] == 3 and page.locator("#batch-pick").is_visible()
-    exact = _post(server, "attention", {k: v for k, v in body.items() if k != "decimals"})
+    exact = post_json(server, "attention", {k: v for k, v in body.items() if k != "decimals"})
     mine = np.array(exact["weights"])
     mine[1, 2, 0] += 0.01
     _paste(page, "weights", json.dumps(mine.tolist()))
@@ -696,10 +594,10 @@ def test_compare_leaves_out_decimals_and_shows_the_batch_item_that_differs(
     assert '"decimals": 3' in page.locator("#comparison").inner_text()
     diff = page.locator('figure.diff[data-name="diff_weights"]')
     assert diff.get_attribute("data-where") == "2,0"
-    assert float(_cells(page, "diff_weights")[(2, 0)]) == pytest.approx(0.01, abs=1e-12)
+    assert float(map_cells(page, "diff_weights")[(2, 0)]) == pytest.approx(0.01, abs=1e-12)
     page.select_option("#batch", "0")  # the other item: nothing outlined, no difference
     assert diff.get_attribute("data-where") is None
-    assert set(_cells(page, "diff_weights").values()) == {"0"}
+    assert set(map_cells(page, "diff_weights").values()) == {"0"}
 
 
 def test_expected_numbers_in_a_worked_example_fill_the_boxes(
@@ -719,9 +617,9 @@ def test_expected_numbers_in_a_worked_example_fill_the_boxes(
     key = with_expected[0]
     value = content["examples"][key]["value"]
     page, _ = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     page.select_option("#example", key)
-    body, data = _run(page, "attention")
+    body, data = run_form(page, "attention")
     assert body["expected"] == value["expected"]
     names = [r["name"] for r in data["comparison"]]
     assert (
@@ -754,10 +652,10 @@ def test_masked_scores_printed_with_minus_inf_match(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, _ = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     page.select_option("#endpoint", "mask")
     page.check("#causal")
-    _, data = _run(page, "mask")
+    _, data = run_form(page, "mask")
     scores = np.array([[-np.inf if v is None else v for v in row] for row in data["masked_scores"]])
     with np.printoptions(precision=17):
         printed = repr(scores)  # array([[ 3.53553390593273731, -inf, ...
@@ -767,7 +665,7 @@ def test_masked_scores_printed_with_minus_inf_match(
     assert sent["expected"]["masked_scores"] == data["masked_scores"]  # −∞ goes as null
     assert got["first_mismatch"] is None
     assert page.locator("#comparison li[data-name=masked_scores]").inner_text().startswith("✓")
-    assert set(_cells(page, "diff_masked_scores").values()) == {"0"}
+    assert set(map_cells(page, "diff_masked_scores").values()) == {"0"}
 
 
 # ---- drawn at once; each input mode sends only its own fields ----------------------------------
@@ -779,11 +677,11 @@ def test_the_page_opens_with_the_first_example_drawn(
     page, outside = offline_page
     posts: list[str] = []
     page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
-    _open(page, server)  # no Run clicked
+    open_explorer(page, server)  # no Run clicked
     assert posts == [server + "/attention"]
     assert page.locator("#results").is_visible()
     assert "Batman attends most to I, 0.667" in page.locator("#summary").inner_text()
-    assert len(_cells(page, "weights")) == 9
+    assert len(map_cells(page, "weights")) == 9
     assert page.locator("#outcome-status").inner_text().startswith("Done in")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "explorer-on-arrival.png"))
@@ -792,14 +690,9 @@ def test_the_page_opens_with_the_first_example_drawn(
 
 def test_picking_an_example_runs_it(offline_page: tuple[Any, list[str]], server: str) -> None:
     page, _ = offline_page
-    _open(page, server)
-    page.select_option("#endpoint", "mask")
-    page.locator("#example option[value=causal]").wait_for(state="attached")
-    with page.expect_response(lambda r: r.url.endswith("/mask")) as info:
-        page.select_option("#example", "causal")
-    data = info.value.json()
-    _idle(page)
-    weights = _cells(page, "weights")
+    open_explorer(page, server)
+    data = run_example(page, "mask", "causal")
+    weights = map_cells(page, "weights")
     assert len(weights) == len(data["weights"]) * len(data["weights"][0])
     assert page.locator('figure[data-name="weights"] rect.cell.masked').count() > 0
 
@@ -808,14 +701,14 @@ def test_switching_the_input_mode_sends_only_that_modes_fields(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, _ = offline_page
-    _open(page, server)  # I am Batman: x and weights
+    open_explorer(page, server)  # I am Batman: x and weights
     x = page.input_value("#x")
     page.select_option("#mode", "generated")
     assert page.input_value("#x") == ""  # the projections' x is put away, not sent
     page.fill("#sentence", "the cat sat on the mat")
     for field, value in (("#seed", "1"), ("#d_model", "16"), ("#d_k", "4")):
         page.fill(field, value)
-    body, data = _run(page, "attention")
+    body, data = run_form(page, "attention")
     assert not {"x", "w_q", "w_k", "w_v", "q", "k", "v"} & set(body)
     assert "errors" not in data and len(data["weights"]) == 6
     page.select_option("#mode", "direct")
@@ -823,7 +716,7 @@ def test_switching_the_input_mode_sends_only_that_modes_fields(
     page.fill("#k", "1 0\n0 1")
     page.fill("#v", "1 2\n3 4")
     page.fill("#tokens", "")
-    body, data = _run(page, "attention")
+    body, data = run_form(page, "attention")
     assert set(body) & {"x", "w_q", "sentence", "seed", "d_model"} == set()
     assert data["output"] and "errors" not in data
     page.select_option("#mode", "projections")
@@ -836,16 +729,16 @@ def test_errors_and_status_are_shown_at_the_top_of_the_results(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, _ = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     page.fill("#x", "1 0\n0 0 1\n0 1")
-    _run(page, "attention")
+    run_form(page, "attention")
     top = page.locator("#outcome-error")
     assert top.is_visible() and top.inner_text() == page.locator("#error").inner_text()
     assert page.locator("#outcome-status").inner_text() == "Error 422"
     box = top.bounding_box()
     assert box is not None and box["y"] < 400  # beside the form's top, not below it
     page.fill("#x", "1 0\n0 0\n0 1")
-    _run(page, "attention")
+    run_form(page, "attention")
     assert top.is_hidden()
 
 
@@ -882,8 +775,8 @@ def test_clicking_a_cell_calls_explain_cell_and_shows_the_answer(
 ) -> None:
     page, outside = offline_page
     _stub_explain(page)
-    _open(page, server)
-    body, data = _run(page, "attention")
+    open_explorer(page, server)
+    body, data = run_form(page, "attention")
     panel = page.locator("#explain")
     assert panel.is_hidden()
     page.locator('figure[data-name="weights"] rect.cell[data-row="1"][data-col="2"]').click()
@@ -918,12 +811,10 @@ def test_explain_hook_names_the_head_and_shows_nothing_for_null(
 ) -> None:
     page, _ = offline_page
     _stub_explain(page)
-    _open(page, server)
-    page.select_option("#endpoint", "multihead")
-    page.locator("#example option[value=two_heads]").wait_for(state="attached")
-    page.select_option("#example", "two_heads")
+    open_explorer(page, server)
+    run_example(page, "multihead", "two_heads")
     page.fill("#softcap", "5")
-    _, data = _run(page, "multihead")
+    _, data = run_form(page, "multihead")
     page.locator('figure[data-name="head1_weights"] rect.cell[data-row="2"][data-col="0"]').click()
     panel = page.locator("#explain")
     panel.locator(".stub-explanation").wait_for()
@@ -947,13 +838,13 @@ def test_explain_hook_on_a_canvas_map_uses_the_keyboard_cursor(
 ) -> None:
     page, _ = offline_page
     _stub_explain(page)
-    _open(page, server)
+    open_explorer(page, server)
     page.select_option("#mode", "generated")
     page.fill("#sentence", " ".join(f"w{i}" for i in range(40)))
     for field, value in (("#seed", "0"), ("#d_model", "8"), ("#d_k", "8")):
         page.fill(field, value)
     page.fill("#extra", "")
-    _run(page, "attention")
+    run_form(page, "attention")
     canvas = page.locator('figure[data-name="weights"] canvas')
     canvas.focus()
     for key in ("ArrowDown", "ArrowDown", "ArrowRight", "Enter"):
@@ -967,8 +858,8 @@ def test_explain_hook_on_a_canvas_map_uses_the_keyboard_cursor(
 
 def test_export_csv_json_and_safetensors(offline_page: tuple[Any, list[str]], server: str) -> None:
     page, outside = offline_page
-    _open(page, server)
-    _, data = _run(page, "attention")
+    open_explorer(page, server)
+    _, data = run_form(page, "attention")
     figure = page.locator('figure[data-name="weights"]')
     with page.expect_download() as csv:
         figure.get_by_role("button", name="Download weights  softmax as CSV").click()
@@ -1002,13 +893,8 @@ def test_heads_side_by_side_with_average_and_difference(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, outside = offline_page
-    _open(page, server)
-    page.select_option("#endpoint", "multihead")
-    page.locator("#example option[value=generated]").wait_for(state="attached")
-    with page.expect_response(lambda r: r.url.endswith("/multihead")) as info:
-        page.select_option("#example", "generated")
-    data = info.value.json()
-    _idle(page)
+    open_explorer(page, server)
+    data = run_example(page, "multihead", "generated")
     grid = page.locator("#heads-grid")
     names = grid.locator(":scope > figure").evaluate_all("els => els.map(e => e.dataset.name)")
     heads = len(data["heads"])
@@ -1016,7 +902,7 @@ def test_heads_side_by_side_with_average_and_difference(
     # the difference of two chosen heads
     page.select_option("#diff-a", str(heads - 1))
     page.select_option("#diff-b", "0")
-    diff = _cells(page, "heads_diff")
+    diff = map_cells(page, "heads_diff")
     a, b = np.array(data["heads"][heads - 1]["weights"]), np.array(data["heads"][0]["weights"])
     for (i, j), shown in diff.items():
         assert float(shown) == pytest.approx(a[i, j] - b[i, j], abs=1e-12)
@@ -1057,14 +943,14 @@ def test_time_to_first_paint_of_a_large_weights_map(
     offline_page: tuple[Any, list[str]], server: str, length: int
 ) -> None:
     page, _ = offline_page
-    _open(page, server)
+    open_explorer(page, server)
     page.select_option("#mode", "generated")
     page.fill("#tokens", "")
     for field, value in (("#seed", "0"), ("#d_model", "16"), ("#d_k", "16")):
         page.fill(field, value)
     page.fill("#extra", json.dumps({"seq_len": length, "include": ["weights"]}))
     page.evaluate("() => { window.explorerTiming = null; }")
-    _idle(page)
+    wait_idle(page)
     with page.expect_request(lambda r: r.url.endswith("/attention")) as sent:
         page.click("#run")  # the answer is too large for the inspector to hand back: read the page
     assert sent.value.headers.get("accept") == "application/x-safetensors"
@@ -1081,7 +967,7 @@ def test_time_to_first_paint_of_a_large_weights_map(
     readout = page.locator('figure[data-name="weights"] .cell-readout').inner_text()
     assert readout.startswith("1 → 0: ")
     if length == 512:  # the numbers read from safetensors are the API's
-        exact = _post(server, "attention", sent.value.post_data_json)["weights"][1][0]
+        exact = post_json(server, "attention", sent.value.post_data_json)["weights"][1][0]
         assert float(readout.split(": ")[1]) == pytest.approx(exact, rel=5e-3)
     # the card fits its map (the page does not scroll sideways); zoom in and out, labels drawn
     assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth + 1")
@@ -1139,8 +1025,8 @@ def test_selected_queries_sum_and_average_their_attention(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, outside = offline_page
-    _open(page, server)
-    _, data = _run(page, "attention")
+    open_explorer(page, server)
+    _, data = run_form(page, "attention")
     w = np.array(data["weights"])
     # every query at first: the column sums of the weights
     assert page.input_value("#pick-queries") == "0-2"
@@ -1186,13 +1072,8 @@ def test_selected_queries_per_head_and_with_the_sink(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
     page, _ = offline_page
-    _open(page, server)
-    page.select_option("#endpoint", "multihead")
-    page.locator("#example option[value=generated]").wait_for(state="attached")
-    with page.expect_response(lambda r: r.url.endswith("/multihead")) as info:
-        page.select_option("#example", "generated")
-    data = info.value.json()
-    _idle(page)
+    open_explorer(page, server)
+    data = run_example(page, "multihead", "generated")
     page.fill("#pick-queries", "0 2-3")
     page.press("#pick-queries", "Enter")
     average = np.array(data["average_weights"])[[0, 2, 3]].sum(axis=0)
@@ -1201,12 +1082,7 @@ def test_selected_queries_per_head_and_with_the_sink(
     head = np.array(data["heads"][1]["weights"])[[0, 2, 3]]
     assert [a for _, _, a in _picked_rows(page)] == pytest.approx(head.mean(axis=0), abs=1e-12)
     # the sink's share is its own row, beside the keys'
-    page.select_option("#endpoint", "attention")
-    page.locator("#example option[value=sink]").wait_for(state="attached")
-    with page.expect_response(lambda r: r.url.endswith("/attention")) as info:
-        page.select_option("#example", "sink")
-    data = info.value.json()
-    _idle(page)
+    data = run_example(page, "attention", "sink")
     got = _picked(page)
     assert got["(sink)"][0] == pytest.approx(sum(data["sink_weights"]), abs=1e-12)
     keys = [s for k, s, _ in _picked_rows(page) if k != "(sink)"]

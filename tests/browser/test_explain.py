@@ -1,30 +1,13 @@
 """The explorer's cell explanations (service/static/explain.js) in a real browser: the page's own
 recomputation of every cell of every explainable map must give the service's numbers."""
 
-import json
 import math
-import os
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.live import start_server
 from service.api import examples as ex
-
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-
-if os.environ.get("REQUIRE_BROWSER"):  # CI sets it: a missing browser must fail, not skip
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install chromium"
-    import playwright  # noqa: F401
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
-)
+from tests.browser.support import ARTIFACTS, post_json
 
 pytestmark = pytest.mark.e2e
 
@@ -78,60 +61,6 @@ RECOMPUTE_ALL = """async (args) => {
 }"""
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    proc, base = start_server()
-    yield base
-    proc.terminate()
-    proc.wait(timeout=15)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"],
-        )  # fmt: skip
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Any, server: str) -> Iterator[Any]:
-    """The explorer page, able to reach only the server; no JavaScript errors allowed."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    outside: list[str] = []
-
-    def guard(route: Any) -> None:
-        if route.request.url.startswith(server):
-            route.continue_()
-        else:
-            outside.append(route.request.url)
-            route.abort()
-
-    context.route("**/*", guard)
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.goto(server + "/")
-    yield pg
-    context.close()
-    assert errors == [], f"JavaScript errors on the page: {errors}"
-    assert outside == [], f"requests left the server: {outside}"
-
-
-def _post(server: str, endpoint: str, body: dict[str, Any]) -> Any:
-    req = urllib.request.Request(
-        f"{server}/{endpoint}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())
-
-
 def _full(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in ("decimals", "include")}
 
@@ -150,7 +79,7 @@ def test_every_cell_recomputed_in_the_page_matches_the_service(
     page: Any, server: str, endpoint: str, body: dict[str, Any]
 ) -> None:
     request = _full(body)
-    data = _post(server, endpoint, request)
+    data = post_json(server, endpoint, request)
     rows = page.evaluate(
         RECOMPUTE_ALL, {"endpoint": endpoint, "data": data, "request": request, "maps": MAPS}
     )
@@ -175,7 +104,7 @@ def test_the_variants_are_in_the_examples_checked(server: str) -> None:
     """The parametrized test above covers RoPE, the sink, the cap, the mask and a batch."""
     seen = set()
     for _, endpoint, body in EXAMPLES:
-        data = _post(server, endpoint, _full(body))
+        data = post_json(server, endpoint, _full(body))
         seen |= set(data) | {k for h in data.get("heads", []) for k in h}
     assert {"q_rotated", "sink_weights", "capped_scores", "additive_mask"} <= seen, seen
 
@@ -228,7 +157,7 @@ def test_explain_cell_shows_the_services_number(
     j: int,
 ) -> None:
     request = _full(body)
-    data = _post(server, endpoint, request)
+    data = post_json(server, endpoint, request)
     src = data if head is None else data["heads"][head]
     m = src[name] if batch is None else src[name][batch]
     value = m[i][j]
@@ -243,7 +172,7 @@ def test_explain_cell_shows_the_services_number(
 
 def test_explain_cell_is_null_for_names_it_does_not_explain(page: Any, server: str) -> None:
     request = _full(ex.TWO_HEADS_FULL_BLOCK)
-    data = _post(server, "multihead", request)
+    data = post_json(server, "multihead", request)
     for name, head in [("concat", None), ("projected", None), ("layer_norm", None),
                        ("output", None), ("average_weights", None), ("q", 0)]:  # fmt: skip
         ctx = {"endpoint": "multihead", "data": data, "request": request, "name": name,
@@ -253,7 +182,7 @@ def test_explain_cell_is_null_for_names_it_does_not_explain(page: Any, server: s
 
 def test_a_weights_explanation_renders_in_the_page(page: Any, server: str) -> None:
     request = _full(ex.SINK_CAUSAL)
-    data = _post(server, "attention", request)
+    data = post_json(server, "attention", request)
     ctx = {"endpoint": "attention", "data": data, "request": request, "name": "weights",
            "head": None, "batch": None, "i": 0, "j": 0}  # fmt: skip
     text = page.evaluate(EXPLAIN_CELL, {"ctx": ctx, "show": True})
@@ -273,9 +202,45 @@ def test_a_weights_explanation_renders_in_the_page(page: Any, server: str) -> No
 @pytest.mark.parametrize(("mode", "said"), [(None, "are 0"), ("uniform", "1/S each")])
 def test_a_fully_masked_row_is_said_so(page: Any, server: str, mode: str | None, said: str) -> None:
     request = {**FULLY_MASKED, **({"fully_masked_rows": mode} if mode else {})}
-    data = _post(server, "mask", request)
+    data = post_json(server, "mask", request)
     ctx = {"endpoint": "mask", "data": data, "request": request, "name": "weights",
            "head": None, "batch": None, "i": 1, "j": 0}  # fmt: skip
     text = page.evaluate(EXPLAIN_CELL, {"ctx": ctx, "show": False})
     assert isinstance(text, str) and "fully masked" in text and said in text, text
     assert f"(the service: {_fmt6(data['weights'][1][0])})" in text, text
+
+
+def test_clicking_a_cell_explains_it_and_walks_back_step_by_step(page: Any, server: str) -> None:
+    """The page as a user meets it: a click on Batman's weight on "I" explains the softmax with
+    the tokens named; "how … was computed" walks back through the scaled scores to the dot
+    product, each step ending with the service's own number."""
+    page.locator("body[data-ready=true]").wait_for(timeout=20_000)  # Batman, drawn on arrival
+    with page.expect_response(lambda r: r.url.endswith("/attention")) as info:
+        page.click("#run")
+    data = info.value.json()
+    page.locator("body:not([data-busy])").wait_for(state="attached")
+    page.locator('figure[data-name="weights"] rect.cell[data-row="2"][data-col="0"]').click()
+    panel = page.locator("#explain")
+    title = panel.locator(".explain-title")
+    assert title.inner_text() == "weights[2][0]"
+    assert panel.locator(".explain-who").inner_text() == "query 2 “Batman” → key 0 “I”"
+    assert panel.locator("tr.this-term td").first.inner_text() == "0 ←"
+    total = panel.locator(".explain-total")
+    assert (
+        total.inner_text()
+        == f"= {_fmt6(data['weights'][2][0])} (the service: {_fmt6(data['weights'][2][0])})"
+    )
+    walk = []
+    while panel.locator("button.explain-back").count():
+        panel.locator("button.explain-back").click()
+        walk.append(title.inner_text())
+        name = walk[-1].split("[")[0]
+        assert f"(the service: {_fmt6(data[name][2][0])})" in total.inner_text()
+        assert page.evaluate("() => document.activeElement.closest('#explain') !== null")
+    assert walk == ["scaled_scores[2][0]", "scores[2][0]"]
+    # the dot product, term by term: q row 2 times k row 0
+    terms = panel.locator("table.explain-terms tr").all_inner_texts()[1:]
+    q, k = data["q"][2], data["k"][0]
+    assert [t.split("\t")[1:3] for t in terms] == [
+        [_fmt6(a), _fmt6(b)] for a, b in zip(q, k, strict=True)
+    ]

@@ -1,0 +1,72 @@
+"""What the browser tests share besides fixtures: where Chromium and the screenshots are, and the
+steps every explorer test takes (open the page, run the form, read a map's cells)."""
+
+import json
+import re
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+CHROMIUM = "/usr/bin/chromium"
+# Chromium as root, offline: no sandbox, no GPU, nothing fetched in the background
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"  # screenshots
+
+
+def open_explorer(page: Any, server: str) -> None:
+    """Open the explorer and wait until the first worked example is drawn."""
+    page.goto(server + "/")
+    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
+
+
+def wait_idle(page: Any) -> None:
+    """Wait until no Run is under way (picking an example starts one)."""
+    page.locator("body:not([data-busy])").wait_for(state="attached", timeout=20_000)
+
+
+def run_form(page: Any, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Click Run; return the request body the page sent and the JSON it got back."""
+    wait_idle(page)
+    with page.expect_response(
+        lambda r: r.url.endswith("/" + endpoint) and r.request.method == "POST"
+    ) as info:
+        page.click("#run")
+    response = info.value
+    page.locator("#status").filter(has_text=re.compile("^(Done|Error)")).wait_for(timeout=20_000)
+    wait_idle(page)
+    return response.request.post_data_json, response.json()
+
+
+def post_json(server: str, endpoint: str, body: dict[str, Any]) -> Any:
+    """POST ``body`` to the service directly (not through the page) and decode the answer."""
+    req = urllib.request.Request(
+        f"{server}/{endpoint}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def map_cells(page: Any, name: str) -> dict[tuple[int, int], str]:
+    """The cells of the SVG map ``name``: (row, col) -> data-value (the full-precision number)."""
+    cells = page.locator(f'figure[data-name="{name}"] rect.cell')
+    found = cells.evaluate_all(
+        "els => els.map(e => [+e.dataset.row, +e.dataset.col, e.dataset.value])"
+    )
+    return {(i, j): v for i, j, v in found}
+
+
+def run_example(page: Any, endpoint: str, example: str) -> dict[str, Any]:
+    """Pick ``endpoint`` and its worked example ``example`` (picking runs it); return the JSON
+    the page got back, once it is drawn."""
+    page.select_option("#endpoint", endpoint)
+    page.locator(f"#example option[value={example}]").wait_for(state="attached")
+    with page.expect_response(
+        lambda r: r.url.endswith("/" + endpoint) and r.request.method == "POST"
+    ) as info:
+        page.select_option("#example", example)
+    data: dict[str, Any] = info.value.json()
+    wait_idle(page)
+    return data
