@@ -67,7 +67,7 @@ export class MapView {
     Object.assign(this, { canvas, m, rows, cols, kind, allowed });
     this.nRows = m.length; this.nCols = m[0].length;
     this.base = null; // made on the first draw: a map never shown costs nothing
-    this.cell = 0; this.top = 0; this.left = 0; this.width = 0;
+    this.cell = 0; this.top = 0; this.left = 0; this.width = 0; this.viewW = 0; this.viewH = 0; this.dpr = 0;
     this.cursor = null; this.marks = []; this.fitted = true;
   }
 
@@ -88,7 +88,7 @@ export class MapView {
   }
 
   visible() {
-    const w = this.canvas.width - LABEL_W, h = this.canvas.height - LABEL_H;
+    const w = this.viewW - LABEL_W, h = this.viewH - LABEL_H;
     return { cols: w / this.cell, rows: h / this.cell };
   }
 
@@ -104,11 +104,16 @@ export class MapView {
     const { canvas, cell } = this;
     const w = Math.min(this.width, Math.ceil(LABEL_W + this.nCols * cell));
     const h = Math.min(this.maxHeight(), Math.ceil(LABEL_H + this.nRows * cell));
-    if (canvas.width !== w) canvas.width = w;
-    if (canvas.height !== h) canvas.height = h;
+    // the view in CSS pixels; the canvas holds devicePixelRatio times as many (sharp on HiDPI)
+    const dpr = window.devicePixelRatio || 1;
+    if (this.viewW !== w || this.viewH !== h || this.dpr !== dpr) {
+      Object.assign(this, { viewW: w, viewH: h, dpr });
+      canvas.width = Math.round(w * dpr); canvas.height = Math.round(h * dpr);
+      canvas.style.width = `${w}px`; canvas.style.height = `${h}px`;
+    }
     this.clamp();
     const ctx = canvas.getContext("2d");
-    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, w, h);
     const v = this.visible();
     const i0 = Math.floor(this.top), j0 = Math.floor(this.left);
@@ -173,8 +178,7 @@ export class MapView {
   /** The cell under a pointer event, or null. */
   at(e) {
     const r = this.canvas.getBoundingClientRect();
-    const k = this.canvas.width / r.width;
-    const x = (e.clientX - r.left) * k - LABEL_W, y = (e.clientY - r.top) * k - LABEL_H;
+    const x = e.clientX - r.left - LABEL_W, y = e.clientY - r.top - LABEL_H;
     if (x < 0 || y < 0) return null;
     const i = Math.floor(this.top + y / this.cell), j = Math.floor(this.left + x / this.cell);
     return i < this.nRows && j < this.nCols ? [i, j] : null;

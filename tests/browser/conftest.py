@@ -1,5 +1,5 @@
-"""Fixtures of the browser tests: one real server and one Debian Chromium (driven by Playwright)
-for the whole run, and pages that may reach only that server. Where Chromium or Playwright is
+"""Fixtures of the browser tests: one real server for the run and one Debian Chromium (driven by
+Playwright) a module, and pages that may reach only that server. Where Chromium or Playwright is
 missing the tests are skipped, saying why, unless REQUIRE_BROWSER is set (CI): then they fail."""
 
 import os
@@ -27,7 +27,9 @@ def server() -> Iterator[str]:
     proc.wait(timeout=15)
 
 
-@pytest.fixture(scope="session")
+# module scope, not session: Playwright's sync API runs an event loop in this thread while it
+# is open, and later modules call asyncio.run
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
         _missing(f"{CHROMIUM} is not installed (apt-get install chromium)")
@@ -46,11 +48,13 @@ def offline_page(
     browser: Any, server: str, request: pytest.FixtureRequest
 ) -> Iterator[tuple[Any, list[str]]]:
     """A page that may reach only the server, and the list of every other request it tried
-    (aborted). JavaScript errors on the page fail the test. Parametrize ``viewport`` indirectly
-    to change the window size."""
-    size = getattr(request, "param", (1280, 900))
+    (aborted). JavaScript errors on the page fail the test. Parametrize it indirectly with
+    (width, height) or (width, height, device pixels a CSS pixel) to change the window."""
+    size: tuple[int, ...] = getattr(request, "param", (1280, 900))
     context = browser.new_context(
-        viewport={"width": size[0], "height": size[1]}, accept_downloads=True
+        viewport={"width": size[0], "height": size[1]},
+        device_scale_factor=size[2] if len(size) > 2 else 1,
+        accept_downloads=True,
     )
     outside: list[str] = []
 

@@ -853,6 +853,30 @@ def test_explain_hook_on_a_canvas_map_uses_the_keyboard_cursor(
     assert page.locator("#explain").inner_text().endswith("weights head=null batch=null 2,1")
 
 
+@pytest.mark.parametrize("offline_page", [(1280, 900, 2)], indirect=True, ids=["hidpi"])
+def test_a_canvas_map_is_sharp_on_a_hidpi_screen_and_clicks_find_their_cell(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    """Two device pixels a CSS pixel: the canvas holds twice the pixels of its size on the page,
+    and a click in CSS pixels still lands on the cell drawn there."""
+    page, _ = offline_page
+    _stub_explain(page)
+    open_explorer(page, server)
+    page.select_option("#mode", "generated")
+    page.fill("#sentence", " ".join(f"w{i}" for i in range(40)))
+    for field, value in (("#seed", "0"), ("#d_model", "8"), ("#d_k", "8")):
+        page.fill(field, value)
+    run_form(page, "attention")
+    canvas = page.locator('figure[data-name="weights"] canvas')
+    width, css = canvas.evaluate("c => [c.width, c.getBoundingClientRect().width]")
+    assert width == round(2 * css)
+    cell, ox, oy = (
+        float(canvas.get_attribute(a) or 0) for a in ("data-cell", "data-ox", "data-oy")
+    )
+    canvas.click(position={"x": ox + 7.5 * cell, "y": oy + 3.5 * cell})
+    assert page.locator("#explain").inner_text().endswith("weights head=null batch=null 3,7")
+
+
 # ---- export: CSV, JSON, safetensors ------------------------------------------------------------
 
 
@@ -931,7 +955,8 @@ CELL_COLOURS = """() => {
   const cell = +c.dataset.cell, top = +c.dataset.top, left = +c.dataset.left;
   const x = +c.dataset.ox + (Math.ceil(left) - left + 0.2) * cell;
   const y = +c.dataset.oy + (Math.ceil(top) - top + 0.3) * cell;
-  const px = c.getContext('2d').getImageData(x, y, cell * 0.6, cell * 0.4).data;
+  const d = devicePixelRatio;  // the canvas holds d × d pixels a CSS pixel
+  const px = c.getContext('2d').getImageData(x * d, y * d, cell * 0.6 * d, cell * 0.4 * d).data;
   const seen = new Set();
   for (let k = 0; k < px.length; k += 4) seen.add(`${px[k]},${px[k + 1]},${px[k + 2]}`);
   return seen.size;
