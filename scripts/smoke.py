@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "golden.json"
+STATIC = Path(__file__).resolve().parents[1] / "service" / "static"
 
 
 def close(actual: Any, expected: Any, path: str) -> None:
@@ -68,9 +69,16 @@ def main(base: str) -> None:
     ):
         with urllib.request.urlopen(base + page, timeout=10) as r:
             assert r.status == 200, page
+    # the explorer: the page, and each of its files as it is in this checkout (every ES module)
+    with urllib.request.urlopen(base + "/", timeout=10) as r:
+        assert b'src="static/main.js"' in r.read(), "/ is not the explorer page"
+    files = sorted(p for p in STATIC.iterdir() if p.is_file())
+    for path in files:
+        with urllib.request.urlopen(f"{base}/static/{path.name}", timeout=10) as r:
+            assert r.read() == path.read_bytes(), f"/static/{path.name} differs from {path}"
     print(
-        f"smoke: {len(cases)} golden cases match PyTorch to 1e-12; a large body parsed; docs and "
-        "metrics served"
+        f"smoke: {len(cases)} golden cases match PyTorch to 1e-12; a large body parsed; docs, "
+        f"metrics and the explorer's {len(files)} files served"
     )
 
 

@@ -44,31 +44,42 @@ export function columnTotals(w, picked) {
   return { sum, mean: sum.map((s) => s / picked.size) };
 }
 
-// The weights the selection reads: `source` "average" (all heads) or a head's index.
+// The weights the selection reads: `source` "average" (all heads, or the weights of /attention
+// and /mask) or a head's index. `w` is undefined where the answer does not hold them.
 function weightsOf(data, source, pick) {
-  if (!Array.isArray(data.heads)) return { w: pick(data.weights), sink: pick(data.sink_weights), what: "the weights" };
+  if (!multihead(data)) return { w: pick(data.weights), sink: pick(data.sink_weights), what: "the weights" };
   if (source === "average") return { w: pick(data.average_weights), sink: undefined, what: "the weights averaged over the heads" };
-  const head = data.heads[Number(source)];
-  return { w: pick(head.weights), sink: pick(head.sink_weights), what: `head ${source}'s weights` };
+  const head = Array.isArray(data.heads) ? data.heads[Number(source)] : undefined;
+  const stacked = pick(data.weights); // /multihead's weights of every head at once: [h][L][S]
+  const w = head ? pick(head.weights) : Array.isArray(stacked) ? stacked[Number(source)] : undefined;
+  return { w, sink: head && pick(head.sink_weights), what: `head ${source}'s weights` };
 }
 
-function sourceOptions(data) {
-  const select = $("pick-source");
-  const heads = Array.isArray(data.heads) ? data.heads.length : 0;
-  select.replaceChildren(...(heads ? [new Option("the average of the heads", "average"), ...data.heads.map((_, h) => new Option(`head ${h}`, String(h)))] : [new Option("the weights", "average")]));
-  select.value = [...select.options].some((o) => o.value === choice.source) ? choice.source : "average";
-  $("pick-source-label").hidden = !heads;
+// /multihead's answers say num_heads; /attention's and /mask's do not.
+const multihead = (data) => data.num_heads !== undefined;
+
+const isMatrix = (w) => Array.isArray(w) && w.length > 0 && Array.isArray(w[0]);
+
+// The sources the answer holds (an `include` may leave out the average or the heads' weights).
+function sources(data, pick) {
+  const heads = multihead(data) ? Array.from({ length: data.num_heads }, (_, h) => String(h)) : [];
+  const all = [["average", heads.length ? "the average of the heads" : "the weights"], ...heads.map((h) => [h, `head ${h}`])];
+  return all.filter(([value]) => isMatrix(weightsOf(data, value, pick).w));
 }
 
 /** Draws the section for the answer drawn: `pick(v)` takes the batch item, `rows`/`cols` label the axes. */
 export function drawSelection({ data, pick, rows, cols }) {
   const section = $("pick");
-  const probe = weightsOf(data, "average", pick);
-  if (!Array.isArray(probe.w) || !probe.w.length || !Array.isArray(probe.w[0])) { section.hidden = true; return; }
-  section.hidden = false;
-  const L = probe.w.length;
-  if (choice.length !== L || !choice.picked) { choice.picked = new Set(probe.w.map((_, i) => i)); choice.length = L; } // all, at first
-  sourceOptions(data);
+  const held = sources(data, pick);
+  section.hidden = !held.length;
+  if (!held.length) return;
+  const select = $("pick-source");
+  select.replaceChildren(...held.map(([value, text]) => new Option(text, value)));
+  select.value = held.some(([value]) => value === choice.source) ? choice.source : held[0][0];
+  $("pick-source-label").hidden = !multihead(data);
+  const L = weightsOf(data, select.value, pick).w.length;
+  const everyQuery = () => new Set(Array.from({ length: L }, (_, i) => i));
+  if (choice.length !== L || !choice.picked) { choice.picked = everyQuery(); choice.length = L; } // all, at first
   const chips = $("pick-chips");
   chips.replaceChildren();
   if (L <= CHIPS_UP_TO) {
@@ -83,7 +94,7 @@ export function drawSelection({ data, pick, rows, cols }) {
   }
   const update = () => show(data, pick, rows, cols);
   $("pick-source").onchange = () => { choice.source = $("pick-source").value; update(); };
-  $("pick-all").onclick = () => { choice.picked = new Set(probe.w.map((_, i) => i)); update(); };
+  $("pick-all").onclick = () => { choice.picked = everyQuery(); update(); };
   $("pick-none").onclick = () => { choice.picked = new Set(); update(); };
   $("pick-queries").onchange = () => {
     const box = $("pick-queries");

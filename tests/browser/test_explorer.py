@@ -1112,3 +1112,21 @@ def test_selected_queries_per_head_and_with_the_sink(
     assert got["(sink)"][0] == pytest.approx(sum(data["sink_weights"]), abs=1e-12)
     keys = [s for k, s, _ in _picked_rows(page) if k != "(sink)"]
     assert keys == pytest.approx(np.array(data["weights"]).sum(axis=0), abs=1e-12)
+
+
+@pytest.mark.parametrize("include", ["heads", "weights"])
+def test_selected_queries_read_a_head_when_the_average_is_not_asked_for(
+    offline_page: tuple[Any, list[str]], server: str, include: str
+) -> None:
+    """`include` without average_weights: the heads' traces, or the stacked weights [h][L][S]."""
+    page, _ = offline_page
+    open_explorer(page, server)
+    run_example(page, "multihead", "generated")
+    page.fill("#extra", json.dumps({"include": [include]}))
+    _, data = run_form(page, "multihead")
+    assert "average_weights" not in data
+    options = page.locator("#pick-source option").evaluate_all("os => os.map(o => o.value)")
+    assert options == [str(h) for h in range(data["num_heads"])]
+    page.select_option("#pick-source", "1")
+    second = np.array(data["heads"][1]["weights"] if include == "heads" else data["weights"][1])
+    assert [s for _, s, _ in _picked_rows(page)] == pytest.approx(second.sum(axis=0), abs=1e-12)
