@@ -9,10 +9,11 @@
  */
 
 import { formatNumber } from "./heatmap.js";
+import { alibiBias, alibiSlope, pairFeatures, positionOf, ropeAngles, ropeFrequencies, ropeSettings, rotate } from "./positions.js";
 
 export const EXPLAINED = new Set([
   "scores", "scaled_scores", "capped_scores", "biased_scores",
-  "masked_scores", "weights", "output",
+  "masked_scores", "weights", "output", "position_bias",
 ]);
 
 const NEG_INF = -Infinity;
@@ -92,25 +93,26 @@ export function outputTerms(wRow, v, c) {
   return { terms, total: terms.reduce((s, x) => s + x.value, 0) };
 }
 
-/** RoPE: the angle p·θ_i of each rotated pair, θ_i = base^(−2i/rotary_dim). */
-export function ropeAngles(request, dk, p) {
-  const rope = request.rope && typeof request.rope === "object" ? request.rope : {};
-  const base = rope.base ?? 10000;
-  const rd = rope.rotary_dim ?? dk;
-  const style = rope.style ?? "half";
-  const pairs = [];
-  for (let i = 0; i < rd / 2; i++) {
-    const theta = Math.pow(base, (-2 * i) / rd);
-    const feats = style === "half" ? [i, i + rd / 2] : [2 * i, 2 * i + 1];
-    pairs.push({ i, theta, angle: p * theta, features: feats });
-  }
-  return { base, rotaryDim: rd, style, pairs };
+/** RoPE as it turned query row i and key row j: positions, each pair's θ and angles, and the
+ * rows before and after (the page's own rotation of the rows the service rotated). */
+export function ropeOf(ctx, i, j) {
+  const before = pick(ctx, "q_normed") !== undefined ? ["q_normed", "k_normed"] : ["q", "k"];
+  const q = pick(ctx, before[0]), k = pick(ctx, before[1]);
+  if (q === undefined || k === undefined) return undefined;
+  const settings = ropeSettings(ctx.request, q[i].length);
+  const theta = ropeFrequencies(settings);
+  const qPos = positionOf(ctx.request, "positions", i, ctx.batch), kPos = positionOf(ctx.request, "context_positions", j, ctx.batch);
+  const qAngles = ropeAngles(settings, theta, qPos), kAngles = ropeAngles(settings, theta, kPos);
+  return { settings, theta, qPos, kPos, qAngles, kAngles, before,
+           qBefore: q[i], kBefore: k[j], qRotated: rotate(q[i], qAngles, settings), kRotated: rotate(k[j], kAngles, settings) };
 }
 
-function positionOf(request, r, batch) {
-  let pos = request.positions;
-  if (Array.isArray(pos) && Array.isArray(pos[0])) pos = pos[batch ?? 0];
-  return Array.isArray(pos) ? pos[r] : r;
+/** ALiBi's bias of cell (i, j): the head's slope and the distance between the positions. */
+export function alibiOf(ctx, i, j) {
+  if (!ctx.request.alibi) return undefined;
+  const h = ctx.head ?? 0, n = Number(ctx.data.num_heads ?? 1);
+  const slope = alibiSlope(ctx.request, h, n);
+  return { slope, head: h, n, ...alibiBias(ctx.request, slope, i, j, ctx.batch) };
 }
 
 function sinkLogit(ctx) {
@@ -139,12 +141,14 @@ export function recompute(ctx) {
     if (!inp) return null;
     const { terms, total } = scoreTerms(inp.q[i], inp.k[j]);
     const out = { name, kind: "dot", qName: inp.qName, kName: inp.kName, terms, total, service };
-    if (inp.qName === "q_rotated") {
-      const dk = inp.q[i].length;
-      out.rope = { query: ropeAngles(ctx.request, dk, positionOf(ctx.request, i, ctx.batch)),
-                   key: ropeAngles(ctx.request, dk, positionOf(ctx.request, j, ctx.batch)) };
-    }
+    if (inp.qName === "q_rotated") out.rope = ropeOf(ctx, i, j);
     return out;
+  }
+  if (name === "position_bias") { // ALiBi's, recomputed; T5's is looked up in its learned table
+    const a = alibiOf(ctx, i, j);
+    if (a) return { name, kind: "alibi", alibi: a, terms: [], total: a.bias, service };
+    const distance = positionOf(ctx.request, "context_positions", j, ctx.batch) - positionOf(ctx.request, "positions", i, ctx.batch);
+    return { name, kind: "t5", distance, terms: [], total: service, service, lookedUp: true };
   }
   if (name === "scaled_scores") {
     const s = pick(ctx, "scores");
@@ -161,8 +165,9 @@ export function recompute(ctx) {
     const prev = capped !== undefined ? "capped_scores" : "scaled_scores";
     const before = (capped ?? scaled)[i][j];
     const pb = pick(ctx, "position_bias");
-    const bias = pb !== undefined ? pb[i][j] : service - before;
-    return { name, kind: "bias", prev, before, bias, biasFromService: pb !== undefined, terms: [], total: before + bias, service };
+    const alibi = alibiOf(ctx, i, j);
+    const bias = alibi ? alibi.bias : pb !== undefined ? pb[i][j] : service - before;
+    return { name, kind: "bias", prev, before, bias, alibi, biasFromService: !alibi && pb !== undefined, terms: [], total: before + bias, service };
   }
   if (name === "masked_scores") {
     const prev = biased !== undefined ? "biased_scores" : capped !== undefined ? "capped_scores" : "scaled_scores";
@@ -216,13 +221,33 @@ function table(head, rows, mark = -1) {
   return t;
 }
 
-function totalLine(total, service) {
+// The page's total beside the service's number. With `decimals` the service rounds every
+// number it returns (the page then adds up rounded numbers): one unit of the last decimal apart
+// still agrees.
+function totalLine(total, service, decimals) {
   const p = el("p", "explain-total", "= " + fmt(total) + " ");
+  const rounded = Number.isInteger(decimals);
+  const tol = rounded ? 10 ** -decimals : 1e-9 * Math.max(1, Math.abs(service ?? 0));
   const same = (total === NEG_INF && (service === null || service === NEG_INF))
-    || (typeof service === "number" && Math.abs(total - service) <= 1e-9 * Math.max(1, Math.abs(service)));
+    || (typeof service === "number" && Math.abs(total - service) <= tol);
   if (!same) p.classList.add("explain-mismatch");
-  p.append("(the service: ", el("span", "explain-service", fmt(service === null ? NEG_INF : service)), ")");
+  p.append(rounded ? `(the service, rounded to ${decimals} decimals: ` : "(the service: ",
+    el("span", "explain-service", fmt(service === null ? NEG_INF : service)), ")");
   return p;
+}
+
+function alibiNote(note, a, i, j) {
+  note(`ALiBi: head ${a.head}'s slope is ${fmt(a.slope)} (of ${a.n} head${a.n === 1 ? "" : "s"}); key ${j} is at distance p'_${j} − p_${i} = ${a.distance} from query ${i}, so the bias is ${a.symmetric ? `−${fmt(a.slope)} · |${a.distance}|` : `${fmt(a.slope)} · ${a.distance}`} = ${fmt(a.bias)}.`);
+}
+
+// RoPE: which pairs turned and by how much, and the query and key rows before and after.
+function ropeNote(box, r, i, j) {
+  const { settings: s } = r;
+  box.append(el("p", "explain-note", `RoPE (base ${s.base}, rotary_dim ${s.rotaryDim}, style "${s.style}"${s.scaling ? `, ${s.scaling.type} scaling` : ""}): feature pair n of a token at position p turns by the angle p·θ_n; query ${i} is at position ${r.qPos}, key ${j} at ${r.kPos}. Each pair (a, b) becomes (a·cos φ − b·sin φ, b·cos φ + a·sin φ).`));
+  box.append(table(["pair n", "features", "θ_n", "query angle", "key angle"],
+    r.theta.map((t, n) => { const [a, b] = pairFeatures(s.style, s.rotaryDim, n); return [String(n), `${a} with ${b}`, fmt(t), fmt(r.qAngles[n]), fmt(r.kAngles[n])]; })));
+  box.append(table(["t", `${r.before[0]}[${i}][t]`, "turned", `${r.before[1]}[${j}][t]`, "turned"],
+    r.qBefore.map((x, t) => [String(t), fmt(x), fmt(r.qRotated[t]), fmt(r.kBefore[t]), fmt(r.kRotated[t])])));
 }
 
 /** The explanation of ctx's cell as an element, or null when that name is not explained. */
@@ -248,12 +273,8 @@ export function explainCell(ctx) {
     f(`scores[${i}][${j}] = Σ_t ${r.qName}[${i}][t] · ${r.kName}[${j}][t], the query row ${i} dotted with the key row ${j}`);
     box.append(table(["t", `${r.qName}[${i}][t]`, `${r.kName}[${j}][t]`, "product"],
       r.terms.map((x) => [String(x.t), fmt(x.q), fmt(x.k), fmt(x.value)])));
-    if (r.rope) {
-      const q = r.rope.query;
-      note(`RoPE (base ${q.base}, rotary_dim ${q.rotaryDim}, style "${q.style}"): each pair of features rotates by p·θ_i, θ_i = ${q.base}^(−2i/${q.rotaryDim}); the query at position ${positionOf(ctx.request, i, ctx.batch)}, the key at position ${positionOf(ctx.request, j, ctx.batch)}.`);
-      box.append(table(["pair i", "features", "θ_i", "query angle", "key angle"],
-        q.pairs.map((pr, n) => [String(pr.i), `${pr.features[0]} with ${pr.features[1]}`, fmt(pr.theta), fmt(pr.angle), fmt(r.rope.key.pairs[n].angle)])));
-    } else if (r.qName === "q_normed") {
+    if (r.rope) ropeNote(box, r.rope, i, j);
+    else if (r.qName === "q_normed") {
       note("qk_norm is on: q and k were normalised before the dot product.");
     }
   } else if (r.kind === "scale") {
@@ -262,8 +283,15 @@ export function explainCell(ctx) {
     f(`capped_scores[${i}][${j}] = c · tanh(scaled_scores[${i}][${j}] / c) = ${fmt(r.cap)} · tanh(${fmt(r.before)} / ${fmt(r.cap)})`);
   } else if (r.kind === "bias") {
     f(`biased_scores[${i}][${j}] = ${r.prev}[${i}][${j}] + position_bias[${i}][${j}] = ${fmt(r.before)} + ${fmt(r.bias)}`);
-    note(r.biasFromService ? "The bias is the service's position_bias (ALiBi: slope · distance; T5: the learned bucket's value)."
+    if (r.alibi) alibiNote(note, r.alibi, i, j);
+    else note(r.biasFromService ? "The bias is the service's position_bias: T5's learned value for the bucket of the relative position p'_j − p_i."
       : "The bias is the difference of the two maps (the response carries no position_bias).");
+  } else if (r.kind === "t5") {
+    f(`position_bias[${i}][${j}] = table[bucket(p'_${j} − p_${i})][head] = table[bucket(${r.distance})][${ctx.head ?? 0}]`);
+    note("T5's buckets (exact for short distances, logarithmic bins up to max_distance) are computed by the service; the page shows its number.");
+  } else if (r.kind === "alibi") {
+    f(`position_bias[${i}][${j}] = slope · (p'_${j} − p_${i})${r.alibi.symmetric ? ", made −|·| (symmetric)" : ""}`);
+    alibiNote(note, r.alibi, i, j);
   } else if (r.kind === "mask") {
     f(`masked_scores[${i}][${j}] = ${r.prev}[${i}][${j}] + additive mask[${i}][${j}] = ${fmt(r.before)} + ${fmt(r.entry)}`);
     if (r.entry === NEG_INF) note("This key is masked for this query: −∞, so its weight will be 0.");
@@ -285,7 +313,7 @@ export function explainCell(ctx) {
     box.append(table(["k", `weights[${i}][k]`, `v[k][${j}]`, "product"],
       r.terms.map((x) => [String(x.j), fmt(x.w), fmt(x.v), fmt(x.value)])));
   }
-  box.append(totalLine(r.total, r.service));
+  box.append(r.lookedUp ? el("p", "explain-total", `= ${fmt(r.service)} (the service's number)`) : totalLine(r.total, r.service, ctx.request.decimals));
   const before = stepBefore(r);
   if (before) { // walk back one step: the page shows that cell's explanation in place of this one
     const back = el("button", "secondary explain-back", `← how ${before}[${i}][${j}] was computed`);

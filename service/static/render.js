@@ -106,7 +106,7 @@ export function table(key, title, m, rows, onCell = null) {
 // ---- the cell-explanation hook (explain.js) ---------------------------------------------------
 
 // The outputs whose cells explain themselves: a click or Enter on a cell calls explainCell(ctx).
-const EXPLAINED_MAPS = new Set(["scores", "scaled_scores", "capped_scores", "biased_scores", "masked_scores", "weights"]);
+const EXPLAINED_MAPS = new Set(["scores", "scaled_scores", "capped_scores", "position_bias", "biased_scores", "masked_scores", "weights"]);
 const EXPLAINED_TABLES = new Set(["output"]);
 
 let explainer = null; // the module, loaded on the first click (a page without it still works)

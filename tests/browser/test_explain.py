@@ -11,7 +11,31 @@ from tests.browser.support import ARTIFACTS, post_json
 
 pytestmark = pytest.mark.e2e
 
-MAPS = ["scores", "scaled_scores", "capped_scores", "biased_scores", "masked_scores", "weights"]
+MAPS = [
+    "scores", "scaled_scores", "capped_scores", "position_bias", "biased_scores", "masked_scores",
+    "weights",
+]  # fmt: skip
+
+# RoPE with every setting away from its default, after qk_norm, at shifted positions; keys at
+# positions of their own (cross-attention's context_positions)
+ROPE_ODD: dict[str, Any] = {
+    "q": [[0.3, -1.2, 0.7, 2.0, -0.4, 1.1], [1.5, 0.2, -0.9, 0.4, 0.8, -1.3], [-0.6, 0.9, 1.4, -0.2, 0.5, 0.3]],
+    "k": [[0.8, 0.1, -1.1, 0.6, 1.2, -0.7], [-0.3, 1.6, 0.4, -0.9, 0.2, 0.5], [1.0, -0.8, 0.3, 1.3, -1.4, 0.9], [0.2, 0.4, -0.6, 0.1, 0.7, -0.2]],
+    "v": [[1, 0], [0, 1], [1, 1], [2, -1]],
+    "qk_norm": True,
+    "rope": {"base": 100, "style": "interleaved", "rotary_dim": 4, "scaling": {"type": "linear", "factor": 2}},
+    "positions": [40, 41, 42],
+    "context_positions": [7, 20, 30, 41],
+}  # fmt: skip
+# ALiBi on one head, symmetric, with positions; and T5's learned table
+ALIBI_SYMMETRIC: dict[str, Any] = {
+    "q": [[1, 0], [0, 1], [1, 1]], "k": [[1, 0], [0, 1], [1, 1]], "v": [[1, 0], [0, 1], [1, 1]],
+    "alibi": {"symmetric": True}, "positions": [3, 5, 9], "context_positions": [0, 4, 9],
+}  # fmt: skip
+T5_BIAS: dict[str, Any] = {
+    "q": [[1, 0], [0, 1], [1, 1]], "k": [[1, 0], [0, 1], [1, 1]], "v": [[1, 0], [0, 1], [1, 1]],
+    "relative_bias": {"table": [0.5, -0.25, 1.0, 0.125, -1.5, 0.75, 0.0, 2.0]},
+}  # fmt: skip
 
 # every key padded away: each row is fully masked
 FULLY_MASKED: dict[str, Any] = {
@@ -30,6 +54,10 @@ EXAMPLES: list[tuple[str, str, dict[str, Any]]] = [
     ("softcap_large_scores", "attention", ex.SOFTCAP_LARGE_SCORES),
     ("alibi_window", "mask", ex.ALIBI_WINDOW),
     ("llama_layer_rope_gqa", "multihead", ex.LLAMA_LAYER),
+    ("rope_interleaved_linear_qk_norm", "attention", ROPE_ODD),
+    ("alibi_six_heads", "multihead", ex.ALIBI_SIX_HEADS),
+    ("alibi_symmetric_positions", "attention", ALIBI_SYMMETRIC),
+    ("t5_relative_bias", "attention", T5_BIAS),
     ("padded_batch", "mask", ex.PADDED_BATCH),
     ("fully_masked_rows_zero", "mask", {**FULLY_MASKED}),
     ("fully_masked_rows_uniform", "mask", {**FULLY_MASKED, "fully_masked_rows": "uniform"}),
@@ -53,6 +81,7 @@ RECOMPUTE_ALL = """async (args) => {
     for (let i = 0; i < a.length; i++) for (let j = 0; j < a[i].length; j++) {
       const ctx = {endpoint, data, request, name, head, batch, i, j};
       const r = m.recompute(ctx);
+      if (r !== null && r.lookedUp) continue;  // T5's bias: the service's number, shown as such
       out.push([name, head, batch, i, j, r === null ? 'none' : enc(r.total),
                 r === null ? 'none' : enc(r.service)]);
     }
@@ -106,7 +135,62 @@ def test_the_variants_are_in_the_examples_checked(server: str) -> None:
     for _, endpoint, body in EXAMPLES:
         data = post_json(server, endpoint, _full(body))
         seen |= set(data) | {k for h in data.get("heads", []) for k in h}
-    assert {"q_rotated", "sink_weights", "capped_scores", "additive_mask"} <= seen, seen
+    assert {"q_rotated", "sink_weights", "capped_scores", "additive_mask", "position_bias"} <= seen
+
+
+# The page's RoPE (positions.js through explain.ropeOf) turning every query and key row of
+# every head: [head, i, q turned by the page, j, k turned by the page]
+ROTATE_ALL = """async (args) => {
+  const m = await import('/static/explain.js');
+  const {endpoint, data, request} = args;
+  const heads = endpoint === 'multihead' ? data.heads.map((_, h) => h) : [null];
+  const out = [];
+  for (const head of heads) {
+    const src = head === null ? data : data.heads[head];
+    const L = src.q_rotated.length, S = src.k_rotated.length;
+    for (let n = 0; n < Math.max(L, S); n++) {
+      const i = Math.min(n, L - 1), j = Math.min(n, S - 1);
+      const r = m.ropeOf({endpoint, data, request, head, batch: null, name: 'scores', i, j}, i, j);
+      out.push([head, i, r.qRotated, j, r.kRotated]);
+    }
+  }
+  return out;
+}"""
+
+# LLaMA 3.1's scaling with each of its bands hit: wavelengths 2π/θ of 6.3 (under 32/4: kept),
+# 11 and 20 (blended) and 35 (over 32/1: slowed by the factor)
+ROPE_LLAMA3_BANDS: dict[str, Any] = {
+    "q": [[0.3, -1.2, 0.7, 2.0, -0.4, 1.1, 0.5, -0.8], [1.5, 0.2, -0.9, 0.4, 0.8, -1.3, 0.1, 0.6]],
+    "k": [[0.8, 0.1, -1.1, 0.6, 1.2, -0.7, -0.3, 0.9], [-0.3, 1.6, 0.4, -0.9, 0.2, 0.5, 1.0, -0.4]],
+    "v": [[1, 0], [0, 1]],
+    "rope": {"base": 10, "scaling": {"type": "llama3", "factor": 8, "low_freq_factor": 1,
+                                     "high_freq_factor": 4, "original_max_position": 32}},
+    "positions": [100, 101], "context_positions": [3, 100],
+}  # fmt: skip
+
+ROPE_CASES = [
+    ("llama_layer_gqa", "multihead", ex.LLAMA_LAYER),
+    ("llama3_every_band", "attention", ROPE_LLAMA3_BANDS),
+    ("interleaved_linear_qk_norm_positions", "attention", ROPE_ODD),
+]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body"), [(e, b) for _, e, b in ROPE_CASES], ids=[n for n, _, _ in ROPE_CASES]
+)
+def test_the_pages_rope_turns_each_row_as_the_service_does(
+    page: Any, server: str, endpoint: str, body: dict[str, Any]
+) -> None:
+    """The angles a RoPE explanation shows are the ones that turned the rows: the page's rotation
+    of q (or q after qk_norm) and k gives the service's q_rotated and k_rotated to 1e-12."""
+    request = _full(body)
+    data = post_json(server, endpoint, request)
+    rows = page.evaluate(ROTATE_ALL, {"endpoint": endpoint, "data": data, "request": request})
+    assert rows
+    for head, i, q, j, k in rows:
+        src = data if head is None else data["heads"][head]
+        assert q == pytest.approx(src["q_rotated"][i], rel=1e-12, abs=1e-12), (head, i)
+        assert k == pytest.approx(src["k_rotated"][j], rel=1e-12, abs=1e-12), (head, j)
 
 
 EXPLAIN_CELL = """async (args) => {
