@@ -254,15 +254,10 @@ export function render() {
       continue;
     }
     (Array.isArray(data[view.name]) ? data[view.name] : []).forEach((head, i) => {
-      // the head's first score map (scaled) gives way to the next one present (a variant's, or
-      // masked); every later score map is drawn too
-      let scoreMap = null;
+      // every map of the head (its masked scores are folded below; the head picker shows one head)
       for (const v of view.each) {
         const item = { key: `head${i}_${v.name}`, label: `heads.${i}.${v.name}`, title: `head ${i}: ${v.title}`, view: v, m: matrix(head[v.name]) };
-        if (!item.m) continue;
-        if (v.map === "scores" && scoreMap) { Object.assign(scoreMap, item); scoreMap = false; continue; }
-        if (v.map === "scores" && scoreMap === null) scoreMap = item;
-        items.push(item);
+        if (item.m) items.push(item);
       }
       const sinks = sinkColumn(head);
       if (sinks) items.push({ key: `head${i}_${SINK_WEIGHTS}`, title: `head ${i}: sink weights`, view: { rows: "queries" }, m: sinks });

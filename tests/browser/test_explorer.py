@@ -934,6 +934,8 @@ def test_heads_side_by_side_with_average_and_difference(
     folded = page.locator("details.collapsed-map")
     assert folded.count() == heads and folded.first.get_attribute("open") is None
     assert page.locator('figure[data-name="head0_masked_scores"]').is_hidden()
+    for h in range(heads):  # each head's scaled scores stay in view; only the masked are folded
+        assert page.locator(f'#heatmaps > figure[data-name="head{h}_scaled_scores"]').is_visible()
     folded.first.locator(":scope > summary").click()
     assert page.locator('figure[data-name="head0_masked_scores"]').is_visible()
     # one head's detailed maps only
