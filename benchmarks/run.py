@@ -30,6 +30,12 @@ same nginx configuration to 1 replica (each replica ``python -m service --worker
 -c16, the two sides alternating, medians). R2: p50 latency through nginx ÷ straight to the same
 single replica (wrk -t1 -c1, alternating, medians). Everything (wrk, nginx, the replicas) shares
 this machine's CPUs, which the detail says.
+
+E1/E2/E3 (the explorer page, benchmarks/explorer.py; need Debian's Chromium and playwright): a
+generated L-token sentence drawn by the page, Run to first paint ÷ the same answer fetched and
+read by the page's own safetensors reader up to the next frame (alternating, medians), at
+L = 2048 and 512; and the
+JavaScript heap of the drawn L = 2048 page ÷ the weights' float64 bytes.
 """
 
 import argparse
@@ -57,6 +63,8 @@ import orjson  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import explorer  # noqa: E402  (benchmarks/explorer.py, beside this script)
 
 from harness.live import free_port, http_json, start_server  # noqa: E402
 from service.api.outputs import sizes  # noqa: E402
@@ -834,7 +842,46 @@ def skipped(rid: str, what: str, why: str, target: str = "") -> Row:
     }
 
 
-ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2"]  # fmt: skip
+E_WHAT = {
+    "E1": "explorer, L=2048 weights: Run to first paint ÷ fetch + read of the same answer + a frame",
+    "E2": "explorer, L=512 weights: Run to first paint ÷ fetch + read of the same answer + a frame",
+    "E3": "explorer, L=2048 drawn: JavaScript heap ÷ the weights' float64 bytes",
+}
+E_TARGETS = {"E1": 2.5, "E2": 3.0, "E3": 4.0}
+
+
+def e1_e3(base: str, ids: set[str], runs: int) -> list[Row]:
+    """The explorer in Debian's Chromium (benchmarks/explorer.py): drawing ÷ getting the numbers."""
+    wanted = [i for i in ("E1", "E2", "E3") if i in ids]
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return [
+            skipped(i, E_WHAT[i], "playwright is not installed", f"≤ {E_TARGETS[i]}")
+            for i in wanted
+        ]
+    if not Path(explorer.CHROMIUM).exists():
+        return [
+            skipped(i, E_WHAT[i], f"{explorer.CHROMIUM} is missing", f"≤ {E_TARGETS[i]}")
+            for i in wanted
+        ]
+    got = explorer.measure(base, max(3, runs // 2))
+    rows = []
+    for rid, length in (("E1", "2048"), ("E2", "512")):
+        page, floor = got[length]["page"], got[length]["floor"]
+        rows.append(row(rid, E_WHAT[rid], page / floor, "≤", E_TARGETS[rid],
+                        f"first paint {page:.0f} ms vs {floor:.0f} ms to fetch and read the "
+                        f"safetensors answer and reach the next frame in the same page (medians of {max(3, runs // 2)}, "
+                        "alternating; Chromium and the server share this machine's CPUs)"))  # fmt: skip
+    heap, weights = got["heap"], got["weights_bytes"]
+    rows.append(row("E3", E_WHAT["E3"], heap / weights, "≤", E_TARGETS["E3"],
+                    f"{heap / 1e6:.0f} MB heap after a collection for {weights / 1e6:.1f} MB of "
+                    "weights (the answer as nested arrays, the page's state; the map's picture "
+                    "lives outside the JS heap)"))  # fmt: skip
+    return [r for r in rows if r["id"] in ids]
+
+
+ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2", "E1", "E2", "E3"]  # fmt: skip
 
 
 def main() -> None:
@@ -873,6 +920,8 @@ def main() -> None:
                 rows.append(b2(tmp))
             if want & {"R1", "R2"}:
                 rows += r1_r2(tmp, want)
+            if want & {"E1", "E2", "E3"}:
+                rows += e1_e3(base, want, args.runs)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -57,7 +57,24 @@ export function legendSvg(kind, scale, hasMasked) {
   parts.push("</svg>");
   return parts.join("");
 }
-export function maxAbs(m) { let s = 0; for (const row of m) for (const v of row) if (typeof v === "number") s = Math.max(s, Math.abs(v)); return s; }
+/** The largest |value| of a matrix (nulls and booleans skipped). */
+export function maxAbs(m) {
+  let s = 0;
+  for (let i = 0; i < m.length; i++) {
+    const row = m[i];
+    for (let j = 0; j < row.length; j++) { const v = row[j]; if (typeof v === "number" && (v > s || -v > s)) s = Math.abs(v); }
+  }
+  return s;
+}
+
+/** Whether any cell of the map is masked (null, or false in `allowed`). */
+function anyMasked(m, allowed) {
+  for (let i = 0; i < m.length; i++) {
+    const row = m[i], ok = allowed && allowed[i];
+    for (let j = 0; j < row.length; j++) if (row[j] === null || (ok && ok[j] === false)) return true;
+  }
+  return false;
+}
 
 // `allowed` (optional, the response's mask) hatches masked cells whose value is a plain 0 (weights).
 export const isMasked = (m, allowed, i, j) => m[i][j] === null || (allowed && allowed[i] && allowed[i][j] === false);
@@ -111,6 +128,7 @@ export function rgbOf(v, kind, scale) {
 export function heatmap(key, title, m, rows, cols, kind, allowed, onCell = null) {
   const fig = document.createElement("figure");
   fig.className = "heatmap"; fig.dataset.name = key;
+  const scale = maxAbs(m); // the colours' and the legend's range
   const caption = document.createElement("figcaption");
   caption.append(title);
   const svgButton = button("SVG", () => download(`${key}.svg`, new Blob([svgString(title, m, rows, cols, kind, rows.length * cols.length <= SMALL_MAP, allowed)], { type: "image/svg+xml" })));
@@ -137,12 +155,10 @@ export function heatmap(key, title, m, rows, cols, kind, allowed, onCell = null)
       });
     }
   } else {
-    canvasMap(fig, scroll, { title, m, rows, cols, kind, allowed, onCell, say });
+    canvasMap(fig, scroll, { title, m, rows, cols, kind, allowed, scale, onCell, say });
   }
   const legend = document.createElement("div"); legend.className = "legend-box";
-  let anyMasked = false;
-  for (let i = 0; i < m.length && !anyMasked; i++) for (let j = 0; j < m[i].length; j++) if (isMasked(m, allowed, i, j)) { anyMasked = true; break; }
-  legend.innerHTML = legendSvg(kind, maxAbs(m), anyMasked);
+  legend.innerHTML = legendSvg(kind, scale, anyMasked(m, allowed));
   fig.append(scroll, legend, readout);
   return fig;
 }

@@ -14,19 +14,34 @@ const HATCH_FROM = 4; // px a cell from which masked cells are hatched
 
 function abbreviate(s, n) { s = String(s); return s.length > n ? `${s.slice(0, n - 1)}…` : s; }
 
-/** The map's colours, one pixel a cell, made once per matrix. */
-export function picture(m, kind, allowed) {
+// The colours of a kind as 32-bit RGBA words (little-endian, as ImageData's bytes), LEVELS a side
+// of white: a lookup per cell instead of a colour computed (and an array made) per cell.
+const LEVELS = 255;
+function palette(kind, scale) {
+  const word = ([r, g, b]) => ((255 << 24) | (Math.round(b) << 16) | (Math.round(g) << 8) | Math.round(r)) >>> 0;
+  if (kind === "mask") return { lut: Uint32Array.of(word(rgbOf(false, kind, scale)), word(rgbOf(true, kind, scale))), index: (v) => (v ? 1 : 0) };
+  const signed = kind !== "weights";
+  const lut = new Uint32Array(signed ? 2 * LEVELS + 1 : LEVELS + 1);
+  for (let k = 0; k < lut.length; k++) lut[k] = word(rgbOf(((signed ? k - LEVELS : k) / LEVELS) * (scale || 1), kind, scale || 1));
+  const s = scale || 1;
+  const index = signed
+    ? (v) => LEVELS + Math.round(Math.max(-1, Math.min(1, v / s)) * LEVELS)
+    : (v) => Math.round(Math.max(0, Math.min(1, v / s)) * LEVELS);
+  return { lut, index };
+}
+
+/** The map's colours, one pixel a cell, made once per matrix; `scale`: its largest |value|. */
+export function picture(m, kind, allowed, scale = maxAbs(m)) {
   const rows = m.length, cols = m[0].length;
-  const scale = maxAbs(m);
   const img = new ImageData(cols, rows);
-  const px = img.data;
+  const px = new Uint32Array(img.data.buffer); // one word a pixel
+  const { lut, index } = palette(kind, scale);
+  const masked = ((255 << 24) | (MASKED[2] << 16) | (MASKED[1] << 8) | MASKED[0]) >>> 0;
   for (let i = 0; i < rows; i++) {
-    const row = m[i], ok = allowed && allowed[i];
+    const row = m[i], ok = allowed && allowed[i], at = i * cols;
     for (let j = 0; j < cols; j++) {
       const v = row[j];
-      const c = v === null || (ok && ok[j] === false) ? MASKED : rgbOf(v, kind, scale);
-      const p = (i * cols + j) * 4;
-      px[p] = c[0]; px[p + 1] = c[1]; px[p + 2] = c[2]; px[p + 3] = 255;
+      px[at + j] = v === null || (ok && ok[j] === false) ? masked : lut[index(v)];
     }
   }
   const off = document.createElement("canvas");
@@ -63,8 +78,8 @@ function hatch(ctx, m, allowed, i0, i1, j0, j1, cell, dx, dy) {
  * tests and tools.
  */
 export class MapView {
-  constructor(canvas, m, rows, cols, kind, allowed) {
-    Object.assign(this, { canvas, m, rows, cols, kind, allowed });
+  constructor(canvas, m, rows, cols, kind, allowed, scale) {
+    Object.assign(this, { canvas, m, rows, cols, kind, allowed, scale });
     this.nRows = m.length; this.nCols = m[0].length;
     this.base = null; // made on the first draw: a map never shown costs nothing
     this.cell = 0; this.top = 0; this.left = 0; this.width = 0; this.viewW = 0; this.viewH = 0; this.dpr = 0;
@@ -100,7 +115,7 @@ export class MapView {
 
   draw() {
     if (!this.width) return;
-    if (!this.base) this.base = picture(this.m, this.kind, this.allowed);
+    if (!this.base) this.base = picture(this.m, this.kind, this.allowed, this.scale);
     const { canvas, cell } = this;
     const w = Math.min(this.width, Math.ceil(LABEL_W + this.nCols * cell));
     const h = Math.min(this.maxHeight(), Math.ceil(LABEL_H + this.nRows * cell));
@@ -227,12 +242,12 @@ export function zoomText(cell) {
  * wheel pans, ctrl+wheel or + and − zoom. `fig.markCell(i, j)` outlines a cell and brings it
  * into view. Drawn once the card has a width (a hidden map is drawn when first shown).
  */
-export function canvasMap(fig, scroll, { title, m, rows, cols, kind, allowed, onCell, say }) {
+export function canvasMap(fig, scroll, { title, m, rows, cols, kind, allowed, scale, onCell, say }) {
   const canvas = document.createElement("canvas");
   canvas.tabIndex = 0; canvas.dataset.rows = String(m.length); canvas.dataset.cols = String(m[0].length);
   canvas.setAttribute("role", "img");
   canvas.setAttribute("aria-label", `${title}: ${m.length} × ${m[0].length}; arrow keys read cells, + and − zoom${onCell ? ", Enter explains a cell" : ""}`);
-  const view = new MapView(canvas, m, rows, cols, kind, allowed);
+  const view = new MapView(canvas, m, rows, cols, kind, allowed, scale);
   const size = document.createElement("span"); size.className = "zoom-size";
   const where = document.createElement("span"); where.className = "zoom-where";
   const status = () => {

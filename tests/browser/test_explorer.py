@@ -853,6 +853,45 @@ def test_explain_hook_on_a_canvas_map_uses_the_keyboard_cursor(
     assert page.locator("#explain").inner_text().endswith("weights head=null batch=null 2,1")
 
 
+# The colour of a canvas cell: the pixel a quarter of the way into the cell (off the hatching's
+# diagonal and the grid)
+CANVAS_PIXEL = """([name, i, j]) => {
+  const c = document.querySelector(`figure[data-name="${name}"] canvas`);
+  const cell = +c.dataset.cell, d = devicePixelRatio;
+  const x = +c.dataset.ox + (j - +c.dataset.left + 0.25) * cell, y = +c.dataset.oy + (i - +c.dataset.top + 0.25) * cell;
+  return [...c.getContext('2d').getImageData(Math.floor(x * d), Math.floor(y * d), 1, 1).data.slice(0, 3)];
+}"""
+
+
+def test_a_canvas_map_colours_each_cell_by_its_value(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    """40 causal tokens: each weight is white → blue by its share of the map's largest weight
+    (scores: red below 0, blue above, by |value| ÷ the largest); the masked weights grey."""
+    page, _ = offline_page
+    open_explorer(page, server)
+    page.select_option("#mode", "generated")
+    page.fill("#sentence", " ".join(f"w{i}" for i in range(40)))
+    for field, value in (("#seed", "3"), ("#d_model", "8"), ("#d_k", "8")):
+        page.fill(field, value)
+    page.check("#causal")
+    _, data = run_form(page, "attention")
+    white, blue, red = np.array([255, 255, 255]), np.array([36, 88, 166]), np.array([179, 38, 30])
+    for name in ("weights", "scaled_scores"):
+        page.locator(f'figure[data-name="{name}"] canvas[data-cell]').wait_for()
+        m = data[name]
+        top = max(abs(v) for row in m for v in row if v is not None)
+        for i, j in ((0, 0), (5, 3), (39, 20), (39, 39), (2, 30)):
+            got = np.array(page.evaluate(CANVAS_PIXEL, [name, i, j]))
+            v = m[i][j]
+            if name == "weights" and i < j:  # above the diagonal: masked (0 in the weights)
+                want = np.array([201, 206, 214])
+            else:
+                t = v / top
+                want = white + ((blue if t >= 0 else red) - white) * abs(t)
+            assert np.abs(got - want).max() <= 1.5, (name, i, j, v, got, want)
+
+
 @pytest.mark.parametrize("offline_page", [(1280, 900, 2)], indirect=True, ids=["hidpi"])
 def test_a_canvas_map_is_sharp_on_a_hidpi_screen_and_clicks_find_their_cell(
     offline_page: tuple[Any, list[str]], server: str
