@@ -202,9 +202,23 @@ def test_copy_as_curl_gives_a_command_that_works(
 def test_usable_at_phone_width(offline_page: tuple[Any, list[str]], server: str) -> None:
     page, _ = offline_page
     open_explorer(page, server)
+    # on arrival the first screen shows the example's answer; the inputs follow it
+    assert page.locator("#summary").bounding_box()["y"] < 844
+    assert page.locator("#results").bounding_box()["y"] < page.locator("#form").bounding_box()["y"]
+    page.get_by_role("link", name="Change the inputs ↓").click()
+    assert page.evaluate(
+        "() => Math.abs(document.getElementById('form').getBoundingClientRect().top) < 5"
+    )
     run_form(page, "attention")
     assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth + 1")
     assert page.locator("#run").is_visible()
+    # a cell explained and two queries picked: still no sideways scrolling
+    page.locator('figure[data-name="weights"] rect.cell[data-row="2"][data-col="0"]').click()
+    page.locator("#explain .explain-total").wait_for()
+    page.click("#pick-none")
+    page.locator("#pick-chips button", has_text="Batman").click()
+    assert page.locator("table.pick-table").is_visible()
+    assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth + 1")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "explorer-phone.png"), full_page=True)
 
