@@ -70,3 +70,13 @@ def run_example(page: Any, endpoint: str, example: str) -> dict[str, Any]:
     data: dict[str, Any] = info.value.json()
     wait_idle(page)
     return data
+
+
+def fill_generated(page: Any, tokens: int, seed: int = 0, d_model: int = 8, d_k: int = 8) -> None:
+    """Switch the form to "a sentence with generated numbers": ``tokens`` words w0 w1 …, drawn
+    from ``seed`` at ``d_model`` and ``d_k``."""
+    page.select_option("#mode", "generated")
+    page.fill("#tokens", "")
+    page.fill("#sentence", " ".join(f"w{i}" for i in range(tokens)))
+    for field, value in (("#seed", seed), ("#d_model", d_model), ("#d_k", d_k)):
+        page.fill(field, str(value))

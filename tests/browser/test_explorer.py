@@ -15,6 +15,7 @@ import pytest
 
 from tests.browser.support import (
     ARTIFACTS,
+    fill_generated,
     map_cells,
     open_explorer,
     post_json,
@@ -148,11 +149,7 @@ def test_256_tokens_render_on_canvas_and_read_by_keyboard(
 ) -> None:
     page, _ = offline_page
     open_explorer(page, server)
-    page.select_option("#mode", "generated")
-    page.fill("#tokens", "")
-    page.fill("#sentence", " ".join(f"w{i}" for i in range(256)))
-    for field, value in (("#seed", "0"), ("#d_model", "8"), ("#d_k", "8")):
-        page.fill(field, value)
+    fill_generated(page, 256)
     for field in ("#x", "#w_q", "#w_k", "#w_v"):
         page.fill(field, "")
     page.fill("#extra", "")
@@ -853,10 +850,7 @@ def test_explain_hook_on_a_canvas_map_uses_the_keyboard_cursor(
     page, _ = offline_page
     _stub_explain(page)
     open_explorer(page, server)
-    page.select_option("#mode", "generated")
-    page.fill("#sentence", " ".join(f"w{i}" for i in range(40)))
-    for field, value in (("#seed", "0"), ("#d_model", "8"), ("#d_k", "8")):
-        page.fill(field, value)
+    fill_generated(page, 40)
     page.fill("#extra", "")
     run_form(page, "attention")
     canvas = page.locator('figure[data-name="weights"] canvas')
@@ -884,10 +878,7 @@ def test_a_canvas_map_colours_each_cell_by_its_value(
     (scores: red below 0, blue above, by |value| ÷ the largest); the masked weights grey."""
     page, _ = offline_page
     open_explorer(page, server)
-    page.select_option("#mode", "generated")
-    page.fill("#sentence", " ".join(f"w{i}" for i in range(40)))
-    for field, value in (("#seed", "3"), ("#d_model", "8"), ("#d_k", "8")):
-        page.fill(field, value)
+    fill_generated(page, 40, seed=3)
     page.check("#causal")
     _, data = run_form(page, "attention")
     white, blue, red = np.array([255, 255, 255]), np.array([36, 88, 166]), np.array([179, 38, 30])
@@ -915,10 +906,7 @@ def test_a_canvas_map_is_sharp_on_a_hidpi_screen_and_clicks_find_their_cell(
     page, _ = offline_page
     _stub_explain(page)
     open_explorer(page, server)
-    page.select_option("#mode", "generated")
-    page.fill("#sentence", " ".join(f"w{i}" for i in range(40)))
-    for field, value in (("#seed", "0"), ("#d_model", "8"), ("#d_k", "8")):
-        page.fill(field, value)
+    fill_generated(page, 40)
     run_form(page, "attention")
     canvas = page.locator('figure[data-name="weights"] canvas')
     width, css = canvas.evaluate("c => [c.width, c.getBoundingClientRect().width]")
