@@ -12,8 +12,8 @@ export function download(name, blob) {
 // The whole map, at most PNG_SIDE px a side (a cell is then less than a pixel: neighbours averaged).
 const PNG_SIDE = 2048;
 export function exportPng(name, m, rows, cols, kind, allowed) {
-  const most = Math.max(cols.length, rows.length);
-  const cell = Math.min(40, most <= PNG_SIDE / 4 ? Math.floor(PNG_SIDE / most) : PNG_SIDE / most);
+  const fit = PNG_SIDE / Math.max(cols.length, rows.length);
+  const cell = Math.min(40, fit >= 1 ? Math.floor(fit) : fit); // whole pixels a cell from 1 up
   const canvas = document.createElement("canvas");
   drawWhole(canvas, m, kind, cell, allowed);
   canvas.toBlob((blob) => download(`${name}.png`, blob), "image/png");

@@ -1070,6 +1070,14 @@ def test_time_to_first_paint_of_a_large_weights_map(
     assert canvas.get_attribute("data-top") == "0"
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"explorer-L{length}.png"))
+    # exports of a large map: PNG at most 2048 px a side, whole pixels a cell; no SVG of 4M shapes
+    assert figure.get_by_role("button", name="Download weights  softmax as SVG").is_disabled()
+    with page.expect_download() as png:
+        figure.get_by_role("button", name="Download weights  softmax as PNG").click()
+    head = Path(png.value.path()).read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    assert width == height == 2048, (width, height)
 
 
 # ---- selected queries ------------------------------------------------------------------------
