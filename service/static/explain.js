@@ -122,8 +122,6 @@ function sinkLogit(ctx) {
   return Number(s);
 }
 
-function cell(m, i, j) { return m === undefined ? undefined : m[i][j]; }
-
 /** Recompute the clicked cell: {name, formula, terms, total, service, ...}; null if not explained. */
 export function recompute(ctx) {
   const { name, i, j } = ctx;
