@@ -4,16 +4,14 @@ import { canvasMap } from "./mapview.js";
 
 export const SMALL_MAP = 24 * 24; // up to this many cells: SVG with the value in every cell
 const SVG_MOST = 160 * 160; // the most cells an SVG export holds (one shape a cell)
+/** A label cut to `n` characters, the last an ellipsis. */
+export function abbreviate(s, n) { s = String(s); return s.length > n ? `${s.slice(0, n - 1)}…` : s; }
 export function escapeXml(s) { return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c])); }
 
+/** rgbOf as a CSS colour (null for a masked cell, which is hatched instead). */
 export function colour(v, kind, scale) {
-  if (v === null) return null;
-  if (kind === "mask") return v ? "#2458a6" : "#ffffff";
-  if (kind === "weights") { const t = Math.max(0, Math.min(1, v / (scale || 1))); return mix([255, 255, 255], [36, 88, 166], t); } // relative to the map's largest weight
-  const t = scale ? Math.max(-1, Math.min(1, v / scale)) : 0; // diverging: red below 0, blue above
-  return t < 0 ? mix([255, 255, 255], [179, 38, 30], -t) : mix([255, 255, 255], [36, 88, 166], t);
+  return v === null ? null : `rgb(${rgbOf(v, kind, scale).map(Math.round).join(",")})`;
 }
-export function mix(a, b, t) { return `rgb(${a.map((x, i) => Math.round(x + (b[i] - x) * t)).join(",")})`; }
 export function dark(v, kind, scale) { if (v === null) return false; const t = kind === "mask" ? (v ? 1 : 0) : Math.abs(v / (scale || 1)); return t > 0.55; }
 // Numbers: DIGITS significant digits; plain decimals from 1e-4 up to a million (whole numbers
 // printed whole), exponent form outside (1.01e-6, 1.00e+22).
@@ -97,7 +95,7 @@ export function svgString(title, m, rows, cols, kind, withValues, allowed, title
     `<rect width="${w}" height="${h}" fill="#fff"/>${titled ? `<text x="4" y="14" font-weight="600">${escapeXml(title)}</text>` : `<text class="axis-name" x="4" y="14" fill="#5b6775">queries ↓  keys →</text>`}`];
   if (withValues) {
     // long tokens abbreviated to fit (the whole token in the label's tooltip)
-    const label = (text, n) => { const s = String(text); return s.length > n ? `${escapeXml(s.slice(0, n - 1))}…<title>${escapeXml(s)}</title>` : escapeXml(s); };
+    const label = (text, n) => { const s = String(text), short = abbreviate(s, n); return short === s ? escapeXml(s) : `${escapeXml(short)}<title>${escapeXml(s)}</title>`; };
     cols.forEach((c, j) => parts.push(`<text class="col-label" x="${labelW + j * cw + cw / 2}" y="${top - 6}" text-anchor="middle">${label(c, Math.floor((cw - 4) / 6.5))}</text>`));
     rows.forEach((r, i) => parts.push(`<text class="row-label" x="${labelW - 6}" y="${top + i * cell + cell / 2 + 4}" text-anchor="end">${label(r, 10)}</text>`));
   }
@@ -112,7 +110,8 @@ export function svgString(title, m, rows, cols, kind, withValues, allowed, title
   return parts.join("");
 }
 
-// The colour of a value as [r, g, b] (colour() gives the same as a CSS string).
+// The colour of a value as [r, g, b]: weights white → blue by their share of the map's largest,
+// signed values diverging (red below 0, blue above) by |value| ÷ the largest, a mask blue or white.
 const WHITE = [255, 255, 255], BLUE = [36, 88, 166], RED = [179, 38, 30];
 export const MASKED = [201, 206, 214];
 export function rgbOf(v, kind, scale) {

@@ -4,7 +4,7 @@
 // masked cells, a grid, the values). A redraw costs the same at L = 64 and at L = 4096, and no
 // canvas grows with the map: from "fit" (the whole map in the card, a fraction of a pixel a cell)
 // up to cells wide enough to print their values.
-import { fmt, rgbOf, isMasked, maxAbs, MASKED } from "./heatmap.js";
+import { abbreviate, fmt, rgbOf, isMasked, maxAbs, MASKED } from "./heatmap.js";
 
 export const LABEL_W = 64, LABEL_H = 52; // room for the axis labels
 const MAX_CELL = 64; // px a cell at the closest zoom
@@ -12,18 +12,15 @@ const VALUES_FROM = 40; // px a cell from which the values are printed in the ce
 const GRID_FROM = 10; // px a cell from which cell borders are drawn
 const HATCH_FROM = 4; // px a cell from which masked cells are hatched
 
-function abbreviate(s, n) { s = String(s); return s.length > n ? `${s.slice(0, n - 1)}…` : s; }
-
 // The colours of a kind as 32-bit RGBA words (little-endian, as ImageData's bytes), LEVELS a side
 // of white: a lookup per cell instead of a colour computed (and an array made) per cell.
 const LEVELS = 255;
+const word = ([r, g, b]) => ((255 << 24) | (Math.round(b) << 16) | (Math.round(g) << 8) | Math.round(r)) >>> 0;
 function palette(kind, scale) {
-  const word = ([r, g, b]) => ((255 << 24) | (Math.round(b) << 16) | (Math.round(g) << 8) | Math.round(r)) >>> 0;
   if (kind === "mask") return { lut: Uint32Array.of(word(rgbOf(false, kind, scale)), word(rgbOf(true, kind, scale))), index: (v) => (v ? 1 : 0) };
-  const signed = kind !== "weights";
+  const signed = kind !== "weights", s = scale || 1;
   const lut = new Uint32Array(signed ? 2 * LEVELS + 1 : LEVELS + 1);
-  for (let k = 0; k < lut.length; k++) lut[k] = word(rgbOf(((signed ? k - LEVELS : k) / LEVELS) * (scale || 1), kind, scale || 1));
-  const s = scale || 1;
+  for (let k = 0; k < lut.length; k++) lut[k] = word(rgbOf(((signed ? k - LEVELS : k) / LEVELS) * s, kind, s));
   const index = signed
     ? (v) => LEVELS + Math.round(Math.max(-1, Math.min(1, v / s)) * LEVELS)
     : (v) => Math.round(Math.max(0, Math.min(1, v / s)) * LEVELS);
@@ -36,7 +33,7 @@ export function picture(m, kind, allowed, scale = maxAbs(m)) {
   const img = new ImageData(cols, rows);
   const px = new Uint32Array(img.data.buffer); // one word a pixel
   const { lut, index } = palette(kind, scale);
-  const masked = ((255 << 24) | (MASKED[2] << 16) | (MASKED[1] << 8) | MASKED[0]) >>> 0;
+  const masked = word(MASKED);
   for (let i = 0; i < rows; i++) {
     const row = m[i], ok = allowed && allowed[i], at = i * cols;
     for (let j = 0; j < cols; j++) {
@@ -78,8 +75,8 @@ function hatch(ctx, m, allowed, i0, i1, j0, j1, cell, dx, dy) {
  * tests and tools.
  */
 export class MapView {
-  constructor(canvas, m, rows, cols, kind, allowed, scale) {
-    Object.assign(this, { canvas, m, rows, cols, kind, allowed, scale });
+  constructor(canvas, m, rows, cols, kind, allowed, scale, onDraw = () => {}) {
+    Object.assign(this, { canvas, m, rows, cols, kind, allowed, scale, onDraw });
     this.nRows = m.length; this.nCols = m[0].length;
     this.base = null; // made on the first draw: a map never shown costs nothing
     this.cell = 0; this.top = 0; this.left = 0; this.width = 0; this.viewW = 0; this.viewH = 0; this.dpr = 0;
@@ -148,6 +145,7 @@ export class MapView {
     if (this.cursor) { ctx.strokeStyle = "#f2b705"; ctx.strokeRect(dx + this.cursor[1] * cell, dy + this.cursor[0] * cell, Math.max(cell, 3), Math.max(cell, 3)); }
     ctx.restore();
     Object.assign(canvas.dataset, { cell: String(cell), ox: String(LABEL_W), oy: String(LABEL_H), top: String(this.top), left: String(this.left) });
+    this.onDraw();
   }
 
   // The labels of the visible rows and keys (the keys' rotated), thinned to one every `step` so
@@ -247,18 +245,16 @@ export function canvasMap(fig, scroll, { title, m, rows, cols, kind, allowed, sc
   canvas.tabIndex = 0; canvas.dataset.rows = String(m.length); canvas.dataset.cols = String(m[0].length);
   canvas.setAttribute("role", "img");
   canvas.setAttribute("aria-label", `${title}: ${m.length} × ${m[0].length}; arrow keys read cells, + and − zoom${onCell ? ", Enter explains a cell" : ""}`);
-  const view = new MapView(canvas, m, rows, cols, kind, allowed, scale);
   const size = document.createElement("span"); size.className = "zoom-size";
   const where = document.createElement("span"); where.className = "zoom-where";
-  const status = () => {
+  const status = () => { // the zoom bar says how far in and which part is shown
     const v = view.visible();
     size.textContent = zoomText(view.cell);
     const rowsShown = Math.min(m.length, Math.ceil(v.rows)), colsShown = Math.min(m[0].length, Math.ceil(v.cols));
     where.textContent = rowsShown >= m.length && colsShown >= m[0].length ? "the whole map"
       : `queries ${view.top | 0}–${Math.min(m.length, (view.top | 0) + rowsShown) - 1}, keys ${view.left | 0}–${Math.min(m[0].length, (view.left | 0) + colsShown) - 1} of ${m.length} × ${m[0].length}; drag to pan`;
   };
-  const draw = view.draw.bind(view);
-  view.draw = () => { draw(); status(); };
+  const view = new MapView(canvas, m, rows, cols, kind, allowed, scale, status);
   new ResizeObserver(() => view.resize(Math.min(scroll.clientWidth, 1600))).observe(scroll);
 
   let drag = null; // pointer panning; a drag is not a click

@@ -5,6 +5,7 @@
 import { $ } from "./request.js";
 import { fmt } from "./heatmap.js";
 import { download, csvBlob } from "./export.js";
+import { isMatrix } from "./render.js";
 
 const CHIPS_UP_TO = 64; // a button a query up to this many; above, only the index box
 const KEYS_LISTED = 32; // keys listed above this many: the largest sums (the CSV has every key)
@@ -57,8 +58,6 @@ function weightsOf(data, source, pick) {
 
 // /multihead's answers say num_heads; /attention's and /mask's do not.
 const multihead = (data) => data.num_heads !== undefined;
-
-const isMatrix = (w) => Array.isArray(w) && w.length > 0 && Array.isArray(w[0]);
 
 // The sources the answer holds (an `include` may leave out the average or the heads' weights).
 function sources(data, pick) {
