@@ -9,7 +9,7 @@
  */
 
 import { formatNumber } from "./heatmap.js";
-import { alibiBias, alibiSlope, pairFeatures, positionOf, ropeAngles, ropeFrequencies, ropeSettings, rotate } from "./positions.js";
+import { alibiBias, alibiSlope, pairFeatures, positionOf, relativePosition, ropeAngles, ropeFrequencies, ropeSettings, rotate } from "./positions.js";
 
 export const EXPLAINED = new Set([
   "scores", "scaled_scores", "capped_scores", "biased_scores",
@@ -115,6 +115,20 @@ export function alibiOf(ctx, i, j) {
   return { slope, head: h, n, ...alibiBias(ctx.request, slope, i, j, ctx.batch) };
 }
 
+// The score maps in the order of the steps; each is computed from the last one before it that
+// the answer holds (a variant that is off leaves its map out).
+const SCORE_STEPS = ["scaled_scores", "capped_scores", "biased_scores", "masked_scores"];
+
+/** The step `name` was computed from: {prev, m} (m its matrix), from the score maps held. */
+function stepFrom(ctx, name) {
+  const at = name === "weights" ? SCORE_STEPS.length : SCORE_STEPS.indexOf(name);
+  for (let k = at - 1; k >= 0; k--) {
+    const m = pick(ctx, SCORE_STEPS[k]);
+    if (m !== undefined) return { prev: SCORE_STEPS[k], m };
+  }
+  return { prev: SCORE_STEPS[0], m: undefined };
+}
+
 function sinkLogit(ctx) {
   const s = ctx.request.sinks;
   if (s === undefined || s === null || s === false) return null;
@@ -130,10 +144,6 @@ export function recompute(ctx) {
   const here = pick(ctx, name);
   if (here === undefined) return null;
   const service = here[i][j];
-  const scaled = pick(ctx, "scaled_scores");
-  const capped = pick(ctx, "capped_scores");
-  const biased = pick(ctx, "biased_scores");
-  const masked = pick(ctx, "masked_scores");
   if (name === "scores") {
     const inp = scoreInputs(ctx);
     if (!inp) return null;
@@ -145,7 +155,7 @@ export function recompute(ctx) {
   if (name === "position_bias") { // ALiBi's, recomputed; T5's is looked up in its learned table
     const a = alibiOf(ctx, i, j);
     if (a) return { name, kind: "alibi", alibi: a, terms: [], total: a.bias, service };
-    const distance = positionOf(ctx.request, "context_positions", j, ctx.batch) - positionOf(ctx.request, "positions", i, ctx.batch);
+    const distance = relativePosition(ctx.request, i, j, ctx.batch);
     return { name, kind: "t5", distance, terms: [], total: service, service, lookedUp: true };
   }
   if (name === "scaled_scores") {
@@ -155,29 +165,28 @@ export function recompute(ctx) {
     return { name, kind: "scale", before, scale, terms: [], total: before === undefined ? undefined : before * scale, service };
   }
   if (name === "capped_scores") {
-    const before = scaled[i][j];
+    const before = stepFrom(ctx, name).m[i][j];
     const c = Number(ctx.request.softcap);
     return { name, kind: "cap", before, cap: c, terms: [], total: c * Math.tanh(before / c), service };
   }
   if (name === "biased_scores") {
-    const prev = capped !== undefined ? "capped_scores" : "scaled_scores";
-    const before = (capped ?? scaled)[i][j];
+    const { prev, m } = stepFrom(ctx, name);
+    const before = m[i][j];
     const pb = pick(ctx, "position_bias");
     const alibi = alibiOf(ctx, i, j);
     const bias = alibi ? alibi.bias : pb !== undefined ? pb[i][j] : service - before;
     return { name, kind: "bias", prev, before, bias, alibi, biasFromService: !alibi && pb !== undefined, terms: [], total: before + bias, service };
   }
   if (name === "masked_scores") {
-    const prev = biased !== undefined ? "biased_scores" : capped !== undefined ? "capped_scores" : "scaled_scores";
-    const before = (biased ?? capped ?? scaled)[i][j];
+    const { prev, m } = stepFrom(ctx, name);
+    const before = m[i][j];
     const am = pick(ctx, "additive_mask");
     const entry = am !== undefined ? num(am[i][j]) : num(service) - before;
     return { name, kind: "mask", prev, before, entry, terms: [], total: before + entry, service: num(service) };
   }
   if (name === "weights") {
-    const prev = masked !== undefined ? "masked_scores" : biased !== undefined ? "biased_scores"
-      : capped !== undefined ? "capped_scores" : "scaled_scores";
-    const row = (masked ?? biased ?? capped ?? scaled)[i];
+    const { prev, m } = stepFrom(ctx, name);
+    const row = m[i];
     const sink = sinkLogit(ctx);
     const sm = softmaxRow(row, sink, ctx.request.fully_masked_rows === "uniform" ? "uniform" : "zero");
     const terms = row.map((x, k) => ({ k, m: num(x), exp: sm.exps[k] }));

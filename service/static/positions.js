@@ -11,6 +11,11 @@ export function positionOf(request, field, r, batch) {
   return Array.isArray(pos) ? pos[r] : r;
 }
 
+/** The relative position p'_j − p_i of key j seen from query i (negative for earlier keys). */
+export function relativePosition(request, i, j, batch) {
+  return positionOf(request, "context_positions", j, batch) - positionOf(request, "positions", i, batch);
+}
+
 /** RoPE's settings with their defaults: `true` or {base, style, rotary_dim, scaling}. */
 export function ropeSettings(request, dk) {
   const rope = request.rope && typeof request.rope === "object" ? request.rope : {};
@@ -64,7 +69,7 @@ export function alibiSlope(request, h, n) {
 
 /** ALiBi's bias of query i and key j: slope · (p'_j − p_i), or −slope · |p'_j − p_i| when symmetric. */
 export function alibiBias(request, slope, i, j, batch) {
-  const distance = positionOf(request, "context_positions", j, batch) - positionOf(request, "positions", i, batch);
+  const distance = relativePosition(request, i, j, batch);
   const symmetric = !!(request.alibi && request.alibi.symmetric);
   return { distance, symmetric, bias: slope * (symmetric ? -Math.abs(distance) : distance) };
 }
