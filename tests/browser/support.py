@@ -2,8 +2,10 @@
 steps every explorer test takes (open the page, run the form, read a map's cells)."""
 
 import json
+import math
 import re
 import urllib.request
+from decimal import ROUND_HALF_UP, Decimal, localcontext
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +82,38 @@ def fill_generated(page: Any, tokens: int, seed: int = 0, d_model: int = 8, d_k:
     page.fill("#sentence", " ".join(f"w{i}" for i in range(tokens)))
     for field, value in (("#seed", seed), ("#d_model", d_model), ("#d_k", d_k)):
         page.fill(field, str(value))
+
+
+def js_number(v: float | bool | None, digits: int, trim: bool) -> str:
+    """heatmap.js ``formatNumber``, exactly: ``digits`` significant digits, plain decimals from 1e-4
+    up to a million (whole numbers printed whole), exponent form (JavaScript's toExponential)
+    outside; ``trim`` drops trailing zeros. None is −∞ (a masked score), a boolean 1 or 0.
+    Rounding is JavaScript's toFixed / toExponential: from the double's exact value, ties away
+    from zero."""
+    if v is None:
+        return "−∞"
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "∞" if v > 0 else "−∞"
+    if v == 0:
+        return "0"
+    sign = "-" if v < 0 else ""
+    with localcontext() as ctx:
+        ctx.prec = 800
+        a = abs(Decimal(v))  # exact
+        e = a.adjusted()  # floor(log10(a))
+        if abs(v) < 1e-4 or abs(v) >= 1e6:
+            unit = 10 ** (digits - 1)
+            n = int(a.scaleb(digits - 1 - e).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+            if n == 10 * unit:
+                n, e = unit, e + 1
+            mantissa = f"{n // unit}.{n % unit:0{digits - 1}d}"
+            return f"{sign}{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
+        decimals = max(0, digits - 1 - e)
+        s = f"{a.quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP):f}"
+    if trim and "." in s:
+        s = s.rstrip("0").rstrip(".")
+    return "0" if s == "0" else sign + s

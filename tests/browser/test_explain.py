@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from service.api import examples as ex
-from tests.browser.support import ARTIFACTS, post_json
+from tests.browser.support import ARTIFACTS, js_number, post_json
 
 pytestmark = pytest.mark.e2e
 
@@ -204,11 +204,8 @@ EXPLAIN_CELL = """async (args) => {
 
 
 def _fmt6(x: float) -> str:
-    """The page's format: 6 significant digits, fixed point."""
-    if x == 0:
-        return "0"
-    places = max(0, 5 - math.floor(math.log10(abs(x))))
-    return f"{x:.{places}f}"
+    """explain.js's format: 6 significant digits, trailing zeros kept."""
+    return js_number(x, 6, trim=False)
 
 
 CELLS: list[tuple[str, str, dict[str, Any], str, int | None, int | None, int, int]] = [

@@ -7,12 +7,11 @@ import json
 import math
 import re
 import urllib.request
-from decimal import ROUND_HALF_UP, Decimal, localcontext
 from typing import Any
 
 import pytest
 
-from tests.browser.support import ARTIFACTS, map_cells, open_explorer, run_form
+from tests.browser.support import ARTIFACTS, js_number, map_cells, open_explorer, run_form
 
 pytestmark = pytest.mark.e2e
 
@@ -36,35 +35,8 @@ def _value(text: str) -> Value:
 
 
 def fmt(v: Value) -> str:
-    """heatmap.js ``fmt``, exactly: 3 significant digits, trailing zeros dropped, plain decimals
-    from 1e-4 up to a million (whole numbers printed whole), exponent form (JavaScript's
-    toExponential(2)) outside. Rounding is JavaScript's
-    toFixed / toExponential: from the double's exact value, ties away from zero."""
-    if v is None:
-        return "−∞"
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "∞" if v > 0 else "−∞"
-    if v == 0:
-        return "0"
-    sign = "-" if v < 0 else ""
-    with localcontext() as ctx:
-        ctx.prec = 800
-        a = abs(Decimal(v))  # exact
-        e = a.adjusted()  # floor(log10(a))
-        if abs(v) < 1e-4 or abs(v) >= 1e6:
-            n = int(a.scaleb(2 - e).quantize(Decimal(1), rounding=ROUND_HALF_UP))
-            if n == 1000:
-                n, e = 100, e + 1
-            return f"{sign}{n // 100}.{n % 100:02d}e{'+' if e >= 0 else '-'}{abs(e)}"
-        decimals = max(0, 2 - e)
-        s = f"{a.quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP):f}"
-    if "." in s:
-        s = s.rstrip("0").rstrip(".")
-    return "0" if s == "0" else sign + s
+    """heatmap.js ``fmt``: 3 significant digits, trailing zeros dropped."""
+    return js_number(v, 3, trim=True)
 
 
 def test_fmt_reference() -> None:
