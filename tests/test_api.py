@@ -56,6 +56,21 @@ def test_generated_sentence_draws_x_first(client: TestClient) -> None:
     assert body["tokens"] == ["attention", "is", "all", "you", "need"]
 
 
+def test_generated_d_k_defaults_to_d_model(client: TestClient) -> None:
+    """A notebook's d_k = embedding_dim: sentence, seed and d_model alone make square weights."""
+    body = post(client, "/attention", {"sentence": "I am here", "seed": 3, "d_model": 5})
+    rng = np.random.RandomState(3)
+    x, w_q = rng.rand(3, 5), rng.rand(5, 5)
+    assert body["d_k"] == 5 and body["d_v"] == 5
+    np.testing.assert_array_equal(body["w_q"], w_q)
+    np.testing.assert_allclose(body["q"], x @ w_q, rtol=1e-14)
+
+
+def test_generated_multihead_d_k_defaults_to_d_model_over_heads(client: TestClient) -> None:
+    body = post(client, "/multihead", {"seq_len": 3, "seed": 3, "d_model": 6, "num_heads": 3})
+    assert body["d_k"] == 2 and np.array(body["w_q"]).shape == (6, 6)
+
+
 def test_causal_mask_example(client: TestClient) -> None:
     body = post(client, "/mask", ex.CAUSAL_FOUR_TOKENS)
     assert body["mask"] == [[j <= i for j in range(4)] for i in range(4)]

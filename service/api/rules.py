@@ -149,7 +149,7 @@ def _projection_shapes(req: AttentionRequest) -> Shapes:
         if w is None:
             if req.seed is None:
                 raise FieldError(
-                    name, f"{name} is missing: give {name}, or give seed and d_k to generate it"
+                    name, f"{name} is missing: give {name}, or give seed to generate it"
                 )
             generate.append(name)
         else:
@@ -159,9 +159,8 @@ def _projection_shapes(req: AttentionRequest) -> Shapes:
             "w_k",
             f"w_q gives queries of width {widths['w_q']} but w_k gives keys of width {widths['w_k']}: they must match for Q Kᵀ",
         )
-    d_k = widths.get("w_q", widths.get("w_k", req.d_k))
-    if d_k is None:
-        raise FieldError("d_k", "to generate w_q and w_k, give d_k (the width of queries and keys)")
+    # generated w_q and w_k default to square (d_k = d_model), as a notebook's d_k = embedding_dim
+    d_k = widths.get("w_q", widths.get("w_k", req.d_k if req.d_k is not None else d_model))
     _check_size(req.d_k, "d_k", d_k, "the given weights make queries of width")
     d_v = widths.get("w_v", req.d_v if req.d_v is not None else d_k)
     _check_size(req.d_v, "d_v", d_v, "w_v makes values of width")

@@ -44,7 +44,12 @@ class InputFields(BaseModel):
         "uniform", description="generated mode: uniform = rand (U[0,1)), normal = randn (N(0,1))"
     )
     d_model: Int | None = Field(None, ge=1, description="generated mode: width of generated x")
-    d_k: Int | None = Field(None, ge=1, description="generated mode: width of queries and keys")
+    d_k: Int | None = Field(
+        None,
+        ge=1,
+        description="generated mode: width of queries and keys (default d_model on /attention "
+        "and /mask; d_model ÷ num_heads per head on /multihead)",
+    )
     d_v: Int | None = Field(None, ge=1, description="generated mode: width of values (default d_k)")
     seq_len: Int | None = Field(
         None, ge=1, description="generated mode: L when there are no tokens"
