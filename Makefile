@@ -1,4 +1,5 @@
-# Two commands on a fresh machine: `make run` serves on port 8000, `make test` runs the whole suite.
+# Two commands on a fresh machine: `make run` serves on port 8000, `make test` installs everything
+# the suite needs (PyTorch and transformers included) and runs it.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -16,7 +17,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
+# The suite's references: PyTorch's CPU build (from PyTorch's own index where it is reachable:
+# PyPI's Linux build pulls in CUDA, several GB) and transformers, with the dev tools.
+TORCH       ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+
 $(VENV)/.installed-dev: pyproject.toml client/pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --extra-index-url $(TORCH_INDEX) '$(TORCH)'
 	$(BIN)/pip install --quiet -e '.[dev]' -e ./client
 	touch $@ $(VENV)/.installed
 
@@ -45,7 +52,7 @@ overload: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/run.py
 
-# Regenerates tests/fixtures/golden.json and golden_layers.json (needs: .venv/bin/pip install torch==2.13.0 transformers==5.23.0).
+# Regenerates tests/fixtures/golden.json and golden_layers.json from PyTorch and transformers.
 fixtures: $(VENV)/.installed-dev
 	$(BIN)/python scripts/make_golden.py
 

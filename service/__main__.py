@@ -1,9 +1,11 @@
 """``python -m service [--host H] [--port P] [--workers N]``: serve with uvicorn."""
 
 import argparse
+import errno
 import logging.config
 import os
 import signal
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -59,6 +61,25 @@ def _exit_cleanly(signum: int, frame: object) -> None:
     sys.exit(0)
 
 
+def _check_address(host: str, port: int) -> None:
+    """Exit with a one-line hint, before announcing any URL, when the address cannot be
+    listened on (a port already in use, a privileged port, an address not on this host)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                why = f"port {port} is in use (another server runs there?)"
+            else:
+                why = f"cannot listen on {host}:{port} ({error.strerror})"
+            sys.exit(
+                f"{why}: choose another with make run PORT={port + 1}, "
+                f"python -m service --port {port + 1} or ATTENTION_PORT={port + 1}"
+            )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line (defaults from ATTENTION_* settings) and run uvicorn."""
     settings = get_settings()
@@ -76,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         help=f"worker processes (default {settings.workers})",
     )
     args = parser.parse_args(argv)
+    _check_address(args.host, args.port)
     _prepare_environment(args.workers)
 
     import uvicorn

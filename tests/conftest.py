@@ -17,6 +17,44 @@ from service.config import Settings
 TOL = 1e-12
 
 
+# System programs some tests need: what `make test` cannot install with pip. A test that needs
+# one skips with "<program> is not installed" in its reason (or fails under its REQUIRE_ switch).
+SYSTEM_PROGRAMS: dict[str, tuple[str, str]] = {
+    "chromium": ("the browser tests", "sudo apt-get install -y chromium"),
+    "nginx": ("the replicas tests", "sudo apt-get install -y nginx"),
+    "kubectl": (
+        "the Kubernetes manifest tests",
+        "see https://kubernetes.io/docs/tasks/tools/ (kubectl ≥ 1.30 on PATH)",
+    ),
+}
+
+
+def skipped_for_programs(reasons: list[str]) -> dict[str, int]:
+    """How many skips each missing system program caused, from the skips' reasons."""
+    counts: dict[str, int] = {}
+    for reason in reasons:
+        low = reason.lower()
+        for program in SYSTEM_PROGRAMS:
+            if program in low and "not installed" in low:
+                counts[program] = counts.get(program, 0) + 1
+    return counts
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say which tests were skipped for a missing system program, and how to enable them."""
+    reasons = [
+        str(getattr(r, "longrepr", ("", "", ""))[-1])
+        for r in terminalreporter.stats.get("skipped", [])
+    ]
+    counts = skipped_for_programs(reasons)
+    if not counts:
+        return
+    terminalreporter.section("skipped: system programs not installed")
+    for program, n in counts.items():
+        what, command = SYSTEM_PROGRAMS[program]
+        terminalreporter.write_line(f"{n} of {what} need {program}: {command}")
+
+
 @pytest.fixture(scope="session")
 def client() -> Iterator[TestClient]:
     with TestClient(create_app(Settings())) as c:

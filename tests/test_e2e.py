@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -195,6 +196,25 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0() -> None:
     worker.join(timeout=60)
     assert proc.wait(timeout=60) == 0
     assert result == {"status": 200, "rows": 1500}
+
+
+def test_a_port_in_use_is_named_with_the_command_to_use_another() -> None:
+    """`make run` on a busy port: one line naming the port and how to choose another, exit 1,
+    and no explorer URL announced first."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run(
+            [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert run.returncode == 1
+    assert f"port {port} is in use" in run.stderr
+    assert f"make run PORT={port + 1}" in run.stderr
+    assert "explorer is at" not in run.stdout + run.stderr
 
 
 def test_plain_uvicorn_honours_root_path_and_log_level(tmp_path: Path) -> None:
