@@ -17,13 +17,14 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
-# The suite's references: PyTorch's CPU build (from PyTorch's own index where it is reachable:
-# PyPI's Linux build pulls in CUDA, several GB) and transformers, with the dev tools.
-TORCH       ?= torch==2.13.0
+# The suite's references (PyTorch, transformers) are dev dependencies. PyTorch comes first, alone,
+# as its CPU build from PyTorch's own index where that is reachable (PyPI's Linux build pulls in
+# CUDA, several GB); its own dependencies then come from PyPI with the rest.
+TORCH       := $(shell grep -o 'torch==[0-9.]*' pyproject.toml)
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 $(VENV)/.installed-dev: pyproject.toml client/pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet --extra-index-url $(TORCH_INDEX) '$(TORCH)'
+	$(BIN)/pip install --quiet --retries 1 --no-deps --extra-index-url $(TORCH_INDEX) '$(TORCH)'
 	$(BIN)/pip install --quiet -e '.[dev]' -e ./client
 	touch $@ $(VENV)/.installed
 
