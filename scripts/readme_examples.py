@@ -1,7 +1,7 @@
-"""Print README's "Examples" section: each curl command and the service's real answer.
+"""Print the worked examples of docs/examples.md: each curl command and the service's real answer.
 
 Run against the ASGI app (no server needed): ``.venv/bin/python scripts/readme_examples.py``.
-tests/test_readme.py replays every curl block of README.md and checks the JSON shown.
+tests/test_readme.py replays every curl block of README.md and docs/ and checks the JSON shown.
 """
 
 import json

@@ -1,9 +1,11 @@
-"""The image's exact versions (requirements.lock) satisfy the ranges pyproject.toml declares."""
+"""The image's exact versions (requirements.lock) satisfy the ranges pyproject.toml declares; the
+compose files' settings."""
 
 import re
 import tomllib
 from pathlib import Path
 
+import yaml
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,3 +29,12 @@ def test_lock_pins_every_runtime_dependency_within_its_range() -> None:
         assert req.specifier.contains(pins[name]), (
             f"requirements.lock pins {req.name}=={pins[name]}, outside {req.specifier}"
         )
+
+
+def test_the_replicas_network_subnet_is_one_setting_with_a_default() -> None:
+    """A fixed subnet can clash with a network the host already has: ATTENTION_SUBNET moves it,
+    and the replicas trust forwarded headers from that same subnet."""
+    compose = yaml.safe_load((ROOT / "docker-compose.replicas.yml").read_text())
+    setting = "${ATTENTION_SUBNET:-172.30.87.0/24}"
+    assert compose["networks"]["attention"]["ipam"]["config"] == [{"subnet": setting}]
+    assert compose["services"]["attention"]["environment"]["FORWARDED_ALLOW_IPS"] == setting
