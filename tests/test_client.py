@@ -3,6 +3,7 @@ then the real app in process (httpx.ASGITransport), then a real server (e2e)."""
 
 import asyncio
 import json
+import random
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -252,6 +253,33 @@ def test_a_field_given_twice_is_refused_before_sending() -> None:
     assert rec.requests == []
 
 
+class FakeModule:
+    """Anything with a ``state_dict()`` method, as a torch module has."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"in_proj_weight": np.eye(3)}
+
+
+@pytest.mark.parametrize("given", [FakeModule(), 3], ids=["module", "number"])
+def test_state_dict_that_is_not_a_mapping_is_refused_naming_the_fix(given: Any) -> None:
+    rec = Recorder(OK)
+    with mock_client(rec) as client, pytest.raises(TypeError) as err:
+        client.multihead(x=np.eye(3), num_heads=1, state_dict=given)
+    assert "module.state_dict()" in str(err.value)
+    assert "not iterable" not in str(err.value)
+    assert rec.requests == []
+
+
+@pytest.mark.torch
+def test_a_torch_module_given_as_state_dict_says_pass_its_state_dict() -> None:
+    torch = pytest.importorskip("torch")
+    mha = torch.nn.MultiheadAttention(4, 2, batch_first=True)
+    with mock_client(Recorder(OK)) as client, pytest.raises(TypeError) as err:
+        client.multihead(x=np.eye(4), num_heads=2, state_dict=mha)
+    assert "pass state_dict=module.state_dict()" in str(err.value)
+    assert "MultiheadAttention" in str(err.value)
+
+
 @pytest.mark.torch
 def test_torch_tensors_are_sent_as_float64_keeping_bool_and_int() -> None:
     torch = pytest.importorskip("torch")
@@ -388,6 +416,11 @@ def test_an_error_that_is_not_json_is_still_a_service_error() -> None:
 # --------------------------------------------------------------------------------- retries
 
 
+def no_jitter() -> float:
+    """A jitter draw of 0: the wait is exactly the floor."""
+    return 0.0
+
+
 def overloaded(retry_after: str | None) -> httpx.Response:
     return error_response(
         503, None, "busy", {"Retry-After": retry_after} if retry_after is not None else {}
@@ -397,7 +430,7 @@ def overloaded(retry_after: str | None) -> httpx.Response:
 def test_503_is_retried_after_retry_after_then_succeeds() -> None:
     rec = Recorder(overloaded("2"), overloaded("100"), overloaded(None), OK)
     sleeps: list[float] = []
-    with mock_client(rec, sleep=sleeps.append) as client:
+    with mock_client(rec, sleep=sleeps.append, jitter=no_jitter) as client:
         result = client.attention(q=[[1.0]], k=[[1.0]], v=[[1.0]])
     assert np.array_equal(result.weights, np.eye(2))
     assert len(rec.requests) == 4
@@ -408,7 +441,7 @@ def test_503_is_retried_after_retry_after_then_succeeds() -> None:
 def test_503_gives_up_after_max_retries_with_overloaded() -> None:
     rec = Recorder(overloaded("1"))
     sleeps: list[float] = []
-    client = mock_client(rec, sleep=sleeps.append, max_retries=2)
+    client = mock_client(rec, sleep=sleeps.append, max_retries=2, jitter=no_jitter)
     with client, pytest.raises(Overloaded) as err:
         client.attention(q=[[1.0]], k=[[1.0]], v=[[1.0]])
     assert err.value.retry_after == 1.0 and err.value.status == 503
@@ -419,12 +452,37 @@ def test_connection_errors_before_an_answer_are_retried() -> None:
     refused = httpx.ConnectError("connection refused")
     rec = Recorder(refused, refused, OK)
     sleeps: list[float] = []
-    with mock_client(rec, sleep=sleeps.append) as client:
+    with mock_client(rec, sleep=sleeps.append, jitter=no_jitter) as client:
         client.attention(q=[[1.0]], k=[[1.0]], v=[[1.0]])
     assert len(rec.requests) == 3 and sleeps == [0.5, 1.0]
     client = mock_client(Recorder(refused), sleep=sleeps.append, max_retries=1)
     with client, pytest.raises(httpx.ConnectError):
         client.attention(q=[[1.0]], k=[[1.0]], v=[[1.0]])
+
+
+def test_waits_are_spread_above_retry_after_by_jitter() -> None:
+    """Clients refused together come back at different moments, never before Retry-After."""
+    waits: list[list[float]] = []
+    for seed in range(8):  # eight clients, each with its own seeded draw
+        rec = Recorder(overloaded("2"), overloaded("2"), OK)
+        sleeps: list[float] = []
+        draw = random.Random(seed).random
+        with mock_client(rec, sleep=sleeps.append, jitter=draw) as client:
+            client.attention(q=[[1.0]], k=[[1.0]], v=[[1.0]])
+        waits.append(sleeps)
+    firsts = [w[0] for w in waits]
+    assert all(2.0 <= s < 3.0 for w in waits for s in w)  # the floor, plus up to half again
+    assert len(set(firsts)) == len(firsts)  # no two clients retry together
+    assert max(firsts) - min(firsts) > 0.2
+    assert waits[0][0] == 2.0 * (1 + 0.5 * random.Random(0).random())  # the injected draw
+
+
+def test_a_retry_after_of_zero_still_waits_a_little_with_jitter() -> None:
+    rec = Recorder(overloaded("0"), OK)
+    sleeps: list[float] = []
+    with mock_client(rec, sleep=sleeps.append, jitter=lambda: 0.5) as client:
+        client.attention(q=[[1.0]], k=[[1.0]], v=[[1.0]])
+    assert sleeps == [0.1 * 1.25]  # the floor of 0.1 s, plus a quarter (half of JITTER)
 
 
 def test_a_read_timeout_is_not_retried() -> None:
@@ -443,7 +501,9 @@ def test_async_client_retries_with_its_own_sleep() -> None:
 
     async def scenario() -> Result:
         transport = httpx.MockTransport(rec)
-        async with AsyncClient("http://test", transport=transport, sleep=sleep) as client:
+        async with AsyncClient(
+            "http://test", transport=transport, sleep=sleep, jitter=no_jitter
+        ) as client:
             return await client.attention(q=[[1.0]], k=[[1.0]], v=[[1.0]])
 
     result = asyncio.run(scenario())

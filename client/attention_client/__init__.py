@@ -7,6 +7,8 @@
         result.weights, result.masked_scores, result.steps
 
 Requests and answers travel as safetensors (``binary=False``: JSON, same results).
+``Client.local()`` runs the service inside this process instead (no server; it must be
+installed here), and a result shown in Jupyter draws its maps as heatmaps.
 """
 
 from attention_client import masks

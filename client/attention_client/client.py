@@ -1,6 +1,7 @@
 """``Client`` (sync) and ``AsyncClient``: the HTTP side, retries included."""
 
 import asyncio
+import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from types import TracebackType
@@ -11,21 +12,37 @@ import httpx
 from attention_client.arrays import normalise
 from attention_client.endpoints import _Endpoints
 from attention_client.errors import error_from, retry_after
+from attention_client.local import (
+    LOCAL_URL,
+    ASGIApp,
+    AsyncLocalTransport,
+    SyncLocalTransport,
+    service_app,
+)
 from attention_client.result import Result
 from attention_client.wire import JSON, SAFETENSORS, decode, encode
 
-MAX_WAIT = 30.0  # seconds: the longest wait between two tries, whatever Retry-After says
+MAX_WAIT = 30.0  # seconds: the longest wait asked for, whatever Retry-After says (before jitter)
+MIN_WAIT = 0.1  # seconds: the shortest wait, even when Retry-After says 0
+JITTER = 0.5  # each wait is drawn from [w, w·(1 + JITTER)): clients refused together spread out
 DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 RETRIED = (httpx.ConnectError, httpx.ConnectTimeout)  # no byte of the request was sent
 
 
-def _wait(attempt: int, max_retries: int, response: httpx.Response | None) -> float | None:
+def _wait(
+    attempt: int, max_retries: int, response: httpx.Response | None, draw: Callable[[], float]
+) -> float | None:
     """Seconds to wait before trying again, or None to stop: retried are a 503 (after its
-    ``Retry-After``) and a connection that failed before any answer, with a doubling backoff."""
+    ``Retry-After``) and a connection that failed before any answer, with a doubling backoff.
+
+    The wait asked for (at most ``MAX_WAIT``, at least ``MIN_WAIT``) is a floor, never
+    shortened; up to ``JITTER`` of it is added at random (``draw()`` in [0, 1)), so that clients
+    refused at the same moment do not all come back at the same moment."""
     if attempt >= max_retries or (response is not None and response.status_code != 503):
         return None
     asked = None if response is None else retry_after(response)
-    return min(MAX_WAIT, asked if asked is not None else 0.5 * 2**attempt)
+    floor = max(MIN_WAIT, min(MAX_WAIT, asked if asked is not None else 0.5 * 2**attempt))
+    return floor * (1.0 + JITTER * draw())
 
 
 def _headers(
@@ -57,11 +74,19 @@ def _json(response: httpx.Response) -> Any:
 class _Common:
     """Settings both clients share."""
 
-    def __init__(self, max_retries: int, binary: bool) -> None:
+    def __init__(self, max_retries: int, binary: bool, jitter: Callable[[], float]) -> None:
         if max_retries < 0:
             raise ValueError("max_retries must be ≥ 0")
         self.max_retries = max_retries
         self.binary = binary
+        self._jitter = jitter
+
+    def _retry_wait(
+        self, attempt: int, response: httpx.Response | None, retry_503: bool
+    ) -> float | None:
+        """``_wait`` with this client's settings (a 503 retried only when ``retry_503``)."""
+        tries = self.max_retries if retry_503 or response is None else 0
+        return _wait(attempt, tries, response, self._jitter)
 
     def _body(self, fields: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
         """A request's body and its Content-Type header."""
@@ -75,9 +100,12 @@ class Client(_Common, _Endpoints[Result]):
     ``Client("http://127.0.0.1:8000", api_key=None)``; use it as a context manager or call
     :meth:`close`. ``binary=True`` (default) sends and receives safetensors, ``False`` JSON:
     the results are the same. A 503 is retried up to ``max_retries`` times after the wait the
-    service asks for (at most 30 s), and so is a connection that fails before any answer; other
-    errors raise at once. ``transport`` is handed to ``httpx.Client`` (tests use
+    service asks for (at most 30 s, plus up to half that again at random: ``jitter`` draws the
+    fraction, default ``random.random``), and so is a connection that fails before any answer;
+    other errors raise at once. ``transport`` is handed to ``httpx.Client`` (tests use
     ``httpx.MockTransport``); ``sleep`` replaces ``time.sleep`` between tries.
+
+    :meth:`local` runs the service inside this process instead, with no server.
     """
 
     def __init__(
@@ -91,14 +119,49 @@ class Client(_Common, _Endpoints[Result]):
         transport: httpx.BaseTransport | None = None,
         headers: Mapping[str, str] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        jitter: Callable[[], float] = random.random,
     ) -> None:
-        super().__init__(max_retries, binary)
+        super().__init__(max_retries, binary, jitter)
         self._sleep = sleep
         self._http = httpx.Client(
             base_url=base_url,
             timeout=timeout,
             transport=transport,
             headers=_headers(api_key, binary, headers),
+        )
+
+    @classmethod
+    def local(
+        cls,
+        api_key: str | None = None,
+        *,
+        app: ASGIApp | None = None,
+        max_retries: int = 3,
+        binary: bool = True,
+        headers: Mapping[str, str] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        jitter: Callable[[], float] = random.random,
+    ) -> Self:
+        """A client of the service run inside this process: no server, no port, the same
+        methods, results (bit for bit) and errors as over HTTP.
+
+        Needs the service importable here (``pip install -e .`` in the repository; otherwise
+        an ImportError says so). Its settings are the environment's ``ATTENTION_*`` variables,
+        as a server's, with logging at warning level; ``app`` runs another ASGI app instead
+        (e.g. ``create_app(Settings(...))``). The app starts now (its readiness warm-up) on an
+        event loop of its own in a background thread, which is why this works inside Jupyter,
+        where a loop already runs; :meth:`close` (or the ``with`` block) shuts it down.
+        """
+        transport = SyncLocalTransport(app if app is not None else service_app())
+        return cls(
+            LOCAL_URL,
+            api_key,
+            max_retries=max_retries,
+            binary=binary,
+            transport=transport,
+            headers=headers,
+            sleep=sleep,
+            jitter=jitter,
         )
 
     def _send(self, method: str, path: str, *, retry_503: bool = True, **kw: Any) -> httpx.Response:
@@ -108,11 +171,11 @@ class Client(_Common, _Endpoints[Result]):
             try:
                 response = self._http.request(method, path, **kw)
             except RETRIED:
-                wait = _wait(attempt, self.max_retries, None)
+                wait = self._retry_wait(attempt, None, retry_503)
                 if wait is None:
                     raise
             else:
-                wait = _wait(attempt, self.max_retries if retry_503 else 0, response)
+                wait = self._retry_wait(attempt, response, retry_503)
                 if wait is None:
                     return response
             self._sleep(wait)
@@ -151,7 +214,7 @@ class AsyncClient(_Common, _Endpoints[Coroutine[Any, Any, Result]]):
     """The asynchronous twin of :class:`Client`: the same arguments and methods, awaited
     (``await client.attention(...)``); ``async with`` or :meth:`aclose`. ``transport`` is an
     ``httpx.AsyncBaseTransport`` (e.g. ``httpx.ASGITransport(app=…)``), ``sleep`` an async
-    function (default ``asyncio.sleep``)."""
+    function (default ``asyncio.sleep``). :meth:`local` runs the service in process."""
 
     def __init__(
         self,
@@ -164,14 +227,42 @@ class AsyncClient(_Common, _Endpoints[Coroutine[Any, Any, Result]]):
         transport: httpx.AsyncBaseTransport | None = None,
         headers: Mapping[str, str] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        jitter: Callable[[], float] = random.random,
     ) -> None:
-        super().__init__(max_retries, binary)
+        super().__init__(max_retries, binary, jitter)
         self._sleep = sleep
         self._http = httpx.AsyncClient(
             base_url=base_url,
             timeout=timeout,
             transport=transport,
             headers=_headers(api_key, binary, headers),
+        )
+
+    @classmethod
+    def local(
+        cls,
+        api_key: str | None = None,
+        *,
+        app: ASGIApp | None = None,
+        max_retries: int = 3,
+        binary: bool = True,
+        headers: Mapping[str, str] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        jitter: Callable[[], float] = random.random,
+    ) -> Self:
+        """The service run inside this process, as :meth:`Client.local`, on the caller's
+        asyncio loop (through ``httpx.ASGITransport``): the app starts with the first request
+        and shuts down with :meth:`aclose` (or the ``async with`` block)."""
+        transport = AsyncLocalTransport(app if app is not None else service_app())
+        return cls(
+            LOCAL_URL,
+            api_key,
+            max_retries=max_retries,
+            binary=binary,
+            transport=transport,
+            headers=headers,
+            sleep=sleep,
+            jitter=jitter,
         )
 
     async def _send(
@@ -183,11 +274,11 @@ class AsyncClient(_Common, _Endpoints[Coroutine[Any, Any, Result]]):
             try:
                 response = await self._http.request(method, path, **kw)
             except RETRIED:
-                wait = _wait(attempt, self.max_retries, None)
+                wait = self._retry_wait(attempt, None, retry_503)
                 if wait is None:
                     raise
             else:
-                wait = _wait(attempt, self.max_retries if retry_503 else 0, response)
+                wait = self._retry_wait(attempt, response, retry_503)
                 if wait is None:
                     return response
             await self._sleep(wait)

@@ -29,6 +29,22 @@ def _fields(scope: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
+def _state_dict(value: object) -> Mapping[str, Any]:
+    """``state_dict`` as given, when it is a mapping of names to arrays; a module (torch's or
+    anything with a ``state_dict()`` method) is refused with the call that gives its weights."""
+    if isinstance(value, Mapping):
+        return value
+    kind = type(value).__name__
+    if callable(getattr(value, "state_dict", None)):
+        raise TypeError(
+            f"state_dict takes the module's weights, not the module: pass "
+            f"state_dict=module.state_dict() (got the {kind} module itself)"
+        )
+    raise TypeError(
+        f"state_dict must be a mapping of names to arrays, such as module.state_dict(); got {kind}"
+    )
+
+
 class _Endpoints(Generic[R]):
     """``attention``, ``mask`` and ``multihead``; subclasses send the request (``_post``)."""
 
@@ -208,7 +224,7 @@ class _Endpoints(Generic[R]):
         holds head i's arrays, ``result.weights`` the stacked ``[h][L][S]`` weights.
         """
         fields = _fields(locals())
-        for name, value in dict(fields.pop("state_dict", {})).items():
+        for name, value in _state_dict(fields.pop("state_dict", {})).items():
             if name in fields:
                 raise TypeError(f"{name} given both in state_dict and as an argument")
             fields[name] = value

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy.typing as npt
 
+from attention_client.display import result_html, short_repr
 from attention_client.wire import rebuild
 
 
@@ -38,6 +39,13 @@ class Head:
 
     def __getitem__(self, name: str) -> Any:
         return self.arrays[name] if name in self.arrays else self.json[name]
+
+    def __repr__(self) -> str:
+        return short_repr(self.arrays, self.json, "Head")
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: this head's maps as heatmaps."""
+        return result_html(self.arrays, self.json, "Head")
 
 
 @dataclass(frozen=True)
@@ -160,6 +168,17 @@ class Result:
     def warnings(self) -> list[dict[str, Any]] | None:
         """What looked wrong in the request (a mask's polarity), when anything did."""
         return self.json.get("warnings")
+
+    def __repr__(self) -> str:
+        """One line: the sizes, the arrays there are, the tokens and the comparison's verdict."""
+        return short_repr(self.arrays, self.json)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: the comparison with your numbers (when the request had
+        ``expected``) with its diagnosis, then every L×S map (scores … weights; on
+        ``/multihead`` the average and each head's weights) as a heatmap, queries down and
+        keys across, values printed in the cells of maps up to 16 tokens."""
+        return result_html(self.arrays, self.json)
 
     def to_dict(self) -> dict[str, Any]:
         """The whole answer as one nested dict, arrays (NumPy) put back at their place."""

@@ -1,0 +1,119 @@
+"""docs/notebooks/checking-attention.ipynb: kept without outputs, and run top to bottom in a real
+Jupyter kernel (ipykernel, the ``python3`` kernel of this environment) with no server started,
+its outputs saying what its text claims."""
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "docs" / "notebooks" / "checking-attention.ipynb"
+TOKENS = ("The", "cat", "sat")
+
+
+def load() -> Any:
+    """The notebook as it is kept in the repository."""
+    return nbformat.read(NOTEBOOK, as_version=4)  # type: ignore[no-untyped-call]
+
+
+def code_cells(notebook: Any) -> list[Any]:
+    return [cell for cell in notebook.cells if cell.cell_type == "code"]
+
+
+def text_of(cell: Any) -> str:
+    """What a cell printed (its streams and plain-text results)."""
+    parts = []
+    for output in cell.outputs:
+        if output.output_type == "stream":
+            parts.append(output.text)
+        elif "text/plain" in output.get("data", {}):
+            parts.append(output.data["text/plain"])
+    return "".join(parts)
+
+
+def html_of(cell: Any) -> str:
+    """The HTML a cell displayed (a rich result)."""
+    return "".join(o.data["text/html"] for o in cell.outputs if "text/html" in o.get("data", {}))
+
+
+def cell_with(notebook: Any, source: str) -> Any:
+    """The one code cell whose source contains ``source``."""
+    (found,) = [c for c in code_cells(notebook) if source in c.source]
+    return found
+
+
+@pytest.fixture(scope="module")
+def executed() -> Any:
+    notebook = load()
+    start = time.monotonic()
+    NotebookClient(
+        notebook,
+        timeout=120,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(NOTEBOOK.parent)}},
+    ).execute()  # raises CellExecutionError on the first cell that fails
+    notebook.metadata["seconds"] = time.monotonic() - start
+    return notebook
+
+
+def test_the_notebook_is_kept_clean() -> None:
+    notebook = load()
+    nbformat.validate(notebook)
+    assert notebook.metadata.kernelspec.name == "python3"
+    for cell in code_cells(notebook):
+        assert cell.outputs == [] and cell.execution_count is None, cell.source[:60]
+
+
+def test_the_notebook_starts_no_server() -> None:
+    source = "\n".join(c.source for c in code_cells(load()))
+    assert "Client.local()" in source
+    assert "127.0.0.1" not in source and "make run" not in source and "subprocess" not in source
+
+
+def test_every_cell_runs_without_error_quickly(executed: Any) -> None:
+    for cell in code_cells(executed):
+        assert all(o.output_type != "error" for o in cell.outputs), cell.source[:60]
+    assert executed.metadata["seconds"] < 60
+
+
+def test_the_service_agrees_with_the_hand_computation(executed: Any) -> None:
+    text = text_of(cell_with(executed, "largest = max("))
+    found = re.search(r"largest difference: (\S+)", text)
+    assert found is not None, text
+    assert float(found.group(1)) < 1e-12
+    assert "the service drew the same W_q, W_k, W_v: True" in text_of(
+        cell_with(executed, "client = Client.local()")
+    )
+
+
+def test_the_planted_mistake_is_named(executed: Any) -> None:
+    text = text_of(cell_with(executed, "wrong_weights = "))
+    assert "scaled_scores: matches" in text and "weights: differs" in text
+    assert "mistakes: ['softmax_over_queries']" in text
+    assert "axis 0" in text  # the explanation
+    printed = text_of(cell_with(executed, "printed = np.round("))
+    assert "mistakes: ['softmax_over_queries', 'scale_after_softmax']" in printed
+
+
+def test_the_result_draws_its_maps_with_the_tokens(executed: Any) -> None:
+    page = html_of(_display_cell(executed))
+    assert page.index('class="comparison"') < page.index("<svg")
+    assert "<code>softmax_over_queries</code>" in page
+    weights = re.search(r'<figure class="map" data-name="weights".*?</figure>', page, re.S)
+    assert weights is not None
+    assert weights.group(0).count('class="cell"') == 9
+    for token in TOKENS:
+        assert re.search(rf'class="query"[^>]*>{token}</text>', weights.group(0))
+        assert re.search(rf'class="key"[^>]*>{token}</text>', weights.group(0))
+    multihead = html_of(cell_with(executed, "client.multihead("))
+    assert 'data-name="heads[1].weights"' in multihead
+
+
+def _display_cell(notebook: Any) -> Any:
+    """The cell that only shows ``checked``."""
+    (found,) = [c for c in code_cells(notebook) if c.source.strip() == "checked"]
+    return found
