@@ -1,5 +1,7 @@
 """Operations endpoints: liveness, readiness, version and metrics; and the offline API docs."""
 
+import html
+import json
 import os
 import platform
 import sys
@@ -8,7 +10,7 @@ from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, FastAPI, Request, Response
-from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.openapi.docs import get_redoc_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -79,9 +81,84 @@ def warm_up() -> None:
     scaled_dot_product_attention(q, q, q)
 
 
+# Swagger UI's settings: syntax highlighting off so that large responses do not freeze the page;
+# "Try it out" open at once
+SWAGGER_SETTINGS: dict[str, Any] = {
+    "dom_id": "#swagger-ui",
+    "layout": "BaseLayout",
+    "deepLinking": True,
+    "showExtensions": True,
+    "showCommonExtensions": True,
+    "syntaxHighlight": False,
+    "tryItOutEnabled": True,
+}
+# The explorer's Swagger UI plugin that lays JSON out with one matrix row a line (the worked
+# examples in "Try it out", the answers); Swagger UI's own layout takes a line per number
+SWAGGER_ROWS_JS = "/static/swagger-rows.js"
+# A bar at the top of both docs pages: back to the explorer, and to the other docs
+NAV_STYLE = """<style>
+body { margin: 0; }
+nav.docs-nav { font: 15px/1.4 system-ui, sans-serif; background: #1d232b; color: #fff;
+  padding: 8px 20px; display: flex; gap: 16px; flex-wrap: wrap; align-items: center; }
+nav.docs-nav a { color: #fff; }
+nav.docs-nav a.explorer { font-weight: 600; }
+</style>"""
+
+
+def _json(value: Any) -> str:
+    """JSON for a <script>: no "</" that could end the script early."""
+    return json.dumps(value).replace("</", "<\\/")
+
+
+def docs_nav(root: str, here: str) -> str:
+    """The docs pages' top bar: a link back to the explorer (at the root path's "/") first, then
+    the other docs page and the OpenAPI document."""
+    links = [("Swagger UI", "/docs"), ("ReDoc", "/redoc"), ("OpenAPI document", "/openapi.json")]
+    others = "".join(
+        f'<a href="{html.escape(root + path)}">{name}</a>' for name, path in links if path != here
+    )
+    return (
+        f'<nav class="docs-nav" aria-label="Attention service">'
+        f'<a class="explorer" href="{html.escape(root + "/")}">← Attention explorer</a>'
+        f"{others}</nav>"
+    )
+
+
+def swagger_page(root: str, openapi_url: str, title: str) -> str:
+    """Swagger UI's page: its assets from /docs-assets, the explorer's plugin that lays JSON out
+    in rows (static/swagger-rows.js), and the bar back to the explorer."""
+    settings = "".join(f"  {_json(k)}: {_json(v)},\n" for k, v in SWAGGER_SETTINGS.items())
+    assets = f"{root}{DOCS_ASSETS}"
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1.0">
+<link type="text/css" rel="stylesheet" href="{html.escape(assets)}/swagger-ui.css">
+<link rel="shortcut icon" href="{html.escape(assets)}/favicon.png">
+<title>{html.escape(title)}</title>
+{NAV_STYLE}
+</head>
+<body>
+{docs_nav(root, "/docs")}
+<div id="swagger-ui"></div>
+<script src="{html.escape(assets)}/swagger-ui-bundle.js"></script>
+<script src="{html.escape(root + SWAGGER_ROWS_JS)}"></script>
+<script>
+const ui = SwaggerUIBundle({{
+  url: {_json(openapi_url)},
+{settings}  presets: [SwaggerUIBundle.presets.apis, SwaggerUIBundle.SwaggerUIStandalonePreset],
+  plugins: [JsonInRows],
+}});
+</script>
+</body>
+</html>
+"""
+
+
 def install_docs(app: FastAPI) -> None:
-    """Swagger UI at /docs and ReDoc at /redoc from assets shipped in a package (no CDN), with
-    syntax highlighting off so that large responses do not freeze the page."""
+    """Swagger UI at /docs and ReDoc at /redoc from assets shipped in a package (no CDN), each
+    with a bar linking back to the explorer."""
     assets = files("fastapi_offline") / "static"
     redoc_js = (assets / "redoc.standalone.js").read_text(encoding="utf-8")
     # ReDoc's footer loads its logo from a CDN, which the CSP refuses (a console error on every
@@ -104,16 +181,8 @@ def install_docs(app: FastAPI) -> None:
     @app.get("/docs", include_in_schema=False)
     def swagger(request: Request) -> HTMLResponse:
         root = prefix(request)
-        page = get_swagger_ui_html(
-            openapi_url=f"{root}{app.openapi_url}",
-            title=f"{app.title} — Swagger UI",
-            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
-            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
-            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
-            swagger_ui_parameters={"syntaxHighlight": False, "tryItOutEnabled": True},
-        )
-        page.headers["Content-Security-Policy"] = DOCS_CSP
-        return page
+        page = swagger_page(root, f"{root}{app.openapi_url}", f"{app.title} — Swagger UI")
+        return HTMLResponse(page, headers={"Content-Security-Policy": DOCS_CSP})
 
     @app.get("/redoc", include_in_schema=False)
     def redoc(request: Request) -> HTMLResponse:
@@ -125,8 +194,11 @@ def install_docs(app: FastAPI) -> None:
             redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
             with_google_fonts=False,
         )
-        page.headers["Content-Security-Policy"] = DOCS_CSP
-        return page
+        # the bar back to the explorer above ReDoc's own page
+        body = bytes(page.body).decode("utf-8")
+        body = body.replace("</head>", f"{NAV_STYLE}\n</head>", 1)
+        body = body.replace("<body>", f"<body>\n{docs_nav(root, '/redoc')}", 1)
+        return HTMLResponse(body, headers={"Content-Security-Policy": DOCS_CSP})
 
 
 STATIC = files("service") / "static"

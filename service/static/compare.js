@@ -4,9 +4,11 @@
 // and the answer drawn: warnings, the comparison in step order with the diagnosis of the first
 // difference, and a difference heatmap (yours − ours) next to each compared output.
 //
-// render.js calls afterRender once the outputs are drawn; main.js calls startCompare.
+// render.js calls afterRender once the outputs are drawn (main.js registers it: whenDrawn);
+// main.js calls startCompare.
 import { $, state, showErrors, formFieldFor } from "./request.js";
-import { heatmap, button, fmt } from "./heatmap.js";
+import { heatmap, button } from "./heatmap.js";
+import { fmt } from "./cells.js";
 import { render, setupBatch } from "./render.js";
 
 // null in `expected` is −∞ in these arrays and NaN elsewhere (API: "Compare with your numbers")
@@ -207,8 +209,13 @@ function showBoxError(label, message) {
   box.error.textContent = message || "";
   box.error.hidden = !message;
   box.area.classList.toggle("bad", !!message);
-  if (message) box.details.open = true;
+  if (message) { box.details.open = true; reveal(box.details); }
   return true;
+}
+
+// Opens the folds (a head's tables, a folded map) that hold `el`, so that it can be seen.
+function reveal(el) {
+  for (let d = el.parentElement && el.parentElement.closest("details"); d; d = d.parentElement && d.parentElement.closest("details")) d.open = true;
 }
 
 // ---- the answer ---------------------------------------------------------------------------
@@ -270,7 +277,7 @@ function diffFigure(item, entry, yours, ours, ctx) {
   const cols = item.cols || Array.from({ length: ours[0].length }, (_, j) => String(j));
   const rows = item.rows && item.rows.length === ours.length ? item.rows : Array.from({ length: ours.length }, (_, i) => String(i));
   const title = `${item.label}: yours − ours`;
-  const fig = heatmap(`diff_${item.key}`, title, m, rows, cols, "scores", null);
+  const fig = heatmap(`diff_${item.key}`, title, m, rows, cols, "scores", null, null, item.axes); // the compared array's own axes
   fig.classList.add("diff", entry.match ? "ok" : "bad");
   fig.dataset.compared = item.label;
   const note = document.createElement("p");
@@ -359,7 +366,7 @@ function comparisonPanel(data, cards) {
     if (r.name === data.first_mismatch) li.append(" — first difference");
     const card = cards.get(r.name);
     if (card) {
-      const show = button("show", () => { card.scrollIntoView({ block: "center" }); card.classList.add("flash"); setTimeout(() => card.classList.remove("flash"), 1200); });
+      const show = button("show", () => { reveal(card); card.scrollIntoView({ block: "center" }); card.classList.add("flash"); setTimeout(() => card.classList.remove("flash"), 1200); });
       show.className = "secondary"; show.setAttribute("aria-label", `Show ${r.name}`);
       li.append(" ", show);
     }
@@ -369,7 +376,7 @@ function comparisonPanel(data, cards) {
   panel.append(ol);
 }
 
-/** Called by explorer.js's render() once the outputs are drawn: adds a box under each
+/** Called by render.js's render() once the outputs are drawn (main.js: whenDrawn): adds a box under each
  * comparable output, a difference map next to each compared one, and the panels on top. */
 export function afterRender(ctx) {
   current = ctx;
@@ -384,9 +391,8 @@ export function afterRender(ctx) {
     if (Array.isArray(sent) && !texts.get(keyOf(ctx.ep, item.label))) texts.set(keyOf(ctx.ep, item.label), asText(sent));
     const box = makeBox(ctx.ep, item, ctx.batched);
     boxes.set(item.label, box);
-    let anchor = item.el;
-    if (isFigure) item.el.append(box.details);
-    else { anchor.after(box.details); anchor = box.details; }
+    item.el.append(box.details); // a map's card, or a table's (render.js: table)
+    if (box.details.open) reveal(box.details);
     const card = isFigure ? item.el : item.el.querySelector("table") || item.el;
     cards.set(item.label, card);
     const entry = byName.get(item.label);
@@ -395,7 +401,11 @@ export function afterRender(ctx) {
     if (item.label === ctx.data.first_mismatch) card.classList.add("first-mismatch");
     const yours = yoursFor(ctx.body, item.label);
     const fig = Array.isArray(yours) && item.m ? diffFigure(item, entry, yours, item.m, ctx) : null;
-    if (fig) { if (item.label === ctx.data.first_mismatch) fig.classList.add("first-mismatch"); anchor.after(fig); }
+    if (fig) {
+      if (item.label === ctx.data.first_mismatch) fig.classList.add("first-mismatch");
+      if (isFigure) item.el.after(fig); else item.el.append(fig); // beside a map; in a table's card
+      reveal(fig);
+    }
   }
   const tol = ctx.body && ctx.body.tolerance; // a request's own tolerance (e.g. from "more fields")
   if (tol && typeof tol === "object") for (const id of ["atol", "rtol"]) if (typeof tol[id] === "number") $(id).value = String(tol[id]);
@@ -427,7 +437,7 @@ function tolerance() {
 function say(text) { $("compare-status").textContent = text; }
 
 export async function compareNow() {
-  if (!current || !state.lastResult) return;
+  if (!current || !state.lastResult || $("results").classList.contains("stale")) return; // an old answer is not compared
   const ep = current.ep;
   const expected = {};
   let count = 0;

@@ -8,7 +8,7 @@
  * data-step, data-i, data-j name the same cell of the step before. Styles are in explorer.css.
  */
 
-import { formatNumber } from "./heatmap.js";
+import { formatNumber } from "./cells.js";
 import { alibiBias, alibiSlope, pairFeatures, positionOf, relativePosition, ropeAngles, ropeFrequencies, ropeSettings, rotate } from "./positions.js";
 
 export const EXPLAINED = new Set([

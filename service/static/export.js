@@ -33,6 +33,7 @@ export async function copyCurl() {
   try { body = buildBody(); } catch (e) { if (e instanceof FieldError) { showErrors(e.message, [{ field: e.field, message: e.message }]); return; } throw e; }
   const cmd = curlCommand($("endpoint").value, body);
   $("curl").textContent = cmd; $("curl").hidden = false;
+  $("curl").dataset.body = JSON.stringify(body); // whose request it is (render.js: markStale)
   try { await navigator.clipboard.writeText(cmd); $("status").textContent = "curl command copied"; }
   catch { $("status").textContent = "curl command shown below (copy it from there)"; }
 }

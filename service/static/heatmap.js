@@ -1,38 +1,12 @@
-// Drawing: colours, number formatting, SVG and canvas heatmaps, legends.
+// Drawing: SVG and canvas heatmaps and their legends (a cell's number and colour: cells.js).
+import { escapeXml, abbreviate, colour, dark, fmt, maxAbs, isMasked } from "./cells.js";
 import { download, exportPng, csvBlob } from "./export.js";
 import { canvasMap } from "./mapview.js";
 
 export const SMALL_MAP = 24 * 24; // up to this many cells: SVG with the value in every cell
 const SVG_MOST = 160 * 160; // the most cells an SVG export holds (one shape a cell)
-/** A label cut to `n` characters, the last an ellipsis. */
-export function abbreviate(s, n) { s = String(s); return s.length > n ? `${s.slice(0, n - 1)}…` : s; }
-export function escapeXml(s) { return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c])); }
-
-/** rgbOf as a CSS colour (null for a masked cell, which is hatched instead). */
-export function colour(v, kind, scale) {
-  return v === null ? null : `rgb(${rgbOf(v, kind, scale).map(Math.round).join(",")})`;
-}
-export function dark(v, kind, scale) { if (v === null) return false; const t = kind === "mask" ? (v ? 1 : 0) : Math.abs(v / (scale || 1)); return t > 0.55; }
-// Numbers: DIGITS significant digits; plain decimals from 1e-4 up to a million (whole numbers
-// printed whole), exponent form outside (1.01e-6, 1.00e+22).
-export const DIGITS = 3;
-export function fmt(v) { return formatNumber(v, DIGITS, true); }
-
-/** `v` with `digits` significant digits; `trim`: drop trailing zeros (0.500 → 0.5). null is −∞
- * (the JSON's masked score), a boolean 1 or 0. */
-export function formatNumber(v, digits, trim) {
-  if (v === null) return "−∞";
-  if (typeof v === "boolean") return v ? "1" : "0";
-  if (typeof v !== "number") return String(v);
-  if (!Number.isFinite(v)) return Number.isNaN(v) ? "NaN" : v > 0 ? "∞" : "−∞";
-  if (v === 0) return "0";
-  const a = Math.abs(v);
-  if (a < 1e-4 || a >= 1e6) return v.toExponential(digits - 1);
-  const decimals = Math.max(0, digits - 1 - Math.floor(Math.log10(a)));
-  let s = v.toFixed(Math.min(decimals, 20));
-  if (trim && s.includes(".")) s = s.replace(/\.?0+$/, "");
-  return s === "-0" ? "0" : s;
-}
+/** The names of a map's axes, rows then columns: a score or weight map's (L × S) by default. */
+export const MAP_AXES = ["queries", "keys"];
 
 // The colour legend of a map: a sequential bar (0 … the largest weight) for weights, a diverging
 // one (−m … 0 … m) for signed values, two swatches for a mask; the numbers at its ends.
@@ -55,15 +29,6 @@ export function legendSvg(kind, scale, hasMasked) {
   parts.push("</svg>");
   return parts.join("");
 }
-/** The largest |value| of a matrix (nulls and booleans skipped). */
-export function maxAbs(m) {
-  let s = 0;
-  for (let i = 0; i < m.length; i++) {
-    const row = m[i];
-    for (let j = 0; j < row.length; j++) { const v = row[j]; if (typeof v === "number" && (v > s || -v > s)) s = Math.abs(v); }
-  }
-  return s;
-}
 
 /** Whether any cell of the map is masked (null, or false in `allowed`). */
 function anyMasked(m, allowed) {
@@ -74,12 +39,9 @@ function anyMasked(m, allowed) {
   return false;
 }
 
-// `allowed` (optional, the response's mask) hatches masked cells whose value is a plain 0 (weights).
-export const isMasked = (m, allowed, i, j) => m[i][j] === null || (allowed && allowed[i] && allowed[i][j] === false);
-
 // `titled`: the title at the top (exported files); on the page the card's caption says it, and
-// the picture names its axes instead.
-export function svgString(title, m, rows, cols, kind, withValues, allowed, titled = true, clickable = false) {
+// the picture names its axes (`axes`: rows, then columns) instead.
+export function svgString(title, m, rows, cols, kind, withValues, allowed, titled = true, clickable = false, axes = MAP_AXES) {
   const cell = withValues ? 44 : Math.max(3, Math.min(14, Math.floor(900 / Math.max(1, cols.length))));
   const scale = maxAbs(m);
   // with values, a cell is as wide as its longest printed value (about 6.5 px a character)
@@ -92,7 +54,7 @@ export function svgString(title, m, rows, cols, kind, withValues, allowed, title
   const h = top + cell * rows.length + 10;
   const parts = [`<svg xmlns="http://www.w3.org/2000/svg" width="${w}" height="${h}" viewBox="0 0 ${w} ${h}" font-family="system-ui, sans-serif" font-size="11" role="${clickable ? "group" : "img"}" aria-label="${escapeXml(title)}">`,
     '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="#c9ced6"/><line x1="0" y1="0" x2="0" y2="6" stroke="#7d8794" stroke-width="2"/></pattern></defs>',
-    `<rect width="${w}" height="${h}" fill="#fff"/>${titled ? `<text x="4" y="14" font-weight="600">${escapeXml(title)}</text>` : `<text class="axis-name" x="4" y="14" fill="#5b6775">queries ↓  keys →</text>`}`];
+    `<rect width="${w}" height="${h}" fill="#fff"/>${titled ? `<text x="4" y="14" font-weight="600">${escapeXml(title)}</text>` : `<text class="axis-name" x="4" y="14" fill="#5b6775">${escapeXml(`${axes[0]} ↓  ${axes[1]} →`)}</text>`}`];
   if (withValues) {
     // long tokens abbreviated to fit (the whole token in the label's tooltip)
     const label = (text, n) => { const s = String(text), short = abbreviate(s, n); return short === s ? escapeXml(s) : `${escapeXml(short)}<title>${escapeXml(s)}</title>`; };
@@ -110,21 +72,10 @@ export function svgString(title, m, rows, cols, kind, withValues, allowed, title
   return parts.join("");
 }
 
-// The colour of a value as [r, g, b]: weights white → blue by their share of the map's largest,
-// signed values diverging (red below 0, blue above) by |value| ÷ the largest, a mask blue or white.
-const WHITE = [255, 255, 255], BLUE = [36, 88, 166], RED = [179, 38, 30];
-export const MASKED = [201, 206, 214];
-export function rgbOf(v, kind, scale) {
-  if (kind === "mask") return v ? BLUE : WHITE;
-  let t, to = BLUE;
-  if (kind === "weights") t = Math.max(0, Math.min(1, v / (scale || 1)));
-  else { t = scale ? Math.max(-1, Math.min(1, v / scale)) : 0; if (t < 0) { t = -t; to = RED; } }
-  return [255 + (to[0] - 255) * t, 255 + (to[1] - 255) * t, 255 + (to[2] - 255) * t];
-}
-
 // A card with a map: SVG with every value for a small one, a canvas with a keyboard cursor for a
-// large one. `onCell(i, j)` (optional): a click or Enter on a cell (the explanation hook).
-export function heatmap(key, title, m, rows, cols, kind, allowed, onCell = null) {
+// large one. `onCell(i, j)` (optional): a click or Enter on a cell (the explanation hook);
+// `axes`: the names of its rows and columns (queries and keys unless said).
+export function heatmap(key, title, m, rows, cols, kind, allowed, onCell = null, axes = MAP_AXES) {
   const fig = document.createElement("figure");
   fig.className = "heatmap"; fig.dataset.name = key;
   const scale = maxAbs(m); // the colours' and the legend's range
@@ -143,7 +94,7 @@ export function heatmap(key, title, m, rows, cols, kind, allowed, onCell = null)
   const say = (i, j) => { readout.textContent = `${rows[i]} → ${cols[j]}: ${fmt(m[i][j])}${isMasked(m, allowed, i, j) ? " (masked)" : ""}`; };
   if (onCell) fig.classList.add("explainable");
   if (rows.length * cols.length <= SMALL_MAP) {
-    scroll.innerHTML = svgString(title, m, rows, cols, kind, true, allowed, false, !!onCell);
+    scroll.innerHTML = svgString(title, m, rows, cols, kind, true, allowed, false, !!onCell, axes);
     scroll.addEventListener("mouseover", (e) => { const c = e.target.closest("rect.cell"); if (c) say(+c.dataset.row, +c.dataset.col); });
     scroll.addEventListener("focusin", (e) => { const c = e.target.closest("rect.cell"); if (c) say(+c.dataset.row, +c.dataset.col); });
     if (onCell) {
@@ -154,7 +105,7 @@ export function heatmap(key, title, m, rows, cols, kind, allowed, onCell = null)
       });
     }
   } else {
-    canvasMap(fig, scroll, { title, m, rows, cols, kind, allowed, scale, onCell, say });
+    canvasMap(fig, scroll, { title, m, rows, cols, kind, allowed, scale, onCell, say, axes });
   }
   const legend = document.createElement("div"); legend.className = "legend-box";
   legend.innerHTML = legendSvg(kind, scale, anyMasked(m, allowed));

@@ -4,7 +4,7 @@
 // masked cells, a grid, the values). A redraw costs the same at L = 64 and at L = 4096, and no
 // canvas grows with the map: from "fit" (the whole map in the card, a fraction of a pixel a cell)
 // up to cells wide enough to print their values.
-import { abbreviate, fmt, rgbOf, isMasked, maxAbs, MASKED } from "./heatmap.js";
+import { abbreviate, fmt, rgbOf, isMasked, maxAbs, MASKED } from "./cells.js";
 
 export const LABEL_W = 64, LABEL_H = 52; // room for the axis labels
 const MAX_CELL = 64; // px a cell at the closest zoom
@@ -68,15 +68,16 @@ function hatch(ctx, m, allowed, i0, i1, j0, j1, cell, dx, dy) {
 }
 
 /**
- * A zoomable, pannable view of `m` on `canvas`. `rows`, `cols`: the axis labels. The view keeps
+ * A zoomable, pannable view of `m` on `canvas`. `rows`, `cols`: the axis labels; `axes`: the
+ * names of the two axes (queries and keys, or e.g. queries and features). The view keeps
  * `cell` (px a cell), `top`/`left` (the first visible row and key, fractional while panning),
  * `cursor` [i, j] (the keyboard's cell) and `marks` (cells outlined, e.g. a first difference).
  * The canvas carries data-cell, data-ox, data-oy, data-top, data-left (the view, in cells) for
  * tests and tools.
  */
 export class MapView {
-  constructor(canvas, m, rows, cols, kind, allowed, scale, onDraw = () => {}) {
-    Object.assign(this, { canvas, m, rows, cols, kind, allowed, scale, onDraw });
+  constructor(canvas, m, rows, cols, kind, allowed, scale, onDraw = () => {}, axes = ["queries", "keys"]) {
+    Object.assign(this, { canvas, m, rows, cols, kind, allowed, scale, onDraw, axes });
     this.nRows = m.length; this.nCols = m[0].length;
     this.base = null; // made on the first draw: a map never shown costs nothing
     this.cell = 0; this.top = 0; this.left = 0; this.width = 0; this.viewW = 0; this.viewH = 0; this.dpr = 0;
@@ -167,7 +168,7 @@ export class MapView {
       ctx.fillText(abbreviate(this.cols[j] ?? j, 8), 0, 0); ctx.restore();
     }
     ctx.fillStyle = "#1d232b";
-    ctx.fillText("keys →", 2, 10); ctx.fillText("queries ↓", 2, LABEL_H - 8);
+    ctx.fillText(`${this.axes[1]} →`, 2, 10); ctx.fillText(`${this.axes[0]} ↓`, 2, LABEL_H - 8);
   }
 
   grid(ctx, i0, i1, j0, j1, dx, dy) {
@@ -240,7 +241,7 @@ export function zoomText(cell) {
  * wheel pans, ctrl+wheel or + and − zoom. `fig.markCell(i, j)` outlines a cell and brings it
  * into view. Drawn once the card has a width (a hidden map is drawn when first shown).
  */
-export function canvasMap(fig, scroll, { title, m, rows, cols, kind, allowed, scale, onCell, say }) {
+export function canvasMap(fig, scroll, { title, m, rows, cols, kind, allowed, scale, onCell, say, axes = ["queries", "keys"] }) {
   const canvas = document.createElement("canvas");
   canvas.tabIndex = 0; canvas.dataset.rows = String(m.length); canvas.dataset.cols = String(m[0].length);
   canvas.setAttribute("role", "img");
@@ -252,9 +253,9 @@ export function canvasMap(fig, scroll, { title, m, rows, cols, kind, allowed, sc
     size.textContent = zoomText(view.cell);
     const rowsShown = Math.min(m.length, Math.ceil(v.rows)), colsShown = Math.min(m[0].length, Math.ceil(v.cols));
     where.textContent = rowsShown >= m.length && colsShown >= m[0].length ? "the whole map"
-      : `queries ${view.top | 0}–${Math.min(m.length, (view.top | 0) + rowsShown) - 1}, keys ${view.left | 0}–${Math.min(m[0].length, (view.left | 0) + colsShown) - 1} of ${m.length} × ${m[0].length}; drag to pan`;
+      : `${axes[0]} ${view.top | 0}–${Math.min(m.length, (view.top | 0) + rowsShown) - 1}, ${axes[1]} ${view.left | 0}–${Math.min(m[0].length, (view.left | 0) + colsShown) - 1} of ${m.length} × ${m[0].length}; drag to pan`;
   };
-  const view = new MapView(canvas, m, rows, cols, kind, allowed, scale, status);
+  const view = new MapView(canvas, m, rows, cols, kind, allowed, scale, status, axes);
   new ResizeObserver(() => view.resize(Math.min(scroll.clientWidth, 1600))).observe(scroll);
 
   let drag = null; // pointer panning; a drag is not a click

@@ -1,10 +1,9 @@
 // The results: what to draw (the x-view entries of the response schema), maps, tables, summary
 // and steps, and the batch picker.
 import { $, state } from "./request.js";
-import { heatmap, button, fmt } from "./heatmap.js";
-import { afterRender } from "./compare.js";
+import { heatmap, button } from "./heatmap.js";
+import { fmt } from "./cells.js";
 import { download, csvBlob } from "./export.js";
-import { drawSelection } from "./selection.js";
 
 export const TABLE_ROWS = 64;
 // The service describes each drawable output in its OpenAPI document: the property of the
@@ -70,8 +69,10 @@ export function setupBatch(ep, data) {
 // ---- drawing ------------------------------------------------------------------------------
 
 
-// A matrix as a table (the first TABLE_ROWS rows). `onCell(i, j)`: as for heatmap().
+// A matrix as a table (the first TABLE_ROWS rows) in a card (compare.js adds its box and its
+// difference map to the card). `onCell(i, j)`: as for heatmap().
 export function table(key, title, m, rows, onCell = null) {
+  const card = document.createElement("div"); card.className = "table-card"; card.dataset.name = key;
   const wrap = document.createElement("div"); wrap.className = "table-scroll";
   const t = document.createElement("table"); t.className = "matrix"; t.dataset.name = key;
   const caption = t.createCaption();
@@ -100,7 +101,15 @@ export function table(key, title, m, rows, onCell = null) {
     });
   }
   wrap.append(t);
-  return wrap;
+  card.append(wrap);
+  return card;
+}
+
+// The names of an output's axes, rows then columns, from its x-view: a map is queries × keys; a
+// table's rows are the queries, the keys or plain indices, and its columns features.
+const ROW_NAMES = { queries: "queries", keys: "keys", index: "rows" };
+export function axesOf(view) {
+  return view.map ? ["queries", "keys"] : [ROW_NAMES[view.rows] || "rows", "features"];
 }
 
 // ---- the cell-explanation hook (explain.js) ---------------------------------------------------
@@ -167,6 +176,34 @@ function cellHook(item, ep, b, batched) {
 
 const headChoice = { show: "all", a: 0, b: 1 }; // kept across redraws
 
+// One head's tables (Q, K, V, …) folded into one card, its summary naming them.
+function foldedTables(head, list) {
+  const details = document.createElement("details");
+  details.className = "head-tables";
+  details.dataset.head = String(head);
+  const summary = document.createElement("summary");
+  summary.textContent = `head ${head}: ${list.map((t) => t.title).join(", ")}`;
+  const body = document.createElement("div");
+  body.className = "tables";
+  body.append(...list.map((t) => t.el));
+  details.append(summary, body);
+  return details;
+}
+
+// Small maps (SVG, a value in every cell) side by side in a grid whose columns are a little
+// narrower than the widest map (each map scales to its column); large maps (canvas) keep their
+// row. `--map-min`: the columns' least width.
+const GRID_UP_TO = 480; // px: the widest SVG map drawn in a grid
+function smallMapsGrid(container) {
+  const figures = [...container.querySelectorAll("figure.heatmap")];
+  const widths = figures.map((f) => { const svg = f.querySelector(".map-scroll > svg"); return svg ? Number(svg.getAttribute("width")) : Infinity; });
+  const widest = Math.max(0, ...widths);
+  const small = figures.length > 0 && widest <= GRID_UP_TO;
+  container.classList.toggle("small-maps", small);
+  if (small) container.style.setProperty("--map-min", `${Math.max(190, Math.round(widest * 0.7))}px`);
+  else container.style.removeProperty("--map-min");
+}
+
 function collapsed(title, fig) {
   const details = document.createElement("details");
   details.className = "collapsed-map";
@@ -202,6 +239,7 @@ function diffView(headWeights, rows, cols, allowed) {
   const fig = heatmap("heads_diff", `weights: head ${a} − head ${b}`, m, rows, cols, "scores", allowed);
   fig.classList.add("diff");
   box.replaceChildren(fig);
+  smallMapsGrid($("heads-maps"));
 }
 
 function headsPanel(grid, average, headWeights, rows, cols, allowed) {
@@ -216,6 +254,33 @@ function headsPanel(grid, average, headWeights, rows, cols, allowed) {
   $("diff-a").onchange = $("diff-b").onchange = () => diffView(headWeights, rows, cols, allowed);
   showHeads();
   diffView(headWeights, rows, cols, allowed);
+}
+
+// What else draws from the answer (compare.js's boxes, selection.js's section): each hook is
+// called once the outputs are drawn, with {ep, data, body, batch, batched, drawn, pick, rows,
+// cols}; main.js registers them (so that this module imports none of them).
+const drawnHooks = [];
+export function whenDrawn(hook) { drawnHooks.push(hook); }
+
+/** Marks the answer drawn as stale (`stale`: the last Run failed, so it answers an earlier
+ * request) or fresh again. A stale answer stays readable but says so above it, and every
+ * control in it (exports, compare, batch and head pickers, cells) is off until the next answer. */
+export function markStale(stale) {
+  const results = $("results");
+  if (stale && (results.hidden || !state.lastResult)) return; // nothing drawn yet
+  results.classList.toggle("stale", stale);
+  results.inert = stale;
+  $("stale-note").hidden = !stale;
+  if (stale) results.setAttribute("aria-describedby", "stale-note"); else results.removeAttribute("aria-describedby");
+  if (stale) {
+    closeExplain();
+    // a curl command shown for the answered request is of that request too
+    if (!$("curl").hidden && $("curl").dataset.body === JSON.stringify(state.lastResult.body)) $("curl").hidden = true;
+  }
+  results.querySelectorAll("button, select, input, textarea").forEach((el) => {
+    if (stale && !el.disabled) { el.disabled = true; el.dataset.staleOff = ""; }
+    else if (!stale && el.dataset.staleOff !== undefined) { el.disabled = false; delete el.dataset.staleOff; }
+  });
 }
 
 export function render() {
@@ -256,11 +321,11 @@ export function render() {
     (Array.isArray(data[view.name]) ? data[view.name] : []).forEach((head, i) => {
       // every map of the head (its masked scores are folded below; the head picker shows one head)
       for (const v of view.each) {
-        const item = { key: `head${i}_${v.name}`, label: `heads.${i}.${v.name}`, title: `head ${i}: ${v.title}`, view: v, m: matrix(head[v.name]) };
+        const item = { key: `head${i}_${v.name}`, label: `heads.${i}.${v.name}`, title: `head ${i}: ${v.title}`, view: v, m: matrix(head[v.name]), head: i };
         if (item.m) items.push(item);
       }
       const sinks = sinkColumn(head);
-      if (sinks) items.push({ key: `head${i}_${SINK_WEIGHTS}`, title: `head ${i}: sink weights`, view: { rows: "queries" }, m: sinks });
+      if (sinks) items.push({ key: `head${i}_${SINK_WEIGHTS}`, title: `head ${i}: sink weights`, view: { rows: "queries" }, m: sinks, head: i });
     });
   }
 
@@ -271,7 +336,9 @@ export function render() {
   const allowed = maskView ? matrix(data[maskView.name]) : undefined; // hatches masked cells of weights maps
   const labels = { queries: rows, keys: cols, index: [] };
   const maps = [];
+  const folded = []; // maps folded away, after the others (a folded card is one line high)
   const tables = [];
+  const headTables = new Map(); // /multihead: each head's tables, folded together
   const drawn = []; // for "compare with my numbers" (compare.js): each output and its element
   const grid = []; // /multihead: each head's weights, side by side
   let average = null;
@@ -279,28 +346,34 @@ export function render() {
     const { key, title, view, m } = item;
     if (!m || !m.length) continue;
     const onCell = cellHook(item, ep, b, batched);
-    const head = item.label && item.label.startsWith("heads.") ? Number(item.label.split(".")[1]) : null;
+    const head = item.head ?? null;
+    const axes = axesOf(view);
     let el;
     if (view.map) {
-      el = heatmap(key, title, m, rows, cols, view.map, view.map === "weights" ? allowed : null, onCell);
+      el = heatmap(key, title, m, rows, cols, view.map, view.map === "weights" ? allowed : null, onCell, axes);
       if (head !== null) el.dataset.head = String(head);
       if (head !== null && view.name === "weights") grid.push(el); // heads side by side
-      else if (head !== null && view.name === "masked_scores") maps.push(collapsed(title, el)); // the same numbers as the scores, with −∞: folded
+      else if (head !== null && view.name === "masked_scores") folded.push(collapsed(title, el)); // the same numbers as the scores, with −∞: folded
       else if (key === "average_weights") average = el;
       else maps.push(el);
     } else {
       el = table(key, title, m, labels[view.rows] || [], onCell);
-      tables.push(el);
+      if (head === null) tables.push(el);
+      else {
+        if (!headTables.has(head)) headTables.set(head, []);
+        headTables.get(head).push({ title: title.replace(/^head \d+: /, ""), el });
+      }
     }
     if (head !== null) el.dataset.head = String(head);
-    drawn.push({ ...item, el, rows: view.map ? rows : labels[view.rows] || [], cols: view.map ? cols : null });
+    drawn.push({ ...item, el, axes, rows: view.map ? rows : labels[view.rows] || [], cols: view.map ? cols : null });
   }
   if (average && !grid.length) maps.unshift(average);
-  $("heatmaps").replaceChildren(...maps);
-  $("tables").replaceChildren(...tables);
+  $("heatmaps").replaceChildren(...maps, ...folded);
+  smallMapsGrid($("heatmaps"));
+  $("tables").replaceChildren(...[...headTables].map(([h, list]) => foldedTables(h, list)), ...tables);
   headsPanel(grid, average, (i) => matrix(data.heads && data.heads[i] ? data.heads[i].weights : undefined), rows, cols, allowed);
-  drawSelection({ data, pick, rows, cols });
-  afterRender({ ep, data, body: state.lastResult.body, batch: b, batched, drawn });
+  const ctx = { ep, data, body: state.lastResult.body, batch: b, batched, drawn, pick, rows, cols };
+  for (const hook of drawnHooks) hook(ctx);
 
   $("steps").replaceChildren(...(data.steps || []).map((s) => {
     const li = document.createElement("li");

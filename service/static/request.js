@@ -1,6 +1,5 @@
-// The form: state, form <-> request body, worked examples, errors next to fields, and Run.
-import { render, setupBatch } from "./render.js";
-import { readSafetensors } from "./safetensors.js";
+// The form: state, form <-> request body, worked examples, and errors next to fields (Run, which
+// sends the body and draws the answer: run.js).
 
 export const $ = (id) => document.getElementById(id);
 // spec: the OpenAPI document; lastBody: the body last sent; lastResult: {ep, body, data};
@@ -97,9 +96,38 @@ export function showFor() {
     el.hidden = !el.classList.contains(`mode-${current}`);
   });
   $("multihead-set").hidden = ep !== "multihead";
+  $("weight-names-field").hidden ||= ep !== "multihead"; // state-dict names: /multihead's only
+  // generated d_k: what a blank one defaults to on this endpoint
+  const dk = ep === "multihead" ? "= d_model ÷ heads" : "= d_model";
+  $("d_k").placeholder = dk;
+  $("d_k-hint").textContent = `(blank: ${dk})`;
+  for (const [id, text] of Object.entries(weightLabels(ep))) $(`${id}-name`).textContent = text;
   $("sinks-label").textContent = ep === "multihead" ? "sinks (blank: off; one number per head)" : "sinks (blank: off; one number)";
   $("mask-set").querySelector("legend").textContent =
     ep === "mask" ? "Mask (required; combined with AND; true = may attend)" : "Mask (optional; combined with AND; true = may attend)";
+}
+
+// The weight boxes' names and shapes, in the layout the form sends them: w_q … w_o in the chosen
+// weight layout, or a state dict's names (always out_in) when the form sends those.
+const SHAPES = {
+  attention: { w_q: ["d_model", "d_k"], w_k: ["d_model", "d_k"], w_v: ["d_model", "d_v"] },
+  multihead: { w_q: ["d_model", "h·d_k"], w_k: ["d_model", "h_kv·d_k"], w_v: ["d_model", "h_kv·d_v"], w_o: ["h·d_v", "d_out"] },
+};
+const STATE_DICT = { w_q: "q_proj.weight", w_k: "k_proj.weight", w_v: "v_proj.weight", w_o: "o_proj.weight" };
+const stateDict = () => $("endpoint").value === "multihead" && $("weight_names").value === "state_dict";
+
+/** The name the request gives the matrix of weight box `id` (w_q, w_k, w_v, w_o). */
+function weightName(id) { return stateDict() ? STATE_DICT[id] : id; }
+
+function weightLabels(ep) {
+  const shapes = SHAPES[ep === "multihead" ? "multihead" : "attention"];
+  const outIn = stateDict() || $("weight_layout").value === "out_in";
+  const labels = {};
+  for (const id of ["w_q", "w_k", "w_v", "w_o"]) {
+    const [a, b] = shapes[id] || shapes.w_q;
+    labels[id] = `${weightName(id)} [${outIn ? `${b} × ${a}` : `${a} × ${b}`}] (${outIn ? "out_in" : "in_out"}${id === "w_o" ? "; blank: identity" : ""})`;
+  }
+  return labels;
 }
 
 export function buildBody() {
@@ -115,7 +143,7 @@ export function buildBody() {
     if ($("init").value !== "uniform") body.init = $("init").value;
   }
   const matrices = mode === "direct" ? ["q", "k", "v"] : mode === "projections" ? ["x", "w_q", "w_k", "w_v", "context"] : ["x", "w_q", "w_k", "w_v"];
-  for (const id of matrices) { const m = parseMatrix(id); if (m !== undefined) body[id] = m; }
+  for (const id of matrices) { const m = parseMatrix(id); if (m !== undefined) body[id in STATE_DICT ? weightName(id) : id] = m; }
   if ($("weight_layout").value !== "in_out") body.weight_layout = $("weight_layout").value;
   const scale = numberOrUndefined("scale");
   if (scale !== undefined) body.scale = scale;
@@ -175,7 +203,7 @@ export function buildBody() {
     if ($("residual").checked) body.residual = true;
     if ($("layer_norm").checked) body.layer_norm = $("ln_over").value === "features" ? true : { over: $("ln_over").value };
     const wo = parseMatrix("w_o");
-    if (wo !== undefined) body.w_o = wo;
+    if (wo !== undefined) body[weightName("w_o")] = wo;
   }
   const extra = $("extra").value.trim();
   if (extra) {
@@ -190,6 +218,11 @@ export function buildBody() {
 export function fillForm(example) {
   const ex = { ...example };
   delete ex.include; // the explorer shows every step
+  // a state dict's weights (q_proj.weight …) go into the weight boxes, which then send those names
+  const named = Object.entries(STATE_DICT).filter(([, name]) => ex[name] !== undefined);
+  const asStateDict = named.length > 0 && Object.keys(STATE_DICT).every((id) => ex[id] === undefined);
+  $("weight_names").value = asStateDict ? "state_dict" : "w";
+  if (asStateDict) for (const [id, name] of named) { ex[id] = ex[name]; delete ex[name]; }
   for (const id of TEXT_IDS) $(id).value = "";
   for (const id of ["causal", "residual", "layer_norm", "rope", "alibi", "alibi_symmetric"]) $(id).checked = false;
   $("qk_norm").value = ""; $("rope_style").value = "half";
@@ -287,6 +320,8 @@ export function formFieldFor(apiField) {
   if (!apiField) return null;
   const mask = /^mask\[(\d+)\]/.exec(apiField);
   let name = apiField.split(/[.[]/)[0];
+  const weight = /^([qkvo])_proj[._]weight/.exec(apiField); // a state dict's, in its weight box
+  if (weight && weightName(`w_${weight[1]}`) !== `w_${weight[1]}`) name = `w_${weight[1]}`;
   if (mask) name = state.maskSources[Number(mask[1])] || "key_lengths";
   if (name === "mask") name = state.maskSources[0] || "key_lengths";
   const el = document.querySelector(`.field[data-field="${CSS.escape(name)}"]`);
@@ -309,76 +344,3 @@ export function showErrors(message, errors) {
   const first = document.querySelector(".has-error input, .has-error textarea, .has-error select");
   if (first) first.setAttribute("aria-describedby", "error");
 }
-
-// ---- running ------------------------------------------------------------------------------
-
-// The status line: beside the second Run button and at the top of the results.
-// `hint` (optional): a second sentence at the top only.
-export function say(text, hint = "") {
-  $("status").textContent = text;
-  $("outcome-status").textContent = text;
-  $("outcome-hint").textContent = hint;
-}
-
-// From this many tokens on, the answer is asked for as safetensors (the same numbers, read as
-// typed arrays instead of parsing megabytes of JSON).
-const LARGE = 512;
-function sequenceLength(body) {
-  const rows = (m) => (Array.isArray(m) ? (Array.isArray(m[0]) && Array.isArray(m[0][0]) ? m[0].length : m.length) : 0);
-  return Math.max(Number(body.seq_len) || 0, Array.isArray(body.tokens) ? body.tokens.length : 0,
-    typeof body.sentence === "string" ? body.sentence.split(/\s+/).length : 0, rows(body.x), rows(body.q), rows(body.k));
-}
-
-let runs = 0; // a newer Run makes an older answer stale: it is dropped
-// Run: build the body from the form, send it, draw the answer. `scroll`: bring the results into
-// view when they are off screen (not on arrival). body[data-busy] is set while a Run is under way.
-export async function run(event, { scroll = true } = {}) {
-  if (event && event.preventDefault) event.preventDefault();
-  clearErrors();
-  let body;
-  try { body = buildBody(); } catch (e) {
-    if (e instanceof FieldError) { showErrors(e.message, [{ field: e.field, message: e.message }]); return; }
-    throw e;
-  }
-  state.lastBody = body;
-  const ep = $("endpoint").value;
-  const seq = ++runs;
-  document.body.dataset.busy = "true";
-  try {
-    say("Computing…");
-    const started = performance.now();
-    let response;
-    try {
-      const headers = { "Content-Type": "application/json" };
-      if (sequenceLength(body) >= LARGE) headers.Accept = "application/x-safetensors"; // read far faster than JSON
-      response = await fetch(ep, { method: "POST", headers, body: JSON.stringify(body) });
-    } catch (e) { if (seq === runs) { say(""); showErrors(`The service did not answer: ${e.message}`, []); } return; }
-    const received = performance.now();
-    const binary = (response.headers.get("content-type") || "").includes("safetensors");
-    const data = binary ? readSafetensors(await response.arrayBuffer()) : await response.json();
-    const parsed = performance.now();
-    if (seq !== runs) return;
-    if (!response.ok) {
-      say(`Error ${response.status}`);
-      showErrors(data.message || `HTTP ${response.status}`, data.errors || []);
-      return;
-    }
-    try { await loadSpec(); } catch (e) { say(""); showErrors(`Could not read openapi.json: ${e.message}`, []); return; }
-    state.lastResult = { ep, body, data };
-    const ms = performance.now() - started;
-    setupBatch(ep, data);
-    render();
-    const drawn = performance.now();
-    say(`Done in ${Math.round(ms)} ms.`, "Click any cell of a map, or of the output, to see how it was computed.");
-    // how long each part took, for the large-input test: answer, JSON.parse, drawing, first paint
-    const timing = { format: binary ? "safetensors" : "json", request_ms: received - started, parse_ms: parsed - received, render_ms: drawn - parsed };
-    requestAnimationFrame(() => setTimeout(() => { timing.first_paint_ms = performance.now() - started; window.explorerTiming = timing; }, 0));
-    const top = $("results").getBoundingClientRect().top;
-    if (scroll && (top < 0 || top > window.innerHeight)) $("results").scrollIntoView({ block: "start" });
-  } finally {
-    if (seq === runs) delete document.body.dataset.busy;
-  }
-}
-
-// ---- what to draw: the x-view entries of the response schema ---------------------------------
-

@@ -3,7 +3,7 @@
 // heads on /multihead; the batch item drawn). Sums are the page's own: a browser test checks
 // them against the service's weights.
 import { $ } from "./request.js";
-import { fmt } from "./heatmap.js";
+import { fmt } from "./cells.js";
 import { download, csvBlob } from "./export.js";
 import { isMatrix } from "./render.js";
 

@@ -51,6 +51,26 @@ def post_json(server: str, endpoint: str, body: dict[str, Any]) -> Any:
         return json.loads(r.read())
 
 
+def paste_mine(page: Any, name: str, text: str) -> None:
+    """Open the "Compare with my numbers" box under output ``name`` and paste ``text``."""
+    box = page.locator(f'details.my-numbers[data-name="{name}"]')
+    if box.get_attribute("open") is None:
+        box.locator("summary").click()
+    box.locator("textarea").fill(text)
+
+
+def compare_mine(page: Any, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Click Compare; return the request body the page sent and the JSON it got back."""
+    with page.expect_response(
+        lambda r: r.url.endswith("/" + endpoint) and r.request.method == "POST"
+    ) as info:
+        page.click("#compare")
+    response = info.value
+    status = page.locator("#compare-status").filter(has_text=re.compile("^(Compared|Error)"))
+    status.wait_for(timeout=20_000)
+    return response.request.post_data_json, response.json()
+
+
 def map_cells(page: Any, name: str) -> dict[tuple[int, int], str]:
     """The cells of the SVG map ``name``: (row, col) -> data-value (the full-precision number)."""
     cells = page.locator(f'figure[data-name="{name}"] rect.cell')
@@ -85,7 +105,7 @@ def fill_generated(page: Any, tokens: int, seed: int = 0, d_model: int = 8, d_k:
 
 
 def js_number(v: float | bool | None, digits: int, trim: bool) -> str:
-    """heatmap.js ``formatNumber``, exactly: ``digits`` significant digits, plain decimals from 1e-4
+    """cells.js ``formatNumber``, exactly: ``digits`` significant digits, plain decimals from 1e-4
     up to a million (whole numbers printed whole), exponent form (JavaScript's toExponential)
     outside; ``trim`` drops trailing zeros. None is −∞ (a masked score), a boolean 1 or 0.
     Rounding is JavaScript's toFixed / toExponential: from the double's exact value, ties away

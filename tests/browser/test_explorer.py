@@ -15,9 +15,11 @@ import pytest
 
 from tests.browser.support import (
     ARTIFACTS,
+    compare_mine,
     fill_generated,
     map_cells,
     open_explorer,
+    paste_mine,
     post_json,
     run_example,
     run_form,
@@ -27,20 +29,76 @@ from tests.browser.support import (
 pytestmark = pytest.mark.e2e
 
 
+# a line of Swagger UI's own layout of an array: a number alone
+NUMBER_ALONE = re.compile(r"\s*-?[0-9.]+(?:e[+-]?[0-9]+)?,?")
+
+
+def _execute(page: Any, block: Any, path: str) -> tuple[Any, dict[str, Any]]:
+    """Click Swagger UI's Execute; return the body it sent (decoded) and the answer's JSON, once
+    the answer is shown."""
+    with page.expect_response(
+        lambda r: r.url.endswith(path) and r.request.method == "POST"
+    ) as info:
+        block.get_by_role("button", name="Execute").click()
+    live = block.locator(".live-responses-table tbody .response-col_status").first
+    live.wait_for(timeout=20_000)
+    assert live.inner_text().strip().startswith("200")
+    return json.loads(info.value.request.post_data), info.value.json()
+
+
 def test_swagger_ui_renders_and_try_it_out_executes_offline(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
+    """Try it out: each worked example in the body editor reads as rows (one matrix row a line,
+    not one number), Execute sends it as valid JSON and gets 200, and the answer is shown in
+    rows too."""
+    from service.api.examples import ATTENTION_EXAMPLES, I_AM_BATMAN, MULTIHEAD_EXAMPLES
+
     page, outside = offline_page
     page.goto(server + "/docs")
     block = page.locator("#operations-attention-attention_attention_post")
     block.locator(".opblock-summary").click()
-    block.get_by_role("button", name="Execute").click()
-    live = block.locator(".live-responses-table tbody .response-col_status").first
-    live.wait_for(timeout=20_000)
-    assert live.inner_text().strip().startswith("200")
+    editor = block.locator("textarea.body-param__text")
+    editor.wait_for(timeout=20_000)
+    text = editor.input_value()
+    assert json.loads(text) == I_AM_BATMAN
+    assert '  "x": [\n    [1, 0],\n    [0, 0],\n    [0, 1]\n  ],\n' in text  # a row a line
+    assert '  "tokens": ["I", "am", "Batman"],\n' in text
+    assert len(text.splitlines()) == 21  # Swagger UI's own layout (indent 2): 52 lines
+    picker = block.locator(".examples-select select")
+    assert picker.input_value() == "batman"  # still known as the example, not "[Modified value]"
+    sent, answer = _execute(page, block, "/attention")
+    assert sent == I_AM_BATMAN
     assert "Batman" in block.locator(".live-responses-table").inner_text()
+    shown = block.locator(".live-responses-table .highlight-code pre").first.inner_text()
+    assert json.loads(shown) == answer
+    assert f'  "weights": [\n    {json.dumps(answer["weights"][0])},\n' in shown  # a row a line
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "swagger-try-it-out.png"), full_page=False)
+    # every other example too: laid out in rows, sent as itself, answered 200
+    for key, example in ATTENTION_EXAMPLES.items():
+        picker.select_option(key)
+        text = editor.input_value()
+        assert json.loads(text) == example["value"], key
+        assert not [line for line in text.splitlines() if NUMBER_ALONE.fullmatch(line)], key
+        sent, _ = _execute(page, block, "/attention")
+        assert sent == example["value"], key
+    # an edited body is sent as typed
+    editor.fill(json.dumps({**I_AM_BATMAN, "scale": 0.5}, indent=1))
+    assert editor.input_value() == json.dumps({**I_AM_BATMAN, "scale": 0.5}, indent=1)
+    sent, answer = _execute(page, block, "/attention")
+    assert sent["scale"] == answer["scale"] == 0.5
+    # /multihead's examples, whose names have dots (q_proj.weight) and whose arrays nest deeper
+    block = page.locator("#operations-attention-multihead_multihead_post")
+    block.locator(".opblock-summary").click()
+    picker = block.locator(".examples-select select")
+    for key, example in MULTIHEAD_EXAMPLES.items():
+        picker.select_option(key)
+        sent, _ = _execute(page, block, "/multihead")
+        assert sent == example["value"], key
+    picker.select_option("llama")
+    text = block.locator("textarea.body-param__text").input_value()
+    assert '  "q_proj.weight": [\n    [1, 0, 0.5, 0],\n    [0, 1, 0, 0.5],\n' in text
     assert outside == []
 
 
@@ -315,26 +373,6 @@ def test_a_rope_error_is_shown_next_to_the_rope_field(
 # ---- compare with my numbers (compare.js) ----------------------------------------------------
 
 
-def _paste(page: Any, name: str, text: str) -> None:
-    """Open the "Compare with my numbers" box under output ``name`` and paste ``text``."""
-    box = page.locator(f'details.my-numbers[data-name="{name}"]')
-    if box.get_attribute("open") is None:
-        box.locator("summary").click()
-    box.locator("textarea").fill(text)
-
-
-def _compare(page: Any, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Click Compare; return the request body the page sent and the JSON it got back."""
-    with page.expect_response(
-        lambda r: r.url.endswith("/" + endpoint) and r.request.method == "POST"
-    ) as info:
-        page.click("#compare")
-    response = info.value
-    status = page.locator("#compare-status").filter(has_text=re.compile("^(Compared|Error)"))
-    status.wait_for(timeout=20_000)
-    return response.request.post_data_json, response.json()
-
-
 def _notebook_weights(body: dict[str, Any]) -> npt.NDArray[np.float64]:
     """The course notebook's weights: softmax down the columns (axis 0) of Q Kᵀ, then ÷ √d_k."""
     x, w_q, w_k = (np.array(body[n], dtype=np.float64) for n in ("x", "w_q", "w_k"))
@@ -417,9 +455,9 @@ def test_compare_names_the_course_notebook_mistake(
     open_explorer(page, server)  # I am Batman (weight_layout out_in)
     body, data = run_form(page, "attention")
     wrong = _notebook_weights(body)
-    _paste(page, "q", json.dumps(data["q"]))  # the right Q, as JSON rows
-    _paste(page, "weights", str(wrong))  # what print(weights) shows in the notebook
-    sent, got = _compare(page, "attention")
+    paste_mine(page, "q", json.dumps(data["q"]))  # the right Q, as JSON rows
+    paste_mine(page, "weights", str(wrong))  # what print(weights) shows in the notebook
+    sent, got = compare_mine(page, "attention")
     assert sent["expected"]["q"] == data["q"]
     assert np.allclose(sent["expected"]["weights"], wrong, atol=1e-8)
     assert sent["tolerance"] == {"atol": 1e-6, "rtol": 1e-6}
@@ -469,13 +507,13 @@ def test_compare_with_the_services_own_numbers_all_match(
     page, _ = offline_page
     open_explorer(page, server)
     _, data = run_form(page, "attention")
-    _paste(page, "k", json.dumps(data["k"]))
-    _paste(page, "scores", _rows(data["scores"]))
-    _paste(page, "weights", "array(" + json.dumps(data["weights"]) + ")")
-    _paste(page, "output", _rows(data["output"]))
+    paste_mine(page, "k", json.dumps(data["k"]))
+    paste_mine(page, "scores", _rows(data["scores"]))
+    paste_mine(page, "weights", "array(" + json.dumps(data["weights"]) + ")")
+    paste_mine(page, "output", _rows(data["output"]))
     page.fill("#atol", "1e-9")
     page.fill("#rtol", "0")
-    sent, got = _compare(page, "attention")
+    sent, got = compare_mine(page, "attention")
     assert sent["tolerance"] == {"atol": 1e-9, "rtol": 0}
     assert got["first_mismatch"] is None
     items = page.locator("#comparison ol.compared li")
@@ -503,10 +541,10 @@ def test_per_head_boxes_fill_expected_heads(
     assert json.loads(page.input_value("#extra")) == {"decimals": 4}
     page.fill("#extra", "")  # the service's numbers at full precision, to paste back
     _, data = run_form(page, "multihead")
-    _paste(page, "heads.1.weights", json.dumps(data["heads"][1]["weights"]))
-    _paste(page, "concat", _rows(data["concat"]))
-    _paste(page, "output", json.dumps(data["output"]))
-    sent, got = _compare(page, "multihead")
+    paste_mine(page, "heads.1.weights", json.dumps(data["heads"][1]["weights"]))
+    paste_mine(page, "concat", _rows(data["concat"]))
+    paste_mine(page, "output", json.dumps(data["output"]))
+    sent, got = compare_mine(page, "multihead")
     assert sent["expected"]["heads"] == [None, {"weights": data["heads"][1]["weights"]}]
     assert set(sent["expected"]) == {"heads", "concat", "output"}
     assert [r["name"] for r in got["comparison"]] == ["heads.1.weights", "concat", "output"]
@@ -521,7 +559,7 @@ def test_my_numbers_errors_are_shown_next_to_the_box(
     page, _ = offline_page
     open_explorer(page, server)
     _, data = run_form(page, "attention")
-    _paste(page, "weights", "0.1 0.2 0.3\n0.4 0.5\n0.6 0.7 0.8")
+    paste_mine(page, "weights", "0.1 0.2 0.3\n0.4 0.5\n0.6 0.7 0.8")
     posts: list[str] = []
     page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
     page.click("#compare")
@@ -530,9 +568,9 @@ def test_my_numbers_errors_are_shown_next_to_the_box(
     assert error.inner_text() == "Can't read your weights: row 1 has 2 numbers but row 0 has 3"
     assert posts == []  # nothing is sent while a box cannot be read
     # the service refuses a transposed array; its words go next to the box too
-    _paste(page, "weights", "")
-    _paste(page, "output", json.dumps(np.array(data["output"]).T.tolist()))
-    _, got = _compare(page, "attention")
+    paste_mine(page, "weights", "")
+    paste_mine(page, "output", json.dumps(np.array(data["output"]).T.tolist()))
+    _, got = compare_mine(page, "attention")
     assert got["errors"][0]["field"] == "expected.output"
     shown = page.locator('details.my-numbers[data-name="output"] .box-error').inner_text()
     assert shown == got["errors"][0]["message"]
@@ -573,8 +611,8 @@ def test_compare_at_phone_width(offline_page: tuple[Any, list[str]], server: str
     page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
     open_explorer(page, server)
     body, _ = run_form(page, "attention")
-    _paste(page, "weights", str(_notebook_weights(body)))
-    _compare(page, "attention")
+    paste_mine(page, "weights", str(_notebook_weights(body)))
+    compare_mine(page, "attention")
     assert page.locator("#comparison .verdict code.mistake").count() == 2
     assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth + 1")
     ARTIFACTS.mkdir(exist_ok=True)
@@ -594,8 +632,8 @@ def test_compare_leaves_out_decimals_and_shows_the_batch_item_that_differs(
     exact = post_json(server, "attention", {k: v for k, v in body.items() if k != "decimals"})
     mine = np.array(exact["weights"])
     mine[1, 2, 0] += 0.01
-    _paste(page, "weights", json.dumps(mine.tolist()))
-    sent, got = _compare(page, "attention")
+    paste_mine(page, "weights", json.dumps(mine.tolist()))
+    sent, got = compare_mine(page, "attention")
     assert "decimals" not in sent  # rounded answers would hide small differences
     assert sent["expected"]["weights"] == mine.tolist()
     entry = got["comparison"][0]
@@ -646,7 +684,7 @@ def test_expected_numbers_in_a_worked_example_fill_the_boxes(
     for field in ("atol", "rtol"):
         if field in tolerance:
             assert float(page.input_value(f"#{field}")) == tolerance[field]
-    sent, got = _compare(page, "attention")
+    sent, got = compare_mine(page, "attention")
     assert sent["expected"] == value["expected"]
     assert got["first_mismatch"] == data["first_mismatch"]
     assert [r["diagnosis"] for r in got["comparison"]] == [
@@ -671,8 +709,8 @@ def test_masked_scores_printed_with_minus_inf_match(
     with np.printoptions(precision=17):
         printed = repr(scores)  # array([[ 3.53553390593273731, -inf, ...
     assert "-inf" in printed
-    _paste(page, "masked_scores", printed)
-    sent, got = _compare(page, "mask")
+    paste_mine(page, "masked_scores", printed)
+    sent, got = compare_mine(page, "mask")
     assert sent["expected"]["masked_scores"] == data["masked_scores"]  # −∞ goes as null
     assert got["first_mismatch"] is None
     assert page.locator("#comparison li[data-name=masked_scores]").inner_text().startswith("✓")
@@ -915,6 +953,7 @@ def test_a_canvas_map_is_sharp_on_a_hidpi_screen_and_clicks_find_their_cell(
         float(canvas.get_attribute(a) or 0) for a in ("data-cell", "data-ox", "data-oy")
     )
     canvas.click(position={"x": ox + 7.5 * cell, "y": oy + 3.5 * cell})
+    page.locator("#explain .stub-explanation").wait_for()  # explain.js is loaded on the first click
     assert page.locator("#explain").inner_text().endswith("weights head=null batch=null 3,7")
 
 
