@@ -38,3 +38,11 @@ def test_the_replicas_network_subnet_is_one_setting_with_a_default() -> None:
     setting = "${ATTENTION_SUBNET:-172.30.87.0/24}"
     assert compose["networks"]["attention"]["ipam"]["config"] == [{"subnet": setting}]
     assert compose["services"]["attention"]["environment"]["FORWARDED_ALLOW_IPS"] == setting
+
+
+def test_ci_runs_the_readme_test_command_and_installs_no_python_package_itself() -> None:
+    """A green CI must not hide an install step that `make test` forgets on a fresh machine."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    commands = [line.split("#")[0] for line in ci.splitlines()]
+    assert any("make test" in c for c in commands)
+    assert not any(re.search(r"\bpip\b.*\binstall\b", c) for c in commands)
