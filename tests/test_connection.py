@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from harness.live import start_server
+from service.api.connection import LINGER_SECONDS
 
 pytestmark = pytest.mark.e2e
 
@@ -273,6 +274,19 @@ def test_a_head_split_across_reads_is_counted_exactly(server: Server, tail: int)
     assert b'"output":[[2.0,3.0]]' in first
 
 
+def test_a_pipelined_requests_head_is_counted_against_the_cap(server: Server) -> None:
+    """A second request sent in the same read as the first, with a head over the cap: the first
+    is answered, the second is 431 (its head counted on its own, not only per read)."""
+    big = [("Host", "x"), *((f"X-Pad-{i}", "p" * 4000) for i in range(6))]  # 24 KB > 16 KB
+    small = _head("GET", "/healthz", [("Host", "x")])
+    with server.connect() as sock:
+        sock.sendall(small + _head("GET", "/healthz", big))
+        raw = _read_all(sock)
+    first, _, rest = raw.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200"), raw[:200]
+    assert b"HTTP/1.1 431" in rest, raw[:600]
+
+
 # 3. the head and body deadlines
 @pytest.mark.parametrize("case", ["silent", "head-trickled", "body-trickled"])
 def test_a_request_that_arrives_too_slowly_is_408_then_closed(server: Server, case: str) -> None:
@@ -303,6 +317,42 @@ def test_a_request_that_arrives_too_slowly_is_408_then_closed(server: Server, ca
     assert logged_id is not None
     line = server.access_line(logged_id)
     assert (line["status"], line["reason"]) == (408, kind)
+
+
+BODY_AFTER_ANSWER = [
+    ([("Content-Length", "1000000000")], 0.3),  # faster than the drain's idle second
+    ([("Transfer-Encoding", "chunked")], 1.5),  # slower: the drain ends at its idle second
+]
+
+
+@pytest.mark.parametrize(
+    ("framing", "gap"), BODY_AFTER_ANSWER, ids=["1-GB-length-0.3s", "chunked-1.5s"]
+)
+def test_a_body_trickled_after_its_early_answer_is_drained_then_closed(
+    server: Server, framing: list[tuple[str, str]], gap: float
+) -> None:
+    """A GET /healthz that declares a body, reads its 200, then sends that body a byte at a
+    time: the connection ends within the lingering close's bounds (LINGER_SECONDS, or an idle
+    LINGER_IDLE_SECONDS), not never — a thousand such sockets would hold a worker at its cap."""
+    with server.connect() as sock:
+        sock.sendall(_head("GET", "/healthz", [("Host", "x"), *framing]))
+        assert _readable(sock, TIMEOUT + SLACK), "no answer to the GET"
+        answer = sock.recv(1 << 16)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        start, closed, half_closed = time.monotonic(), False, False
+        while time.monotonic() - start < LINGER_SECONDS + SLACK:
+            try:
+                sock.sendall(b"1\r\nx\r\n" if "chunked" in str(framing) else b"x")
+            except OSError:  # reset: the server has closed for good
+                closed = True
+                break
+            if half_closed:  # the server said it sends nothing more; it may still drain
+                time.sleep(gap)
+            elif _readable(sock, gap):
+                half_closed = sock.recv(1 << 16) == b""
+        elapsed = time.monotonic() - start
+    assert closed, f"the connection was still open after {elapsed:.1f} s of trickling"
+    assert elapsed <= LINGER_SECONDS + SLACK, elapsed
 
 
 def test_a_body_timeout_answer_carries_the_requests_id(server: Server) -> None:
@@ -483,8 +533,9 @@ def test_a_streamed_answer_is_framed_for_the_clients_http_version(
             501,
             "transfer_coding_unsupported",
         ),
+        (b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 505, "http_version_unsupported"),
     ],
-    ids=["no-host", "two-hosts", "gzip-chunked"],
+    ids=["no-host", "two-hosts", "gzip-chunked", "http-2.0"],
 )
 def test_http11_framing_rules(server: Server, request_bytes: bytes, status: int, kind: str) -> None:
     """An HTTP/1.1 request without Host or with two is 400, a transfer coding other than chunked

@@ -205,3 +205,43 @@ def test_503_from_every_replica_reaches_the_client_with_retry_after(
         time.sleep(0.1)
     print(f"nginx's attempts: {attempts[logged:]}")
     assert attempts[logged:] == [["503", "503"]] * 3, attempts  # both replicas, every time
+
+
+@pytest.fixture(scope="module")
+def one_replica() -> Iterator[Replicas]:
+    with Replicas(1) as replicas:
+        yield replicas
+
+
+def _raw(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(1 << 16):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_an_http10_request_without_host_passes_through_nginx(one_replica: Replicas) -> None:
+    """HTTP/1.0 needs no Host; the replica, spoken to in HTTP/1.1, gets one from nginx."""
+    answer = _raw(one_replica.port, b"GET /healthz HTTP/1.0\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+
+
+@pytest.mark.parametrize("given", ["has spaces in it", "x" * 129, "sane-id-42"])
+def test_nginx_and_the_replica_log_the_same_request_id(one_replica: Replicas, given: str) -> None:
+    """The id in the answer is the one in nginx's access log and in the replica's: the client's
+    when the service would keep it, else nginx's own (never two different ids)."""
+    request = (
+        f"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Request-ID: {given}\r\n\r\n"
+    )
+    head = _raw(one_replica.port, request.encode()).split(b"\r\n\r\n")[0].decode()
+    answered = next(v.strip() for n, v in (h.split(":", 1) for h in head.splitlines()[1:])
+                    if n.lower() == "x-request-id")  # fmt: skip
+    assert (answered == given) == (given == "sane-id-42")
+    deadline = time.monotonic() + 10  # nginx logs a request after its answer has gone out
+    while f"id={answered} " not in one_replica.access_log.read_text():
+        assert time.monotonic() < deadline, f"nginx did not log id={answered}"
+        time.sleep(0.1)
+    replica_log = one_replica.replicas[0].logs[-1].read_text()
+    assert f'"request_id":"{answered}"' in replica_log

@@ -25,7 +25,7 @@ import http
 import resource
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -147,7 +147,7 @@ class _Cycle(RequestResponseCycle):
             self.head = b"".join(held)
             return
         head, self.head = self.head, None
-        if head is None:
+        if head is None or self.disconnected:  # (gone: uvicorn's send drops the message)
             await super().send(message)
             return
         if (
@@ -209,9 +209,11 @@ class GuardedProtocol(HttpToolsProtocol):
         self.head_bytes = 0
         self.head_tail = b""  # the head's last bytes, to find its end across reads
         self.header_count = 0
+        self.parsed_head_bytes = 0  # this request's head as the parser has read it
         self.hosts = 0  # Host fields in this head
         self.codings = b""  # its Transfer-Encoding values, each after a comma
         self.refusal: Refusal | None = None
+        self.deferred: Refusal | None = None  # a pipelined request's, after the answer before it
         self.head_timer: asyncio.TimerHandle | None = None
         self.body_timer: asyncio.TimerHandle | None = None
         self.body_bytes = 0
@@ -268,7 +270,7 @@ class GuardedProtocol(HttpToolsProtocol):
                 end = straddled + 4 - len(self.head_tail) if straddled >= 0 else end
             self.head_bytes += len(data) if end is None else end
             if self.head_bytes > self.limits.max_header_bytes:
-                self._refuse_head_size()
+                self._answer(self._head_too_large())
                 return
             self.head_tail = (self.head_tail + data[-3:])[-3:] if end is None else b""
         else:
@@ -281,6 +283,12 @@ class GuardedProtocol(HttpToolsProtocol):
             refusal = self.refusal or Refusal(
                 400, "http_invalid", "the request is not valid HTTP/1.1", linger=False
             )
+            if self.in_head and self.cycle is not None and not self.cycle.response_complete:
+                # a pipelined request, refused while the one before it is still answered: its
+                # refusal follows that answer (on_response_complete), and nothing more is read
+                self.deferred = refusal
+                self.flow.pause_reading()
+                return
             self._answer(refusal)
             return
         cycle = self.cycle
@@ -292,13 +300,26 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         """A new request: its head is counted afresh."""
         HttpToolsProtocol.on_message_begin(self)
-        self.header_count = self.hosts = 0
+        self.header_count = self.hosts = self.parsed_head_bytes = 0
         self.codings = b""
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url) + 16)  # the request line: method, target, version
+        super().on_url(url)
+
+    def _count_head(self, size: int) -> None:
+        """The head as the parser reads it, request by request: a pipelined request's head
+        arrives in the read that ends the one before, where data_received does not count it."""
+        self.parsed_head_bytes += size
+        if self.parsed_head_bytes > self.limits.max_header_bytes:
+            self.refusal = self._head_too_large()
+            raise _Refused
 
     def on_header(self, name: bytes, value: bytes) -> None:
         """Keep the header (as uvicorn does), counting the fields and noting Host and
         Transfer-Encoding for the framing rules."""
         self.header_count += 1
+        self._count_head(len(name) + len(value) + 4)
         if self.header_count > self.limits.max_headers:
             self.refusal = Refusal(
                 431,
@@ -324,6 +345,14 @@ class GuardedProtocol(HttpToolsProtocol):
             self.head_timer = None
         self.body_bytes = 0
         version = self.parser.get_http_version()
+        if version not in ("1.0", "1.1"):
+            self.refusal = Refusal(
+                505,
+                "http_version_unsupported",
+                f"this service speaks HTTP/1.1 (and 1.0), not HTTP/{version}",
+            )
+            self.scope["method"] = self.parser.get_method().decode("ascii", "replace")
+            raise _Refused
         if self.hosts > 1 or (self.hosts == 0 and version != "1.0"):
             self.refusal = Refusal(
                 400, "host_invalid", "an HTTP/1.1 request needs exactly one Host header"
@@ -352,6 +381,26 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.body_timer is not None:
             self.body_timer.cancel()
             self.body_timer = None
+
+    def on_response_complete(self) -> None:
+        """An answer has gone out. If its request's body is still arriving (answered early: a
+        ``GET /healthz`` declaring a body, a refusal before reading), end the connection with a
+        bounded drain: once the answer is out no body deadline watches the rest, and a client
+        trickling it a byte at a time would otherwise hold the socket for ever (each byte also
+        restarts the keep-alive timer)."""
+        super().on_response_complete()
+        if self.deferred is not None:
+            refusal, self.deferred = self.deferred, None
+            self._answer(replace(refusal, linger=False))
+            return
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or self.lingering:
+            return
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
+        if not self._start_linger():
+            self._transport().close()
 
     # answers and deadlines
     def _transport(self) -> asyncio.Transport:
@@ -403,14 +452,12 @@ class GuardedProtocol(HttpToolsProtocol):
         if not (refusal.linger and self._start_linger()):
             transport.close()
 
-    def _refuse_head_size(self) -> None:
-        self._answer(
-            Refusal(
-                431,
-                "headers_too_large",
-                f"the request's head is larger than this service's limit of "
-                f"{self.limits.max_header_bytes:,} bytes",
-            )
+    def _head_too_large(self) -> Refusal:
+        return Refusal(
+            431,
+            "headers_too_large",
+            f"the request's head is larger than this service's limit of "
+            f"{self.limits.max_header_bytes:,} bytes",
         )
 
     def _head_late(self) -> None:
