@@ -4,6 +4,9 @@ then the real app in process (httpx.ASGITransport), then a real server (e2e)."""
 import asyncio
 import json
 import random
+import socket
+import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -411,6 +414,73 @@ def test_an_error_that_is_not_json_is_still_a_service_error() -> None:
     with client, pytest.raises(ServiceError, match="502: Bad Gateway") as err:
         client.attention(q=[[1.0]], k=[[1.0]], v=[[1.0]])
     assert err.value.errors == [] and err.value.field is None
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        httpx.Response(307, headers={"Location": "/attention/"}),
+        httpx.Response(
+            200,
+            text="<!DOCTYPE html><title>explorer</title>",
+            headers={"Content-Type": "text/html"},
+        ),
+    ],
+    ids=["redirect", "html-page"],
+)
+def test_an_answer_that_is_not_the_services_says_to_check_base_url(answer: httpx.Response) -> None:
+    """Not a bare JSONDecodeError: a redirect or a page is named as such, with the fix."""
+    client = mock_client(Recorder(answer))
+    with client, pytest.raises(ServiceError, match="is base_url the service's address") as err:
+        client.attention(q=[[1.0]], k=[[1.0]], v=[[1.0]])
+    assert err.value.status == answer.status_code
+
+
+@pytest.fixture
+def trickling_server() -> Iterator[str]:
+    """A server that answers 200 with a JSON head, then sends its body a byte every 0.2 s."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(1 << 16)
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+            )
+            while not stop.wait(0.2):
+                try:
+                    conn.sendall(b" ")
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    listener.close()
+    thread.join(timeout=5)
+
+
+def test_timeout_bounds_the_whole_answer_not_each_read(trickling_server: str) -> None:
+    """A byte every 0.2 s passes every per-read timeout; timeout=1 still ends the try at 1 s."""
+    start = time.monotonic()
+    client = Client(trickling_server, timeout=1.0, max_retries=0, binary=False)
+    with client, pytest.raises(httpx.ReadTimeout, match="longer than 1 s in all"):
+        client.attention(q=[[1.0]], k=[[1.0]], v=[[1.0]])
+    assert time.monotonic() - start < 2.0
+
+
+def test_async_timeout_bounds_the_whole_answer(trickling_server: str) -> None:
+    async def call() -> None:
+        async with AsyncClient(trickling_server, timeout=1.0, max_retries=0) as client:
+            await client.attention(q=[[1.0]], k=[[1.0]], v=[[1.0]])
+
+    start = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout, match="longer than 1 s in all"):
+        asyncio.run(call())
+    assert time.monotonic() - start < 2.0
 
 
 # --------------------------------------------------------------------------------- retries

@@ -11,7 +11,7 @@ import httpx
 
 from attention_client.arrays import normalise
 from attention_client.endpoints import _Endpoints
-from attention_client.errors import error_from, retry_after
+from attention_client.errors import ServiceError, error_from, retry_after
 from attention_client.local import (
     LOCAL_URL,
     ASGIApp,
@@ -25,7 +25,8 @@ from attention_client.wire import JSON, SAFETENSORS, decode, encode
 MAX_WAIT = 30.0  # seconds: the longest wait asked for, whatever Retry-After says (before jitter)
 MIN_WAIT = 0.1  # seconds: the shortest wait, even when Retry-After says 0
 JITTER = 0.5  # each wait is drawn from [w, w·(1 + JITTER)): clients refused together spread out
-DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)  # each connect, read and write
+DEFAULT_DEADLINE = 600.0  # seconds: one try in all, when timeout is not a number
 RETRIED = (httpx.ConnectError, httpx.ConnectTimeout)  # no byte of the request was sent
 
 
@@ -56,19 +57,54 @@ def _headers(
     return out
 
 
-def _result(response: httpx.Response) -> Result:
-    """A compute answer as a Result, or its error raised."""
+def _checked(response: httpx.Response) -> httpx.Response:
+    """The answer, when it is the service's own success; else its error raised: the service's
+    errors as theirs, and a redirect or an answer that is neither JSON nor safetensors as a
+    ServiceError saying that base_url is probably not the service's."""
     if response.status_code >= 400:
         raise error_from(response)
-    arrays, rest = decode(response)
+    media = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    if response.is_redirect or media not in (JSON, SAFETENSORS):
+        where = response.headers.get("location")
+        what = f"a redirect to {where}" if response.is_redirect else f"{media or 'no type'}"
+        raise ServiceError(
+            response.status_code,
+            f"{response.request.url} answered {what}, not the service's JSON or safetensors: "
+            "is base_url the service's address (e.g. http://127.0.0.1:8000, no path)?",
+            request_id=response.headers.get("x-request-id"),
+        )
+    return response
+
+
+def _result(response: httpx.Response) -> Result:
+    """A compute answer as a Result, or its error raised."""
+    arrays, rest = decode(_checked(response))
     return Result(arrays, rest, response.headers.get("x-request-id"))
 
 
 def _json(response: httpx.Response) -> Any:
     """An operations answer's JSON, or its error raised."""
-    if response.status_code >= 400:
-        raise error_from(response)
-    return response.json()
+    return _checked(response).json()
+
+
+def _deadline(timeout: float | httpx.Timeout) -> float:
+    """The longest one try may take, from sending to the answer's last byte: a number given as
+    ``timeout`` means that much in all (httpx's own timeouts bound each read, and a server that
+    trickles its answer a byte at a time would pass them), else DEFAULT_DEADLINE."""
+    return float(timeout) if isinstance(timeout, int | float) else DEFAULT_DEADLINE
+
+
+def _late(request: httpx.Request, deadline: float) -> httpx.ReadTimeout:
+    return httpx.ReadTimeout(
+        f"the answer took longer than {deadline:g} s in all (the timeout)", request=request
+    )
+
+
+def _whole(response: httpx.Response, body: bytes) -> httpx.Response:
+    """A streamed response with its raw body read, as an ordinary response."""
+    return httpx.Response(
+        response.status_code, headers=response.headers, content=body, request=response.request
+    )
 
 
 class _Common:
@@ -123,6 +159,7 @@ class Client(_Common, _Endpoints[Result]):
     ) -> None:
         super().__init__(max_retries, binary, jitter)
         self._sleep = sleep
+        self._deadline = _deadline(timeout)
         self._http = httpx.Client(
             base_url=base_url,
             timeout=timeout,
@@ -169,7 +206,7 @@ class Client(_Common, _Endpoints[Result]):
         attempt = 0
         while True:
             try:
-                response = self._http.request(method, path, **kw)
+                response = self._within_deadline(self._http.build_request(method, path, **kw))
             except RETRIED:
                 wait = self._retry_wait(attempt, None, retry_503)
                 if wait is None:
@@ -180,6 +217,22 @@ class Client(_Common, _Endpoints[Result]):
                     return response
             self._sleep(wait)
             attempt += 1
+
+    def _within_deadline(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` and read its answer, within the deadline of one try."""
+        end = time.monotonic() + self._deadline
+        response = self._http.send(request, stream=True)
+        if response.is_stream_consumed:  # answered whole (a mock or in-process transport)
+            return response
+        try:
+            chunks = []
+            for chunk in response.iter_raw():
+                chunks.append(chunk)
+                if time.monotonic() > end:
+                    raise _late(request, self._deadline)
+        finally:
+            response.close()
+        return _whole(response, b"".join(chunks))
 
     def _post(self, path: str, fields: dict[str, Any]) -> Result:
         content, headers = self._body(fields)
@@ -231,6 +284,7 @@ class AsyncClient(_Common, _Endpoints[Coroutine[Any, Any, Result]]):
     ) -> None:
         super().__init__(max_retries, binary, jitter)
         self._sleep = sleep
+        self._deadline = _deadline(timeout)
         self._http = httpx.AsyncClient(
             base_url=base_url,
             timeout=timeout,
@@ -272,7 +326,7 @@ class AsyncClient(_Common, _Endpoints[Coroutine[Any, Any, Result]]):
         attempt = 0
         while True:
             try:
-                response = await self._http.request(method, path, **kw)
+                response = await self._within_deadline(self._http.build_request(method, path, **kw))
             except RETRIED:
                 wait = self._retry_wait(attempt, None, retry_503)
                 if wait is None:
@@ -283,6 +337,22 @@ class AsyncClient(_Common, _Endpoints[Coroutine[Any, Any, Result]]):
                     return response
             await self._sleep(wait)
             attempt += 1
+
+    async def _within_deadline(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` and read its answer, within the deadline of one try."""
+        end = time.monotonic() + self._deadline
+        response = await self._http.send(request, stream=True)
+        if response.is_stream_consumed:  # answered whole (a mock or in-process transport)
+            return response
+        try:
+            chunks = []
+            async for chunk in response.aiter_raw():
+                chunks.append(chunk)
+                if time.monotonic() > end:
+                    raise _late(request, self._deadline)
+        finally:
+            await response.aclose()
+        return _whole(response, b"".join(chunks))
 
     def _post(self, path: str, fields: dict[str, Any]) -> Coroutine[Any, Any, Result]:
         content, headers = self._body(fields)  # at once: a bad argument raises at the call
