@@ -21,6 +21,7 @@ from hypothesis.extra.numpy import arrays
 
 from service.core.errors import AttentionInputError
 from service.core.positions import (
+    _TORCH_LOG_F32,
     LinearScaling,
     Llama3Scaling,
     Rope,
@@ -447,6 +448,114 @@ def test_t5_bucket_matches_transformers(
     ).numpy()
     np.testing.assert_array_equal(
         t5_bucket(rel, bidirectional, num_buckets, max_distance), expected
+    )
+
+
+def hf_t5_bucket(
+    rel: np.ndarray, bidirectional: bool, num_buckets: int, max_distance: int
+) -> np.ndarray:
+    """transformers' ``T5Attention._relative_position_bucket`` of ``rel`` (int64), as NumPy."""
+    bucket = T5Attention._relative_position_bucket(  # type: ignore[no-untyped-call]
+        torch.as_tensor(rel), bidirectional, num_buckets, max_distance
+    )
+    return np.asarray(bucket.numpy())
+
+
+@pytest.mark.parametrize(("relative_position", "bucket"), [(-12, 11), (-18, 13)])
+def test_t5_bucket_fuzz_find_17_buckets_max_distance_27(
+    relative_position: int, bucket: int
+) -> None:
+    """A differential fuzz's find (unidirectional, 17 buckets, max_distance 27: max_exact 8).
+    12/8 = 3/2 and 18/8 = (3/2)^2 while 27/8 = (3/2)^3: the exact log ratios times 9 are the
+    integers 3 and 6 (buckets 11 and 14), so float32 rounding decides; transformers gives 11 and
+    13, and NumPy's float32 log gave 10 and 14."""
+    rel = np.array([relative_position], dtype=np.int64)
+    assert hf_t5_bucket(rel, False, 17, 27).tolist() == [bucket]
+    assert t5_bucket(rel, False, 17, 27).tolist() == [bucket]
+
+
+def test_t5_torch_log_table_is_torchs_log() -> None:
+    """Each argument of the table gets torch's float32 log, which is not the correctly rounded
+    one (else the entry would be needless)."""
+    arguments = np.array([float.fromhex(a) for a in _TORCH_LOG_F32], dtype=np.float32)
+    values = np.array([float.fromhex(v) for v in _TORCH_LOG_F32.values()], dtype=np.float32)
+    np.testing.assert_array_equal(torch.log(torch.from_numpy(arguments)).numpy(), values)
+    assert (np.log(arguments.astype(np.float64)).astype(np.float32) != values).all()
+
+
+# (b, max_distance) with b = num_buckets (num_buckets // 2 when bidirectional) where the
+# correctly rounded float32 log gives another bucket than transformers (torch's log differs in
+# the last bit): all of them for b ≤ 128, max_distance ≤ 1024. The sweep always includes them.
+TORCH_LOG_EDGES = [
+    (5, 686), (17, 27), (17, 343), (19, 25), (36, 50), (48, 81), (51, 81), (51, 676),
+    (51, 961), (54, 125), (55, 75), (65, 108), (72, 100), (73, 294), (91, 125), (96, 162),
+    (99, 121), (99, 361), (100, 162), (108, 150), (108, 250), (108, 676), (113, 189),
+    (115, 1009), (127, 175), (128, 441),
+]  # fmt: skip
+EXHAUSTIVE = bool(os.environ.get("T5_BUCKETS_EXHAUSTIVE"))  # every max_distance (~80 s)
+SWEEP = [(bi, nb) for bi in (False, True) for nb in range(4 if bi else 2, 129)]
+
+
+def sweep_max_distances(b: int) -> list[int]:
+    """max_distance values swept for b buckets per direction: all from b // 2 + 1 to 64, every
+    16th above up to 1024 (starting at 65 + b mod 16, so that the b's share out the residues),
+    T5's 128 and those of TORCH_LOG_EDGES; every one up to 1024 with T5_BUCKETS_EXHAUSTIVE set."""
+    first = b // 2 + 1
+    if EXHAUSTIVE:
+        return list(range(first, 1025))
+    edges = {md for edge_b, md in TORCH_LOG_EDGES if edge_b == b}
+    return sorted({*range(first, 65), *range(65 + b % 16, 1025, 16), 128, *edges})
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread: small ops on a busy machine are far faster without OpenMP."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize(
+    ("bidirectional", "num_buckets"),
+    SWEEP,
+    ids=[f"{'bi' if bi else 'uni'}-{nb}" for bi, nb in SWEEP],
+)
+def test_t5_bucket_equals_transformers_at_every_edge(bidirectional: bool, num_buckets: int) -> None:
+    """Every relative position −4096 … 4096 gets transformers' bucket, for num_buckets 2 … 128
+    (4 … 128 bidirectional) and the max_distances of :func:`sweep_max_distances`."""
+    rel = np.arange(-4096, 4097, dtype=np.int64)
+    b = num_buckets // 2 if bidirectional else num_buckets
+    for max_distance in sweep_max_distances(b):
+        ours = t5_bucket(rel, bidirectional, num_buckets, max_distance)
+        theirs = hf_t5_bucket(rel, bidirectional, num_buckets, max_distance)
+        differ = np.flatnonzero(ours != theirs)
+        assert differ.size == 0, (
+            f"max_distance {max_distance}: relative positions {rel[differ].tolist()} get "
+            f"buckets {ours[differ].tolist()}, transformers {theirs[differ].tolist()}"
+        )
+
+
+@st.composite
+def t5_case(draw: st.DrawFn) -> tuple[np.ndarray, bool, int, int]:
+    bidirectional = draw(st.booleans())
+    num_buckets = draw(st.integers(4 if bidirectional else 2, 128))
+    b = num_buckets // 2 if bidirectional else num_buckets
+    max_distance = draw(st.integers(b // 2 + 1, 1024))
+    rel = draw(arrays(np.int64, st.integers(1, 64), elements=st.integers(-5000, 5000)))
+    return rel, bidirectional, num_buckets, max_distance
+
+
+@settings(max_examples=300, deadline=None)
+@given(t5_case())
+def test_t5_bucket_equals_transformers_anywhere(case: tuple[np.ndarray, bool, int, int]) -> None:
+    rel, bidirectional, num_buckets, max_distance = case
+    np.testing.assert_array_equal(
+        t5_bucket(rel, bidirectional, num_buckets, max_distance),
+        hf_t5_bucket(rel, bidirectional, num_buckets, max_distance),
     )
 
 

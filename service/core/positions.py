@@ -233,6 +233,44 @@ def alibi_bias(
 
 # --- T5 relative bias -------------------------------------------------------------------------
 
+# torch.log of a float32 CPU tensor is MKL's vmsLn (VML_HA: within 1 ulp, not correctly rounded;
+# 3.6 % of the float32s in [1, 4096] get the other neighbour of the exact logarithm). Where that
+# moves a T5 bucket edge for num_buckets ≤ 128 and max_distance ≤ 1024 (found by comparing every
+# bucket there with transformers: torch 2.13.0 and its MKL 2024.2 on x86-64, the same bits with
+# ATEN_CPU_CAPABILITY default/avx2/avx512 and MKL_CBWR SSE4_2/AVX2), here is torch's value:
+# argument (the float32 d / max_exact) → torch.log(argument), both float32 in hex. Elsewhere the
+# correctly rounded float32 logarithm gives torch's buckets. (torch without MKL, e.g. on macOS or
+# ARM, takes SLEEF's logarithm, whose last bit may differ at these same ties.)
+_TORCH_LOG_F32 = {
+    "0x1.800000p+0": "0x1.9f3240p-2",  # 3/2
+    "0x1.924924p+0": "0x1.ced530p-2",  # 11/7
+    "0x1.aaaaaap+0": "0x1.058af0p-1",  # 5/3
+    "0x1.ccccccp+0": "0x1.2cf260p-1",  # 9/5
+    "0x1.500000p+1": "0x1.ee1f14p-1",  # 21/8
+    "0x1.5b6db6p+1": "0x1.ff3f2cp-1",  # 19/7
+    "0x1.c00000p+1": "0x1.40b514p+0",  # 7/2
+    "0x1.1af286p+2": "0x1.7c8340p+0",  # 84/19
+    "0x1.2bda12p+2": "0x1.8b5e28p+0",  # 253/54
+    "0x1.4cccccp+2": "0x1.a60e7cp+0",  # 26/5
+    "0x1.8cccccp+2": "0x1.d315a8p+0",  # 31/5
+    "0x1.c00000p+2": "0x1.f2272cp+0",  # 7
+    "0x1.880000p+3": "0x1.40b514p+1",  # 49/4
+    "0x1.880000p+5": "0x1.f2272cp+1",  # 49
+}
+_LOG_TABLE = sorted((float.fromhex(a), float.fromhex(v)) for a, v in _TORCH_LOG_F32.items())
+_LOG_ARGUMENTS = np.array([a for a, _ in _LOG_TABLE], dtype=np.float32)  # ascending
+_LOG_VALUES = np.array([v for _, v in _LOG_TABLE], dtype=np.float32)
+
+
+def _torch_log_f32(x: NDArray[np.float32]) -> NDArray[np.float32]:
+    """float32 natural logarithm of float32 ``x`` ≥ 1 as torch's where it matters to T5 buckets
+    (see ``_TORCH_LOG_F32``): the float64 logarithm rounded to float32, which is the correctly
+    rounded one (but for double rounding within ~1e-16 of a float32 midpoint), except at the
+    arguments of ``_TORCH_LOG_F32``, which get torch's value."""
+    log = np.log(x.astype(np.float64)).astype(np.float32)
+    at = np.minimum(np.searchsorted(_LOG_ARGUMENTS, x), _LOG_ARGUMENTS.size - 1)
+    return np.where(_LOG_ARGUMENTS[at] == x, _LOG_VALUES[at], log)
+
 
 def t5_bucket(
     relative_position: NDArray[np.int64],
@@ -246,8 +284,22 @@ def t5_bucket(
     half the buckets are for keys after the query (``relative_position > 0``) and the distance
     is |relative_position|; otherwise only earlier keys count (later ones are distance 0). Of
     the b buckets left, distances below b/2 get a bucket each; larger ones share logarithmic
-    bins up to ``max_distance``, beyond which all fall in the last bucket. The logarithm is taken
-    in float32, as T5 does, so the bins' edges match it exactly.
+    bins up to ``max_distance``, beyond which all fall in the last bucket.
+
+    A distance d ≥ m = b/2 (integer division) falls in bucket
+    ``min(m + trunc(log(d / m) / log(max_distance / m) · (b − m)), b − 1)``, computed as
+    transformers does: every step rounded to float32 (``f32(d) / f32(m)``, its logarithm,
+    divided by ``f32(math.log(max_distance / m))``, times ``b − m``). Where the exact value is
+    an integer (``d / m`` and ``max_distance / m`` powers of one number, e.g. 12/8 and 27/8 =
+    (3/2)^1 and (3/2)^3) or within float32 rounding of one, the bucket depends on the last bit
+    of the float32 logarithm. torch's (MKL's) is not correctly rounded, nor is NumPy's float32
+    ``log``, and they disagree there; so the logarithm is :func:`_torch_log_f32`: the correctly
+    rounded one, with torch's value at the few arguments where the two differ at a bucket
+    edge. The buckets then equal transformers' (torch 2.13 on x86-64 with MKL, PyTorch's
+    wheels) for every relative position when num_buckets ≤ 128 and max_distance ≤ 1024,
+    checked exhaustively there; beyond, a near-tie may still differ by one bucket (at one
+    distance for about 1 in 6,500 (num_buckets, max_distance) pairs with max_distance 1025 …
+    4096).
     """
     b = num_buckets // 2 if bidirectional else num_buckets
     max_exact = b // 2
@@ -266,10 +318,12 @@ def t5_bucket(
     else:
         offset = np.zeros_like(rel)
         distance = -np.minimum(rel, 0)
-    # float32 throughout, as T5 (distances below max_exact never reach the log)
+    # float32 at every step, as transformers (distances below max_exact never reach the log)
     ratio = np.maximum(distance, max_exact).astype(np.float32) / np.float32(max_exact)
     log_bin = (
-        np.log(ratio) / np.float32(math.log(max_distance / max_exact)) * np.float32(b - max_exact)
+        _torch_log_f32(ratio)
+        / np.float32(math.log(max_distance / max_exact))
+        * np.float32(b - max_exact)
     )
     large = np.minimum(max_exact + log_bin.astype(np.int64), b - 1)  # truncated, as .to(long)
     return offset + np.where(distance < max_exact, distance, large)
