@@ -5,8 +5,10 @@ the service's code: every response is read with ``load`` and every binary reques
 with ``save``. Arrays are compared bit for bit with the JSON answer to the same request.
 """
 
+import asyncio
 import json
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -15,8 +17,13 @@ from fastapi.openapi.models import Example
 from fastapi.testclient import TestClient
 from safetensors.numpy import load, save
 
-from service.api.binary import negotiate
+from service.api.app import create_app
+from service.api.binary import MAX_TENSORS, negotiate
+from service.api.errors import RequestError
 from service.api.examples import ATTENTION_EXAMPLES, MASK_EXAMPLES, MULTIHEAD_EXAMPLES
+from service.api.parser import Parser
+from service.api.routes import INLINE_BODY_BYTES, ROUTES, checked
+from service.config import Settings
 
 ST = "application/x-safetensors"
 TO_ST = {"Content-Type": ST}
@@ -342,7 +349,7 @@ F64_ONE = {"dtype": "F64", "shape": [1, 1], "data_offsets": [0, 8]}
         (struct.pack("<Q", 3) + b"{{{", "the header is not JSON"),
         (_raw([1, 2]), "the header must be a JSON object"),  # type: ignore[arg-type]
         (_raw({"x": {"dtype": "F64", "shape": [1, 1]}}), "exactly dtype, shape and data_offsets"),
-        (_raw({"x": {**F64_ONE, "shape": [1, -1]}}, b"\0" * 8), "dtype must be a string"),
+        (_raw({"x": {**F64_ONE, "shape": [1, -1]}}, b"\0" * 8), "its shape must be a list of sizes, whole numbers from 0 to 2^64 − 1 (item 1 is -1)"),
         (_raw({"x": {**F64_ONE, "shape": [2, 1]}}, b"\0" * 8), "takes 16 bytes"),
         (_raw({"x": {**F64_ONE, "data_offsets": [8, 16]}}, b"\0" * 16), "starts at byte 8"),
         (_raw({"x": F64_ONE}, b"\0" * 16), "the tensors end at byte 8"),
@@ -372,6 +379,179 @@ def test_a_tensor_name_too_long_is_refused_without_echoing_it(client: TestClient
     raw = _raw({"x" * 5000: F64_ONE}, b"\0" * 8)
     error = _error(client.post("/attention", content=raw, headers=TO_ST), 400)
     assert "5000 characters" in error["message"] and len(error["message"]) < 300
+
+
+# -------------------------------------------------------------------- header defects, bounds
+
+
+@pytest.fixture(scope="module")
+def lenient() -> Iterator[TestClient]:
+    """A client that shows a 500 as a status instead of raising the server's exception."""
+    with TestClient(create_app(Settings()), raise_server_exceptions=False) as c:
+        yield c
+
+
+def _tensor(shape: Any, offsets: Any = (0, 0), dtype: Any = "F64") -> dict[str, Any]:
+    return {"dtype": dtype, "shape": shape, "data_offsets": list(offsets)}
+
+
+def _header_text(text: bytes, data: bytes = b"") -> bytes:
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def _refused(client: TestClient, path: str, raw: bytes, status: int) -> dict[str, Any]:
+    """The answer to ``raw``: ``status`` (never 500) in the one JSON error shape."""
+    r = client.post(path, content=raw, headers=TO_ST)
+    assert r.status_code == status, (r.status_code, r.text[:300])
+    assert r.headers["content-type"] == "application/json"
+    error = _error(r, status)
+    assert set(error["errors"][0]) == {"field", "message", "type", "limit"}
+    return error
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "field", "words"),
+    [
+        ("x", [2**62, 0], "x", "x is shaped [4611686018427387904, 0], more numbers than a tensor may hold"),
+        ("x", [2**63, 0], "x", "x is shaped [9223372036854775808, 0]"),
+        ("x", [2**63 - 1, 0], "x", "more numbers than a tensor may hold"),
+        ("x", [2**64 - 1, 0], "x", "more numbers than a tensor may hold"),
+        ("x", [2**40, 2**40, 0], "x", "at most 2,147,483,647"),
+        ("x", [0] * 65, "x", "x is a tensor of 65 dimensions; at most 8"),
+        ("x", [0] * 9, "x", "x is a tensor of 9 dimensions; at most 8"),
+        ("x", [1] * 100_000, "x", "x is a tensor of 100000 dimensions; at most 8"),
+        ("mask.0.matrix", [2**62, 0], "mask[0].matrix", "mask[0].matrix is shaped [4611686018427387904, 0]"),
+    ],
+    ids=["2^62-by-0", "2^63-by-0", "int64-max-by-0", "uint64-max-by-0", "2^40-2^40-0", "65-dims", "9-dims", "100000-dims", "in-a-mask"],
+)  # fmt: skip
+def test_a_shape_numpy_cannot_make_is_a_422_naming_the_tensor(
+    lenient: TestClient, name: str, shape: list[int], field: str, words: str
+) -> None:
+    """The format allows any u64 sizes and any number of them; an empty tensor shaped
+    [2^62, 0] is a valid file that NumPy cannot make (a 500 before)."""
+    path = "/mask" if name.startswith("mask") else "/attention"
+    meta = {"__metadata__": {"json": '{"mask": [{"type": "additive"}]}'}} if path == "/mask" else {}  # fmt: skip
+    error = _refused(lenient, path, _raw({**meta, name: _tensor(shape)}), 422)
+    assert error["errors"][0]["field"] == field
+    assert error["errors"][0]["type"] == "value_error"
+    assert words in error["message"] and len(error["message"]) < 300
+
+
+E8 = b"\0" * 8
+U64 = "whole numbers from 0 to 2^64 − 1"
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "words"),
+    [
+        (_raw({"x": _tensor([2**64, 0])}), "x", f"its shape must be a list of sizes, {U64} (item 0 is 18,446,744,073,709,551,616)"),
+        (_header_text(b'{"x": {"dtype": "F64", "shape": [123456789012345678901234567890, 0], "data_offsets": [0, 0]}}'), "x", "(item 0 is an integer of 30 digits)"),
+        (_raw({"x": _tensor([1.5], (0, 8))}, E8), "x", "(item 0 is 1.5)"),
+        (_raw({"x": _tensor([True], (0, 8))}, E8), "x", "(item 0 is true)"),
+        (_raw({"x": _tensor([None], (0, 8))}, E8), "x", "(item 0 is null)"),
+        (_raw({"x": _tensor("3", (0, 8))}, E8), "x", "(it is a string)"),
+        (_header_text(b'{"x": {"dtype": "F64", "shape": [NaN], "data_offsets": [0, 8]}}', E8), "x", "(item 0 is nan)"),
+        (_raw({"x": _tensor([1], (0, -8))}, E8), "x", f"its data_offsets must be two byte offsets, {U64} (item 1 is -8)"),
+        (_raw({"x": _tensor([1], (0, 2**70))}, E8), "x", "(item 1 is an integer of 22 digits)"),
+        (_raw({"x": _tensor([1], (0, 8, 16))}, E8), "x", "(it has 3 items)"),
+        (_raw({"x": _tensor([1], (8, 0))}, E8), "x", 'tensor "x"\'s data_offsets [8, 0] end before they begin'),
+        (_raw({"x": _tensor([1], (0, 16))}, E8), "x", 'tensor "x" ends at byte 16 of the data, but the data has 8 bytes'),
+        (_raw({"x": _tensor([1], (2**63, 2**63 + 8))}, E8), "x", "ends at byte 9,223,372,036,854,775,816 of the data"),
+        (_raw({"x": _tensor([3], (0, 8))}, E8), "x", "is F64 shaped [3], which takes 24 bytes, but its data_offsets span 8"),
+        (_raw({"x": _tensor([1], (0, 8)), "q": _tensor([1], (4, 12))}, b"\0" * 12), "q", 'tensor "q" starts at byte 4 of the data, but the one before ends at 8'),
+        (_raw({"x": _tensor([1], (0, 8)), "q": _tensor([0], (4, 4))}, E8), "q", 'tensor "q" starts at byte 4'),
+        (_raw({"x": _tensor([1], (0, 8), dtype=3)}, E8), "x", 'tensor "x": its dtype must be a string such as "F64"'),
+        (_raw({"x": [1, 2]}), "x", 'tensor "x" must have exactly dtype, shape and data_offsets'),
+        (_header_text(b'{"x": {"dtype": "F64", "shape": [1], "data_offsets": [0, 8]}, "x": {"dtype": "F64", "shape": [1], "data_offsets": [0, 8]}}', E8), None, 'the header gives "x" twice in one object'),
+        (_header_text(b'{"x": {"dtype": "F64", "dtype": "I8", "shape": [1], "data_offsets": [0, 8]}}', E8), None, 'the header gives "dtype" twice in one object'),
+        (_header_text(b'{"x": {"dtype": "F64", "shape": [0], "data_offsets": [0, 0]}, "\xff": 1}'), None, "the header is not UTF-8 text (invalid start byte at byte 63 of it)"),
+        (_header_text(b"[" * 100_000 + b"]" * 100_000), None, "the header is nested too deeply"),
+        (_header_text(b'{"x": '), None, "the header is not JSON (Expecting value: line 1 column 7 (char 6))"),
+        (_header_text(b"3"), None, "the header must be a JSON object"),
+        (_raw({"__metadata__": {"json": '{"sentence": "\ud800"}'}}), None, '__metadata__["json"] is not valid Unicode text: it contains a lone surrogate (\\ud800)'),
+        (_raw({"__metadata__": ["json"]}), None, "__metadata__ must be an object of strings"),
+    ],
+    ids=["dim-2^64", "dim-30-digits", "dim-float", "dim-bool", "dim-null", "shape-a-string", "dim-nan", "offset-negative", "offset-2^70", "three-offsets", "end-before-begin", "end-past-data", "begin-past-int64", "size-mismatch", "overlap", "empty-inside-another", "dtype-a-number", "entry-a-list", "duplicate-name", "duplicate-key", "not-utf8", "nested-deeply", "truncated", "header-a-number", "metadata-lone-surrogate", "metadata-a-list"],
+)  # fmt: skip
+def test_a_header_defect_is_a_400_naming_the_tensor(
+    lenient: TestClient, raw: bytes, field: str | None, words: str
+) -> None:
+    """Every defect of the header is a 400 in the one JSON shape; one about a single tensor's
+    entry names its field (never a 500, never the last duplicate silently kept)."""
+    error = _refused(lenient, "/attention", raw, 400)
+    item = error["errors"][0]
+    assert (item["field"], item["type"]) == (field, "safetensors_invalid")
+    assert words in error["message"], error["message"]
+
+
+@pytest.mark.parametrize(
+    ("tensors", "fields", "path", "field", "words"),
+    [
+        ({"heads.1000000.w_q": np.ones((4, 2))}, {"num_heads": 2}, "/multihead", "heads[1000000].w_q", 'tensor "heads[1000000].w_q": 1000000 is not an index of a list here (0 to 4: the list has 0 items in the JSON and the header 5 tensors)'),
+        ({"heads.5.w_q": np.ones((4, 2))}, {"num_heads": 2}, "/multihead", "heads[5].w_q", "5 is not an index of a list here (0 to 4"),
+        ({"heads.8.w_q": np.ones((4, 2))}, {"num_heads": 2, "heads": [{}] * 3}, "/multihead", "heads[8].w_q", "8 is not an index of a list here (0 to 7: the list has 3 items in the JSON and the header 5 tensors)"),
+        ({"heads.4096.w_q": np.ones((4, 2))}, {"num_heads": 2, "heads": [{}] * 4096}, "/multihead", "heads[4096].w_q", "(0 to 4095: a list here has at most 4096 items)"),
+        ({"heads.².w_q": np.ones((4, 2))}, {"num_heads": 2}, "/multihead", "heads", "heads: input should be a valid list"),
+        ({"heads.0.².w_q": np.ones((4, 2))}, {"num_heads": 2, "heads": [[]]}, "/multihead", "heads[0].².w_q", "² is not an index of a list here (0 to 4: a list index is a whole number)"),
+        ({"mask.²": np.ones((3, 3))}, {"mask": {"type": "additive"}}, "/mask", "mask[0].matrix", "mask[0].matrix is required"),
+        ({"mask.matrix": np.ones((3, 3)), "mask.0.matrix": np.ones((3, 3))}, {"mask": {"type": "additive"}}, "/mask", "mask.matrix", "mask.matrix is given twice: by two tensor names"),
+    ],
+    ids=["index-a-million", "index-past-the-tensors", "index-past-json-and-tensors", "index-past-the-cap", "superscript-digit", "superscript-digit-in-a-list", "superscript-digit-in-an-object", "one-place-two-names"],
+)  # fmt: skip
+def test_a_tensor_name_past_what_the_request_can_mean_is_a_422(
+    lenient: TestClient,
+    tensors: dict[str, np.ndarray],
+    fields: dict[str, Any],
+    path: str,
+    field: str,
+    words: str,
+) -> None:
+    """A list index beyond the items the JSON gives plus one per tensor (and below
+    MAX_INDEX) is refused before any list is made; so is a place two tensors name."""
+    raw = save({**_weights(), **tensors}, metadata={"json": json.dumps(fields)})
+    error = _refused(lenient, path, raw, 422)
+    assert error["errors"][0]["field"] == field
+    assert words in error["message"], error["message"]
+
+
+def test_more_tensors_than_a_request_takes_is_a_413_before_the_header_is_read(
+    lenient: TestClient,
+) -> None:
+    empty = b'{"dtype": "F64", "shape": [0], "data_offsets": [0, 0]}'
+    over = b"{" + b",".join(b'"t%d": %s' % (i, empty) for i in range(MAX_TENSORS + 1)) + b"}"
+    same = b"{" + b",".join(b'"x": ' + empty for _ in range(MAX_TENSORS + 1)) + b"}"
+    plain = b"{" + b",".join(b'"x": 1' for _ in range(MAX_TENSORS + 1)) + b"}"
+    for text in (over, same, plain):  # distinct names, one name repeated, no objects at all
+        error = _refused(lenient, "/attention", _header_text(text), 413)
+        item = error["errors"][0]
+        assert (item["type"], item["limit"]) == ("limit_exceeded", MAX_TENSORS)
+        assert f"more than {MAX_TENSORS:,} tensors" in item["message"]
+    at_limit = b"{" + b",".join(b'"t%d": %s' % (i, empty) for i in range(MAX_TENSORS)) + b"}"
+    error = _refused(lenient, "/attention", _header_text(at_limit), 422)
+    assert error["errors"][0]["field"] == "t0"  # read to the end, then its fields are checked
+
+
+def test_a_large_safetensors_body_is_checked_the_same_in_the_parser_process() -> None:
+    """Bodies over the inline size go to the parser process: the same request, shapes and
+    cost, and the same errors, as when checked in process."""
+    rng = np.random.default_rng(5)
+    good = save({**_weights(), "x": rng.normal(size=(600, 4))}, metadata={"json": "{}"})
+    bad = _raw({"__metadata__": {"json": json.dumps({"sentence": "a " * 10_000})}, "x": _tensor([2**62, 0])})  # fmt: skip
+    assert min(len(good), len(bad)) > INLINE_BODY_BYTES
+    parser = Parser(1)
+    try:
+        req, shapes, numbers = checked(good, ROUTES["attention"], Settings(), "safetensors")
+        there = asyncio.run(parser.check(good, "attention", Settings(), "safetensors"))
+        assert there[1:] == (shapes, numbers)
+        np.testing.assert_array_equal(there[0].x, req.x)
+        with pytest.raises(RequestError) as here_error:
+            checked(bad, ROUTES["attention"], Settings(), "safetensors")
+        with pytest.raises(RequestError) as there_error:
+            asyncio.run(parser.check(bad, "attention", Settings(), "safetensors"))
+        assert there_error.value.status == here_error.value.status == 422
+        assert there_error.value.items == here_error.value.items
+    finally:
+        parser.close()
 
 
 # ------------------------------------------------------------------------------------ Accept

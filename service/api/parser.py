@@ -2,7 +2,9 @@
 
 Parsing a large JSON body (orjson) and turning its lists into arrays hold the GIL for a long time
 in C code (≈0.5 s for 28 MiB): in the worker's own process that would stop its event loop, and
-with it every probe and small request it serves. One parser process per worker does it instead
+with it every probe and small request it serves. A safetensors body is no different: its
+header (up to MAX_TENSORS entries) and the JSON under ``__metadata__["json"]`` (as large as a
+JSON body) are parsed and checked here too. One parser process per worker does it instead
 (``parse_concurrency`` of them); the worker waits for the answer without holding the GIL, and
 gets back the validated request, its shapes and its cost (arrays pickle as plain copies).
 """
@@ -16,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from service.api.binary import Format
 from service.api.budget import Overloaded
 from service.api.errors import ErrorItem, RequestError
 from service.api.rules import Shapes
@@ -42,13 +45,17 @@ class Parser:
             )
         return self._pool
 
-    async def check(self, raw: bytes, route: str, settings: Settings) -> Checked:
-        """Parse, validate and apply the rules to ``raw`` for ``route`` in a parser process;
-        raise the same errors as in process."""
+    async def check(
+        self, raw: bytes, route: str, settings: Settings, form: Format = "json"
+    ) -> Checked:
+        """Parse (as JSON or safetensors: ``form``), validate and apply the rules to ``raw``
+        for ``route`` in a parser process; raise the same errors as in process."""
         loop = asyncio.get_running_loop()
         try:
             async with self._slots:  # a client that leaves while waiting never reaches the pool
-                outcome = await loop.run_in_executor(self._executor(), _check, raw, route, settings)
+                outcome = await loop.run_in_executor(
+                    self._executor(), _check, raw, route, settings, form
+                )
         except BrokenProcessPool:  # a parser died (e.g. killed for memory): start afresh
             self.close()
             raise Overloaded(
@@ -83,12 +90,12 @@ def _start(parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _check(raw: bytes, route: str, settings: Settings) -> tuple[Any, ...]:
+def _check(raw: bytes, route: str, settings: Settings, form: Format) -> tuple[Any, ...]:
     """In the parser process: the route's checks, as a plain tuple (errors included)."""
     from service.api.routes import ROUTES, checked
 
     try:
-        req, shapes, numbers = checked(raw, ROUTES[route], settings)
+        req, shapes, numbers = checked(raw, ROUTES[route], settings, form)
     except RequestError as err:
         return ("error", err.status, [item.model_dump() for item in err.items])
     finally:

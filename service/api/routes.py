@@ -253,10 +253,8 @@ async def _answer(request: Request, route: Route[Req, P]) -> Response:
     answer = negotiate(request.headers.get("accept")) or "json"  # and its 406
     if len(raw) <= INLINE_BODY_BYTES:
         req, shapes, numbers = checked(raw, route, settings, form)
-    elif form == "safetensors":  # no text to parse: the bytes become arrays at once
-        req, shapes, numbers = await run_in_threadpool(checked, raw, route, settings, form)
-    else:
-        req, shapes, numbers = await state.parser.check(raw, route.name, settings)
+    else:  # JSON or safetensors (its header and metadata JSON): never on the worker's GIL
+        req, shapes, numbers = await state.parser.check(raw, route.name, settings, form)
     # small: answered at once, never queued behind large ones; a comparison's recomputations
     # (up to ~100 of them) always run off the event loop
     if numbers <= INLINE_NUMBERS and not shapes.comparing:
