@@ -286,6 +286,81 @@ def test_a_fully_masked_row_gives_all_its_weight_to_the_sink(client: TestClient)
     assert body["weights"] == [[0.0] * 4] * 4
 
 
+def test_a_padded_query_row_gives_the_sink_nothing(client: TestClient) -> None:
+    """A padded query row (query_lengths) is padding: weights, sink weight and output all 0;
+    every other row still shares 1 between its keys and the sink."""
+    body = post(client, "/mask", direct(sinks=0.5, mask={"type": "padding", "query_lengths": 3}))
+    assert body["sink_weights"][3] == 0.0
+    assert body["weights"][3] == [0.0] * 4 and body["output"][3] == [0.0] * 6
+    assert body["fully_masked_rows"] == []
+    total = np.array(body["weights"]).sum(axis=1) + np.array(body["sink_weights"])
+    np.testing.assert_allclose(total, [1.0, 1.0, 1.0, 0.0], rtol=0, atol=1e-15)
+    xs = np.stack([X, X[::-1]])
+    heads = post(client, "/multihead", state_dict(x=xs, sinks=[0.0, 1.0, -1.0, 2.0],
+                 mask={"type": "padding", "query_lengths": [2, 5]}))  # fmt: skip
+    for head in heads["heads"]:
+        sink = np.array(head["sink_weights"])  # (B, L)
+        assert (sink[0, 2:] == 0.0).all() and (sink[0, :2] > 0).all() and (sink[1] > 0).all()
+        total = np.array(head["weights"]).sum(axis=-1) + sink
+        np.testing.assert_allclose(total, [[1, 1, 0, 0, 0], [1] * 5], rtol=0, atol=1e-15)
+
+
+FULL_ROW_MASK = {"type": "boolean", "matrix": [[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 0],
+                                               [1, 1, 1, 1]]}  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["zero", "uniform", "error"])
+def test_with_sinks_a_fully_masked_row_is_defined_listed_and_never_an_error(
+    client: TestClient, policy: str
+) -> None:
+    """The sink takes the whole row, so no policy has anything to do: "zero", "uniform" and
+    "error" give the same answer, and fully_masked_rows (which describes the mask) lists it."""
+    body = post(client, "/mask", direct(sinks=0.5, fully_masked_rows=policy, mask=FULL_ROW_MASK))
+    assert body["fully_masked_rows"] == [1]
+    assert body["sink_weights"][1] == 1.0
+    assert body["weights"][1] == [0.0] * 4 and body["output"][1] == [0.0] * 6
+    zero = post(client, "/mask", direct(sinks=0.5, mask=FULL_ROW_MASK))
+    assert {k: v for k, v in body.items() if k != "conventions"} == {
+        k: v for k, v in zero.items() if k != "conventions"
+    }
+    xs = np.stack([X[:4], X[1:]])
+    heads = post(client, "/multihead", state_dict(
+        x=xs, sinks=[0.0, 1.0, -1.0, 2.0], fully_masked_rows=policy,
+        mask=[FULL_ROW_MASK, {"type": "padding", "query_lengths": [4, 1]}]))  # fmt: skip
+    assert heads["fully_masked_rows"] == [[1], []]  # item 1: row 1 is padding, not listed
+    for head in heads["heads"]:
+        assert [row[1] for row in head["sink_weights"]] == [1.0, 0.0]
+
+
+def test_without_sinks_a_fully_masked_row_is_still_refused_under_error(
+    client: TestClient,
+) -> None:
+    body = post(client, "/mask", direct(fully_masked_rows="error", mask=FULL_ROW_MASK), 422)
+    assert "rows [1]" in body["message"]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "batch"])
+def test_mask_takes_key_padding_mask_as_its_only_mask(client: TestClient, batched: bool) -> None:
+    """key_padding_mask is a mask: /mask answers it as it answers the same padding given as a
+    padding mask object or as a boolean matrix (true = may attend)."""
+    if batched:
+        qkv = {n: np.stack([a, a[::-1]]) for n, a in (("q", Q), ("k", K), ("v", V))}
+        kpm: Any = [[False, False, False, True], [False, False, True, True]]
+        allowed: Any = [[[not f for f in row]] * 4 for row in kpm]
+        padding: dict[str, Any] = {"type": "padding", "key_lengths": [3, 2]}
+    else:
+        qkv = {"q": Q, "k": K, "v": V}
+        kpm = [False, False, False, True]
+        allowed = [[not f for f in kpm]] * 4
+        padding = {"type": "padding", "key_lengths": 3}
+    own = post(client, "/mask", {**qkv, "key_padding_mask": kpm})
+    as_padding = post(client, "/mask", {**qkv, "mask": padding})
+    as_boolean = post(client, "/mask", {**qkv, "mask": {"type": "boolean", "matrix": allowed}})
+    assert own == as_padding == as_boolean  # mask outputs, steps and conventions included
+    assert {"mask", "additive_mask", "masked_scores", "fully_masked_rows"} <= set(own)
+    assert own["fully_masked_rows"] == ([[], []] if batched else [])
+
+
 def test_include_knows_the_new_outputs(client: TestClient) -> None:
     body = post(client, "/attention", direct(softcap=1.0, include=["capped_scores"]))
     assert "capped_scores" in body and "weights" not in body
@@ -367,6 +442,10 @@ BAD: list[tuple[str, str, dict[str, Any], str, str]] = [
      "missing"),
     ("state-dict-and-combined", "/multihead", state_dict(w_q=W_Q.T), "q_proj.weight",
      "one form only"),
+    ("kdim-not-vdim", "/multihead",
+     {"x": X, "context": RNG.normal(size=(6, 5)), "num_heads": 2,
+      "q_proj_weight": RNG.normal(size=(8, 8)), "k_proj_weight": RNG.normal(size=(8, 5)),
+      "v_proj_weight": RNG.normal(size=(8, 3))}, "v_proj.weight", "kdim ≠ vdim"),
     ("o-proj-and-out-proj", "/multihead", state_dict(out_proj_weight=W_O), "o_proj.weight",
      "not both"),
     ("o-proj-columns", "/multihead", state_dict(**{"o_proj.weight": RNG.normal(size=(8, 6))}),

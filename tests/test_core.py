@@ -174,3 +174,36 @@ def test_split_and_merge_heads_are_inverse_and_take_column_blocks() -> None:
     heads = split_heads(t, 3)  # (2, 3 heads, 3, 2)
     np.testing.assert_array_equal(heads[:, 1], t[:, :, 2:4])
     np.testing.assert_array_equal(merge_heads(heads), t)
+
+
+def test_a_padded_query_row_gives_the_sink_nothing_either() -> None:
+    """Row 1 is padding: weights, sink weight and output 0; row 0 shares 1 with the sink."""
+    from service.core.attention import Variants  # appended tests: imported here
+
+    q = k = v = np.eye(2)[None]  # (1, 2, 2)
+    trace = scaled_dot_product_attention(
+        q, k, v, padded_queries=np.array([[False, True]]), variants=Variants(sinks=0.0)
+    )
+    assert trace.sink_weights is not None
+    assert trace.sink_weights[0, 1] == 0.0 and trace.sink_weights[0, 0] > 0
+    np.testing.assert_array_equal(trace.weights[0, 1], [0.0, 0.0])
+    np.testing.assert_array_equal(trace.output[0, 1], [0.0, 0.0])
+    assert trace.weights[0, 0].sum() + trace.sink_weights[0, 0] == pytest.approx(1.0, abs=1e-15)
+    assert not trace.fully_masked_rows.any()
+
+
+def test_with_a_sink_the_error_policy_lets_a_fully_masked_row_through_flagged() -> None:
+    """Every key of row 0 masked: the sink takes it (weight 1), "error" has nothing to refuse,
+    and the row is still flagged: the flags describe the mask."""
+    from service.core.attention import Variants
+
+    q = k = v = np.eye(2)[None]  # (1, 2, 2)
+    additive = np.array([[[NEG, NEG], [0.0, 0.0]]])  # (1, 2, 2)
+    trace = scaled_dot_product_attention(
+        q, k, v, additive=additive, fully_masked_policy="error", variants=Variants(sinks=1.0)
+    )
+    assert trace.sink_weights is not None and trace.sink_weights[0, 0] == 1.0
+    np.testing.assert_array_equal(trace.weights[0, 0], [0.0, 0.0])
+    np.testing.assert_array_equal(trace.fully_masked_rows, [[True, False]])
+    with pytest.raises(FullyMaskedRowsError):
+        scaled_dot_product_attention(q, k, v, additive=additive, fully_masked_policy="error")

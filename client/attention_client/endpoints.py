@@ -109,7 +109,7 @@ class _Endpoints(Generic[R]):
     def mask(
         self,
         *,
-        mask: MaskLike,
+        mask: MaskLike = None,
         x: ArrayLike = None,
         context: ArrayLike = None,
         w_q: ArrayLike = None,
@@ -148,7 +148,8 @@ class _Endpoints(Generic[R]):
         tolerance: Mapping[str, float] | None = None,
         **extra: Any,
     ) -> R:
-        """``POST /mask``: attention with a required ``mask``; the answer adds ``mask``,
+        """``POST /mask``: attention with a required mask (``mask``, ``key_padding_mask`` or
+        both); the answer adds ``mask``,
         ``additive_mask``, ``masked_scores`` (−∞ where hidden) and ``fully_masked_rows``.
 
         ``mask`` is a mask object (``{"type": "causal"}``; see :mod:`attention_client.masks`),

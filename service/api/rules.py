@@ -11,12 +11,13 @@ from typing import Literal, TypeVar
 import numpy as np
 from pydantic import BaseModel
 
-from service.api.errors import FieldError
+from service.api.errors import ErrorItem, FieldError, RequestError
 from service.api.schemas.masks import AdditiveMask, BooleanMask, PaddingMask
 from service.api.schemas.requests import (
     AttentionRequest,
     InputFields,
     LayerNormOptions,
+    MaskRequest,
     MultiheadRequest,
 )
 from service.api.schemas.variants import (
@@ -95,6 +96,12 @@ def attention_shapes(req: AttentionRequest) -> Shapes:
             projection[0],
             f"give either q, k and v (direct mode) or x with w_q, w_k, w_v (projections mode), not both: found {direct[0]} and {projection[0]}",
         )
+    if isinstance(req, MaskRequest) and not req.mask and req.key_padding_mask is None:
+        message = (
+            "mask is required on /mask: give mask (one mask object or a list), "
+            "key_padding_mask, or both"
+        )  # key_padding_mask alone is a mask too: its answer has the mask outputs
+        raise RequestError([ErrorItem(field="mask", message=message, type="missing")])
     shapes = _direct_shapes(req) if direct else _projection_shapes(req)
     _check_masks(req, shapes.batch, shapes.seq_len, shapes.ctx_len)
     return _with_variants(req, shapes)
@@ -191,6 +198,7 @@ def multihead_shapes(req: MultiheadRequest) -> Shapes:
         given = [n for n in ("k_proj_weight", "v_proj_weight") if getattr(req, n) is not None]
         if given and req.context is not None:  # else they take x: d_model columns
             kv_width = int(getattr(req, given[0]).shape[1])
+            _check_kdim_vdim(req)
     batch, seq_len, ctx_len, d_model = _sequence_shapes(req, kv_width)
     h_kv = req.num_kv_heads or h
     generate = ["x"] if req.x is None else []
@@ -349,6 +357,20 @@ def _per_head_dims(req: MultiheadRequest, d_model: int) -> tuple[int, int]:
         )
     d_k, d_v = sizes.pop()
     return d_k, d_v
+
+
+def _check_kdim_vdim(req: MultiheadRequest) -> None:
+    """With ``context`` the state dict's k_proj.weight and v_proj.weight take its width, so
+    they must take the same one: nn.MultiheadAttention's kdim ≠ vdim (a key and a value of
+    different widths) has no single context to stand for it."""
+    k, v = req.k_proj_weight, req.v_proj_weight
+    if k is not None and v is not None and k.shape[1] != v.shape[1]:
+        raise FieldError(
+            "v_proj.weight",
+            f"k_proj.weight takes {k.shape[1]} features but v_proj.weight takes {v.shape[1]} "
+            "(nn.MultiheadAttention's kdim ≠ vdim): one context gives both the keys and the "
+            "values, so both must take its width",
+        )
 
 
 def _state_dict_dims(

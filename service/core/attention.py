@@ -108,16 +108,18 @@ def scaled_dot_product_attention(
     q ``(..., L, d_k)``, k ``(..., S, d_k)``, v ``(..., S, d_v)``. ``scale`` defaults to
     1/√d_k. ``additive`` is a mask broadcastable to ``(..., L, S)``: 0 where a query may
     attend, −∞ where it may not, other finite values are biases (PyTorch float masks).
-    ``padded_queries`` (broadcastable to ``(..., L)``) marks query rows whose weights and
-    output are forced to 0. Rows where every key is masked get weights 0 (``"zero"``), 1/S
-    (``"uniform"``) or raise :class:`FullyMaskedRowsError` (``"error"``); padding rows never
-    count as such. Scores that overflow are refused, never taken for masked.
+    ``padded_queries`` (broadcastable to ``(..., L)``) marks query rows whose weights, sink
+    weight and output are forced to 0. Rows where every key is masked get weights 0
+    (``"zero"``), 1/S (``"uniform"``) or raise :class:`FullyMaskedRowsError` (``"error"``);
+    padding rows never count as such. Scores that overflow are refused, never taken for
+    masked.
 
     ``variants`` adds, in this order (API.md, "Position and score variants"): QK-norm of Q and
     K, RoPE at ``positions``/``context_positions``, soft-capping of the scaled scores, a
     position bias, then (after the mask) the sinks, which join each row's softmax as one more
     key with no value; a row with every key masked then gives all its weight to the sink,
-    whatever ``fully_masked_policy`` says.
+    whatever ``fully_masked_policy`` says (its weights are defined, so ``"error"`` does not
+    refuse it), and is still flagged in ``fully_masked_rows``: the flags describe the mask.
     """
     var = variants or Variants()
     q_normed = None if var.q_norm is None else qk_norm(q, var.q_norm)
@@ -157,8 +159,11 @@ def scaled_dot_product_attention(
         raise FullyMaskedRowsError(rows_by_item(empty))
     else:
         weights = softmax(logits, "uniform" if fully_masked_policy == "uniform" else "zero")
+    sink_weights = None if sunk is None else sunk.sink_weights  # (..., L)
     if padded_queries is not None and padded_queries.any():
         weights[np.broadcast_to(padded_queries[..., None], weights.shape)] = 0.0
+        if sink_weights is not None:  # a padded row attends to nothing, the sink included
+            sink_weights = np.where(padded_queries, 0.0, sink_weights)  # (..., L)
     require_finite(v, "V")
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
         output = weights @ v  # (..., L, d_v)
@@ -181,7 +186,7 @@ def scaled_dot_product_attention(
         capped_scores=capped,
         position_bias=position_bias,
         biased_scores=biased,
-        sink_weights=None if sunk is None else sunk.sink_weights,
+        sink_weights=sink_weights,
     )
 
 

@@ -123,7 +123,11 @@ class AttentionRequest(VariantFields, InputFields):
 class MaskRequest(AttentionRequest):
     """POST /mask: attention with a mask, returning the mask itself too."""
 
-    mask: MaskList = Field(description="one mask object or a list, combined with AND")
+    mask: MaskList | None = Field(
+        None,
+        description="one mask object or a list, combined with AND; required unless "
+        "key_padding_mask is given",
+    )
 
 
 class LayerNormOptions(BaseModel):
