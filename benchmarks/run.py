@@ -220,6 +220,60 @@ def d1_d2(base: str, tmp: Path, runs: int) -> list[Row]:
     return rows
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and every process below it (Linux /proc), in seconds."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+            total += sum(int(f) for f in stat.rsplit(")", 1)[1].split()[11:13])  # utime, stime
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended meanwhile
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def d3(base: str, pid: int, tmp: Path, runs: int, reps: int = 3) -> Row:
+    """The diagnosis's worst case (issue finding H2): /multihead where every mistake applies
+    (two heads, RoPE, a causal mask, residual, layer norm, square w_o; L=512, d_model=4, an
+    84 kB body), the expected output the service's plus noise that no set of mistakes explains,
+    and include ["output"] on both sides, so that the request without expected is as cheap as
+    it gets. CPU seconds of the server and its parser processes (wall time on a shared machine
+    would measure the neighbours; each sample is ``reps`` requests in a row, as /proc counts
+    CPU in 10 ms ticks), with expected ÷ without."""
+    rng = np.random.default_rng(9)
+    L, d = 512, 4
+    body: dict[str, Any] = {
+        "x": rng.normal(size=(L, d)).tolist(), "num_heads": 2, "rope": {},
+        "mask": {"type": "causal"}, "residual": True, "layer_norm": True, "include": ["output"],
+        **{n: (rng.normal(size=(d, d)) / 2).tolist() for n in ("w_q", "w_k", "w_v", "w_o")},
+    }  # fmt: skip
+    status, answer = http_json(base + "/multihead", body)
+    assert status == 200, answer
+    noisy = np.asarray(answer["output"]) + rng.normal(size=(L, d)) * 1e-3
+    plain_f = write_body(body, tmp, "D3-plain.json")
+    compared_f = write_body(body | {"expected": {"output": noisy.tolist()}}, tmp, "D3.json")
+    size = Path(compared_f).stat().st_size
+
+    def cpu(f: str) -> Callable[[], float]:
+        def run() -> float:
+            before = tree_cpu_seconds(pid)
+            for _ in range(reps):
+                curl_seconds(base + "/multihead", f)
+            return (tree_cpu_seconds(pid) - before) / reps
+
+        return run
+
+    plain_s, compare_s = alternate(cpu(plain_f), cpu(compared_f), runs)
+    return row("D3", "comparison, the diagnosis's worst case (/multihead, every mistake applies, "
+               "noise in expected.output, L=512, include output): server CPU ÷ the same request "
+               "without expected", compare_s / plain_s, "≤", 20,
+               f"{compare_s * 1e3:.0f} vs {plain_s * 1e3:.0f} ms of CPU per request (medians of "
+               f"{runs} samples of {reps}), a {size / 1e3:.0f} kB body")  # fmt: skip
+
+
 def wrk_rps(url: str, seconds: int, script: str | None = None) -> float:
     cmd = ["wrk", "-t2", "-c8", f"-d{seconds}s", url] + (["-s", script] if script else [])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -881,7 +935,7 @@ def e1_e3(base: str, ids: set[str], runs: int) -> list[Row]:
     return [r for r in rows if r["id"] in ids]
 
 
-ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2", "E1", "E2", "E3"]  # fmt: skip
+ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "D3", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2", "E1", "E2", "E3"]  # fmt: skip
 
 
 def main() -> None:
@@ -910,6 +964,8 @@ def main() -> None:
                 rows.append(p7(base, tmp, 8.0))
             if want & {"D1", "D2"}:
                 rows += [r for r in d1_d2(base, tmp, args.runs) if r["id"] in want]
+            if "D3" in want:
+                rows.append(d3(base, proc.pid, tmp, args.runs))
             if want & {"C1", "C2"}:
                 rows += c1_c2(tmp, want)
             if want & {"S1", "S1t"}:

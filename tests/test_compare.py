@@ -8,6 +8,7 @@ when it is installed, so the references themselves have a second origin. The hyp
 is the one exception: it sends the service's own response back, by design.
 """
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -1349,3 +1350,80 @@ def test_cross_attention_is_recomputed_from_the_context(client: TestClient) -> N
          "expected": {"weights": js(wrong)}},
     )  # fmt: skip
     assert entry(body, "weights")["diagnosis"]["mistakes"] == ["weights_transposed"]
+
+
+# ---- the diagnosis's budget --------------------------------------------------------------
+
+
+def probe_request(length: int) -> tuple[Json, Array]:
+    """Issue finding H2's probe: /multihead where 11 of the 13 listed mistakes can have happened
+    (not mask_inverted, which needs a boolean mask, nor layer_norm_per_token) — two heads,
+    RoPE, a causal mask, residual, layer norm, square w_o — and its block output from the
+    reference (ref_attention per head on RoPE'd column blocks, W_o, x + ·, ref_layer_norm)."""
+    rng = np.random.default_rng(21)
+    d_model, h = 4, 2
+    x = rng.standard_normal((length, d_model))
+    w_q, w_k, w_v, w_o = (rng.standard_normal((d_model, d_model)) for _ in range(4))
+    allowed = np.tril(np.ones((length, length), dtype=bool))
+    d = d_model // h
+    heads = [
+        ref_attention(
+            ref_rope((x @ w_q)[:, i * d : (i + 1) * d], "half"),
+            ref_rope((x @ w_k)[:, i * d : (i + 1) * d], "half"),
+            (x @ w_v)[:, i * d : (i + 1) * d],
+            allowed,
+        )["output"]
+        for i in range(h)
+    ]
+    block = ref_layer_norm(x + np.concatenate(heads, axis=1) @ w_o)
+    body: Json = {
+        "x": js(x), "w_q": js(w_q), "w_k": js(w_k), "w_v": js(w_v), "w_o": js(w_o),
+        "num_heads": h, "rope": {}, "mask": {"type": "causal"}, "residual": True,
+        "layer_norm": True, "include": ["output"],
+    }  # fmt: skip
+    return body, block
+
+
+def test_a_diagnosis_cut_short_by_its_budget_says_so(client: TestClient) -> None:
+    # reference: probe_request's block output (L = 512) plus N(0, 1e-3) noise, which no set of
+    # mistakes explains: all 63 sets would cost ~45 times the request's own numbers
+    body, right = probe_request(512)
+    noisy = right + np.random.default_rng(8).normal(0.0, 1e-3, right.shape)
+    answer = post(client, "/multihead", {**body, "expected": {"output": js(noisy)}})
+    e = entry(answer, "output")
+    assert e["match"] is False and e["max_abs_diff"] < 1e-2  # the noise, nothing more
+    assert e["diagnosis"] is None
+    assert e["diagnosis_complete"] is False
+    message = e["message"]
+    tried = re.search(r"stopped at its budget \(20 times the numbers this request computes\) "
+                      r"after trying (\d+) of the 63 candidate sets of mistakes", message)  # fmt: skip
+    assert tried is not None and 0 < int(tried[1]) < 63, message
+    for advice in ("compare an earlier step", "fewer heads", "shorter sequences"):
+        assert advice in message, message
+    assert "no listed mistake" not in message.lower()  # that would claim every set was tried
+
+
+def test_a_full_diagnosis_is_complete_and_the_other_entries_null(client: TestClient) -> None:
+    # reference: the same probe at L = 8, where every set fits the budget, plus N(0, 1e-3) noise
+    body, right = probe_request(8)
+    noisy = right + np.random.default_rng(8).normal(0.0, 1e-3, right.shape)
+    answer = post(client, "/multihead", {**body, "expected": {"output": js(noisy)}})
+    e = entry(answer, "output")
+    assert (e["diagnosis"], e["diagnosis_complete"]) == (None, True)
+    assert "no listed mistake, alone or in pairs" in e["message"].lower(), e["message"]
+    # a diagnosis found; the entries that are not the first difference carry null
+    weights = softmax(Q @ K.T * SCALE, axis=0)  # softmax_over_queries
+    answer = post(client, "/attention", {**DIRECT_BODY, "expected": {
+        "scores": js(Q @ K.T), "weights": js(weights), "output": js(weights @ V)}})  # fmt: skip
+    assert [(x["name"], x["diagnosis_complete"]) for x in answer["comparison"]] == [
+        ("scores", None),
+        ("weights", True),
+        ("output", None),
+    ]
+    assert entry(answer, "weights")["diagnosis"]["mistakes"] == ["softmax_over_queries"]
+
+
+def test_diagnosis_complete_is_in_the_documented_comparison(client: TestClient) -> None:
+    compared = client.get("/openapi.json").json()["components"]["schemas"]["Compared"]
+    assert "diagnosis_complete" in compared["required"]
+    assert "budget" in compared["properties"]["diagnosis_complete"]["description"]

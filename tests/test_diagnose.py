@@ -1,27 +1,48 @@
 """service.core.compare: the element-wise comparison and the diagnosis by recomputation, at the
 engine's level. The wrong computations are written out here in NumPy, independently of the
-engine (the API-level tests with torch references are in tests/test_compare.py)."""
+engine (the API-level tests with torch references are in tests/test_compare.py). At the end,
+the diagnosis's cost: its shared recomputations against a one-trial-at-a-time search, and its
+budget on the worst case run through the service's pipeline (without HTTP), counted stage by
+stage."""
 
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from itertools import groupby
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+import service.api.compare as api_compare
+import service.core.compare as core_compare
+from service.api.routes import MULTIHEAD, checked
+from service.config import Settings
 from service.core import masks
 from service.core.attention import Variants, scaled_dot_product_attention
 from service.core.compare import (
     MISTAKES,
+    STAGES,
+    Diagnosis,
+    Search,
     Setup,
+    Stage,
     State,
     Target,
     Tolerance,
+    Trial,
+    applicable,
     diagnose,
     difference,
+    recompute,
+    search,
+    set_cost,
     trials,
 )
 from service.core.multihead import LayerNorm, layer_norm
+from service.core.types import Array
 
 INF = np.inf
 TOL = Tolerance()
@@ -189,3 +210,142 @@ def test_a_diagonal_hidden_by_the_causal_mask_is_found_whatever_the_empty_row_ho
     found = diagnose(state, {}, setup, Target("weights", None, yours[None]), TOL)
     assert found is not None and found.mistakes == ("causal_diagonal_masked",)
     assert found.rows == rows
+
+
+# --- the diagnosis's cost: shared recomputations, and the budget -----------------------------
+
+
+def one_at_a_time(state: State, setup: Setup, target: Target) -> Diagnosis | None:
+    """The diagnosis as first written: every trial recomputed alone and compared in full."""
+    found: list[Diagnosis] = []
+    for trial in trials(applicable(setup, frozenset(state)), setup.fully_masked_policy):
+        if found and len(trial.mistakes) > len(found[0].mistakes):
+            break
+        made = recompute(state, {}, setup, trial, target.name)
+        if made is None:
+            continue
+        d = difference(made, target.yours, TOL)
+        if d.match:
+            found.append(
+                Diagnosis(tuple(c for c in MISTAKES if c in trial.mistakes), trial.rows, d)
+            )
+    return min(found, key=lambda d: d.difference.max_abs_diff, default=None)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(2, 5),
+    pick=st.integers(0, 200),
+    noise=st.booleans(),
+)
+def test_shared_recomputations_find_what_one_at_a_time_finds(
+    seed: int, n: int, pick: int, noise: bool
+) -> None:
+    """The variants of a set share their steps before the weights, and a recomputation is
+    compared in full only when it agrees where the caller's array differs most: the answer is
+    the one of each trial recomputed alone and compared in full."""
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.normal(size=(n, 2)), rng.normal(size=(n, 2)), rng.normal(size=(n, 2))
+    causal = masks.combine([masks.Causal()], 1, n, n)
+    state, setup = engine_state(q, k, v, additive=causal.additive)
+    state |= {"mask": causal.allowed.astype(float), "additive_mask": causal.additive,
+              "padded_queries": causal.padded_queries.astype(float)}  # fmt: skip
+    setup = replace(setup, mask_specs=(masks.Causal(),))
+    every = list(trials(applicable(setup, frozenset(state)), "zero"))
+    made = recompute(state, {}, setup, every[pick % len(every)], "weights")
+    assume(made is not None)
+    assert made is not None
+    yours = made + rng.normal(size=made.shape) * 1e-3 if noise else made
+    target = Target("weights", None, yours)
+    got, want = diagnose(state, {}, setup, target, TOL), one_at_a_time(state, setup, target)
+    assert (got is None) == (want is None)
+    if got is not None and want is not None:
+        assert (got.mistakes, got.rows) == (want.mistakes, want.rows)
+        assert repr(got.difference) == repr(want.difference)  # NaN included
+
+
+@dataclass
+class StageCounter:
+    """What the diagnosis's stages computed: calls and the numbers they made."""
+
+    calls: int = 0
+    numbers: int = 0
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> StageCounter:
+    """Count every stage computation of the diagnosis (the engine's own run uses none)."""
+    counter = StageCounter()
+
+    def counting(stage: Stage) -> Stage:
+        def compute(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
+            made = stage.compute(st, s, t)
+            counter.calls += 1
+            counter.numbers += sum(a.size for a in made.values())
+            return made
+
+        return replace(stage, compute=compute)
+
+    monkeypatch.setattr(core_compare, "STAGES", tuple(counting(s) for s in STAGES))
+    return counter
+
+
+def probe_body(length: int = 512, d_model: int = 4) -> dict[str, Any]:
+    """Issue finding H2's probe: /multihead where every mistake applies — two heads, RoPE, a
+    causal mask, residual, layer norm, square weights and w_o (an 84 kB body with expected)."""
+    rng = np.random.default_rng(11)
+    weights = {
+        n: rng.normal(size=(d_model, d_model)).tolist() for n in ("w_q", "w_k", "w_v", "w_o")
+    }
+    return {
+        "x": rng.normal(size=(length, d_model)).tolist(), **weights, "num_heads": 2,
+        "rope": {}, "mask": {"type": "causal"}, "residual": True, "layer_norm": True,
+    }  # fmt: skip
+
+
+def run_pipeline(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """A /multihead request through the service's pipeline without HTTP: parsed, its rules and
+    limits checked, planned and run; the body and the numbers the limits count."""
+    req, shapes, numbers = checked(orjson.dumps(body), MULTIHEAD, Settings())
+    return MULTIHEAD.run(MULTIHEAD.plan(req, shapes), lambda: None), numbers
+
+
+def test_the_worst_case_is_cut_short_within_its_budget_and_says_so(
+    counted: StageCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Noise in the probe's output: no set of mistakes explains it, so every one of the 63
+    candidate sets would run (~45 times the request's numbers). The diagnosis computes at most
+    DIAGNOSIS_TIMES × the numbers of the request without expected (as the limits count them),
+    stops, and the answer says so."""
+    body = probe_body()
+    plain, numbers = run_pipeline(body)
+    assert counted.calls == 0  # the engine's own run
+    noisy = plain["output"] + np.random.default_rng(5).normal(size=plain["output"].shape) * 1e-3
+    runs: list[tuple[State, Mapping[str, Any], Setup, Target, Search]] = []
+
+    def spy(base: State, given: Any, s: Setup, target: Target, *args: Any) -> Search:
+        run = search(base, given, s, target, *args)
+        runs.append((base, given, s, target, run))
+        return run
+
+    monkeypatch.setattr(api_compare, "search", spy)
+    answer, _ = run_pipeline(body | {"expected": {"output": noisy.tolist()}})
+
+    [entry] = answer["comparison"]
+    assert (entry["name"], entry["match"]) == ("output", False)
+    assert entry["diagnosis"] is None
+    assert entry["diagnosis_complete"] is False
+    [(base, given, setup, target, run)] = runs
+    assert 0 < run.tried < run.sets == 63
+    message = entry["message"]
+    assert f"after trying {run.tried} of the 63 candidate sets" in message, message
+    assert "earlier step" in message and "fewer heads" in message, message
+    assert "No listed mistake" not in message  # that would claim every set was tried
+
+    bound = api_compare.DIAGNOSIS_TIMES * numbers
+    assert bound / 2 < counted.numbers <= run.spent <= bound
+    sets = [list(g) for _, g in groupby(trials(applicable(setup, frozenset(base)), "zero"),
+                                        key=lambda t: t.mistakes)]  # fmt: skip
+    uncut = sum(set_cost(base, given, variants, target.name) for variants in sets)
+    assert uncut > 1.5 * bound  # what the whole search would have computed

@@ -1,7 +1,15 @@
 """Compare with your numbers: the caller's ``expected`` arrays against the service's, in the
 order of the steps, with the mistake behind the first difference named when recomputing with
 it reproduces the caller's array (:mod:`service.core.compare`); and warnings that need no
-expected numbers (a boolean mask whose polarity looks inverted)."""
+expected numbers (a boolean mask whose polarity looks inverted).
+
+The diagnosis recomputes the steps once per candidate set of mistakes (up to ~75 sets; 63 on
+a /multihead with RoPE, a causal mask and layer norm, where all of them would compute ~45 times
+the request's own numbers); it may compute at most :data:`DIAGNOSIS_TIMES` times the numbers
+the request computed (:func:`diagnosis_budget`), and an entry whose diagnosis stopped there
+says so (``diagnosis_complete``: false, and its message says how far it went and how to get a
+full one).
+"""
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -17,17 +25,26 @@ from service.core.compare import (
     ORDER,
     Diagnosis,
     Difference,
+    Search,
     Setup,
     State,
     Target,
     Tolerance,
-    diagnose,
     difference,
+    search,
 )
 from service.core.masks import CombinedMask
 from service.core.types import Array
 
 COMPARABLE = frozenset({"matrix", "vector", "stack", "nullable", "bool"})
+# The diagnosis computes at most DIAGNOSIS_TIMES × the numbers the request computed, and always
+# may compute DIAGNOSIS_MIN_NUMBERS (~40 ms of CPU: a small request's diagnosis runs whole).
+# Measured (benchmarks/run.py, row D3): the worst case, /multihead where every mistake applies
+# and noise that no set explains, then costs 6–8× the CPU of the request without expected
+# (64× before the budget); the target is ≤ 20×. The common /mask cases (rows D1, D2) still try
+# every set: they need ~19× their numbers.
+DIAGNOSIS_TIMES = 20
+DIAGNOSIS_MIN_NUMBERS = 1 << 23
 # the order of the steps, with the arrays no mistake changes put where they are computed
 _ORDER = ("x_in", *ORDER[: ORDER.index("biased_scores")], "position_bias",
           *ORDER[ORDER.index("biased_scores"): ORDER.index("concat")], "stacked_weights",
@@ -154,6 +171,14 @@ def _given(earlier: list[_Entry], state: State, unbatched: bool) -> tuple[State,
     return base, given
 
 
+def diagnosis_budget(state: State) -> int:
+    """The numbers the diagnosis may compute: :data:`DIAGNOSIS_TIMES` × those of the request's
+    own computation (every array of ``state``, each once), at least
+    :data:`DIAGNOSIS_MIN_NUMBERS`."""
+    own = sum({id(a): a.size for a in state.values()}.values())
+    return max(DIAGNOSIS_TIMES * own, DIAGNOSIS_MIN_NUMBERS)
+
+
 def compare(
     expected: Expected,
     tol: Tolerance,
@@ -166,16 +191,17 @@ def compare(
     entries = _entries(expected, setup.num_heads is not None)
     diffs = [difference(_ours(state, e, unbatched), e.yours, tol) for e in entries]
     first = next((i for i, d in enumerate(diffs) if not d.match), None)
-    diagnosis = None
+    searched = None
     if first is not None and entries[first].state in ORDER:
         e = entries[first]
         base, given = _given(entries[:first], state, unbatched)
-        diagnosis = diagnose(
-            base, given, setup, Target(e.state, e.head, _engine(e.yours, unbatched)), tol, check
-        )
+        target = Target(e.state, e.head, _engine(e.yours, unbatched))
+        searched = search(base, given, setup, target, tol, diagnosis_budget(state), check)
+        del base, given  # the caller's heads mixed into copies of the service's arrays
     rows = []
     for i, (e, d) in enumerate(zip(entries, diffs, strict=True)):
-        found = diagnosis if i == first else None
+        run = searched if i == first else None
+        found = None if run is None else run.found
         rows.append(
             {
                 "name": e.label,
@@ -184,8 +210,10 @@ def compare(
                 "where": list(d.where),
                 "ours": _finite(d.ours),
                 "yours": _finite(d.yours),
-                "message": _message(d, i, first, entries, found),
+                "message": _message(d, i, first, entries, run),
                 "diagnosis": None if found is None else _diagnosis(found, setup, e),
+                # the first difference: whether every candidate set was tried; else null
+                "diagnosis_complete": None if i != first else run is None or run.complete,
             }
         )
     return {
@@ -203,9 +231,9 @@ def _number(x: float) -> str:
 
 
 def _message(
-    d: Difference, i: int, first: int | None, entries: list[_Entry], found: Diagnosis | None
+    d: Difference, i: int, first: int | None, entries: list[_Entry], run: Search | None
 ) -> str:
-    """One sentence on an entry, for a person."""
+    """One sentence on an entry, for a person (``run``: the first difference's diagnosis)."""
     at = list(d.where)
     if d.match:
         return f"matches (largest difference {d.max_abs_diff:.3g}, at {at})"
@@ -216,6 +244,25 @@ def _message(
     if i != first:
         label = entries[first or 0].label
         return f"{text}; it comes after the first difference ({label}), which may explain it"
+    found = None if run is None else run.found
+    if run is not None and not run.complete:
+        stopped = (
+            f"the diagnosis stopped at its budget ({DIAGNOSIS_TIMES} times the numbers this "
+            f"request computes) after trying {run.tried} of the {run.sets} candidate sets of "
+            "mistakes (each alone, then pairs)"
+        )
+        if found is None:
+            return (
+                f"{text}. The {stopped}, and none of those reproduces your numbers. For a full "
+                "diagnosis, compare an earlier step (give it in expected, with the steps before "
+                "it: the recomputation starts after the last one that matches), or send fewer "
+                "heads, shorter sequences or a smaller batch"
+            )
+        mistakes = "mistake" if run.size == 1 else "mistakes"
+        return (
+            f"{text}. Recomputing with {' + '.join(found.mistakes)} reproduces your numbers; "
+            f"{stopped}, so another set of {run.size} {mistakes} may reproduce them more closely"
+        )
     if found is None:
         return (
             f"{text}. No listed mistake, alone or in pairs, reproduces your numbers: compare "

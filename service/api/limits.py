@@ -40,7 +40,12 @@ def check_limits(shapes: Shapes, include: list[str] | None, settings: Settings) 
         )
     masks = shapes.num_masks * (shapes.batch or 1) * shapes.seq_len * shapes.ctx_len
     computed = sum(numbers.values()) + masks  # each mask is built over the B·L·S scores
-    # comparing holds the caller's arrays and one recomputation of the steps at a time
+    # comparing holds at once, besides the computation's arrays: the caller's arrays, and the
+    # diagnosis's copies of the computation's arrays with the caller's heads mixed in plus one
+    # recomputation (each array at most once) and its working arrays — together measured at
+    # ≤ 2 × its numbers in float64, so one `computed` more at BYTES_PER_NUMBER. What the
+    # diagnosis computes in all (a recomputation per candidate set of mistakes, up to ~75) is
+    # capped apart, at DIAGNOSIS_TIMES × the request's own numbers (service.api.compare).
     computed = 2 * computed + shapes.expected_numbers if shapes.comparing else computed
     if computed > settings.max_computed_numbers:
         raise LimitError(

@@ -8,6 +8,7 @@ from typing import Any, cast
 from pydantic import BaseModel, Field, create_model
 from pydantic.config import JsonDict
 
+from service.api.compare import DIAGNOSIS_TIMES
 from service.api.outputs import Kind, Output, in_heads, top_level
 from service.api.rules import Endpoint
 
@@ -76,7 +77,15 @@ class Compared(BaseModel):
     message: str = Field(description="the same in a sentence")
     diagnosis: Diagnosis | None = Field(
         description="for the first difference: the mistakes that reproduce it; null when no "
-        "listed mistake (alone or in pairs) does"
+        "listed mistake (alone or in pairs) does, or none of those tried before the diagnosis "
+        "stopped at its budget (see diagnosis_complete)"
+    )
+    diagnosis_complete: bool | None = Field(
+        description="for the first difference: true when every candidate set of mistakes was "
+        "tried, false when the diagnosis stopped at its compute budget "
+        f"({DIAGNOSIS_TIMES} times the numbers the request computes) before that, and the "
+        "message says how many were tried and how to get a full diagnosis; null for every "
+        "other entry"
     )
 
 

@@ -7,13 +7,20 @@ compared with the service's (:func:`difference`); for the earliest one that diff
 caller's numbers within the tolerance. Nothing is guessed: a set is named only when the
 recomputation reproduces the array.
 
+The diagnosis can cost far more than the request itself (up to ~75 candidate sets, some tried
+several ways, each recomputed from its first changed step), so :func:`search` is given a
+budget of numbers to compute: a set's cost is known before it runs (:func:`set_cost`: the
+arrays of the stages it recomputes, those its variants share counted once), the sets run in
+order (singles first, then pairs, in the table's order) and the search stops before the first
+set that no longer fits, saying so (:attr:`Search.complete`).
+
 Arrays use the engine's shapes: ``(B, L, ·)`` on /attention, ``(B, h, L, ·)`` per head on
 /multihead, ``(B, L, ·)`` for the multi-head block. NumPy only, no I/O.
 """
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import combinations
+from itertools import combinations, groupby
 from typing import Literal
 
 import numpy as np
@@ -133,11 +140,17 @@ Compute = Callable[[State, Setup, Trial], Mapping[str, Array]]
 
 @dataclass(frozen=True)
 class Stage:
-    """One step of the chain: the names it produces and the mistakes that change it."""
+    """One step of the chain: the names it produces and the mistakes that change it.
+    ``reads``: whether it is made from earlier steps; one that is not (the mask, made from the
+    request's mask settings alone) is recomputed only under its own mistakes. ``feeds``:
+    whether later steps read it; one that does not (average_weights) is recomputed only when
+    it is the array to explain."""
 
     names: tuple[str, ...]
     compute: Compute
     mistakes: frozenset[str] = frozenset()
+    reads: bool = True
+    feeds: bool = True
 
 
 class _Unfit(Exception):
@@ -215,8 +228,16 @@ def _scores(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
     q = _latest(st, ("q_rotated", "q_normed", "q"))  # (..., L, d_k)
     k = _latest(st, ("k_rotated", "k_normed", "k"))  # (..., S, d_k)
     if "q_k_swapped" in t.mistakes:
-        return {"scores": k @ np.swapaxes(q, -1, -2)}  # (..., S, L)  K Qᵀ
-    return {"scores": q @ np.swapaxes(k, -1, -2)}  # (..., L, S)
+        q, k = k, q
+    return {"scores": q @ _transposed(k)}  # (..., L, S); K Qᵀ (..., S, L) when swapped
+
+
+def _transposed(a: Array) -> Array:
+    """``a`` with its last two axes swapped, as matmul takes it fastest: NumPy multiplies
+    stacked matrices by a transposed view with a narrow inner axis in a slow loop (L = 512,
+    two heads, d_k = 2: 6.8 ms of CPU against 0.55 ms for a copy), so narrow ones are copied."""
+    swapped = np.swapaxes(a, -1, -2)
+    return np.ascontiguousarray(swapped) if a.shape[-1] < 16 else swapped
 
 
 def _scaled(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
@@ -284,6 +305,8 @@ def _weights(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
     if "padded_queries" in st:
         padded = _heads_axis(st, s, "padded_queries").astype(bool)  # (..., L)
         weights = np.where(padded[..., None], 0.0, weights)
+        if sink_weights is not None:  # a padded row gives the sink nothing either
+            sink_weights = np.where(padded, 0.0, sink_weights)
     out = {"weights": weights}
     return out if sink_weights is None else out | {"sink_weights": sink_weights}
 
@@ -356,7 +379,7 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(("capped_scores",), _capped),
     Stage(("biased_scores",), _biased),
-    Stage(("mask", "additive_mask", "padded_queries"), _mask, _MASK_MISTAKES),
+    Stage(("mask", "additive_mask", "padded_queries"), _mask, _MASK_MISTAKES, reads=False),
     Stage(("masked_scores",), _masked),
     Stage(
         ("weights", "sink_weights"),
@@ -364,7 +387,7 @@ STAGES: tuple[Stage, ...] = (
         frozenset({"softmax_over_queries", "scale_after_softmax"}),
     ),
     Stage(("output",), _output),
-    Stage(("average_weights",), _average),
+    Stage(("average_weights",), _average, feeds=False),
     Stage(("concat",), _concat, frozenset({"heads_interleaved"})),
     Stage(("projected",), _block_projected, frozenset({"weights_transposed"})),
     Stage(("residual",), _residual),
@@ -448,6 +471,80 @@ def trials(codes: tuple[str, ...], policy: FullyMaskedPolicy) -> Iterator[Trial]
                 yield Trial(mistakes, r, m)
 
 
+def _recomputed(
+    base: State, given: Mapping[str, tuple[int, ...] | None], trial: Trial, target: str
+) -> list[Stage]:
+    """The stages :func:`recompute` runs for ``trial``: from the first step the mistakes change
+    or the first after an array the caller gave, whichever comes first, to the target's; only
+    those this computation has, a stage that reads no earlier step (the mask) only when the
+    mistakes change it, and one that no later step reads only when it is the target. Empty
+    when the mistakes leave the target alone."""
+    last = next(i for i, stage in enumerate(STAGES) if target in stage.names)
+    changed = [i for i, stage in enumerate(STAGES) if stage.mistakes & trial.mistakes]
+    if not changed or changed[0] > last:
+        return []
+    after_given = [i + 1 for i, stage in enumerate(STAGES) if set(stage.names) & set(given)]
+    return [
+        stage
+        for stage in STAGES[min([changed[0], *after_given]) : last + 1]
+        if any(n in base for n in stage.names)  # a step this computation has
+        and (stage.reads or stage.mistakes & trial.mistakes)  # else the base's is the same
+        and (stage.feeds or target in stage.names)  # else nothing on the way reads it
+    ]
+
+
+def _shared(stages: list[Stage], variants: Sequence[Trial]) -> int:
+    """How many of ``stages`` the variants of one set of mistakes share: those before the
+    first that reads a setting they differ in (the fully masked rows: the weights; the way
+    interleaved heads are put back: the concat)."""
+    differ = {"weights"} if len({t.rows for t in variants}) > 1 else set()
+    differ |= {"concat"} if len({t.merge for t in variants}) > 1 else set()
+    return next((i for i, stage in enumerate(stages) if differ & set(stage.names)), len(stages))
+
+
+def set_cost(
+    base: State, given: Mapping[str, tuple[int, ...] | None], variants: Sequence[Trial], target: str
+) -> int:
+    """The numbers recomputing one set of mistakes with all its variants makes
+    (:func:`recomputations`): the arrays of the stages they share once, of the others once per
+    variant, each as large as the base's (0 when no stage runs)."""
+    stages = _recomputed(base, given, variants[0], target)
+    k = _shared(stages, variants)
+
+    def size(part: list[Stage]) -> int:
+        return sum(base[n].size for stage in part for n in stage.names if n in base)
+
+    return size(stages[:k]) + len(variants) * size(stages[k:])
+
+
+def recomputations(
+    base: State,
+    given: Mapping[str, tuple[int, ...] | None],
+    s: Setup,
+    variants: Sequence[Trial],
+    target: str,
+    check: Callable[[], None] = lambda: None,
+) -> Iterator[tuple[Trial, Array]]:
+    """The ``target`` array recomputed under each variant of one set of mistakes (as
+    :func:`recompute`; those that cannot happen here left out), the stages before the first
+    one the variants differ in run once for all. ``check`` is called before each part."""
+    stages = _recomputed(base, given, variants[0], target)
+    if not stages:
+        return
+    k = _shared(stages, variants)
+    check()
+    shared = _run(dict(base), stages[:k], base, given, s, variants[0], target)
+    if shared is None:
+        return
+    for trial in variants:
+        check()
+        st = _run(dict(shared), stages[k:], base, given, s, trial, target)
+        made = None if st is None else st[target]
+        del st  # one variant's arrays at a time
+        if made is not None:
+            yield trial, made
+
+
 def recompute(
     base: State,
     given: Mapping[str, tuple[int, ...] | None],
@@ -459,15 +556,23 @@ def recompute(
     change or the first after an array the caller gave (``given``: a name's heads, or None
     for all of it), whichever comes first; the caller's arrays stay theirs, except the
     target. None when the mistakes cannot happen here or leave the target alone."""
-    last = next(i for i, stage in enumerate(STAGES) if target in stage.names)
-    changed = [i for i, stage in enumerate(STAGES) if stage.mistakes & trial.mistakes]
-    if not changed or changed[0] > last:
-        return None
-    after_given = [i + 1 for i, stage in enumerate(STAGES) if set(stage.names) & set(given)]
-    st = dict(base)
-    for stage in STAGES[min([changed[0], *after_given]) : last + 1]:
-        if not any(n in st for n in stage.names):
-            continue  # a step this computation does not have
+    stages = _recomputed(base, given, trial, target)
+    st = _run(dict(base), stages, base, given, s, trial, target) if stages else None
+    return None if st is None else st[target]
+
+
+def _run(
+    st: State,
+    stages: list[Stage],
+    base: State,
+    given: Mapping[str, tuple[int, ...] | None],
+    s: Setup,
+    trial: Trial,
+    target: str,
+) -> State | None:
+    """``st`` with ``stages`` recomputed under ``trial`` in order, the caller's given parts
+    kept (:func:`_keep_given`); None when the mistakes cannot happen here."""
+    for stage in stages:
         try:
             with np.errstate(all="ignore"):
                 made = stage.compute(st, s, trial)
@@ -475,7 +580,7 @@ def recompute(
             return None
         for name, value in made.items():
             st[name] = _keep_given(value, base[name], given.get(name, ()), name == target)
-    return st[target]
+    return st
 
 
 def _keep_given(made: Array, base: Array, heads: tuple[int, ...] | None, target: bool) -> Array:
@@ -489,6 +594,80 @@ def _keep_given(made: Array, base: Array, heads: tuple[int, ...] | None, target:
     return out
 
 
+@dataclass(frozen=True)
+class Search:
+    """What :func:`search` found and how far it went."""
+
+    found: Diagnosis | None
+    complete: bool  # every candidate set that could change the answer was tried
+    tried: int  # candidate sets of mistakes tried (each with all its variants)
+    sets: int  # candidate sets of mistakes there were
+    spent: int  # numbers computed (:func:`set_cost`, and the full comparisons)
+    size: int  # how many mistakes the sets tried last held (1 or 2; 0: none tried)
+
+
+def search(
+    base: State,
+    given: Mapping[str, tuple[int, ...] | None],
+    s: Setup,
+    target: Target,
+    tol: Tolerance,
+    budget: int | None = None,
+    check: Callable[[], None] = lambda: None,
+) -> Search:
+    """Which mistakes (the fewest: one, else two) reproduce the caller's ``target`` array,
+    computing at most ``budget`` numbers (None: no limit).
+
+    ``base`` holds every array of the computation by name (:data:`ORDER`, engine shapes),
+    with the arrays the caller gave (``given``) already put in place of the service's: the
+    steps before the target are recomputed from the caller's own numbers where they exist.
+    Among sets of one size that reproduce the array, the closest wins. The candidate sets run
+    in the order of :func:`trials`, a set with all its variants at once
+    (:func:`recomputations`); before each, its cost (:func:`set_cost`) is counted, and the
+    search stops before the first set that would take the numbers computed over ``budget``.
+    A recomputation is compared with the caller's array first where it differs most from the
+    service's, and in full (a pass over the target, counted too) only when it agrees there.
+    ``check`` is called between recomputations (it raises when the client has gone).
+    """
+    codes = applicable(s, frozenset(base))
+    sets = [list(group) for _, group in groupby(trials(codes, s.fully_masked_policy), _mistakes)]
+    ours = base[target.name] if target.head is None else base[target.name][:, target.head]
+    at = difference(ours, target.yours, tol).where if ours.shape == target.yours.shape else None
+    found: list[Diagnosis] = []
+    spent = tried = size = 0
+    complete = True
+    for variants in sets:
+        if found and len(variants[0].mistakes) > len(found[0].mistakes):
+            break
+        cost = set_cost(base, given, variants, target.name)
+        if budget is not None and spent + cost > budget:
+            complete = False
+            break
+        spent, tried, size = spent + cost, tried + 1, len(variants[0].mistakes)
+        for trial, made in recomputations(base, given, s, variants, target.name, check):
+            mine = made if target.head is None else made[:, target.head]
+            if mine.shape != target.yours.shape or not _agrees(mine, target.yours, at, tol):
+                continue
+            spent += target.yours.size
+            diff = difference(mine, target.yours, tol)
+            if diff.match:
+                ordered = tuple(c for c in MISTAKES if c in trial.mistakes)
+                found.append(Diagnosis(ordered, trial.rows, diff))
+    best = min(found, key=lambda d: d.difference.max_abs_diff, default=None)
+    return Search(best, complete, tried, len(sets), spent, size)
+
+
+def _mistakes(trial: Trial) -> frozenset[str]:
+    return trial.mistakes
+
+
+def _agrees(mine: Array, yours: Array, at: tuple[int, ...] | None, tol: Tolerance) -> bool:
+    """Whether two arrays of one shape agree at index ``at`` (a match needs it; None: yes)."""
+    if at is None:
+        return True
+    return difference(np.asarray(mine[at]).reshape(1), np.asarray(yours[at]).reshape(1), tol).match
+
+
 def diagnose(
     base: State,
     given: Mapping[str, tuple[int, ...] | None],
@@ -497,28 +676,6 @@ def diagnose(
     tol: Tolerance,
     check: Callable[[], None] = lambda: None,
 ) -> Diagnosis | None:
-    """Which mistakes (the fewest: one, else two) reproduce the caller's ``target`` array.
-
-    ``base`` holds every array of the computation by name (:data:`ORDER`, engine shapes),
-    with the arrays the caller gave (``given``) already put in place of the service's: the
-    steps before the target are recomputed from the caller's own numbers where they exist.
-    Among sets of one size that reproduce the array, the closest wins. ``check`` is called
-    between recomputations (it raises when the client has gone).
-    """
-    codes = applicable(s, frozenset(base))
-    found: list[Diagnosis] = []
-    for trial in trials(codes, s.fully_masked_policy):
-        if found and len(trial.mistakes) > len(found[0].mistakes):
-            break
-        check()
-        made = recompute(base, given, s, trial, target.name)
-        if made is None:
-            continue
-        mine = made if target.head is None else made[:, target.head]
-        if mine.shape != target.yours.shape:
-            continue
-        diff = difference(mine, target.yours, tol)
-        if diff.match:
-            ordered = tuple(c for c in MISTAKES if c in trial.mistakes)
-            found.append(Diagnosis(ordered, trial.rows, diff))
-    return min(found, key=lambda d: d.difference.max_abs_diff, default=None)
+    """Which mistakes (the fewest: one, else two) reproduce the caller's ``target`` array:
+    :func:`search` without a budget (see there)."""
+    return search(base, given, s, target, tol, None, check).found
