@@ -92,6 +92,14 @@ class Settings(BaseSettings):
         description="while a client reads nothing, how long the answer may wait at less than "
         "min_transfer_rate before the connection is closed",
     )
+    answer_timeout_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="the longest a client may keep one answer waiting once it reads slower than "
+        "the answer is written: then it is disconnected and the answer's memory goes back (a "
+        "reader just above min_transfer_rate would otherwise hold its share of the memory "
+        "budget for as long as its answer takes)",
+    )
     min_transfer_rate: int = Field(
         4096,
         ge=1,

@@ -1,6 +1,7 @@
 """End to end: the connection's limits and deadlines (service.api.connection) and the answers
 the middleware gives before reading a body, against a real `python -m service` on raw sockets."""
 
+import contextlib
 import json
 import os
 import select
@@ -620,6 +621,81 @@ def test_a_reader_that_stalls_is_disconnected_and_its_memory_given_back(server: 
     _eventually(
         lambda: _gauge(server, "attention_budget_in_use_bytes") == 0.0,
         "the stalled reader's memory was not given back",
+    )
+
+
+READER_WINDOW = 6.0  # the send window of the readers' server
+ANSWER_TIMEOUT = 10.0
+
+
+@pytest.fixture(scope="module")
+def readers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server whose send window is long enough for the client's TCP window to open (it opens
+    tens of kilobytes at a time) and whose answers may be waited on for ANSWER_TIMEOUT s."""
+    log = tmp_path_factory.mktemp("readers") / "server.log"
+    env = {
+        **os.environ,
+        **ENV,
+        "ATTENTION_SEND_TIMEOUT_SECONDS": str(READER_WINDOW),
+        "ATTENTION_ANSWER_TIMEOUT_SECONDS": str(ANSWER_TIMEOUT),
+    }
+    proc, base = start_server(workers=1, env=env, log=log)
+    yield Server(base, log)
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _read_at(sock: socket.socket, rate: int, seconds: float) -> tuple[int, bool]:
+    """Read at ``rate`` bytes/s for ``seconds`` (a quarter second's worth at a time): the bytes
+    read, and whether the server ended the connection meanwhile."""
+    got, start = 0, time.monotonic()
+    while time.monotonic() - start < seconds:
+        try:
+            chunk = sock.recv(rate // 4)
+        except ConnectionResetError:
+            return got, True
+        if not chunk:
+            return got, True
+        got += len(chunk)
+        time.sleep(0.25)
+    return got, False
+
+
+def test_a_reader_above_the_minimum_rate_is_never_cut(readers_server: Server) -> None:
+    """A client reading a large answer at 8 times the minimum rate, for longer than a send
+    window: it is not cut (the kernel's send queue and the client's window made such readers
+    look stalled, and cut them at the first window)."""
+    request_id = f"steady-{time.monotonic_ns()}"
+    large = {"seq_len": 1024, "seed": 1, "d_model": 8, "d_k": 8, "include": ["weights"]}
+    with readers_server.connect() as sock:
+        sock.sendall(_post(large, request_id))
+        got, ended = _read_at(sock, 8 * 4096, 2 * READER_WINDOW + 1)
+    assert not ended, f"cut after {got:,} bytes"
+    line = readers_server.access_line(request_id)  # written when the client closed
+    assert (line["status"], line.get("reason")) != (499, "send_timeout"), line
+
+
+def test_a_reader_behind_for_longer_than_the_answer_timeout_is_cut(readers_server: Server) -> None:
+    """A reader fast enough for the minimum rate but not for its answer (64 KB/s for a ~20 MB
+    answer, which would hold its memory for minutes) is disconnected once it has been behind
+    for ANSWER_TIMEOUT s: 499, answer_timeout, and the memory comes back."""
+    request_id = f"long-{time.monotonic_ns()}"
+    large = {"seq_len": 1024, "seed": 2, "d_model": 8, "d_k": 8, "include": ["weights"]}
+    line: dict[str, Any] | None = None
+    with readers_server.connect() as sock:
+        sock.sendall(_post(large, request_id))
+        start = time.monotonic()
+        while line is None and time.monotonic() - start < ANSWER_TIMEOUT + READER_WINDOW + SLACK:
+            _read_at(sock, 16 * 4096, 0.5)  # (what the kernels hold still arrives after the cut)
+            with contextlib.suppress(AssertionError):
+                line = readers_server.access_line(request_id, wait=0)
+        elapsed = time.monotonic() - start
+    assert line is not None, f"the reader was not cut in {elapsed:.1f} s"
+    assert (line["status"], line["reason"]) == (499, "answer_timeout"), line
+    assert ANSWER_TIMEOUT * 0.9 < elapsed < ANSWER_TIMEOUT + READER_WINDOW + SLACK, elapsed
+    _eventually(
+        lambda: _gauge(readers_server, "attention_budget_in_use_bytes") == 0.0,
+        "the slow reader's memory was not given back",
     )
 
 

@@ -21,8 +21,11 @@ Every refusal has the service's JSON error shape and is logged and counted like 
 
 import asyncio
 import contextlib
+import fcntl
 import http
 import resource
+import sys
+import termios
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -53,6 +56,7 @@ class Limits:
     header_timeout: float
     body_timeout: float
     send_timeout: float
+    answer_timeout: float
     min_rate: int
     max_connections: int
     max_body_bytes: int
@@ -82,6 +86,7 @@ def limits() -> Limits:
         s.header_timeout_seconds,
         s.body_timeout_seconds,
         s.send_timeout_seconds,
+        s.answer_timeout_seconds,
         s.min_transfer_rate,
         cap,
         s.max_body_bytes,
@@ -109,8 +114,13 @@ class _Transport:
     def __init__(self, transport: asyncio.Transport, protocol: "GuardedProtocol") -> None:
         self.real = transport
         self.protocol = protocol
-        self.write = transport.write  # called for every answer: bound once, not looked up
+        self._write = transport.write  # called for every answer: bound once, not looked up
+        self.written = 0  # bytes of answers written, for the reader's rate
         self.is_closing = transport.is_closing
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+        self._write(data)
 
     def close(self) -> None:
         """Close, or linger first when the client is still sending its body."""
@@ -219,7 +229,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self.body_bytes = 0
         self.body_mark = (0.0, 0)  # (when, body bytes then): the current window's start
         self.send_timer: asyncio.TimerHandle | None = None
-        self.send_mark = (0.0, 0)  # (when, bytes waiting to be sent then)
+        self.send_mark = (0.0, 0)  # (when, bytes sent then): the send window's start
+        self.behind: tuple[float, int] | None = None  # (when, bytes sent) this answer fell behind
         self.lingering = False
         self.linger_until = 0.0
         self.last_read = 0.0
@@ -389,6 +400,7 @@ class GuardedProtocol(HttpToolsProtocol):
         trickling it a byte at a time would otherwise hold the socket for ever (each byte also
         restarts the keep-alive timer)."""
         super().on_response_complete()
+        self.behind = None  # the next answer's reader starts afresh
         if self.deferred is not None:
             refusal, self.deferred = self.deferred, None
             self._answer(replace(refusal, linger=False))
@@ -499,10 +511,17 @@ class GuardedProtocol(HttpToolsProtocol):
         self.body_timer = self.loop.call_later(self.limits.body_timeout, self._body_check)
 
     def pause_writing(self) -> None:
-        """The client reads slower than the answer is written: watch how fast it drains."""
+        """The client reads slower than the answer is written: watch what it reads, from now
+        on for this answer, and over each window."""
         super().pause_writing()
+        now = time.monotonic()
+        if self.behind is None:
+            self.behind = (now, self._sent())
+        elif now - self.behind[0] > self.limits.answer_timeout:
+            self._cut_reader("answer_timeout")
+            return
         if self.send_timer is None:
-            self.send_mark = (time.monotonic(), self._transport().get_write_buffer_size())
+            self.send_mark = (now, self._sent())
             self.send_timer = self.loop.call_later(self.limits.send_timeout, self._send_check)
 
     def resume_writing(self) -> None:
@@ -512,22 +531,49 @@ class GuardedProtocol(HttpToolsProtocol):
             self.send_timer.cancel()
             self.send_timer = None
 
-    def _send_check(self) -> None:
-        """The end of a send window: disconnect a reader that took less than the minimum rate
-        (its answer stops, and its memory goes back)."""
-        self.send_timer = None
-        if not self.flow.write_paused:
-            return
+    def _sent(self) -> int:
+        """Bytes of this connection's answers that have left for the client: those written,
+        less those still waiting in the transport's buffer and in the kernel's send queue. The
+        transport's buffer alone drains in bursts (the kernel wakes a writer only once a good
+        part of its queue of megabytes is free), and the client's window opens a segment or
+        more at a time: a reader well above the minimum rate can show nothing for seconds."""
         transport = self._transport()
-        now, waiting = time.monotonic(), transport.get_write_buffer_size()
-        since, before = self.send_mark
-        if before - waiting < max(1, int(self.limits.min_rate * (now - since))):
-            if self.cycle is not None:
-                self.cycle.scope["state"]["reason"] = "send_timeout"
-            transport.abort()
+        waiting = transport.get_write_buffer_size()
+        sock = transport.get_extra_info("socket")
+        if sock is not None and hasattr(termios, "TIOCOUTQ"):
+            with contextlib.suppress(OSError, ValueError):
+                queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+                waiting += int.from_bytes(queued, sys.byteorder, signed=True)
+        written = self.transport.written if isinstance(self.transport, _Transport) else 0
+        return written - waiting
+
+    def _send_check(self) -> None:
+        """The end of a send window while the answer waits for its reader: disconnect a reader
+        that has read nothing since it fell behind, or less than the minimum rate on average
+        (with one window of grace: the client's window opens in steps of many kilobytes), or
+        that has been behind longer than the answer timeout. Its answer stops, and its memory
+        goes back."""
+        self.send_timer = None
+        if not self.flow.write_paused or self.behind is None:
             return
-        self.send_mark = (now, waiting)
+        now, sent = time.monotonic(), self._sent()
+        behind_at, sent_then = self.behind
+        owed = self.limits.min_rate * (now - behind_at - self.limits.send_timeout)
+        if sent == sent_then or sent - sent_then < owed:
+            self._cut_reader("send_timeout")
+            return
+        if now - behind_at > self.limits.answer_timeout:
+            self._cut_reader("answer_timeout")
+            return
+        self.send_mark = (now, sent)
         self.send_timer = self.loop.call_later(self.limits.send_timeout, self._send_check)
+
+    def _cut_reader(self, reason: str) -> None:
+        """Disconnect a client that reads its answer too slowly (its answer stops, and its
+        memory goes back): logged as 499 with ``reason``."""
+        if self.cycle is not None:
+            self.cycle.scope["state"]["reason"] = reason
+        self._transport().abort()
 
     # the lingering close
     def linger(self) -> bool:
