@@ -38,7 +38,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import ServerState
 
 from service.api.errors import ErrorItem, error_json
-from service.api.middleware import REFUSED, record
+from service.api.middleware import GONE, REFUSED, record
 from service.config import get_settings
 
 RETRY_AFTER_SECONDS = 2
@@ -145,6 +145,9 @@ class _Cycle(RequestResponseCycle):
         """Hold the head that uvicorn writes for ``http.response.start``; put it in front of
         the first body bytes (or write it alone first when the message brings none, as for
         HEAD, or more than COALESCE_BYTES)."""
+        if self.disconnected:  # the client has gone: nothing is written (as uvicorn's send
+            self.scope["state"][GONE] = True  # drops it), and the access line says 499
+            return
         transport: Any = self.transport
         real_write = transport.write
         if message["type"] == "http.response.start":
@@ -157,7 +160,7 @@ class _Cycle(RequestResponseCycle):
             self.head = b"".join(held)
             return
         head, self.head = self.head, None
-        if head is None or self.disconnected:  # (gone: uvicorn's send drops the message)
+        if head is None:
             await super().send(message)
             return
         if (

@@ -13,7 +13,7 @@ import orjson
 
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 BLOCK_NUMBERS = 32_768  # numbers serialised per orjson call (a few ms at most)
-CHUNK_BYTES = 1 << 20  # bytes handed to the server at a time
+CHUNK_BYTES = 1 << 18  # bytes handed to the server at a time (256 KiB: a shorter hold of the GIL)
 
 
 # top-level values never rounded: a comparison reports differences smaller than the rounding

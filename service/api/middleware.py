@@ -29,6 +29,7 @@ _WITH_BODY = {"POST", "PUT", "PATCH"}
 
 CUT = 503  # logged for an answer the server's stop cut off (with "outcome": "cut")
 REFUSED = "refused"  # scope["state"] key: (status, reason, bytes) when the connection answered
+GONE = "gone"  # scope["state"] key: the client left before its answer was written (499)
 
 
 class _TooLarge(Exception):
@@ -252,8 +253,9 @@ class RequestMiddleware:
         finally:
             if cut:
                 status = CUT
-            elif status < 400 and bytes_out and not complete:  # the client left mid-answer
-                status = CLIENT_CLOSED
+            elif state.get(GONE) or (status < 400 and bytes_out and not complete):
+                status = CLIENT_CLOSED  # the client left before its answer was all written
+                complete = False
             record(
                 request_id=request_id,
                 method=method,
