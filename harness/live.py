@@ -62,3 +62,14 @@ def start_server(
             out.seek(0)
             pytest.fail(f"server did not start:\n{out.read().decode(errors='replace')}")
         time.sleep(0.2)
+
+
+def stop_server(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """Stop a server from :func:`start_server` with SIGTERM; kill it, and fail, if it has not
+    exited within ``timeout`` seconds (a graceful stop that hangs is a defect)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise

@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import struct
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.live import start_server
+from harness.live import start_server, stop_server
 from service.api.binary import MAX_TENSORS
 from service.api.routes import INLINE_BODY_BYTES
 
@@ -34,12 +33,7 @@ def port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     log = tmp_path_factory.mktemp("binary_server") / "server.log"
     proc, base = start_server(workers=1, env=dict(os.environ), log=log)
     yield int(base.rsplit(":", 1)[1])
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    stop_server(proc)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ import json
 import os
 import select
 import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from harness.live import start_server
+from harness.live import start_server, stop_server
 from service.api.connection import LINGER_SECONDS
 
 pytestmark = pytest.mark.e2e
@@ -77,12 +76,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("connection") / "server.log"
     proc, base = start_server(workers=1, env={**os.environ, **ENV}, log=log)
     yield Server(base, log)
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    stop_server(proc)
 
 
 @dataclass(frozen=True)
@@ -641,8 +635,7 @@ def readers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]
     }
     proc, base = start_server(workers=1, env=env, log=log)
     yield Server(base, log)
-    proc.terminate()
-    proc.wait(timeout=30)
+    stop_server(proc)
 
 
 def _read_at(sock: socket.socket, rate: int, seconds: float) -> tuple[int, bool]:
