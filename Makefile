@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 WORKERS ?= 1
 
-.PHONY: run test lint typecheck pytest fixtures bench load overload clean
+.PHONY: run test lint typecheck jscheck jscheck-run pytest fixtures bench load overload clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,26 @@ typecheck: $(VENV)/.installed-dev
 pytest: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck jscheck pytest
+
+# The page's ES modules (service/static/*.js): prettier's formatting and tsc's checks of their
+# JSDoc types (tsconfig.json). Dev tools only, pinned in package-lock.json; nothing runs on Node.
+# npm is a system program, as Chromium is: without it these checks are skipped, saying so, unless
+# REQUIRE_NODE is set (CI), which makes a missing npm a failure.
+NPM_MISSING := the page's format and type checks (make jscheck) need npm: sudo apt-get install -y npm
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+jscheck:
+	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory jscheck-run; \
+	elif [ -n "$(REQUIRE_NODE)" ]; then echo "$(NPM_MISSING), and REQUIRE_NODE is set"; exit 1; \
+	else echo "skipped: $(NPM_MISSING)"; fi
+
+jscheck-run: node_modules/.installed
+	node_modules/.bin/prettier --check 'service/static/*.js'
+	node_modules/.bin/tsc -p tsconfig.json
 
 load: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/load.py
@@ -58,4 +77,4 @@ fixtures: $(VENV)/.installed-dev
 	$(BIN)/python scripts/make_golden.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -1,21 +1,36 @@
+// @ts-check
 // What a cell shows: its number (three significant digits on the page) and its colour (weights
 // white → blue, signed values red → white → blue, a mask blue or white, masked cells grey). Pure
 // functions, shared by the SVG maps (heatmap.js), the canvas maps (mapview.js) and the rest.
 
 /** A label cut to `n` characters, the last an ellipsis. */
-export function abbreviate(s, n) { s = String(s); return s.length > n ? `${s.slice(0, n - 1)}…` : s; }
-export function escapeXml(s) { return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c])); }
+export function abbreviate(s, n) {
+  s = String(s);
+  return s.length > n ? `${s.slice(0, n - 1)}…` : s;
+}
+export function escapeXml(s) {
+  return String(s).replace(
+    /[&<>"']/g,
+    (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c],
+  );
+}
 
 /** rgbOf as a CSS colour (null for a masked cell, which is hatched instead). */
 export function colour(v, kind, scale) {
   return v === null ? null : `rgb(${rgbOf(v, kind, scale).map(Math.round).join(",")})`;
 }
-export function dark(v, kind, scale) { if (v === null) return false; const t = kind === "mask" ? (v ? 1 : 0) : Math.abs(v / (scale || 1)); return t > 0.55; }
+export function dark(v, kind, scale) {
+  if (v === null) return false;
+  const t = kind === "mask" ? (v ? 1 : 0) : Math.abs(v / (scale || 1));
+  return t > 0.55;
+}
 
 // Numbers: DIGITS significant digits; plain decimals from 1e-4 up to a million (whole numbers
 // printed whole), exponent form outside (1.01e-6, 1.00e+22).
 export const DIGITS = 3;
-export function fmt(v) { return formatNumber(v, DIGITS, true); }
+export function fmt(v) {
+  return formatNumber(v, DIGITS, true);
+}
 
 /** `v` with `digits` significant digits; `trim`: drop trailing zeros (0.500 → 0.5). null is −∞
  * (the JSON's masked score), a boolean 1 or 0. */
@@ -38,22 +53,35 @@ export function maxAbs(m) {
   let s = 0;
   for (let i = 0; i < m.length; i++) {
     const row = m[i];
-    for (let j = 0; j < row.length; j++) { const v = row[j]; if (typeof v === "number" && (v > s || -v > s)) s = Math.abs(v); }
+    for (let j = 0; j < row.length; j++) {
+      const v = row[j];
+      if (typeof v === "number" && (v > s || -v > s)) s = Math.abs(v);
+    }
   }
   return s;
 }
 
 // `allowed` (optional, the response's mask) hatches masked cells whose value is a plain 0 (weights).
-export const isMasked = (m, allowed, i, j) => m[i][j] === null || (allowed && allowed[i] && allowed[i][j] === false);
+export const isMasked = (m, allowed, i, j) =>
+  m[i][j] === null || (allowed && allowed[i] && allowed[i][j] === false);
 
 // The colour of a value as [r, g, b]: weights white → blue by their share of the map's largest,
 // signed values diverging (red below 0, blue above) by |value| ÷ the largest, a mask blue or white.
-const WHITE = [255, 255, 255], BLUE = [36, 88, 166], RED = [179, 38, 30];
+const WHITE = [255, 255, 255],
+  BLUE = [36, 88, 166],
+  RED = [179, 38, 30];
 export const MASKED = [201, 206, 214];
 export function rgbOf(v, kind, scale) {
   if (kind === "mask") return v ? BLUE : WHITE;
-  let t, to = BLUE;
+  let t,
+    to = BLUE;
   if (kind === "weights") t = Math.max(0, Math.min(1, v / (scale || 1)));
-  else { t = scale ? Math.max(-1, Math.min(1, v / scale)) : 0; if (t < 0) { t = -t; to = RED; } }
+  else {
+    t = scale ? Math.max(-1, Math.min(1, v / scale)) : 0;
+    if (t < 0) {
+      t = -t;
+      to = RED;
+    }
+  }
   return [255 + (to[0] - 255) * t, 255 + (to[1] - 255) * t, 255 + (to[2] - 255) * t];
 }

@@ -1,3 +1,4 @@
+// @ts-check
 /* explain.js: how one cell of a map was computed from the step before, with the numbers.
  *
  * explainCell(ctx) returns a <section class="explain">: .explain-title ("weights[1][2] (head 0,
@@ -9,11 +10,27 @@
  */
 
 import { formatNumber } from "./cells.js";
-import { alibiBias, alibiSlope, pairFeatures, positionOf, relativePosition, ropeAngles, ropeFrequencies, ropeSettings, rotate } from "./positions.js";
+import {
+  alibiBias,
+  alibiSlope,
+  pairFeatures,
+  positionOf,
+  relativePosition,
+  ropeAngles,
+  ropeFrequencies,
+  ropeSettings,
+  rotate,
+} from "./positions.js";
 
 export const EXPLAINED = new Set([
-  "scores", "scaled_scores", "capped_scores", "biased_scores",
-  "masked_scores", "weights", "output", "position_bias",
+  "scores",
+  "scaled_scores",
+  "capped_scores",
+  "biased_scores",
+  "masked_scores",
+  "weights",
+  "output",
+  "position_bias",
 ]);
 
 const NEG_INF = -Infinity;
@@ -31,7 +48,10 @@ export function fmt(x, digits = 6) {
 
 function depth(a) {
   let d = 0;
-  while (Array.isArray(a)) { d += 1; a = a[0]; }
+  while (Array.isArray(a)) {
+    d += 1;
+    a = a[0];
+  }
   return d;
 }
 
@@ -40,7 +60,13 @@ export function pick(ctx, key, want = 2) {
   const { data, head, batch } = ctx;
   let a;
   let fromHead = false;
-  if (head !== null && head !== undefined && data.heads && data.heads[head] && key in data.heads[head]) {
+  if (
+    head !== null &&
+    head !== undefined &&
+    data.heads &&
+    data.heads[head] &&
+    key in data.heads[head]
+  ) {
     a = data.heads[head][key];
     fromHead = true;
   } else {
@@ -55,7 +81,11 @@ export function pick(ctx, key, want = 2) {
 
 /** The q and k a score was computed from, and which variant they come from. */
 export function scoreInputs(ctx) {
-  for (const [qn, kn] of [["q_rotated", "k_rotated"], ["q_normed", "k_normed"], ["q", "k"]]) {
+  for (const [qn, kn] of [
+    ["q_rotated", "k_rotated"],
+    ["q_normed", "k_normed"],
+    ["q", "k"],
+  ]) {
     const q = pick(ctx, qn);
     const k = pick(ctx, kn);
     if (q !== undefined && k !== undefined) return { q, k, qName: qn, kName: kn };
@@ -78,12 +108,22 @@ export function softmaxRow(row, sink = null, fullyMasked = "zero") {
   if (max === NEG_INF) {
     const S = m.length;
     const w = fullyMasked === "uniform" ? 1 / S : 0;
-    return { max, exps: m.map(() => 0), sinkExp: null, sum: 0, weights: m.map(() => w), fullyMasked: true };
+    return {
+      max,
+      exps: m.map(() => 0),
+      sinkExp: null,
+      sum: 0,
+      weights: m.map(() => w),
+      fullyMasked: true,
+    };
   }
   const exps = m.map((x) => (x === NEG_INF ? 0 : Math.exp(x - max)));
   let sum = exps.reduce((s, e) => s + e, 0);
   let sinkExp = null;
-  if (sink !== null && sink !== undefined) { sinkExp = Math.exp(sink - max); sum += sinkExp; }
+  if (sink !== null && sink !== undefined) {
+    sinkExp = Math.exp(sink - max);
+    sum += sinkExp;
+  }
   return { max, exps, sinkExp, sum, weights: exps.map((e) => e / sum), fullyMasked: false };
 }
 
@@ -97,20 +137,35 @@ export function outputTerms(wRow, v, c) {
  * rows before and after (the page's own rotation of the rows the service rotated). */
 export function ropeOf(ctx, i, j) {
   const before = pick(ctx, "q_normed") !== undefined ? ["q_normed", "k_normed"] : ["q", "k"];
-  const q = pick(ctx, before[0]), k = pick(ctx, before[1]);
+  const q = pick(ctx, before[0]),
+    k = pick(ctx, before[1]);
   if (q === undefined || k === undefined) return undefined;
   const settings = ropeSettings(ctx.request, q[i].length);
   const theta = ropeFrequencies(settings);
-  const qPos = positionOf(ctx.request, "positions", i, ctx.batch), kPos = positionOf(ctx.request, "context_positions", j, ctx.batch);
-  const qAngles = ropeAngles(settings, theta, qPos), kAngles = ropeAngles(settings, theta, kPos);
-  return { settings, theta, qPos, kPos, qAngles, kAngles, before,
-           qBefore: q[i], kBefore: k[j], qRotated: rotate(q[i], qAngles, settings), kRotated: rotate(k[j], kAngles, settings) };
+  const qPos = positionOf(ctx.request, "positions", i, ctx.batch),
+    kPos = positionOf(ctx.request, "context_positions", j, ctx.batch);
+  const qAngles = ropeAngles(settings, theta, qPos),
+    kAngles = ropeAngles(settings, theta, kPos);
+  return {
+    settings,
+    theta,
+    qPos,
+    kPos,
+    qAngles,
+    kAngles,
+    before,
+    qBefore: q[i],
+    kBefore: k[j],
+    qRotated: rotate(q[i], qAngles, settings),
+    kRotated: rotate(k[j], kAngles, settings),
+  };
 }
 
 /** ALiBi's bias of cell (i, j): the head's slope and the distance between the positions. */
 export function alibiOf(ctx, i, j) {
   if (!ctx.request.alibi) return undefined;
-  const h = ctx.head ?? 0, n = Number(ctx.data.num_heads ?? 1);
+  const h = ctx.head ?? 0,
+    n = Number(ctx.data.num_heads ?? 1);
   const slope = alibiSlope(ctx.request, h, n);
   return { slope, head: h, n, ...alibiBias(ctx.request, slope, i, j, ctx.batch) };
 }
@@ -140,7 +195,12 @@ function sinkLogit(ctx) {
 export function recompute(ctx) {
   const { name, i, j } = ctx;
   if (!EXPLAINED.has(name)) return null;
-  if (ctx.endpoint === "multihead" && name === "output" && (ctx.head === null || ctx.head === undefined)) return null;
+  if (
+    ctx.endpoint === "multihead" &&
+    name === "output" &&
+    (ctx.head === null || ctx.head === undefined)
+  )
+    return null;
   const here = pick(ctx, name);
   if (here === undefined) return null;
   const service = here[i][j];
@@ -152,7 +212,8 @@ export function recompute(ctx) {
     if (inp.qName === "q_rotated") out.rope = ropeOf(ctx, i, j);
     return out;
   }
-  if (name === "position_bias") { // ALiBi's, recomputed; T5's is looked up in its learned table
+  if (name === "position_bias") {
+    // ALiBi's, recomputed; T5's is looked up in its learned table
     const a = alibiOf(ctx, i, j);
     if (a) return { name, kind: "alibi", alibi: a, terms: [], total: a.bias, service };
     const distance = relativePosition(ctx.request, i, j, ctx.batch);
@@ -162,12 +223,28 @@ export function recompute(ctx) {
     const s = pick(ctx, "scores");
     const before = s === undefined ? undefined : s[i][j];
     const scale = Number(ctx.data.scale);
-    return { name, kind: "scale", before, scale, terms: [], total: before === undefined ? undefined : before * scale, service };
+    return {
+      name,
+      kind: "scale",
+      before,
+      scale,
+      terms: [],
+      total: before === undefined ? undefined : before * scale,
+      service,
+    };
   }
   if (name === "capped_scores") {
     const before = stepFrom(ctx, name).m[i][j];
     const c = Number(ctx.request.softcap);
-    return { name, kind: "cap", before, cap: c, terms: [], total: c * Math.tanh(before / c), service };
+    return {
+      name,
+      kind: "cap",
+      before,
+      cap: c,
+      terms: [],
+      total: c * Math.tanh(before / c),
+      service,
+    };
   }
   if (name === "biased_scores") {
     const { prev, m } = stepFrom(ctx, name);
@@ -175,25 +252,62 @@ export function recompute(ctx) {
     const pb = pick(ctx, "position_bias");
     const alibi = alibiOf(ctx, i, j);
     const bias = alibi ? alibi.bias : pb !== undefined ? pb[i][j] : service - before;
-    return { name, kind: "bias", prev, before, bias, alibi, biasFromService: !alibi && pb !== undefined, terms: [], total: before + bias, service };
+    return {
+      name,
+      kind: "bias",
+      prev,
+      before,
+      bias,
+      alibi,
+      biasFromService: !alibi && pb !== undefined,
+      terms: [],
+      total: before + bias,
+      service,
+    };
   }
   if (name === "masked_scores") {
     const { prev, m } = stepFrom(ctx, name);
     const before = m[i][j];
     const am = pick(ctx, "additive_mask");
     const entry = am !== undefined ? num(am[i][j]) : num(service) - before;
-    return { name, kind: "mask", prev, before, entry, terms: [], total: before + entry, service: num(service) };
+    return {
+      name,
+      kind: "mask",
+      prev,
+      before,
+      entry,
+      terms: [],
+      total: before + entry,
+      service: num(service),
+    };
   }
   if (name === "weights") {
     const { prev, m } = stepFrom(ctx, name);
     const row = m[i];
     const sink = sinkLogit(ctx);
-    const sm = softmaxRow(row, sink, ctx.request.fully_masked_rows === "uniform" ? "uniform" : "zero");
+    const sm = softmaxRow(
+      row,
+      sink,
+      ctx.request.fully_masked_rows === "uniform" ? "uniform" : "zero",
+    );
     const terms = row.map((x, k) => ({ k, m: num(x), exp: sm.exps[k] }));
     const sw = pick(ctx, "sink_weights", 1);
-    return { name, kind: "softmax", prev, row: row.map(num), max: sm.max, sink, sinkExp: sm.sinkExp,
-             sinkWeight: Array.isArray(sw) ? sw[i] : undefined, sum: sm.sum, fullyMasked: sm.fullyMasked,
-             uniform: ctx.request.fully_masked_rows === "uniform", terms, total: sm.weights[j], service };
+    return {
+      name,
+      kind: "softmax",
+      prev,
+      row: row.map(num),
+      max: sm.max,
+      sink,
+      sinkExp: sm.sinkExp,
+      sinkWeight: Array.isArray(sw) ? sw[i] : undefined,
+      sum: sm.sum,
+      fullyMasked: sm.fullyMasked,
+      uniform: ctx.request.fully_masked_rows === "uniform",
+      terms,
+      total: sm.weights[j],
+      service,
+    };
   }
   if (name === "output") {
     const w = pick(ctx, "weights");
@@ -235,94 +349,199 @@ function totalLine(total, service, decimals) {
   const p = el("p", "explain-total", "= " + fmt(total) + " ");
   const rounded = Number.isInteger(decimals);
   const tol = rounded ? 10 ** -decimals : 1e-9 * Math.max(1, Math.abs(service ?? 0));
-  const same = (total === NEG_INF && (service === null || service === NEG_INF))
-    || (typeof service === "number" && Math.abs(total - service) <= tol);
+  const same =
+    (total === NEG_INF && (service === null || service === NEG_INF)) ||
+    (typeof service === "number" && Math.abs(total - service) <= tol);
   if (!same) p.classList.add("explain-mismatch");
-  p.append(rounded ? `(the service, rounded to ${decimals} decimals: ` : "(the service: ",
-    el("span", "explain-service", fmt(service === null ? NEG_INF : service)), ")");
+  p.append(
+    rounded ? `(the service, rounded to ${decimals} decimals: ` : "(the service: ",
+    el("span", "explain-service", fmt(service === null ? NEG_INF : service)),
+    ")",
+  );
   return p;
 }
 
 function alibiNote(note, a, i, j) {
-  note(`ALiBi: head ${a.head}'s slope is ${fmt(a.slope)} (of ${a.n} head${a.n === 1 ? "" : "s"}); key ${j} is at distance p'_${j} − p_${i} = ${a.distance} from query ${i}, so the bias is ${a.symmetric ? `−${fmt(a.slope)} · |${a.distance}|` : `${fmt(a.slope)} · ${a.distance}`} = ${fmt(a.bias)}.`);
+  note(
+    `ALiBi: head ${a.head}'s slope is ${fmt(a.slope)} (of ${a.n} head${a.n === 1 ? "" : "s"}); key ${j} is at distance p'_${j} − p_${i} = ${a.distance} from query ${i}, so the bias is ${a.symmetric ? `−${fmt(a.slope)} · |${a.distance}|` : `${fmt(a.slope)} · ${a.distance}`} = ${fmt(a.bias)}.`,
+  );
 }
 
 // RoPE: which pairs turned and by how much, and the query and key rows before and after.
 function ropeNote(box, r, i, j) {
   const { settings: s } = r;
-  box.append(el("p", "explain-note", `RoPE (base ${s.base}, rotary_dim ${s.rotaryDim}, style "${s.style}"${s.scaling ? `, ${s.scaling.type} scaling` : ""}): feature pair n of a token at position p turns by the angle p·θ_n; query ${i} is at position ${r.qPos}, key ${j} at ${r.kPos}. Each pair (a, b) becomes (a·cos φ − b·sin φ, b·cos φ + a·sin φ).`));
-  box.append(table(["pair n", "features", "θ_n", "query angle", "key angle"],
-    r.theta.map((t, n) => { const [a, b] = pairFeatures(s.style, s.rotaryDim, n); return [String(n), `${a} with ${b}`, fmt(t), fmt(r.qAngles[n]), fmt(r.kAngles[n])]; })));
-  box.append(table(["t", `${r.before[0]}[${i}][t]`, "turned", `${r.before[1]}[${j}][t]`, "turned"],
-    r.qBefore.map((x, t) => [String(t), fmt(x), fmt(r.qRotated[t]), fmt(r.kBefore[t]), fmt(r.kRotated[t])])));
+  box.append(
+    el(
+      "p",
+      "explain-note",
+      `RoPE (base ${s.base}, rotary_dim ${s.rotaryDim}, style "${s.style}"${s.scaling ? `, ${s.scaling.type} scaling` : ""}): feature pair n of a token at position p turns by the angle p·θ_n; query ${i} is at position ${r.qPos}, key ${j} at ${r.kPos}. Each pair (a, b) becomes (a·cos φ − b·sin φ, b·cos φ + a·sin φ).`,
+    ),
+  );
+  box.append(
+    table(
+      ["pair n", "features", "θ_n", "query angle", "key angle"],
+      r.theta.map((t, n) => {
+        const [a, b] = pairFeatures(s.style, s.rotaryDim, n);
+        return [String(n), `${a} with ${b}`, fmt(t), fmt(r.qAngles[n]), fmt(r.kAngles[n])];
+      }),
+    ),
+  );
+  box.append(
+    table(
+      ["t", `${r.before[0]}[${i}][t]`, "turned", `${r.before[1]}[${j}][t]`, "turned"],
+      r.qBefore.map((x, t) => [
+        String(t),
+        fmt(x),
+        fmt(r.qRotated[t]),
+        fmt(r.kBefore[t]),
+        fmt(r.kRotated[t]),
+      ]),
+    ),
+  );
 }
 
 /** The explanation of ctx's cell as an element, or null when that name is not explained. */
 export function explainCell(ctx) {
   let r;
-  try { r = recompute(ctx); } catch { return null; }
+  try {
+    r = recompute(ctx);
+  } catch {
+    return null;
+  }
   if (!r || r.total === undefined) return null;
   const { i, j } = ctx;
   const box = el("section", "explain");
   const where = [];
   if (ctx.head !== null && ctx.head !== undefined) where.push("head " + ctx.head);
   if (ctx.batch !== null && ctx.batch !== undefined) where.push("batch item " + ctx.batch);
-  box.append(el("h3", "explain-title", `${r.name}[${i}][${j}]` + (where.length ? ` (${where.join(", ")})` : "")));
-  const tokens = ctx.data.tokens, keys = ctx.data.context_tokens || tokens;
-  if (r.name !== "output" && Array.isArray(tokens) && tokens[i] !== undefined && keys && keys[j] !== undefined) {
+  box.append(
+    el(
+      "h3",
+      "explain-title",
+      `${r.name}[${i}][${j}]` + (where.length ? ` (${where.join(", ")})` : ""),
+    ),
+  );
+  const tokens = ctx.data.tokens,
+    keys = ctx.data.context_tokens || tokens;
+  if (
+    r.name !== "output" &&
+    Array.isArray(tokens) &&
+    tokens[i] !== undefined &&
+    keys &&
+    keys[j] !== undefined
+  ) {
     box.append(el("p", "explain-who", `query ${i} “${tokens[i]}” → key ${j} “${keys[j]}”`));
   } else if (r.name === "output" && Array.isArray(tokens) && tokens[i] !== undefined) {
-    box.append(el("p", "explain-who", `query ${i} “${tokens[i]}”, feature ${j} of what it takes from the values`));
+    box.append(
+      el(
+        "p",
+        "explain-who",
+        `query ${i} “${tokens[i]}”, feature ${j} of what it takes from the values`,
+      ),
+    );
   }
   const f = (s) => box.append(el("p", "explain-formula", s));
   const note = (s) => box.append(el("p", "explain-note", s));
   if (r.kind === "dot") {
-    f(`scores[${i}][${j}] = Σ_t ${r.qName}[${i}][t] · ${r.kName}[${j}][t], the query row ${i} dotted with the key row ${j}`);
-    box.append(table(["t", `${r.qName}[${i}][t]`, `${r.kName}[${j}][t]`, "product"],
-      r.terms.map((x) => [String(x.t), fmt(x.q), fmt(x.k), fmt(x.value)])));
+    f(
+      `scores[${i}][${j}] = Σ_t ${r.qName}[${i}][t] · ${r.kName}[${j}][t], the query row ${i} dotted with the key row ${j}`,
+    );
+    box.append(
+      table(
+        ["t", `${r.qName}[${i}][t]`, `${r.kName}[${j}][t]`, "product"],
+        r.terms.map((x) => [String(x.t), fmt(x.q), fmt(x.k), fmt(x.value)]),
+      ),
+    );
     if (r.rope) ropeNote(box, r.rope, i, j);
     else if (r.qName === "q_normed") {
       note("qk_norm is on: q and k were normalised before the dot product.");
     }
   } else if (r.kind === "scale") {
-    f(`scaled_scores[${i}][${j}] = scores[${i}][${j}] · scale = ${fmt(r.before)} · ${fmt(r.scale)}`);
+    f(
+      `scaled_scores[${i}][${j}] = scores[${i}][${j}] · scale = ${fmt(r.before)} · ${fmt(r.scale)}`,
+    );
   } else if (r.kind === "cap") {
-    f(`capped_scores[${i}][${j}] = c · tanh(scaled_scores[${i}][${j}] / c) = ${fmt(r.cap)} · tanh(${fmt(r.before)} / ${fmt(r.cap)})`);
+    f(
+      `capped_scores[${i}][${j}] = c · tanh(scaled_scores[${i}][${j}] / c) = ${fmt(r.cap)} · tanh(${fmt(r.before)} / ${fmt(r.cap)})`,
+    );
   } else if (r.kind === "bias") {
-    f(`biased_scores[${i}][${j}] = ${r.prev}[${i}][${j}] + position_bias[${i}][${j}] = ${fmt(r.before)} + ${fmt(r.bias)}`);
+    f(
+      `biased_scores[${i}][${j}] = ${r.prev}[${i}][${j}] + position_bias[${i}][${j}] = ${fmt(r.before)} + ${fmt(r.bias)}`,
+    );
     if (r.alibi) alibiNote(note, r.alibi, i, j);
-    else note(r.biasFromService ? "The bias is the service's position_bias: T5's learned value for the bucket of the relative position p'_j − p_i."
-      : "The bias is the difference of the two maps (the response carries no position_bias).");
+    else
+      note(
+        r.biasFromService
+          ? "The bias is the service's position_bias: T5's learned value for the bucket of the relative position p'_j − p_i."
+          : "The bias is the difference of the two maps (the response carries no position_bias).",
+      );
   } else if (r.kind === "t5") {
-    f(`position_bias[${i}][${j}] = table[bucket(p'_${j} − p_${i})][head] = table[bucket(${r.distance})][${ctx.head ?? 0}]`);
-    note("T5's buckets (exact for short distances, logarithmic bins up to max_distance) are computed by the service; the page shows its number.");
+    f(
+      `position_bias[${i}][${j}] = table[bucket(p'_${j} − p_${i})][head] = table[bucket(${r.distance})][${ctx.head ?? 0}]`,
+    );
+    note(
+      "T5's buckets (exact for short distances, logarithmic bins up to max_distance) are computed by the service; the page shows its number.",
+    );
   } else if (r.kind === "alibi") {
-    f(`position_bias[${i}][${j}] = slope · (p'_${j} − p_${i})${r.alibi.symmetric ? ", made −|·| (symmetric)" : ""}`);
+    f(
+      `position_bias[${i}][${j}] = slope · (p'_${j} − p_${i})${r.alibi.symmetric ? ", made −|·| (symmetric)" : ""}`,
+    );
     alibiNote(note, r.alibi, i, j);
   } else if (r.kind === "mask") {
-    f(`masked_scores[${i}][${j}] = ${r.prev}[${i}][${j}] + additive mask[${i}][${j}] = ${fmt(r.before)} + ${fmt(r.entry)}`);
-    if (r.entry === NEG_INF) note("This key is masked for this query: −∞, so its weight will be 0.");
+    f(
+      `masked_scores[${i}][${j}] = ${r.prev}[${i}][${j}] + additive mask[${i}][${j}] = ${fmt(r.before)} + ${fmt(r.entry)}`,
+    );
+    if (r.entry === NEG_INF)
+      note("This key is masked for this query: −∞, so its weight will be 0.");
   } else if (r.kind === "softmax") {
     f(`weights[${i}][${j}] = exp(m[${i}][${j}] − max) / Σ_k exp(m[${i}][k] − max), m = ${r.prev}`);
     if (r.fullyMasked) {
-      note(`Row ${i} is fully masked (every entry −∞): its weights are ${r.uniform ? "1/S each (fully_masked_rows: \"uniform\")" : "0"}.`);
+      note(
+        `Row ${i} is fully masked (every entry −∞): its weights are ${r.uniform ? '1/S each (fully_masked_rows: "uniform")' : "0"}.`,
+      );
     } else {
-      box.append(table(["k", `m[${i}][k]`, "m − max", "exp(m − max)"],
-        r.terms.map((x) => [String(x.k) + (x.k === j ? " ←" : ""), fmt(x.m), fmt(x.m - r.max), fmt(x.exp)]), j));
+      box.append(
+        table(
+          ["k", `m[${i}][k]`, "m − max", "exp(m − max)"],
+          r.terms.map((x) => [
+            String(x.k) + (x.k === j ? " ←" : ""),
+            fmt(x.m),
+            fmt(x.m - r.max),
+            fmt(x.exp),
+          ]),
+          j,
+        ),
+      );
       if (r.sink !== null) {
-        note(`The sink (logit ${fmt(r.sink)}) is in the max and the sum: exp(${fmt(r.sink)} − max) = ${fmt(r.sinkExp)}` +
-          (r.sinkWeight !== undefined ? `; its weight ${fmt(r.sinkExp / r.sum)} (the service: ${fmt(r.sinkWeight)})` : "") + ".");
+        note(
+          `The sink (logit ${fmt(r.sink)}) is in the max and the sum: exp(${fmt(r.sink)} − max) = ${fmt(r.sinkExp)}` +
+            (r.sinkWeight !== undefined
+              ? `; its weight ${fmt(r.sinkExp / r.sum)} (the service: ${fmt(r.sinkWeight)})`
+              : "") +
+            ".",
+        );
       }
-      f(`max = ${fmt(r.max)}, sum = ${fmt(r.sum)}, weights[${i}][${j}] = ${fmt(r.terms[j].exp)} / ${fmt(r.sum)}`);
+      f(
+        `max = ${fmt(r.max)}, sum = ${fmt(r.sum)}, weights[${i}][${j}] = ${fmt(r.terms[j].exp)} / ${fmt(r.sum)}`,
+      );
     }
   } else if (r.kind === "weighted") {
     f(`output[${i}][${j}] = Σ_k weights[${i}][k] · v[k][${j}], the weighted sum of the V rows`);
-    box.append(table(["k", `weights[${i}][k]`, `v[k][${j}]`, "product"],
-      r.terms.map((x) => [String(x.j), fmt(x.w), fmt(x.v), fmt(x.value)])));
+    box.append(
+      table(
+        ["k", `weights[${i}][k]`, `v[k][${j}]`, "product"],
+        r.terms.map((x) => [String(x.j), fmt(x.w), fmt(x.v), fmt(x.value)]),
+      ),
+    );
   }
-  box.append(r.lookedUp ? el("p", "explain-total", `= ${fmt(r.service)} (the service's number)`) : totalLine(r.total, r.service, ctx.request.decimals));
+  box.append(
+    r.lookedUp
+      ? el("p", "explain-total", `= ${fmt(r.service)} (the service's number)`)
+      : totalLine(r.total, r.service, ctx.request.decimals),
+  );
   const before = stepBefore(r);
-  if (before) { // walk back one step: the page shows that cell's explanation in place of this one
+  if (before) {
+    // walk back one step: the page shows that cell's explanation in place of this one
     const back = el("button", "secondary explain-back", `← how ${before}[${i}][${j}] was computed`);
     back.type = "button";
     Object.assign(back.dataset, { step: before, i: String(i), j: String(j) });

@@ -1,11 +1,15 @@
+// @ts-check
 // Export: SVG/PNG of a map, copy as curl, CSV of a matrix, the whole result as JSON or safetensors.
 import { $, state, buildBody, clearErrors, showErrors, FieldError } from "./request.js";
 import { drawWhole } from "./mapview.js";
 
 export function download(name, blob) {
   const a = document.createElement("a");
-  a.href = URL.createObjectURL(blob); a.download = name;
-  document.body.append(a); a.click(); a.remove();
+  a.href = URL.createObjectURL(blob);
+  a.download = name;
+  document.body.append(a);
+  a.click();
+  a.remove();
   setTimeout(() => URL.revokeObjectURL(a.href), 1000);
 }
 
@@ -30,12 +34,25 @@ export function curlCommand(ep, body) {
 export async function copyCurl() {
   clearErrors();
   let body;
-  try { body = buildBody(); } catch (e) { if (e instanceof FieldError) { showErrors(e.message, [{ field: e.field, message: e.message }]); return; } throw e; }
+  try {
+    body = buildBody();
+  } catch (e) {
+    if (e instanceof FieldError) {
+      showErrors(e.message, [{ field: e.field, message: e.message }]);
+      return;
+    }
+    throw e;
+  }
   const cmd = curlCommand($("endpoint").value, body);
-  $("curl").textContent = cmd; $("curl").hidden = false;
+  $("curl").textContent = cmd;
+  $("curl").hidden = false;
   $("curl").dataset.body = JSON.stringify(body); // whose request it is (render.js: markStale)
-  try { await navigator.clipboard.writeText(cmd); $("status").textContent = "curl command copied"; }
-  catch { $("status").textContent = "curl command shown below (copy it from there)"; }
+  try {
+    await navigator.clipboard.writeText(cmd);
+    $("status").textContent = "curl command copied";
+  } catch {
+    $("status").textContent = "curl command shown below (copy it from there)";
+  }
 }
 
 // ---- CSV, JSON and safetensors --------------------------------------------------------------
@@ -49,16 +66,24 @@ function csvCell(v) {
  * at full precision, a masked (null) cell empty. */
 export function csvBlob(m, rows, cols) {
   const width = m.length ? m[0].length : 0;
-  const colLabels = cols && cols.length === width ? cols : Array.from({ length: width }, (_, j) => String(j));
+  const colLabels =
+    cols && cols.length === width ? cols : Array.from({ length: width }, (_, j) => String(j));
   const lines = [["", ...colLabels].map(csvCell).join(",")];
-  m.forEach((row, i) => lines.push([rows && rows[i] !== undefined ? rows[i] : String(i), ...row].map(csvCell).join(",")));
+  m.forEach((row, i) =>
+    lines.push(
+      [rows && rows[i] !== undefined ? rows[i] : String(i), ...row].map(csvCell).join(","),
+    ),
+  );
   return new Blob([lines.join("\n") + "\n"], { type: "text/csv" });
 }
 
 function downloadJson() {
   const r = state.lastResult;
   if (!r) return;
-  download(`${r.ep}.json`, new Blob([JSON.stringify(r.data, null, 1)], { type: "application/json" }));
+  download(
+    `${r.ep}.json`,
+    new Blob([JSON.stringify(r.data, null, 1)], { type: "application/json" }),
+  );
 }
 
 // The same request again, answered as safetensors (every array a tensor named by its JSON path).
@@ -69,9 +94,19 @@ async function downloadSafetensors() {
   status.textContent = "Asking for safetensors…";
   let response;
   try {
-    response = await fetch(r.ep, { method: "POST", headers: { "Content-Type": "application/json", Accept: "application/x-safetensors" }, body: JSON.stringify(r.body) });
-  } catch (e) { status.textContent = `The service did not answer: ${e.message}`; return; }
-  if (!response.ok) { status.textContent = `Error ${response.status}`; return; }
+    response = await fetch(r.ep, {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Accept: "application/x-safetensors" },
+      body: JSON.stringify(r.body),
+    });
+  } catch (e) {
+    status.textContent = `The service did not answer: ${e.message}`;
+    return;
+  }
+  if (!response.ok) {
+    status.textContent = `Error ${response.status}`;
+    return;
+  }
   download(`${r.ep}.safetensors`, await response.blob());
   status.textContent = "";
 }

@@ -1,3 +1,4 @@
+// @ts-check
 // The attention explorer: builds a request from the form, calls this service's JSON API, and
 // draws what comes back. No libraries, no build step, no request outside the service.
 //
@@ -21,11 +22,22 @@ async function start() {
   $("weight_layout").addEventListener("change", showFor); // the weight boxes' shapes
   $("weight_names").addEventListener("change", showFor);
   let examples = {};
-  $("endpoint").addEventListener("change", async () => { showFor(); examples = await loadExamples(); });
+  $("endpoint").addEventListener("change", async () => {
+    showFor();
+    examples = await loadExamples();
+  });
   // picking a worked example runs it
-  $("example").addEventListener("change", () => { const ex = examples[$("example").value]; if (ex) { fillForm(ex.value); run(); } });
+  $("example").addEventListener("change", () => {
+    const ex = examples[$("example").value];
+    if (ex) {
+      fillForm(ex.value);
+      run();
+    }
+  });
   $("explain-close").addEventListener("click", closeExplain);
-  document.addEventListener("keydown", (e) => { if (e.key === "Escape" && !$("explain").hidden) closeExplain(); });
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && !$("explain").hidden) closeExplain();
+  });
   whenDrawn(drawSelection);
   whenDrawn(afterRender);
   startCompare();

@@ -1,3 +1,4 @@
+// @ts-check
 // A large map on a canvas the size of the view, not of the map: the map's colours are made once
 // as one pixel per cell (an offscreen canvas); each redraw copies the visible part at the current
 // zoom and adds what fits at that zoom (the labels of the visible rows and keys, hatching of
@@ -6,7 +7,8 @@
 // up to cells wide enough to print their values.
 import { abbreviate, fmt, rgbOf, isMasked, maxAbs, MASKED } from "./cells.js";
 
-export const LABEL_W = 64, LABEL_H = 52; // room for the axis labels
+export const LABEL_W = 64,
+  LABEL_H = 52; // room for the axis labels
 const MAX_CELL = 64; // px a cell at the closest zoom
 const VALUES_FROM = 40; // px a cell from which the values are printed in the cells
 const GRID_FROM = 10; // px a cell from which cell borders are drawn
@@ -15,12 +17,20 @@ const HATCH_FROM = 4; // px a cell from which masked cells are hatched
 // The colours of a kind as 32-bit RGBA words (little-endian, as ImageData's bytes), LEVELS a side
 // of white: a lookup per cell instead of a colour computed (and an array made) per cell.
 const LEVELS = 255;
-const word = ([r, g, b]) => ((255 << 24) | (Math.round(b) << 16) | (Math.round(g) << 8) | Math.round(r)) >>> 0;
+/** @type {(rgb: number[]) => number} */
+const word = ([r, g, b]) =>
+  ((255 << 24) | (Math.round(b) << 16) | (Math.round(g) << 8) | Math.round(r)) >>> 0;
 function palette(kind, scale) {
-  if (kind === "mask") return { lut: Uint32Array.of(word(rgbOf(false, kind, scale)), word(rgbOf(true, kind, scale))), index: (v) => (v ? 1 : 0) };
-  const signed = kind !== "weights", s = scale || 1;
+  if (kind === "mask")
+    return {
+      lut: Uint32Array.of(word(rgbOf(false, kind, scale)), word(rgbOf(true, kind, scale))),
+      index: (v) => (v ? 1 : 0),
+    };
+  const signed = kind !== "weights",
+    s = scale || 1;
   const lut = new Uint32Array(signed ? 2 * LEVELS + 1 : LEVELS + 1);
-  for (let k = 0; k < lut.length; k++) lut[k] = word(rgbOf(((signed ? k - LEVELS : k) / LEVELS) * s, kind, s));
+  for (let k = 0; k < lut.length; k++)
+    lut[k] = word(rgbOf(((signed ? k - LEVELS : k) / LEVELS) * s, kind, s));
   const index = signed
     ? (v) => LEVELS + Math.round(Math.max(-1, Math.min(1, v / s)) * LEVELS)
     : (v) => Math.round(Math.max(0, Math.min(1, v / s)) * LEVELS);
@@ -29,20 +39,24 @@ function palette(kind, scale) {
 
 /** The map's colours, one pixel a cell, made once per matrix; `scale`: its largest |value|. */
 export function picture(m, kind, allowed, scale = maxAbs(m)) {
-  const rows = m.length, cols = m[0].length;
+  const rows = m.length,
+    cols = m[0].length;
   const img = new ImageData(cols, rows);
   const px = new Uint32Array(img.data.buffer); // one word a pixel
   const { lut, index } = palette(kind, scale);
   const masked = word(MASKED);
   for (let i = 0; i < rows; i++) {
-    const row = m[i], ok = allowed && allowed[i], at = i * cols;
+    const row = m[i],
+      ok = allowed && allowed[i],
+      at = i * cols;
     for (let j = 0; j < cols; j++) {
       const v = row[j];
       px[at + j] = v === null || (ok && ok[j] === false) ? masked : lut[index(v)];
     }
   }
   const off = document.createElement("canvas");
-  off.width = cols; off.height = rows;
+  off.width = cols;
+  off.height = rows;
   off.getContext("2d").putImageData(img, 0, 0);
   return { off, scale };
 }
@@ -59,11 +73,15 @@ export function drawWhole(canvas, m, kind, cell, allowed) {
 }
 
 function hatch(ctx, m, allowed, i0, i1, j0, j1, cell, dx, dy) {
-  ctx.strokeStyle = "#7d8794"; ctx.lineWidth = 1; ctx.beginPath();
-  for (let i = i0; i < i1; i++) for (let j = j0; j < j1; j++) {
-    if (!isMasked(m, allowed, i, j)) continue;
-    ctx.moveTo(dx + j * cell, dy + (i + 1) * cell); ctx.lineTo(dx + (j + 1) * cell, dy + i * cell);
-  }
+  ctx.strokeStyle = "#7d8794";
+  ctx.lineWidth = 1;
+  ctx.beginPath();
+  for (let i = i0; i < i1; i++)
+    for (let j = j0; j < j1; j++) {
+      if (!isMasked(m, allowed, i, j)) continue;
+      ctx.moveTo(dx + j * cell, dy + (i + 1) * cell);
+      ctx.lineTo(dx + (j + 1) * cell, dy + i * cell);
+    }
   ctx.stroke();
 }
 
@@ -76,12 +94,51 @@ function hatch(ctx, m, allowed, i0, i1, j0, j1, cell, dx, dy) {
  * tests and tools.
  */
 export class MapView {
-  constructor(canvas, m, rows, cols, kind, allowed, scale, onDraw = () => {}, axes = ["queries", "keys"]) {
-    Object.assign(this, { canvas, m, rows, cols, kind, allowed, scale, onDraw, axes });
-    this.nRows = m.length; this.nCols = m[0].length;
+  /**
+   * @param {HTMLCanvasElement} canvas
+   * @param {(number | null)[][]} m
+   * @param {(string | number)[]} rows
+   * @param {(string | number)[]} cols
+   * @param {string} kind
+   * @param {boolean[][] | null} allowed
+   * @param {number} scale
+   * @param {() => void} [onDraw]
+   * @param {string[]} [axes]
+   */
+  constructor(
+    canvas,
+    m,
+    rows,
+    cols,
+    kind,
+    allowed,
+    scale,
+    onDraw = () => {},
+    axes = ["queries", "keys"],
+  ) {
+    // one assignment each (not Object.assign) so that the type checker knows the fields
+    this.canvas = canvas;
+    this.m = m;
+    this.rows = rows;
+    this.cols = cols;
+    this.kind = kind;
+    this.allowed = allowed;
+    this.scale = scale;
+    this.onDraw = onDraw;
+    this.axes = axes;
+    this.nRows = m.length;
+    this.nCols = m[0].length;
     this.base = null; // made on the first draw: a map never shown costs nothing
-    this.cell = 0; this.top = 0; this.left = 0; this.width = 0; this.viewW = 0; this.viewH = 0; this.dpr = 0;
-    this.cursor = null; this.marks = []; this.fitted = true;
+    this.cell = 0;
+    this.top = 0;
+    this.left = 0;
+    this.width = 0;
+    this.viewW = 0;
+    this.viewH = 0;
+    this.dpr = 0;
+    this.cursor = null;
+    this.marks = [];
+    this.fitted = true;
   }
 
   /** Px a cell at which the whole map fits `width` px and a view of `height` px. */
@@ -90,7 +147,9 @@ export class MapView {
     return c >= 1 ? Math.min(MAX_CELL, Math.floor(c)) : Math.max(c, 1 / 64);
   }
 
-  maxHeight() { return Math.max(320, Math.round(window.innerHeight * 0.8)); }
+  maxHeight() {
+    return Math.max(320, Math.round(window.innerHeight * 0.8));
+  }
 
   /** The card's width changed (or was first known): refit unless the user zoomed. */
   resize(width) {
@@ -101,7 +160,8 @@ export class MapView {
   }
 
   visible() {
-    const w = this.viewW - LABEL_W, h = this.viewH - LABEL_H;
+    const w = this.viewW - LABEL_W,
+      h = this.viewH - LABEL_H;
     return { cols: w / this.cell, rows: h / this.cell };
   }
 
@@ -121,31 +181,66 @@ export class MapView {
     const dpr = window.devicePixelRatio || 1;
     if (this.viewW !== w || this.viewH !== h || this.dpr !== dpr) {
       Object.assign(this, { viewW: w, viewH: h, dpr });
-      canvas.width = Math.round(w * dpr); canvas.height = Math.round(h * dpr);
-      canvas.style.width = `${w}px`; canvas.style.height = `${h}px`;
+      canvas.width = Math.round(w * dpr);
+      canvas.height = Math.round(h * dpr);
+      canvas.style.width = `${w}px`;
+      canvas.style.height = `${h}px`;
     }
     this.clamp();
     const ctx = canvas.getContext("2d");
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, w, h);
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, w, h);
     const v = this.visible();
-    const i0 = Math.floor(this.top), j0 = Math.floor(this.left);
-    const i1 = Math.min(this.nRows, Math.ceil(this.top + v.rows)), j1 = Math.min(this.nCols, Math.ceil(this.left + v.cols));
+    const i0 = Math.floor(this.top),
+      j0 = Math.floor(this.left);
+    const i1 = Math.min(this.nRows, Math.ceil(this.top + v.rows)),
+      j1 = Math.min(this.nCols, Math.ceil(this.left + v.cols));
     // (x, y) of cell (i, j)'s top-left corner: dx + j * cell, dy + i * cell
-    const dx = LABEL_W - this.left * cell, dy = LABEL_H - this.top * cell;
+    const dx = LABEL_W - this.left * cell,
+      dy = LABEL_H - this.top * cell;
     this.labels(ctx, i0, i1, j0, j1, dx, dy);
     ctx.save();
-    ctx.beginPath(); ctx.rect(LABEL_W, LABEL_H, w - LABEL_W, h - LABEL_H); ctx.clip();
+    ctx.beginPath();
+    ctx.rect(LABEL_W, LABEL_H, w - LABEL_W, h - LABEL_H);
+    ctx.clip();
     ctx.imageSmoothingEnabled = cell < 1;
-    ctx.drawImage(this.base.off, j0, i0, j1 - j0, i1 - i0, dx + j0 * cell, dy + i0 * cell, (j1 - j0) * cell, (i1 - i0) * cell);
+    ctx.drawImage(
+      this.base.off,
+      j0,
+      i0,
+      j1 - j0,
+      i1 - i0,
+      dx + j0 * cell,
+      dy + i0 * cell,
+      (j1 - j0) * cell,
+      (i1 - i0) * cell,
+    );
     if (cell >= HATCH_FROM) hatch(ctx, this.m, this.allowed, i0, i1, j0, j1, cell, dx, dy);
     if (cell >= GRID_FROM) this.grid(ctx, i0, i1, j0, j1, dx, dy);
     if (cell >= VALUES_FROM) this.values(ctx, i0, i1, j0, j1, dx, dy);
     ctx.lineWidth = 2;
-    for (const [i, j] of this.marks) { ctx.strokeStyle = "#111"; ctx.strokeRect(dx + j * cell, dy + i * cell, Math.max(cell, 3), Math.max(cell, 3)); }
-    if (this.cursor) { ctx.strokeStyle = "#f2b705"; ctx.strokeRect(dx + this.cursor[1] * cell, dy + this.cursor[0] * cell, Math.max(cell, 3), Math.max(cell, 3)); }
+    for (const [i, j] of this.marks) {
+      ctx.strokeStyle = "#111";
+      ctx.strokeRect(dx + j * cell, dy + i * cell, Math.max(cell, 3), Math.max(cell, 3));
+    }
+    if (this.cursor) {
+      ctx.strokeStyle = "#f2b705";
+      ctx.strokeRect(
+        dx + this.cursor[1] * cell,
+        dy + this.cursor[0] * cell,
+        Math.max(cell, 3),
+        Math.max(cell, 3),
+      );
+    }
     ctx.restore();
-    Object.assign(canvas.dataset, { cell: String(cell), ox: String(LABEL_W), oy: String(LABEL_H), top: String(this.top), left: String(this.left) });
+    Object.assign(canvas.dataset, {
+      cell: String(cell),
+      ox: String(LABEL_W),
+      oy: String(LABEL_H),
+      top: String(this.top),
+      left: String(this.left),
+    });
     this.onDraw();
   }
 
@@ -153,8 +248,10 @@ export class MapView {
   // that they never overlap, abbreviated; the axis names in the corner.
   labels(ctx, i0, i1, j0, j1, dx, dy) {
     const { cell } = this;
-    ctx.fillStyle = "#3d4753"; ctx.font = "11px system-ui, sans-serif";
-    ctx.textBaseline = "middle"; ctx.textAlign = "right";
+    ctx.fillStyle = "#3d4753";
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.textBaseline = "middle";
+    ctx.textAlign = "right";
     const step = Math.max(1, Math.ceil(13 / cell));
     for (let i = Math.ceil(i0 / step) * step; i < i1; i += step) {
       const y = dy + i * cell + Math.min(cell, 13) / 2;
@@ -164,37 +261,54 @@ export class MapView {
     for (let j = Math.ceil(j0 / step) * step; j < j1; j += step) {
       const x = dx + j * cell + Math.min(cell, 13) / 2;
       if (x < LABEL_W) continue;
-      ctx.save(); ctx.translate(x, LABEL_H - 4); ctx.rotate(-Math.PI / 3);
-      ctx.fillText(abbreviate(this.cols[j] ?? j, 8), 0, 0); ctx.restore();
+      ctx.save();
+      ctx.translate(x, LABEL_H - 4);
+      ctx.rotate(-Math.PI / 3);
+      ctx.fillText(abbreviate(this.cols[j] ?? j, 8), 0, 0);
+      ctx.restore();
     }
     ctx.fillStyle = "#1d232b";
-    ctx.fillText(`${this.axes[1]} →`, 2, 10); ctx.fillText(`${this.axes[0]} ↓`, 2, LABEL_H - 8);
+    ctx.fillText(`${this.axes[1]} →`, 2, 10);
+    ctx.fillText(`${this.axes[0]} ↓`, 2, LABEL_H - 8);
   }
 
   grid(ctx, i0, i1, j0, j1, dx, dy) {
-    ctx.strokeStyle = "#dde2e8"; ctx.lineWidth = 1; ctx.beginPath();
-    for (let i = i0; i <= i1; i++) { ctx.moveTo(dx + j0 * this.cell, dy + i * this.cell + 0.5); ctx.lineTo(dx + j1 * this.cell, dy + i * this.cell + 0.5); }
-    for (let j = j0; j <= j1; j++) { ctx.moveTo(dx + j * this.cell + 0.5, dy + i0 * this.cell); ctx.lineTo(dx + j * this.cell + 0.5, dy + i1 * this.cell); }
+    ctx.strokeStyle = "#dde2e8";
+    ctx.lineWidth = 1;
+    ctx.beginPath();
+    for (let i = i0; i <= i1; i++) {
+      ctx.moveTo(dx + j0 * this.cell, dy + i * this.cell + 0.5);
+      ctx.lineTo(dx + j1 * this.cell, dy + i * this.cell + 0.5);
+    }
+    for (let j = j0; j <= j1; j++) {
+      ctx.moveTo(dx + j * this.cell + 0.5, dy + i0 * this.cell);
+      ctx.lineTo(dx + j * this.cell + 0.5, dy + i1 * this.cell);
+    }
     ctx.stroke();
   }
 
   values(ctx, i0, i1, j0, j1, dx, dy) {
     const { cell, m } = this;
-    ctx.font = `${cell >= 56 ? 12 : 11}px system-ui, sans-serif`; ctx.textAlign = "center"; ctx.textBaseline = "middle";
-    for (let i = i0; i < i1; i++) for (let j = j0; j < j1; j++) {
-      const masked = isMasked(m, this.allowed, i, j);
-      const c = masked ? MASKED : rgbOf(m[i][j], this.kind, this.base.scale);
-      ctx.fillStyle = c[0] * 0.299 + c[1] * 0.587 + c[2] * 0.114 < 140 ? "#fff" : "#1d232b";
-      ctx.fillText(fmt(m[i][j]), dx + (j + 0.5) * cell, dy + (i + 0.5) * cell);
-    }
+    ctx.font = `${cell >= 56 ? 12 : 11}px system-ui, sans-serif`;
+    ctx.textAlign = "center";
+    ctx.textBaseline = "middle";
+    for (let i = i0; i < i1; i++)
+      for (let j = j0; j < j1; j++) {
+        const masked = isMasked(m, this.allowed, i, j);
+        const c = masked ? MASKED : rgbOf(m[i][j], this.kind, this.base.scale);
+        ctx.fillStyle = c[0] * 0.299 + c[1] * 0.587 + c[2] * 0.114 < 140 ? "#fff" : "#1d232b";
+        ctx.fillText(fmt(m[i][j]), dx + (j + 0.5) * cell, dy + (i + 0.5) * cell);
+      }
   }
 
   /** The cell under a pointer event, or null. */
   at(e) {
     const r = this.canvas.getBoundingClientRect();
-    const x = e.clientX - r.left - LABEL_W, y = e.clientY - r.top - LABEL_H;
+    const x = e.clientX - r.left - LABEL_W,
+      y = e.clientY - r.top - LABEL_H;
     if (x < 0 || y < 0) return null;
-    const i = Math.floor(this.top + y / this.cell), j = Math.floor(this.left + x / this.cell);
+    const i = Math.floor(this.top + y / this.cell),
+      j = Math.floor(this.left + x / this.cell);
     return i < this.nRows && j < this.nCols ? [i, j] : null;
   }
 
@@ -205,17 +319,31 @@ export class MapView {
     next = Math.max(Math.min(fit, 1), Math.min(MAX_CELL, next));
     if (next === this.cell) return;
     const v = this.visible();
-    const px = vx ?? v.cols * this.cell / 2, py = vy ?? v.rows * this.cell / 2;
-    const ci = this.top + py / this.cell, cj = this.left + px / this.cell;
-    this.cell = next; this.fitted = next === fit;
-    this.top = ci - py / next; this.left = cj - px / next;
+    const px = vx ?? (v.cols * this.cell) / 2,
+      py = vy ?? (v.rows * this.cell) / 2;
+    const ci = this.top + py / this.cell,
+      cj = this.left + px / this.cell;
+    this.cell = next;
+    this.fitted = next === fit;
+    this.top = ci - py / next;
+    this.left = cj - px / next;
     this.draw();
   }
 
-  fit() { this.fitted = true; this.cell = this.fitCell(this.width, this.maxHeight()); this.top = 0; this.left = 0; this.draw(); }
+  fit() {
+    this.fitted = true;
+    this.cell = this.fitCell(this.width, this.maxHeight());
+    this.top = 0;
+    this.left = 0;
+    this.draw();
+  }
 
   /** Pan by (dx, dy) px. */
-  pan(dx, dy) { this.left += dx / this.cell; this.top += dy / this.cell; this.draw(); }
+  pan(dx, dy) {
+    this.left += dx / this.cell;
+    this.top += dy / this.cell;
+    this.draw();
+  }
 
   /** Bring cell (i, j) into view (the middle of it when it is out of view). */
   show(i, j) {
@@ -225,14 +353,22 @@ export class MapView {
     this.draw();
   }
 
-  setCursor(c) { this.cursor = c; this.show(c[0], c[1]); }
+  setCursor(c) {
+    this.cursor = c;
+    this.show(c[0], c[1]);
+  }
 
-  mark(i, j) { this.marks.push([i, j]); this.show(i, j); }
+  mark(i, j) {
+    this.marks.push([i, j]);
+    this.show(i, j);
+  }
 }
 
 /** How a view's zoom reads: "12 px a cell", or "4 cells a px" below one. */
 export function zoomText(cell) {
-  return cell >= 1 ? `${cell} px a cell` : `${(1 / cell).toFixed(1).replace(/\.0$/, "")} cells a px`;
+  return cell >= 1
+    ? `${cell} px a cell`
+    : `${(1 / cell).toFixed(1).replace(/\.0$/, "")} cells a px`;
 }
 
 /**
@@ -241,76 +377,138 @@ export function zoomText(cell) {
  * wheel pans, ctrl+wheel or + and − zoom. `fig.markCell(i, j)` outlines a cell and brings it
  * into view. Drawn once the card has a width (a hidden map is drawn when first shown).
  */
-export function canvasMap(fig, scroll, { title, m, rows, cols, kind, allowed, scale, onCell, say, axes = ["queries", "keys"] }) {
+export function canvasMap(
+  fig,
+  scroll,
+  { title, m, rows, cols, kind, allowed, scale, onCell, say, axes = ["queries", "keys"] },
+) {
   const canvas = document.createElement("canvas");
-  canvas.tabIndex = 0; canvas.dataset.rows = String(m.length); canvas.dataset.cols = String(m[0].length);
+  canvas.tabIndex = 0;
+  canvas.dataset.rows = String(m.length);
+  canvas.dataset.cols = String(m[0].length);
   canvas.setAttribute("role", "img");
-  canvas.setAttribute("aria-label", `${title}: ${m.length} × ${m[0].length}; arrow keys read cells, + and − zoom${onCell ? ", Enter explains a cell" : ""}`);
-  const size = document.createElement("span"); size.className = "zoom-size";
-  const where = document.createElement("span"); where.className = "zoom-where";
-  const status = () => { // the zoom bar says how far in and which part is shown
+  canvas.setAttribute(
+    "aria-label",
+    `${title}: ${m.length} × ${m[0].length}; arrow keys read cells, + and − zoom${onCell ? ", Enter explains a cell" : ""}`,
+  );
+  const size = document.createElement("span");
+  size.className = "zoom-size";
+  const where = document.createElement("span");
+  where.className = "zoom-where";
+  const status = () => {
+    // the zoom bar says how far in and which part is shown
     const v = view.visible();
     size.textContent = zoomText(view.cell);
-    const rowsShown = Math.min(m.length, Math.ceil(v.rows)), colsShown = Math.min(m[0].length, Math.ceil(v.cols));
-    where.textContent = rowsShown >= m.length && colsShown >= m[0].length ? "the whole map"
-      : `${axes[0]} ${view.top | 0}–${Math.min(m.length, (view.top | 0) + rowsShown) - 1}, ${axes[1]} ${view.left | 0}–${Math.min(m[0].length, (view.left | 0) + colsShown) - 1} of ${m.length} × ${m[0].length}; drag to pan`;
+    const rowsShown = Math.min(m.length, Math.ceil(v.rows)),
+      colsShown = Math.min(m[0].length, Math.ceil(v.cols));
+    where.textContent =
+      rowsShown >= m.length && colsShown >= m[0].length
+        ? "the whole map"
+        : `${axes[0]} ${view.top | 0}–${Math.min(m.length, (view.top | 0) + rowsShown) - 1}, ${axes[1]} ${view.left | 0}–${Math.min(m[0].length, (view.left | 0) + colsShown) - 1} of ${m.length} × ${m[0].length}; drag to pan`;
   };
   const view = new MapView(canvas, m, rows, cols, kind, allowed, scale, status, axes);
   new ResizeObserver(() => view.resize(Math.min(scroll.clientWidth, 1600))).observe(scroll);
 
   let drag = null; // pointer panning; a drag is not a click
-  canvas.addEventListener("pointerdown", (e) => { drag = { x: e.clientX, y: e.clientY, moved: false }; });
+  canvas.addEventListener("pointerdown", (e) => {
+    drag = { x: e.clientX, y: e.clientY, moved: false };
+  });
   canvas.addEventListener("pointermove", (e) => {
     if (drag && e.buttons) {
-      const dx = e.clientX - drag.x, dy = e.clientY - drag.y;
+      const dx = e.clientX - drag.x,
+        dy = e.clientY - drag.y;
       if (Math.abs(dx) + Math.abs(dy) > 4) drag.moved = true;
-      if (drag.moved) { canvas.setPointerCapture(e.pointerId); view.pan(-dx, -dy); drag.x = e.clientX; drag.y = e.clientY; }
+      if (drag.moved) {
+        canvas.setPointerCapture(e.pointerId);
+        view.pan(-dx, -dy);
+        drag.x = e.clientX;
+        drag.y = e.clientY;
+      }
       return;
     }
-    const c = view.at(e); if (c) say(c[0], c[1]);
+    const c = view.at(e);
+    if (c) say(c[0], c[1]);
   });
   canvas.addEventListener("click", (e) => {
-    const moved = drag && drag.moved; drag = null;
+    const moved = drag && drag.moved;
+    drag = null;
     if (moved) return;
     const c = view.at(e);
     if (!c) return;
-    view.setCursor(c); say(c[0], c[1]);
+    view.setCursor(c);
+    say(c[0], c[1]);
     if (onCell) onCell(c[0], c[1]);
   });
-  canvas.addEventListener("wheel", (e) => {
-    const r = canvas.getBoundingClientRect();
-    if (e.ctrlKey) { // pinch or ctrl+wheel: zoom about the pointer
-      e.preventDefault();
-      view.zoom(view.cell * (e.deltaY < 0 ? 2 : 0.5), e.clientX - r.left - LABEL_W, e.clientY - r.top - LABEL_H);
-      return;
-    }
-    const before = [view.top, view.left];
-    view.pan(e.shiftKey ? e.deltaY : e.deltaX, e.shiftKey ? 0 : e.deltaY);
-    if (view.top !== before[0] || view.left !== before[1]) e.preventDefault(); // at an edge the page scrolls
-  }, { passive: false });
+  canvas.addEventListener(
+    "wheel",
+    (e) => {
+      const r = canvas.getBoundingClientRect();
+      if (e.ctrlKey) {
+        // pinch or ctrl+wheel: zoom about the pointer
+        e.preventDefault();
+        view.zoom(
+          view.cell * (e.deltaY < 0 ? 2 : 0.5),
+          e.clientX - r.left - LABEL_W,
+          e.clientY - r.top - LABEL_H,
+        );
+        return;
+      }
+      const before = [view.top, view.left];
+      view.pan(e.shiftKey ? e.deltaY : e.deltaX, e.shiftKey ? 0 : e.deltaY);
+      if (view.top !== before[0] || view.left !== before[1]) e.preventDefault(); // at an edge the page scrolls
+    },
+    { passive: false },
+  );
   const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
   canvas.addEventListener("keydown", (e) => {
-    if (onCell && e.key === "Enter") { e.preventDefault(); onCell(...(view.cursor || [0, 0])); return; }
-    if (e.key === "+" || e.key === "=") { e.preventDefault(); view.zoom(view.cell * 2); return; }
-    if (e.key === "-") { e.preventDefault(); view.zoom(view.cell / 2); return; }
+    if (onCell && e.key === "Enter") {
+      e.preventDefault();
+      onCell(...(view.cursor || [0, 0]));
+      return;
+    }
+    if (e.key === "+" || e.key === "=") {
+      e.preventDefault();
+      view.zoom(view.cell * 2);
+      return;
+    }
+    if (e.key === "-") {
+      e.preventDefault();
+      view.zoom(view.cell / 2);
+      return;
+    }
     if (!moves[e.key]) return;
     e.preventDefault();
     const c = view.cursor || [0, 0];
-    view.setCursor([Math.max(0, Math.min(m.length - 1, c[0] + moves[e.key][0])), Math.max(0, Math.min(m[0].length - 1, c[1] + moves[e.key][1]))]);
+    view.setCursor([
+      Math.max(0, Math.min(m.length - 1, c[0] + moves[e.key][0])),
+      Math.max(0, Math.min(m[0].length - 1, c[1] + moves[e.key][1])),
+    ]);
     say(view.cursor[0], view.cursor[1]);
   });
-  canvas.addEventListener("focus", () => { if (!view.cursor) view.setCursor([0, 0]); say(view.cursor[0], view.cursor[1]); });
+  canvas.addEventListener("focus", () => {
+    if (!view.cursor) view.setCursor([0, 0]);
+    say(view.cursor[0], view.cursor[1]);
+  });
   fig.markCell = (i, j) => view.mark(i, j);
 
-  const zoomBar = document.createElement("div"); zoomBar.className = "zoom";
+  const zoomBar = document.createElement("div");
+  zoomBar.className = "zoom";
   const zbutton = (text, label, act) => {
-    const b = document.createElement("button"); b.type = "button"; b.textContent = text;
-    b.setAttribute("aria-label", label); b.addEventListener("click", act); return b;
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = text;
+    b.setAttribute("aria-label", label);
+    b.addEventListener("click", act);
+    return b;
   };
-  zoomBar.append("Zoom ",
+  zoomBar.append(
+    "Zoom ",
     zbutton("−", `Zoom out of ${title}`, () => view.zoom(view.cell / 2)),
     zbutton("+", `Zoom in on ${title}`, () => view.zoom(view.cell * 2)),
-    zbutton("fit", `Fit ${title} to the card`, () => view.fit()), size, where);
+    zbutton("fit", `Fit ${title} to the card`, () => view.fit()),
+    size,
+    where,
+  );
   fig.append(zoomBar);
   fig.classList.add("large");
   scroll.append(canvas);

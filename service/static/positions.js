@@ -1,3 +1,4 @@
+// @ts-check
 // The position variants as the explanations recompute them from a request (API 2.6): RoPE's
 // frequencies, angles and rotation, and ALiBi's slopes and bias. The page's own arithmetic, in
 // float64 as the service's; a browser test checks it against the service's q_rotated, k_rotated
@@ -13,20 +14,29 @@ export function positionOf(request, field, r, batch) {
 
 /** The relative position p'_j − p_i of key j seen from query i (negative for earlier keys). */
 export function relativePosition(request, i, j, batch) {
-  return positionOf(request, "context_positions", j, batch) - positionOf(request, "positions", i, batch);
+  return (
+    positionOf(request, "context_positions", j, batch) - positionOf(request, "positions", i, batch)
+  );
 }
 
 /** RoPE's settings with their defaults: `true` or {base, style, rotary_dim, scaling}. */
 export function ropeSettings(request, dk) {
   const rope = request.rope && typeof request.rope === "object" ? request.rope : {};
-  return { base: rope.base ?? 10000, style: rope.style ?? "half", rotaryDim: rope.rotary_dim ?? dk, scaling: rope.scaling ?? null };
+  return {
+    base: rope.base ?? 10000,
+    style: rope.style ?? "half",
+    rotaryDim: rope.rotary_dim ?? dk,
+    scaling: rope.scaling ?? null,
+  };
 }
 
 /** (rotary_dim/2): θ_i = base^(−2i/rotary_dim), rescaled as LLaMA 3.1 with llama3 scaling. */
 export function ropeFrequencies({ base, rotaryDim, scaling }) {
   const theta = Array.from({ length: rotaryDim / 2 }, (_, i) => 1 / base ** ((2 * i) / rotaryDim));
   if (!scaling || scaling.type !== "llama3") return theta;
-  const factor = scaling.factor ?? 8, low = scaling.low_freq_factor ?? 1, high = scaling.high_freq_factor ?? 4;
+  const factor = scaling.factor ?? 8,
+    low = scaling.low_freq_factor ?? 1,
+    high = scaling.high_freq_factor ?? 4;
   const old = scaling.original_max_position ?? 8192;
   return theta.map((t) => {
     const wavelength = (2 * Math.PI) / t;
@@ -39,12 +49,15 @@ export function ropeFrequencies({ base, rotaryDim, scaling }) {
 
 /** The angle p·θ_i of each pair for a token at position p (p/factor with linear scaling). */
 export function ropeAngles(settings, theta, p) {
-  const scaled = settings.scaling && settings.scaling.type === "linear" ? p / settings.scaling.factor : p;
+  const scaled =
+    settings.scaling && settings.scaling.type === "linear" ? p / settings.scaling.factor : p;
   return theta.map((t) => scaled * t);
 }
 
 /** The two features pair i turns: (i, i + r/2) for "half", (2i, 2i+1) for "interleaved". */
-export function pairFeatures(style, rotaryDim, i) { return style === "half" ? [i, i + rotaryDim / 2] : [2 * i, 2 * i + 1]; }
+export function pairFeatures(style, rotaryDim, i) {
+  return style === "half" ? [i, i + rotaryDim / 2] : [2 * i, 2 * i + 1];
+}
 
 /** `x` turned pair by pair: (a, b) → (a·cos φ − b·sin φ, b·cos φ + a·sin φ); features past
  * rotary_dim unchanged. */
@@ -52,7 +65,10 @@ export function rotate(x, angles, settings) {
   const out = x.slice();
   angles.forEach((phi, i) => {
     const [f, g] = pairFeatures(settings.style, settings.rotaryDim, i);
-    const a = x[f], b = x[g], c = Math.cos(phi), s = Math.sin(phi);
+    const a = x[f],
+      b = x[g],
+      c = Math.cos(phi),
+      s = Math.sin(phi);
     out[f] = a * c - b * s;
     out[g] = b * c + a * s;
   });

@@ -1,9 +1,23 @@
+// @ts-check
 // The results: what to draw (the x-view entries of the response schema), maps, tables, summary
 // and steps, and the batch picker.
 import { $, state } from "./request.js";
 import { heatmap, button } from "./heatmap.js";
 import { fmt } from "./cells.js";
 import { download, csvBlob } from "./export.js";
+
+/**
+ * What the schema's x-view says of one output (see below): a map's colours or a table's rows, or
+ * (`each`) the views of every item of a per-head list.
+ * @typedef {{name?: string, title?: string, map?: string | null, rows?: string, each_head?: boolean,
+ *   each?: View[]}} View
+ */
+/**
+ * One output to draw: `m` its matrix, `head` the /multihead head it belongs to.
+ * @typedef {{key: string, label?: string, title: string, view: View, m: any, head?: number}} DrawItem
+ */
+
+/** @typedef {HTMLButtonElement | HTMLSelectElement | HTMLInputElement | HTMLTextAreaElement} FormControl */
 
 export const TABLE_ROWS = 64;
 // The service describes each drawable output in its OpenAPI document: the property of the
@@ -14,17 +28,30 @@ export const TABLE_ROWS = 64;
 // once per item, for the entries marked each_head. No output name is listed for drawing (only
 // SCALED_BY_SCALE below, which adds the scale to one title).
 
-export function resolveRef(ref) { return ref.replace(/^#\//, "").split("/").reduce((o, k) => (o ? o[k] : undefined), state.spec); }
+export function resolveRef(ref) {
+  return ref
+    .replace(/^#\//, "")
+    .split("/")
+    .reduce((o, k) => (o ? o[k] : undefined), state.spec);
+}
 
 export function viewsOf(schema) {
   const views = [];
   for (const [name, prop] of Object.entries((schema && schema.properties) || {})) {
     const view = prop["x-view"];
-    if (view) { views.push({ ...view, name, map: view.map || null }); continue; }
-    for (const alt of prop.anyOf || prop.oneOf || [prop]) { // a nullable property is anyOf [..., null]
-      const item = alt.type === "array" && alt.items && alt.items.$ref ? resolveRef(alt.items.$ref) : null;
+    if (view) {
+      views.push({ ...view, name, map: view.map || null });
+      continue;
+    }
+    for (const alt of prop.anyOf || prop.oneOf || [prop]) {
+      // a nullable property is anyOf [..., null]
+      const item =
+        alt.type === "array" && alt.items && alt.items.$ref ? resolveRef(alt.items.$ref) : null;
       const each = viewsOf(item).filter((v) => v.each_head && !v.each);
-      if (each.length) { views.push({ name, each }); break; }
+      if (each.length) {
+        views.push({ name, each });
+        break;
+      }
     }
   }
   return views;
@@ -33,7 +60,8 @@ export function viewsOf(schema) {
 export const viewCache = new Map();
 export function responseViews(ep) {
   if (!viewCache.has(ep)) {
-    const schema = state.spec.paths[`/${ep}`].post.responses["200"].content["application/json"].schema;
+    const schema =
+      state.spec.paths[`/${ep}`].post.responses["200"].content["application/json"].schema;
     viewCache.set(ep, viewsOf(schema.$ref ? resolveRef(schema.$ref) : schema));
   }
   return viewCache.get(ep);
@@ -47,13 +75,16 @@ export const isStack = (m) => Array.isArray(m) && Array.isArray(m[0]) && Array.i
 export function firstMap(ep, data) {
   const views = responseViews(ep);
   for (const v of views) if (v.map && data[v.name]) return data[v.name];
-  for (const v of views) if (v.each && Array.isArray(data[v.name]) && data[v.name][0]) {
-    for (const e of v.each) if (e.map && data[v.name][0][e.name]) return data[v.name][0][e.name];
-  }
+  for (const v of views)
+    if (v.each && Array.isArray(data[v.name]) && data[v.name][0]) {
+      for (const e of v.each) if (e.map && data[v.name][0][e.name]) return data[v.name][0][e.name];
+    }
   return null;
 }
 
-export function isBatched(ep, data) { return isStack(firstMap(ep, data)); }
+export function isBatched(ep, data) {
+  return isStack(firstMap(ep, data));
+}
 
 export function setupBatch(ep, data) {
   const pick = $("batch");
@@ -68,36 +99,62 @@ export function setupBatch(ep, data) {
 
 // ---- drawing ------------------------------------------------------------------------------
 
-
 // A matrix as a table (the first TABLE_ROWS rows) in a card (compare.js adds its box and its
 // difference map to the card). `onCell(i, j)`: as for heatmap().
 export function table(key, title, m, rows, onCell = null) {
-  const card = document.createElement("div"); card.className = "table-card"; card.dataset.name = key;
-  const wrap = document.createElement("div"); wrap.className = "table-scroll";
-  const t = document.createElement("table"); t.className = "matrix"; t.dataset.name = key;
+  const card = document.createElement("div");
+  card.className = "table-card";
+  card.dataset.name = key;
+  const wrap = document.createElement("div");
+  wrap.className = "table-scroll";
+  const t = document.createElement("table");
+  t.className = "matrix";
+  t.dataset.name = key;
   const caption = t.createCaption();
   caption.textContent = `${title} [${m.length} × ${m[0].length}]${m.length > TABLE_ROWS ? ` — first ${TABLE_ROWS} rows` : ""} `;
   const csv = button("CSV", () => download(`${key}.csv`, csvBlob(m, rows, null)));
-  csv.className = "secondary small"; csv.setAttribute("aria-label", `Download ${title} as CSV`);
+  csv.className = "secondary small";
+  csv.setAttribute("aria-label", `Download ${title} as CSV`);
   caption.append(csv);
-  const head = t.createTHead().insertRow(); head.append(document.createElement("th"));
-  m[0].forEach((_, j) => { const th = document.createElement("th"); th.textContent = String(j); head.append(th); });
+  const head = t.createTHead().insertRow();
+  head.append(document.createElement("th"));
+  m[0].forEach((_, j) => {
+    const th = document.createElement("th");
+    th.textContent = String(j);
+    head.append(th);
+  });
   const tbody = t.createTBody();
   m.slice(0, TABLE_ROWS).forEach((row, i) => {
     const tr = tbody.insertRow();
-    const th = document.createElement("th"); th.textContent = rows[i] ?? String(i); tr.append(th);
+    const th = document.createElement("th");
+    th.textContent = rows[i] ?? String(i);
+    tr.append(th);
     row.forEach((v, j) => {
-      const td = tr.insertCell(); td.textContent = fmt(v); td.title = String(v);
-      if (onCell) { td.tabIndex = 0; td.dataset.row = i; td.dataset.col = j; td.setAttribute("role", "button"); }
+      const td = tr.insertCell();
+      td.textContent = fmt(v);
+      td.title = String(v);
+      if (onCell) {
+        td.tabIndex = 0;
+        td.dataset.row = i;
+        td.dataset.col = j;
+        td.setAttribute("role", "button");
+      }
     });
   });
   if (onCell) {
     t.classList.add("explainable");
     const fire = (td) => onCell(+td.dataset.row, +td.dataset.col);
-    tbody.addEventListener("click", (e) => { const td = e.target.closest("td[data-row]"); if (td) fire(td); });
+    tbody.addEventListener("click", (e) => {
+      const td = /** @type {Element} */ (e.target).closest("td[data-row]");
+      if (td) fire(td);
+    });
     tbody.addEventListener("keydown", (e) => {
-      const td = e.target.closest && e.target.closest("td[data-row]");
-      if (td && (e.key === "Enter" || e.key === " ")) { e.preventDefault(); fire(td); }
+      const target = /** @type {Element} */ (e.target);
+      const td = target.closest && target.closest("td[data-row]");
+      if (td && (e.key === "Enter" || e.key === " ")) {
+        e.preventDefault();
+        fire(td);
+      }
     });
   }
   wrap.append(t);
@@ -115,7 +172,15 @@ export function axesOf(view) {
 // ---- the cell-explanation hook (explain.js) ---------------------------------------------------
 
 // The outputs whose cells explain themselves: a click or Enter on a cell calls explainCell(ctx).
-const EXPLAINED_MAPS = new Set(["scores", "scaled_scores", "capped_scores", "position_bias", "biased_scores", "masked_scores", "weights"]);
+const EXPLAINED_MAPS = new Set([
+  "scores",
+  "scaled_scores",
+  "capped_scores",
+  "position_bias",
+  "biased_scores",
+  "masked_scores",
+  "weights",
+]);
 const EXPLAINED_TABLES = new Set(["output"]);
 
 let explainer = null; // the module, loaded on the first click (a page without it still works)
@@ -124,17 +189,23 @@ export async function explain(ctx) {
   const el = explainer.explainCell(ctx);
   const panel = $("explain");
   const body = $("explain-body");
-  if (!el) { closeExplain(); return; }
+  if (!el) {
+    closeExplain();
+    return;
+  }
   body.replaceChildren(el);
   const back = el.querySelector("button.explain-back");
   if (back) {
     back.addEventListener("click", async () => {
       await explain({ ...ctx, name: back.dataset.step, i: +back.dataset.i, j: +back.dataset.j });
-      ($("explain-body").querySelector("button.explain-back") || $("explain-close")).focus(); // the keyboard walks on
+      /** @type {HTMLElement} */ (
+        $("explain-body").querySelector("button.explain-back") || $("explain-close")
+      ).focus(); // the keyboard walks on
     });
   }
   panel.hidden = false;
-  panel.dataset.name = ctx.name; panel.dataset.cell = `${ctx.i},${ctx.j}`;
+  panel.dataset.name = ctx.name;
+  panel.dataset.cell = `${ctx.i},${ctx.j}`;
   panel.dataset.head = ctx.head === null ? "" : String(ctx.head);
   const top = panel.getBoundingClientRect().top;
   if (top < 0 || top > window.innerHeight - 40) panel.scrollIntoView({ block: "nearest" });
@@ -167,8 +238,19 @@ function cellHook(item, ep, b, batched) {
   if (!wanted) return null;
   return (i, j) => {
     const r = state.lastResult;
-    explain({ endpoint: r.ep, data: r.data, request: r.body, name, head, batch: batched ? b : null, i, j })
-      .catch((e) => { $("explain-body").textContent = `No explanation: ${e.message}`; $("explain").hidden = false; });
+    explain({
+      endpoint: r.ep,
+      data: r.data,
+      request: r.body,
+      name,
+      head,
+      batch: batched ? b : null,
+      i,
+      j,
+    }).catch((e) => {
+      $("explain-body").textContent = `No explanation: ${e.message}`;
+      $("explain").hidden = false;
+    });
   };
 }
 
@@ -196,11 +278,15 @@ function foldedTables(head, list) {
 const GRID_UP_TO = 480; // px: the widest SVG map drawn in a grid
 function smallMapsGrid(container) {
   const figures = [...container.querySelectorAll("figure.heatmap")];
-  const widths = figures.map((f) => { const svg = f.querySelector(".map-scroll > svg"); return svg ? Number(svg.getAttribute("width")) : Infinity; });
+  const widths = figures.map((f) => {
+    const svg = f.querySelector(".map-scroll > svg");
+    return svg ? Number(svg.getAttribute("width")) : Infinity;
+  });
   const widest = Math.max(0, ...widths);
   const small = figures.length > 0 && widest <= GRID_UP_TO;
   container.classList.toggle("small-maps", small);
-  if (small) container.style.setProperty("--map-min", `${Math.max(190, Math.round(widest * 0.7))}px`);
+  if (small)
+    container.style.setProperty("--map-min", `${Math.max(190, Math.round(widest * 0.7))}px`);
   else container.style.removeProperty("--map-min");
 }
 
@@ -215,28 +301,53 @@ function collapsed(title, fig) {
 }
 
 function options(select, n, value, all) {
-  select.replaceChildren(...(all ? [new Option("all heads", "all")] : []), ...Array.from({ length: n }, (_, i) => new Option(`head ${i}`, String(i))));
-  select.value = [...select.options].some((o) => o.value === String(value)) ? String(value) : select.options[0].value;
+  select.replaceChildren(
+    ...(all ? [new Option("all heads", "all")] : []),
+    ...Array.from({ length: n }, (_, i) => new Option(`head ${i}`, String(i))),
+  );
+  select.value = [...select.options].some((o) => o.value === String(value))
+    ? String(value)
+    : select.options[0].value;
 }
 
 // Which heads' detailed maps and tables are shown (the grid always shows every head).
 function showHeads() {
   const show = $("head-pick").value;
   headChoice.show = show;
-  document.querySelectorAll("#heatmaps > [data-head], #tables > [data-head], #tables > details[data-name^=\"heads.\"], #tables > figure.diff").forEach((el) => {
+  /** @type {NodeListOf<HTMLElement>} */ (
+    document.querySelectorAll(
+      '#heatmaps > [data-head], #tables > [data-head], #tables > details[data-name^="heads."], #tables > figure.diff',
+    )
+  ).forEach((el) => {
     const h = el.dataset.head;
     if (h !== undefined) el.hidden = show !== "all" && h !== show;
   });
 }
 
 function diffView(headWeights, rows, cols, allowed) {
-  const a = Number($("diff-a").value), b = Number($("diff-b").value);
-  headChoice.a = a; headChoice.b = b;
-  const wa = headWeights(a), wb = headWeights(b);
+  const a = Number($("diff-a").value),
+    b = Number($("diff-b").value);
+  headChoice.a = a;
+  headChoice.b = b;
+  const wa = headWeights(a),
+    wb = headWeights(b);
   const box = $("heads-diff");
-  if (!wa || !wb) { box.replaceChildren(); return; }
-  const m = wa.map((row, i) => row.map((v, j) => (v === null || wb[i][j] === null ? null : v - wb[i][j])));
-  const fig = heatmap("heads_diff", `weights: head ${a} − head ${b}`, m, rows, cols, "scores", allowed);
+  if (!wa || !wb) {
+    box.replaceChildren();
+    return;
+  }
+  const m = wa.map((row, i) =>
+    row.map((v, j) => (v === null || wb[i][j] === null ? null : v - wb[i][j])),
+  );
+  const fig = heatmap(
+    "heads_diff",
+    `weights: head ${a} − head ${b}`,
+    m,
+    rows,
+    cols,
+    "scores",
+    allowed,
+  );
   fig.classList.add("diff");
   box.replaceChildren(fig);
   smallMapsGrid($("heads-maps"));
@@ -245,7 +356,11 @@ function diffView(headWeights, rows, cols, allowed) {
 function headsPanel(grid, average, headWeights, rows, cols, allowed) {
   const panel = $("heads");
   panel.hidden = !grid.length;
-  if (!grid.length) { $("heads-grid").replaceChildren(); $("heads-diff").replaceChildren(); return; }
+  if (!grid.length) {
+    $("heads-grid").replaceChildren();
+    $("heads-diff").replaceChildren();
+    return;
+  }
   $("heads-grid").replaceChildren(...grid, ...(average ? [average] : []));
   options($("head-pick"), grid.length, headChoice.show, true);
   options($("diff-a"), grid.length, headChoice.a, false);
@@ -260,7 +375,9 @@ function headsPanel(grid, average, headWeights, rows, cols, allowed) {
 // called once the outputs are drawn, with {ep, data, body, batch, batched, drawn, pick, rows,
 // cols}; main.js registers them (so that this module imports none of them).
 const drawnHooks = [];
-export function whenDrawn(hook) { drawnHooks.push(hook); }
+export function whenDrawn(hook) {
+  drawnHooks.push(hook);
+}
 
 /** Marks the answer drawn as stale (`stale`: the last Run failed, so it answers an earlier
  * request) or fresh again. A stale answer stays readable but says so above it, and every
@@ -271,15 +388,24 @@ export function markStale(stale) {
   results.classList.toggle("stale", stale);
   results.inert = stale;
   $("stale-note").hidden = !stale;
-  if (stale) results.setAttribute("aria-describedby", "stale-note"); else results.removeAttribute("aria-describedby");
+  if (stale) results.setAttribute("aria-describedby", "stale-note");
+  else results.removeAttribute("aria-describedby");
   if (stale) {
     closeExplain();
     // a curl command shown for the answered request is of that request too
-    if (!$("curl").hidden && $("curl").dataset.body === JSON.stringify(state.lastResult.body)) $("curl").hidden = true;
+    if (!$("curl").hidden && $("curl").dataset.body === JSON.stringify(state.lastResult.body))
+      $("curl").hidden = true;
   }
-  results.querySelectorAll("button, select, input, textarea").forEach((el) => {
-    if (stale && !el.disabled) { el.disabled = true; el.dataset.staleOff = ""; }
-    else if (!stale && el.dataset.staleOff !== undefined) { el.disabled = false; delete el.dataset.staleOff; }
+  /** @type {NodeListOf<FormControl>} */ (
+    results.querySelectorAll("button, select, input, textarea")
+  ).forEach((el) => {
+    if (stale && !el.disabled) {
+      el.disabled = true;
+      el.dataset.staleOff = "";
+    } else if (!stale && el.dataset.staleOff !== undefined) {
+      el.disabled = false;
+      delete el.dataset.staleOff;
+    }
   });
 }
 
@@ -297,40 +423,69 @@ export function render() {
   const n = first ? first.length : 0;
   const rows = data.tokens || Array.from({ length: n }, (_, i) => String(i));
   const S = first && first.length ? first[0].length : 0;
-  const cols = data.context_tokens || (S === rows.length ? rows : Array.from({ length: S }, (_, i) => String(i)));
+  const cols =
+    data.context_tokens ||
+    (S === rows.length ? rows : Array.from({ length: S }, (_, i) => String(i)));
   $("results").hidden = false;
 
   const summary = pick(data.summary) || [];
-  $("summary").replaceChildren(...summary.map((r, i) => {
-    const li = document.createElement("li");
-    const who = r.token ?? `query ${i}`;
-    li.textContent = r.top_key_index === null
-      ? `${who} attends to no key (every key is masked)`
-      : `${who} attends most to ${r.top_key ?? `key ${r.top_key_index}`}, ${fmt(r.top_weight)} (entropy ${fmt(r.entropy_bits)} bits)`;
-    return li;
-  }));
+  $("summary").replaceChildren(
+    ...summary.map((r, i) => {
+      const li = document.createElement("li");
+      const who = r.token ?? `query ${i}`;
+      li.textContent =
+        r.top_key_index === null
+          ? `${who} attends to no key (every key is masked)`
+          : `${who} attends most to ${r.top_key ?? `key ${r.top_key_index}`}, ${fmt(r.top_weight)} (entropy ${fmt(r.entropy_bits)} bits)`;
+      return li;
+    }),
+  );
 
   // what to draw, in schema order: {key, title, view, m}; a per-head list expands in place
+  /** @type {DrawItem[]} */
   const items = [];
   for (const view of views) {
     if (!view.each) {
-      const title = view.name === SCALED_BY_SCALE && data.scale !== undefined ? `${view.title}  · ${fmt(data.scale)}` : view.title;
+      const title =
+        view.name === SCALED_BY_SCALE && data.scale !== undefined
+          ? `${view.title}  · ${fmt(data.scale)}`
+          : view.title;
       items.push({ key: view.name, label: view.name, title, view, m: matrix(data[view.name]) });
       continue;
     }
     (Array.isArray(data[view.name]) ? data[view.name] : []).forEach((head, i) => {
       // every map of the head (its masked scores are folded below; the head picker shows one head)
       for (const v of view.each) {
-        const item = { key: `head${i}_${v.name}`, label: `heads.${i}.${v.name}`, title: `head ${i}: ${v.title}`, view: v, m: matrix(head[v.name]), head: i };
+        const item = {
+          key: `head${i}_${v.name}`,
+          label: `heads.${i}.${v.name}`,
+          title: `head ${i}: ${v.title}`,
+          view: v,
+          m: matrix(head[v.name]),
+          head: i,
+        };
         if (item.m) items.push(item);
       }
       const sinks = sinkColumn(head);
-      if (sinks) items.push({ key: `head${i}_${SINK_WEIGHTS}`, title: `head ${i}: sink weights`, view: { rows: "queries" }, m: sinks, head: i });
+      if (sinks)
+        items.push({
+          key: `head${i}_${SINK_WEIGHTS}`,
+          title: `head ${i}: sink weights`,
+          view: { rows: "queries" },
+          m: sinks,
+          head: i,
+        });
     });
   }
 
   const topSinks = sinkColumn(data);
-  if (topSinks) items.push({ key: SINK_WEIGHTS, title: "sink weights", view: { rows: "queries" }, m: topSinks });
+  if (topSinks)
+    items.push({
+      key: SINK_WEIGHTS,
+      title: "sink weights",
+      view: { rows: "queries" },
+      m: topSinks,
+    });
 
   const maskView = views.find((v) => v.map === "mask");
   const allowed = maskView ? matrix(data[maskView.name]) : undefined; // hatches masked cells of weights maps
@@ -350,10 +505,22 @@ export function render() {
     const axes = axesOf(view);
     let el;
     if (view.map) {
-      el = heatmap(key, title, m, rows, cols, view.map, view.map === "weights" ? allowed : null, onCell, axes);
+      el = heatmap(
+        key,
+        title,
+        m,
+        rows,
+        cols,
+        view.map,
+        view.map === "weights" ? allowed : null,
+        onCell,
+        axes,
+      );
       if (head !== null) el.dataset.head = String(head);
-      if (head !== null && view.name === "weights") grid.push(el); // heads side by side
-      else if (head !== null && view.name === "masked_scores") folded.push(collapsed(title, el)); // the same numbers as the scores, with −∞: folded
+      if (head !== null && view.name === "weights")
+        grid.push(el); // heads side by side
+      else if (head !== null && view.name === "masked_scores")
+        folded.push(collapsed(title, el)); // the same numbers as the scores, with −∞: folded
       else if (key === "average_weights") average = el;
       else maps.push(el);
     } else {
@@ -365,20 +532,39 @@ export function render() {
       }
     }
     if (head !== null) el.dataset.head = String(head);
-    drawn.push({ ...item, el, axes, rows: view.map ? rows : labels[view.rows] || [], cols: view.map ? cols : null });
+    drawn.push({
+      ...item,
+      el,
+      axes,
+      rows: view.map ? rows : labels[view.rows] || [],
+      cols: view.map ? cols : null,
+    });
   }
   if (average && !grid.length) maps.unshift(average);
   $("heatmaps").replaceChildren(...maps, ...folded);
   smallMapsGrid($("heatmaps"));
-  $("tables").replaceChildren(...[...headTables].map(([h, list]) => foldedTables(h, list)), ...tables);
-  headsPanel(grid, average, (i) => matrix(data.heads && data.heads[i] ? data.heads[i].weights : undefined), rows, cols, allowed);
+  $("tables").replaceChildren(
+    ...[...headTables].map(([h, list]) => foldedTables(h, list)),
+    ...tables,
+  );
+  headsPanel(
+    grid,
+    average,
+    (i) => matrix(data.heads && data.heads[i] ? data.heads[i].weights : undefined),
+    rows,
+    cols,
+    allowed,
+  );
   const ctx = { ep, data, body: state.lastResult.body, batch: b, batched, drawn, pick, rows, cols };
   for (const hook of drawnHooks) hook(ctx);
 
-  $("steps").replaceChildren(...(data.steps || []).map((s) => {
-    const li = document.createElement("li");
-    const code = document.createElement("code"); code.textContent = s.formula;
-    li.append(`${s.name}: `, code, `  [${s.shape.join(" × ")}]`);
-    return li;
-  }));
+  $("steps").replaceChildren(
+    ...(data.steps || []).map((s) => {
+      const li = document.createElement("li");
+      const code = document.createElement("code");
+      code.textContent = s.formula;
+      li.append(`${s.name}: `, code, `  [${s.shape.join(" × ")}]`);
+      return li;
+    }),
+  );
 }

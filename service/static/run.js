@@ -1,3 +1,4 @@
+// @ts-check
 // Run: build the body from the form, send it, and draw the answer (render.js); an answer that
 // failed leaves the one drawn before marked as stale (render.js: markStale).
 import { $, state, buildBody, showErrors, clearErrors, loadSpec, FieldError } from "./request.js";
@@ -16,9 +17,16 @@ export function say(text, hint = "") {
 // typed arrays instead of parsing megabytes of JSON).
 const LARGE = 512;
 function sequenceLength(body) {
-  const rows = (m) => (Array.isArray(m) ? (Array.isArray(m[0]) && Array.isArray(m[0][0]) ? m[0].length : m.length) : 0);
-  return Math.max(Number(body.seq_len) || 0, Array.isArray(body.tokens) ? body.tokens.length : 0,
-    typeof body.sentence === "string" ? body.sentence.split(/\s+/).length : 0, rows(body.x), rows(body.q), rows(body.k));
+  const rows = (m) =>
+    Array.isArray(m) ? (Array.isArray(m[0]) && Array.isArray(m[0][0]) ? m[0].length : m.length) : 0;
+  return Math.max(
+    Number(body.seq_len) || 0,
+    Array.isArray(body.tokens) ? body.tokens.length : 0,
+    typeof body.sentence === "string" ? body.sentence.split(/\s+/).length : 0,
+    rows(body.x),
+    rows(body.q),
+    rows(body.k),
+  );
 }
 
 let runs = 0; // a newer Run makes an older answer stale: it is dropped
@@ -28,8 +36,14 @@ export async function run(event, { scroll = true } = {}) {
   if (event && event.preventDefault) event.preventDefault();
   clearErrors();
   let body;
-  try { body = buildBody(); } catch (e) {
-    if (e instanceof FieldError) { showErrors(e.message, [{ field: e.field, message: e.message }]); markStale(true); return; }
+  try {
+    body = buildBody();
+  } catch (e) {
+    if (e instanceof FieldError) {
+      showErrors(e.message, [{ field: e.field, message: e.message }]);
+      markStale(true);
+      return;
+    }
     throw e;
   }
   state.lastBody = body;
@@ -44,7 +58,14 @@ export async function run(event, { scroll = true } = {}) {
       const headers = { "Content-Type": "application/json" };
       if (sequenceLength(body) >= LARGE) headers.Accept = "application/x-safetensors"; // read far faster than JSON
       response = await fetch(ep, { method: "POST", headers, body: JSON.stringify(body) });
-    } catch (e) { if (seq === runs) { say(""); showErrors(`The service did not answer: ${e.message}`, []); markStale(true); } return; }
+    } catch (e) {
+      if (seq === runs) {
+        say("");
+        showErrors(`The service did not answer: ${e.message}`, []);
+        markStale(true);
+      }
+      return;
+    }
     const received = performance.now();
     const binary = (response.headers.get("content-type") || "").includes("safetensors");
     const data = binary ? readSafetensors(await response.arrayBuffer()) : await response.json();
@@ -56,19 +77,40 @@ export async function run(event, { scroll = true } = {}) {
       markStale(true);
       return;
     }
-    try { await loadSpec(); } catch (e) { say(""); showErrors(`Could not read openapi.json: ${e.message}`, []); markStale(true); return; }
+    try {
+      await loadSpec();
+    } catch (e) {
+      say("");
+      showErrors(`Could not read openapi.json: ${e.message}`, []);
+      markStale(true);
+      return;
+    }
     state.lastResult = { ep, body, data };
     markStale(false);
     const ms = performance.now() - started;
     setupBatch(ep, data);
     render();
     const drawn = performance.now();
-    say(`Done in ${Math.round(ms)} ms.`, "Click any cell of a map, or of the output, to see how it was computed.");
+    say(
+      `Done in ${Math.round(ms)} ms.`,
+      "Click any cell of a map, or of the output, to see how it was computed.",
+    );
     // how long each part took, for the large-input test: answer, JSON.parse, drawing, first paint
-    const timing = { format: binary ? "safetensors" : "json", request_ms: received - started, parse_ms: parsed - received, render_ms: drawn - parsed };
-    requestAnimationFrame(() => setTimeout(() => { timing.first_paint_ms = performance.now() - started; window.explorerTiming = timing; }, 0));
+    const timing = {
+      format: binary ? "safetensors" : "json",
+      request_ms: received - started,
+      parse_ms: parsed - received,
+      render_ms: drawn - parsed,
+    };
+    requestAnimationFrame(() =>
+      setTimeout(() => {
+        timing.first_paint_ms = performance.now() - started;
+        /** @type {any} */ (window).explorerTiming = timing;
+      }, 0),
+    );
     const top = $("results").getBoundingClientRect().top;
-    if (scroll && (top < 0 || top > window.innerHeight)) $("results").scrollIntoView({ block: "start" });
+    if (scroll && (top < 0 || top > window.innerHeight))
+      $("results").scrollIntoView({ block: "start" });
   } finally {
     if (seq === runs) delete document.body.dataset.busy;
   }

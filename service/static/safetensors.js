@@ -1,16 +1,28 @@
+// @ts-check
 // Reading a safetensors answer (the service's `Accept: application/x-safetensors`) back into the
 // shape of its JSON answer, much faster than JSON.parse for large arrays: an 8-byte little-endian
 // header length, a JSON header with dtype, shape and data_offsets per tensor (named by its dotted
 // JSON path) and the rest of the answer as JSON under __metadata__.json, then the bytes.
 
 const READ = {
-  F64: [Float64Array, 8], F32: [Float32Array, 4], I64: [BigInt64Array, 8], I32: [Int32Array, 4], U8: [Uint8Array, 1], BOOL: [Uint8Array, 1],
+  F64: [Float64Array, 8],
+  F32: [Float32Array, 4],
+  I64: [BigInt64Array, 8],
+  I32: [Int32Array, 4],
+  U8: [Uint8Array, 1],
+  BOOL: [Uint8Array, 1],
 };
 
 // A flat typed array as nested rows of `shape`; a non-finite float is null, as in the JSON.
 function nest(flat, shape, dtype) {
-  const conv = dtype === "BOOL" ? (v) => v !== 0 : dtype === "I64" ? (v) => Number(v)
-    : dtype.startsWith("F") ? (v) => (Number.isFinite(v) ? v : null) : (v) => v;
+  const conv =
+    dtype === "BOOL"
+      ? (v) => v !== 0
+      : dtype === "I64"
+        ? (v) => Number(v)
+        : dtype.startsWith("F")
+          ? (v) => (Number.isFinite(v) ? v : null)
+          : (v) => v;
   const build = (offset, d) => {
     const n = shape[d];
     if (d === shape.length - 1) {
@@ -50,8 +62,10 @@ export function readSafetensors(buffer) {
     const [Type, size] = READ[t.dtype] || [];
     if (!Type) throw new Error(`safetensors: cannot read dtype ${t.dtype} of ${name}`);
     const [begin, end] = t.data_offsets;
-    const at = start + begin, count = (end - begin) / size;
-    const flat = at % size === 0 ? new Type(buffer, at, count) : new Type(buffer.slice(at, start + end));
+    const at = start + begin,
+      count = (end - begin) / size;
+    const flat =
+      at % size === 0 ? new Type(buffer, at, count) : new Type(buffer.slice(at, start + end));
     put(data, name, nest(flat, t.shape, t.dtype));
   }
   return data;

@@ -22,9 +22,7 @@ function asRows(value, indent = "") {
   const members = list ? value : Object.values(value);
   const parts = list
     ? value.map((v) => asRows(v, inner))
-    : Object.entries(value).map(
-        ([k, v]) => `${JSON.stringify(k)}: ${asRows(v, inner)}`,
-      );
+    : Object.entries(value).map(([k, v]) => `${JSON.stringify(k)}: ${asRows(v, inner)}`);
   const [open, close] = list ? ["[", "]"] : ["{", "}"];
   if (!parts.length) return open + close;
   if (members.every((v) => v === null || typeof v !== "object"))
@@ -42,12 +40,7 @@ const laidOut = new Map(); // text -> rows, for the last few texts (a component 
  * @returns {unknown}
  */
 function inRows(text) {
-  if (
-    typeof text !== "string" ||
-    text.length > LARGEST ||
-    !/^[[{]\n/.test(text)
-  )
-    return text;
+  if (typeof text !== "string" || text.length > LARGEST || !/^[[{]\n/.test(text)) return text;
   if (laidOut.has(text)) return laidOut.get(text);
   let rows = text;
   try {
@@ -70,21 +63,15 @@ function JsonInRows() {
   return {
     wrapComponents: {
       RequestBodyEditor:
-        (/** @type {any} */ Original, /** @type {any} */ system) =>
-        (/** @type {any} */ props) => {
+        (/** @type {any} */ Original, /** @type {any} */ system) => (/** @type {any} */ props) => {
           const value = inRows(props.value),
             defaultValue = inRows(props.defaultValue);
           // the editor reports its text back as the body to send: our layout of Swagger UI's own
           // text goes back as that text, so that the example picker still knows it as the example
           const back = (/** @type {unknown} */ v) =>
-            v === value
-              ? props.value
-              : v === defaultValue
-                ? props.defaultValue
-                : v;
+            v === value ? props.value : v === defaultValue ? props.defaultValue : v;
           const onChange =
-            props.onChange &&
-            ((/** @type {unknown} */ v) => props.onChange(back(v)));
+            props.onChange && ((/** @type {unknown} */ v) => props.onChange(back(v)));
           return system.React.createElement(Original, {
             ...props,
             value,
@@ -93,8 +80,7 @@ function JsonInRows() {
           });
         },
       HighlightCode:
-        (/** @type {any} */ Original, /** @type {any} */ system) =>
-        (/** @type {any} */ props) =>
+        (/** @type {any} */ Original, /** @type {any} */ system) => (/** @type {any} */ props) =>
           system.React.createElement(Original, {
             ...props,
             children: inRows(props.children),
