@@ -1,6 +1,6 @@
 // @ts-check
 // Export: SVG/PNG of a map, copy as curl, CSV of a matrix, the whole result as JSON or safetensors.
-import { $, state, buildBody, clearErrors, showErrors, FieldError } from "./request.js";
+import { $, state, formBody } from "./request.js";
 import { drawWhole } from "./mapview.js";
 
 export function download(name, blob) {
@@ -32,17 +32,8 @@ export function curlCommand(ep, body) {
 }
 
 export async function copyCurl() {
-  clearErrors();
-  let body;
-  try {
-    body = buildBody();
-  } catch (e) {
-    if (e instanceof FieldError) {
-      showErrors(e.message, [{ field: e.field, message: e.message }]);
-      return;
-    }
-    throw e;
-  }
+  const body = formBody();
+  if (body === undefined) return;
   const cmd = curlCommand($("endpoint").value, body);
   $("curl").textContent = cmd;
   $("curl").hidden = false;

@@ -326,6 +326,19 @@ export function buildBody() {
   return body;
 }
 
+// The form's request body, or undefined when a field cannot be read: then its error is shown at
+// the top and next to the field (errors clear first).
+export function formBody() {
+  clearErrors();
+  try {
+    return buildBody();
+  } catch (e) {
+    if (!(e instanceof FieldError)) throw e;
+    showErrors(e.message, [{ field: e.field, message: e.message }]);
+    return undefined;
+  }
+}
+
 export function fillForm(example) {
   const ex = { ...example };
   delete ex.include; // the explorer shows every step

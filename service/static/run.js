@@ -1,7 +1,7 @@
 // @ts-check
 // Run: build the body from the form, send it, and draw the answer (render.js); an answer that
 // failed leaves the one drawn before marked as stale (render.js: markStale).
-import { $, state, buildBody, showErrors, clearErrors, loadSpec, FieldError } from "./request.js";
+import { $, state, formBody, showErrors, loadSpec } from "./request.js";
 import { render, setupBatch, markStale } from "./render.js";
 import { readSafetensors } from "./safetensors.js";
 
@@ -34,17 +34,10 @@ let runs = 0; // a newer Run makes an older answer stale: it is dropped
 // view when they are off screen (not on arrival). body[data-busy] is set while a Run is under way.
 export async function run(event, { scroll = true } = {}) {
   if (event && event.preventDefault) event.preventDefault();
-  clearErrors();
-  let body;
-  try {
-    body = buildBody();
-  } catch (e) {
-    if (e instanceof FieldError) {
-      showErrors(e.message, [{ field: e.field, message: e.message }]);
-      markStale(true);
-      return;
-    }
-    throw e;
+  const body = formBody();
+  if (body === undefined) {
+    markStale(true);
+    return;
   }
   state.lastBody = body;
   const ep = $("endpoint").value;
