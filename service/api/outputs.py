@@ -50,6 +50,8 @@ class View:
     map: Literal["scores", "weights", "mask"] | None = None
     rows: Literal["queries", "keys", "index"] = "queries"
     each_head: bool = False  # on /multihead, drawn for every head
+    chain: bool = False  # one of the scores in turn (scaled, capped, biased, masked): each made
+    # from the latest present one before it in the table's order, the softmax reads the last
 
 
 def _everywhere(shapes: Shapes) -> bool:
@@ -104,20 +106,20 @@ OUTPUTS: tuple[Output, ...] = (
            view=View("K rotated (RoPE)", rows="keys", each_head=True)),
     Output("scores", "matrix", "Q Kᵀ [L][S]", _ls, head=True, view=View("scores  Q Kᵀ", "scores")),
     Output("scaled_scores", "matrix", "Q Kᵀ · scale [L][S]", _ls, head=True,
-           view=View("scaled scores", "scores", each_head=True)),
+           view=View("scaled scores", "scores", each_head=True, chain=True)),
     Output("capped_scores", "matrix", "c · tanh(scaled_scores / c) [L][S] (when softcap is on)",
            _ls, present=lambda s: s.softcap, head=True,
-           view=View("capped scores  c·tanh(s/c)", "scores", each_head=True)),
+           view=View("capped scores  c·tanh(s/c)", "scores", each_head=True, chain=True)),
     Output("position_bias", "matrix", "the ALiBi or T5 bias [L][S] (when one is on)", _ls,
            present=lambda s: s.position_bias, head=True,
            view=View("position bias", "scores", each_head=True)),
     Output("biased_scores", "matrix", "the scores so far plus position_bias [L][S]", _ls,
            present=lambda s: s.position_bias, head=True,
-           view=View("scores + position bias", "scores", each_head=True)),
+           view=View("scores + position bias", "scores", each_head=True, chain=True)),
     Output("masked_scores", "nullable",
            "the scores so far plus the mask; null where masked (only when a mask applies)", _ls,
            present=lambda s: s.masked, head=True,
-           view=View("masked scores", "scores", each_head=True)),
+           view=View("masked scores", "scores", each_head=True, chain=True)),
     Output("sink_weights", "vector", "the weight each query row gives the sink [L] (when "
            "sinks are on); its weights sum to 1 − this", lambda s: (s.seq_len,),
            present=lambda s: s.sinks, head=True),

@@ -5,12 +5,13 @@ without being built for each request. Arrays gain a leading B when the request w
 from dataclasses import asdict
 from typing import Any, cast
 
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.config import JsonDict
 
 from service.api.compare import DIAGNOSIS_TIMES
 from service.api.outputs import Kind, Output, in_heads, top_level
 from service.api.rules import Endpoint
+from service.core.compare import MASKED_FLOOR
 
 Matrix = list[list[float]] | list[list[list[float]]]
 NullableMatrix = list[list[float | None]] | list[list[list[float | None]]]
@@ -65,6 +66,9 @@ class Diagnosis(BaseModel):
 
 class Compared(BaseModel):
     """One of the caller's arrays against the service's."""
+
+    # the explorer reads it: a caller's score at or below it counts as masked (−∞)
+    model_config = ConfigDict(json_schema_extra={"x-masked-floor": MASKED_FLOOR})
 
     name: str = Field(description="the output's name; heads.<i>.<name> per head on /multihead")
     match: bool = Field(description="every number within the tolerance")
