@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.live import start_server  # noqa: E402
-from service.api import examples as ex  # noqa: E402
+from service.wire import examples as ex  # noqa: E402
 
 SMALL = [("/attention", ex.I_AM_BATMAN), ("/mask", ex.CAUSAL_FOUR_TOKENS), ("/multihead", ex.TWO_HEADS_FULL_BLOCK),
          ("/mask", ex.PADDED_BATCH), ("/attention", ex.GENERATED_SENTENCE)]  # fmt: skip

@@ -51,12 +51,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.live import start_server  # noqa: E402
-from service.api.budget import cost_bytes, worker_budget  # noqa: E402
-from service.api.examples import I_AM_BATMAN  # noqa: E402
-from service.api.limits import check_limits  # noqa: E402
-from service.api.rules import attention_shapes  # noqa: E402
-from service.api.schemas.requests import AttentionRequest  # noqa: E402
 from service.config import Settings  # noqa: E402
+from service.http.budget import cost_bytes, worker_budget  # noqa: E402
+from service.trace.limits import check_limits  # noqa: E402
+from service.trace.rules import attention_shapes  # noqa: E402
+from service.wire.examples import I_AM_BATMAN  # noqa: E402
+from service.wire.schemas.requests import AttentionRequest  # noqa: E402
 
 LARGE: dict[str, Any] = {"seq_len": 2048, "seed": 1, "d_model": 64, "d_k": 64}
 JSON_HEADERS = {"Content-Type": "application/json"}

@@ -67,11 +67,11 @@ sys.path.insert(0, str(ROOT))
 import explorer  # noqa: E402  (benchmarks/explorer.py, beside this script)
 
 from harness.live import free_port, http_json, start_server  # noqa: E402
-from service.api.outputs import sizes  # noqa: E402
-from service.api.rules import attention_shapes  # noqa: E402
-from service.api.schemas.requests import AttentionRequest  # noqa: E402
 from service.core.attention import project, scaled_dot_product_attention  # noqa: E402
 from service.core.multihead import MultiheadWeights, multihead_attention  # noqa: E402
+from service.trace.outputs import sizes  # noqa: E402
+from service.trace.rules import attention_shapes  # noqa: E402
+from service.wire.schemas.requests import AttentionRequest  # noqa: E402
 
 Row = dict[str, Any]
 
@@ -309,7 +309,7 @@ def p4(tmp: Path) -> Row:
     """On a fresh server (a warm one keeps freed memory in its allocator and would show less)."""
     proc, base = start_server(workers=1)
     try:
-        from service.api.examples import I_AM_BATMAN
+        from service.wire.examples import I_AM_BATMAN
 
         small = write_body(I_AM_BATMAN, tmp, "P4-small.json")
         curl_seconds(base + "/attention", small)  # imports and first-call costs are not P1's
@@ -399,7 +399,7 @@ import uvicorn
 stock = sys.argv.pop(1) == "stock"
 run = uvicorn.run
 def launch(*args, **kwargs):
-    assert kwargs["http"] == "service.api.connection:GuardedProtocol", kwargs["http"]
+    assert kwargs["http"] == "service.http.connection:GuardedProtocol", kwargs["http"]
     run(*args, **{**kwargs, "http": "httptools" if stock else kwargs["http"]})
 uvicorn.run = launch
 from service.__main__ import main
@@ -464,7 +464,7 @@ def wrk_stats(url: str, seconds: int, script: str | None = None) -> tuple[float,
 
 def post_script(tmp: Path) -> str:
     """A wrk script that POSTs P2's 3-token /attention request."""
-    from service.api.examples import I_AM_BATMAN
+    from service.wire.examples import I_AM_BATMAN
 
     script = tmp / "post.lua"
     body = json.dumps(I_AM_BATMAN).replace("\\", "\\\\").replace('"', '\\"')
@@ -490,7 +490,7 @@ def c1_c2(tmp: Path, ids: set[str], pairs: int = 3, rounds: int = 3, seconds: in
     if not shutil.which("wrk"):
         return [skipped(rid, w, "wrk is not installed (apt-get install wrk)")
                 for rid, w in what.items() if rid in ids]  # fmt: skip
-    from service.api.examples import I_AM_BATMAN
+    from service.wire.examples import I_AM_BATMAN
 
     script = post_script(tmp)
     sides = [
@@ -561,7 +561,7 @@ def start_peer(app: str) -> tuple[subprocess.Popen[bytes], str]:
     free loopback port, uvicorn's defaults otherwise (httptools, uvloop when installed, access
     log on), the BLAS thread variables of this process (as the service gets them); returns once
     it answers P2's 3-token request."""
-    from service.api.examples import I_AM_BATMAN
+    from service.wire.examples import I_AM_BATMAN
 
     port = free_port()
     out = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the server)
@@ -603,7 +603,7 @@ def s1(base: str, tmp: Path, ids: set[str], rounds: int = 5, seconds: int = 3) -
     if not shutil.which("wrk"):
         return [skipped(rid, S1_WHAT[rid], "wrk is not installed (apt-get install wrk)", f"≥ {S1_TARGETS[rid]}")
                 for rid in wanted]  # fmt: skip
-    from service.api.examples import I_AM_BATMAN
+    from service.wire.examples import I_AM_BATMAN
 
     script = post_script(tmp)
     peers = [start_peer("lean"), start_peer("tutorial")]
@@ -749,7 +749,7 @@ def b2(tmp: Path) -> Row:
     """As P4, for B1's safetensors request: on a fresh server, after small JSON and safetensors
     requests (imports, first calls, the thread pool), reset the peak (VmHWM) to the current RSS,
     send B1's request, read the peak."""
-    from service.api.examples import I_AM_BATMAN
+    from service.wire.examples import I_AM_BATMAN
 
     proc, base = start_server(workers=1)
     try:
@@ -818,7 +818,7 @@ def r1_r2(tmp: Path, ids: set[str], rounds: int = 5, seconds: int = 3) -> list[R
     -c16 on each in turn, the side going first swapped each round; R2: on the 1-replica setup,
     wrk -t1 -c1 through nginx and straight to its replica in turn. Medians of the rounds."""
     from harness.replicas import Replicas, nginx_binary
-    from service.api.examples import I_AM_BATMAN
+    from service.wire.examples import I_AM_BATMAN
 
     wanted = [rid for rid in ("R1", "R2") if rid in ids]
     missing = [tool for tool, found in (("nginx", nginx_binary()), ("wrk", shutil.which("wrk"))) if not found]  # fmt: skip

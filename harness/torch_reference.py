@@ -133,7 +133,7 @@ def build_cases(seed: int) -> list[Case]:
 
 
 def _worked_examples(r: Callable[..., np.ndarray]) -> list[Case]:
-    from service.api import examples as ex
+    from service.wire import examples as ex
 
     cases: list[Case] = []
     # (a) I am Batman, PyTorch layout: Q = X W_qᵀ

@@ -12,7 +12,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.api import examples as ex
+from service.wire import examples as ex
 
 EXAMPLES: list[tuple[str, str, dict[str, Any] | None]] = [
     (

@@ -50,7 +50,7 @@ def _prepare_environment(workers: int) -> None:
 
 def _stop_status() -> int:
     """0 when every answer was complete at the stop; 1 when the grace period ran out and some
-    were cut (each worker leaves a mark for them: service.api.middleware)."""
+    were cut (each worker leaves a mark for them: service.http.middleware)."""
     marks = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")).glob("cut-*")
     return 1 if os.environ.get("PROMETHEUS_MULTIPROC_DIR") and any(marks) else 0
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             port=args.port,
             workers=args.workers,
             # limits and deadlines per connection; by name, so that only workers import it
-            http="service.api.connection:GuardedProtocol",
+            http="service.http.connection:GuardedProtocol",
             server_header=False,  # no "server: uvicorn" on every answer
             ws="none",  # no WebSocket endpoints: an Upgrade request is answered as plain HTTP
             log_config=log_config(settings.log_level),

@@ -1,7 +1,7 @@
 """Settings from environment variables prefixed ATTENTION_ (e.g. ATTENTION_PORT=9000).
 
 Built lazily by :func:`get_settings`; tests pass their own Settings to
-:func:`service.api.app.create_app`. README lists every variable.
+:func:`service.http.app.create_app`. README lists every variable.
 """
 
 from functools import lru_cache

@@ -1,6 +1,6 @@
 """The ASGI application object: ``uvicorn service.main:app``."""
 
-from service.api.app import create_app
+from service.http.app import create_app
 from service.memory import tune_allocator
 
 tune_allocator()  # in every worker process, before any request allocates

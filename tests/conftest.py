@@ -11,8 +11,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from fastapi.testclient import TestClient
 
-from service.api.app import create_app
 from service.config import Settings
+from service.http.app import create_app
 
 TOL = 1e-12
 

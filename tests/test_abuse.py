@@ -6,9 +6,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api import examples as ex
-from service.api.app import create_app
 from service.config import Settings
+from service.http.app import create_app
+from service.wire import examples as ex
 
 JSON = {"content-type": "application/json"}
 

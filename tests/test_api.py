@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api import examples as ex
+from service.wire import examples as ex
 
 
 def post(client: TestClient, path: str, body: dict[str, Any], status: int = 200) -> dict[str, Any]:

@@ -17,13 +17,14 @@ from fastapi.openapi.models import Example
 from fastapi.testclient import TestClient
 from safetensors.numpy import load, save
 
-from service.api.app import create_app
-from service.api.binary import MAX_TENSORS, negotiate
-from service.api.errors import RequestError
-from service.api.examples import ATTENTION_EXAMPLES, MASK_EXAMPLES, MULTIHEAD_EXAMPLES
-from service.api.parser import Parser
-from service.api.routes import INLINE_BODY_BYTES, ROUTES, checked
 from service.config import Settings
+from service.http.app import create_app
+from service.http.parser import Parser
+from service.http.routes import INLINE_BODY_BYTES, checked
+from service.wire.errors import RequestError
+from service.wire.examples import ATTENTION_EXAMPLES, MASK_EXAMPLES, MULTIHEAD_EXAMPLES
+from service.wire.media import negotiate
+from service.wire.safetensors_in import MAX_TENSORS
 
 ST = "application/x-safetensors"
 TO_ST = {"Content-Type": ST}
@@ -540,12 +541,12 @@ def test_a_large_safetensors_body_is_checked_the_same_in_the_parser_process() ->
     assert min(len(good), len(bad)) > INLINE_BODY_BYTES
     parser = Parser(1)
     try:
-        req, shapes, numbers = checked(good, ROUTES["attention"], Settings(), "safetensors")
+        here = checked(good, "attention", Settings(), "safetensors")
         there = asyncio.run(parser.check(good, "attention", Settings(), "safetensors"))
-        assert there[1:] == (shapes, numbers)
-        np.testing.assert_array_equal(there[0].x, req.x)
+        assert (there.shapes, there.numbers) == (here.shapes, here.numbers)
+        np.testing.assert_array_equal(there.req.x, here.req.x)
         with pytest.raises(RequestError) as here_error:
-            checked(bad, ROUTES["attention"], Settings(), "safetensors")
+            checked(bad, "attention", Settings(), "safetensors")
         with pytest.raises(RequestError) as there_error:
             asyncio.run(parser.check(bad, "attention", Settings(), "safetensors"))
         assert there_error.value.status == here_error.value.status == 422

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from harness.live import start_server, stop_server
-from service.api.binary import MAX_TENSORS
-from service.api.routes import INLINE_BODY_BYTES
+from service.http.routes import INLINE_BODY_BYTES
+from service.wire.safetensors_in import MAX_TENSORS
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +46,7 @@ class Answer:
     seconds: float  # from the request's last byte sent to the answer's last byte read
 
     def error(self) -> dict[str, Any]:
-        """The one JSON error shape (service.api.errors)."""
+        """The one JSON error shape (service.wire.errors)."""
         assert self.headers.get("content-type") == "application/json", (self.status, self.body[:200])  # fmt: skip
         body: dict[str, Any] = json.loads(self.body)
         assert set(body) == {"message", "errors"}

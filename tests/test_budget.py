@@ -1,4 +1,4 @@
-"""Admission by cost (service.api.budget): who is admitted, who waits, who gets 503 or 413, and
+"""Admission by cost (service.http.budget): who is admitted, who waits, who gets 503 or 413, and
 where the budget comes from."""
 
 import asyncio
@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
-from service.api.budget import Budget, Overloaded, memory_limit_bytes, worker_budget
-from service.api.errors import LimitError
 from service.config import Settings
+from service.http.app import create_app
+from service.http.budget import Budget, Overloaded, memory_limit_bytes, worker_budget
+from service.wire.errors import LimitError
 
 MB = 1 << 20
 

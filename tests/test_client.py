@@ -28,8 +28,8 @@ from attention_client import (
 )
 
 from harness.live import start_server
-from service.api.app import create_app
 from service.config import Settings
+from service.http.app import create_app
 
 ST = "application/x-safetensors"
 Handler = Callable[[httpx.Request], httpx.Response]

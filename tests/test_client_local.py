@@ -30,8 +30,8 @@ from attention_client.local import StartupFailed
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
 from service.config import Settings
+from service.http.app import create_app
 from tests.test_client import assert_same_as_json
 
 ST = "application/x-safetensors"
@@ -255,7 +255,7 @@ def test_what_the_lifespan_stores_reaches_every_request() -> None:
 def test_without_the_service_the_error_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in ("service", "service.api", "service.api.app", "service.config"):
+    for name in ("service", "service.http", "service.http.app", "service.config"):
         monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(ImportError) as err:
         Client.local()

@@ -1,4 +1,4 @@
-"""End to end: the connection's limits and deadlines (service.api.connection) and the answers
+"""End to end: the connection's limits and deadlines (service.http.connection) and the answers
 the middleware gives before reading a body, against a real `python -m service` on raw sockets."""
 
 import contextlib
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from harness.live import start_server, stop_server
-from service.api.connection import LINGER_SECONDS
+from service.http.connection import LINGER_SECONDS
 
 pytestmark = pytest.mark.e2e
 
@@ -708,8 +708,8 @@ def test_the_connection_cap_fits_the_open_file_limit(
     """The worker raises its soft open-file limit to fit the cap, or lowers the cap to fit."""
     import resource
 
-    from service.api import connection
     from service.config import Settings
+    from service.http import connection_limits as connection
 
     raised: list[int] = []
     monkeypatch.setattr(connection, "get_settings", lambda: Settings(max_connections=1000))

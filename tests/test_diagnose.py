@@ -16,9 +16,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-import service.api.compare as api_compare
 import service.core.compare as core_compare
-from service.api.routes import MULTIHEAD, checked
+import service.trace.comparison as api_compare
+from service import trace
 from service.config import Settings
 from service.core import masks
 from service.core.attention import Variants, scaled_dot_product_attention
@@ -43,6 +43,7 @@ from service.core.compare import (
 )
 from service.core.multihead import LayerNorm, layer_norm
 from service.core.types import Array
+from service.http.routes import checked
 
 INF = np.inf
 TOL = Tolerance()
@@ -307,8 +308,8 @@ def probe_body(length: int = 512, d_model: int = 4) -> dict[str, Any]:
 def run_pipeline(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
     """A /multihead request through the service's pipeline without HTTP: parsed, its rules and
     limits checked, planned and run; the body and the numbers the limits count."""
-    req, shapes, numbers = checked(orjson.dumps(body), MULTIHEAD, Settings())
-    return MULTIHEAD.run(MULTIHEAD.plan(req, shapes), lambda: None), numbers
+    admitted = checked(orjson.dumps(body), "multihead", Settings())
+    return trace.run(admitted, lambda: None), admitted.numbers
 
 
 def test_the_worst_case_is_cut_short_within_its_budget_and_says_so(

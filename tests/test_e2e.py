@@ -24,7 +24,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from safetensors.numpy import load, save
 
 from harness.live import http_json, start_server
-from service.api import examples as ex
+from service.wire import examples as ex
 from tests.conftest import assert_close
 
 pytestmark = pytest.mark.e2e

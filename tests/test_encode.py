@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.api import encode as enc
+from service.wire import json_out as enc
 
 
 def body() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The variant examples of service/api/examples.py (Swagger's and README's) against references
+"""The variant examples of service/wire/examples.py (Swagger's and README's) against references
 that do not share the service's code, in float64:
 
 - the LLaMA layer: Hugging Face transformers' own ``LlamaAttention`` with the example's weights;
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api import examples as ex
+from service.wire import examples as ex
 
 if os.environ.get("REQUIRE_TORCH"):  # CI sets it: a missing torch must fail, not skip
     import torch

@@ -14,8 +14,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from service.api.app import create_app
 from service.config import Settings
+from service.http.app import create_app
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -1,6 +1,6 @@
 """The Kubernetes manifests (deploy/kubernetes): rendered with ``kubectl kustomize``, every object
 validated strictly against the Kubernetes schemas (kubernetes-validate, offline), and held to
-the service's own facts: its routes, the Dockerfile, the memory budget (service.api.budget), the
+the service's own facts: its routes, the Dockerfile, the memory budget (service.http.budget), the
 graceful stop, the BLAS-thread rule, and the security the image was built for.
 
 Without kubectl these tests skip, unless REQUIRE_KUBECTL is set: then they fail.
@@ -22,9 +22,9 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from service.api.app import create_app
-from service.api.budget import cost_bytes, worker_budget
 from service.config import Settings
+from service.http.app import create_app
+from service.http.budget import cost_bytes, worker_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 KUBERNETES = ROOT / "deploy" / "kubernetes"

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from harness.live import start_server
-from service.api import examples as ex
+from service.wire import examples as ex
 
 JSON = {"content-type": "application/json"}
 DIRECT = {"q": [[1.0, 0.0]], "k": [[1.0, 0.0]], "v": [[1.0]]}

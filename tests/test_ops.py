@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api import examples as ex
-from service.api.app import create_app
 from service.config import Settings
+from service.http.app import create_app
+from service.wire import examples as ex
 
 
 def make_client(**settings: Any) -> TestClient:

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api import examples as ex
-from service.api import outputs
-from service.api.rules import Shapes, attention_shapes, multihead_shapes
-from service.api.schemas.requests import AttentionRequest, MaskRequest, MultiheadRequest
+from service.trace import outputs
+from service.trace.rules import Shapes, attention_shapes, multihead_shapes
+from service.wire import examples as ex
+from service.wire.schemas.requests import AttentionRequest, MaskRequest, MultiheadRequest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = [

@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from service.api.errors import RequestError
-from service.api.parser import Parser
-from service.api.routes import ROUTES, checked
 from service.config import Settings
+from service.http.parser import Parser
+from service.http.routes import checked
+from service.trace import Admitted
+from service.wire.errors import RequestError
 
 rng = np.random.default_rng(0)
 X = rng.normal(size=(600, 16)).tolist()
@@ -23,7 +24,7 @@ def _both(body: dict[str, object], route: str, settings: Settings) -> tuple[obje
     try:
         here: object
         try:
-            here = checked(raw, ROUTES[route], settings)
+            here = checked(raw, route, settings)
         except RequestError as err:
             here = (err.status, [i.model_dump() for i in err.items])
         there: object
@@ -39,11 +40,14 @@ def _both(body: dict[str, object], route: str, settings: Settings) -> tuple[obje
 def test_a_valid_body_gives_the_same_request_shapes_and_cost() -> None:
     body = {"x": X, "w_q": W, "w_k": W, "w_v": W, "mask": {"type": "causal"}}
     here, there = _both(body, "mask", Settings())
-    assert isinstance(here, tuple) and isinstance(there, tuple)
-    (req, shapes, numbers), (req2, shapes2, numbers2) = here, there
-    assert (shapes2, numbers2) == (shapes, numbers)
-    np.testing.assert_array_equal(req2.x, req.x)
-    assert type(req2) is type(req) and req2.mask == req.mask
+    assert isinstance(here, Admitted) and isinstance(there, Admitted)
+    assert (there.endpoint, there.shapes, there.numbers) == (
+        here.endpoint,
+        here.shapes,
+        here.numbers,
+    )
+    np.testing.assert_array_equal(there.req.x, here.req.x)
+    assert type(there.req) is type(here.req) and there.req.mask == here.req.mask
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from service.api import compute, plan, rules, steps
-from service.api.errors import FieldError
-from service.api.schemas.requests import AttentionRequest, MaskRequest, MultiheadRequest
+from service.trace import compute, plan, rules, steps
+from service.wire.errors import FieldError
+from service.wire.schemas.requests import AttentionRequest, MaskRequest, MultiheadRequest
 
 Array = npt.NDArray[np.float64]
 RNG = np.random.default_rng(7)

@@ -1,4 +1,4 @@
-"""service.api.connection's GuardedProtocol in process, on a transport that records its writes:
+"""service.http.connection's GuardedProtocol in process, on a transport that records its writes:
 an answer's head goes out in the same write as its first body bytes when they are few (one
 segment, one wake-up of the client), alone before a large first chunk or for HEAD."""
 
@@ -10,10 +10,11 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from service.api.app import create_app
-from service.api.connection import COALESCE_BYTES, GuardedProtocol
-from service.api.examples import I_AM_BATMAN
 from service.config import Settings
+from service.http.answer_writing import COALESCE_BYTES
+from service.http.app import create_app
+from service.http.connection import GuardedProtocol
+from service.wire.examples import I_AM_BATMAN
 
 
 class Recorder(asyncio.Transport):

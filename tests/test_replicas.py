@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from harness.replicas import Replica, Replicas, nginx_binary
-from service.api.examples import I_AM_BATMAN, TWO_HEADS_FULL_BLOCK
+from service.wire.examples import I_AM_BATMAN, TWO_HEADS_FULL_BLOCK
 
 pytestmark = pytest.mark.e2e
 

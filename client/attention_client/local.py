@@ -1,9 +1,9 @@
 """The service's app run inside this Python process: ``Client.local()``, no server.
 
-The app is an ASGI application (``service.api.app.create_app``, what ``service.main:app`` is
+The app is an ASGI application (``service.http.app.create_app``, what ``service.main:app`` is
 built by). Requests reach it through httpx's ``ASGITransport``, so they pass through the same
 middleware, parsing, limits and errors as over HTTP. Only the socket is missing, and with it
-what guards a connection (service.api.connection: head size, deadlines, open connections),
+what guards a connection (service.http.connection: head size, deadlines, open connections),
 which has nothing to guard here. Its lifespan
 (the readiness warm-up at start, the parser processes' shutdown at the end) is run by hand: an
 ASGI ``lifespan`` task started before the first request and told to stop on ``close()``.
@@ -47,8 +47,8 @@ def service_app() -> ASGIApp:
     """A new app of the attention service, with the environment's ``ATTENTION_*`` settings as a
     server would read them, but logging only warnings (no access line for every request)."""
     try:
-        from service.api.app import create_app
         from service.config import Settings
+        from service.http.app import create_app
     except ImportError as err:
         raise ImportError(NOT_INSTALLED.format(error=err)) from err
     app: ASGIApp = create_app(Settings(log_level="warning"))

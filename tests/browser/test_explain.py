@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from service.api import examples as ex
+from service.wire import examples as ex
 from tests.browser.support import ARTIFACTS, js_number, post_json
 
 pytestmark = pytest.mark.e2e
@@ -138,7 +138,7 @@ def test_the_variants_are_in_the_examples_checked(server: str) -> None:
     assert {"q_rotated", "sink_weights", "capped_scores", "additive_mask", "position_bias"} <= seen
 
 
-# The page's RoPE (positions.js through explain.ropeOf) turning every query and key row of
+# The page's RoPE (lib/positions.js through explain.ropeOf) turning every query and key row of
 # every head: [head, i, q turned by the page, j, k turned by the page]
 ROTATE_ALL = """async (args) => {
   const m = await import('/static/explain.js');

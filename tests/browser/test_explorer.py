@@ -52,7 +52,7 @@ def test_swagger_ui_renders_and_try_it_out_executes_offline(
     """Try it out: each worked example in the body editor reads as rows (one matrix row a line,
     not one number), Execute sends it as valid JSON and gets 200, and the answer is shown in
     rows too."""
-    from service.api.examples import ATTENTION_EXAMPLES, I_AM_BATMAN, MULTIHEAD_EXAMPLES
+    from service.wire.examples import ATTENTION_EXAMPLES, I_AM_BATMAN, MULTIHEAD_EXAMPLES
 
     page, outside = offline_page
     page.goto(server + "/docs")
@@ -133,7 +133,7 @@ def test_swagger_shows_no_authorize_button_without_keys(
 def _examples() -> list[tuple[str, str]]:
     from fastapi.testclient import TestClient
 
-    from service.api.app import create_app
+    from service.http.app import create_app
 
     spec = TestClient(create_app()).get("/openapi.json").json()
     return [
@@ -656,7 +656,7 @@ def test_expected_numbers_in_a_worked_example_fill_the_boxes(
     the boxes and the tolerance take its numbers, and Compare gives the same answer."""
     from fastapi.testclient import TestClient
 
-    from service.api.app import create_app
+    from service.http.app import create_app
 
     spec = TestClient(create_app()).get("/openapi.json").json()
     content = spec["paths"]["/attention"]["post"]["requestBody"]["content"]["application/json"]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from harness.live import start_server
-from service.api.examples import LLAMA_LAYER
+from service.wire.examples import LLAMA_LAYER
 from tests.browser.support import (
     ARTIFACTS,
     compare_mine,

@@ -1,2 +1,0 @@
-"""Request declarations: fields, their types and their docs. Rules that involve several fields
-live in :mod:`service.api.rules`."""

@@ -1,0 +1,276 @@
+"""The compute endpoints over HTTP, one per row of :data:`service.trace.ENDPOINTS`.
+
+A compute POST is answered by :data:`DIRECT`, called by the middleware (service.http.middleware)
+once it has made every check FastAPI's router would make and read the body. The routes on
+:data:`router` are generated from the same table: they give /docs and openapi.json the
+endpoint, and the middleware's route matching (404, 405) its paths; a POST never reaches them.
+
+An answer: parse the body (service.wire.parse: JSON or safetensors; in a parser process when
+it is large, service.http.parser), admit it (service.trace.admit: the rules and limits), wait
+for the memory budget (service.http.budget) unless it is small, run it off the event loop
+(service.trace.run), and stream it as JSON (service.wire.json_out) or safetensors
+(service.wire.safetensors_out) straight from the arrays, giving each output's memory back as
+it is written. Small requests (small body, small result) are answered inline, where a thread
+hop would cost more than the work.
+"""
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.openapi.models import Example
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service import trace
+from service.config import Settings
+from service.http.budget import BASE_COST, Budget, Ticket, cost_bytes, held_bytes
+from service.memory import release_memory
+from service.trace import ENDPOINTS, Admitted, ComputeEndpoint
+from service.wire.errors import ClientGone, ErrorBody, error_answer
+from service.wire.json_out import encode, encode_whole
+from service.wire.media import JSON_TYPE, MEDIA_TYPE, Format, body_form, negotiate
+from service.wire.parse import parse
+from service.wire.safetensors_out import encode_safetensors
+
+INLINE_BODY_BYTES = 16 * 1024  # parse on the event loop below this
+VARY = {"Vary": "Accept"}  # the answer's form depends on it (for caches in between)
+INLINE_NUMBERS = 20_000  # draw, compute and serialise on the event loop below this many numbers
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "The body is not valid JSON"},
+    401: {
+        "model": ErrorBody,
+        "description": "An API key is configured and the request has none, or a wrong one",
+    },
+    404: {"model": ErrorBody, "description": "No such endpoint (answered before the body is read)"},
+    405: {"model": ErrorBody, "description": "The endpoint takes POST (see the Allow header)"},
+    408: {
+        "model": ErrorBody,
+        "description": "The headers or the body arrived too slowly; the connection is closed",
+    },
+    406: {
+        "model": ErrorBody,
+        "description": f"The Accept header names neither {JSON_TYPE} nor {MEDIA_TYPE}",
+    },
+    413: {
+        "model": ErrorBody,
+        "description": "The body, a size, the result, or the memory the request needs is over "
+        "a configured limit",
+    },
+    415: {
+        "model": ErrorBody,
+        "description": f"The body is sent neither as JSON (Content-Type: {JSON_TYPE}) nor as "
+        f"safetensors ({MEDIA_TYPE})",
+    },
+    422: {"model": ErrorBody, "description": "The request is JSON but does not fit the contract"},
+    431: {"model": ErrorBody, "description": "The request's headers are over the limits"},
+    503: {
+        "model": ErrorBody,
+        "description": "The worker's memory is taken and the request could not wait; retry "
+        "after the Retry-After header's seconds",
+        "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}},
+    },
+}
+
+
+_BINARY: dict[str, Any] = {"schema": {"type": "string", "format": "binary"}}
+BINARY_ANSWER: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": f"The response as JSON, or with Accept: {MEDIA_TYPE} as one safetensors "
+        "file: each array a tensor named by its path in the JSON (weights, heads.0.weights), "
+        'the rest as JSON text under __metadata__["json"]',
+        "content": {MEDIA_TYPE: _BINARY},
+    }
+}
+
+
+def request_body(model: type[BaseModel], examples: Mapping[str, Example]) -> dict[str, Any]:
+    """OpenAPI for a body the route parses itself: the model's schema and the worked examples
+    as JSON, or safetensors (service.http.app adds the model schemas to the components)."""
+    content = {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"},
+        "examples": {k: dict(e) for k, e in examples.items()},
+    }
+    binary = {
+        **_BINARY,
+        "description": "the arrays as tensors named as the JSON fields (x, w_q, "
+        'q_proj.weight, mask.0.matrix), every other field as JSON text under __metadata__["json"]',
+    }
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": content, MEDIA_TYPE: binary},
+        }
+    }
+
+
+def checked(raw: bytes, endpoint: str, settings: Settings, form: Format = "json") -> Admitted:
+    """Parse a body of ``endpoint`` and admit it (every rule and limit): what the parser
+    process runs for large bodies, and the event loop for small ones."""
+    return trace.admit(parse(raw, ENDPOINTS[endpoint].model, form), endpoint, settings)
+
+
+def _body(admitted: Admitted, gone: threading.Event) -> dict[str, Any]:
+    """The response body as arrays and values; stops (ClientGone) at the next step once
+    ``gone`` is set."""
+
+    def check() -> None:
+        if gone.is_set():
+            raise ClientGone
+
+    return trace.run(admitted, check)
+
+
+async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
+    """Set ``gone`` when the client disconnects (its body has been read: receive() now waits
+    for the disconnect, or for nothing)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
+
+
+class _Budgeted(StreamingResponse):
+    """A streamed answer (of a known ``length`` when given: no chunked coding) whose ticket
+    gives back whatever memory it still holds when the last
+    byte is sent, or when the client goes away (parts go back earlier: _giving_back)."""
+
+    def __init__(
+        self,
+        content: Iterator[bytes | memoryview],
+        ticket: Ticket,
+        media: str,
+        length: int | None = None,
+    ) -> None:
+        super().__init__(
+            content,
+            media_type=media,
+            headers=VARY if length is None else {**VARY, "Content-Length": str(length)},
+            background=BackgroundTask(run_in_threadpool, release_memory),  # after the last byte
+        )
+        self.ticket = ticket
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ticket()
+
+
+async def _answer(request: Request, endpoint: str) -> Response:
+    """The answer to a compute POST whose body the middleware has read (see the module's doc)."""
+    raw = await request.body()
+    state = request.app.state
+    settings: Settings = state.settings
+    form = body_form(request.headers.get("content-type", "")) or "json"  # the middleware's 415
+    answer = negotiate(request.headers.get("accept")) or "json"  # and its 406
+    if len(raw) <= INLINE_BODY_BYTES:
+        admitted = checked(raw, endpoint, settings, form)
+    else:  # JSON or safetensors (its header and metadata JSON): never on the worker's GIL
+        admitted = await state.parser.check(raw, endpoint, settings, form)
+    decimals = admitted.decimals
+    # small: answered at once, never queued behind large ones; a comparison's recomputations
+    # (up to ~100 of them) always run off the event loop
+    if admitted.numbers <= INLINE_NUMBERS and not admitted.comparing:
+        body = _body(admitted, threading.Event())
+        if answer == "json":
+            return Response(encode_whole(body, decimals), media_type=JSON_TYPE, headers=VARY)
+        whole = b"".join(encode_safetensors(body, decimals)[1])
+        return Response(whole, media_type=MEDIA_TYPE, headers=VARY)
+    gone = threading.Event()
+    watcher = asyncio.create_task(_watch_disconnect(request, gone))
+    try:
+        ticket = await _admitted(state.budget, cost_bytes(admitted.numbers), watcher)
+        try:
+            body = await run_in_threadpool(_body, admitted, gone)
+        except BaseException:
+            ticket()
+            raise
+    finally:
+        watcher.cancel()
+    given_back = _giving_back(ticket, admitted, body)
+    if answer == "json":
+        return _Budgeted(encode(body, decimals, given_back), ticket, JSON_TYPE)
+    length, chunks = encode_safetensors(body, decimals, given_back)
+    return _Budgeted(chunks, ticket, MEDIA_TYPE, length)
+
+
+def _giving_back(ticket: Ticket, admitted: Admitted, body: dict[str, Any]) -> Callable[[str], None]:
+    """Memory goes back as the answer streams out: at once, what the body does not hold (the
+    intermediates `include` left out, masks); then each output's share once it is written."""
+    held = {name: held_bytes(n) for name, n in admitted.numbers_in(body).items()}
+    ticket.give_back(ticket.held - BASE_COST - sum(held.values()))
+    loop = asyncio.get_running_loop()
+
+    def written(name: str) -> None:  # in the encoding thread
+        loop.call_soon_threadsafe(ticket.give_back, held.get(name, 0))
+
+    return written
+
+
+async def _admitted(budget: Budget, cost: int, watcher: asyncio.Task[None]) -> Ticket:
+    """Wait for the budget to admit ``cost``, unless the client leaves first (then it gives up
+    its place in the queue: ClientGone)."""
+    admission = asyncio.ensure_future(budget.admit(cost))
+    done, _ = await asyncio.wait({admission, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if admission in done:
+        return admission.result()  # or the 413 / 503 it raised
+    admission.cancel()  # leaves the queue; memory already given to it comes back
+    with contextlib.suppress(asyncio.CancelledError):
+        (await admission)()  # admitted just before the cancel: give it back
+    raise ClientGone
+
+
+def direct(endpoint: str) -> ASGIApp:
+    """The endpoint as a plain ASGI app, for the middleware to call once it has made the checks
+    FastAPI's router would repeat (path, method, key) and read the body: the same answer,
+    without the router's layers (exception middleware, dependency solving) on every request
+    (measured: docs/performance.md)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            response = await _answer(Request(scope, receive), endpoint)
+        except Exception as exc:
+            answer = error_answer(exc, scope)
+            if answer is None:
+                raise
+            response = answer
+        await response(scope, receive, send)
+
+    return app
+
+
+DIRECT: dict[str, ASGIApp] = {f"/{name}": direct(name) for name in ENDPOINTS}
+
+
+def _documented(e: ComputeEndpoint) -> Callable[[Request], Awaitable[Response]]:
+    """The route function FastAPI documents for ``e``. Documentation only: the middleware
+    answers every POST to the path from :data:`DIRECT` (the same answer, past the router); this
+    function would give it too if it were ever called."""
+
+    async def endpoint(request: Request) -> Response:
+        return await _answer(request, e.name)
+
+    endpoint.__name__ = e.name  # openapi.json's operationId: attention_attention_post
+    return endpoint
+
+
+router = APIRouter(tags=["attention"])  # API keys: service.http.app and the middleware
+for _e in ENDPOINTS.values():
+    router.add_api_route(
+        f"/{_e.name}",
+        _documented(_e),
+        methods=["POST"],
+        name=_e.name,
+        description=_e.description,
+        response_model=_e.response,
+        responses={**ERRORS, **BINARY_ANSWER},
+        openapi_extra=request_body(_e.model, _e.examples),
+    )
+REQUEST_MODELS: tuple[type[BaseModel], ...] = tuple(e.model for e in ENDPOINTS.values())

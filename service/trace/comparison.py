@@ -1,0 +1,357 @@
+"""Compare with your numbers: the caller's ``expected`` arrays against the service's, in the
+order of the steps, with the mistake behind the first difference named when recomputing with
+it reproduces the caller's array (:mod:`service.core.compare`); and warnings that need no
+expected numbers (a boolean mask whose polarity looks inverted).
+
+The diagnosis recomputes the steps once per candidate set of mistakes (up to ~75 sets; 63 on
+a /multihead with RoPE, a causal mask and layer norm, where all of them would compute ~45 times
+the request's own numbers); it may compute at most :data:`DIAGNOSIS_TIMES` times the numbers
+the request computed (:func:`diagnosis_budget`), and an entry whose diagnosis stopped there
+says so (``diagnosis_complete``: false, and its message says how far it went and how to get a
+full one).
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from service.core.compare import (
+    ORDER,
+    Diagnosis,
+    Difference,
+    Search,
+    Setup,
+    State,
+    Target,
+    Tolerance,
+    difference,
+    search,
+)
+from service.core.masks import CombinedMask
+from service.core.types import Array
+from service.trace.outputs import Output, in_heads, top_level
+from service.trace.rules import Shapes
+from service.wire.errors import FieldError
+from service.wire.schemas.expected_fields import Expected
+
+COMPARABLE = frozenset({"matrix", "vector", "stack", "nullable", "bool"})
+# The diagnosis computes at most DIAGNOSIS_TIMES × the numbers the request computed, and always
+# may compute DIAGNOSIS_MIN_NUMBERS (~40 ms of CPU: a small request's diagnosis runs whole).
+# Measured (benchmarks/run.py, row D3): the worst case, /multihead where every mistake applies
+# and noise that no set explains, then costs 6–8× the CPU of the request without expected
+# (64× before the budget); the target is ≤ 20×. The common /mask cases (rows D1, D2) still try
+# every set: they need ~19× their numbers.
+DIAGNOSIS_TIMES = 20
+DIAGNOSIS_MIN_NUMBERS = 1 << 23
+# the order of the steps, with the arrays no mistake changes put where they are computed
+_ORDER = ("x_in", *ORDER[: ORDER.index("biased_scores")], "position_bias",
+          *ORDER[ORDER.index("biased_scores"): ORDER.index("concat")], "stacked_weights",
+          *ORDER[ORDER.index("concat"):])  # fmt: skip
+
+
+def _comparable(outs: tuple[Output, ...], shapes: Shapes) -> dict[str, Output]:
+    return {o.name: o for o in outs if o.kind in COMPARABLE and o.present(shapes)}
+
+
+def _shape(out: Output, shapes: Shapes) -> tuple[int, ...]:
+    """The shape an output has in the response (per head inside heads[i])."""
+    assert out.shape is not None
+    lead = (shapes.batch,) if shapes.batch is not None and out.batched else ()
+    return (*lead, *out.shape(shapes))
+
+
+def _shape_problem(field: str, name: str, got: tuple[int, ...], want: tuple[int, ...]) -> str:
+    def dims(s: tuple[int, ...]) -> str:
+        return "×".join(map(str, s))
+
+    text = f"{field} is {dims(got)} but the response's {name} is {dims(want)}"
+    if len(got) == len(want) >= 2 and got == (*want[:-2], want[-1], want[-2]):
+        text += ": it is the transpose (rows and columns swapped: K Qᵀ, or a missing .T?)"
+    elif got == want[1:]:
+        text += ": this request is a batch, so give the leading B too"
+    elif got[1:] == want:
+        text += ": this request is not batched, so leave out the leading axis"
+    return text
+
+
+def check_expected(expected: Expected | None, shapes: Shapes) -> Shapes:
+    """Refuse expected arrays the response would not have, or shaped otherwise (422); return
+    the shapes with the numbers to compare counted."""
+    if expected is None:
+        return shapes
+    top = _comparable(top_level(shapes.endpoint), shapes)
+    heads = _comparable(in_heads(shapes.endpoint), shapes)
+    count = 0
+
+    def check(field: str, name: str, value: Array, outs: dict[str, Output]) -> None:
+        nonlocal count
+        if name not in outs:
+            choices = ", ".join(outs) + (", heads" if heads and outs is top else "")
+            raise FieldError(
+                field,
+                f'{field}: this request returns no array named "{name}" to compare with; '
+                f"choose from {choices}",
+            )
+        want = _shape(outs[name], shapes)
+        if value.shape != want:
+            raise FieldError(field, _shape_problem(field, name, value.shape, want))
+        count += value.size
+
+    for name, value in expected.arrays.items():
+        check(f"expected.{name}", name, value, top)
+    if expected.heads and not heads:
+        raise FieldError("expected.heads", "expected.heads is for /multihead's per-head arrays")
+    for i, per_head in expected.heads.items():
+        if i >= shapes.num_heads:
+            raise FieldError(
+                "expected.heads",
+                f"expected.heads has an entry for head {i} but there are {shapes.num_heads} heads",
+            )
+        for name, value in per_head.items():
+            check(f"expected.heads[{i}].{name}", name, value, heads)
+    return replace(shapes, expected_numbers=max(count, 1))
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One compared array: its name in the comparison, where it lives in the engine's state,
+    and the caller's numbers as the response shapes them."""
+
+    label: str
+    state: str
+    head: int | None
+    yours: Array
+    step: str  # where it sorts: its state, but /multihead's stacked weights with the block's
+
+
+def _entries(expected: Expected, multihead: bool) -> list[_Entry]:
+    """The caller's arrays in the order of the steps (head by head within a step)."""
+    block = {"output": ("block_output", "block_output"), "weights": ("weights", "stacked_weights")}
+    entries = []
+    for name, a in expected.arrays.items():
+        state, step = block[name] if multihead and name in block else (name, name)
+        entries.append(_Entry(name, state, None, a, step))
+    for i, per_head in expected.heads.items():
+        entries += [_Entry(f"heads.{i}.{n}", n, i, a, n) for n, a in per_head.items()]
+    return sorted(entries, key=lambda e: (_ORDER.index(e.step), e.head is None, e.head or 0))
+
+
+def _engine(a: Array, unbatched: bool) -> Array:
+    """A response-shaped array with the engine's leading batch axis."""
+    return a[None] if unbatched else a
+
+
+def _ours(state: State, e: _Entry, unbatched: bool) -> Array:
+    """The service's array for an entry, shaped as the response returns it."""
+    a = state[e.state] if e.head is None else state[e.state][:, e.head]
+    return a[0] if unbatched else a
+
+
+Given = dict[str, tuple[int, ...] | None]  # names the caller gave: all heads (None) or some
+
+
+def _given(earlier: list[_Entry], state: State, unbatched: bool) -> tuple[State, Given]:
+    """The state with the caller's (matching) arrays put in place of the service's, and which
+    names (all heads: None, or some heads) they cover."""
+    base = dict(state)
+    given: Given = {}
+    for e in earlier:
+        theirs = _engine(e.yours, unbatched)
+        if e.head is None:
+            base[e.state], given[e.state] = theirs, None
+            continue
+        if given.get(e.state, ()) is None:
+            continue
+        mixed = base[e.state].copy() if e.state not in given else base[e.state]
+        mixed[:, e.head] = theirs
+        base[e.state] = mixed
+        given[e.state] = (*(given.get(e.state) or ()), e.head)
+    return base, given
+
+
+def diagnosis_budget(state: State) -> int:
+    """The numbers the diagnosis may compute: :data:`DIAGNOSIS_TIMES` × those of the request's
+    own computation (every array of ``state``, each once), at least
+    :data:`DIAGNOSIS_MIN_NUMBERS`."""
+    own = sum({id(a): a.size for a in state.values()}.values())
+    return max(DIAGNOSIS_TIMES * own, DIAGNOSIS_MIN_NUMBERS)
+
+
+def compare(
+    expected: Expected,
+    tol: Tolerance,
+    state: State,
+    setup: Setup,
+    unbatched: bool,
+    check: Callable[[], None],
+) -> dict[str, Any]:
+    """``comparison`` and ``first_mismatch`` for the response (see the module's doc)."""
+    entries = _entries(expected, setup.num_heads is not None)
+    diffs = [difference(_ours(state, e, unbatched), e.yours, tol) for e in entries]
+    first = next((i for i, d in enumerate(diffs) if not d.match), None)
+    searched = None
+    if first is not None and entries[first].state in ORDER:
+        e = entries[first]
+        base, given = _given(entries[:first], state, unbatched)
+        target = Target(e.state, e.head, _engine(e.yours, unbatched))
+        searched = search(base, given, setup, target, tol, diagnosis_budget(state), check)
+        del base, given  # the caller's heads mixed into copies of the service's arrays
+    rows = []
+    for i, (e, d) in enumerate(zip(entries, diffs, strict=True)):
+        run = searched if i == first else None
+        found = None if run is None else run.found
+        rows.append(
+            {
+                "name": e.label,
+                "match": d.match,
+                "max_abs_diff": _finite(d.max_abs_diff),
+                "where": list(d.where),
+                "ours": _finite(d.ours),
+                "yours": _finite(d.yours),
+                "message": _message(d, i, first, entries, run),
+                "diagnosis": None if found is None else _diagnosis(found, setup, e),
+                # the first difference: whether every candidate set was tried; else null
+                "diagnosis_complete": None if i != first else run is None or run.complete,
+            }
+        )
+    return {
+        "comparison": rows,
+        "first_mismatch": None if first is None else entries[first].label,
+    }
+
+
+def _finite(x: float) -> float | None:
+    return x if np.isfinite(x) else None
+
+
+def _number(x: float) -> str:
+    return f"{x:.6g}" if np.isfinite(x) else "null"
+
+
+def _message(
+    d: Difference, i: int, first: int | None, entries: list[_Entry], run: Search | None
+) -> str:
+    """One sentence on an entry, for a person (``run``: the first difference's diagnosis)."""
+    at = list(d.where)
+    if d.match:
+        return f"matches (largest difference {d.max_abs_diff:.3g}, at {at})"
+    text = (
+        f"differs: the largest difference is {_number(d.max_abs_diff)} at {at}, where yours is "
+        f"{_number(d.yours)} and the service's {_number(d.ours)}"
+    )
+    if i != first:
+        label = entries[first or 0].label
+        return f"{text}; it comes after the first difference ({label}), which may explain it"
+    found = None if run is None else run.found
+    if run is not None and not run.complete:
+        stopped = (
+            f"the diagnosis stopped at its budget ({DIAGNOSIS_TIMES} times the numbers this "
+            f"request computes) after trying {run.tried} of the {run.sets} candidate sets of "
+            "mistakes (each alone, then pairs)"
+        )
+        if found is None:
+            return (
+                f"{text}. The {stopped}, and none of those reproduces your numbers. For a full "
+                "diagnosis, compare an earlier step (give it in expected, with the steps before "
+                "it: the recomputation starts after the last one that matches), or send fewer "
+                "heads, shorter sequences or a smaller batch"
+            )
+        mistakes = "mistake" if run.size == 1 else "mistakes"
+        return (
+            f"{text}. Recomputing with {' + '.join(found.mistakes)} reproduces your numbers; "
+            f"{stopped}, so another set of {run.size} {mistakes} may reproduce them more closely"
+        )
+    if found is None:
+        return (
+            f"{text}. No listed mistake, alone or in pairs, reproduces your numbers: compare "
+            "this step's inputs with the service's, or give them in expected"
+        )
+    return f"{text}. Recomputing with {' + '.join(found.mistakes)} reproduces your numbers"
+
+
+def _diagnosis(found: Diagnosis, setup: Setup, e: _Entry) -> dict[str, Any]:
+    sums = _sums(e.yours) if e.state == "weights" else None
+    sentences = [_explain(code, setup, found, sums) for code in found.mistakes]
+    if len(sentences) == 1:
+        text = sentences[0]
+    else:
+        text = "Two mistakes: " + "; and ".join(
+            f"({n}) {s[0].lower()}{s[1:]}" for n, s in enumerate(sentences, 1)
+        )
+    return {"mistakes": list(found.mistakes), "explanation": text + "."}
+
+
+def _sums(weights: Array) -> tuple[float | None, float | None]:
+    """What every column and every row of the caller's weights sum to, where they all agree."""
+
+    def common(sums: Array) -> float | None:
+        flat = sums[np.isfinite(sums)]
+        same = flat.size and np.allclose(flat, flat[0], rtol=1e-6, atol=1e-9)
+        return float(flat[0]) if same else None
+
+    return common(weights.sum(axis=-2)), common(weights.sum(axis=-1))
+
+
+def _explain(
+    code: str, s: Setup, found: Diagnosis, sums: tuple[float | None, float | None] | None
+) -> str:
+    """A learner's sentence for one mistake, with this computation's numbers (``sums``: what
+    the caller's weights' columns and rows sum to, when the target is the weights)."""
+    columns, rows_sum = sums or (None, None)
+    root = float(np.sqrt(s.d_k))
+    default = abs(s.scale * root - 1.0) < 1e-12
+    scale = f"{s.scale:.4g} = 1/√{s.d_k}" if default else f"{s.scale:.4g}, as given"
+    style = s.variants.rope.style if s.variants.rope is not None else "half"
+    other = "interleaved" if style == "half" else "half"
+    rows = {"zero": "zeros", "uniform": "1/S each", "nan": "NaN"}[found.rows]
+    texts = {
+        "softmax_over_queries": "the softmax ran over the queries (axis 0, down each column) "
+        "instead of over the keys of each row (axis −1)"
+        + ("" if columns is None else f": each column of your weights sums to {columns:.4g}"),
+        "scale_after_softmax": f"the scores were multiplied by the scale ({scale}) after the "
+        "softmax instead of before it"
+        + ("" if rows_sum is None else f": each row of your weights sums to {rows_sum:.4g}"),
+        "scale_missing": "the scores were never scaled: softmax(Q Kᵀ) where softmax(Q Kᵀ · "
+        f"scale) was meant (scale {scale})",
+        "scale_by_d_k": f"the scores were divided by d_k = {s.d_k} instead of by √d_k = {root:.4g}",
+        "weights_transposed": "a projection used the transposed weight matrix (X Wᵀ where X W "
+        "was meant, or the reverse): PyTorch's nn.Linear weights are (out, in) and need "
+        '"weight_layout": "out_in"; notebook weights (in, out) need "in_out"',
+        "q_k_swapped": "the scores are transposed: K Qᵀ (a row per key) where Q Kᵀ (a row per "
+        "query, a column per key) was meant",
+        "mask_inverted": "a boolean mask was read with the opposite polarity (every true and "
+        "false swapped). Here a mask's true means the query may attend (as "
+        'scaled_dot_product_attention) unless the mask says "true_means": "masked" (as '
+        "nn.MultiheadAttention's attn_mask), and key_padding_mask's true means padding: flip "
+        "the setting, or your mask",
+        "causal_diagonal_masked": "the causal mask also hid each query's own key "
+        "(triu(ones, 0) where triu(ones, 1) was meant): a query sees itself and every earlier "
+        f"key; your fully masked first row holds {rows}",
+        "layer_norm_over_all": "the layer norm normalised the whole matrix at once instead of "
+        "each token over its own features (nn.LayerNorm(d_model))",
+        "layer_norm_per_token": "the layer norm normalised each token over its own features "
+        'where this request asks for the whole matrix ("over": "all")',
+        "unbiased_variance": "the layer norm divided the variance by n − 1 (torch.var's and "
+        "pandas' default) instead of n, as nn.LayerNorm does",
+        "heads_interleaved": "the heads took every h-th column (head i: columns i, i + h, …) "
+        "instead of contiguous blocks (head i: columns i·d_k … (i+1)·d_k − 1, as PyTorch "
+        "splits them)",
+        "rope_style_swapped": f'the rotary embedding paired the features "{other}" where '
+        f'"{style}" was meant; if your model rotates that way, set rope.style to "{other}"',
+    }
+    if code == "mask_inverted" and found.rows != "zero":
+        return f"{texts[code]}; your fully masked rows hold {rows}"
+    return texts[code]
+
+
+def state_of(arrays: Mapping[str, Array | None], mask: CombinedMask | None) -> State:
+    """The engine's arrays by name for the comparison (absent ones left out), with the
+    combined mask's arrays as the recomputation keeps them."""
+    state: State = {n: a for n, a in arrays.items() if a is not None}
+    if mask is not None:
+        state["mask"] = mask.allowed.astype(np.float64)  # (B, L, S)
+        state["additive_mask"] = mask.additive
+        state["padded_queries"] = mask.padded_queries.astype(np.float64)  # (B, L)
+    return state

@@ -1,0 +1,320 @@
+"""The one table of outputs: every name a response can carry, its shape, where it lives and how
+it is shown. The names ``include`` accepts, the result-size limits, dropping the batch axis, the
+response models (and so /docs) and the explorer's drawings all derive from :data:`OUTPUTS`.
+
+Adding an output is one row here plus its computation: a field of the engine's trace (for a
+``head`` row: of :class:`service.core.attention.AttentionTrace`) or a value handed to
+:func:`response` by :mod:`service.trace.compute`.
+"""
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from typing import Any, Literal
+
+from service.trace.rules import Endpoint, Shapes
+from service.wire.errors import FieldError
+
+Kind = Literal[
+    "matrix",  # float array [L][·] (a leading [B] when batched)
+    "vector",  # float array [L] (a leading [B] when batched)
+    "stack",  # float array [h][L][S] (a leading [B] when batched)
+    "nullable",  # float array with −∞ as null
+    "bool",  # boolean array
+    "rows",  # list of row indices (per batch item when batched)
+    "summary",  # list of summary rows (per batch item when batched)
+    "steps",
+    "labels",  # list of strings
+    "float",
+    "int",
+    "conventions",
+    "weight",  # a generated matrix, never batched
+    "heads",  # /multihead: the list of per-head traces
+    "comparison",  # the caller's arrays against the service's
+    "name",  # an output's name, or null
+    "warnings",
+]
+ShapeOf = Callable[[Shapes], tuple[int, ...]]
+BOTH: frozenset[Endpoint] = frozenset({"attention", "multihead"})
+ATTENTION: frozenset[Endpoint] = frozenset({"attention"})
+MULTIHEAD: frozenset[Endpoint] = frozenset({"multihead"})
+
+
+@dataclass(frozen=True)
+class View:
+    """How the explorer draws an output: a heatmap (``map``: scores, weights or mask colours)
+    or a table whose rows are the queries, the keys or plain indices."""
+
+    title: str
+    map: Literal["scores", "weights", "mask"] | None = None
+    rows: Literal["queries", "keys", "index"] = "queries"
+    each_head: bool = False  # on /multihead, drawn for every head
+    chain: bool = False  # one of the scores in turn (scaled, capped, biased, masked): each made
+    # from the latest present one before it in the table's order, the softmax reads the last
+
+
+def _everywhere(shapes: Shapes) -> bool:
+    """Present in every response."""
+    return True
+
+
+@dataclass(frozen=True)
+class Output:
+    """One name a response may carry."""
+
+    name: str
+    kind: Kind
+    doc: str
+    shape: ShapeOf | None = None  # per sequence and head; None: not counted as numbers
+    endpoints: frozenset[Endpoint] = BOTH
+    present: Callable[[Shapes], bool] = _everywhere
+    head: bool = False  # one per head: top level on /attention, inside heads[i] on /multihead
+    always: bool = False  # returned whatever include says
+    batched: bool = True  # gains a leading B when the request is batched
+    view: View | None = None
+
+    @property
+    def required(self) -> bool:
+        """In every response of its endpoints (so the documented schema requires it)."""
+        return self.always and self.present is _everywhere
+
+
+def _ls(s: Shapes) -> tuple[int, ...]:
+    return (s.seq_len, s.ctx_len)
+
+
+OUTPUTS: tuple[Output, ...] = (
+    # one attention: top level on /attention, per head on /multihead
+    Output("q", "matrix", "queries [L][d_k]", lambda s: (s.seq_len, s.d_k), head=True,
+           view=View("Q", rows="queries", each_head=True)),
+    Output("k", "matrix", "keys [S][d_k]", lambda s: (s.ctx_len, s.d_k), head=True,
+           view=View("K", rows="keys", each_head=True)),
+    Output("v", "matrix", "values [S][d_v]", lambda s: (s.ctx_len, s.d_v), head=True,
+           view=View("V", rows="keys", each_head=True)),
+    Output("q_normed", "matrix", "qk_norm(Q) [L][d_k] (when qk_norm is on)",
+           lambda s: (s.seq_len, s.d_k), present=lambda s: s.qk_norm, head=True,
+           view=View("Q after qk_norm", rows="queries", each_head=True)),
+    Output("k_normed", "matrix", "qk_norm(K) [S][d_k] (when qk_norm is on)",
+           lambda s: (s.ctx_len, s.d_k), present=lambda s: s.qk_norm, head=True,
+           view=View("K after qk_norm", rows="keys", each_head=True)),
+    Output("q_rotated", "matrix", "RoPE(Q) [L][d_k], what the scores use (when rope is on)",
+           lambda s: (s.seq_len, s.d_k), present=lambda s: s.rope, head=True,
+           view=View("Q rotated (RoPE)", rows="queries", each_head=True)),
+    Output("k_rotated", "matrix", "RoPE(K) [S][d_k] (when rope is on)",
+           lambda s: (s.ctx_len, s.d_k), present=lambda s: s.rope, head=True,
+           view=View("K rotated (RoPE)", rows="keys", each_head=True)),
+    Output("scores", "matrix", "Q Kᵀ [L][S]", _ls, head=True, view=View("scores  Q Kᵀ", "scores")),
+    Output("scaled_scores", "matrix", "Q Kᵀ · scale [L][S]", _ls, head=True,
+           view=View("scaled scores", "scores", each_head=True, chain=True)),
+    Output("capped_scores", "matrix", "c · tanh(scaled_scores / c) [L][S] (when softcap is on)",
+           _ls, present=lambda s: s.softcap, head=True,
+           view=View("capped scores  c·tanh(s/c)", "scores", each_head=True, chain=True)),
+    Output("position_bias", "matrix", "the ALiBi or T5 bias [L][S] (when one is on)", _ls,
+           present=lambda s: s.position_bias, head=True,
+           view=View("position bias", "scores", each_head=True)),
+    Output("biased_scores", "matrix", "the scores so far plus position_bias [L][S]", _ls,
+           present=lambda s: s.position_bias, head=True,
+           view=View("scores + position bias", "scores", each_head=True, chain=True)),
+    Output("masked_scores", "nullable",
+           "the scores so far plus the mask; null where masked (only when a mask applies)", _ls,
+           present=lambda s: s.masked, head=True,
+           view=View("masked scores", "scores", each_head=True, chain=True)),
+    Output("sink_weights", "vector", "the weight each query row gives the sink [L] (when "
+           "sinks are on); its weights sum to 1 − this", lambda s: (s.seq_len,),
+           present=lambda s: s.sinks, head=True),
+    Output("weights", "matrix", "row softmax of the final scores [L][S]", _ls,
+           head=True, view=View("weights  softmax", "weights", each_head=True)),
+    Output("output", "matrix", "weights V [L][d_v]", lambda s: (s.seq_len, s.d_v), head=True,
+           view=View("output")),
+    # the multi-head block
+    Output("average_weights", "matrix",
+           "mean of the heads' weights (nn.MultiheadAttention average_attn_weights=True)", _ls,
+           endpoints=MULTIHEAD, view=View("average weights (all heads)", "weights")),
+    Output("weights", "stack",
+           "every head's weights stacked [h][L][S] (nn.MultiheadAttention "
+           "average_attn_weights=False)", lambda s: (s.num_heads, s.seq_len, s.ctx_len),
+           endpoints=MULTIHEAD),
+    Output("x_in", "matrix", "x after positional encoding (when one is applied)",
+           lambda s: (s.seq_len, s.d_model or 0), endpoints=MULTIHEAD,
+           present=lambda s: s.positional, view=View("x after positional encoding")),
+    Output("heads", "heads", "h per-head traces", endpoints=MULTIHEAD),
+    Output("concat", "matrix", "the heads' outputs side by side [L][h·d_v]",
+           lambda s: (s.seq_len, s.num_heads * s.d_v), endpoints=MULTIHEAD, view=View("concat")),
+    Output("projected", "matrix", "concat W_o + b_o [L][d_out]",
+           lambda s: (s.seq_len, s.d_out), endpoints=MULTIHEAD, view=View("concat · W_o")),
+    Output("residual", "matrix", "x_in + projected (when asked)",
+           lambda s: (s.seq_len, s.d_out), endpoints=MULTIHEAD, present=lambda s: s.residual,
+           view=View("residual")),
+    Output("layer_norm", "matrix", "layer norm of the residual, or of projected (when asked)",
+           lambda s: (s.seq_len, s.d_out), endpoints=MULTIHEAD, present=lambda s: s.layer_norm,
+           view=View("layer norm")),
+    Output("output", "matrix", "the final result: the last of projected, residual, layer_norm",
+           lambda s: (s.seq_len, s.d_out), endpoints=MULTIHEAD, view=View("output")),
+    # sizes and conventions, always returned
+    Output("scale", "float", "the factor applied to Q Kᵀ", always=True, batched=False),
+    Output("num_heads", "int", "h", endpoints=MULTIHEAD, always=True, batched=False),
+    Output("num_kv_heads", "int", "key/value heads (h unless grouped-query attention)",
+           endpoints=MULTIHEAD, always=True, batched=False),
+    Output("d_k", "int", "width of queries and keys (per head in /multihead)", always=True,
+           batched=False),
+    Output("d_v", "int", "width of values (per head in /multihead)", always=True, batched=False),
+    Output("tokens", "labels", "labels of the L queries, when known", batched=False),
+    Output("context_tokens", "labels", "labels of the S keys, when known", batched=False),
+    Output("conventions", "conventions", "the conventions this answer was computed with",
+           always=True, batched=False),
+    # for reading
+    Output("summary", "summary",
+           "per query row: top key, its weight and the entropy (per batch item when batched; "
+           "over average_weights in /multihead)", lambda s: (s.seq_len, 3)),
+    Output("steps", "steps", "every operation performed, in order", batched=False),
+    Output("warnings", "warnings", "what looks wrong without expected numbers, e.g. a boolean "
+           "mask whose polarity looks inverted (only when there is something)",
+           present=lambda s: bool(s.warnings), always=True, batched=False),
+    # compare with your numbers (when expected is given)
+    Output("comparison", "comparison",
+           "your expected arrays against the service's, in the order of the steps: whether "
+           "each matches, the largest difference and where, and for the first difference the "
+           "mistake that reproduces it", present=lambda s: s.comparing, always=True,
+           batched=False),
+    Output("first_mismatch", "name", "the earliest compared name that differs, or null",
+           present=lambda s: s.comparing, always=True, batched=False),
+    # the mask
+    Output("mask", "bool", "the combined mask [L][S], true = may attend", _ls,
+           present=lambda s: s.masked, view=View("mask (1 = may attend)", "mask")),
+    Output("additive_mask", "nullable",
+           "0 where allowed, null (−∞) where masked, plus additive values", _ls,
+           present=lambda s: s.masked),
+    Output("fully_masked_rows", "rows",
+           "query rows with no key allowed (per batch item when batched)",
+           present=lambda s: s.masked),
+    # generated arrays, so the user can reproduce them
+    Output("x", "weight", "generated x [L][d_model], when it was generated",
+           lambda s: (s.seq_len, s.d_model or 0), present=lambda s: "x" in s.generated,
+           batched=False, view=View("x (generated)", rows="index")),
+    Output("w_q", "weight", "generated w_q (in_out), when generated",
+           lambda s: (s.d_model or 0, s.num_heads * s.d_k), present=lambda s: "w_q" in s.generated,
+           batched=False, view=View("w_q (generated)", rows="index")),
+    Output("w_k", "weight", "generated w_k (in_out), when generated",
+           lambda s: (s.d_model or 0, s.num_kv_heads * s.d_k),
+           present=lambda s: "w_k" in s.generated, batched=False,
+           view=View("w_k (generated)", rows="index")),
+    Output("w_v", "weight", "generated w_v (in_out), when generated",
+           lambda s: (s.d_model or 0, s.num_kv_heads * s.d_v),
+           present=lambda s: "w_v" in s.generated, batched=False,
+           view=View("w_v (generated)", rows="index")),
+)  # fmt: skip
+
+
+@cache
+def top_level(endpoint: Endpoint) -> tuple[Output, ...]:
+    """The outputs at the top of an endpoint's response, in order."""
+    return tuple(
+        out
+        for out in OUTPUTS
+        if endpoint in out.endpoints and not (out.head and endpoint == "multihead")
+    )
+
+
+@cache
+def in_heads(endpoint: Endpoint) -> tuple[Output, ...]:
+    """The outputs inside each ``heads[i]`` of an endpoint's response (none on /attention)."""
+    return tuple(out for out in OUTPUTS if out.head and endpoint == "multihead")
+
+
+@cache
+def _by_name(endpoint: Endpoint) -> dict[str, Output]:
+    """Output (and step) names to outputs, computed once; per-head outputs win (a /multihead
+    step named "output" is the heads' weights V, not the block's output)."""
+    return {o.name: o for o in top_level(endpoint)} | {o.name: o for o in OUTPUTS if o.head}
+
+
+def includable(endpoint: Endpoint) -> tuple[str, ...]:
+    """The names ``include`` accepts for an endpoint."""
+    return tuple(out.name for out in top_level(endpoint) if not out.always)
+
+
+def check_include(endpoint: Endpoint, include: list[str] | None) -> None:
+    """Refuse a name in ``include`` that is not an output of the endpoint."""
+    names = includable(endpoint)
+    for name in include or ():
+        if name not in names:
+            raise FieldError(
+                "include",
+                f'include names "{name[:40]}", which is not an output; choose from {", ".join(names)}',
+            )
+
+
+def _count(out: Output, shapes: Shapes) -> int:
+    """How many numbers one output holds, heads and batch included."""
+    if out.kind == "heads":
+        return sum(_count(o, shapes) for o in in_heads(shapes.endpoint) if o.present(shapes))
+    if out.shape is None:
+        return 0
+    per_head = shapes.num_heads if out.head and shapes.endpoint == "multihead" else 1
+    batch = (shapes.batch or 1) if out.batched else 1
+    return batch * per_head * math.prod(out.shape(shapes))
+
+
+def sizes(shapes: Shapes) -> dict[str, int]:
+    """How many numbers each top-level output of this request holds (present ones only).
+    Requests of the same shapes share the answer (a copy of it)."""
+    try:
+        return dict(_sizes(shapes))
+    except TypeError:  # unhashable: warnings hold dicts
+        return _sizes.__wrapped__(shapes)
+
+
+@lru_cache(maxsize=256)
+def _sizes(shapes: Shapes) -> dict[str, int]:
+    return {
+        out.name: _count(out, shapes) for out in top_level(shapes.endpoint) if out.present(shapes)
+    }
+
+
+def drawn_shape(shapes: Shapes, name: str) -> tuple[int, ...]:
+    """The shape of a generated array (x, w_q, w_k, w_v): drawn with it, returned with it."""
+    out = _by_name(shapes.endpoint)[name]
+    assert out.kind == "weight" and out.shape is not None
+    return out.shape(shapes)
+
+
+def step_shape(shapes: Shapes, name: str) -> list[int]:
+    """The shape a step named after an output produces, with B (and h on /multihead) in front."""
+    out = _by_name(shapes.endpoint)[name]
+    assert out.shape is not None
+    lead = [shapes.batch] if shapes.batch is not None and out.batched else []
+    if out.head and shapes.endpoint == "multihead":
+        lead.append(shapes.num_heads)
+    return lead + list(out.shape(shapes))
+
+
+def response(
+    shapes: Shapes,
+    include: frozenset[str] | None,
+    values: Mapping[str, Any],
+    per_head: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The response body: every present output that ``include`` asks for, in table order.
+
+    ``per_head`` holds the head rows' arrays with a leading batch axis (and on /multihead a
+    heads axis after it); ``values`` the others, batched where their row says so. A value may
+    be a function, called only when the output is returned. The batch axis of an unbatched
+    request is dropped here (views, no copies).
+    """
+    unbatch = shapes.batch is None
+    body: dict[str, Any] = {}
+    for out in top_level(shapes.endpoint):
+        if not out.present(shapes) or not (out.always or include is None or out.name in include):
+            continue
+        if out.kind == "heads":
+            rows = [o for o in in_heads(shapes.endpoint) if o.present(shapes)]
+            body[out.name] = [
+                {o.name: per_head[o.name][0 if unbatch else slice(None), i] for o in rows}
+                for i in range(shapes.num_heads)
+            ]
+            continue
+        value = per_head[out.name] if out.head else values[out.name]
+        value = value() if callable(value) else value
+        body[out.name] = value[0] if unbatch and out.batched else value
+    return body

@@ -1,0 +1,98 @@
+"""The comparison fields of a compute request: ``expected`` (the caller's own arrays) and
+``tolerance``. Checked against the request's outputs by :mod:`service.trace.comparison`."""
+
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import BaseModel, Field, PlainValidator, ValidationInfo, WithJsonSchema
+
+from service.core.types import Array
+from service.wire.arrays import to_nullable_array
+from service.wire.errors import excerpt
+from service.wire.schemas.fields import FiniteFloat
+from service.wire.schemas.mask_fields import STRICT
+
+MAX_EXPECTED_NAMES = 64
+NEG_INF_NAMES = frozenset({"masked_scores", "additive_mask"})  # null is −∞ there, NaN elsewhere
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The caller's arrays by output name, as the response would shape them; ``heads`` holds
+    /multihead's per-head arrays by head index."""
+
+    arrays: dict[str, Array] = field(default_factory=dict)
+    heads: dict[int, dict[str, Array]] = field(default_factory=dict)
+
+
+def _array(value: Any, name: str, key: str) -> Array:
+    """One expected array: numbers, null (−∞ in masked scores, NaN elsewhere), and true/false
+    in a mask."""
+    null = -np.inf if key in NEG_INF_NAMES else np.nan
+    return to_nullable_array(
+        value,
+        name,
+        (1, 2, 3, 4),
+        "an array shaped as the response returns it",
+        null,
+        "use null for a masked score or NaN; ",
+        booleans=key == "mask",
+    )
+
+
+def _names(value: Any, where: str) -> dict[str, Any]:
+    """An object of output names, not too many, each a short string."""
+    if not isinstance(value, dict):
+        kind = "a list" if isinstance(value, list) else "a value"
+        raise ValueError(f"{where} must be an object of output names and arrays, got {kind}")
+    if len(value) > MAX_EXPECTED_NAMES:
+        raise ValueError(f"{where} has {len(value)} names; at most {MAX_EXPECTED_NAMES}")
+    for key in value:
+        if len(key) > 40:
+            raise ValueError(f'{where} names "{excerpt(key, 40)}", which is not an output')
+    return value
+
+
+def _expected(value: Any, info: ValidationInfo) -> Expected:
+    arrays: dict[str, Array] = {}
+    heads: dict[int, dict[str, Array]] = {}
+    for key, item in _names(value, "expected").items():
+        if key != "heads":
+            arrays[key] = _array(item, f"expected.{key}", key)
+            continue
+        if not isinstance(item, list):
+            raise ValueError("expected.heads must be a list with one object (or null) per head")
+        for i, head in enumerate(item):
+            if head is not None:
+                per_head = _names(head, f"expected.heads[{i}]").items()
+                heads[i] = {k: _array(a, f"expected.heads[{i}].{k}", k) for k, a in per_head}
+    return Expected(arrays, heads)
+
+
+_ANY_ARRAY: dict[str, Any] = {"type": "array", "items": {}}
+ExpectedArrays = Annotated[
+    Expected,
+    PlainValidator(_expected),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "additionalProperties": _ANY_ARRAY,
+            "properties": {
+                "heads": {
+                    "type": "array",
+                    "items": {"type": ["object", "null"], "additionalProperties": _ANY_ARRAY},
+                }
+            },
+        }
+    ),
+]
+
+
+class ToleranceOptions(BaseModel):
+    """When a caller's number y matches the service's x: |y − x| ≤ atol + rtol·|x|."""
+
+    model_config = STRICT
+
+    atol: FiniteFloat = Field(1e-6, ge=0, description="absolute tolerance")
+    rtol: FiniteFloat = Field(1e-6, ge=0, description="relative tolerance")

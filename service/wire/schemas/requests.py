@@ -1,0 +1,303 @@
+"""The request bodies of POST /attention, /mask and /multihead: fields and their docs only."""
+
+from typing import Annotated
+
+from pydantic import AliasChoices, BaseModel, Discriminator, Field, Tag
+
+from service.core.types import FullyMaskedPolicy, Init, NormOver, WeightLayout
+from service.wire.schemas.expected_fields import ExpectedArrays, ToleranceOptions
+from service.wire.schemas.fields import (
+    FiniteFloat,
+    Heads,
+    Int,
+    Matrix,
+    PaddingFlags,
+    Positional,
+    Sequence,
+    Text,
+    Vector,
+)
+from service.wire.schemas.mask_fields import STRICT, MaskList
+from service.wire.schemas.variant_fields import VariantFields, any_of, flag_or_options
+
+MAX_HEAD_ENTRIES = 1024  # refused before their weights are converted (num_heads has its own cap)
+
+
+class InputFields(BaseModel):
+    """Fields shared by the three compute endpoints."""
+
+    model_config = STRICT
+
+    x: Sequence | None = Field(
+        None, description="input embeddings [L][d_model] (or [B][L][d_model])"
+    )
+    context: Sequence | None = Field(
+        None, description="cross-attention: keys and values are projected from this [S][d_model]"
+    )
+    seed: Int | None = Field(
+        None,
+        ge=0,
+        le=2**32 - 1,
+        description="generated mode: numpy.random.RandomState(seed) draws missing arrays",
+    )
+    init: Init = Field(
+        "uniform", description="generated mode: uniform = rand (U[0,1)), normal = randn (N(0,1))"
+    )
+    d_model: Int | None = Field(None, ge=1, description="generated mode: width of generated x")
+    d_k: Int | None = Field(
+        None,
+        ge=1,
+        description="generated mode: width of queries and keys (default d_model on /attention "
+        "and /mask; d_model ÷ num_heads per head on /multihead)",
+    )
+    d_v: Int | None = Field(None, ge=1, description="generated mode: width of values (default d_k)")
+    seq_len: Int | None = Field(
+        None, ge=1, description="generated mode: L when there are no tokens"
+    )
+    tokens: list[Text] | None = Field(
+        None, fail_fast=True, description="labels of the L queries (fix L in generated mode)"
+    )  # a million bad labels: one error, not a million
+    context_tokens: list[Text] | None = Field(
+        None, fail_fast=True, description="labels of the S keys"
+    )
+    sentence: Text | None = Field(None, description="split on whitespace into tokens")
+    weight_layout: WeightLayout = Field(
+        "in_out",
+        description="in_out: X @ W, W is (d_in, d_out); out_in: X @ W.T, W is (d_out, d_in) "
+        "(PyTorch weights as they are). Generated weights are always in_out",
+    )
+    scale: FiniteFloat | None = Field(None, description="multiplies Q Kᵀ; default 1/sqrt(d_k)")
+    mask: MaskList | None = Field(None, description="one mask object or a list, combined with AND")
+    key_padding_mask: PaddingFlags | None = Field(
+        None,
+        description="[S] or [B][S], true = padding (that key is ignored), as torch's "
+        "nn.MultiheadAttention key_padding_mask",
+    )
+    fully_masked_rows: FullyMaskedPolicy = Field(
+        "zero", description="rows with every key masked: weights 0, 1/S, or a 422 naming the rows"
+    )
+    include: list[Text] | None = Field(
+        None, fail_fast=True, description="output names to return (default: all)"
+    )
+    decimals: Int | None = Field(None, ge=0, le=15, description="round every returned float")
+    expected: ExpectedArrays | None = Field(
+        None,
+        description="your own arrays by output name (q, k, v, q_rotated, scores, "
+        "scaled_scores, masked_scores, weights, output, …; on /multihead also concat, "
+        "projected, residual, layer_norm, the stacked weights and heads: a list of per-head "
+        "objects), shaped as the response returns them; null is −∞ in masked scores and NaN "
+        "elsewhere. The response then carries comparison and first_mismatch, and names the "
+        "mistake behind the first difference when recomputing with it reproduces your numbers",
+    )
+    tolerance: ToleranceOptions | None = Field(
+        None, description='when your numbers match: default {"atol": 1e-6, "rtol": 1e-6}'
+    )
+
+
+class AttentionRequest(VariantFields, InputFields):
+    """POST /attention: scaled dot-product attention, every step."""
+
+    sinks: FiniteFloat | None = Field(
+        None,
+        description="a sink logit that joins each row's softmax as one more key with no value "
+        "(gpt-oss); returns sink_weights",
+    )
+
+    w_q: Matrix | None = Field(
+        None, description="query weights: d_model × d_k (in_out), d_k × d_model (out_in)"
+    )
+    w_k: Matrix | None = Field(
+        None, description="key weights: d_model × d_k (in_out), d_k × d_model (out_in)"
+    )
+    w_v: Matrix | None = Field(
+        None, description="value weights: d_model × d_v (in_out), d_v × d_model (out_in)"
+    )
+    b_q: Vector | None = Field(None, description="query bias [d_k]")
+    b_k: Vector | None = Field(None, description="key bias [d_k]")
+    b_v: Vector | None = Field(None, description="value bias [d_v]")
+    q: Sequence | None = Field(None, description="direct mode: queries [L][d_k]")
+    k: Sequence | None = Field(None, description="direct mode: keys [S][d_k]")
+    v: Sequence | None = Field(None, description="direct mode: values [S][d_v]")
+
+
+class MaskRequest(AttentionRequest):
+    """POST /mask: attention with a mask, returning the mask itself too."""
+
+    mask: MaskList | None = Field(
+        None,
+        description="one mask object or a list, combined with AND; required unless "
+        "key_padding_mask is given",
+    )
+
+
+class LayerNormOptions(BaseModel):
+    """Layer norm settings; `true` instead of this object means all defaults."""
+
+    model_config = STRICT
+    eps: FiniteFloat = Field(
+        1e-5,
+        gt=0,
+        description="added to the variance before the square root (default 1e-5, as torch); "
+        "must be greater than 0: with 0, a token whose features are all equal would divide 0 by 0",
+    )
+    gamma: Vector | None = Field(None, description="scale per feature (default 1)")
+    beta: Vector | None = Field(None, description="shift per feature (default 0)")
+    over: NormOver = Field(
+        "features",
+        description="features: per token (torch nn.LayerNorm); all: over the whole [L][d] matrix",
+    )
+
+
+LayerNormSetting = Annotated[
+    Annotated[bool, Tag("flag")] | Annotated[LayerNormOptions, Tag("options")],
+    Discriminator(flag_or_options),  # errors come from the branch the input's type picks
+]
+
+
+class HeadWeights(BaseModel):
+    """One head's own projections: d_model × d_k (d_v for w_v) in in_out layout, transposed in
+    out_in."""
+
+    model_config = STRICT
+    w_q: Matrix
+    w_k: Matrix
+    w_v: Matrix
+    b_q: Vector | None = None
+    b_k: Vector | None = None
+    b_v: Vector | None = None
+
+
+def _named(*names: str) -> AliasChoices:
+    """A field read under each of these names (a state dict's dotted name and its underscore
+    form); the first is the one /docs shows."""
+    return AliasChoices(*names)
+
+
+class MultiheadRequest(VariantFields, InputFields):
+    """POST /multihead: multi-head attention with optional positional encoding, W_o, residual
+    and layer norm."""
+
+    num_heads: Int | None = Field(
+        None,
+        ge=1,
+        description="h; combined weights are split into h heads of d_k columns each (required "
+        "unless q, k and v are given per head)",
+    )
+    num_kv_heads: Int | None = Field(
+        None,
+        ge=1,
+        description="grouped-query attention: key/value heads; num_heads must be a multiple",
+    )
+    w_q: Matrix | None = Field(
+        None,
+        description="all heads' query weights: d_model × h·d_k (in_out), h·d_k × d_model "
+        "(out_in); head i uses outputs i·d_k … (i+1)·d_k − 1",
+    )
+    w_k: Matrix | None = Field(
+        None, description="key weights: d_model × h_kv·d_k (in_out), transposed in out_in"
+    )
+    w_v: Matrix | None = Field(
+        None, description="value weights: d_model × h_kv·d_v (in_out), transposed in out_in"
+    )
+    b_q: Vector | None = Field(None, description="query bias [h·d_k]")
+    b_k: Vector | None = Field(None, description="key bias [h_kv·d_k]")
+    b_v: Vector | None = Field(None, description="value bias [h_kv·d_v]")
+    heads: list[HeadWeights] | None = Field(
+        None,
+        fail_fast=True,
+        max_length=MAX_HEAD_ENTRIES,
+        description=f"per-head weights, one entry per head (at most {MAX_HEAD_ENTRIES})",
+    )
+    q_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("q_proj.weight", "q_proj_weight"),
+        description="Hugging Face q_proj.weight [h·d_k][d_model] (or nn.MultiheadAttention's "
+        "q_proj_weight), always out_in; d_k = its rows ÷ num_heads",
+    )
+    k_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("k_proj.weight", "k_proj_weight"),
+        description="k_proj.weight [h_kv·d_k][d_model or the context's width], always out_in; "
+        "num_kv_heads = its rows ÷ d_k",
+    )
+    v_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("v_proj.weight", "v_proj_weight"),
+        description="v_proj.weight [h_kv·d_v][d_model or the context's width], always out_in",
+    )
+    q_proj_bias: Vector | None = Field(
+        None, validation_alias=_named("q_proj.bias", "q_proj_bias"), description="[h·d_k]"
+    )
+    k_proj_bias: Vector | None = Field(
+        None, validation_alias=_named("k_proj.bias", "k_proj_bias"), description="[h_kv·d_k]"
+    )
+    v_proj_bias: Vector | None = Field(
+        None, validation_alias=_named("v_proj.bias", "v_proj_bias"), description="[h_kv·d_v]"
+    )
+    q_norm_weight: Vector | None = Field(
+        None,
+        validation_alias=_named("q_norm.weight", "q_norm_weight"),
+        description="Qwen3's q_norm.weight [d_k]: the queries' qk_norm weight (turns qk_norm "
+        "on, rms with eps 1e-6, unless qk_norm is given)",
+    )
+    k_norm_weight: Vector | None = Field(
+        None,
+        validation_alias=_named("k_norm.weight", "k_norm_weight"),
+        description="Qwen3's k_norm.weight [d_k]: the keys' qk_norm weight",
+    )
+    sinks: Vector | None = Field(
+        None,
+        description="gpt-oss sinks [h]: one sink logit per head joins each row's softmax as one "
+        "more key with no value; returns sink_weights",
+    )
+    q: Heads | None = Field(
+        None, description="direct mode: queries per head [h][L][d_k] or [B][h][L][d_k]"
+    )
+    k: Heads | None = Field(
+        None, description="direct mode: keys per key/value head [h_kv][S][d_k] (or batched)"
+    )
+    v: Heads | None = Field(
+        None, description="direct mode: values per key/value head [h_kv][S][d_v] (or batched)"
+    )
+    in_proj_weight: Matrix | None = Field(
+        None, description="PyTorch packed [3·d_model][d_model] (rows q, k, v), always out_in"
+    )
+    in_proj_bias: Vector | None = Field(None, description="PyTorch packed [3·d_model] bias")
+    w_o: Matrix | None = Field(
+        None,
+        description="output projection: h·d_v × d_out (in_out), d_out × h·d_v (out_in); "
+        "default identity",
+    )
+    b_o: Vector | None = Field(None, description="output bias [d_out]")
+    out_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("out_proj_weight", "out_proj.weight"),
+        description="PyTorch out_proj.weight [d_out][h·d_v], always out_in",
+    )
+    out_proj_bias: Vector | None = Field(
+        None,
+        validation_alias=_named("out_proj_bias", "out_proj.bias"),
+        description="PyTorch out_proj.bias [d_out]",
+    )
+    o_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("o_proj.weight", "o_proj_weight"),
+        description="Hugging Face o_proj.weight [d_out][h·d_v], always out_in",
+    )
+    o_proj_bias: Vector | None = Field(
+        None,
+        validation_alias=_named("o_proj.bias", "o_proj_bias"),
+        description="Hugging Face o_proj.bias [d_out]",
+    )
+    positional_encoding: Positional | None = Field(
+        None,
+        description='"sinusoidal" (Vaswani et al. 2017) or an explicit [L][d_model] matrix, added to x',
+    )
+    residual: bool = Field(
+        False, description="add the block's input (x after positional encoding) to its output"
+    )
+    layer_norm: LayerNormSetting = Field(
+        False,
+        description="true or options: layer norm applied after the residual",
+        json_schema_extra=any_of,
+    )

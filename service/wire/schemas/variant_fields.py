@@ -1,0 +1,157 @@
+"""The position and score variants as a request writes them (API.md, "Position and score
+variants"): qk_norm, rope, softcap, alibi, relative_bias, sinks, positions. Fields and their
+docs only; :mod:`service.trace.rules` checks them against the request's shapes."""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Discriminator, Field, Tag
+
+from service.core.types import QKNormType, RopeStyle
+from service.wire.schemas.fields import FiniteFloat, Int, Table, Vector
+from service.wire.schemas.mask_fields import STRICT
+
+MAX_POSITION = 2**53  # positions beyond ±2^53 are not exact in float64
+
+
+def flag_or_options(value: Any) -> str:
+    """An object is an options object; anything else is read as true or false."""
+    return "options" if isinstance(value, dict | BaseModel) else "flag"
+
+
+def any_of(schema: dict[str, Any]) -> None:
+    """Show a union picked by the input's type as anyOf, as plain unions are."""
+    schema["anyOf"] = schema.pop("oneOf")
+
+
+class QKNormOptions(BaseModel):
+    """Normalise each query and key vector over its own d_k features (per head, as Qwen3)."""
+
+    model_config = STRICT
+    type: QKNormType = Field(
+        "rms",
+        description="rms: x / sqrt(mean(x²) + eps) · w (RMSNorm); layer: (x − mean) / "
+        "sqrt(var + eps) · w (biased variance, no bias term)",
+    )
+    eps: FiniteFloat = Field(1e-6, ge=0, description="added under the square root")
+    q_weight: Vector | None = Field(None, description="the queries' weight w [d_k] (default ones)")
+    k_weight: Vector | None = Field(None, description="the keys' weight w [d_k] (default ones)")
+
+
+class LinearScalingOptions(BaseModel):
+    """Linear position interpolation: positions divided by factor."""
+
+    model_config = STRICT
+    type: Literal["linear"]
+    factor: FiniteFloat = Field(gt=0, description="positions are divided by this")
+
+
+class Llama3ScalingOptions(BaseModel):
+    """LLaMA 3.1's frequency scaling (Hugging Face rope_type "llama3")."""
+
+    model_config = STRICT
+    type: Literal["llama3"]
+    factor: FiniteFloat = Field(8.0, gt=0, description="long wavelengths are slowed by this")
+    low_freq_factor: FiniteFloat = Field(1.0, gt=0, description="below high_freq_factor")
+    high_freq_factor: FiniteFloat = Field(4.0, gt=0, description="above low_freq_factor")
+    original_max_position: Int = Field(
+        8192, ge=1, description="the context the model was trained on "
+        "(Hugging Face: original_max_position_embeddings)",
+    )  # fmt: skip
+
+
+class RopeOptions(BaseModel):
+    """Rotary position embedding (Su et al. 2021); `true` instead of this object means all
+    defaults."""
+
+    model_config = STRICT
+    base: FiniteFloat = Field(
+        10000.0, gt=0, description="θ_i = base^(−2i/rotary_dim) (Hugging Face: rope_theta)"
+    )
+    style: RopeStyle = Field(
+        "half",
+        description="half: feature i turns with feature i + rotary_dim/2 (rotate_half: GPT-NeoX, "
+        "LLaMA, Qwen, Mistral in Hugging Face); interleaved: pairs (2i, 2i+1) (RoFormer, GPT-J, "
+        "Meta's original LLaMA)",
+    )
+    rotary_dim: Int | None = Field(
+        None, ge=2, description="features that turn (even, ≤ d_k; default d_k); the rest pass"
+    )
+    scaling: (
+        Annotated[LinearScalingOptions | Llama3ScalingOptions, Field(discriminator="type")] | None
+    ) = Field(None, description='{"type": "linear", "factor": f} or {"type": "llama3", …}')
+
+
+class AlibiOptions(BaseModel):
+    """ALiBi (Press et al. 2022); `true` instead of this object means the paper's slopes."""
+
+    model_config = STRICT
+    slopes: Vector | None = Field(
+        None, description="one slope per head (default: the paper's 2^(−8h/n) rule)"
+    )
+    symmetric: bool = Field(
+        False, description="−slope·|p'_j − p_i| (bidirectional) instead of slope·(p'_j − p_i)"
+    )
+
+
+class RelativeBiasOptions(BaseModel):
+    """T5's learned relative position bias."""
+
+    model_config = STRICT
+    table: Table = Field(
+        description="num_buckets × n (one column per head; a vector of num_buckets on /attention)"
+    )
+    bidirectional: bool = Field(
+        True, description="half the buckets for keys after the query (encoders); false: decoders"
+    )
+    max_distance: Int = Field(128, ge=1, description="distances from here on share the last bucket")
+
+
+_BY_TYPE = Discriminator(flag_or_options)  # errors come from the branch the input's type picks
+QKNormSetting = Annotated[
+    Annotated[bool, Tag("flag")] | Annotated[QKNormOptions, Tag("options")], _BY_TYPE
+]
+RopeSetting = Annotated[
+    Annotated[bool, Tag("flag")] | Annotated[RopeOptions, Tag("options")], _BY_TYPE
+]
+AlibiSetting = Annotated[
+    Annotated[bool, Tag("flag")] | Annotated[AlibiOptions, Tag("options")], _BY_TYPE
+]
+Position = Annotated[Int, Field(ge=-MAX_POSITION, le=MAX_POSITION)]
+
+
+class VariantFields(BaseModel):
+    """The variants every compute endpoint accepts (API.md, "Position and score variants"),
+    applied in this order: qk_norm, rope, scores, softcap, alibi or relative_bias, mask, sinks."""
+
+    model_config = STRICT
+    qk_norm: QKNormSetting = Field(
+        False,
+        description='true or {"type": "rms" | "layer", "eps", "q_weight", "k_weight"}: '
+        "normalise each query and key vector before RoPE (Qwen3); returns q_normed, k_normed",
+        json_schema_extra=any_of,
+    )
+    rope: RopeSetting = Field(
+        False,
+        description='true or {"base", "style", "rotary_dim", "scaling"}: rotary position '
+        "embedding of queries and keys; returns q_rotated, k_rotated",
+        json_schema_extra=any_of,
+    )
+    softcap: FiniteFloat | None = Field(
+        None, gt=0, description="c: capped_scores = c · tanh(scaled_scores / c) (Gemma 2)"
+    )
+    alibi: AlibiSetting = Field(
+        False,
+        description='true or {"slopes", "symmetric"}: add slope · (p\'_j − p_i) to the scores '
+        "(Press et al. 2022); returns position_bias, biased_scores",
+        json_schema_extra=any_of,
+    )
+    relative_bias: RelativeBiasOptions | None = Field(
+        None, description="T5's bucketed relative position bias; returns position_bias, "
+        "biased_scores",
+    )  # fmt: skip
+    positions: list[Position] | None = Field(
+        None, fail_fast=True, description="the L queries' positions (default 0 … L−1)"
+    )
+    context_positions: list[Position] | None = Field(
+        None, fail_fast=True, description="the S keys' positions (default 0 … S−1)"
+    )
