@@ -43,7 +43,7 @@ pytest: $(VENV)/.installed-dev
 
 test: lint typecheck jscheck pytest
 
-# The page's ES modules (service/static/*.js): prettier's formatting and tsc's checks of their
+# The page's ES modules (service/static/**/*.js): prettier's formatting and tsc's checks of their
 # JSDoc types (tsconfig.json). Dev tools only, pinned in package-lock.json; nothing runs on Node.
 # npm is a system program, as Chromium is: without it these checks are skipped, saying so, unless
 # REQUIRE_NODE is set (CI), which makes a missing npm a failure.
@@ -59,7 +59,7 @@ jscheck:
 	else echo "skipped: $(NPM_MISSING)"; fi
 
 jscheck-run: node_modules/.installed
-	node_modules/.bin/prettier --check 'service/static/*.js'
+	node_modules/.bin/prettier --check 'service/static/**/*.js'
 	node_modules/.bin/tsc -p tsconfig.json
 
 load: $(VENV)/.installed-dev

@@ -4,8 +4,8 @@ In one page, runs alternate between two sides on the same request (a generated s
 tokens, ``include: ["weights"]``, the explorer's own path for L ≥ 512: the answer as
 safetensors):
 - the page: the form's Run, from the click to the first paint after the weights map is drawn
-  (``window.explorerTiming.first_paint_ms``, set by request.js);
-- the floor: the same POST by ``fetch``, the page's own safetensors reader (safetensors.js) and
+  (``window.explorerTiming.first_paint_ms``, set by run.js);
+- the floor: the same POST by ``fetch``, the page's own safetensors reader (lib/safetensors.js) and
   the next frame, measured as the page's first paint is: the numbers in JavaScript arrays and a
   frame painted with nothing new drawn.
 E1 and E2 are page ÷ floor (medians) at L = 2048 and 512. E3 is the JavaScript heap the drawn
@@ -23,7 +23,7 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--enable-precise-memory-info", "--js-flags=--expose-gc"]  # fmt: skip
 
 FLOOR = """async (body) => {
-  const { readSafetensors } = await import('/static/safetensors.js');
+  const { readSafetensors } = await import('/static/lib/safetensors.js');
   const t0 = performance.now();
   const r = await fetch('attention', {method: 'POST', body: JSON.stringify(body),
     headers: {'Content-Type': 'application/json', Accept: 'application/x-safetensors'}});

@@ -72,10 +72,11 @@ def main(base: str) -> None:
     # the explorer: the page, and each of its files as it is in this checkout (every ES module)
     with urllib.request.urlopen(base + "/", timeout=10) as r:
         assert b'src="static/main.js"' in r.read(), "/ is not the explorer page"
-    files = sorted(p for p in STATIC.iterdir() if p.is_file())
+    files = sorted(p for p in STATIC.rglob("*") if p.is_file())
     for path in files:
-        with urllib.request.urlopen(f"{base}/static/{path.name}", timeout=10) as r:
-            assert r.read() == path.read_bytes(), f"/static/{path.name} differs from {path}"
+        name = path.relative_to(STATIC).as_posix()
+        with urllib.request.urlopen(f"{base}/static/{name}", timeout=10) as r:
+            assert r.read() == path.read_bytes(), f"/static/{name} differs from {path}"
     print(
         f"smoke: {len(cases)} golden cases match PyTorch to 1e-12; a large body parsed; docs, "
         f"metrics and the explorer's {len(files)} files served"

@@ -1,27 +1,9 @@
 // @ts-check
-// Export: SVG/PNG of a map, copy as curl, CSV of a matrix, the whole result as JSON or safetensors.
-import { $, state, formBody } from "./request.js";
-import { drawWhole } from "./mapview.js";
-
-export function download(name, blob) {
-  const a = document.createElement("a");
-  a.href = URL.createObjectURL(blob);
-  a.download = name;
-  document.body.append(a);
-  a.click();
-  a.remove();
-  setTimeout(() => URL.revokeObjectURL(a.href), 1000);
-}
-
-// The whole map, at most PNG_SIDE px a side (a cell is then less than a pixel: neighbours averaged).
-const PNG_SIDE = 2048;
-export function exportPng(name, m, rows, cols, kind, allowed) {
-  const fit = PNG_SIDE / Math.max(cols.length, rows.length);
-  const cell = Math.min(40, fit >= 1 ? Math.floor(fit) : fit); // whole pixels a cell from 1 up
-  const canvas = document.createElement("canvas");
-  drawWhole(canvas, m, kind, cell, allowed);
-  canvas.toBlob((blob) => download(`${name}.png`, blob), "image/png");
-}
+// Exports beside the form and the results: copy the request as curl, and the whole result as
+// JSON or safetensors. (A map's SVG, PNG and CSV: heatmap.js; the files: lib/files.js.)
+import { $, state } from "./lib/state.js";
+import { download } from "./lib/files.js";
+import { formBody } from "./request.js";
 
 // ---- copy as curl -------------------------------------------------------------------------
 
@@ -46,27 +28,7 @@ export async function copyCurl() {
   }
 }
 
-// ---- CSV, JSON and safetensors --------------------------------------------------------------
-
-function csvCell(v) {
-  const s = v === null || v === undefined ? "" : String(v);
-  return /[",\n]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
-}
-
-/** A matrix as CSV: a header of column labels, then one line per row led by its label; numbers
- * at full precision, a masked (null) cell empty. */
-export function csvBlob(m, rows, cols) {
-  const width = m.length ? m[0].length : 0;
-  const colLabels =
-    cols && cols.length === width ? cols : Array.from({ length: width }, (_, j) => String(j));
-  const lines = [["", ...colLabels].map(csvCell).join(",")];
-  m.forEach((row, i) =>
-    lines.push(
-      [rows && rows[i] !== undefined ? rows[i] : String(i), ...row].map(csvCell).join(","),
-    ),
-  );
-  return new Blob([lines.join("\n") + "\n"], { type: "text/csv" });
-}
+// ---- the whole result: JSON and safetensors ----------------------------------------------------
 
 function downloadJson() {
   const r = state.lastResult;

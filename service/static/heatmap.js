@@ -1,136 +1,17 @@
 // @ts-check
-// Drawing: SVG and canvas heatmaps and their legends (a cell's number and colour: cells.js).
-import { escapeXml, abbreviate, colour, dark, fmt, maxAbs, isMasked } from "./cells.js";
-import { download, exportPng, csvBlob } from "./export.js";
-import { canvasMap } from "./mapview.js";
+// A map's card: SVG with the value in every cell for a small map (lib/svg.js), a zoomable canvas
+// (mapview.js) with its handlers and zoom bar for a large one, its legend and its SVG, PNG and
+// CSV buttons; and small maps laid out side by side. A click or Enter on a cell calls the
+// card's `onCell` (the caller's explanation hook).
+import { button } from "./lib/state.js";
+import { fmt, maxAbs, isMasked } from "./lib/format.js";
+import { download, csvBlob } from "./lib/files.js";
+import { svgString, legendSvg, anyMasked, MAP_AXES } from "./lib/svg.js";
+import { exportPng } from "./lib/picture.js";
+import { MapView, zoomText, LABEL_W, LABEL_H } from "./mapview.js";
 
 export const SMALL_MAP = 24 * 24; // up to this many cells: SVG with the value in every cell
 const SVG_MOST = 160 * 160; // the most cells an SVG export holds (one shape a cell)
-/** The names of a map's axes, rows then columns: a score or weight map's (L × S) by default. */
-export const MAP_AXES = ["queries", "keys"];
-
-// The colour legend of a map: a sequential bar (0 … the largest weight) for weights, a diverging
-// one (−m … 0 … m) for signed values, two swatches for a mask; the numbers at its ends.
-export function legendSvg(kind, scale, hasMasked) {
-  const w = 270,
-    bar = 160,
-    x0 = 30;
-  const parts = [
-    `<svg class="legend" xmlns="http://www.w3.org/2000/svg" width="${w}" height="34" viewBox="0 0 ${w} 34" font-family="system-ui, sans-serif" font-size="10" role="img" aria-label="${kind === "mask" ? "colour legend: blue may attend, white masked" : `colour legend from ${kind === "weights" ? "0" : fmt(-scale)} to ${fmt(scale)}`}">`,
-  ];
-  if (kind === "mask") {
-    parts.push(
-      '<rect x="2" y="4" width="14" height="12" fill="#2458a6"/><text x="20" y="14">may attend</text>',
-      '<rect x="90" y="4" width="14" height="12" fill="#fff" stroke="#c9ced6"/><text x="108" y="14">masked</text>',
-    );
-  } else {
-    const id = `lg-${kind}-${Math.random().toString(36).slice(2, 8)}`;
-    const stops =
-      kind === "weights"
-        ? [
-            [0, "#ffffff"],
-            [1, "#2458a6"],
-          ]
-        : [
-            [0, "#b3261e"],
-            [0.5, "#ffffff"],
-            [1, "#2458a6"],
-          ];
-    parts.push(
-      `<defs><linearGradient id="${id}">${stops.map(([o, c]) => `<stop offset="${o}" stop-color="${c}"/>`).join("")}</linearGradient></defs>`,
-      `<rect x="${x0}" y="3" width="${bar}" height="10" fill="url(#${id})" stroke="#c9ced6"/>`,
-      `<text x="${x0}" y="26" text-anchor="middle">${escapeXml(kind === "weights" ? "0" : fmt(-scale))}</text>`,
-      `<text x="${x0 + bar}" y="26" text-anchor="middle">${escapeXml(fmt(scale))}</text>`,
-    );
-    if (kind !== "weights")
-      parts.push(`<text x="${x0 + bar / 2}" y="26" text-anchor="middle">0</text>`);
-    if (hasMasked)
-      parts.push(
-        `<rect x="${x0 + bar + 26}" y="3" width="10" height="10" fill="#c9ced6" stroke="#7d8794"/><text x="${x0 + bar + 40}" y="12">masked</text>`,
-      );
-  }
-  parts.push("</svg>");
-  return parts.join("");
-}
-
-/** Whether any cell of the map is masked (null, or false in `allowed`). */
-function anyMasked(m, allowed) {
-  for (let i = 0; i < m.length; i++) {
-    const row = m[i],
-      ok = allowed && allowed[i];
-    for (let j = 0; j < row.length; j++)
-      if (row[j] === null || (ok && ok[j] === false)) return true;
-  }
-  return false;
-}
-
-// `titled`: the title at the top (exported files); on the page the card's caption says it, and
-// the picture names its axes (`axes`: rows, then columns) instead.
-export function svgString(
-  title,
-  m,
-  rows,
-  cols,
-  kind,
-  withValues,
-  allowed,
-  titled = true,
-  clickable = false,
-  axes = MAP_AXES,
-) {
-  const cell = withValues
-    ? 44
-    : Math.max(3, Math.min(14, Math.floor(900 / Math.max(1, cols.length))));
-  const scale = maxAbs(m);
-  // with values, a cell is as wide as its longest printed value (about 6.5 px a character)
-  let longest = 0;
-  if (withValues)
-    for (const row of m) for (const v of row) longest = Math.max(longest, fmt(v).length);
-  const cw = withValues ? Math.max(cell, Math.ceil(longest * 6.8 + 8)) : cell;
-  const labelW = withValues ? 70 : 0;
-  const top = withValues ? 44 : 24;
-  const w = labelW + cw * cols.length + 10;
-  const h = top + cell * rows.length + 10;
-  const parts = [
-    `<svg xmlns="http://www.w3.org/2000/svg" width="${w}" height="${h}" viewBox="0 0 ${w} ${h}" font-family="system-ui, sans-serif" font-size="11" role="${clickable ? "group" : "img"}" aria-label="${escapeXml(title)}">`,
-    '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="#c9ced6"/><line x1="0" y1="0" x2="0" y2="6" stroke="#7d8794" stroke-width="2"/></pattern></defs>',
-    `<rect width="${w}" height="${h}" fill="#fff"/>${titled ? `<text x="4" y="14" font-weight="600">${escapeXml(title)}</text>` : `<text class="axis-name" x="4" y="14" fill="#5b6775">${escapeXml(`${axes[0]} ↓  ${axes[1]} →`)}</text>`}`,
-  ];
-  if (withValues) {
-    // long tokens abbreviated to fit (the whole token in the label's tooltip)
-    const label = (text, n) => {
-      const s = String(text),
-        short = abbreviate(s, n);
-      return short === s ? escapeXml(s) : `${escapeXml(short)}<title>${escapeXml(s)}</title>`;
-    };
-    cols.forEach((c, j) =>
-      parts.push(
-        `<text class="col-label" x="${labelW + j * cw + cw / 2}" y="${top - 6}" text-anchor="middle">${label(c, Math.floor((cw - 4) / 6.5))}</text>`,
-      ),
-    );
-    rows.forEach((r, i) =>
-      parts.push(
-        `<text class="row-label" x="${labelW - 6}" y="${top + i * cell + cell / 2 + 4}" text-anchor="end">${label(r, 10)}</text>`,
-      ),
-    );
-  }
-  m.forEach((row, i) =>
-    row.forEach((v, j) => {
-      const masked = isMasked(m, allowed, i, j);
-      const fill = masked ? "url(#hatch)" : colour(v, kind, scale);
-      const value = v === null ? "null" : String(v);
-      parts.push(
-        `<rect class="cell${masked ? " masked" : ""}"${clickable ? ' tabindex="0" role="button"' : ""} data-row="${i}" data-col="${j}" data-value="${value}" x="${labelW + j * cw}" y="${top + i * cell}" width="${cw}" height="${cell}" fill="${fill}" stroke="#dde2e8" stroke-width="${withValues ? 1 : 0}"><title>${escapeXml(rows[i])} → ${escapeXml(cols[j])}: ${escapeXml(fmt(v))}${masked ? " (masked)" : ""}</title></rect>`,
-      );
-      if (withValues)
-        parts.push(
-          `<text x="${labelW + j * cw + cw / 2}" y="${top + i * cell + cell / 2 + 4}" text-anchor="middle" pointer-events="none" fill="${!masked && dark(v, kind, scale) ? "#fff" : "#1d232b"}">${escapeXml(fmt(v))}</text>`,
-        );
-    }),
-  );
-  parts.push("</svg>");
-  return parts.join("");
-}
 
 // A card with a map: SVG with every value for a small one, a canvas with a keyboard cursor for a
 // large one. `onCell(i, j)` (optional): a click or Enter on a cell (the explanation hook);
@@ -207,10 +88,164 @@ export function heatmap(key, title, m, rows, cols, kind, allowed, onCell = null,
   return fig;
 }
 
-export function button(text, onClick) {
-  const b = document.createElement("button");
-  b.type = "button";
-  b.textContent = text;
-  b.addEventListener("click", onClick);
-  return b;
+/**
+ * A large map's canvas, its zoom bar and its handlers, put into `fig` and `scroll`: hover or the
+ * arrow keys read a cell (`say(i, j)`), a click or Enter calls `onCell(i, j)`, dragging or the
+ * wheel pans, ctrl+wheel or + and − zoom. `fig.markCell(i, j)` outlines a cell and brings it
+ * into view. Drawn once the card has a width (a hidden map is drawn when first shown).
+ */
+export function canvasMap(
+  fig,
+  scroll,
+  { title, m, rows, cols, kind, allowed, scale, onCell, say, axes = ["queries", "keys"] },
+) {
+  const canvas = document.createElement("canvas");
+  canvas.tabIndex = 0;
+  canvas.dataset.rows = String(m.length);
+  canvas.dataset.cols = String(m[0].length);
+  canvas.setAttribute("role", "img");
+  canvas.setAttribute(
+    "aria-label",
+    `${title}: ${m.length} × ${m[0].length}; arrow keys read cells, + and − zoom${onCell ? ", Enter explains a cell" : ""}`,
+  );
+  const size = document.createElement("span");
+  size.className = "zoom-size";
+  const where = document.createElement("span");
+  where.className = "zoom-where";
+  const status = () => {
+    // the zoom bar says how far in and which part is shown
+    const v = view.visible();
+    size.textContent = zoomText(view.cell);
+    const rowsShown = Math.min(m.length, Math.ceil(v.rows)),
+      colsShown = Math.min(m[0].length, Math.ceil(v.cols));
+    where.textContent =
+      rowsShown >= m.length && colsShown >= m[0].length
+        ? "the whole map"
+        : `${axes[0]} ${view.top | 0}–${Math.min(m.length, (view.top | 0) + rowsShown) - 1}, ${axes[1]} ${view.left | 0}–${Math.min(m[0].length, (view.left | 0) + colsShown) - 1} of ${m.length} × ${m[0].length}; drag to pan`;
+  };
+  const view = new MapView(canvas, m, rows, cols, kind, allowed, scale, status, axes);
+  new ResizeObserver(() => view.resize(Math.min(scroll.clientWidth, 1600))).observe(scroll);
+
+  let drag = null; // pointer panning; a drag is not a click
+  canvas.addEventListener("pointerdown", (e) => {
+    drag = { x: e.clientX, y: e.clientY, moved: false };
+  });
+  canvas.addEventListener("pointermove", (e) => {
+    if (drag && e.buttons) {
+      const dx = e.clientX - drag.x,
+        dy = e.clientY - drag.y;
+      if (Math.abs(dx) + Math.abs(dy) > 4) drag.moved = true;
+      if (drag.moved) {
+        canvas.setPointerCapture(e.pointerId);
+        view.pan(-dx, -dy);
+        drag.x = e.clientX;
+        drag.y = e.clientY;
+      }
+      return;
+    }
+    const c = view.at(e);
+    if (c) say(c[0], c[1]);
+  });
+  canvas.addEventListener("click", (e) => {
+    const moved = drag && drag.moved;
+    drag = null;
+    if (moved) return;
+    const c = view.at(e);
+    if (!c) return;
+    view.setCursor(c);
+    say(c[0], c[1]);
+    if (onCell) onCell(c[0], c[1]);
+  });
+  canvas.addEventListener(
+    "wheel",
+    (e) => {
+      const r = canvas.getBoundingClientRect();
+      if (e.ctrlKey) {
+        // pinch or ctrl+wheel: zoom about the pointer
+        e.preventDefault();
+        view.zoom(
+          view.cell * (e.deltaY < 0 ? 2 : 0.5),
+          e.clientX - r.left - LABEL_W,
+          e.clientY - r.top - LABEL_H,
+        );
+        return;
+      }
+      const before = [view.top, view.left];
+      view.pan(e.shiftKey ? e.deltaY : e.deltaX, e.shiftKey ? 0 : e.deltaY);
+      if (view.top !== before[0] || view.left !== before[1]) e.preventDefault(); // at an edge the page scrolls
+    },
+    { passive: false },
+  );
+  const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+  canvas.addEventListener("keydown", (e) => {
+    if (onCell && e.key === "Enter") {
+      e.preventDefault();
+      onCell(...(view.cursor || [0, 0]));
+      return;
+    }
+    if (e.key === "+" || e.key === "=") {
+      e.preventDefault();
+      view.zoom(view.cell * 2);
+      return;
+    }
+    if (e.key === "-") {
+      e.preventDefault();
+      view.zoom(view.cell / 2);
+      return;
+    }
+    if (!moves[e.key]) return;
+    e.preventDefault();
+    const c = view.cursor || [0, 0];
+    view.setCursor([
+      Math.max(0, Math.min(m.length - 1, c[0] + moves[e.key][0])),
+      Math.max(0, Math.min(m[0].length - 1, c[1] + moves[e.key][1])),
+    ]);
+    say(view.cursor[0], view.cursor[1]);
+  });
+  canvas.addEventListener("focus", () => {
+    if (!view.cursor) view.setCursor([0, 0]);
+    say(view.cursor[0], view.cursor[1]);
+  });
+  fig.markCell = (i, j) => view.mark(i, j);
+
+  const zoomBar = document.createElement("div");
+  zoomBar.className = "zoom";
+  const zbutton = (text, label, act) => {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = text;
+    b.setAttribute("aria-label", label);
+    b.addEventListener("click", act);
+    return b;
+  };
+  zoomBar.append(
+    "Zoom ",
+    zbutton("−", `Zoom out of ${title}`, () => view.zoom(view.cell / 2)),
+    zbutton("+", `Zoom in on ${title}`, () => view.zoom(view.cell * 2)),
+    zbutton("fit", `Fit ${title} to the card`, () => view.fit()),
+    size,
+    where,
+  );
+  fig.append(zoomBar);
+  fig.classList.add("large");
+  scroll.append(canvas);
+  return view;
+}
+
+// Small maps (SVG, a value in every cell) side by side in a grid whose columns are a little
+// narrower than the widest map (each map scales to its column); large maps (canvas) keep their
+// row. `--map-min`: the columns' least width.
+const GRID_UP_TO = 480; // px: the widest SVG map drawn in a grid
+export function smallMapsGrid(container) {
+  const figures = [...container.querySelectorAll("figure.heatmap")];
+  const widths = figures.map((f) => {
+    const svg = f.querySelector(".map-scroll > svg");
+    return svg ? Number(svg.getAttribute("width")) : Infinity;
+  });
+  const widest = Math.max(0, ...widths);
+  const small = figures.length > 0 && widest <= GRID_UP_TO;
+  container.classList.toggle("small-maps", small);
+  if (small)
+    container.style.setProperty("--map-min", `${Math.max(190, Math.round(widest * 0.7))}px`);
+  else container.style.removeProperty("--map-min");
 }

@@ -2,12 +2,24 @@
 // The attention explorer: builds a request from the form, calls this service's JSON API, and
 // draws what comes back. No libraries, no build step, no request outside the service.
 //
-// Modules: request.js (state, form <-> request body, examples), run.js (Run), render.js (the
-// results), heatmap.js and mapview.js (maps), cells.js (numbers and colours), compare.js
-// ("compare with my numbers"), selection.js (selected queries), export.js (SVG/PNG, curl, CSV,
-// JSON, safetensors), explain.js (what a clicked cell means). No module imports one that imports
-// it back: what render.js's drawing sets off in compare.js and selection.js is registered here.
-import { $, showFor, fillForm, loadExamples } from "./request.js";
+// Modules, callers above what they call (no module imports one that imports it back):
+//   main.js       wires the page: the form's events, Run, the hooks of what render.js draws
+//   run.js        Run: sends the form's body, draws the answer (or marks the last one stale)
+//   export.js     copy as curl, the whole result as JSON or safetensors
+//   compare.js    "compare with my numbers": the boxes and Compare (its answer: verdict.js)
+//   selection.js  selected queries: attention summed over picked rows of the weights
+//   explain.js    what a clicked cell means (loaded on the first click; lib/recompute.js)
+//   render.js     the results: summary, maps, tables, steps, batch picker, explanation panel
+//   heads.js      /multihead's heads side by side
+//   heatmap.js    a map's card (SVG when small; mapview.js's zoomable canvas when large)
+//   request.js    the request body from the form; form.js the form's fields and examples;
+//   errors.js     errors next to their fields
+//   lib/          leaves: state, format, files, schema, table, svg, picture, paste, recompute,
+//                 positions, safetensors (import nothing above them)
+// What render.js's drawing sets off in compare.js and selection.js is registered here
+// (whenDrawn), so that render.js imports neither.
+import { $ } from "./lib/state.js";
+import { showFor, fillForm, loadExamples } from "./form.js";
 import { run } from "./run.js";
 import { render, closeExplain, whenDrawn } from "./render.js";
 import { copyCurl, startExports } from "./export.js";

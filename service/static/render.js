@@ -1,17 +1,16 @@
 // @ts-check
-// The results: what to draw (the x-view entries of the response schema), maps, tables, summary
-// and steps, and the batch picker.
-import { $, state } from "./request.js";
-import { heatmap, button } from "./heatmap.js";
-import { fmt } from "./cells.js";
-import { download, csvBlob } from "./export.js";
+// The results: the summary, every output the schema's x-view marks (maps, tables, the heads side
+// by side), the steps, the batch picker, a stale answer marked as such, and the cell-explanation
+// panel (explain.js, loaded on the first click). What else draws from the answer (compare.js,
+// selection.js) registers a hook (whenDrawn): this module imports none of its callers.
+import { $, state } from "./lib/state.js";
+import { fmt, isMatrix, isStack } from "./lib/format.js";
+import { responseViews, firstMap, isBatched, axesOf } from "./lib/schema.js";
+import { table } from "./lib/table.js";
+import { heatmap, smallMapsGrid } from "./heatmap.js";
+import { headsPanel, foldedTables, collapsed } from "./heads.js";
 
-/**
- * What the schema's x-view says of one output (see below): a map's colours or a table's rows, or
- * (`each`) the views of every item of a per-head list.
- * @typedef {{name?: string, title?: string, map?: string | null, rows?: string, each_head?: boolean,
- *   each?: View[]}} View
- */
+/** @typedef {import("./lib/schema.js").View} View */
 /**
  * One output to draw: `m` its matrix, `head` the /multihead head it belongs to.
  * @typedef {{key: string, label?: string, title: string, view: View, m: any, head?: number}} DrawItem
@@ -19,72 +18,9 @@ import { download, csvBlob } from "./export.js";
 
 /** @typedef {HTMLButtonElement | HTMLSelectElement | HTMLInputElement | HTMLTextAreaElement} FormControl */
 
-export const TABLE_ROWS = 64;
-// The service describes each drawable output in its OpenAPI document: the property of the
-// endpoint's response schema carries `x-view` {title, map, rows, each_head}, and property order is
-// drawing order. `map` names a heatmap's colours (scores, weights, mask); without one the output is
-// a table whose rows are the query tokens, the key tokens or plain indices. A property holding a
-// list of objects whose own properties carry x-view (the per-head traces of /multihead) is drawn
-// once per item, for the entries marked each_head. No output name is listed for drawing (only
-// SCALED_BY_SCALE below, which adds the scale to one title).
-
-export function resolveRef(ref) {
-  return ref
-    .replace(/^#\//, "")
-    .split("/")
-    .reduce((o, k) => (o ? o[k] : undefined), state.spec);
-}
-
-export function viewsOf(schema) {
-  const views = [];
-  for (const [name, prop] of Object.entries((schema && schema.properties) || {})) {
-    const view = prop["x-view"];
-    if (view) {
-      views.push({ ...view, name, map: view.map || null });
-      continue;
-    }
-    for (const alt of prop.anyOf || prop.oneOf || [prop]) {
-      // a nullable property is anyOf [..., null]
-      const item =
-        alt.type === "array" && alt.items && alt.items.$ref ? resolveRef(alt.items.$ref) : null;
-      const each = viewsOf(item).filter((v) => v.each_head && !v.each);
-      if (each.length) {
-        views.push({ name, each });
-        break;
-      }
-    }
-  }
-  return views;
-}
-
-export const viewCache = new Map();
-export function responseViews(ep) {
-  if (!viewCache.has(ep)) {
-    const schema =
-      state.spec.paths[`/${ep}`].post.responses["200"].content["application/json"].schema;
-    viewCache.set(ep, viewsOf(schema.$ref ? resolveRef(schema.$ref) : schema));
-  }
-  return viewCache.get(ep);
-}
-
-export const isMatrix = (m) => Array.isArray(m) && Array.isArray(m[0]) && !Array.isArray(m[0][0]);
-export const isStack = (m) => Array.isArray(m) && Array.isArray(m[0]) && Array.isArray(m[0][0]);
-
-// The first heatmap in the answer (top level first, then the first item of a per-head list), as
-// returned: [L][S], or [B][L][S] when the request was batched.
-export function firstMap(ep, data) {
-  const views = responseViews(ep);
-  for (const v of views) if (v.map && data[v.name]) return data[v.name];
-  for (const v of views)
-    if (v.each && Array.isArray(data[v.name]) && data[v.name][0]) {
-      for (const e of v.each) if (e.map && data[v.name][0][e.name]) return data[v.name][0][e.name];
-    }
-  return null;
-}
-
-export function isBatched(ep, data) {
-  return isStack(firstMap(ep, data));
-}
+// The service describes each drawable output in its OpenAPI document (lib/schema.js: the x-view
+// of each property of the endpoint's response schema; property order is drawing order). No output
+// name is listed for drawing (only SCALED_BY_SCALE below, which adds the scale to one title).
 
 export function setupBatch(ep, data) {
   const pick = $("batch");
@@ -95,78 +31,6 @@ export function setupBatch(ep, data) {
     const n = firstMap(ep, data).length;
     for (let b = 0; b < n; b++) pick.add(new Option(String(b), String(b)));
   }
-}
-
-// ---- drawing ------------------------------------------------------------------------------
-
-// A matrix as a table (the first TABLE_ROWS rows) in a card (compare.js adds its box and its
-// difference map to the card). `onCell(i, j)`: as for heatmap().
-export function table(key, title, m, rows, onCell = null) {
-  const card = document.createElement("div");
-  card.className = "table-card";
-  card.dataset.name = key;
-  const wrap = document.createElement("div");
-  wrap.className = "table-scroll";
-  const t = document.createElement("table");
-  t.className = "matrix";
-  t.dataset.name = key;
-  const caption = t.createCaption();
-  caption.textContent = `${title} [${m.length} × ${m[0].length}]${m.length > TABLE_ROWS ? ` — first ${TABLE_ROWS} rows` : ""} `;
-  const csv = button("CSV", () => download(`${key}.csv`, csvBlob(m, rows, null)));
-  csv.className = "secondary small";
-  csv.setAttribute("aria-label", `Download ${title} as CSV`);
-  caption.append(csv);
-  const head = t.createTHead().insertRow();
-  head.append(document.createElement("th"));
-  m[0].forEach((_, j) => {
-    const th = document.createElement("th");
-    th.textContent = String(j);
-    head.append(th);
-  });
-  const tbody = t.createTBody();
-  m.slice(0, TABLE_ROWS).forEach((row, i) => {
-    const tr = tbody.insertRow();
-    const th = document.createElement("th");
-    th.textContent = rows[i] ?? String(i);
-    tr.append(th);
-    row.forEach((v, j) => {
-      const td = tr.insertCell();
-      td.textContent = fmt(v);
-      td.title = String(v);
-      if (onCell) {
-        td.tabIndex = 0;
-        td.dataset.row = i;
-        td.dataset.col = j;
-        td.setAttribute("role", "button");
-      }
-    });
-  });
-  if (onCell) {
-    t.classList.add("explainable");
-    const fire = (td) => onCell(+td.dataset.row, +td.dataset.col);
-    tbody.addEventListener("click", (e) => {
-      const td = /** @type {Element} */ (e.target).closest("td[data-row]");
-      if (td) fire(td);
-    });
-    tbody.addEventListener("keydown", (e) => {
-      const target = /** @type {Element} */ (e.target);
-      const td = target.closest && target.closest("td[data-row]");
-      if (td && (e.key === "Enter" || e.key === " ")) {
-        e.preventDefault();
-        fire(td);
-      }
-    });
-  }
-  wrap.append(t);
-  card.append(wrap);
-  return card;
-}
-
-// The names of an output's axes, rows then columns, from its x-view: a map is queries × keys; a
-// table's rows are the queries, the keys or plain indices, and its columns features.
-const ROW_NAMES = { queries: "queries", keys: "keys", index: "rows" };
-export function axesOf(view) {
-  return view.map ? ["queries", "keys"] : [ROW_NAMES[view.rows] || "rows", "features"];
 }
 
 // ---- the cell-explanation hook (explain.js) ---------------------------------------------------
@@ -252,123 +116,6 @@ function cellHook(item, ep, b, batched) {
       $("explain").hidden = false;
     });
   };
-}
-
-// ---- heads side by side (/multihead) -----------------------------------------------------------
-
-const headChoice = { show: "all", a: 0, b: 1 }; // kept across redraws
-
-// One head's tables (Q, K, V, …) folded into one card, its summary naming them.
-function foldedTables(head, list) {
-  const details = document.createElement("details");
-  details.className = "head-tables";
-  details.dataset.head = String(head);
-  const summary = document.createElement("summary");
-  summary.textContent = `head ${head}: ${list.map((t) => t.title).join(", ")}`;
-  const body = document.createElement("div");
-  body.className = "tables";
-  body.append(...list.map((t) => t.el));
-  details.append(summary, body);
-  return details;
-}
-
-// Small maps (SVG, a value in every cell) side by side in a grid whose columns are a little
-// narrower than the widest map (each map scales to its column); large maps (canvas) keep their
-// row. `--map-min`: the columns' least width.
-const GRID_UP_TO = 480; // px: the widest SVG map drawn in a grid
-function smallMapsGrid(container) {
-  const figures = [...container.querySelectorAll("figure.heatmap")];
-  const widths = figures.map((f) => {
-    const svg = f.querySelector(".map-scroll > svg");
-    return svg ? Number(svg.getAttribute("width")) : Infinity;
-  });
-  const widest = Math.max(0, ...widths);
-  const small = figures.length > 0 && widest <= GRID_UP_TO;
-  container.classList.toggle("small-maps", small);
-  if (small)
-    container.style.setProperty("--map-min", `${Math.max(190, Math.round(widest * 0.7))}px`);
-  else container.style.removeProperty("--map-min");
-}
-
-function collapsed(title, fig) {
-  const details = document.createElement("details");
-  details.className = "collapsed-map";
-  if (fig.dataset.head !== undefined) details.dataset.head = fig.dataset.head;
-  const summary = document.createElement("summary");
-  summary.textContent = title;
-  details.append(summary, fig);
-  return details;
-}
-
-function options(select, n, value, all) {
-  select.replaceChildren(
-    ...(all ? [new Option("all heads", "all")] : []),
-    ...Array.from({ length: n }, (_, i) => new Option(`head ${i}`, String(i))),
-  );
-  select.value = [...select.options].some((o) => o.value === String(value))
-    ? String(value)
-    : select.options[0].value;
-}
-
-// Which heads' detailed maps and tables are shown (the grid always shows every head).
-function showHeads() {
-  const show = $("head-pick").value;
-  headChoice.show = show;
-  /** @type {NodeListOf<HTMLElement>} */ (
-    document.querySelectorAll(
-      '#heatmaps > [data-head], #tables > [data-head], #tables > details[data-name^="heads."], #tables > figure.diff',
-    )
-  ).forEach((el) => {
-    const h = el.dataset.head;
-    if (h !== undefined) el.hidden = show !== "all" && h !== show;
-  });
-}
-
-function diffView(headWeights, rows, cols, allowed) {
-  const a = Number($("diff-a").value),
-    b = Number($("diff-b").value);
-  headChoice.a = a;
-  headChoice.b = b;
-  const wa = headWeights(a),
-    wb = headWeights(b);
-  const box = $("heads-diff");
-  if (!wa || !wb) {
-    box.replaceChildren();
-    return;
-  }
-  const m = wa.map((row, i) =>
-    row.map((v, j) => (v === null || wb[i][j] === null ? null : v - wb[i][j])),
-  );
-  const fig = heatmap(
-    "heads_diff",
-    `weights: head ${a} − head ${b}`,
-    m,
-    rows,
-    cols,
-    "scores",
-    allowed,
-  );
-  fig.classList.add("diff");
-  box.replaceChildren(fig);
-  smallMapsGrid($("heads-maps"));
-}
-
-function headsPanel(grid, average, headWeights, rows, cols, allowed) {
-  const panel = $("heads");
-  panel.hidden = !grid.length;
-  if (!grid.length) {
-    $("heads-grid").replaceChildren();
-    $("heads-diff").replaceChildren();
-    return;
-  }
-  $("heads-grid").replaceChildren(...grid, ...(average ? [average] : []));
-  options($("head-pick"), grid.length, headChoice.show, true);
-  options($("diff-a"), grid.length, headChoice.a, false);
-  options($("diff-b"), grid.length, Math.min(headChoice.b, grid.length - 1), false);
-  $("head-pick").onchange = showHeads;
-  $("diff-a").onchange = $("diff-b").onchange = () => diffView(headWeights, rows, cols, allowed);
-  showHeads();
-  diffView(headWeights, rows, cols, allowed);
 }
 
 // What else draws from the answer (compare.js's boxes, selection.js's section): each hook is

@@ -1,9 +1,11 @@
 // @ts-check
 // Run: build the body from the form, send it, and draw the answer (render.js); an answer that
 // failed leaves the one drawn before marked as stale (render.js: markStale).
-import { $, state, formBody, showErrors, loadSpec } from "./request.js";
+import { $, state, loadSpec } from "./lib/state.js";
+import { readSafetensors } from "./lib/safetensors.js";
+import { formBody } from "./request.js";
+import { showErrors } from "./errors.js";
 import { render, setupBatch, markStale } from "./render.js";
-import { readSafetensors } from "./safetensors.js";
 
 // The status line: beside the second Run button and at the top of the results.
 // `hint` (optional): a second sentence at the top only.

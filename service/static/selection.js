@@ -3,10 +3,10 @@
 // summed and averaged over the picked rows of the weights (one head's, or the average of the
 // heads on /multihead; the batch item drawn). Sums are the page's own: a browser test checks
 // them against the service's weights.
-import { $ } from "./request.js";
-import { fmt } from "./cells.js";
-import { download, csvBlob } from "./export.js";
-import { isMatrix } from "./render.js";
+// render.js calls drawSelection once the outputs are drawn (main.js registers it: whenDrawn).
+import { $ } from "./lib/state.js";
+import { fmt, isMatrix } from "./lib/format.js";
+import { download, csvBlob } from "./lib/files.js";
 
 const CHIPS_UP_TO = 64; // a button a query up to this many; above, only the index box
 const KEYS_LISTED = 32; // keys listed above this many: the largest sums (the CSV has every key)

@@ -105,7 +105,7 @@ def fill_generated(page: Any, tokens: int, seed: int = 0, d_model: int = 8, d_k:
 
 
 def js_number(v: float | bool | None, digits: int, trim: bool) -> str:
-    """cells.js ``formatNumber``, exactly: ``digits`` significant digits, plain decimals from 1e-4
+    """lib/format.js ``formatNumber``, exactly: ``digits`` significant digits, plain decimals from 1e-4
     up to a million (whole numbers printed whole), exponent form (JavaScript's toExponential)
     outside; ``trim`` drops trailing zeros. None is −∞ (a masked score), a boolean 1 or 0.
     Rounding is JavaScript's toFixed / toExponential: from the double's exact value, ties away

@@ -35,7 +35,7 @@ def _value(text: str) -> Value:
 
 
 def fmt(v: Value) -> str:
-    """cells.js ``fmt``: 3 significant digits, trailing zeros dropped."""
+    """lib/format.js ``fmt``: 3 significant digits, trailing zeros dropped."""
     return js_number(v, 3, trim=True)
 
 

@@ -1,7 +1,8 @@
 // @ts-check
-// What a cell shows: its number (three significant digits on the page) and its colour (weights
-// white → blue, signed values red → white → blue, a mask blue or white, masked cells grey). Pure
-// functions, shared by the SVG maps (heatmap.js), the canvas maps (mapview.js) and the rest.
+// How a value shows, a leaf: its number (three significant digits on the page), its colour
+// (weights white → blue, signed values red → white → blue, a mask blue or white, masked cells
+// grey), a label cut short, text escaped for SVG, a matrix as the text of a form box, and what
+// an array is (a matrix, a stack of them). Pure functions; imports nothing.
 
 /** A label cut to `n` characters, the last an ellipsis. */
 export function abbreviate(s, n) {
@@ -84,4 +85,16 @@ export function rgbOf(v, kind, scale) {
     }
   }
   return [255 + (to[0] - 255) * t, 255 + (to[1] - 255) * t, 255 + (to[2] - 255) * t];
+}
+
+export const isMatrix = (m) => Array.isArray(m) && Array.isArray(m[0]) && !Array.isArray(m[0][0]);
+export const isStack = (m) => Array.isArray(m) && Array.isArray(m[0]) && Array.isArray(m[0][0]);
+
+/** A matrix as the text of a form box: one row a line, or JSON for anything deeper. */
+export function formatMatrix(m) {
+  if (!Array.isArray(m)) return "";
+  const flat = m.every((row) => Array.isArray(row) && row.every((v) => !Array.isArray(v)));
+  return flat
+    ? m.map((row) => row.map((v) => (v === null ? "null" : String(v))).join(" ")).join("\n")
+    : JSON.stringify(m);
 }

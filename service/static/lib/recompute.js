@@ -1,0 +1,308 @@
+// @ts-check
+// The arithmetic of a cell's explanation (explain.js draws it), a leaf: the clicked cell computed
+// again from the step before, in float64 as the service does (dot products, scale, softcap,
+// position bias, mask, softmax with a sink, the weighted sum of V), with RoPE's and ALiBi's
+// numbers (positions.js). The steps' order is the schema's (schema.js: scoreChain), so the
+// OpenAPI document is loaded before this module is ready.
+import { loadSpec } from "./state.js";
+import { scoreChain } from "./schema.js";
+import {
+  alibiBias,
+  alibiSlope,
+  positionOf,
+  relativePosition,
+  ropeAngles,
+  ropeFrequencies,
+  ropeSettings,
+  rotate,
+} from "./positions.js";
+
+await loadSpec(); // the chain of score maps is read from it (stepFrom)
+
+export const EXPLAINED = new Set([
+  "scores",
+  "scaled_scores",
+  "capped_scores",
+  "biased_scores",
+  "masked_scores",
+  "weights",
+  "output",
+  "position_bias",
+]);
+
+export const NEG_INF = -Infinity;
+
+/** A JSON number; null (the service's -inf) becomes -Infinity. */
+export function num(x) {
+  return x === null || x === undefined ? NEG_INF : Number(x);
+}
+
+function depth(a) {
+  let d = 0;
+  while (Array.isArray(a)) {
+    d += 1;
+    a = a[0];
+  }
+  return d;
+}
+
+/** ctx's array `key` for its head and batch item, reduced to `want` dimensions. */
+export function pick(ctx, key, want = 2) {
+  const { data, head, batch } = ctx;
+  let a;
+  let fromHead = false;
+  if (
+    head !== null &&
+    head !== undefined &&
+    data.heads &&
+    data.heads[head] &&
+    key in data.heads[head]
+  ) {
+    a = data.heads[head][key];
+    fromHead = true;
+  } else {
+    a = data[key];
+  }
+  if (a === undefined || a === null) return undefined;
+  if (!Array.isArray(a)) return a;
+  if (depth(a) > want && batch !== null && batch !== undefined) a = a[batch];
+  if (!fromHead && depth(a) > want && head !== null && head !== undefined) a = a[head];
+  return a;
+}
+
+/** The q and k a score was computed from, and which variant they come from. */
+export function scoreInputs(ctx) {
+  for (const [qn, kn] of [
+    ["q_rotated", "k_rotated"],
+    ["q_normed", "k_normed"],
+    ["q", "k"],
+  ]) {
+    const q = pick(ctx, qn);
+    const k = pick(ctx, kn);
+    if (q !== undefined && k !== undefined) return { q, k, qName: qn, kName: kn };
+  }
+  return undefined;
+}
+
+/** scores[i][j] = sum_t q[i][t] k[j][t]: the terms and their sum. */
+export function scoreTerms(qRow, kRow) {
+  const terms = qRow.map((qt, t) => ({ t, q: qt, k: kRow[t], value: qt * kRow[t] }));
+  const total = terms.reduce((s, x) => s + x.value, 0);
+  return { terms, total };
+}
+
+/** The row's softmax as the service takes it: max (with the sink), each exp, the sum. */
+export function softmaxRow(row, sink = null, fullyMasked = "zero") {
+  const m = row.map(num);
+  let max = Math.max(...m);
+  if (sink !== null && sink !== undefined) max = Math.max(max, sink);
+  if (max === NEG_INF) {
+    const S = m.length;
+    const w = fullyMasked === "uniform" ? 1 / S : 0;
+    return {
+      max,
+      exps: m.map(() => 0),
+      sinkExp: null,
+      sum: 0,
+      weights: m.map(() => w),
+      fullyMasked: true,
+    };
+  }
+  const exps = m.map((x) => (x === NEG_INF ? 0 : Math.exp(x - max)));
+  let sum = exps.reduce((s, e) => s + e, 0);
+  let sinkExp = null;
+  if (sink !== null && sink !== undefined) {
+    sinkExp = Math.exp(sink - max);
+    sum += sinkExp;
+  }
+  return { max, exps, sinkExp, sum, weights: exps.map((e) => e / sum), fullyMasked: false };
+}
+
+/** output[i][c] = sum_j weights[i][j] v[j][c]. */
+export function outputTerms(wRow, v, c) {
+  const terms = wRow.map((w, j) => ({ j, w: num(w), v: v[j][c], value: num(w) * v[j][c] }));
+  return { terms, total: terms.reduce((s, x) => s + x.value, 0) };
+}
+
+/** RoPE as it turned query row i and key row j: positions, each pair's θ and angles, and the
+ * rows before and after (the page's own rotation of the rows the service rotated). */
+export function ropeOf(ctx, i, j) {
+  const before = pick(ctx, "q_normed") !== undefined ? ["q_normed", "k_normed"] : ["q", "k"];
+  const q = pick(ctx, before[0]),
+    k = pick(ctx, before[1]);
+  if (q === undefined || k === undefined) return undefined;
+  const settings = ropeSettings(ctx.request, q[i].length);
+  const theta = ropeFrequencies(settings);
+  const qPos = positionOf(ctx.request, "positions", i, ctx.batch),
+    kPos = positionOf(ctx.request, "context_positions", j, ctx.batch);
+  const qAngles = ropeAngles(settings, theta, qPos),
+    kAngles = ropeAngles(settings, theta, kPos);
+  return {
+    settings,
+    theta,
+    qPos,
+    kPos,
+    qAngles,
+    kAngles,
+    before,
+    qBefore: q[i],
+    kBefore: k[j],
+    qRotated: rotate(q[i], qAngles, settings),
+    kRotated: rotate(k[j], kAngles, settings),
+  };
+}
+
+/** ALiBi's bias of cell (i, j): the head's slope and the distance between the positions. */
+export function alibiOf(ctx, i, j) {
+  if (!ctx.request.alibi) return undefined;
+  const h = ctx.head ?? 0,
+    n = Number(ctx.data.num_heads ?? 1);
+  const slope = alibiSlope(ctx.request, h, n);
+  return { slope, head: h, n, ...alibiBias(ctx.request, slope, i, j, ctx.batch) };
+}
+
+/** The step `name` was computed from: {prev, m} (m its matrix), from the score maps held. */
+function stepFrom(ctx, name) {
+  const steps = scoreChain(ctx.endpoint); // the schema's chain of score maps (schema.js)
+  const at = name === "weights" ? steps.length : steps.indexOf(name);
+  for (let k = at - 1; k >= 0; k--) {
+    const m = pick(ctx, steps[k]);
+    if (m !== undefined) return { prev: steps[k], m };
+  }
+  return { prev: steps[0], m: undefined };
+}
+
+function sinkLogit(ctx) {
+  const s = ctx.request.sinks;
+  if (s === undefined || s === null || s === false) return null;
+  if (Array.isArray(s)) return s[ctx.head ?? 0];
+  return Number(s);
+}
+
+/** Recompute the clicked cell: {name, formula, terms, total, service, ...}; null if not explained. */
+export function recompute(ctx) {
+  const { name, i, j } = ctx;
+  if (!EXPLAINED.has(name)) return null;
+  if (
+    ctx.endpoint === "multihead" &&
+    name === "output" &&
+    (ctx.head === null || ctx.head === undefined)
+  )
+    return null;
+  const here = pick(ctx, name);
+  if (here === undefined) return null;
+  const service = here[i][j];
+  if (name === "scores") {
+    const inp = scoreInputs(ctx);
+    if (!inp) return null;
+    const { terms, total } = scoreTerms(inp.q[i], inp.k[j]);
+    const out = { name, kind: "dot", qName: inp.qName, kName: inp.kName, terms, total, service };
+    if (inp.qName === "q_rotated") out.rope = ropeOf(ctx, i, j);
+    return out;
+  }
+  if (name === "position_bias") {
+    // ALiBi's, recomputed; T5's is looked up in its learned table
+    const a = alibiOf(ctx, i, j);
+    if (a) return { name, kind: "alibi", alibi: a, terms: [], total: a.bias, service };
+    const distance = relativePosition(ctx.request, i, j, ctx.batch);
+    return { name, kind: "t5", distance, terms: [], total: service, service, lookedUp: true };
+  }
+  if (name === "scaled_scores") {
+    const s = pick(ctx, "scores");
+    const before = s === undefined ? undefined : s[i][j];
+    const scale = Number(ctx.data.scale);
+    return {
+      name,
+      kind: "scale",
+      before,
+      scale,
+      terms: [],
+      total: before === undefined ? undefined : before * scale,
+      service,
+    };
+  }
+  if (name === "capped_scores") {
+    const before = stepFrom(ctx, name).m[i][j];
+    const c = Number(ctx.request.softcap);
+    return {
+      name,
+      kind: "cap",
+      before,
+      cap: c,
+      terms: [],
+      total: c * Math.tanh(before / c),
+      service,
+    };
+  }
+  if (name === "biased_scores") {
+    const { prev, m } = stepFrom(ctx, name);
+    const before = m[i][j];
+    const pb = pick(ctx, "position_bias");
+    const alibi = alibiOf(ctx, i, j);
+    const bias = alibi ? alibi.bias : pb !== undefined ? pb[i][j] : service - before;
+    return {
+      name,
+      kind: "bias",
+      prev,
+      before,
+      bias,
+      alibi,
+      biasFromService: !alibi && pb !== undefined,
+      terms: [],
+      total: before + bias,
+      service,
+    };
+  }
+  if (name === "masked_scores") {
+    const { prev, m } = stepFrom(ctx, name);
+    const before = m[i][j];
+    const am = pick(ctx, "additive_mask");
+    const entry = am !== undefined ? num(am[i][j]) : num(service) - before;
+    return {
+      name,
+      kind: "mask",
+      prev,
+      before,
+      entry,
+      terms: [],
+      total: before + entry,
+      service: num(service),
+    };
+  }
+  if (name === "weights") {
+    const { prev, m } = stepFrom(ctx, name);
+    const row = m[i];
+    const sink = sinkLogit(ctx);
+    const sm = softmaxRow(
+      row,
+      sink,
+      ctx.request.fully_masked_rows === "uniform" ? "uniform" : "zero",
+    );
+    const terms = row.map((x, k) => ({ k, m: num(x), exp: sm.exps[k] }));
+    const sw = pick(ctx, "sink_weights", 1);
+    return {
+      name,
+      kind: "softmax",
+      prev,
+      row: row.map(num),
+      max: sm.max,
+      sink,
+      sinkExp: sm.sinkExp,
+      sinkWeight: Array.isArray(sw) ? sw[i] : undefined,
+      sum: sm.sum,
+      fullyMasked: sm.fullyMasked,
+      uniform: ctx.request.fully_masked_rows === "uniform",
+      terms,
+      total: sm.weights[j],
+      service,
+    };
+  }
+  if (name === "output") {
+    const w = pick(ctx, "weights");
+    const v = pick(ctx, "v");
+    if (w === undefined || v === undefined) return null;
+    const { terms, total } = outputTerms(w[i], v, j);
+    return { name, kind: "weighted", terms, total, service };
+  }
+  return null;
+}
