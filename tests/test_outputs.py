@@ -9,7 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.trace import outputs
-from service.trace.rules import Shapes, attention_shapes, multihead_shapes
+from service.trace.rules import attention_shapes, multihead_shapes
+from service.trace.shapes import Shapes
 from service.wire import examples as ex
 from service.wire.schemas.requests import AttentionRequest, MaskRequest, MultiheadRequest
 

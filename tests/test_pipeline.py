@@ -72,13 +72,13 @@ def test_the_rules_give_the_shapes_a_request_implies(
 
 def test_the_rules_turn_variants_and_masks_on_only_when_asked() -> None:
     plain = rules.attention_shapes(AttentionRequest.model_validate({"x": X, "seed": 0}))
-    assert not (plain.masked or plain.rope or plain.softcap or plain.sinks or plain.comparing)
+    assert not (plain.masked or plain.on or plain.comparing)
     asked = rules.attention_shapes(
         AttentionRequest.model_validate(
             {"x": X, "seed": 0, "rope": True, "softcap": 5, "mask": {"type": "causal"}}
         )
     )
-    assert asked.masked and asked.rope and asked.softcap and asked.num_masks == 1
+    assert asked.masked and asked.on == {"rope", "softcap"} and asked.num_masks == 1
 
 
 def test_a_rule_across_fields_names_the_field() -> None:

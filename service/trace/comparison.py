@@ -31,8 +31,8 @@ from service.core.compare import (
 )
 from service.core.masks import CombinedMask
 from service.core.types import Array
-from service.trace.outputs import Output, in_heads, top_level
-from service.trace.rules import Shapes
+from service.trace.outputs import Output, in_heads, position, row, top_level
+from service.trace.shapes import Endpoint, Shapes
 from service.wire.errors import FieldError
 from service.wire.schemas.expected_fields import Expected
 
@@ -45,10 +45,6 @@ COMPARABLE = frozenset({"matrix", "vector", "stack", "nullable", "bool"})
 # every set: they need ~19× their numbers.
 DIAGNOSIS_TIMES = 20
 DIAGNOSIS_MIN_NUMBERS = 1 << 23
-# the order of the steps, with the arrays no mistake changes put where they are computed
-_ORDER = ("x_in", *ORDER[: ORDER.index("biased_scores")], "position_bias",
-          *ORDER[ORDER.index("biased_scores"): ORDER.index("concat")], "stacked_weights",
-          *ORDER[ORDER.index("concat"):])  # fmt: skip
 
 
 def _comparable(outs: tuple[Output, ...], shapes: Shapes) -> dict[str, Output]:
@@ -123,19 +119,23 @@ class _Entry:
     state: str
     head: int | None
     yours: Array
-    step: str  # where it sorts: its state, but /multihead's stacked weights with the block's
+    position: int  # where its step comes (service.trace.outputs.position)
 
 
-def _entries(expected: Expected, multihead: bool) -> list[_Entry]:
+def _entries(expected: Expected, endpoint: Endpoint) -> list[_Entry]:
     """The caller's arrays in the order of the steps (head by head within a step)."""
-    block = {"output": ("block_output", "block_output"), "weights": ("weights", "stacked_weights")}
+    multihead = endpoint == "multihead"
     entries = []
-    for name, a in expected.arrays.items():
-        state, step = block[name] if multihead and name in block else (name, name)
-        entries.append(_Entry(name, state, None, a, step))
+    for name, a in expected.arrays.items():  # the block's output is the engine's block_output
+        state = "block_output" if multihead and name == "output" else name
+        where = position(row(endpoint, name, per_head=False))
+        entries.append(_Entry(name, state, None, a, where))
     for i, per_head in expected.heads.items():
-        entries += [_Entry(f"heads.{i}.{n}", n, i, a, n) for n, a in per_head.items()]
-    return sorted(entries, key=lambda e: (_ORDER.index(e.step), e.head is None, e.head or 0))
+        entries += [
+            _Entry(f"heads.{i}.{n}", n, i, a, position(row(endpoint, n)))
+            for n, a in per_head.items()
+        ]
+    return sorted(entries, key=lambda e: (e.position, e.head is None, e.head or 0))
 
 
 def _engine(a: Array, unbatched: bool) -> Array:
@@ -188,7 +188,7 @@ def compare(
     check: Callable[[], None],
 ) -> dict[str, Any]:
     """``comparison`` and ``first_mismatch`` for the response (see the module's doc)."""
-    entries = _entries(expected, setup.num_heads is not None)
+    entries = _entries(expected, "multihead" if setup.num_heads is not None else "attention")
     diffs = [difference(_ours(state, e, unbatched), e.yours, tol) for e in entries]
     first = next((i for i, d in enumerate(diffs) if not d.match), None)
     searched = None

@@ -3,7 +3,7 @@ the numbers a request would return and compute (from the outputs table)."""
 
 from service.config import Settings
 from service.trace.outputs import sizes
-from service.trace.rules import Shapes
+from service.trace.shapes import Shapes
 from service.wire.errors import LimitError
 
 

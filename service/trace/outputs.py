@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any, Literal
 
-from service.trace.rules import Endpoint, Shapes
+from service.trace.shapes import Endpoint, Shapes
 from service.wire.errors import FieldError
 
 Kind = Literal[
@@ -59,6 +59,11 @@ def _everywhere(shapes: Shapes) -> bool:
     return True
 
 
+def _on(variant: str) -> Callable[[Shapes], bool]:
+    """Present when the variant is on (service.trace.variant_rows)."""
+    return lambda shapes: variant in shapes.on
+
+
 @dataclass(frozen=True)
 class Output:
     """One name a response may carry."""
@@ -85,6 +90,12 @@ def _ls(s: Shapes) -> tuple[int, ...]:
 
 
 OUTPUTS: tuple[Output, ...] = (
+    # The rows of arrays are in the order of the steps that make them: the steps' list, the
+    # comparison's order and the explorer's chain of scores all follow it.
+    # the multi-head block's input
+    Output("x_in", "matrix", "x after positional encoding (when one is applied)",
+           lambda s: (s.seq_len, s.d_model or 0), endpoints=MULTIHEAD,
+           present=lambda s: s.positional, view=View("x after positional encoding")),
     # one attention: top level on /attention, per head on /multihead
     Output("q", "matrix", "queries [L][d_k]", lambda s: (s.seq_len, s.d_k), head=True,
            view=View("Q", rows="queries", each_head=True)),
@@ -93,36 +104,42 @@ OUTPUTS: tuple[Output, ...] = (
     Output("v", "matrix", "values [S][d_v]", lambda s: (s.ctx_len, s.d_v), head=True,
            view=View("V", rows="keys", each_head=True)),
     Output("q_normed", "matrix", "qk_norm(Q) [L][d_k] (when qk_norm is on)",
-           lambda s: (s.seq_len, s.d_k), present=lambda s: s.qk_norm, head=True,
+           lambda s: (s.seq_len, s.d_k), present=_on("qk_norm"), head=True,
            view=View("Q after qk_norm", rows="queries", each_head=True)),
     Output("k_normed", "matrix", "qk_norm(K) [S][d_k] (when qk_norm is on)",
-           lambda s: (s.ctx_len, s.d_k), present=lambda s: s.qk_norm, head=True,
+           lambda s: (s.ctx_len, s.d_k), present=_on("qk_norm"), head=True,
            view=View("K after qk_norm", rows="keys", each_head=True)),
     Output("q_rotated", "matrix", "RoPE(Q) [L][d_k], what the scores use (when rope is on)",
-           lambda s: (s.seq_len, s.d_k), present=lambda s: s.rope, head=True,
+           lambda s: (s.seq_len, s.d_k), present=_on("rope"), head=True,
            view=View("Q rotated (RoPE)", rows="queries", each_head=True)),
     Output("k_rotated", "matrix", "RoPE(K) [S][d_k] (when rope is on)",
-           lambda s: (s.ctx_len, s.d_k), present=lambda s: s.rope, head=True,
+           lambda s: (s.ctx_len, s.d_k), present=_on("rope"), head=True,
            view=View("K rotated (RoPE)", rows="keys", each_head=True)),
     Output("scores", "matrix", "Q Kᵀ [L][S]", _ls, head=True, view=View("scores  Q Kᵀ", "scores")),
     Output("scaled_scores", "matrix", "Q Kᵀ · scale [L][S]", _ls, head=True,
            view=View("scaled scores", "scores", each_head=True, chain=True)),
     Output("capped_scores", "matrix", "c · tanh(scaled_scores / c) [L][S] (when softcap is on)",
-           _ls, present=lambda s: s.softcap, head=True,
+           _ls, present=_on("softcap"), head=True,
            view=View("capped scores  c·tanh(s/c)", "scores", each_head=True, chain=True)),
     Output("position_bias", "matrix", "the ALiBi or T5 bias [L][S] (when one is on)", _ls,
-           present=lambda s: s.position_bias, head=True,
+           present=_on("position_bias"), head=True,
            view=View("position bias", "scores", each_head=True)),
     Output("biased_scores", "matrix", "the scores so far plus position_bias [L][S]", _ls,
-           present=lambda s: s.position_bias, head=True,
+           present=_on("position_bias"), head=True,
            view=View("scores + position bias", "scores", each_head=True, chain=True)),
+    # the combined mask: top level (one for every head), made before it is added
+    Output("mask", "bool", "the combined mask [L][S], true = may attend", _ls,
+           present=lambda s: s.masked, view=View("mask (1 = may attend)", "mask")),
+    Output("additive_mask", "nullable",
+           "0 where allowed, null (−∞) where masked, plus additive values", _ls,
+           present=lambda s: s.masked),
     Output("masked_scores", "nullable",
            "the scores so far plus the mask; null where masked (only when a mask applies)", _ls,
            present=lambda s: s.masked, head=True,
            view=View("masked scores", "scores", each_head=True, chain=True)),
     Output("sink_weights", "vector", "the weight each query row gives the sink [L] (when "
            "sinks are on); its weights sum to 1 − this", lambda s: (s.seq_len,),
-           present=lambda s: s.sinks, head=True),
+           present=_on("sinks"), head=True),
     Output("weights", "matrix", "row softmax of the final scores [L][S]", _ls,
            head=True, view=View("weights  softmax", "weights", each_head=True)),
     Output("output", "matrix", "weights V [L][d_v]", lambda s: (s.seq_len, s.d_v), head=True,
@@ -135,9 +152,6 @@ OUTPUTS: tuple[Output, ...] = (
            "every head's weights stacked [h][L][S] (nn.MultiheadAttention "
            "average_attn_weights=False)", lambda s: (s.num_heads, s.seq_len, s.ctx_len),
            endpoints=MULTIHEAD),
-    Output("x_in", "matrix", "x after positional encoding (when one is applied)",
-           lambda s: (s.seq_len, s.d_model or 0), endpoints=MULTIHEAD,
-           present=lambda s: s.positional, view=View("x after positional encoding")),
     Output("heads", "heads", "h per-head traces", endpoints=MULTIHEAD),
     Output("concat", "matrix", "the heads' outputs side by side [L][h·d_v]",
            lambda s: (s.seq_len, s.num_heads * s.d_v), endpoints=MULTIHEAD, view=View("concat")),
@@ -179,12 +193,7 @@ OUTPUTS: tuple[Output, ...] = (
            batched=False),
     Output("first_mismatch", "name", "the earliest compared name that differs, or null",
            present=lambda s: s.comparing, always=True, batched=False),
-    # the mask
-    Output("mask", "bool", "the combined mask [L][S], true = may attend", _ls,
-           present=lambda s: s.masked, view=View("mask (1 = may attend)", "mask")),
-    Output("additive_mask", "nullable",
-           "0 where allowed, null (−∞) where masked, plus additive values", _ls,
-           present=lambda s: s.masked),
+    # the mask's consequence
     Output("fully_masked_rows", "rows",
            "query rows with no key allowed (per batch item when batched)",
            present=lambda s: s.masked),
@@ -204,6 +213,12 @@ OUTPUTS: tuple[Output, ...] = (
            present=lambda s: "w_v" in s.generated, batched=False,
            view=View("w_v (generated)", rows="index")),
 )  # fmt: skip
+
+
+_POSITIONS = {id(out): i for i, out in enumerate(OUTPUTS)}
+# the scores in turn, each made from the latest present one before it: what a score step adds
+# to, and what the softmax reads
+CHAIN = tuple(out.name for out in OUTPUTS if out.view is not None and out.view.chain)
 
 
 @cache
@@ -227,6 +242,30 @@ def _by_name(endpoint: Endpoint) -> dict[str, Output]:
     """Output (and step) names to outputs, computed once; per-head outputs win (a /multihead
     step named "output" is the heads' weights V, not the block's output)."""
     return {o.name: o for o in top_level(endpoint)} | {o.name: o for o in OUTPUTS if o.head}
+
+
+@cache
+def row(endpoint: Endpoint, name: str, per_head: bool = True) -> Output:
+    """The row of an output (or a step named after one): the per-head one when ``per_head``
+    and the endpoint has one of that name, else the top-level one."""
+    if per_head:
+        return _by_name(endpoint)[name]
+    return next(o for o in top_level(endpoint) if o.name == name)
+
+
+def position(out: Output) -> int:
+    """Where an output's step comes in the order of the steps (the table's order)."""
+    return _POSITIONS[id(out)]
+
+
+def latest(shapes: Shapes, name: str, among: tuple[str, ...]) -> str:
+    """The last of ``among`` (step names) present in this request before ``name``: what the
+    step ``name`` is made from (the scores so far, the queries as the scores use them)."""
+    before = position(row(shapes.endpoint, name))
+    present = [
+        n for n in among if (o := row(shapes.endpoint, n)).present(shapes) and position(o) < before
+    ]
+    return max(present, key=lambda n: position(row(shapes.endpoint, n)))
 
 
 def includable(endpoint: Endpoint) -> tuple[str, ...]:

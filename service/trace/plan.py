@@ -15,17 +15,14 @@ from service.core.compare import Tolerance
 from service.core.generate import draw
 from service.core.multihead import LayerNorm, MultiheadWeights, sinusoidal_encoding
 from service.core.positions import (
-    Alibi,
-    LinearScaling,
-    Llama3Scaling,
     PositionBias,
-    RelativeBias,
-    Rope,
 )
 from service.core.types import Alignment, Array, FullyMaskedPolicy, Init, WeightLayout
-from service.core.variants import QKNorm
+from service.trace.checks import lengths, options
 from service.trace.outputs import drawn_shape
-from service.trace.rules import Shapes, lengths, options
+from service.trace.shapes import Shapes
+from service.trace.variant_rows import VARIANTS
+from service.trace.weight_forms import BY_NAME, given_or_drawn, in_out
 from service.wire.schemas.expected_fields import Expected, ToleranceOptions
 from service.wire.schemas.mask_fields import (
     AdditiveMask,
@@ -36,16 +33,9 @@ from service.wire.schemas.mask_fields import (
 )
 from service.wire.schemas.requests import (
     AttentionRequest,
-    HeadWeights,
     InputFields,
     LayerNormOptions,
     MultiheadRequest,
-)
-from service.wire.schemas.variant_fields import (
-    AlibiOptions,
-    LinearScalingOptions,
-    QKNormOptions,
-    RopeOptions,
 )
 
 
@@ -107,7 +97,7 @@ def plan_attention(req: AttentionRequest, shapes: Shapes) -> AttentionPlan:
     if req.q is not None and req.k is not None and req.v is not None:
         q, k, v = _batched(req.q), _batched(req.k), _batched(req.v)
         return _plan(AttentionPlan, req, shapes, generated, q=q, k=k, v=v)
-    w_q, w_k, w_v = (_given_or_drawn(req, n, generated) for n in ("w_q", "w_k", "w_v"))
+    w_q, w_k, w_v = (given_or_drawn(req, n, generated) for n in ("w_q", "w_k", "w_v"))
     return _plan(
         AttentionPlan,
         req,
@@ -140,7 +130,7 @@ def plan_multihead(req: MultiheadRequest, shapes: Shapes) -> MultiheadPlan:
         generated,
         x=_batched(generated.get("x", req.x)),
         context=None if req.context is None else _batched(req.context),
-        weights=_multihead_weights(req, generated, w_o, b_o),
+        weights=_multihead_weights(req, shapes, generated, w_o, b_o),
         heads=None,
         w_o=w_o,
         b_o=b_o,
@@ -164,57 +154,14 @@ def _output_projection(req: MultiheadRequest) -> tuple[Array | None, Array | Non
     elif req.o_proj_weight is not None:
         w_o = req.o_proj_weight.T  # Hugging Face: out_in too
     else:
-        w_o = None if req.w_o is None else _in_out(req.w_o, req.weight_layout)
+        w_o = None if req.w_o is None else in_out(req.w_o, req.weight_layout)
     b_o = next((b for b in (req.out_proj_bias, req.o_proj_bias, req.b_o) if b is not None), None)
     return w_o, b_o
-
-
-def _variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> Variants:
-    """The engine's variant settings (the position bias is computed later, from ``bias``)."""
-    q_norm = k_norm = None
-    if shapes.qk_norm:
-        o = options(req.qk_norm, QKNormOptions) or QKNormOptions()  # q_norm.weight alone: rms
-        q_w, k_w = o.q_weight, o.k_weight
-        if isinstance(req, MultiheadRequest):
-            q_w = req.q_norm_weight if req.q_norm_weight is not None else q_w
-            k_w = req.k_norm_weight if req.k_norm_weight is not None else k_w
-        q_norm, k_norm = QKNorm(o.type, o.eps, q_w), QKNorm(o.type, o.eps, k_w)
-    rope = None
-    r = options(req.rope, RopeOptions)
-    if r is not None:
-        scaling: LinearScaling | Llama3Scaling | None = None
-        if isinstance(r.scaling, LinearScalingOptions):
-            scaling = LinearScaling(r.scaling.factor)
-        elif r.scaling is not None:
-            s = r.scaling
-            scaling = Llama3Scaling(
-                s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position
-            )
-        rope = Rope(r.base, r.style, r.rotary_dim, scaling)
-    return Variants(
-        q_norm=q_norm,
-        k_norm=k_norm,
-        rope=rope,
-        positions=_positions(req.positions),
-        context_positions=_positions(req.context_positions),
-        softcap=req.softcap,
-        sinks=req.sinks,
-    )
 
 
 def _positions(given: list[int] | None) -> NDArray[np.int64] | None:
     """Token positions as given (None: the engine uses 0 … n−1)."""
     return None if given is None else np.asarray(given, dtype=np.int64)
-
-
-def _bias(req: AttentionRequest | MultiheadRequest) -> PositionBias | None:
-    """The position bias settings, if any."""
-    if req.relative_bias is not None:
-        b = req.relative_bias
-        table = b.table if b.table.ndim == 2 else b.table[:, None]  # (num_buckets, n)
-        return RelativeBias(table, b.bidirectional, b.max_distance)
-    alibi = options(req.alibi, AlibiOptions)
-    return None if alibi is None else Alibi(alibi.slopes, alibi.symmetric)
 
 
 def _plan(
@@ -225,6 +172,15 @@ def _plan(
     **rest: Any,
 ) -> P:
     """A plan of class ``cls``: the fields every plan has, from the request, plus ``rest``."""
+    settings = {
+        k: v for row in VARIANTS if row.field in shapes.on for k, v in row.settings(req).items()
+    }
+    bias = settings.pop("bias", None)
+    variants = Variants(
+        **settings,
+        positions=_positions(req.positions),
+        context_positions=_positions(req.context_positions),
+    )
     alignments = [m.alignment for m in req.mask or [] if isinstance(m, CausalMask)]
     specs = [_mask_spec(m) for m in req.mask or []]
     if req.key_padding_mask is not None:  # true = padding: (S,) or (B, S) -> allowed (·, 1, S)
@@ -241,8 +197,8 @@ def _plan(
         alignment=alignments[0] if alignments else "upper_left",
         include=None if req.include is None else frozenset(req.include),
         decimals=req.decimals,
-        variants=_variants(req, shapes),
-        bias=_bias(req),
+        variants=variants,
+        bias=bias,
         expected=req.expected,
         tolerance=Tolerance(**(req.tolerance or ToleranceOptions()).model_dump()),
         **rest,
@@ -275,70 +231,22 @@ def _draw(req: InputFields, shapes: Shapes) -> dict[str, Array]:
     return draw(req.seed, req.init, [(n, drawn_shape(shapes, n)) for n in shapes.generated])
 
 
-def _in_out(w: Array, layout: WeightLayout) -> Array:
-    """A weight in the engine's in_out layout (X @ W), whatever layout it came in."""
-    return w if layout == "in_out" else w.T
-
-
-def _given_or_drawn(req: InputFields, name: str, generated: Mapping[str, Array]) -> Array:
-    """A projection weight in in_out layout: drawn ones already are, given ones follow
-    weight_layout."""
-    if name in generated:
-        return generated[name]
-    w = getattr(req, name)
-    assert w is not None
-    return _in_out(w, req.weight_layout)
-
-
-def _multihead_weights(
-    req: MultiheadRequest, generated: Mapping[str, Array], w_o: Array | None, b_o: Array | None
-) -> MultiheadWeights:
-    """Every accepted weight form as combined in_out weights, with the output projection."""
-    if req.heads is not None:
-        projections = _stack_heads(req.heads, req.weight_layout)
-    elif req.q_proj_weight is not None:  # a state dict's: always out_in
-        assert req.k_proj_weight is not None and req.v_proj_weight is not None
-        biases = (req.q_proj_bias, req.k_proj_bias, req.v_proj_bias)
-        if req.in_proj_bias is not None:  # nn.MultiheadAttention with kdim/vdim packs them
-            rows = np.cumsum([req.q_proj_weight.shape[0], req.k_proj_weight.shape[0]])
-            biases = tuple(np.split(req.in_proj_bias, rows))  # type: ignore[assignment]
-        projections = Projections(
-            req.q_proj_weight.T, req.k_proj_weight.T, req.v_proj_weight.T, *biases
-        )
-    elif req.in_proj_weight is not None:
-        packed = req.in_proj_weight.T  # (d_model, 3·d_model), columns q, k, v
-        w_q, w_k, w_v = np.split(packed, 3, axis=1)
-        b = req.in_proj_bias
-        b_q, b_k, b_v = (None, None, None) if b is None else np.split(b, 3)
-        projections = Projections(w_q, w_k, w_v, b_q, b_k, b_v)
-    else:
-        w_q, w_k, w_v = (_given_or_drawn(req, n, generated) for n in ("w_q", "w_k", "w_v"))
-        projections = Projections(w_q, w_k, w_v, req.b_q, req.b_k, req.b_v)
-    p = projections
-    return MultiheadWeights(p.w_q, p.w_k, p.w_v, p.b_q, p.b_k, p.b_v, w_o=w_o, b_o=b_o)
-
-
-def _stack_heads(heads: list[HeadWeights], layout: WeightLayout) -> Projections:
-    """Per-head weights side by side in in_out layout, head i in columns i·d_k … (i+1)·d_k − 1;
-    a head without a bias gets zeros when another head has one."""
-    w = {
-        n: [_in_out(getattr(head, "w_" + n), layout) for head in heads] for n in ("q", "k", "v")
-    }  # per head (d_model, d_k) or (d_model, d_v)
-
-    def bias(n: str) -> Array | None:
-        parts = [getattr(head, "b_" + n) for head in heads]
-        if all(p is None for p in parts):
-            return None
-        return np.concatenate(
-            [np.zeros(wh.shape[1]) if p is None else p for p, wh in zip(parts, w[n], strict=True)]
-        )
-
-    w_q, w_k, w_v = (np.concatenate(w[n], axis=1) for n in ("q", "k", "v"))
-    return Projections(w_q, w_k, w_v, bias("q"), bias("k"), bias("v"))
-
-
 def _batched(a: Array | None, ndim: int = 3) -> Array:
     """(L, d) -> (1, L, d), or with ``ndim`` 4 (h, L, d) -> (1, h, L, d); a batch stays as it
     is."""
     assert a is not None
     return a if a.ndim == ndim else a[None]
+
+
+def _multihead_weights(
+    req: MultiheadRequest,
+    shapes: Shapes,
+    generated: Mapping[str, Array],
+    w_o: Array | None,
+    b_o: Array | None,
+) -> MultiheadWeights:
+    """The request's weight form (decided by the rules) as combined in_out weights, with the
+    output projection."""
+    assert shapes.form is not None
+    p = BY_NAME[shapes.form].convert(req, generated)
+    return MultiheadWeights(p.w_q, p.w_k, p.w_v, p.b_q, p.b_k, p.b_v, w_o=w_o, b_o=b_o)

@@ -11,7 +11,7 @@ from pydantic.config import JsonDict
 from service.core.compare import MASKED_FLOOR
 from service.trace.comparison import DIAGNOSIS_TIMES
 from service.trace.outputs import Kind, Output, in_heads, top_level
-from service.trace.rules import Endpoint
+from service.trace.shapes import Endpoint
 
 Matrix = list[list[float]] | list[list[list[float]]]
 NullableMatrix = list[list[float | None]] | list[list[list[float | None]]]

@@ -1,0 +1,131 @@
+"""The rules of masks: each mask against the scores' shape L×S and the batch, and warnings
+that need no expected numbers (a boolean mask whose polarity looks inverted, returned as
+``warnings``). Applied with the other rules (:mod:`service.trace.rules`)."""
+
+import numpy as np
+
+from service.core.masks import causal
+from service.core.types import BoolArray
+from service.trace.checks import batch_words, lengths
+from service.trace.shapes import Shapes
+from service.wire.errors import FieldError
+from service.wire.schemas.mask_fields import AdditiveMask, BooleanMask, PaddingMask
+from service.wire.schemas.requests import InputFields
+
+
+def mask_warnings(req: InputFields) -> tuple[dict[str, str], ...]:
+    """A ``mask_polarity`` warning for each boolean mask that looks inverted: it blocks each
+    query's own key and allows only later ones (an inverted causal mask), or leaves a query
+    row with no key; and for a key_padding_mask that pads every key of an item."""
+    found: list[dict[str, str]] = []
+    for i, m in enumerate(req.mask or []):
+        if not isinstance(m, BooleanMask):
+            continue
+        allowed = m.matrix if m.true_means == "attend" else ~m.matrix  # (L, S) or (B, L, S)
+        problem = _polarity_problem(allowed)
+        if problem:
+            other = "masked" if m.true_means == "attend" else "attend"
+            means = "may attend" if m.true_means == "attend" else "masked"
+            found.append(
+                {
+                    "code": "mask_polarity",
+                    "field": f"mask[{i}].matrix",
+                    "message": f"mask[{i}] {problem}. Its true means {means}; if yours means "
+                    f'the opposite, add "true_means": "{other}" to the mask',
+                }
+            )
+    kpm = req.key_padding_mask
+    if kpm is not None and kpm.reshape(-1, kpm.shape[-1]).all(axis=-1).any():
+        found.append(
+            {
+                "code": "mask_polarity",
+                "field": "key_padding_mask",
+                "message": "key_padding_mask marks every key of a sequence as padding, so no "
+                "query can attend to anything. Here true means padding (ignored), as in "
+                "torch's nn.MultiheadAttention; if your true means keep, invert it",
+            }
+        )
+    return tuple(found)
+
+
+def _polarity_problem(allowed: BoolArray) -> str | None:
+    """What looks inverted about a boolean mask (true = may attend), or None."""
+    n_q, n_k = allowed.shape[-2:]
+    later_only = ~(allowed & causal(n_q, n_k)).any()  # nothing at or before the diagonal
+    if n_q > 1 and later_only and allowed.any():
+        return (
+            "blocks each query's own key and lets it see only later keys: the opposite of a "
+            "causal mask"
+        )
+    empty = ~allowed.any(axis=-1)  # (..., L)
+    if empty.any():
+        rows = np.flatnonzero(empty.reshape(-1, n_q).any(axis=0))[:8].tolist()
+        return f"masks every key of query row(s) {rows}, so those rows attend to nothing"
+    return None
+
+
+def check_masks(req: InputFields, batch: int | None, seq_len: int, ctx_len: int) -> None:
+    """Each mask against the scores' shape L×S and the batch."""
+    for i, item in enumerate(req.mask or []):
+        field = f"mask[{i}]"
+        if isinstance(item, BooleanMask | AdditiveMask):
+            m = item.matrix
+            if m.ndim == 3 and (batch is None or m.shape[0] != batch):
+                raise FieldError(
+                    f"{field}.matrix",
+                    f"{field}.matrix is a batch of {m.shape[0]} but the request is {batch_words(batch)}",
+                )
+            if m.shape[-2:] != (seq_len, ctx_len):
+                got = "×".join(map(str, m.shape[-2:]))
+                raise FieldError(
+                    f"{field}.matrix",
+                    f"{field}.matrix is {got} but the scores are L×S = {seq_len}×{ctx_len} ({seq_len} queries, {ctx_len} keys)",
+                )
+        if isinstance(item, PaddingMask):
+            check_padding(item, field, batch, seq_len, ctx_len)
+
+
+def check_padding(
+    item: PaddingMask, field: str, batch: int | None, seq_len: int, ctx_len: int
+) -> None:
+    if item.key_lengths is None and item.query_lengths is None:
+        raise FieldError(field, "a padding mask needs key_lengths, query_lengths or both")
+    for name, limit, what in (
+        ("key_lengths", ctx_len, "keys (S)"),
+        ("query_lengths", seq_len, "queries (L)"),
+    ):
+        given = lengths(getattr(item, name))
+        if given is None:
+            continue
+        if min(given) < 0:
+            raise FieldError(
+                f"{field}.{name}", f"{field}.{name} must be 0 or more, got {min(given)}"
+            )
+        if len(given) not in (1, batch or 1):
+            raise FieldError(
+                f"{field}.{name}",
+                f"{field}.{name} has {len(given)} entries but the batch has {batch or 1} item(s)",
+            )
+        if max(given) > limit:
+            raise FieldError(
+                f"{field}.{name}",
+                f"{field}.{name} has {max(given)} but there are only {limit} {what}",
+            )
+
+
+def num_masks(req: InputFields) -> int:
+    """Mask objects plus key_padding_mask: each a pass over B·L·S entries."""
+    return len(req.mask or []) + (req.key_padding_mask is not None)
+
+
+def check_key_padding(flags: np.ndarray, shapes: Shapes) -> None:
+    if flags.shape[-1] != shapes.ctx_len:
+        raise FieldError(
+            "key_padding_mask",
+            f"key_padding_mask has {flags.shape[-1]} entries per row but there are {shapes.ctx_len} keys (S)",
+        )
+    if flags.ndim == 2 and flags.shape[0] != (shapes.batch or 1):
+        raise FieldError(
+            "key_padding_mask",
+            f"key_padding_mask has {flags.shape[0]} rows but the request is {batch_words(shapes.batch)}: one row [S] per batch item",
+        )

@@ -1,0 +1,46 @@
+"""What a request implies before anything is computed: its sizes, labels and the parts that are
+on. Made by the rules (:mod:`service.trace.rules`); the outputs table, the limits, the plan and
+the steps read it."""
+
+from dataclasses import dataclass
+from typing import Literal
+
+Endpoint = Literal["attention", "multihead"]  # which rows of the outputs table an answer has
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shapes:
+    """Sizes, labels and optional parts a request implies, known before anything is computed.
+    On /attention there is one head."""
+
+    endpoint: Endpoint
+    batch: int | None  # B; None: an unbatched request
+    seq_len: int  # L
+    ctx_len: int  # S
+    d_model: int | None  # None in direct mode
+    d_k: int  # per head
+    d_v: int  # per head
+    num_heads: int = 1  # h
+    num_kv_heads: int = 1  # h_kv
+    d_out: int = 0  # width of /multihead's output
+    num_masks: int = 0  # mask objects, each a pass over B·L·S entries
+    generated: tuple[str, ...] = ()  # arrays to draw, in the contract's order
+    form: str | None = None  # /multihead's weight form (service.trace.weight_forms); None: none
+    positional: bool = False
+    residual: bool = False
+    layer_norm: bool = False
+    tokens: tuple[str, ...] | None = None
+    context_tokens: tuple[str, ...] | None = None
+    on: frozenset[str] = frozenset()  # the variants that are on (service.trace.variant_rows)
+    warnings: tuple[dict[str, str], ...] = ()  # what looks wrong (service.trace.warnings)
+    expected_numbers: int = 0  # the caller's numbers to compare (expected); 0: none
+
+    @property
+    def masked(self) -> bool:
+        """Whether any mask applies (and so the mask outputs are returned)."""
+        return self.num_masks > 0
+
+    @property
+    def comparing(self) -> bool:
+        """Whether the request carries expected arrays to compare."""
+        return self.expected_numbers > 0

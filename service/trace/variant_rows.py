@@ -1,0 +1,349 @@
+"""The variants of modern attention as rows (API.md, "Position and score variants"), in the
+order they apply: QK-norm, RoPE, soft-capping, a position bias (ALiBi or T5), sinks. Each row
+says when a request turns it on, checks it against the shapes (the rules, before anything is
+drawn), gives the engine its settings (the plan) and says its steps in words. The rules, the
+plan and the steps loop over :data:`VARIANTS`; the outputs table shows a variant's rows when it
+is in :attr:`Shapes.on`. Adding a variant is one row here plus its math in service.core.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from service.core import positions
+from service.core.attention import Variants
+from service.core.positions import (
+    Alibi,
+    LinearScaling,
+    Llama3Scaling,
+    PositionBias,
+    RelativeBias,
+    Rope,
+    alibi_slopes,
+)
+from service.core.types import Array
+from service.core.variants import QKNorm
+from service.trace.checks import engine_rule, options
+from service.trace.outputs import CHAIN, latest
+from service.trace.shapes import Shapes
+from service.wire.errors import FieldError
+from service.wire.schemas.requests import AttentionRequest, MultiheadRequest
+from service.wire.schemas.variant_fields import (
+    AlibiOptions,
+    LinearScalingOptions,
+    Llama3ScalingOptions,
+    QKNormOptions,
+    RopeOptions,
+)
+
+Req = AttentionRequest | MultiheadRequest
+Formulas = dict[str, str]  # step name -> its formula
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One variant: the name it is on under (Shapes.on), the outputs it adds, and what the
+    rules, the plan and the steps do with it."""
+
+    field: str  # the request field that turns it on (position_bias: alibi or relative_bias)
+    outputs: tuple[str, ...]  # rows of the outputs table it adds
+    given: Callable[[Req], bool]  # whether the request turns it on
+    check: Callable[[Req, Shapes], None]  # against the shapes (d_k per head, n heads)
+    # the engine's settings: fields of service.core.attention.Variants, or "bias" (the
+    # position bias settings, computed into an array with the attention)
+    settings: Callable[[Req], Mapping[str, Any]]
+    steps: Callable[[Variants, PositionBias | None, Shapes], Formulas]  # its steps' formulas
+    uses_positions: bool = False  # reads positions / context_positions
+
+
+def _heads(n: int) -> str:
+    return "is 1 head" if n == 1 else f"are {n} heads"
+
+
+def _numbers(a: Array, limit: int = 8) -> str:
+    """A short list of numbers for a formula: [0.25, 0.0625, …] (at most ``limit``)."""
+    shown = ", ".join(f"{v:.6g}" for v in a.ravel()[:limit])
+    return f"[{shown}{', …' if a.size > limit else ''}]"
+
+
+# ------------------------------------------------------------------------------ QK-norm
+
+
+def _qk_norm_given(req: Req) -> bool:
+    """qk_norm is on, or (/multihead) a state dict's q_norm.weight or k_norm.weight is given."""
+    return req.qk_norm is not False or (
+        isinstance(req, MultiheadRequest)
+        and (req.q_norm_weight is not None or req.k_norm_weight is not None)
+    )
+
+
+def _check_qk_norm(req: Req, shapes: Shapes) -> None:
+    d_k = shapes.d_k
+    given = options(req.qk_norm, QKNormOptions)
+    weights: dict[str, Array | None] = {
+        "qk_norm.q_weight": None if given is None else given.q_weight,
+        "qk_norm.k_weight": None if given is None else given.k_weight,
+    }
+    if isinstance(req, MultiheadRequest):
+        for state, field in (
+            ("q_norm.weight", "qk_norm.q_weight"),
+            ("k_norm.weight", "qk_norm.k_weight"),
+        ):
+            w = req.q_norm_weight if state.startswith("q") else req.k_norm_weight
+            if w is not None and weights[field] is not None:
+                raise FieldError(
+                    state, f"give {state} or {field}, not both: both are the same weight"
+                )
+            if w is not None:
+                weights[state] = w
+    for name, w in weights.items():
+        if w is not None and w.shape[0] != d_k:
+            raise FieldError(
+                name,
+                f"{name} has {w.shape[0]} entries but each query/key vector has d_k = {d_k} features",
+            )
+
+
+def _qk_norm_settings(req: Req) -> dict[str, QKNorm]:
+    o = options(req.qk_norm, QKNormOptions) or QKNormOptions()  # q_norm.weight alone: rms
+    q_w, k_w = o.q_weight, o.k_weight
+    if isinstance(req, MultiheadRequest):
+        q_w = req.q_norm_weight if req.q_norm_weight is not None else q_w
+        k_w = req.k_norm_weight if req.k_norm_weight is not None else k_w
+    return {"q_norm": QKNorm(o.type, o.eps, q_w), "k_norm": QKNorm(o.type, o.eps, k_w)}
+
+
+def _qk_norm(n: QKNorm, x: str) -> str:
+    w = "w" if n.weight is not None else "1"
+    if n.type == "rms":
+        return f"{x} / √(mean({x}²) + {n.eps:g}) · {w}, each vector over its d_k features (RMSNorm)"
+    return (
+        f"({x} − mean) / √(var + {n.eps:g}) · {w}, each vector over its d_k features (biased var)"
+    )
+
+
+def _qk_norm_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
+    assert v.q_norm is not None and v.k_norm is not None
+    return {
+        "q_normed": "Q_n = " + _qk_norm(v.q_norm, "Q"),
+        "k_normed": "K_n = " + _qk_norm(v.k_norm, "K"),
+    }
+
+
+# --------------------------------------------------------------------------------- RoPE
+
+
+def _check_rope(req: Req, shapes: Shapes) -> None:
+    rope = options(req.rope, RopeOptions)
+    assert rope is not None
+    d_k = shapes.d_k
+    r = d_k if rope.rotary_dim is None else rope.rotary_dim
+    if r % 2:
+        raise FieldError(
+            "rope.rotary_dim" if rope.rotary_dim is not None else "rope",
+            f"rope turns pairs of features, so rotary_dim must be even; it is {r}"
+            + ("" if rope.rotary_dim is not None else " (d_k): give an even rotary_dim below it"),
+        )
+    if r > d_k:
+        raise FieldError("rope.rotary_dim", f"rope.rotary_dim is {r} but d_k is only {d_k}")
+    if isinstance(rope.scaling, Llama3ScalingOptions):
+        s = rope.scaling
+        if not s.low_freq_factor < s.high_freq_factor:
+            raise FieldError(
+                "rope.scaling.high_freq_factor",
+                f"rope.scaling needs low_freq_factor < high_freq_factor; got {s.low_freq_factor:g} and {s.high_freq_factor:g}",
+            )
+
+
+def _rope_settings(req: Req) -> dict[str, Rope]:
+    r = options(req.rope, RopeOptions)
+    assert r is not None
+    scaling: LinearScaling | Llama3Scaling | None = None
+    if isinstance(r.scaling, LinearScalingOptions):
+        scaling = LinearScaling(r.scaling.factor)
+    elif r.scaling is not None:
+        s = r.scaling
+        scaling = Llama3Scaling(
+            s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position
+        )
+    return {"rope": Rope(r.base, r.style, r.rotary_dim, scaling)}
+
+
+def _rope(r: Rope, d_k: int, x: str, at: str) -> str:
+    dim = d_k if r.rotary_dim is None else r.rotary_dim
+    pairs = "(i, i + r/2)" if r.style == "half" else "(2i, 2i + 1)"
+    rest = (
+        ""
+        if dim == d_k
+        else f"; feature {dim} passes unchanged"
+        if dim == d_k - 1
+        else f"; features {dim}…{d_k - 1} pass unchanged"
+    )
+    scaling = ""
+    if isinstance(r.scaling, LinearScaling):
+        scaling = f"; positions divided by {r.scaling.factor:g} (linear scaling)"
+    elif r.scaling is not None:
+        sc = r.scaling
+        scaling = (
+            f"; θ_i rescaled as LLaMA 3.1 (factor {sc.factor:g}, low_freq_factor "
+            f"{sc.low_freq_factor:g}, high_freq_factor {sc.high_freq_factor:g}, "
+            f"original_max_position {sc.original_max_position})"
+        )
+    return (
+        f"RoPE({x}): feature pair {pairs} of the token at position p turns by p·θ_i, "
+        f"θ_i = {r.base:g}^(−2i/r), r = {dim}, {r.style} style{rest}{scaling}; positions {at}"
+    )
+
+
+def _at(given: bool, n: str) -> str:
+    return "as given" if given else f"0…{n}−1"
+
+
+# the symbol of the queries (keys) as each step leaves them
+_SYMBOLS = {"q": "Q", "q_normed": "Q_n", "q_rotated": "Q_r", "k": "K", "k_normed": "K_n",
+            "k_rotated": "K_r"}  # fmt: skip
+
+
+def symbol(s: Shapes, step: str, side: str) -> str:
+    """The queries' (``side`` "q") or keys' ("k") symbol as the step ``step`` reads them."""
+    among = tuple(n for n in _SYMBOLS if n[0] == side)
+    return _SYMBOLS[latest(s, step, among)]
+
+
+def _rope_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
+    assert v.rope is not None
+    q, k = symbol(s, "q_rotated", "q"), symbol(s, "k_rotated", "k")
+    given_q, given_k = v.positions is not None, v.context_positions is not None
+    return {
+        "q_rotated": f"Q_r = {_rope(v.rope, s.d_k, q, _at(given_q, 'L'))}",
+        "k_rotated": f"K_r = {_rope(v.rope, s.d_k, k, _at(given_k, 'S'))}",
+    }
+
+
+# ------------------------------------------------------------------------- soft-capping
+
+
+def _softcap_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
+    return {"capped_scores": f"c · tanh(scaled_scores / c), c = {v.softcap:g}"}
+
+
+# ----------------------------------------------------------- position bias: ALiBi or T5
+
+
+def _check_position_bias(req: Req, shapes: Shapes) -> None:
+    n = shapes.num_heads
+    alibi = options(req.alibi, AlibiOptions)
+    if alibi is not None and req.relative_bias is not None:
+        raise FieldError(
+            "relative_bias", "give alibi or relative_bias, not both: one position bias at most"
+        )
+    slopes = None if alibi is None else alibi.slopes
+    if slopes is not None and slopes.shape[0] != n:
+        raise FieldError(
+            "alibi.slopes",
+            f"alibi.slopes has {slopes.shape[0]} entries but there {_heads(n)}: one slope per head",
+        )
+    if req.relative_bias is not None:
+        _check_relative_bias(req.relative_bias.table, n, req)
+
+
+def _check_relative_bias(table: Array, n: int, req: Req) -> None:
+    cols = 1 if table.ndim == 1 else table.shape[1]
+    if cols != n:
+        raise FieldError(
+            "relative_bias.table",
+            f"relative_bias.table has {cols} column(s) but there {_heads(n)}: it is num_buckets × heads",
+        )
+    assert req.relative_bias is not None
+    with engine_rule("relative_bias"):
+        positions.t5_bucket(
+            np.zeros(1, dtype=np.int64), req.relative_bias.bidirectional, table.shape[0],
+            req.relative_bias.max_distance,
+        )  # fmt: skip
+
+
+def _bias_settings(req: Req) -> dict[str, PositionBias]:
+    if req.relative_bias is not None:
+        b = req.relative_bias
+        table = b.table if b.table.ndim == 2 else b.table[:, None]  # (num_buckets, n)
+        return {"bias": RelativeBias(table, b.bidirectional, b.max_distance)}
+    alibi = options(req.alibi, AlibiOptions)
+    assert alibi is not None
+    return {"bias": Alibi(alibi.slopes, alibi.symmetric)}
+
+
+def _bias_words(bias: PositionBias | None, h: int) -> str:
+    if isinstance(bias, Alibi):
+        slopes = alibi_slopes(h) if bias.slopes is None else bias.slopes
+        rule = (
+            "given"
+            if bias.slopes is not None
+            else "2^(−8h/n)"
+            if h & (h - 1) == 0
+            else "the paper's rule for n not a power of two"
+        )
+        distance = "−slope · |p'_j − p_i|" if bias.symmetric else "slope · (p'_j − p_i)"
+        return f"ALiBi: {distance}, slopes ({rule}) {_numbers(slopes)}"
+    assert isinstance(bias, RelativeBias)
+    kind = "bidirectional" if bias.bidirectional else "unidirectional"
+    return (
+        f"T5 relative bias: table[bucket(p'_j − p_i)][head], {bias.table.shape[0]} buckets "
+        f"({kind}), distances ≥ {bias.max_distance} share the last"
+    )
+
+
+def _bias_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
+    so_far = latest(s, "biased_scores", CHAIN)
+    return {
+        "position_bias": _bias_words(bias, s.num_heads),
+        "biased_scores": f"{so_far} + position_bias",
+    }
+
+
+# -------------------------------------------------------------------------------- sinks
+
+
+def _check_sinks(req: Req, shapes: Shapes) -> None:
+    """/multihead's sinks: one per head (on /attention the field is one number)."""
+    n = shapes.num_heads
+    if isinstance(req, MultiheadRequest) and req.sinks is not None and req.sinks.shape[0] != n:
+        raise FieldError(
+            "sinks", f"sinks has {req.sinks.shape[0]} entries but there are {n} heads: one per head"
+        )
+
+
+def _sinks_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
+    so_far = latest(s, "weights", CHAIN)
+    sink = (
+        f"{float(v.sinks):g}"
+        if isinstance(v.sinks, float)
+        else f"sinks {_numbers(np.asarray(v.sinks))} by head"
+    )
+    return {
+        "sink_weights": f"exp(sink − m) / (Σ_j exp(s_j − m) + exp(sink − m)), s = {so_far}, m = max(max_j s_j, sink), sink = {sink}: the sink joins each row's softmax as a key with no value",
+        "weights": "exp(s_j − m) / (Σ_k exp(s_k − m) + exp(sink − m)) over keys: each row sums to 1 − sink_weights",
+    }
+
+
+# ---------------------------------------------------------------------------- the table
+
+
+def _none(req: Req, shapes: Shapes) -> None:
+    """Nothing to check beyond the field's own validation."""
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("qk_norm", ("q_normed", "k_normed"), _qk_norm_given, _check_qk_norm,
+            _qk_norm_settings, _qk_norm_steps),
+    Variant("rope", ("q_rotated", "k_rotated"), lambda req: options(req.rope, RopeOptions) is not None,
+            _check_rope, _rope_settings, _rope_steps, uses_positions=True),
+    Variant("softcap", ("capped_scores",), lambda req: req.softcap is not None, _none,
+            lambda req: {"softcap": req.softcap}, _softcap_steps),
+    Variant("position_bias", ("position_bias", "biased_scores"),
+            lambda req: options(req.alibi, AlibiOptions) is not None or req.relative_bias is not None,
+            _check_position_bias, _bias_settings, _bias_steps, uses_positions=True),
+    Variant("sinks", ("sink_weights",), lambda req: req.sinks is not None, _check_sinks,
+            lambda req: {"sinks": req.sinks}, _sinks_steps),
+)  # fmt: skip
