@@ -178,7 +178,7 @@ def test_split_and_merge_heads_are_inverse_and_take_column_blocks() -> None:
 
 def test_a_padded_query_row_gives_the_sink_nothing_either() -> None:
     """Row 1 is padding: weights, sink weight and output 0; row 0 shares 1 with the sink."""
-    from service.core.attention import Variants  # appended tests: imported here
+    from service.core.variants import Variants  # appended tests: imported here
 
     q = k = v = np.eye(2)[None]  # (1, 2, 2)
     trace = scaled_dot_product_attention(
@@ -195,7 +195,7 @@ def test_a_padded_query_row_gives_the_sink_nothing_either() -> None:
 def test_with_a_sink_the_error_policy_lets_a_fully_masked_row_through_flagged() -> None:
     """Every key of row 0 masked: the sink takes it (weight 1), "error" has nothing to refuse,
     and the row is still flagged: the flags describe the mask."""
-    from service.core.attention import Variants
+    from service.core.variants import Variants
 
     q = k = v = np.eye(2)[None]  # (1, 2, 2)
     additive = np.array([[[NEG, NEG], [0.0, 0.0]]])  # (1, 2, 2)

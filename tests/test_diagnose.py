@@ -1,4 +1,4 @@
-"""service.core.compare: the element-wise comparison and the diagnosis by recomputation, at the
+"""service.core.diagnosis and service.core.recompute: the element-wise comparison and the diagnosis by recomputation, at the
 engine's level. The wrong computations are written out here in NumPy, independently of the
 engine (the API-level tests with torch references are in tests/test_compare.py). At the end,
 the diagnosis's cost: its shared recomputations against a one-trial-at-a-time search, and its
@@ -16,33 +16,28 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-import service.core.compare as core_compare
+import service.core.recompute as core_recompute
 import service.trace.comparison as api_compare
 from service import trace
 from service.config import Settings
 from service.core import masks
-from service.core.attention import Variants, scaled_dot_product_attention
-from service.core.compare import (
+from service.core.attention import scaled_dot_product_attention
+from service.core.diagnosis import (
     MISTAKES,
-    STAGES,
     Diagnosis,
     Search,
-    Setup,
-    Stage,
-    State,
     Target,
     Tolerance,
-    Trial,
     applicable,
     diagnose,
     difference,
-    recompute,
     search,
-    set_cost,
     trials,
 )
 from service.core.multihead import LayerNorm, layer_norm
+from service.core.recompute import STAGES, Setup, Stage, State, Trial, recompute, set_cost
 from service.core.types import Array
+from service.core.variants import Variants
 from service.http.routes import checked
 
 INF = np.inf
@@ -288,7 +283,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> StageCounter:
 
         return replace(stage, compute=compute)
 
-    monkeypatch.setattr(core_compare, "STAGES", tuple(counting(s) for s in STAGES))
+    monkeypatch.setattr(core_recompute, "STAGES", tuple(counting(s) for s in STAGES))
     return counter
 
 

@@ -28,10 +28,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.core.attention import AttentionTrace, Variants, scaled_dot_product_attention
+from service.core.attention import AttentionTrace, scaled_dot_product_attention
 from service.core.masks import Causal, MaskSpec, Padding, Window, combine
 from service.core.positions import alibi_bias, alibi_slopes, relative_bias
 from service.core.types import Array, IntArray
+from service.core.variants import Variants
 
 if os.environ.get("REQUIRE_TORCH"):  # CI sets it: a missing torch must fail, not skip
     import torch

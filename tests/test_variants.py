@@ -474,9 +474,10 @@ def test_the_variants_apply_in_the_contracts_order(parts: set[str]) -> None:
     3…7, scaling, c·tanh(s/c), + bias, causal mask, softmax with one sink column per head."""
     torch = reference("torch")
     llama = reference("transformers.models.llama.modeling_llama")
-    from service.core.attention import Variants, scaled_dot_product_attention
+    from service.core.attention import scaled_dot_product_attention
     from service.core.masks import causal
     from service.core.positions import Rope, alibi_bias, alibi_slopes
+    from service.core.variants import Variants
 
     g = rng(7)
     b, h, n, d = 2, 3, 5, 8

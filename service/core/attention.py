@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.core.errors import AttentionInputError, FullyMaskedRowsError, require_finite
-from service.core.positions import Rope, rope
+from service.core.positions import rope
 from service.core.softmax import fully_masked, rows_by_item, softmax
-from service.core.types import Array, BoolArray, FullyMaskedPolicy, IntArray
-from service.core.variants import QKNorm, qk_norm, softcap, softmax_with_sink
+from service.core.types import Array, BoolArray, FullyMaskedPolicy
+from service.core.variants import Variants, qk_norm, softcap, softmax_with_sink
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class AttentionTrace:
     output: Array  # (..., L, d_v)  weights V
     scale: float
     fully_masked_rows: BoolArray  # (..., L)  query rows that could attend to no key
-    # the variants (issue 13), None when off
+    # the variants (service.core.variants), None when off
     q_normed: Array | None = None  # (..., L, d_k)  qk_norm(Q)
     k_normed: Array | None = None  # (..., S, d_k)  qk_norm(K)
     q_rotated: Array | None = None  # (..., L, d_k)  RoPE(Q), what the scores use
@@ -52,22 +52,6 @@ class AttentionTrace:
     position_bias: Array | None = None  # (..., L, S)  ALiBi or T5 bias
     biased_scores: Array | None = None  # (..., L, S)  the scores so far + position_bias
     sink_weights: Array | None = None  # (..., L)  the weight each row gives the sink
-
-
-@dataclass(frozen=True)
-class Variants:
-    """The variants of modern attention, in the order they apply (each None when off):
-    QK-norm, RoPE, soft-capping, a position bias (ALiBi or T5, computed from the positions by
-    service.core.positions), sinks."""
-
-    q_norm: QKNorm | None = None
-    k_norm: QKNorm | None = None
-    rope: Rope | None = None
-    positions: IntArray | None = None  # (L,) query positions; default 0 … L−1
-    context_positions: IntArray | None = None  # (S,) key positions; default 0 … S−1
-    softcap: float | None = None
-    position_bias: Array | None = None  # broadcastable to (..., L, S)
-    sinks: float | Array | None = None  # one number, or one per head (h,)
 
 
 def project(x: Array, w: Array, b: Array | None = None) -> Array:

@@ -10,13 +10,13 @@ import numpy as np
 from service.core.attention import (
     AttentionTrace,
     Projections,
-    Variants,
     project_qkv,
     scaled_dot_product_attention,
 )
 from service.core.errors import require_finite
 from service.core.masks import CombinedMask
 from service.core.types import Array, FullyMaskedPolicy, NormOver
+from service.core.variants import Variants
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def layer_norm(x: Array, norm: LayerNorm, ddof: int = 0) -> Array:
 
     ``features`` normalises each token over its d features (``torch.nn.LayerNorm(d)``);
     ``all`` normalises each sequence over all its L·d numbers. ``ddof`` 1 divides the
-    variance by n − 1 instead (a mistake :mod:`service.core.compare` recognises).
+    variance by n − 1 instead (a mistake :mod:`service.core.diagnosis` recognises).
     """
     axes: tuple[int, ...] = (-1,) if norm.over == "features" else (-2, -1)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below

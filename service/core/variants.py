@@ -1,4 +1,5 @@
-"""Score variants of modern attention (issue 13): QK-norm, logit soft-capping and sinks.
+"""The variants of modern attention: their settings (:class:`Variants`, in the order they
+apply) and the math of the score variants: QK-norm, logit soft-capping and sinks.
 
 They act between the projections and the weights, in the order the contract fixes:
 ``qk_norm`` on Q and K (Qwen3), then the scores, then ``softcap`` on the scaled scores
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.core.errors import AttentionInputError, require_finite
+from service.core.positions import Rope
 from service.core.softmax import fully_masked, softmax
-from service.core.types import Array, BoolArray, QKNormType
+from service.core.types import Array, BoolArray, IntArray, QKNormType
 
 
 @dataclass(frozen=True)
@@ -141,3 +143,19 @@ def softmax_with_sink(scores: Array, sink: float | Array) -> SinkSoftmax:
         sink_weights=np.ascontiguousarray(probs[..., -1]),  # (..., L)
         fully_masked_rows=fully_masked(scores),  # (..., L)
     )
+
+
+@dataclass(frozen=True)
+class Variants:
+    """The variants of modern attention, in the order they apply (each None when off):
+    QK-norm, RoPE, soft-capping, a position bias (ALiBi or T5, computed from the positions by
+    service.core.positions), sinks."""
+
+    q_norm: QKNorm | None = None
+    k_norm: QKNorm | None = None
+    rope: Rope | None = None
+    positions: IntArray | None = None  # (L,) query positions; default 0 … L−1
+    context_positions: IntArray | None = None  # (S,) key positions; default 0 … S−1
+    softcap: float | None = None
+    position_bias: Array | None = None  # broadcastable to (..., L, S)
+    sinks: float | Array | None = None  # one number, or one per head (h,)

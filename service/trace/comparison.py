@@ -1,6 +1,6 @@
 """Compare with your numbers: the caller's ``expected`` arrays against the service's, in the
 order of the steps, with the mistake behind the first difference named when recomputing with
-it reproduces the caller's array (:mod:`service.core.compare`); and warnings that need no
+it reproduces the caller's array (:mod:`service.core.diagnosis`); and warnings that need no
 expected numbers (a boolean mask whose polarity looks inverted).
 
 The diagnosis recomputes the steps once per candidate set of mistakes (up to ~75 sets; 63 on
@@ -17,19 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from service.core.compare import (
-    ORDER,
+from service.core.diagnosis import (
     Diagnosis,
     Difference,
     Search,
-    Setup,
-    State,
     Target,
     Tolerance,
     difference,
     search,
 )
 from service.core.masks import CombinedMask
+from service.core.recompute import ORDER, Setup, State
 from service.core.types import Array
 from service.trace.outputs import Output, in_heads, position, row, top_level
 from service.trace.shapes import Endpoint, Shapes

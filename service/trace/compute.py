@@ -8,17 +8,13 @@ from typing import Any
 import numpy as np
 
 from service.core import masks
-from service.core.attention import (
-    AttentionTrace,
-    Variants,
-    project_qkv,
-    scaled_dot_product_attention,
-)
-from service.core.compare import Setup
+from service.core.attention import AttentionTrace, project_qkv, scaled_dot_product_attention
 from service.core.multihead import attend_heads, multihead_attention
 from service.core.positions import position_bias
+from service.core.recompute import Setup
 from service.core.softmax import rows_by_item
 from service.core.types import Array
+from service.core.variants import Variants
 from service.trace import outputs, steps
 from service.trace.comparison import compare, state_of
 from service.trace.plan import AttentionPlan, MultiheadPlan, Plan
@@ -180,7 +176,7 @@ def _head_state(trace: AttentionTrace) -> dict[str, Array | None]:
 
 
 def _setup(plan: Plan, trace: AttentionTrace, variants: Variants, **block: Any) -> Setup:
-    """What recomputing the steps under a mistake needs (service.core.compare)."""
+    """What recomputing the steps under a mistake needs (service.core.recompute)."""
     s = plan.shapes
     return Setup(
         scale=trace.scale, d_k=s.d_k, fully_masked_policy=plan.fully_masked_rows,

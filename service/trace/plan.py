@@ -10,14 +10,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from service.core import masks
-from service.core.attention import Projections, Variants
-from service.core.compare import Tolerance
+from service.core.attention import Projections
+from service.core.diagnosis import Tolerance
 from service.core.generate import draw
 from service.core.multihead import LayerNorm, MultiheadWeights, sinusoidal_encoding
 from service.core.positions import (
     PositionBias,
 )
 from service.core.types import Alignment, Array, FullyMaskedPolicy, Init, WeightLayout
+from service.core.variants import Variants
 from service.trace.checks import lengths, options
 from service.trace.outputs import drawn_shape
 from service.trace.shapes import Shapes

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from service.core import positions
-from service.core.attention import Variants
 from service.core.positions import (
     Alibi,
     LinearScaling,
@@ -24,7 +23,7 @@ from service.core.positions import (
     alibi_slopes,
 )
 from service.core.types import Array
-from service.core.variants import QKNorm
+from service.core.variants import QKNorm, Variants
 from service.trace.checks import engine_rule, options
 from service.trace.outputs import CHAIN, latest
 from service.trace.shapes import Shapes

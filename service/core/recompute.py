@@ -1,103 +1,27 @@
-"""Compare a caller's arrays with the service's, and find the mistake behind a difference.
-
-A caller (a course notebook, their own kernel) sends the arrays they computed. Each is
-compared with the service's (:func:`difference`); for the earliest one that differs,
-:func:`diagnose` recomputes the steps leading to it under each common mistake of
-:data:`MISTAKES`, then under each pair, and returns the smallest set that reproduces the
-caller's numbers within the tolerance. Nothing is guessed: a set is named only when the
-recomputation reproduces the array.
-
-The diagnosis can cost far more than the request itself (up to ~75 candidate sets, some tried
-several ways, each recomputed from its first changed step), so :func:`search` is given a
-budget of numbers to compute: a set's cost is known before it runs (:func:`set_cost`: the
-arrays of the stages it recomputes, those its variants share counted once), the sets run in
-order (singles first, then pairs, in the table's order) and the search stops before the first
-set that no longer fits, saying so (:attr:`Search.complete`).
-
-Arrays use the engine's shapes: ``(B, L, ·)`` on /attention, ``(B, h, L, ·)`` per head on
-/multihead, ``(B, L, ·)`` for the multi-head block. NumPy only, no I/O.
-"""
+"""The steps of attention recomputed under a set of mistakes, for the diagnosis
+(:mod:`service.core.diagnosis`): :data:`STAGES`, in the engine's order, each naming the
+arrays it makes and the mistakes that change it; :func:`recompute` runs them from the first
+one a trial changes up to the target, and :func:`set_cost` says beforehand what that costs.
+Engine shapes: ``(B, L, ·)`` on /attention, ``(B, h, L, ·)`` per head on /multihead,
+``(B, L, ·)`` for the block. NumPy only, no I/O."""
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import combinations, groupby
 from typing import Literal
 
 import numpy as np
 
 from service.core import masks
-from service.core.attention import Projections, Variants, project
+from service.core.attention import Projections, project
 from service.core.errors import AttentionInputError
 from service.core.multihead import LayerNorm, layer_norm, merge_heads, split_heads
 from service.core.positions import rope
 from service.core.softmax import softmax
 from service.core.types import Array, FullyMaskedPolicy, RopeStyle
-from service.core.variants import qk_norm, softcap, softmax_with_sink
+from service.core.variants import Variants, qk_norm, softcap, softmax_with_sink
 
-# The contract's codes, in its table's order (a diagnosis lists its codes in this order).
-MISTAKES: tuple[str, ...] = (
-    "softmax_over_queries",
-    "scale_after_softmax",
-    "scale_missing",
-    "scale_by_d_k",
-    "weights_transposed",
-    "q_k_swapped",
-    "mask_inverted",
-    "causal_diagonal_masked",
-    "layer_norm_over_all",
-    "layer_norm_per_token",
-    "unbiased_variance",
-    "heads_interleaved",
-    "rope_style_swapped",
-)
-# Ways of doing the same thing: a pair from one group is never tried.
-_EXCLUSIVE = (
-    frozenset({"scale_after_softmax", "scale_missing", "scale_by_d_k"}),
-    frozenset({"layer_norm_over_all", "layer_norm_per_token"}),
-)
-_MASK_MISTAKES = frozenset({"mask_inverted", "causal_diagonal_masked"})
-MASKED_FLOOR = -1e9  # a caller's score at or below this counts as masked (masked_fill(-1e9))
-
+MASK_MISTAKES = frozenset({"mask_inverted", "causal_diagonal_masked"})  # change the mask
 RowPolicy = Literal["zero", "uniform", "nan"]  # what a fully masked row holds
-_ROW_POLICIES: tuple[RowPolicy, ...] = ("zero", "uniform", "nan")
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """A caller's number y matches the service's x when |y − x| ≤ atol + rtol·|x|."""
-
-    atol: float = 1e-6
-    rtol: float = 1e-6
-
-
-@dataclass(frozen=True)
-class Difference:
-    """How a caller's array differs from the service's."""
-
-    match: bool
-    max_abs_diff: float  # ∞ where one side is finite and the other not
-    where: tuple[int, ...]  # index of the largest difference
-    ours: float
-    yours: float
-
-
-def difference(ours: Array, yours: Array, tol: Tolerance) -> Difference:
-    """Compare two arrays of one shape element by element.
-
-    NaN matches NaN and −∞ matches −∞; where ``ours`` is −∞ (a masked score) any value of
-    ``yours`` at or below :data:`MASKED_FLOOR` matches too. Elsewhere a non-finite number
-    facing a finite one is an infinite difference.
-    """
-    with np.errstate(invalid="ignore", over="ignore"):
-        same = (np.isnan(ours) & np.isnan(yours)) | (np.isinf(ours) & (ours == yours))
-        same |= np.isneginf(ours) & (yours <= MASKED_FLOOR)
-        diff = np.abs(ours - yours)  # NaN or ∞ where one side is not finite
-        diff = np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
-        bound = tol.atol + tol.rtol * np.abs(np.where(np.isfinite(ours), ours, 0.0))
-    close = same | (diff <= bound)
-    at = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    where = tuple(int(i) for i in at)
-    return Difference(bool(close.all()), float(diff[at]), where, float(ours[at]), float(yours[at]))
 
 
 @dataclass(frozen=True)
@@ -379,7 +303,7 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(("capped_scores",), _capped),
     Stage(("biased_scores",), _biased),
-    Stage(("mask", "additive_mask", "padded_queries"), _mask, _MASK_MISTAKES, reads=False),
+    Stage(("mask", "additive_mask", "padded_queries"), _mask, MASK_MISTAKES, reads=False),
     Stage(("masked_scores",), _masked),
     Stage(
         ("weights", "sink_weights"),
@@ -399,76 +323,6 @@ STAGES: tuple[Stage, ...] = (
     Stage(("block_output",), _block_output),
 )
 ORDER: tuple[str, ...] = tuple(name for stage in STAGES for name in stage.names)
-
-
-def applicable(s: Setup, present: frozenset[str]) -> tuple[str, ...]:
-    """The mistakes that could have happened in this computation (``present``: the names of
-    the arrays it has), in table order."""
-    specs = s.mask_specs
-    square = s.projections is not None and any(
-        w.shape[0] == w.shape[1] for w in (s.projections.w_q, s.projections.w_k, s.projections.w_v)
-    )
-    multi = s.num_heads is not None and s.num_heads > 1
-    norm = s.norm
-    possible = {
-        "softmax_over_queries": s.seq_len > 1,
-        "scale_after_softmax": s.scale != 1.0,
-        "scale_missing": s.scale != 1.0,
-        "scale_by_d_k": s.scale != 1.0 / s.d_k,
-        "weights_transposed": (s.x_in is not None and square)
-        or (s.w_o is not None and s.w_o.shape[0] == s.w_o.shape[1]),
-        "q_k_swapped": s.seq_len == s.ctx_len,
-        "mask_inverted": any(isinstance(m, masks.Boolean) for m in specs),
-        "causal_diagonal_masked": any(isinstance(m, masks.Causal) for m in specs),
-        "layer_norm_over_all": norm is not None and norm.over == "features",
-        "layer_norm_per_token": norm is not None and norm.over == "all",
-        "unbiased_variance": norm is not None,
-        "heads_interleaved": multi,
-        "rope_style_swapped": "q_rotated" in present,
-    }
-    return tuple(code for code in MISTAKES if possible[code])
-
-
-@dataclass(frozen=True)
-class Target:
-    """The array to explain: a name of :data:`ORDER`, one head of it (or all), and the
-    caller's numbers shaped as that selection of the engine's array."""
-
-    name: str
-    head: int | None
-    yours: Array
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """The smallest set of mistakes whose recomputation reproduces the caller's array."""
-
-    mistakes: tuple[str, ...]  # in table order
-    rows: RowPolicy  # what the fully masked rows held (matters for the mask mistakes)
-    difference: Difference  # the reproduction against the caller's array
-
-
-def trials(codes: tuple[str, ...], policy: FullyMaskedPolicy) -> Iterator[Trial]:
-    """Each mistake alone, then each pair (never two from one group); a set with a mask
-    mistake is tried with fully masked rows of zeros, 1/S and NaN, and one with interleaved
-    heads with both ways of putting them side by side, as notebooks differ."""
-    own: RowPolicy = "uniform" if policy == "uniform" else "zero"
-    singles = [frozenset({c}) for c in codes]
-    pairs = [
-        frozenset(p)
-        for p in combinations(codes, 2)
-        if not any(frozenset(p) <= group for group in _EXCLUSIVE)
-    ]
-    for mistakes in (*singles, *pairs):
-        rows: tuple[RowPolicy, ...] = (own,)
-        if mistakes & _MASK_MISTAKES:
-            rows = (own, *(r for r in _ROW_POLICIES if r != own))
-        merges: tuple[Literal["interleaved", "blocks"], ...] = ("interleaved",)
-        if "heads_interleaved" in mistakes:
-            merges = ("interleaved", "blocks")
-        for r in rows:
-            for m in merges:
-                yield Trial(mistakes, r, m)
 
 
 def _recomputed(
@@ -592,90 +446,3 @@ def _keep_given(made: Array, base: Array, heads: tuple[int, ...] | None, target:
     out = made.copy()
     out[:, list(heads)] = base[:, list(heads)]
     return out
-
-
-@dataclass(frozen=True)
-class Search:
-    """What :func:`search` found and how far it went."""
-
-    found: Diagnosis | None
-    complete: bool  # every candidate set that could change the answer was tried
-    tried: int  # candidate sets of mistakes tried (each with all its variants)
-    sets: int  # candidate sets of mistakes there were
-    spent: int  # numbers computed (:func:`set_cost`, and the full comparisons)
-    size: int  # how many mistakes the sets tried last held (1 or 2; 0: none tried)
-
-
-def search(
-    base: State,
-    given: Mapping[str, tuple[int, ...] | None],
-    s: Setup,
-    target: Target,
-    tol: Tolerance,
-    budget: int | None = None,
-    check: Callable[[], None] = lambda: None,
-) -> Search:
-    """Which mistakes (the fewest: one, else two) reproduce the caller's ``target`` array,
-    computing at most ``budget`` numbers (None: no limit).
-
-    ``base`` holds every array of the computation by name (:data:`ORDER`, engine shapes),
-    with the arrays the caller gave (``given``) already put in place of the service's: the
-    steps before the target are recomputed from the caller's own numbers where they exist.
-    Among sets of one size that reproduce the array, the closest wins. The candidate sets run
-    in the order of :func:`trials`, a set with all its variants at once
-    (:func:`recomputations`); before each, its cost (:func:`set_cost`) is counted, and the
-    search stops before the first set that would take the numbers computed over ``budget``.
-    A recomputation is compared with the caller's array first where it differs most from the
-    service's, and in full (a pass over the target, counted too) only when it agrees there.
-    ``check`` is called between recomputations (it raises when the client has gone).
-    """
-    codes = applicable(s, frozenset(base))
-    sets = [list(group) for _, group in groupby(trials(codes, s.fully_masked_policy), _mistakes)]
-    ours = base[target.name] if target.head is None else base[target.name][:, target.head]
-    at = difference(ours, target.yours, tol).where if ours.shape == target.yours.shape else None
-    found: list[Diagnosis] = []
-    spent = tried = size = 0
-    complete = True
-    for variants in sets:
-        if found and len(variants[0].mistakes) > len(found[0].mistakes):
-            break
-        cost = set_cost(base, given, variants, target.name)
-        if budget is not None and spent + cost > budget:
-            complete = False
-            break
-        spent, tried, size = spent + cost, tried + 1, len(variants[0].mistakes)
-        for trial, made in recomputations(base, given, s, variants, target.name, check):
-            mine = made if target.head is None else made[:, target.head]
-            if mine.shape != target.yours.shape or not _agrees(mine, target.yours, at, tol):
-                continue
-            spent += target.yours.size
-            diff = difference(mine, target.yours, tol)
-            if diff.match:
-                ordered = tuple(c for c in MISTAKES if c in trial.mistakes)
-                found.append(Diagnosis(ordered, trial.rows, diff))
-    best = min(found, key=lambda d: d.difference.max_abs_diff, default=None)
-    return Search(best, complete, tried, len(sets), spent, size)
-
-
-def _mistakes(trial: Trial) -> frozenset[str]:
-    return trial.mistakes
-
-
-def _agrees(mine: Array, yours: Array, at: tuple[int, ...] | None, tol: Tolerance) -> bool:
-    """Whether two arrays of one shape agree at index ``at`` (a match needs it; None: yes)."""
-    if at is None:
-        return True
-    return difference(np.asarray(mine[at]).reshape(1), np.asarray(yours[at]).reshape(1), tol).match
-
-
-def diagnose(
-    base: State,
-    given: Mapping[str, tuple[int, ...] | None],
-    s: Setup,
-    target: Target,
-    tol: Tolerance,
-    check: Callable[[], None] = lambda: None,
-) -> Diagnosis | None:
-    """Which mistakes (the fewest: one, else two) reproduce the caller's ``target`` array:
-    :func:`search` without a budget (see there)."""
-    return search(base, given, s, target, tol, None, check).found
