@@ -25,7 +25,7 @@ from attention_client import (
     Unauthorized,
     masks,
 )
-from attention_client.display import png, shrink
+from attention_client.heatmaps import png, shrink
 from attention_client.local import StartupFailed
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
