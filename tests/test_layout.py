@@ -1,0 +1,76 @@
+"""The layout keeps to its own rules (docs/development.md, "Layout: every module"): the map
+names every module of the service, the page and the client under its folder's heading; no
+module is over 450 lines; no folder holds more than 15 modules."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAP = ROOT / "docs" / "development.md"
+MAX_LINES = 450
+MAX_MODULES = 15
+# the folders the map lists module by module (a folder's heading row, then a row per module)
+MAPPED = {
+    "service/core/": ROOT / "service" / "core",
+    "service/trace/": ROOT / "service" / "trace",
+    "service/wire/": ROOT / "service" / "wire",
+    "service/http/": ROOT / "service" / "http",
+    "service/static/": ROOT / "service" / "static",
+    "client/attention_client/": ROOT / "client" / "attention_client",
+}
+CODE = (ROOT / "service", ROOT / "client" / "attention_client")
+
+
+def _modules(folder: Path, recursive: bool = True) -> list[Path]:
+    found = folder.rglob("*") if recursive else folder.iterdir()
+    return sorted(p for p in found if p.suffix in (".py", ".js") and p.is_file())
+
+
+def _sections() -> dict[str, str]:
+    """The map's rows grouped under each folder's heading row, as text."""
+    table = MAP.read_text().split("## Layout: every module", 1)[1].split("\n## ", 1)[0]
+    sections: dict[str, str] = {}
+    current = None
+    for line in table.splitlines():
+        heading = re.match(r"\| \*\*([^*]+)\*\* \|", line)
+        if heading:
+            current = heading.group(1)
+            sections[current] = line
+        elif current is not None:
+            sections[current] += "\n" + line
+    return sections
+
+
+@pytest.mark.parametrize("heading", sorted(MAPPED))
+def test_the_map_names_every_module_under_its_folder(heading: str) -> None:
+    folder = MAPPED[heading]
+    rows = _sections()[heading]
+    missing = [
+        p.relative_to(folder).as_posix()
+        for p in _modules(folder)
+        if p.name != "__init__.py" or p.stat().st_size > 400  # a package's face: only a docstring
+        if f"`{p.relative_to(folder).as_posix()}`" not in rows and f"`{p.name}`" not in rows
+    ]
+    assert not missing, f"docs/development.md does not name {missing} under {heading}"
+
+
+def test_no_module_of_the_service_or_the_client_is_over_450_lines() -> None:
+    long = {
+        p.relative_to(ROOT).as_posix(): n
+        for folder in CODE
+        for p in _modules(folder)
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+def test_no_folder_holds_more_than_15_modules() -> None:
+    folders = {p.parent for folder in CODE for p in _modules(folder)}
+    crowded = {
+        f.relative_to(ROOT).as_posix(): n
+        for f in folders
+        if (n := len(_modules(f, recursive=False))) > MAX_MODULES
+    }
+    assert not crowded, f"more than {MAX_MODULES} modules: {crowded}"
