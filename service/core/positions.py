@@ -8,6 +8,7 @@ query i is ``p'_j − p_i`` (T5's "memory position − query position"): negativ
 
 import math
 from dataclasses import dataclass
+from decimal import Context, Decimal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -233,43 +234,47 @@ def alibi_bias(
 
 # --- T5 relative bias -------------------------------------------------------------------------
 
-# torch.log of a float32 CPU tensor is MKL's vmsLn (VML_HA: within 1 ulp, not correctly rounded;
-# 3.6 % of the float32s in [1, 4096] get the other neighbour of the exact logarithm). Where that
-# moves a T5 bucket edge for num_buckets ≤ 128 and max_distance ≤ 1024 (found by comparing every
-# bucket there with transformers: torch 2.13.0 and its MKL 2024.2 on x86-64, the same bits with
-# ATEN_CPU_CAPABILITY default/avx2/avx512 and MKL_CBWR SSE4_2/AVX2), here is torch's value:
-# argument (the float32 d / max_exact) → torch.log(argument), both float32 in hex. Elsewhere the
-# correctly rounded float32 logarithm gives torch's buckets. (torch without MKL, e.g. on macOS or
-# ARM, takes SLEEF's logarithm, whose last bit may differ at these same ties.)
-_TORCH_LOG_F32 = {
-    "0x1.800000p+0": "0x1.9f3240p-2",  # 3/2
-    "0x1.924924p+0": "0x1.ced530p-2",  # 11/7
-    "0x1.aaaaaap+0": "0x1.058af0p-1",  # 5/3
-    "0x1.ccccccp+0": "0x1.2cf260p-1",  # 9/5
-    "0x1.500000p+1": "0x1.ee1f14p-1",  # 21/8
-    "0x1.5b6db6p+1": "0x1.ff3f2cp-1",  # 19/7
-    "0x1.c00000p+1": "0x1.40b514p+0",  # 7/2
-    "0x1.1af286p+2": "0x1.7c8340p+0",  # 84/19
-    "0x1.2bda12p+2": "0x1.8b5e28p+0",  # 253/54
-    "0x1.4cccccp+2": "0x1.a60e7cp+0",  # 26/5
-    "0x1.8cccccp+2": "0x1.d315a8p+0",  # 31/5
-    "0x1.c00000p+2": "0x1.f2272cp+0",  # 7
-    "0x1.880000p+3": "0x1.40b514p+1",  # 49/4
-    "0x1.880000p+5": "0x1.f2272cp+1",  # 49
-}
-_LOG_TABLE = sorted((float.fromhex(a), float.fromhex(v)) for a, v in _TORCH_LOG_F32.items())
-_LOG_ARGUMENTS = np.array([a for a, _ in _LOG_TABLE], dtype=np.float32)  # ascending
-_LOG_VALUES = np.array([v for _, v in _LOG_TABLE], dtype=np.float32)
+# transformers takes torch.log of a float32 tensor, which on x86-64 is Intel MKL's vmsLn (VML_HA:
+# within 1 ulp, not always correctly rounded) whatever ATEN_CPU_CAPABILITY says, and MKL picks its
+# code path by CPU at run time. At a T5 tie (see t5_bucket) that last bit decides the bucket, so
+# transformers' bucket there depends on the machine. With torch 2.13.0 (MKL 2024.2), of the 31
+# (b, max_distance, distance) ties where some path leaves the correctly rounded logarithm's
+# bucket (b ≤ 128 buckets per direction, max_distance ≤ 1024), MKL's AVX-512 path (Intel Xeon)
+# gives that bucket at all 31, its AVX2 path (Intel CPUs without AVX-512) a neighbour at 28, and
+# its SSE4.2 path (the one the earlier table, measured on an AMD EPYC, matches) a neighbour at 28.
+# The service takes the correctly rounded logarithm on every machine.
+_NEAR_MIDPOINT_ULPS = 16  # float64 logs this close to a float32 midpoint are decided exactly
 
 
-def _torch_log_f32(x: NDArray[np.float32]) -> NDArray[np.float32]:
-    """float32 natural logarithm of float32 ``x`` ≥ 1 as torch's where it matters to T5 buckets
-    (see ``_TORCH_LOG_F32``): the float64 logarithm rounded to float32, which is the correctly
-    rounded one (but for double rounding within ~1e-16 of a float32 midpoint), except at the
-    arguments of ``_TORCH_LOG_F32``, which get torch's value."""
-    log = np.log(x.astype(np.float64)).astype(np.float32)
-    at = np.minimum(np.searchsorted(_LOG_ARGUMENTS, x), _LOG_ARGUMENTS.size - 1)
-    return np.where(_LOG_ARGUMENTS[at] == x, _LOG_VALUES[at], log)
+def _exact_log_f32(x: float) -> np.float32:
+    """The float32 nearest to ln(x), x > 0, from ``decimal``'s 50-digit logarithm (correctly
+    rounded, computed in software: the same on every machine)."""
+    ln = Decimal(x).ln(Context(prec=50))
+    guess = np.float32(float(ln))
+    below = np.nextafter(guess, np.float32(-np.inf))
+    above = np.nextafter(guess, np.float32(np.inf))
+    return min((below, guess, above), key=lambda c: abs(Decimal(float(c)) - ln))
+
+
+def _log_f32(x: NDArray[np.float32]) -> NDArray[np.float32]:
+    """The correctly rounded float32 natural logarithm of float32 ``x`` ≥ 1, same shape.
+
+    NumPy's float64 logarithm rounded to float32. Its last float64 bit depends on the CPU (NumPy's
+    AVX-512 log differs from glibc's ``log`` for ~0.05 % of arguments), which can only change the
+    float32 when the float64 value lies within a few float64 ulps of a float32 midpoint: those
+    (15 float32s in [1, 2^24]) are decided exactly by :func:`_exact_log_f32`. One of them,
+    0x1.2f1fd6p+3 ≈ 9.4726, is a double-rounding case: its float64 logarithm rounds onto the
+    midpoint and then to the wrong float32.
+    """
+    log = np.log(x.astype(np.float64))  # (...,) within a few float64 ulps on any CPU
+    out = log.astype(np.float32)  # (...,)
+    side = np.where(log >= out, np.float32(np.inf), np.float32(-np.inf))  # (...,)
+    other = np.nextafter(out, side)  # (...,): the float32 neighbour on log's side of out
+    midpoint = (out.astype(np.float64) + other.astype(np.float64)) / 2  # (...,) exact
+    near = np.abs(log - midpoint) <= _NEAR_MIDPOINT_ULPS * np.spacing(log)  # (...,)
+    for i in np.flatnonzero(near):  # ~1 argument in 10^7
+        out.flat[i] = _exact_log_f32(float(x.flat[i]))
+    return out
 
 
 def t5_bucket(
@@ -292,14 +297,15 @@ def t5_bucket(
     divided by ``f32(math.log(max_distance / m))``, times ``b − m``). Where the exact value is
     an integer (``d / m`` and ``max_distance / m`` powers of one number, e.g. 12/8 and 27/8 =
     (3/2)^1 and (3/2)^3) or within float32 rounding of one, the bucket depends on the last bit
-    of the float32 logarithm. torch's (MKL's) is not correctly rounded, nor is NumPy's float32
-    ``log``, and they disagree there; so the logarithm is :func:`_torch_log_f32`: the correctly
-    rounded one, with torch's value at the few arguments where the two differ at a bucket
-    edge. The buckets then equal transformers' (torch 2.13 on x86-64 with MKL, PyTorch's
-    wheels) for every relative position when num_buckets ≤ 128 and max_distance ≤ 1024,
-    checked exhaustively there; beyond, a near-tie may still differ by one bucket (at one
-    distance for about 1 in 6,500 (num_buckets, max_distance) pairs with max_distance 1025 …
-    4096).
+    of the float32 logarithm, and so does transformers' bucket: torch's float32 log is MKL's,
+    not always correctly rounded, and its last bit there depends on the CPU, through MKL's
+    AVX-512, AVX2 and SSE4.2 code paths (PyTorch's own AVX2/AVX-512 kernels,
+    ``ATEN_CPU_CAPABILITY``, do not change it). The service's convention is the correctly rounded
+    float32 logarithm (:func:`_log_f32`), on every machine. Its buckets equal transformers' on
+    MKL's AVX-512 path for every relative position when b ≤ 128 and max_distance ≤ 1024
+    (checked exhaustively by the tests; once up to max_distance 4096 too); on the AVX2 and SSE4.2
+    paths (Intel CPUs without AVX-512; AMD EPYC) too, except at 28 ties on each path (max_distance
+    ≤ 1024), where they are one bucket apart.
     """
     b = num_buckets // 2 if bidirectional else num_buckets
     max_exact = b // 2
@@ -321,9 +327,7 @@ def t5_bucket(
     # float32 at every step, as transformers (distances below max_exact never reach the log)
     ratio = np.maximum(distance, max_exact).astype(np.float32) / np.float32(max_exact)
     log_bin = (
-        _torch_log_f32(ratio)
-        / np.float32(math.log(max_distance / max_exact))
-        * np.float32(b - max_exact)
+        _log_f32(ratio) / np.float32(math.log(max_distance / max_exact)) * np.float32(b - max_exact)
     )
     large = np.minimum(max_exact + log_bin.astype(np.int64), b - 1)  # truncated, as .to(long)
     return offset + np.where(distance < max_exact, distance, large)
