@@ -2,7 +2,7 @@
 
 Each case is (name, endpoint, request body, expected outputs), as in ``harness.torch_reference``.
 ``scripts/make_golden.py`` stores the cases for one seed in ``tests/fixtures/golden_layers.json``;
-``tests/test_torch_live.py`` rebuilds them for other seeds with torch and transformers installed.
+``tests/core/test_torch_live.py`` rebuilds them for other seeds with torch and transformers installed.
 
 The layers (``LlamaAttention``, ``Qwen3Attention``, ``Gemma2Attention``, ``GptOssAttention``)
 are tiny, randomly initialised (nothing is downloaded), ``.double()``, and run by their own

@@ -2,7 +2,7 @@
 
 Each case is (name, endpoint, request body, expected outputs). ``scripts/make_golden.py`` stores
 the cases for one fixed seed in ``tests/fixtures/golden.json``, so the suite checks them without
-torch; ``tests/test_torch_live.py`` rebuilds them for other seeds with a live torch.
+torch; ``tests/core/test_torch_live.py`` rebuilds them for other seeds with a live torch.
 Torch is imported only by this module.
 """
 

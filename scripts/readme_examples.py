@@ -1,7 +1,7 @@
 """Print the worked examples of docs/examples.md: each curl command and the service's real answer.
 
 Run against the ASGI app (no server needed): ``.venv/bin/python scripts/readme_examples.py``.
-tests/test_readme.py replays every curl block of README.md and docs/ and checks the JSON shown.
+tests/docs/test_readme.py replays every curl block of README.md and docs/ and checks the JSON shown.
 """
 
 import json
@@ -46,7 +46,7 @@ EXAMPLES: list[tuple[str, str, dict[str, Any] | None]] = [
     (
         "A LLaMA attention layer step by step: Hugging Face's `q_proj.weight` … `o_proj.weight` "
         "as they are, 2 query heads sharing 1 key/value head (GQA), RoPE and a causal mask "
-        "(`output` is `LlamaAttention`'s, checked by tests/test_examples_reference.py):",
+        "(`output` is `LlamaAttention`'s, checked by tests/api/test_examples_reference.py):",
         "/multihead",
         ex.LLAMA_LAYER,
     ),

@@ -78,7 +78,7 @@ GENERATED_MULTIHEAD: dict[str, Any] = {
 
 
 # ---- the variants (API.md, "Position and score variants" and "PyTorch and Hugging Face as they
-# are"); tests/test_examples_reference.py checks each against an independent reference
+# are"); tests/api/test_examples_reference.py checks each against an independent reference
 LLAMA_LAYER: dict[str, Any] = {
     "tokens": ["the", "cat", "sat", "down"],
     "x": [[1, 0, 0.5, 0], [0, 1, 0, 0.5], [0.5, 0.5, 1, 0], [0, 0, 0.5, 1]],
@@ -126,7 +126,7 @@ SINK_CAUSAL: dict[str, Any] = {
 # A course notebook's weights as it printed them (np.set_printoptions(precision=4)), from
 #     weights = np.exp(scores) / np.exp(scores).sum(axis=0) / np.sqrt(d_k)
 # with scores = (x @ w_q) @ (x @ w_k).T: the softmax down the columns and the scale after it,
-# in one line. tests/test_examples_reference.py recomputes these numbers with torch.
+# in one line. tests/api/test_examples_reference.py recomputes these numbers with torch.
 COURSE_NOTEBOOK: dict[str, Any] = {
     "tokens": ["The", "cat", "sat"],
     "x": [[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]],

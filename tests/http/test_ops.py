@@ -242,7 +242,7 @@ def test_allocator_tuning_applies_on_glibc() -> None:
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("not a glibc system: the allocator is left alone")
     assert tune_allocator() is True
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [sys.executable, "-c", _FRAGMENTED_HEAP],
         capture_output=True,

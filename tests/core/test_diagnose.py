@@ -1,6 +1,6 @@
 """service.core.diagnosis and service.core.recompute: the element-wise comparison and the diagnosis by recomputation, at the
 engine's level. The wrong computations are written out here in NumPy, independently of the
-engine (the API-level tests with torch references are in tests/test_compare.py). At the end,
+engine (the API-level tests with torch references are in tests/api/test_compare.py). At the end,
 the diagnosis's cost: its shared recomputations against a one-trial-at-a-time search, and its
 budget on the worst case run through the service's pipeline (without HTTP), counted stage by
 stage."""

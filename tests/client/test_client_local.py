@@ -32,7 +32,7 @@ from fastapi.testclient import TestClient
 
 from service.config import Settings
 from service.http.app import create_app
-from tests.test_client import assert_same_as_json
+from tests.client.test_client import assert_same_as_json
 
 ST = "application/x-safetensors"
 TOKENS = ["The", "cat", "<pad>"]
@@ -267,7 +267,7 @@ def test_without_the_service_the_error_says_how_to_install_it(
 
 
 def test_the_client_readme_local_example_runs() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "client" / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "client" / "README.md").read_text()
     (code,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "Client.local()" in b]
     namespace: dict[str, Any] = {}
     exec(compile(code, "client/README.md", "exec"), namespace)

@@ -1,6 +1,6 @@
 """The variants and the PyTorch / Hugging Face input forms through the HTTP layer (ASGI app).
 
-Numbers against transformers' and torch's layers live in tests/test_golden.py (the layer cases);
+Numbers against transformers' and torch's layers live in tests/api/test_golden.py (the layer cases);
 here each new form is checked against a form the service already had (checked against torch
 there), or against a formula written out in the test, and every rule gets its 422.
 """

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from tests.conftest import assert_close
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GOLDEN = json.loads((FIXTURES / "golden.json").read_text())
 CASES: list[dict[str, Any]] = GOLDEN["cases"]
 LAYERS = json.loads((FIXTURES / "golden_layers.json").read_text())

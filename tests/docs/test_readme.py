@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from harness.live import start_server
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 DOCS = {p.name: p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}
 PAGES = {"README.md": README, **{f"docs/{name}": text for name, text in DOCS.items()}}

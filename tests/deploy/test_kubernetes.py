@@ -26,7 +26,7 @@ from service.config import Settings
 from service.http.app import create_app
 from service.http.budget import cost_bytes, worker_budget
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 KUSTOMIZATIONS = {"base": KUBERNETES / "base", "example-overlay": KUBERNETES / "overlays/example"}
 OVERLAYS = ["example-overlay"]

@@ -4,7 +4,7 @@ and by Hypothesis properties.
 
 The NumPy-only tests always run; each reference test imports torch/transformers itself and
 skips when they are missing, unless REQUIRE_TORCH is set (then a missing one fails), as
-tests/test_torch_live.py does at its top.
+tests/core/test_torch_live.py does at its top.
 """
 
 import importlib

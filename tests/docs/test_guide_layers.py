@@ -3,7 +3,7 @@ against a real server (``harness.live.start_server``, its URL put in place of th
 ``http://127.0.0.1:8000``), each printing exactly the ```text block that follows it.
 
 The blocks need torch and transformers: that test skips when they are missing, unless
-REQUIRE_TORCH is set (then a missing one fails), as tests/test_variants.py does. The guide's
+REQUIRE_TORCH is set (then a missing one fails), as tests/core/test_variants.py does. The guide's
 links are checked without them.
 """
 
@@ -19,7 +19,7 @@ import pytest
 
 from harness.live import start_server
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide-layers.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide-layers.md"
 TEXT = GUIDE.read_text()
 URL = "http://127.0.0.1:8000"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)

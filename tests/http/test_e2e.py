@@ -28,7 +28,7 @@ from service.wire import examples as ex
 from tests.conftest import assert_close
 
 pytestmark = pytest.mark.e2e
-GOLDEN = json.loads((Path(__file__).parent / "fixtures" / "golden.json").read_text())
+GOLDEN = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "golden.json").read_text())
 
 
 LARGE = {"seed": 1, "seq_len": 1500, "d_model": 16, "d_k": 16}  # ≈ 6.8 M numbers, ≈ 130 MB of JSON

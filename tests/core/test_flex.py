@@ -15,7 +15,7 @@ its final logits (capped, biased, masked) with s itself. Tolerance 1e-12, absolu
 Eager flex_attention warns that it is unfused (it materialises the whole score matrix, which is
 what a float64 reference wants); that one warning is silenced here. The file skips without torch
 and transformers, unless REQUIRE_TORCH is set (then a missing one fails), as
-tests/test_positions.py does.
+tests/core/test_positions.py does.
 """
 
 import math

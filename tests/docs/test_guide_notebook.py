@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide-notebook.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide-notebook.md"
 FENCE = re.compile(r"```(\w+)\n(.*?)```", re.S)
 
 

@@ -14,7 +14,7 @@ from service.trace.shapes import Shapes
 from service.wire import examples as ex
 from service.wire.schemas.requests import AttentionRequest, MaskRequest, MultiheadRequest
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GOLDEN = [
     case
     for file in ("golden.json", "golden_layers.json")

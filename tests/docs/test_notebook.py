@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "docs" / "notebooks" / "checking-attention.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "docs" / "notebooks" / "checking-attention.ipynb"
 TOKENS = ("The", "cat", "sat")
 
 

@@ -1,0 +1,1 @@
+"""Deployment: replicas behind a real nginx, the Kubernetes manifests, the image's files."""

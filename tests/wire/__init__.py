@@ -1,0 +1,1 @@
+"""The wire formats (service/wire): JSON and safetensors in and out, odd input."""
