@@ -162,12 +162,20 @@ def _in_proj_dims(req: MultiheadRequest, d_model: int) -> tuple[int, int]:
     return d_model // req.num_heads, d_model // req.num_heads
 
 
-def _in_proj(req: MultiheadRequest, d_model: int, kv_width: int, h: int) -> Dims:
-    h_kv = _grouped(req, h)
-    d_k, d_v = _in_proj_dims(req, d_model)
-    check_size(req.d_k, "d_k", d_k, "the in_proj weights make heads of width")
-    check_size(req.d_v, "d_v", d_v, "the in_proj weights make values of width")
-    return Dims(d_k, d_v, h_kv)
+def _ungrouped(
+    form: str, widths: Callable[[MultiheadRequest, int], tuple[int, int]]
+) -> Callable[[MultiheadRequest, int, int, int], Dims]:
+    """The dims of a form whose weights fix d_k and d_v (per head) and have no grouped-query
+    heads (in_proj, per_head): the stated d_k and d_v must agree with them."""
+
+    def dims(req: MultiheadRequest, d_model: int, kv_width: int, h: int) -> Dims:
+        h_kv = _grouped(req, h)
+        d_k, d_v = widths(req, d_model)
+        check_size(req.d_k, "d_k", d_k, f"the {form} weights make heads of width")
+        check_size(req.d_v, "d_v", d_v, f"the {form} weights make values of width")
+        return Dims(d_k, d_v, h_kv)
+
+    return dims
 
 
 def _in_proj_weights(req: MultiheadRequest, generated: Mapping[str, Array]) -> Projections:
@@ -219,14 +227,6 @@ def _per_head_dims(req: MultiheadRequest, d_model: int) -> tuple[int, int]:
         )
     d_k, d_v = sizes.pop()
     return d_k, d_v
-
-
-def _per_head(req: MultiheadRequest, d_model: int, kv_width: int, h: int) -> Dims:
-    h_kv = _grouped(req, h)
-    d_k, d_v = _per_head_dims(req, d_model)
-    check_size(req.d_k, "d_k", d_k, "the per_head weights make heads of width")
-    check_size(req.d_v, "d_v", d_v, "the per_head weights make values of width")
-    return Dims(d_k, d_v, h_kv)
 
 
 def _per_head_weights(req: MultiheadRequest, generated: Mapping[str, Array]) -> Projections:
@@ -389,14 +389,19 @@ WEIGHT_FORMS: tuple[WeightForm, ...] = (
     WeightForm(
         "in_proj",
         lambda req: "in_proj_weight" if req.in_proj_weight is not None else None,
-        _in_proj,
+        _ungrouped("in_proj", _in_proj_dims),
         _in_proj_weights,
     ),
-    WeightForm("per_head", lambda req: "heads" if req.heads is not None else None, _per_head,
-               _per_head_weights),
-    WeightForm("state_dict", _state_dict_given, _state_dict, _state_dict_weights,
-               _state_dict_kv_width),
-)  # fmt: skip
+    WeightForm(
+        "per_head",
+        lambda req: "heads" if req.heads is not None else None,
+        _ungrouped("per_head", _per_head_dims),
+        _per_head_weights,
+    ),
+    WeightForm(
+        "state_dict", _state_dict_given, _state_dict, _state_dict_weights, _state_dict_kv_width
+    ),
+)
 BY_NAME = {form.name: form for form in WEIGHT_FORMS}
 
 
