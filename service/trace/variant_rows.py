@@ -3,7 +3,9 @@ order they apply: QK-norm, RoPE, soft-capping, a position bias (ALiBi or T5), si
 says when a request turns it on, checks it against the shapes (the rules, before anything is
 drawn), gives the engine its settings (the plan) and says its steps in words. The rules, the
 plan and the steps loop over :data:`VARIANTS`; the outputs table shows a variant's rows when it
-is in :attr:`Shapes.on`. Adding a variant is one row here plus its math in service.core.
+is in :attr:`Shapes.on`. A new variant is a row here, the rows of its intermediates in the
+outputs table, its request field (service.wire.schemas.variant_fields) and its math in the core
+(docs/development.md, "Adding a variant").
 """
 
 from collections.abc import Callable, Mapping
