@@ -8,15 +8,15 @@
  * 0.731059)", .explain-mismatch when the page's sum differs) and a button.explain-back whose
  * data-step, data-i, data-j name the same cell of the step before. Styles are in explorer.css.
  *
- * The arithmetic (the cell computed again from the step before) is lib/recompute.js's, offered
+ * The arithmetic (the cell computed again from the step before) is lib/arithmetic.js's, offered
  * here too; importing this module waits for the OpenAPI document (the steps' order is its).
  */
 
 import { formatNumber } from "./lib/format.js";
-import { recompute, NEG_INF } from "./lib/recompute.js";
+import { recompute, NEG_INF } from "./lib/arithmetic.js";
 import { pairFeatures } from "./lib/positions.js";
 
-// the arithmetic (lib/recompute.js), as this module has always offered it to its callers
+// the arithmetic (lib/arithmetic.js), as this module has always offered it to its callers
 export {
   EXPLAINED,
   num,
@@ -28,7 +28,7 @@ export {
   ropeOf,
   alibiOf,
   recompute,
-} from "./lib/recompute.js";
+} from "./lib/arithmetic.js";
 
 /** Six significant digits, trailing zeros kept (a column of terms lines up); −∞ for a masked
  * score (null or -Infinity). */

@@ -8,7 +8,7 @@
 //   export.js     copy as curl, the whole result as JSON or safetensors
 //   compare.js    "compare with my numbers": the boxes and Compare (its answer: verdict.js)
 //   selection.js  selected queries: attention summed over picked rows of the weights
-//   explain.js    what a clicked cell means (loaded on the first click; lib/recompute.js)
+//   explain.js    what a clicked cell means (loaded on the first click; lib/arithmetic.js)
 //   render.js     the results: summary, maps, tables, steps, batch picker, explanation panel
 //   heads.js      /multihead's heads side by side
 //   heatmap.js    a map's card (SVG when small; mapview.js's zoomable canvas when large)
