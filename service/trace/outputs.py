@@ -258,14 +258,24 @@ def position(out: Output) -> int:
     return _POSITIONS[id(out)]
 
 
+@cache
+def step_order(endpoint: Endpoint) -> dict[str, int]:
+    """Each step name's place in the order of the steps (the table's order; per-head rows win,
+    as in :func:`row`), computed once per endpoint."""
+    return {name: position(out) for name, out in _by_name(endpoint).items()}
+
+
 def latest(shapes: Shapes, name: str, among: tuple[str, ...]) -> str:
-    """The last of ``among`` (step names) present in this request before ``name``: what the
-    step ``name`` is made from (the scores so far, the queries as the scores use them)."""
-    before = position(row(shapes.endpoint, name))
-    present = [
-        n for n in among if (o := row(shapes.endpoint, n)).present(shapes) and position(o) < before
-    ]
-    return max(present, key=lambda n: position(row(shapes.endpoint, n)))
+    """The last of ``among`` (step names, in the table's order) present in this request before
+    ``name``: what the step ``name`` is made from (the scores so far, the queries as the
+    scores use them)."""
+    order = step_order(shapes.endpoint)
+    rows = _by_name(shapes.endpoint)
+    before = order[name]
+    for n in reversed(among):
+        if order[n] < before and rows[n].present(shapes):
+            return n
+    raise ValueError(f"no step of {among} before {name}")
 
 
 def includable(endpoint: Endpoint) -> tuple[str, ...]:

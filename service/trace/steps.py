@@ -3,7 +3,7 @@ Shapes come from the outputs table (:func:`service.trace.outputs.step_shape`).""
 
 from typing import Any
 
-from service.trace.outputs import CHAIN, latest, position, row, step_shape
+from service.trace.outputs import CHAIN, latest, step_order, step_shape
 from service.trace.plan import AttentionPlan, MultiheadPlan, Plan
 from service.trace.shapes import Shapes
 from service.trace.variant_rows import VARIANTS, symbol
@@ -71,7 +71,8 @@ def _attention(plan: Plan, scale: float) -> dict[str, str]:
 
 def _in_order(shapes: Shapes, formulas: dict[str, str]) -> list[Step]:
     """The steps in the order of the outputs table (per-head rows for the heads' steps)."""
-    ordered = sorted(formulas, key=lambda n: position(row(shapes.endpoint, n)))
+    order = step_order(shapes.endpoint)
+    ordered = sorted(formulas, key=order.__getitem__)
     return [_step(shapes, name, formulas[name]) for name in ordered]
 
 

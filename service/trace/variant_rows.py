@@ -205,12 +205,12 @@ def _at(given: bool, n: str) -> str:
 # the symbol of the queries (keys) as each step leaves them
 _SYMBOLS = {"q": "Q", "q_normed": "Q_n", "q_rotated": "Q_r", "k": "K", "k_normed": "K_n",
             "k_rotated": "K_r"}  # fmt: skip
+_SIDES = {side: tuple(n for n in _SYMBOLS if n[0] == side) for side in "qk"}  # table order
 
 
 def symbol(s: Shapes, step: str, side: str) -> str:
     """The queries' (``side`` "q") or keys' ("k") symbol as the step ``step`` reads them."""
-    among = tuple(n for n in _SYMBOLS if n[0] == side)
-    return _SYMBOLS[latest(s, step, among)]
+    return _SYMBOLS[latest(s, step, _SIDES[side])]
 
 
 def _rope_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
