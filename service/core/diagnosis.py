@@ -59,12 +59,72 @@ MASKED_FLOOR = -1e9  # a caller's score at or below this counts as masked (maske
 _ROW_POLICIES: tuple[RowPolicy, ...] = ("zero", "uniform", "nan")
 
 
+MAX_PRINTED_DIGITS = 8  # NumPy prints 8 decimals, torch 4: more than 8 is not a print
+_GRID_EPS = 8 * float(np.finfo(np.float64).eps)  # a printed number parsed: this close to its grid
+
+
+@dataclass(frozen=True)
+class Printed:
+    """The precision a caller's numbers were printed with: ``n`` decimals, or ``n``
+    significant digits (small numbers in e-notation)."""
+
+    kind: Literal["decimals", "significant"]
+    n: int
+
+    def unit(self, x: Array) -> Array:
+        """One unit in the last printed digit of each number of ``x``, same shape."""
+        if self.kind == "decimals":
+            return np.full_like(x, 10.0**-self.n)
+        magnitude = np.abs(x)  # (...,)
+        exponent = np.floor(np.log10(magnitude, out=np.zeros_like(x), where=magnitude > 0))
+        return 10.0 ** (exponent - self.n + 1)  # (...,)
+
+    def rounded(self, x: Array) -> Array:
+        """``x`` rounded as the caller's print rounds, same shape."""
+        if self.kind == "decimals":
+            return np.round(x, self.n)
+        unit = self.unit(x)  # (...,)
+        return np.round(x / unit) * unit
+
+
+def _on_grid(y: Array, scale: Array | float) -> bool:
+    """Whether every ``y · scale`` is a whole number, as a printed number parsed to float64 is."""
+    scaled = y * scale
+    return bool(
+        np.all(np.abs(scaled - np.rint(scaled)) <= _GRID_EPS * np.maximum(np.abs(scaled), 1))
+    )
+
+
+def printed_precision(yours: Array) -> Printed | None:
+    """The precision ``yours`` was printed with, if it was printed (API.md, "Printed numbers"):
+    the fewest decimals n ≤ 8 that hold every finite number (None when they are all integers:
+    compared as given), else the fewest significant digits n ≤ 8 that do; None when neither
+    does (numbers at full precision) or the array is not of floats."""
+    if yours.dtype.kind != "f":
+        return None
+    y = yours[np.isfinite(yours)]  # (k,) the numbers; null (−∞) and NaN hold no digits
+    if y.size == 0 or _on_grid(y, 1.0):
+        return None
+    for n in range(1, MAX_PRINTED_DIGITS + 1):
+        if _on_grid(y, 10.0**n):
+            return Printed("decimals", n)
+    nonzero = y[y != 0]  # (k',)
+    exponent = np.floor(np.log10(np.abs(nonzero)))  # (k',)
+    for n in range(1, MAX_PRINTED_DIGITS + 1):
+        if _on_grid(nonzero, 10.0 ** (n - 1 - exponent)):
+            return Printed("significant", n)
+    return None
+
+
 @dataclass(frozen=True)
 class Tolerance:
-    """A caller's number y matches the service's x when |y − x| ≤ atol + rtol·|x|."""
+    """A caller's number y matches the service's x when |y − x| ≤ atol + rtol·|x|; or, for
+    numbers ``printed`` at a precision, when y equals x rounded as they were, up to one unit
+    in the last printed digit (a print may round a value that sits on a half)."""
 
     atol: float = 1e-6
     rtol: float = 1e-6
+    printed: Printed | None = None
 
 
 @dataclass(frozen=True)
@@ -90,8 +150,12 @@ def difference(ours: Array, yours: Array, tol: Tolerance) -> Difference:
         same |= np.isneginf(ours) & (yours <= MASKED_FLOOR)
         diff = np.abs(ours - yours)  # NaN or ∞ where one side is not finite
         diff = np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
-        bound = tol.atol + tol.rtol * np.abs(np.where(np.isfinite(ours), ours, 0.0))
-    close = same | (diff <= bound)
+        finite = np.where(np.isfinite(ours), ours, 0.0)
+        if tol.printed is None:
+            close = same | (diff <= tol.atol + tol.rtol * np.abs(finite))
+        else:  # yours against ours rounded as yours were printed, within one last-digit unit
+            off = np.abs(yours - tol.printed.rounded(finite))  # NaN where yours is not finite
+            close = same | (np.isfinite(ours) & (off <= tol.printed.unit(finite) * (1 + 1e-9)))
     at = np.unravel_index(int(np.argmax(diff)), diff.shape)
     where = tuple(int(i) for i in at)
     return Difference(bool(close.all()), float(diff[at]), where, float(ours[at]), float(yours[at]))

@@ -145,10 +145,20 @@ export function afterRender(ctx) {
 
 // ---- Compare ------------------------------------------------------------------------------
 
+// The tolerance typed in, or {} when both boxes are empty: then none is sent, and the service
+// compares printed numbers at the precision they were printed with (else at 1e-6).
 function tolerance() {
   const out = {};
   let ok = true;
-  for (const id of ["atol", "rtol"]) {
+  const ids = ["atol", "rtol"];
+  if (ids.every((id) => $(id).value.trim() === "")) {
+    for (const id of ids) {
+      $(id).classList.remove("bad");
+      $(`${id}-error`).hidden = true;
+    }
+    return out;
+  }
+  for (const id of ids) {
     const el = $(id);
     const text = el.value.trim();
     const v = text === "" ? 1e-6 : Number(text);
@@ -207,7 +217,9 @@ export async function compareNow() {
   // compared at full precision: the arrays drawn beside the differences are unrounded too
   const { expected: _e, tolerance: _t, decimals, ...base } = state.lastResult.body;
   dropped = decimals;
-  const body = { ...base, expected, tolerance: tol };
+  const body = Object.keys(tol).length
+    ? { ...base, expected, tolerance: tol }
+    : { ...base, expected };
   say("Comparing…");
   let response;
   try {

@@ -25,6 +25,16 @@ export function reveal(el) {
 
 const number = (v) => (v === null || v === undefined ? "—" : fmt(v));
 
+// The precision an entry was compared at when your numbers were printed ("the 4 decimals you
+// printed"), or null (compared with the tolerance).
+export function printedWords(entry) {
+  const p = entry.printed;
+  if (!p) return null;
+  return "decimals" in p
+    ? `the ${p.decimals} decimals you printed`
+    : `the ${p.significant} significant digits you printed`;
+}
+
 // yours − ours, cell by cell; null where the difference is not a number (hatched)
 export function differenceMap(name, yours, ours) {
   const nullYours = NEG_INF_NAMES.has(name) ? -Infinity : NaN;
@@ -87,7 +97,9 @@ export function diffFigure(item, entry, yours, ours, ctx) {
   fig.dataset.compared = item.label;
   const note = document.createElement("p");
   note.className = "hint";
-  note.textContent = `${entry.match ? "✓ matches" : "✗ differs"}: largest |yours − ours| ${entry.max_abs_diff === null ? "∞ (one side not finite)" : fmt(entry.max_abs_diff)} at [${entry.where.join(", ")}] (outlined). Red: yours is lower; blue: higher; hatched: not comparable (one side −∞ or NaN).`;
+  const printed = printedWords(entry);
+  const verdict = entry.match ? (printed ? `✓ agrees to ${printed}` : "✓ matches") : "✗ differs";
+  note.textContent = `${verdict}: largest |yours − ours| ${entry.max_abs_diff === null ? "∞ (one side not finite)" : fmt(entry.max_abs_diff)} at [${entry.where.join(", ")}] (outlined). Red: yours is lower; blue: higher; hatched: not comparable (one side −∞ or NaN).`;
   fig.querySelector("figcaption").after(note);
   const cell = cellOf(entry.where, ctx.batched, ctx.batch);
   if (cell) outline(fig, cell);
@@ -137,7 +149,9 @@ export function comparisonPanel(data, cards, dropped) {
   verdict.className = "verdict";
   if (!first) {
     verdict.classList.add("ok");
-    verdict.textContent = `✓ All ${rows.length} compared array${rows.length === 1 ? "" : "s"} match within the tolerance.`;
+    const printed = rows.map(printedWords).filter((w) => w);
+    const how = printed.length ? ` (${[...new Set(printed)].join(", ")})` : " within the tolerance";
+    verdict.textContent = `✓ All ${rows.length} compared array${rows.length === 1 ? "" : "s"} match${how}.`;
   } else if (first.diagnosis) {
     verdict.classList.add("diagnosis");
     const lead = document.createElement("p");
@@ -189,6 +203,8 @@ export function comparisonPanel(data, cards, dropped) {
       name,
       ` max |diff| ${diff} at [${r.where.join(", ")}] (yours ${number(r.yours)}, ours ${number(r.ours)})`,
     );
+    const printed = printedWords(r);
+    if (printed) li.append(r.match ? ` — agrees to ${printed}` : ` — compared at ${printed}`);
     if (r.name === data.first_mismatch) li.append(" — first difference");
     const card = cards.get(r.name);
     if (card) {

@@ -20,10 +20,12 @@ import numpy as np
 from service.core.diagnosis import (
     Diagnosis,
     Difference,
+    Printed,
     Search,
     Target,
     Tolerance,
     difference,
+    printed_precision,
     search,
 )
 from service.core.masks import CombinedMask
@@ -177,29 +179,43 @@ def diagnosis_budget(state: State) -> int:
     return max(DIAGNOSIS_TIMES * own, DIAGNOSIS_MIN_NUMBERS)
 
 
+def _tolerance(given: Tolerance | None, yours: Array) -> Tolerance:
+    """The tolerance an array is compared with: the request's when it gives one; else the
+    default, at the precision the array was printed with when it was printed."""
+    if given is not None:
+        return given
+    return Tolerance(printed=printed_precision(yours))
+
+
 def compare(
     expected: Expected,
-    tol: Tolerance,
+    given: Tolerance | None,
     state: State,
     setup: Setup,
     unbatched: bool,
     check: Callable[[], None],
 ) -> dict[str, Any]:
-    """``comparison`` and ``first_mismatch`` for the response (see the module's doc)."""
+    """``comparison`` and ``first_mismatch`` for the response (see the module's doc); ``given``:
+    the request's tolerance (None: the default, or the precision each array was printed with)."""
     entries = _entries(expected, "multihead" if setup.num_heads is not None else "attention")
-    diffs = [difference(_ours(state, e, unbatched), e.yours, tol) for e in entries]
+    tols = [_tolerance(given, e.yours) for e in entries]
+    diffs = [
+        difference(_ours(state, e, unbatched), e.yours, tol)
+        for e, tol in zip(entries, tols, strict=True)
+    ]
     first = next((i for i, d in enumerate(diffs) if not d.match), None)
     searched = None
     if first is not None and entries[first].state in ORDER:
-        e = entries[first]
-        base, given = _given(entries[:first], state, unbatched)
+        e, tol = entries[first], tols[first]  # a printed array is diagnosed at its precision
+        base, given_parts = _given(entries[:first], state, unbatched)
         target = Target(e.state, e.head, _engine(e.yours, unbatched))
-        searched = search(base, given, setup, target, tol, diagnosis_budget(state), check)
-        del base, given  # the caller's heads mixed into copies of the service's arrays
+        searched = search(base, given_parts, setup, target, tol, diagnosis_budget(state), check)
+        del base, given_parts  # the caller's heads mixed into copies of the service's arrays
     rows = []
-    for i, (e, d) in enumerate(zip(entries, diffs, strict=True)):
+    for i, (e, d, tol) in enumerate(zip(entries, diffs, tols, strict=True)):
         run = searched if i == first else None
         found = None if run is None else run.found
+        printed = tol.printed
         rows.append(
             {
                 "name": e.label,
@@ -208,7 +224,8 @@ def compare(
                 "where": list(d.where),
                 "ours": _finite(d.ours),
                 "yours": _finite(d.yours),
-                "message": _message(d, i, first, entries, run),
+                "printed": None if printed is None else {printed.kind: printed.n},
+                "message": _message(d, i, first, entries, run, printed),
                 "diagnosis": None if found is None else _diagnosis(found, setup, e),
                 # the first difference: whether every candidate set was tried; else null
                 "diagnosis_complete": None if i != first else run is None or run.complete,
@@ -228,17 +245,33 @@ def _number(x: float) -> str:
     return f"{x:.6g}" if np.isfinite(x) else "null"
 
 
+def _precision(printed: Printed) -> str:
+    digits = "decimals" if printed.kind == "decimals" else "significant digits"
+    return f"the {printed.n} {digits} you printed"
+
+
 def _message(
-    d: Difference, i: int, first: int | None, entries: list[_Entry], run: Search | None
+    d: Difference,
+    i: int,
+    first: int | None,
+    entries: list[_Entry],
+    run: Search | None,
+    printed: Printed | None,
 ) -> str:
-    """One sentence on an entry, for a person (``run``: the first difference's diagnosis)."""
+    """One sentence on an entry, for a person (``run``: the first difference's diagnosis;
+    ``printed``: the precision the array was compared at, when it was printed)."""
     at = list(d.where)
+    if d.match and printed is not None:
+        return (
+            f"agrees with ours to {_precision(printed)} (largest difference "
+            f"{d.max_abs_diff:.3g}, at {at})"
+        )
     if d.match:
         return f"matches (largest difference {d.max_abs_diff:.3g}, at {at})"
     text = (
         f"differs: the largest difference is {_number(d.max_abs_diff)} at {at}, where yours is "
         f"{_number(d.yours)} and the service's {_number(d.ours)}"
-    )
+    ) + ("" if printed is None else f", compared at {_precision(printed)}")
     if i != first:
         label = entries[first or 0].label
         return f"{text}; it comes after the first difference ({label}), which may explain it"

@@ -24,7 +24,7 @@ from service.trace.outputs import drawn_shape
 from service.trace.shapes import Shapes
 from service.trace.variant_rows import VARIANTS
 from service.trace.weight_forms import BY_NAME, given_or_drawn, in_out
-from service.wire.schemas.expected_fields import Expected, ToleranceOptions
+from service.wire.schemas.expected_fields import Expected
 from service.wire.schemas.mask_fields import (
     AdditiveMask,
     BooleanMask,
@@ -58,7 +58,7 @@ class Plan:
     variants: Variants  # position_bias not yet computed: see bias
     bias: PositionBias | None  # ALiBi or T5 settings; the bias is computed with the attention
     expected: Expected | None  # the caller's arrays to compare with
-    tolerance: Tolerance
+    tolerance: Tolerance | None  # None: none given (the default, or each array's printed precision)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,7 +201,7 @@ def _plan(
         variants=variants,
         bias=bias,
         expected=req.expected,
-        tolerance=Tolerance(**(req.tolerance or ToleranceOptions()).model_dump()),
+        tolerance=None if req.tolerance is None else Tolerance(**req.tolerance.model_dump()),
         **rest,
     )
 

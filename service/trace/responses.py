@@ -78,6 +78,11 @@ class Compared(BaseModel):
     where: list[int] = Field(description="index of the largest difference")
     ours: float | None = Field(description="the service's number there (null: −∞ or NaN)")
     yours: float | None = Field(description="your number there")
+    printed: dict[str, int] | None = Field(
+        description='the precision your array was printed with and compared at, {"decimals": n} '
+        'or {"significant": n}, when no tolerance was given and every number of it has at most '
+        "8 decimals (else 8 significant digits); null when compared with the tolerance"
+    )
     message: str = Field(description="the same in a sentence")
     diagnosis: Diagnosis | None = Field(
         description="for the first difference: the mistakes that reproduce it; null when no "

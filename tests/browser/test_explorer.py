@@ -460,8 +460,8 @@ def test_compare_names_the_course_notebook_mistake(
     sent, got = compare_mine(page, "attention")
     assert sent["expected"]["q"] == data["q"]
     assert np.allclose(sent["expected"]["weights"], wrong, atol=1e-8)
-    assert sent["tolerance"] == {"atol": 1e-6, "rtol": 1e-6}
-    assert {k: v for k, v in sent.items() if k not in ("expected", "tolerance")} == body
+    assert "tolerance" not in sent  # the boxes are empty: printed numbers compare as printed
+    assert {k: v for k, v in sent.items() if k != "expected"} == body
     assert got["first_mismatch"] == "weights"
 
     panel = page.locator("#comparison")
@@ -647,6 +647,31 @@ def test_compare_leaves_out_decimals_and_shows_the_batch_item_that_differs(
     page.select_option("#batch", "0")  # the other item: nothing outlined, no difference
     assert diff.get_attribute("data-where") is None
     assert set(map_cells(page, "diff_weights").values()) == {"0"}
+
+
+def test_a_torch_print_of_the_right_weights_agrees_to_its_4_decimals(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    """A student pastes torch's print of their (correct) weights: the page says they agree to
+    the 4 decimals printed, where a 1e-6 tolerance called them wrong; typing a tolerance wins."""
+    torch = pytest.importorskip("torch")
+    page, _ = offline_page
+    open_explorer(page, server)
+    _, data = run_form(page, "attention")
+    printed = str(torch.tensor(data["weights"], dtype=torch.float64))  # 4 decimals
+    paste_mine(page, "weights", printed)
+    sent, got = compare_mine(page, "attention")
+    assert "tolerance" not in sent and got["first_mismatch"] is None
+    assert got["comparison"][0]["printed"] == {"decimals": 4}
+    verdict = page.locator("#comparison .verdict.ok").inner_text()
+    assert verdict == "✓ All 1 compared array match (the 4 decimals you printed)."
+    item = page.locator('#comparison ol.compared li[data-name="weights"]').inner_text()
+    assert item.startswith("✓ weights") and "agrees to the 4 decimals you printed" in item
+    page.fill("#atol", "1e-6")
+    page.fill("#rtol", "1e-6")
+    sent, got = compare_mine(page, "attention")
+    assert sent["tolerance"] == {"atol": 1e-6, "rtol": 1e-6}
+    assert got["first_mismatch"] == "weights" and got["comparison"][0]["printed"] is None
 
 
 def test_expected_numbers_in_a_worked_example_fill_the_boxes(

@@ -345,3 +345,31 @@ def test_the_worst_case_is_cut_short_within_its_budget_and_says_so(
                                         key=lambda t: t.mistakes)]  # fmt: skip
     uncut = sum(set_cost(base, given, variants, target.name) for variants in sets)
     assert uncut > 1.5 * bound  # what the whole search would have computed
+
+
+PRINTS = [
+    ("torch-4-decimals", [[0.8189, 0.6524], [0.1, -0.25]], ("decimals", 4)),
+    ("numpy-8-decimals", [[0.12345678, 0.5], [1.0, 2.25]], ("decimals", 8)),
+    ("e-notation", [[1.234e-09, -3.1e-11], [0.0, 9.99e-10]], ("significant", 4)),
+    ("small-but-8-decimals", [[1.234e-05, -3.1e-07], [0.0, 9.99e-06]], ("decimals", 8)),
+    ("null-and-nan-hold-no-digits", [[-np.inf, 0.5], [np.nan, 0.25]], ("decimals", 2)),
+    ("integers", [[1.0, 2.0], [-3.0, 0.0]], None),
+    ("full-precision", [[0.1234567890123, 0.5], [0.25, 1.0]], None),
+]
+
+
+@pytest.mark.parametrize(("numbers", "want"), [p[1:] for p in PRINTS], ids=[p[0] for p in PRINTS])
+def test_printed_precision_is_the_fewest_digits_that_hold_every_number(
+    numbers: list[list[float]], want: tuple[str, int] | None
+) -> None:
+    """Numbers as json.loads makes them from a print: the precision they were printed with."""
+    from service.core.diagnosis import printed_precision
+
+    found = printed_precision(np.array(numbers))
+    assert (None if found is None else (found.kind, found.n)) == want
+
+
+def test_a_boolean_array_has_no_printed_precision() -> None:
+    from service.core.diagnosis import printed_precision
+
+    assert printed_precision(np.array([[True, False]])) is None

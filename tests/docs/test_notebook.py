@@ -97,6 +97,7 @@ def test_the_planted_mistake_is_named(executed: Any) -> None:
     assert "axis 0" in text  # the explanation
     printed = text_of(cell_with(executed, "printed = np.round("))
     assert "mistakes: ['softmax_over_queries', 'scale_after_softmax']" in printed
+    assert "compared at: {'decimals': 4}" in printed  # printed numbers, no tolerance given
 
 
 def test_the_result_draws_its_maps_with_the_tokens(executed: Any) -> None:
