@@ -1,7 +1,8 @@
 """Compare with your numbers: the caller's ``expected`` arrays against the service's, in the
-order of the steps, with the mistake behind the first difference named when recomputing with
-it reproduces the caller's array (:mod:`service.core.diagnosis`); and warnings that need no
-expected numbers (a boolean mask whose polarity looks inverted).
+order of the steps, each at the tolerance given or at the precision it was printed with, with
+the mistake behind the first difference named when recomputing with it reproduces the caller's
+array (:mod:`service.core.diagnosis`). (Warnings that need no expected numbers, such as a
+boolean mask whose polarity looks inverted, are the mask rules': :mod:`service.trace.mask_rules`.)
 
 The diagnosis recomputes the steps once per candidate set of mistakes (up to ~75 sets; 63 on
 a /multihead with RoPE, a causal mask and layer norm, where all of them would compute ~45 times
