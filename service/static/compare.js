@@ -10,7 +10,14 @@ import { $, state, button } from "./lib/state.js";
 import { parse, toWire, ParseError, NUMBER } from "./lib/paste.js";
 import { showErrors } from "./errors.js";
 import { render, setupBatch } from "./render.js";
-import { apiName, reveal, diffFigure, warningsPanel, comparisonPanel } from "./verdict.js";
+import {
+  apiName,
+  reveal,
+  diffFigure,
+  warningsPanel,
+  comparisonPanel,
+  printedWords,
+} from "./verdict.js";
 
 // drawn outputs that are inputs (generated) or not compared
 const NOT_COMPARED = new Set(["x", "w_q", "w_k", "w_v", "sink_weights"]);
@@ -21,6 +28,9 @@ const texts = new Map(); // `${endpoint} ${label}` -> what the user pasted (kept
 let current = null; // the last afterRender's context
 let boxes = new Map(); // label -> {details, textarea, error}
 let dropped; // the `decimals` the last Compare left out of the request
+let compared = null; // the body the last Compare sent
+let typed = new Set(); // the tolerance inputs ("atol", "rtol") typed in for it
+let quiet = null; // the answer whose "used:" note an edit of the inputs cleared
 
 const keyOf = (ep, label) => `${ep} ${label}`;
 
@@ -133,14 +143,69 @@ export function afterRender(ctx) {
     }
   }
   const tol = ctx.body && ctx.body.tolerance; // a request's own tolerance (e.g. from "more fields")
-  if (tol && typeof tol === "object")
+  const own = ctx.body !== compared; // not the page's Compare: its tolerance fills the inputs
+  if (own && tol && typeof tol === "object")
     for (const id of ["atol", "rtol"])
       if (typeof tol[id] === "number") $(id).value = String(tol[id]);
+  const yours = own && tol && typeof tol === "object" ? new Set(Object.keys(tol)) : typed;
+  showUsed(rows.length && ctx.data !== quiet ? used(rows, tol, yours) : null);
   warningsPanel(ctx.data);
   comparisonPanel(ctx.data, cards, dropped);
   // the tolerance and Compare show once a box is opened (or a comparison was asked for)
   const asked = rows.length > 0 || [...boxes.values()].some((box) => box.details.open);
   $("compare-bar").hidden = !boxes.size || !asked;
+}
+
+// ---- the tolerance used ------------------------------------------------------------------
+
+const DEFAULT = 1e-6; // the service's atol and rtol when none is given
+const PLACEHOLDER = "1e-6, or as printed";
+const tolText = (v) => (v !== 0 && Math.abs(v) < 0.01 ? v.toExponential() : String(v)); // 1e-6
+
+/** What each compared array was compared at, in words, with what the empty inputs' placeholders
+ * show: the tolerance sent (`yours`: the ids typed, the rest the default), or, when none was
+ * sent, each array's printed precision or the default, grouped ("the 4 decimals you printed
+ * (weights, output); the default 1e-6 (scores)"). */
+function used(rows, tol, yours) {
+  if (tol && typeof tol === "object") {
+    const parts = ["atol", "rtol"].map((id) => ({
+      id,
+      v: typeof tol[id] === "number" ? tol[id] : DEFAULT,
+      mine: yours.has(id),
+    }));
+    const text = parts.every((p) => p.mine)
+      ? `used: ${parts.map((p) => `${p.id} ${tolText(p.v)}`).join(", ")} (yours)`
+      : `used: ${parts.map((p) => `${p.id} ${tolText(p.v)} (${p.mine ? "yours" : "the default"})`).join(", ")}`;
+    return { text, placeholder: `${tolText(DEFAULT)} (default)` };
+  }
+  const groups = new Map(); // "the 4 decimals you printed" -> names; "" -> the default's
+  for (const r of rows) {
+    const words = printedWords(r) || "";
+    groups.set(words, [...(groups.get(words) || []), r.name]);
+  }
+  const atDefault = groups.get("");
+  groups.delete("");
+  const list = [...groups].map(([words, names]) => `${words} (${names.join(", ")})`);
+  if (!list.length)
+    return {
+      text: `used: atol ${tolText(DEFAULT)}, rtol ${tolText(DEFAULT)} (the default)`,
+      placeholder: `${tolText(DEFAULT)} (default)`,
+    };
+  if (atDefault) list.push(`the default ${tolText(DEFAULT)} (${atDefault.join(", ")})`);
+  return {
+    text: `used: ${list.join("; ")}`,
+    placeholder: atDefault ? `printed / ${tolText(DEFAULT)}` : "as printed", // fits the input
+  };
+}
+
+// The note under the inputs (tied to them by aria-describedby) and the empty inputs'
+// placeholders; null clears them.
+function showUsed(shown) {
+  const note = $("tol-used");
+  note.textContent = shown ? shown.text : "";
+  note.hidden = !shown;
+  for (const id of ["atol", "rtol"])
+    $(id).placeholder = shown && !$(id).value.trim() ? shown.placeholder : PLACEHOLDER;
 }
 
 // ---- Compare ------------------------------------------------------------------------------
@@ -220,6 +285,7 @@ export async function compareNow() {
   const body = Object.keys(tol).length
     ? { ...base, expected, tolerance: tol }
     : { ...base, expected };
+  const mine = new Set(["atol", "rtol"].filter((id) => $(id).value.trim() !== ""));
   say("Comparing…");
   let response;
   try {
@@ -246,6 +312,8 @@ export async function compareNow() {
     return;
   }
   const batch = $("batch").value;
+  compared = body;
+  typed = mine;
   state.lastResult = { ep, body, data };
   setupBatch(ep, data);
   if ([...$("batch").options].some((o) => o.value === batch)) $("batch").value = batch;
@@ -265,5 +333,11 @@ export async function compareNow() {
 
 export function startCompare() {
   $("compare").addEventListener("click", compareNow);
+  for (const id of ["atol", "rtol"])
+    $(id).addEventListener("input", () => {
+      // what was used no longer says what the inputs hold: cleared until the next comparison
+      quiet = state.lastResult && state.lastResult.data;
+      showUsed(null);
+    });
   /** @type {any} */ (window).parseNumbers = parse; // for the page's tests and the console
 }

@@ -674,6 +674,70 @@ def test_a_torch_print_of_the_right_weights_agrees_to_its_4_decimals(
     assert got["first_mismatch"] == "weights" and got["comparison"][0]["printed"] is None
 
 
+def test_the_tolerance_inputs_show_what_each_comparison_used(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    """After each Compare the note under atol and rtol says what was used: the 4 decimals the
+    weights were printed with, the default 1e-6 for numbers not printed-rounded (the two grouped
+    when mixed), or the tolerance typed in; editing the inputs clears it until the next Compare."""
+    torch = pytest.importorskip("torch")
+    page, _ = offline_page
+    open_explorer(page, server)
+    _, data = run_form(page, "attention")
+    note = page.locator("#tol-used")
+    assert note.is_hidden()
+    for field in ("atol", "rtol"):  # read with the inputs by a screen reader
+        assert "tol-used" in (page.get_attribute(f"#{field}", "aria-describedby") or "").split()
+    assert note.get_attribute("aria-live") == "polite"
+
+    printed = str(torch.tensor(data["weights"], dtype=torch.float64))  # 4 decimals
+    paste_mine(page, "weights", printed)
+    sent, got = compare_mine(page, "attention")
+    assert "tolerance" not in sent and got["comparison"][0]["printed"] == {"decimals": 4}
+    assert note.inner_text() == "used: the 4 decimals you printed (weights)"
+    assert page.get_attribute("#atol", "placeholder") == "as printed"
+
+    paste_mine(page, "output", json.dumps(data["output"]))  # full precision: not printed-rounded
+    sent, got = compare_mine(page, "attention")
+    assert [(r["name"], r["printed"]) for r in got["comparison"]] == [
+        ("weights", {"decimals": 4}),
+        ("output", None),
+    ]
+    assert (
+        note.inner_text() == "used: the 4 decimals you printed (weights); the default 1e-6 (output)"
+    )
+    assert page.get_attribute("#rtol", "placeholder") == "printed / 1e-6"
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#compare-bar").screenshot(path=str(ARTIFACTS / "explorer-tolerance-used.png"))
+
+    page.fill("#atol", "1e-3")  # an edit: the note no longer says what the inputs hold
+    assert note.is_hidden() and note.inner_text() == ""
+    assert page.get_attribute("#rtol", "placeholder") == "1e-6, or as printed"
+    sent, got = compare_mine(page, "attention")
+    assert sent["tolerance"] == {"atol": 1e-3, "rtol": 1e-6}
+    assert all(r["printed"] is None for r in got["comparison"])  # a tolerance typed in wins
+    assert note.inner_text() == "used: atol 1e-3 (yours), rtol 1e-6 (the default)"
+    assert page.input_value("#rtol") == ""  # the default is not written into the empty input
+    assert page.get_attribute("#rtol", "placeholder") == "1e-6 (default)"
+    page.locator("#compare-bar").screenshot(path=str(ARTIFACTS / "explorer-tolerance-yours.png"))
+    page.fill("#rtol", "0")
+    sent, _ = compare_mine(page, "attention")
+    assert sent["tolerance"] == {"atol": 1e-3, "rtol": 0}
+    assert note.inner_text() == "used: atol 1e-3, rtol 0 (yours)"
+
+    page.fill("#atol", "")
+    page.fill("#rtol", "")
+    paste_mine(page, "weights", "")  # only the full-precision output: the default
+    sent, got = compare_mine(page, "attention")
+    assert "tolerance" not in sent and got["comparison"][0]["printed"] is None
+    assert note.inner_text() == "used: atol 1e-6, rtol 1e-6 (the default)"
+    assert page.get_attribute("#atol", "placeholder") == "1e-6 (default)"
+    body, _ = run_form(page, "attention")  # a plain Run compares nothing: no note
+    assert "expected" not in body
+    assert note.is_hidden()
+    assert page.get_attribute("#atol", "placeholder") == "1e-6, or as printed"
+
+
 def test_expected_numbers_in_a_worked_example_fill_the_boxes(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:
