@@ -3,11 +3,13 @@
 A caller (a course notebook, their own kernel) sends the arrays they computed. Each is
 compared with the service's (:func:`difference`); for the earliest one that differs,
 :func:`diagnose` recomputes the steps leading to it (:mod:`service.core.recompute`) under each
-common mistake of :data:`MISTAKES`, then under each pair, and returns the smallest set that
-reproduces the caller's numbers within the tolerance. Nothing is guessed: a set is named only
-when the recomputation reproduces the array.
+common mistake of :mod:`service.core.mistakes`, then under each pair, and returns the smallest
+set that reproduces the caller's numbers within the tolerance. Nothing is guessed: a set is
+named only when the recomputation reproduces the array. A difference of float32's size that
+no recomputation explains more closely is named ``float32_arithmetic`` (alone, or with the one
+mistake whose recomputation agrees with the caller's array only that closely).
 
-The diagnosis can cost far more than the request itself (up to ~75 candidate sets, some tried
+The diagnosis can cost far more than the request itself (up to ~200 candidate sets, some tried
 several ways, each recomputed from its first changed step), so :func:`search` is given a
 budget of numbers to compute: a set's cost is known before it runs
 (:func:`service.core.recompute.set_cost`), the sets run in order (singles first, then pairs,
@@ -17,44 +19,23 @@ so (:attr:`Search.complete`). NumPy only, no I/O.
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import combinations, groupby
+from itertools import combinations, groupby, product
 from typing import Literal
 
 import numpy as np
 
-from service.core import masks
-from service.core.recompute import (
-    MASK_MISTAKES,
-    RowPolicy,
-    Setup,
-    State,
-    Trial,
-    recomputations,
-    set_cost,
+from service.core.mistakes import (
+    EXCLUSIVE,
+    FLOAT32,
+    FLOAT32_RELATIVE,
+    MISTAKES,
+    applicable,
+    ways,
 )
+from service.core.recompute import Given, recomputations, set_cost
+from service.core.stages import MASK_MISTAKES, RowPolicy, Setup, State, Trial, Way
 from service.core.types import Array, FullyMaskedPolicy
 
-# The contract's codes, in its table's order (a diagnosis lists its codes in this order).
-MISTAKES: tuple[str, ...] = (
-    "softmax_over_queries",
-    "scale_after_softmax",
-    "scale_missing",
-    "scale_by_d_k",
-    "weights_transposed",
-    "q_k_swapped",
-    "mask_inverted",
-    "causal_diagonal_masked",
-    "layer_norm_over_all",
-    "layer_norm_per_token",
-    "unbiased_variance",
-    "heads_interleaved",
-    "rope_style_swapped",
-)
-# Ways of doing the same thing: a pair from one group is never tried.
-_EXCLUSIVE = (
-    frozenset({"scale_after_softmax", "scale_missing", "scale_by_d_k"}),
-    frozenset({"layer_norm_over_all", "layer_norm_per_token"}),
-)
 MASKED_FLOOR = -1e9  # a caller's score at or below this counts as masked (masked_fill(-1e9))
 _ROW_POLICIES: tuple[RowPolicy, ...] = ("zero", "uniform", "nan")
 
@@ -161,34 +142,6 @@ def difference(ours: Array, yours: Array, tol: Tolerance) -> Difference:
     return Difference(bool(close.all()), float(diff[at]), where, float(ours[at]), float(yours[at]))
 
 
-def applicable(s: Setup, present: frozenset[str]) -> tuple[str, ...]:
-    """The mistakes that could have happened in this computation (``present``: the names of
-    the arrays it has), in table order."""
-    specs = s.mask_specs
-    square = s.projections is not None and any(
-        w.shape[0] == w.shape[1] for w in (s.projections.w_q, s.projections.w_k, s.projections.w_v)
-    )
-    multi = s.num_heads is not None and s.num_heads > 1
-    norm = s.norm
-    possible = {
-        "softmax_over_queries": s.seq_len > 1,
-        "scale_after_softmax": s.scale != 1.0,
-        "scale_missing": s.scale != 1.0,
-        "scale_by_d_k": s.scale != 1.0 / s.d_k,
-        "weights_transposed": (s.x_in is not None and square)
-        or (s.w_o is not None and s.w_o.shape[0] == s.w_o.shape[1]),
-        "q_k_swapped": s.seq_len == s.ctx_len,
-        "mask_inverted": any(isinstance(m, masks.Boolean) for m in specs),
-        "causal_diagonal_masked": any(isinstance(m, masks.Causal) for m in specs),
-        "layer_norm_over_all": norm is not None and norm.over == "features",
-        "layer_norm_per_token": norm is not None and norm.over == "all",
-        "unbiased_variance": norm is not None,
-        "heads_interleaved": multi,
-        "rope_style_swapped": "q_rotated" in present,
-    }
-    return tuple(code for code in MISTAKES if possible[code])
-
-
 @dataclass(frozen=True)
 class Target:
     """The array to explain: a name of :data:`ORDER`, one head of it (or all), and the
@@ -206,29 +159,34 @@ class Diagnosis:
     mistakes: tuple[str, ...]  # in table order
     rows: RowPolicy  # what the fully masked rows held (matters for the mask mistakes)
     difference: Difference  # the reproduction against the caller's array
+    ways: tuple[tuple[str, Way], ...] = ()  # how the mistakes with several ways were made
 
 
-def trials(codes: tuple[str, ...], policy: FullyMaskedPolicy) -> Iterator[Trial]:
-    """Each mistake alone, then each pair (never two from one group); a set with a mask
-    mistake is tried with fully masked rows of zeros, 1/S and NaN, and one with interleaved
-    heads with both ways of putting them side by side, as notebooks differ."""
+def trials(
+    codes: tuple[str, ...],
+    policy: FullyMaskedPolicy,
+    how: Mapping[str, tuple[Way, ...]] | None = None,
+) -> Iterator[Trial]:
+    """Each mistake alone, then each pair (never two that exclude each other); a set with a
+    mask mistake is tried with fully masked rows of zeros, 1/S and NaN, as notebooks differ,
+    and one with a mistake of several ways (``how``: code → its ways) each way (each
+    combination, for two)."""
+    how = how or {}
     own: RowPolicy = "uniform" if policy == "uniform" else "zero"
     singles = [frozenset({c}) for c in codes]
     pairs = [
         frozenset(p)
         for p in combinations(codes, 2)
-        if not any(frozenset(p) <= group for group in _EXCLUSIVE)
+        if not any(frozenset(p) <= group for group in EXCLUSIVE)
     ]
     for mistakes in (*singles, *pairs):
         rows: tuple[RowPolicy, ...] = (own,)
         if mistakes & MASK_MISTAKES:
             rows = (own, *(r for r in _ROW_POLICIES if r != own))
-        merges: tuple[Literal["interleaved", "blocks"], ...] = ("interleaved",)
-        if "heads_interleaved" in mistakes:
-            merges = ("interleaved", "blocks")
+        several = [c for c in MISTAKES if c in mistakes and c in how]
         for r in rows:
-            for m in merges:
-                yield Trial(mistakes, r, m)
+            for chosen in product(*(how[c] for c in several)):
+                yield Trial(mistakes, r, tuple(zip(several, chosen, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -245,7 +203,7 @@ class Search:
 
 def search(
     base: State,
-    given: Mapping[str, tuple[int, ...] | None],
+    given: Given,
     s: Setup,
     target: Target,
     tol: Tolerance,
@@ -258,7 +216,8 @@ def search(
     ``base`` holds every array of the computation by name (:data:`ORDER`, engine shapes),
     with the arrays the caller gave (``given``) already put in place of the service's: the
     steps before the target are recomputed from the caller's own numbers where they exist.
-    Among sets of one size that reproduce the array, the closest wins. The candidate sets run
+    Among sets of one size that reproduce the array, the closest wins, one that does only to
+    float32's precision (:func:`float32_tolerance`) last. The candidate sets run
     in the order of :func:`trials`, a set with all its variants at once
     (:func:`recomputations`); before each, its cost (:func:`set_cost`) is counted, and the
     search stops before the first set that would take the numbers computed over ``budget``.
@@ -267,14 +226,20 @@ def search(
     ``check`` is called between recomputations (it raises when the client has gone).
     """
     codes = applicable(s, frozenset(base))
-    sets = [list(group) for _, group in groupby(trials(codes, s.fully_masked_policy), _mistakes)]
+    how = ways(s)
+    tried_sets = trials(codes, s.fully_masked_policy, how)
+    sets = [list(group) for _, group in groupby(tried_sets, _mistakes)]
     ours = base[target.name] if target.head is None else base[target.name][:, target.head]
-    at = difference(ours, target.yours, tol).where if ours.shape == target.yours.shape else None
+    shaped = ours.shape == target.yours.shape
+    at = difference(ours, target.yours, tol).where if shaped else None
+    loose = float32_tolerance(ours)
     found: list[Diagnosis] = []
+    if shaped and (diff := difference(ours, target.yours, loose)).match:  # no mistake at all
+        found.append(Diagnosis((FLOAT32,), "zero", diff))
     spent = tried = size = 0
     complete = True
     for variants in sets:
-        if found and len(variants[0].mistakes) > len(found[0].mistakes):
+        if found and len(variants[0].mistakes) > min(len(d.mistakes) for d in found):
             break
         cost = set_cost(base, given, variants, target.name)
         if budget is not None and spent + cost > budget:
@@ -283,15 +248,34 @@ def search(
         spent, tried, size = spent + cost, tried + 1, len(variants[0].mistakes)
         for trial, made in recomputations(base, given, s, variants, target.name, check):
             mine = made if target.head is None else made[:, target.head]
-            if mine.shape != target.yours.shape or not _agrees(mine, target.yours, at, tol):
+            if mine.shape != target.yours.shape or not (
+                _agrees(mine, target.yours, at, tol) or _agrees(mine, target.yours, at, loose)
+            ):
                 continue
             spent += target.yours.size
             diff = difference(mine, target.yours, tol)
+            codes_ = trial.mistakes
+            if not diff.match and len(codes_) == 1:  # the mistake, computed in float32?
+                diff = difference(mine, target.yours, loose)
+                codes_ = codes_ | {FLOAT32}
             if diff.match:
-                ordered = tuple(c for c in MISTAKES if c in trial.mistakes)
-                found.append(Diagnosis(ordered, trial.rows, diff))
-    best = min(found, key=lambda d: d.difference.max_abs_diff, default=None)
+                ordered = tuple(c for c in MISTAKES if c in codes_)
+                found.append(Diagnosis(ordered, trial.rows, diff, trial.ways))
+    fewest = min((len(d.mistakes) for d in found), default=0)
+    best = min(
+        (d for d in found if len(d.mistakes) == fewest),
+        key=lambda d: (FLOAT32 in d.mistakes, d.difference.max_abs_diff),
+        default=None,
+    )
     return Search(best, complete, tried, len(sets), spent, size)
+
+
+def float32_tolerance(ours: Array) -> Tolerance:
+    """Agreement to float32's precision: within :data:`FLOAT32_RELATIVE` times the largest
+    finite number of ``ours`` (float32 rounding grows with the numbers a step sums)."""
+    finite = np.abs(ours[np.isfinite(ours)])  # (k,)
+    largest = float(finite.max()) if finite.size else 0.0
+    return Tolerance(atol=FLOAT32_RELATIVE * largest, rtol=0.0)
 
 
 def _mistakes(trial: Trial) -> frozenset[str]:
@@ -307,7 +291,7 @@ def _agrees(mine: Array, yours: Array, at: tuple[int, ...] | None, tol: Toleranc
 
 def diagnose(
     base: State,
-    given: Mapping[str, tuple[int, ...] | None],
+    given: Given,
     s: Setup,
     target: Target,
     tol: Tolerance,

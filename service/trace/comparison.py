@@ -30,7 +30,8 @@ from service.core.diagnosis import (
     search,
 )
 from service.core.masks import CombinedMask
-from service.core.recompute import ORDER, Setup, State
+from service.core.mistakes import Seen, explain
+from service.core.stages import ORDER, Setup, State
 from service.core.types import Array
 from service.trace.outputs import Output, in_heads, position, row, top_level
 from service.trace.shapes import Endpoint, Shapes
@@ -227,7 +228,9 @@ def compare(
                 "yours": _finite(d.yours),
                 "printed": None if printed is None else {printed.kind: printed.n},
                 "message": _message(d, i, first, entries, run, printed),
-                "diagnosis": None if found is None else _diagnosis(found, setup, e),
+                "diagnosis": None
+                if found is None
+                else _diagnosis(found, setup, e, _ours(state, e, unbatched)),
                 # the first difference: whether every candidate set was tried; else null
                 "diagnosis_complete": None if i != first else run is None or run.complete,
             }
@@ -303,9 +306,13 @@ def _message(
     return f"{text}. Recomputing with {' + '.join(found.mistakes)} reproduces your numbers"
 
 
-def _diagnosis(found: Diagnosis, setup: Setup, e: _Entry) -> dict[str, Any]:
-    sums = _sums(e.yours) if e.state == "weights" else None
-    sentences = [_explain(code, setup, found, sums) for code in found.mistakes]
+def _diagnosis(found: Diagnosis, setup: Setup, e: _Entry, ours: Array) -> dict[str, Any]:
+    columns, rows = _sums(e.yours) if e.state == "weights" else (None, None)
+    finite = np.abs(ours[np.isfinite(ours)])
+    largest = float(finite.max()) if finite.size else 0.0
+    relative = found.difference.max_abs_diff / largest if largest else 0.0
+    seen = Seen(setup, found.rows, dict(found.ways), columns, rows, relative)
+    sentences = [explain(code, seen) for code in found.mistakes]
     if len(sentences) == 1:
         text = sentences[0]
     else:
@@ -324,58 +331,6 @@ def _sums(weights: Array) -> tuple[float | None, float | None]:
         return float(flat[0]) if same else None
 
     return common(weights.sum(axis=-2)), common(weights.sum(axis=-1))
-
-
-def _explain(
-    code: str, s: Setup, found: Diagnosis, sums: tuple[float | None, float | None] | None
-) -> str:
-    """A learner's sentence for one mistake, with this computation's numbers (``sums``: what
-    the caller's weights' columns and rows sum to, when the target is the weights)."""
-    columns, rows_sum = sums or (None, None)
-    root = float(np.sqrt(s.d_k))
-    default = abs(s.scale * root - 1.0) < 1e-12
-    scale = f"{s.scale:.4g} = 1/√{s.d_k}" if default else f"{s.scale:.4g}, as given"
-    style = s.variants.rope.style if s.variants.rope is not None else "half"
-    other = "interleaved" if style == "half" else "half"
-    rows = {"zero": "zeros", "uniform": "1/S each", "nan": "NaN"}[found.rows]
-    texts = {
-        "softmax_over_queries": "the softmax ran over the queries (axis 0, down each column) "
-        "instead of over the keys of each row (axis −1)"
-        + ("" if columns is None else f": each column of your weights sums to {columns:.4g}"),
-        "scale_after_softmax": f"the scores were multiplied by the scale ({scale}) after the "
-        "softmax instead of before it"
-        + ("" if rows_sum is None else f": each row of your weights sums to {rows_sum:.4g}"),
-        "scale_missing": "the scores were never scaled: softmax(Q Kᵀ) where softmax(Q Kᵀ · "
-        f"scale) was meant (scale {scale})",
-        "scale_by_d_k": f"the scores were divided by d_k = {s.d_k} instead of by √d_k = {root:.4g}",
-        "weights_transposed": "a projection used the transposed weight matrix (X Wᵀ where X W "
-        "was meant, or the reverse): PyTorch's nn.Linear weights are (out, in) and need "
-        '"weight_layout": "out_in"; notebook weights (in, out) need "in_out"',
-        "q_k_swapped": "the scores are transposed: K Qᵀ (a row per key) where Q Kᵀ (a row per "
-        "query, a column per key) was meant",
-        "mask_inverted": "a boolean mask was read with the opposite polarity (every true and "
-        "false swapped). Here a mask's true means the query may attend (as "
-        'scaled_dot_product_attention) unless the mask says "true_means": "masked" (as '
-        "nn.MultiheadAttention's attn_mask), and key_padding_mask's true means padding: flip "
-        "the setting, or your mask",
-        "causal_diagonal_masked": "the causal mask also hid each query's own key "
-        "(triu(ones, 0) where triu(ones, 1) was meant): a query sees itself and every earlier "
-        f"key; your fully masked first row holds {rows}",
-        "layer_norm_over_all": "the layer norm normalised the whole matrix at once instead of "
-        "each token over its own features (nn.LayerNorm(d_model))",
-        "layer_norm_per_token": "the layer norm normalised each token over its own features "
-        'where this request asks for the whole matrix ("over": "all")',
-        "unbiased_variance": "the layer norm divided the variance by n − 1 (torch.var's and "
-        "pandas' default) instead of n, as nn.LayerNorm does",
-        "heads_interleaved": "the heads took every h-th column (head i: columns i, i + h, …) "
-        "instead of contiguous blocks (head i: columns i·d_k … (i+1)·d_k − 1, as PyTorch "
-        "splits them)",
-        "rope_style_swapped": f'the rotary embedding paired the features "{other}" where '
-        f'"{style}" was meant; if your model rotates that way, set rope.style to "{other}"',
-    }
-    if code == "mask_inverted" and found.rows != "zero":
-        return f"{texts[code]}; your fully masked rows hold {rows}"
-    return texts[code]
 
 
 def state_of(arrays: Mapping[str, Array | None], mask: CombinedMask | None) -> State:

@@ -11,8 +11,8 @@ from service.core import masks
 from service.core.attention import AttentionTrace, project_qkv, scaled_dot_product_attention
 from service.core.multihead import attend_heads, multihead_attention
 from service.core.positions import position_bias
-from service.core.recompute import Setup
 from service.core.softmax import rows_by_item
+from service.core.stages import Setup
 from service.core.types import Array
 from service.core.variants import Variants
 from service.trace import outputs, steps
@@ -176,7 +176,7 @@ def _head_state(trace: AttentionTrace) -> dict[str, Array | None]:
 
 
 def _setup(plan: Plan, trace: AttentionTrace, variants: Variants, **block: Any) -> Setup:
-    """What recomputing the steps under a mistake needs (service.core.recompute)."""
+    """What recomputing the steps under a mistake needs (service.core.stages)."""
     s = plan.shapes
     return Setup(
         scale=trace.scale, d_k=s.d_k, fully_masked_policy=plan.fully_masked_rows,

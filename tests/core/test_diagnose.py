@@ -23,19 +23,19 @@ from service.config import Settings
 from service.core import masks
 from service.core.attention import scaled_dot_product_attention
 from service.core.diagnosis import (
-    MISTAKES,
     Diagnosis,
     Search,
     Target,
     Tolerance,
-    applicable,
     diagnose,
     difference,
     search,
     trials,
 )
+from service.core.mistakes import MISTAKES, applicable, ways
 from service.core.multihead import LayerNorm, layer_norm
-from service.core.recompute import STAGES, Setup, Stage, State, Trial, recompute, set_cost
+from service.core.recompute import recompute, set_cost
+from service.core.stages import STAGES, Setup, Stage, State, Trial
 from service.core.types import Array
 from service.core.variants import Variants
 from service.http.routes import checked
@@ -214,7 +214,8 @@ def test_a_diagonal_hidden_by_the_causal_mask_is_found_whatever_the_empty_row_ho
 def one_at_a_time(state: State, setup: Setup, target: Target) -> Diagnosis | None:
     """The diagnosis as first written: every trial recomputed alone and compared in full."""
     found: list[Diagnosis] = []
-    for trial in trials(applicable(setup, frozenset(state)), setup.fully_masked_policy):
+    codes = applicable(setup, frozenset(state))
+    for trial in trials(codes, setup.fully_masked_policy, ways(setup)):
         if found and len(trial.mistakes) > len(found[0].mistakes):
             break
         made = recompute(state, {}, setup, trial, target.name)
@@ -248,7 +249,7 @@ def test_shared_recomputations_find_what_one_at_a_time_finds(
     state |= {"mask": causal.allowed.astype(float), "additive_mask": causal.additive,
               "padded_queries": causal.padded_queries.astype(float)}  # fmt: skip
     setup = replace(setup, mask_specs=(masks.Causal(),))
-    every = list(trials(applicable(setup, frozenset(state)), "zero"))
+    every = list(trials(applicable(setup, frozenset(state)), "zero", ways(setup)))
     made = recompute(state, {}, setup, every[pick % len(every)], "weights")
     assume(made is not None)
     assert made is not None
@@ -310,7 +311,7 @@ def run_pipeline(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
 def test_the_worst_case_is_cut_short_within_its_budget_and_says_so(
     counted: StageCounter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Noise in the probe's output: no set of mistakes explains it, so every one of the 63
+    """Noise in the probe's output: no set of mistakes explains it, so every one of the 156
     candidate sets would run (~45 times the request's numbers). The diagnosis computes at most
     DIAGNOSIS_TIMES × the numbers of the request without expected (as the limits count them),
     stops, and the answer says so."""
@@ -333,15 +334,15 @@ def test_the_worst_case_is_cut_short_within_its_budget_and_says_so(
     assert entry["diagnosis"] is None
     assert entry["diagnosis_complete"] is False
     [(base, given, setup, target, run)] = runs
-    assert 0 < run.tried < run.sets == 63
+    assert 0 < run.tried < run.sets == 156
     message = entry["message"]
-    assert f"after trying {run.tried} of the 63 candidate sets" in message, message
+    assert f"after trying {run.tried} of the 156 candidate sets" in message, message
     assert "earlier step" in message and "fewer heads" in message, message
     assert "No listed mistake" not in message  # that would claim every set was tried
 
     bound = api_compare.DIAGNOSIS_TIMES * numbers
     assert bound / 2 < counted.numbers <= run.spent <= bound
-    sets = [list(g) for _, g in groupby(trials(applicable(setup, frozenset(base)), "zero"),
+    sets = [list(g) for _, g in groupby(trials(applicable(setup, frozenset(base)), "zero", ways(setup)),
                                         key=lambda t: t.mistakes)]  # fmt: skip
     uncut = sum(set_cost(base, given, variants, target.name) for variants in sets)
     assert uncut > 1.5 * bound  # what the whole search would have computed

@@ -12,7 +12,7 @@ import pytest
 
 from service import trace
 from service.config import Settings
-from service.core.recompute import ORDER
+from service.core.stages import ORDER
 from service.trace import outputs, rules, variant_rows, weight_forms
 from service.trace.shapes import Shapes
 from service.wire.errors import FieldError, LimitError

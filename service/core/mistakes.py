@@ -1,0 +1,373 @@
+"""The mistakes the diagnosis knows (API.md's two tables), one row each: when it can have
+happened, the ways it is tried, and a learner's sentence with the computation's numbers. How a
+mistake changes a step is that step's (:mod:`service.core.stages`); which sets are tried, and
+in what order, is :mod:`service.core.diagnosis`'s. NumPy only, no I/O."""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.core import masks
+from service.core.stages import RowPolicy, Setup, Way
+
+FLOAT32 = "float32_arithmetic"  # no recomputation: a difference of float32's size
+FLOAT32_RELATIVE = 1e-5  # ... is at most this times the largest number of the array
+ROPE_BASES = (10_000.0, 500_000.0, 1_000_000.0)  # RoPE's, Llama 3's, Qwen's (rope_theta)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a sentence may cite: the computation, how the mistakes were made, and the
+    caller's array (what its columns and rows sum to where they all agree, when it is the
+    weights; its largest difference relative to the service's largest number)."""
+
+    setup: Setup
+    rows: RowPolicy
+    ways: Mapping[str, Way]
+    column_sum: float | None = None
+    row_sum: float | None = None
+    relative: float = 0.0
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """One code: ``tried`` says whether it can have happened in this computation (``present``:
+    the arrays it has), ``ways`` how many ways it is tried, ``sentence`` what it was."""
+
+    code: str
+    tried: Callable[[Setup, frozenset[str]], bool]
+    sentence: Callable[[Seen], str]
+    ways: Callable[[Setup], tuple[Way, ...]] = lambda s: ()
+
+
+def _scale(s: Setup) -> str:
+    if abs(s.scale * np.sqrt(s.d_k) - 1.0) < 1e-12:
+        return f"{s.scale:.4g} = 1/√{s.d_k}"
+    return f"{s.scale:.4g}, as given"
+
+
+def _root(s: Setup) -> str:
+    return f"√d_k = {np.sqrt(s.d_k):.4g}"
+
+
+def _style(s: Setup) -> tuple[str, str]:
+    style = s.variants.rope.style if s.variants.rope is not None else "half"
+    return style, "interleaved" if style == "half" else "half"
+
+
+def _rows(seen: Seen) -> str:
+    return {"zero": "zeros", "uniform": "1/S each", "nan": "NaN"}[seen.rows]
+
+
+def _model_dims(s: Setup) -> tuple[Way, ...]:
+    """√d_model (the input's width) and √(h·d_k), where they differ from √d_k."""
+    dims = [] if s.x_in is None else [s.x_in.shape[-1]]
+    dims += [] if s.num_heads is None else [s.num_heads * s.d_k]
+    return tuple(float(d) for d in dict.fromkeys(dims) if d != s.d_k)
+
+
+def _model_dim(seen: Seen) -> str:
+    s, dim = seen.setup, int(seen.ways["scale_by_model_dim"])
+    names = ["d_model"] if s.x_in is not None and s.x_in.shape[-1] == dim else []
+    names += ["h·d_k"] if s.num_heads is not None and s.num_heads * s.d_k == dim else []
+    return (
+        f"the scores were divided by √{' = √'.join(names)} = √{dim} = {np.sqrt(dim):.4g} "
+        f"instead of by {_root(s)} of one head"
+    )
+
+
+def _inverted(seen: Seen) -> str:
+    s = seen.setup
+    if abs(s.scale * np.sqrt(s.d_k) - 1.0) < 1e-12:
+        return f"the scores were multiplied by {_root(s)} instead of divided by it"
+    return f"the scores were divided by the scale ({_scale(s)}) instead of multiplied by it"
+
+
+def _after_softmax(seen: Seen) -> str:
+    text = (
+        "the mask was applied to the weights after the softmax: the masked weights were set "
+        "to 0, but the softmax had already shared each row among every key"
+    )
+    if seen.ways["mask_after_softmax"] == "renormalised":
+        return (
+            f"{text}; dividing each row by its sum gave the right weights again, except in a "
+            "row with no key allowed, where 0/0 left NaN. Mask the scores with −∞ before "
+            "the softmax"
+        )
+    return f"{text}, so your rows sum to less than 1. Mask the scores with −∞ before the softmax"
+
+
+def _windows(s: Setup) -> list[masks.Window]:
+    return [m for m in s.mask_specs if isinstance(m, masks.Window)]
+
+
+def _window(seen: Seen) -> str:
+    shift = int(seen.ways["window_off_by_one"])
+    left = next((w.left for w in _windows(seen.setup) if w.left is not None), None)
+    asked = "" if left is None else f" (left = {left + shift} where {left} was asked)"
+    return (
+        f"the sliding window kept one key {'more' if shift > 0 else 'fewer'} than asked"
+        f"{asked}: Hugging Face's sliding_window = W keeps W keys including the query's own, "
+        "which is left = W − 1 here, as flash-attention's window_size = (W − 1, 0)"
+    )
+
+
+def _float32(seen: Seen) -> str:
+    return (
+        "no mistake there: your numbers agree with ours to float32 precision (the largest "
+        f"difference is {seen.relative:.1e} of the array's largest number; float32 keeps about "
+        "7 significant digits). transformers computes RoPE tables, RMSNorms and the eager "
+        "softmax in float32 even in a float64 layer: compute those in float64 to compare "
+        "closer, or compare with a tolerance of about 1e-6"
+    )
+
+
+def _has_mask(s: Setup, present: frozenset[str]) -> bool:
+    return bool(s.mask_specs)
+
+
+def _rope_bases(s: Setup) -> tuple[Way, ...]:
+    asked = s.variants.rope.base if s.variants.rope is not None else None
+    return tuple(b for b in ROPE_BASES if b != asked)
+
+
+def _token_by_token(s: Setup) -> bool:
+    """Whether the steps before the scores work token by token (batch_as_sequence)."""
+    v = s.variants
+    plain = v.rope is None and v.position_bias is None and v.sinks is None
+    return s.batch > 1 and s.seq_len == s.ctx_len and not s.mask_specs and plain
+
+
+def _multi(s: Setup) -> bool:
+    return s.num_heads is not None and s.num_heads > 1
+
+
+def _square(s: Setup) -> bool:
+    p = s.projections
+    ws = [] if s.x_in is None or p is None else [p.w_q, p.w_k, p.w_v]
+    ws += [] if s.w_o is None else [s.w_o]
+    return any(w.shape[0] == w.shape[1] for w in ws)
+
+
+TABLE: tuple[Mistake, ...] = (
+    Mistake(
+        "softmax_over_queries",
+        lambda s, p: s.seq_len > 1,
+        lambda e: (
+            "the softmax ran over the queries (axis 0, down each column) instead of over "
+            "the keys of each row (axis −1)"
+            + (
+                ""
+                if e.column_sum is None
+                else f": each column of your weights sums to {e.column_sum:.4g}"
+            )
+        ),
+    ),
+    Mistake(
+        "scale_after_softmax",
+        lambda s, p: s.scale != 1.0,
+        lambda e: (
+            f"the scores were multiplied by the scale ({_scale(e.setup)}) after the "
+            "softmax instead of before it"
+            + ("" if e.row_sum is None else f": each row of your weights sums to {e.row_sum:.4g}")
+        ),
+    ),
+    Mistake(
+        "scale_missing",
+        lambda s, p: s.scale != 1.0,
+        lambda e: (
+            "the scores were never scaled: softmax(Q Kᵀ) where softmax(Q Kᵀ · scale) was "
+            f"meant (scale {_scale(e.setup)})"
+        ),
+    ),
+    Mistake(
+        "scale_by_d_k",
+        lambda s, p: s.scale != 1.0 / s.d_k,
+        lambda e: f"the scores were divided by d_k = {e.setup.d_k} instead of by {_root(e.setup)}",
+    ),
+    Mistake(
+        "weights_transposed",
+        lambda s, p: _square(s),
+        lambda e: (
+            "a projection used the transposed weight matrix (X Wᵀ where X W was meant, or "
+            "the reverse): PyTorch's nn.Linear weights are (out, in) and need "
+            '"weight_layout": "out_in"; notebook weights (in, out) need "in_out"'
+        ),
+    ),
+    Mistake(
+        "q_k_swapped",
+        lambda s, p: s.seq_len == s.ctx_len,
+        lambda e: (
+            "the scores are transposed: K Qᵀ (a row per key) where Q Kᵀ (a row per query, "
+            "a column per key) was meant"
+        ),
+    ),
+    Mistake(
+        "mask_inverted",
+        lambda s, p: any(isinstance(m, masks.Boolean) for m in s.mask_specs),
+        lambda e: (
+            "a boolean mask was read with the opposite polarity (every true and false "
+            "swapped). Here a mask's true means the query may attend (as "
+            'scaled_dot_product_attention) unless the mask says "true_means": "masked" (as '
+            "nn.MultiheadAttention's attn_mask), and key_padding_mask's true means padding: flip "
+            "the setting, or your mask"
+            + ("" if e.rows == "zero" else f"; your fully masked rows hold {_rows(e)}")
+        ),
+    ),
+    Mistake(
+        "causal_diagonal_masked",
+        lambda s, p: any(isinstance(m, masks.Causal) for m in s.mask_specs),
+        lambda e: (
+            "the causal mask also hid each query's own key (triu(ones, 0) where "
+            "triu(ones, 1) was meant): a query sees itself and every earlier key; your fully "
+            f"masked first row holds {_rows(e)}"
+        ),
+    ),
+    Mistake(
+        "layer_norm_over_all",
+        lambda s, p: s.norm is not None and s.norm.over == "features",
+        lambda e: (
+            "the layer norm normalised the whole matrix at once instead of each token "
+            "over its own features (nn.LayerNorm(d_model))"
+        ),
+    ),
+    Mistake(
+        "layer_norm_per_token",
+        lambda s, p: s.norm is not None and s.norm.over == "all",
+        lambda e: (
+            "the layer norm normalised each token over its own features where this "
+            'request asks for the whole matrix ("over": "all")'
+        ),
+    ),
+    Mistake(
+        "unbiased_variance",
+        lambda s, p: s.norm is not None,
+        lambda e: (
+            "the layer norm divided the variance by n − 1 (torch.var's and pandas' "
+            "default) instead of n, as nn.LayerNorm does"
+        ),
+    ),
+    Mistake(
+        "heads_interleaved",
+        lambda s, p: _multi(s),
+        lambda e: (
+            "the heads took every h-th column (head i: columns i, i + h, …) instead of "
+            "contiguous blocks (head i: columns i·d_k … (i+1)·d_k − 1, as PyTorch splits them)"
+        ),
+        lambda s: ("interleaved", "blocks"),  # how the heads were put side by side again
+    ),
+    Mistake(
+        "rope_style_swapped",
+        lambda s, p: "q_rotated" in p,
+        lambda e: (
+            f'the rotary embedding paired the features "{_style(e.setup)[1]}" where '
+            f'"{_style(e.setup)[0]}" was meant; if your model rotates that way, set rope.style to '
+            f'"{_style(e.setup)[1]}"'
+        ),
+    ),
+    Mistake(
+        "scale_by_model_dim",
+        lambda s, p: bool(_model_dims(s)),
+        _model_dim,
+        _model_dims,
+    ),
+    Mistake("scale_inverted", lambda s, p: abs(s.scale) != 1.0, _inverted),
+    Mistake(
+        "mask_after_softmax",
+        _has_mask,
+        _after_softmax,
+        lambda s: ("zeroed", "renormalised"),
+    ),
+    Mistake(
+        "mask_missing",
+        _has_mask,
+        lambda e: (
+            "the request's mask was never applied: every query attended to every key"
+            + (
+                ", padding included"
+                if any(isinstance(m, masks.Padding) for m in e.setup.mask_specs)
+                else ""
+            )
+        ),
+    ),
+    Mistake(
+        "window_off_by_one",
+        lambda s, p: bool(_windows(s)),
+        _window,
+        lambda s: (1.0, -1.0),
+    ),
+    Mistake(
+        "heads_merged_without_transpose",
+        lambda s, p: _multi(s) and "concat" in p,
+        lambda e: (
+            "the heads' outputs (B, h, L, d_v) were reshaped straight to (B, L, h·d_v) "
+            "without moving the head axis back first: out.transpose(1, 2).reshape(B, L, h·d_v) "
+            "was meant"
+        ),
+    ),
+    Mistake(
+        "batch_as_sequence",
+        lambda s, p: _token_by_token(s),
+        lambda e: (
+            "the batch and sequence axes were swapped: a batch-first (B, L, d) tensor "
+            "went into a sequence-first layer (nn.MultiheadAttention without batch_first=True), so "
+            f"at each position the {e.setup.batch} items of the batch attended to each other. "
+            "Pass batch_first=True, or transpose(0, 1) on the way in and out"
+        ),
+    ),
+    Mistake(
+        "rope_missing",
+        lambda s, p: "q_rotated" in p,
+        lambda e: (
+            "the queries and keys were never rotated: the request asks for RoPE, and "
+            "your numbers are what they give without it"
+        ),
+    ),
+    Mistake(
+        "rope_base_wrong",
+        lambda s, p: "q_rotated" in p,
+        lambda e: (
+            f"the rotary embedding used base {int(e.ways['rope_base_wrong'])} where "
+            f"{int(e.setup.variants.rope.base) if e.setup.variants.rope else 10000} was asked "
+            "(rope.base, Hugging Face's rope_theta; 10000 is the original RoPE's, 500000 Llama "
+            "3's, 1000000 Qwen's)"
+        ),
+        _rope_bases,
+    ),
+    Mistake(FLOAT32, lambda s, p: True, _float32),
+)
+MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
+BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE}
+
+_SCALES = frozenset(
+    {"scale_after_softmax", "scale_missing", "scale_by_d_k", "scale_by_model_dim", "scale_inverted"}
+)
+_MASKS = ("mask_inverted", "causal_diagonal_masked", "mask_after_softmax", "window_off_by_one")
+# Ways of doing the same thing, or mistakes that exclude each other: a pair inside one of
+# these sets is never tried.
+EXCLUSIVE: tuple[frozenset[str], ...] = (
+    _SCALES,
+    frozenset({"layer_norm_over_all", "layer_norm_per_token"}),
+    frozenset({"rope_missing", "rope_style_swapped"}),
+    frozenset({"rope_missing", "rope_base_wrong"}),
+    frozenset({"heads_interleaved", "heads_merged_without_transpose"}),
+    *(frozenset({"mask_missing", m}) for m in _MASKS),
+)
+
+
+def applicable(s: Setup, present: frozenset[str]) -> tuple[str, ...]:
+    """The mistakes that could have happened in this computation (``present``: the names of
+    the arrays it has) and are tried by recomputing, in table order (float32 arithmetic is
+    no recomputation: the diagnosis looks at every one for it)."""
+    return tuple(m.code for m in TABLE if m.code != FLOAT32 and m.tried(s, present))
+
+
+def ways(s: Setup) -> dict[str, tuple[Way, ...]]:
+    """The ways each mistake with several is tried in this computation."""
+    return {m.code: w for m in TABLE if (w := m.ways(s))}
+
+
+def explain(code: str, seen: Seen) -> str:
+    """A learner's sentence for one mistake, with this computation's numbers."""
+    return BY_CODE[code].sentence(seen)
