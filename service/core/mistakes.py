@@ -69,10 +69,10 @@ def _model_dims(s: Setup) -> tuple[Way, ...]:
 
 def _model_dim(seen: Seen) -> str:
     s, dim = seen.setup, int(seen.ways["scale_by_model_dim"])
-    names = ["d_model"] if s.x_in is not None and s.x_in.shape[-1] == dim else []
-    names += ["h·d_k"] if s.num_heads is not None and s.num_heads * s.d_k == dim else []
+    names = ["√d_model"] if s.x_in is not None and s.x_in.shape[-1] == dim else []
+    names += ["√(h·d_k)"] if s.num_heads is not None and s.num_heads * s.d_k == dim else []
     return (
-        f"the scores were divided by √{' = √'.join(names)} = √{dim} = {np.sqrt(dim):.4g} "
+        f"the scores were divided by {' = '.join(names)} = √{dim} = {np.sqrt(dim):.4g} "
         f"instead of by {_root(s)} of one head"
     )
 
@@ -104,22 +104,31 @@ def _windows(s: Setup) -> list[masks.Window]:
 
 def _window(seen: Seen) -> str:
     shift = int(seen.ways["window_off_by_one"])
-    left = next((w.left for w in _windows(seen.setup) if w.left is not None), None)
-    asked = "" if left is None else f" (left = {left + shift} where {left} was asked)"
+    window = _windows(seen.setup)[0]
+    sides = [("left", window.left), ("right", window.right or None)]
+    asked = [(side, n) for side, n in sides if n is not None]
+    used = ", ".join(f"{side} = {max(n + shift, 0)}" for side, n in asked)
+    wanted = ", ".join(f"{side} = {n}" for side, n in asked)
+    text = (
+        f"the sliding window kept one key {'more' if shift > 0 else 'fewer'} than asked on "
+        f"each bounded side ({used} where {wanted} was asked)"
+    )
+    if window.right:
+        return text
     return (
-        f"the sliding window kept one key {'more' if shift > 0 else 'fewer'} than asked"
-        f"{asked}: Hugging Face's sliding_window = W keeps W keys including the query's own, "
+        f"{text}: Hugging Face's sliding_window = W keeps W keys including the query's own, "
         "which is left = W − 1 here, as flash-attention's window_size = (W − 1, 0)"
     )
 
 
 def _float32(seen: Seen) -> str:
     return (
-        "no mistake there: your numbers agree with ours to float32 precision (the largest "
+        "no mistake: your numbers agree with ours to float32's precision (the largest "
         f"difference is {seen.relative:.1e} of the array's largest number; float32 keeps about "
-        "7 significant digits). transformers computes RoPE tables, RMSNorms and the eager "
-        "softmax in float32 even in a float64 layer: compute those in float64 to compare "
-        "closer, or compare with a tolerance of about 1e-6"
+        "7 significant digits): numbers computed in float32, or by a stock transformers layer, "
+        "which computes its RoPE tables, RMSNorms and eager softmax in float32 even in float64. "
+        "Compute those steps in float64 to compare closer, or compare with a tolerance of "
+        "about 1e-6"
     )
 
 
@@ -368,6 +377,20 @@ def ways(s: Setup) -> dict[str, tuple[Way, ...]]:
     return {m.code: w for m in TABLE if (w := m.ways(s))}
 
 
-def explain(code: str, seen: Seen) -> str:
-    """A learner's sentence for one mistake, with this computation's numbers."""
-    return BY_CODE[code].sentence(seen)
+def explain(codes: tuple[str, ...], seen: Seen) -> str:
+    """A learner's sentences for a diagnosis's mistakes, with this computation's numbers."""
+    mistakes = [BY_CODE[c].sentence(seen) for c in codes if c != FLOAT32]
+    if not mistakes:
+        return _float32(seen) + "."
+    if FLOAT32 in codes:
+        return (
+            f"{mistakes[0]}. Your numbers also carry float32 rounding: they agree with that "
+            f"recomputation to {seen.relative:.1e} of the array's largest number"
+        ) + "."
+    if len(mistakes) == 1:
+        return mistakes[0] + "."
+    return (
+        "Two mistakes: "
+        + "; and ".join(f"({n}) {s[0].lower()}{s[1:]}" for n, s in enumerate(mistakes, 1))
+        + "."
+    )

@@ -312,14 +312,7 @@ def _diagnosis(found: Diagnosis, setup: Setup, e: _Entry, ours: Array) -> dict[s
     largest = float(finite.max()) if finite.size else 0.0
     relative = found.difference.max_abs_diff / largest if largest else 0.0
     seen = Seen(setup, found.rows, dict(found.ways), columns, rows, relative)
-    sentences = [explain(code, seen) for code in found.mistakes]
-    if len(sentences) == 1:
-        text = sentences[0]
-    else:
-        text = "Two mistakes: " + "; and ".join(
-            f"({n}) {s[0].lower()}{s[1:]}" for n, s in enumerate(sentences, 1)
-        )
-    return {"mistakes": list(found.mistakes), "explanation": text + "."}
+    return {"mistakes": list(found.mistakes), "explanation": explain(found.mistakes, seen)}
 
 
 def _sums(weights: Array) -> tuple[float | None, float | None]:
