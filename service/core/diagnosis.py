@@ -20,7 +20,7 @@ so (:attr:`Search.complete`). NumPy only, no I/O.
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import combinations, groupby, product
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from service.core.recompute import Given, recomputations, set_cost
 from service.core.stages import MASK_MISTAKES, RowPolicy, Setup, State, Trial, Way
 from service.core.types import Array, FullyMaskedPolicy
 
+EXACT_RELATIVE = 1e-12  # a reproduction this close (× the array's largest number) is exact
 MASKED_FLOOR = -1e9  # a caller's score at or below this counts as masked (masked_fill(-1e9))
 _ROW_POLICIES: tuple[RowPolicy, ...] = ("zero", "uniform", "nan")
 
@@ -217,7 +218,9 @@ def search(
     with the arrays the caller gave (``given``) already put in place of the service's: the
     steps before the target are recomputed from the caller's own numbers where they exist.
     Among sets of one size that reproduce the array, the closest wins, one that does only to
-    float32's precision (:func:`float32_tolerance`) last. The candidate sets run
+    float32's precision (:func:`float32_tolerance`) last; the search stops after the first
+    set that reproduces it to rounding (:data:`EXACT_RELATIVE`): sets that close are not told
+    apart, and the first in the table's order is named. The candidate sets run
     in the order of :func:`trials`, a set with all its variants at once
     (:func:`recomputations`); before each, its cost (:func:`set_cost`) is counted, and the
     search stops before the first set that would take the numbers computed over ``budget``.
@@ -231,8 +234,9 @@ def search(
     sets = [list(group) for _, group in groupby(tried_sets, _mistakes)]
     ours = base[target.name] if target.head is None else base[target.name][:, target.head]
     shaped = ours.shape == target.yours.shape
-    at = difference(ours, target.yours, tol).where if shaped else None
+    at = _probes(difference(ours, target.yours, tol).where, ours.shape) if shaped else None
     loose = float32_tolerance(ours)
+    exact = loose.atol * EXACT_RELATIVE / FLOAT32_RELATIVE  # rounding's size in this array
     found: list[Diagnosis] = []
     if shaped and (diff := difference(ours, target.yours, loose)).match:  # no mistake at all
         found.append(Diagnosis((FLOAT32,), "zero", diff))
@@ -261,6 +265,8 @@ def search(
             if diff.match:
                 ordered = tuple(c for c in MISTAKES if c in codes_)
                 found.append(Diagnosis(ordered, trial.rows, diff, trial.ways))
+        if any(d.difference.max_abs_diff <= exact for d in found if FLOAT32 not in d.mistakes):
+            break  # reproduced to rounding: no later set can do better
     fewest = min((len(d.mistakes) for d in found), default=0)
     best = min(
         (d for d in found if len(d.mistakes) == fewest),
@@ -282,11 +288,25 @@ def _mistakes(trial: Trial) -> frozenset[str]:
     return trial.mistakes
 
 
-def _agrees(mine: Array, yours: Array, at: tuple[int, ...] | None, tol: Tolerance) -> bool:
-    """Whether two arrays of one shape agree at index ``at`` (a match needs it; None: yes)."""
+Probes = tuple[np.ndarray[Any, np.dtype[np.intp]], ...]  # indices, one array per axis
+PROBES = 32  # numbers a recomputation is checked at before it is compared in full
+
+
+def _probes(where: tuple[int, ...], shape: tuple[int, ...]) -> Probes:
+    """Where a recomputation is checked first: the index of the largest difference between
+    the caller's array and the service's, and numbers spread evenly over the array."""
+    size = int(np.prod(shape))
+    spread = np.linspace(0, size - 1, num=min(PROBES, size)).astype(np.intp)  # (k,)
+    flat = np.unique(np.append(spread, np.ravel_multi_index(where, shape)))  # (k',)
+    return np.unravel_index(flat, shape)
+
+
+def _agrees(mine: Array, yours: Array, at: Probes | None, tol: Tolerance) -> bool:
+    """Whether two arrays of one shape agree at the probes ``at`` (a match needs it; None:
+    yes)."""
     if at is None:
         return True
-    return difference(np.asarray(mine[at]).reshape(1), np.asarray(yours[at]).reshape(1), tol).match
+    return difference(mine[at], yours[at], tol).match
 
 
 def diagnose(

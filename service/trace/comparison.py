@@ -4,9 +4,9 @@ the mistake behind the first difference named when recomputing with it reproduce
 array (:mod:`service.core.diagnosis`). (Warnings that need no expected numbers, such as a
 boolean mask whose polarity looks inverted, are the mask rules': :mod:`service.trace.mask_rules`.)
 
-The diagnosis recomputes the steps once per candidate set of mistakes (up to ~75 sets; 63 on
-a /multihead with RoPE, a causal mask and layer norm, where all of them would compute ~45 times
-the request's own numbers); it may compute at most :data:`DIAGNOSIS_TIMES` times the numbers
+The diagnosis recomputes the steps once per candidate set of mistakes (up to ~200 sets; 156 on
+a /multihead with RoPE, a causal mask and layer norm, where all of them would compute far more
+than the request's own numbers); it may compute at most :data:`DIAGNOSIS_TIMES` times the numbers
 the request computed (:func:`diagnosis_budget`), and an entry whose diagnosis stopped there
 says so (``diagnosis_complete``: false, and its message says how far it went and how to get a
 full one).
@@ -41,11 +41,12 @@ from service.wire.schemas.expected_fields import Expected
 COMPARABLE = frozenset({"matrix", "vector", "stack", "nullable", "bool"})
 # The diagnosis computes at most DIAGNOSIS_TIMES × the numbers the request computed, and always
 # may compute DIAGNOSIS_MIN_NUMBERS (~40 ms of CPU: a small request's diagnosis runs whole).
-# Measured (benchmarks/run.py, row D3): the worst case, /multihead where every mistake applies
-# and noise that no set explains, then costs 6–8× the CPU of the request without expected
-# (64× before the budget); the target is ≤ 20×. The common /mask cases (rows D1, D2) still try
-# every set: they need ~19× their numbers.
-DIAGNOSIS_TIMES = 20
+# The second edition's 23 mistakes make 47 sets on the common /mask case (rows D1, D2: causal,
+# L = 512), which need 34× its numbers: 36 lets them all run. Measured (benchmarks/run.py,
+# 2-vCPU Xeon, 2026-11-26): D2, where no set explains the noise, 12.9× the time of the request
+# without expected; D3, the worst case (/multihead where 156 sets apply, stopped by the
+# budget), 13–15× its CPU. The target is ≤ 20×.
+DIAGNOSIS_TIMES = 36
 DIAGNOSIS_MIN_NUMBERS = 1 << 23
 
 
@@ -288,7 +289,7 @@ def _message(
         )
         if found is None:
             return (
-                f"{text}. The {stopped}, and none of those reproduces your numbers. For a full "
+                f"{text}. {stopped[0].upper()}{stopped[1:]}, and none of those reproduces your numbers. For a full "
                 "diagnosis, compare an earlier step (give it in expected, with the steps before "
                 "it: the recomputation starts after the last one that matches), or send fewer "
                 "heads, shorter sequences or a smaller batch"
