@@ -17,7 +17,7 @@ RUN groupadd --system --gid 10001 app \
 
 # Dependencies first: this layer is rebuilt only when the lock changes.
 COPY requirements.lock ./
-RUN pip install --no-cache-dir -r requirements.lock
+RUN pip install --no-cache-dir --no-deps -r requirements.lock
 
 COPY service ./service
 

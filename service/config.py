@@ -5,6 +5,7 @@ Built lazily by :func:`get_settings`; tests pass their own Settings to
 """
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
@@ -40,6 +41,13 @@ class Settings(BaseSettings):
         "include says (413 above, before computing); 50M float64 is 400 MB",
     )
     max_seq_len: int = Field(4096, ge=1, description="largest L and S")
+    models_dir: Path = Field(
+        Path(__file__).resolve().parent.parent / "models",
+        description="where the trained models of POST /model are (make models installs them)",
+    )
+    max_model_tokens: int = Field(
+        128, ge=1, description="most tokens POST /model takes, special tokens counted (413 above)"
+    )
     max_d_model: int = Field(4096, ge=1, description="largest d_model, d_k and d_v")
     max_heads: int = Field(128, ge=1, description="largest num_heads")
     max_batch: int = Field(256, ge=1, description="largest batch B")

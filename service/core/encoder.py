@@ -1,0 +1,200 @@
+"""A trained BERT-shaped model's forward pass in float64: embeddings, then post-LN blocks of
+multi-head attention and a GELU feed-forward (Devlin et al. 2019; transformers'
+``BertModel``, ``BertEmbeddings``, ``BertLayer``), the attention run by
+:func:`service.core.multihead.multihead_attention` so that each layer is exactly what
+/multihead computes. ``causal`` makes it a decoder (``BertConfig(is_decoder=True)``). Then
+what people look at in a trained model: each head's role (:func:`head_roles`) and attention
+rollout (:func:`rollout`, Abnar & Zuidema 2020). NumPy only, no I/O.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.core import masks
+from service.core.multihead import LayerNorm, MultiheadWeights, layer_norm, multihead_attention
+from service.core.types import Array, IntArray
+
+
+@dataclass(frozen=True)
+class Block:
+    """One post-LN block's weights, in in_out layout (``x @ w + b``)."""
+
+    attention: MultiheadWeights  # w_q, w_k, w_v (d, d), w_o (d, d), with biases
+    attention_norm: LayerNorm  # after attention + residual
+    w_in: Array  # (d, d_ff)
+    b_in: Array  # (d_ff,)
+    w_out: Array  # (d_ff, d)
+    b_out: Array  # (d,)
+    output_norm: LayerNorm  # after the feed-forward + residual
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """A whole model: embedding tables, their layer norm, the blocks."""
+
+    word: Array  # (vocab, d)
+    position: Array  # (max_positions, d)
+    token_type: Array  # (types, d)
+    embedding_norm: LayerNorm
+    blocks: tuple[Block, ...]
+    num_heads: int
+    causal: bool = False
+
+
+@dataclass(frozen=True)
+class Forward:
+    """What the forward pass computed, layer by layer."""
+
+    hidden: tuple[Array, ...]  # layers + 1 of (L, d): the embeddings, then each block's output
+    attention: Array  # (layers, h, L, L): every head's weights, rows are queries
+    attention_output: tuple[Array, ...]  # layers of (L, d): the attention block after its norm
+
+
+# erf on a grid, with its first two derivatives, for quintic Hermite interpolation: within
+# ~1e-16 of the correctly rounded erf on |x| < 6 (and exactly ±1 beyond, where erfc < 2e-17)
+_ERF_STEP = 1.0 / 256
+_ERF_GRID = np.arange(0.0, 6.0 + 2 * _ERF_STEP, _ERF_STEP)  # (n,)
+_ERF = np.array([math.erf(float(t)) for t in _ERF_GRID])  # (n,)
+_ERF_D1 = 2.0 / math.sqrt(math.pi) * np.exp(-(_ERF_GRID**2))  # erf′ = 2/√π e^(−x²)
+_ERF_D2 = -2.0 * _ERF_GRID * _ERF_D1  # erf″ = −2x erf′
+
+
+def erf(x: Array) -> Array:
+    """The error function, elementwise, as ``math.erf`` gives it (to ~1e-16), vectorised:
+    quintic Hermite interpolation between exact values on a grid of step 1/256."""
+    a = np.minimum(np.abs(x), 6.0)  # erf is odd; erf(6) = 1 − 2e-17 rounds to 1
+    i = np.minimum((a / _ERF_STEP).astype(np.intp), _ERF_GRID.size - 2)  # (...,)
+    t = a / _ERF_STEP - i  # (...,) in [0, 1]
+    t2 = t * t
+    t3 = t2 * t
+    t4, t5 = t3 * t, t3 * t2
+    h = _ERF_STEP
+    value = (
+        (1 - 10 * t3 + 15 * t4 - 6 * t5) * _ERF[i]
+        + (t - 6 * t3 + 8 * t4 - 3 * t5) * h * _ERF_D1[i]
+        + (0.5 * t2 - 1.5 * t3 + 1.5 * t4 - 0.5 * t5) * h * h * _ERF_D2[i]
+        + (0.5 * t3 - t4 + 0.5 * t5) * h * h * _ERF_D2[i + 1]
+        + (-4 * t3 + 7 * t4 - 3 * t5) * h * _ERF_D1[i + 1]
+        + (10 * t3 - 15 * t4 + 6 * t5) * _ERF[i + 1]
+    )
+    out: Array = np.where(a >= 6.0, 1.0, value) * np.sign(x)
+    return out
+
+
+def gelu(x: Array) -> Array:
+    """GELU with the exact erf (Hendrycks & Gimpel 2016; torch's ``gelu``, BERT's "gelu"):
+    x · Φ(x) = x/2 · (1 + erf(x/√2))."""
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def embed(ids: IntArray, model: Encoder) -> Array:
+    """(L, d): word + position + token type 0 embeddings, layer-normed (``BertEmbeddings``)."""
+    n = ids.shape[0]
+    summed = model.word[ids] + model.position[:n] + model.token_type[0]  # (L, d)
+    normed: Array = layer_norm(summed[None], model.embedding_norm)[0]
+    return normed
+
+
+def forward(ids: IntArray, model: Encoder) -> Forward:
+    """Every layer of the model on one sequence of token ids ``(L,)``."""
+    hidden = [embed(ids, model)]
+    weights, attended = [], []
+    n = ids.shape[0]
+    mask = masks.combine([masks.Causal()], 1, n, n) if model.causal else None
+    for block in model.blocks:
+        x = hidden[-1]  # (L, d)
+        trace = multihead_attention(
+            x[None],
+            block.attention,
+            num_heads=model.num_heads,
+            mask=mask,
+            residual=True,
+            norm=block.attention_norm,
+        )
+        a = trace.output[0]  # (L, d)
+        inner = gelu(a @ block.w_in + block.b_in)  # (L, d_ff)
+        out = layer_norm((a + inner @ block.w_out + block.b_out)[None], block.output_norm)[0]
+        weights.append(trace.heads.weights[0])  # (h, L, L)
+        attended.append(a)
+        hidden.append(out)
+    return Forward(tuple(hidden), np.stack(weights), tuple(attended))
+
+
+ROLES = ("previous_token", "next_token", "self", "first_token", "last_token", "induction")
+
+
+@dataclass(frozen=True)
+class HeadRole:
+    """What one head does on this sequence (API.md, "Trained models"): the mean weight its
+    rows give to each kind of key, the mean entropy of its rows, and the role whose score is
+    largest when it is at least 0.5."""
+
+    previous_token: float
+    next_token: float
+    self: float
+    first_token: float
+    last_token: float
+    induction: float | None  # None: no token repeats
+    entropy_bits: float
+    role: str | None
+
+
+def _earlier(ids: IntArray) -> list[tuple[int, int]]:
+    """(i, j): the positions whose token occurred before, with its most recent occurrence j."""
+    last: dict[int, int] = {}
+    pairs = []
+    for i, token in enumerate(ids.tolist()):
+        if token in last:
+            pairs.append((i, last[token]))
+        last[token] = i
+    return pairs
+
+
+def head_roles(weights: Array, ids: IntArray) -> list[list[HeadRole]]:
+    """``[layers][heads]`` roles of ``weights (layers, h, L, L)`` on the tokens ``ids (L,)``."""
+    n = ids.shape[0]
+    rows = np.arange(n)  # (L,)
+    pairs = [(i, j + 1) for i, j in _earlier(ids)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bits = -np.where(weights > 0, weights * np.log2(weights), 0.0).sum(axis=-1)  # (ℓ, h, L)
+
+    def role(w: Array, entropy: Array) -> HeadRole:  # w (L, L)
+        scores: dict[str, float | None] = {
+            "previous_token": float(w[rows[1:], rows[1:] - 1].mean()) if n > 1 else 0.0,
+            "next_token": float(w[rows[:-1], rows[:-1] + 1].mean()) if n > 1 else 0.0,
+            "self": float(w[rows, rows].mean()),
+            "first_token": float(w[:, 0].mean()),
+            "last_token": float(w[:, n - 1].mean()),
+            "induction": float(np.mean([w[i, j] for i, j in pairs])) if pairs else None,
+        }
+        known = {k: v for k, v in scores.items() if v is not None}
+        best = max(known, key=lambda k: known[k])
+        return HeadRole(
+            scores["previous_token"] or 0.0,
+            scores["next_token"] or 0.0,
+            scores["self"] or 0.0,
+            scores["first_token"] or 0.0,
+            scores["last_token"] or 0.0,
+            scores["induction"],
+            float(entropy.mean()),
+            best if known[best] >= 0.5 else None,
+        )
+
+    return [
+        [role(weights[layer, h], bits[layer, h]) for h in range(weights.shape[1])]
+        for layer in range(weights.shape[0])
+    ]
+
+
+def rollout(weights: Array) -> Array:
+    """(L, L) attention rollout (Abnar & Zuidema 2020) of ``weights (layers, h, L, L)``:
+    Â_ℓ = rows of ½·mean_heads(A_ℓ) + ½·I renormalised; R_1 = Â_1, R_ℓ = Â_ℓ · R_(ℓ−1)."""
+    n = weights.shape[-1]
+    result = np.eye(n)
+    for layer in weights:  # (h, L, L)
+        a = 0.5 * layer.mean(axis=0) + 0.5 * np.eye(n)  # (L, L)
+        a = a / a.sum(axis=-1, keepdims=True)
+        result = a @ result
+    return result
