@@ -47,6 +47,22 @@ def large_body(base: str) -> None:
         close(row, mean, f"large body output[{i}]")
 
 
+def trained_model(base: str) -> None:
+    """The image carries all-MiniLM-L6-v2: listed as installed, and it runs."""
+    with urllib.request.urlopen(base + "/models", timeout=10) as r:
+        listed = {m["name"]: m for m in json.loads(r.read())}
+    assert listed["minilm"]["installed"] is True, listed
+    req = urllib.request.Request(
+        base + "/model",
+        data=json.dumps({"model": "minilm", "text": "The cat sat on the mat.", "layer": 5,
+                         "include": ["tokens", "attention"]}).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(req, timeout=60) as r:
+        body = json.loads(r.read())
+    assert body["tokens"][0] == "[CLS]" and len(body["attention"]) == 6, body["tokens"]
+
+
 def main(base: str) -> None:
     cases = json.loads(GOLDEN.read_text())["cases"]
     for case in cases:
@@ -58,6 +74,7 @@ def main(base: str) -> None:
         with urllib.request.urlopen(req, timeout=30) as r:
             close(json.loads(r.read()), case["expected"], case["name"])
     large_body(base)
+    trained_model(base)
     with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
         text = r.read().decode()
     assert 'endpoint="/attention"' in text, "/metrics does not count the requests just made"
@@ -78,7 +95,8 @@ def main(base: str) -> None:
         with urllib.request.urlopen(f"{base}/static/{name}", timeout=10) as r:
             assert r.read() == path.read_bytes(), f"/static/{name} differs from {path}"
     print(
-        f"smoke: {len(cases)} golden cases match PyTorch to 1e-12; a large body parsed; docs, "
+        f"smoke: {len(cases)} golden cases match PyTorch to 1e-12; a large body parsed; minilm "
+        "installed and run; docs, "
         f"metrics and the explorer's {len(files)} files served"
     )
 

@@ -7,17 +7,19 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
 from starlette.routing import BaseRoute
 
 from service import __version__, logs
 from service.config import Settings, get_settings
-from service.http import metrics, ops
+from service.http import metrics, models, ops
 from service.http.auth import documents_api_key
 from service.http.budget import Budget, worker_budget
 from service.http.middleware import RequestMiddleware
 from service.http.parser import Parser
 from service.http.routes import DIRECT, REQUEST_MODELS, router
 from service.wire import errors
+from service.wire.schemas.model_fields import ModelRequest
 
 DESCRIPTION = """
 Computes transformer attention step by step and returns every intermediate as JSON.
@@ -49,7 +51,8 @@ def _document_request_models(app: FastAPI) -> None:
                 title=app.title, version=app.version, description=app.description, routes=app.routes
             )
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in REQUEST_MODELS:
+            documented: tuple[type[BaseModel], ...] = (*REQUEST_MODELS, ModelRequest)
+            for model in documented:
                 model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(model_schema.pop("$defs", {}))
                 components[model.__name__] = model_schema
@@ -95,17 +98,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(router, dependencies=keyed)
     app.include_router(ops.router)
     app.include_router(ops.keyed_router, dependencies=keyed)
+    app.include_router(models.router, dependencies=keyed)
+    app.include_router(models.keyed_router, dependencies=keyed)  # /models: keyed like /version
     ops.install_docs(app)
     ops.install_explorer(app)
     _document_request_models(app)
     app.router.redirect_slashes = False  # the middleware redirects, relatively (no Host echoed)
-    compute = frozenset(str(getattr(r, "path", "")) for r in router.routes)
+    compute = frozenset(
+        str(getattr(r, "path", "")) for r in [*router.routes, *models.router.routes]
+    )
     app.add_middleware(
         RequestMiddleware,
         max_body_bytes=settings.max_body_bytes,
         routes=list(_leaves(app.router.routes)),
         json_paths=compute,
-        keyed_paths=compute | {"/version"},
+        keyed_paths=compute | {"/version", "/models"},
         api_keys=settings.api_keys,
         direct=DIRECT,
     )

@@ -44,10 +44,12 @@ class ErrorBody(BaseModel):
 
 
 class RequestError(Exception):
-    """A request the service refuses; ``status`` and ``items`` make the answer."""
+    """A request the service refuses; ``status`` and ``items`` make the answer (with
+    ``extra``'s fields beside ``message`` and ``errors``)."""
 
     status = 422
     headers: dict[str, str] = {}  # noqa: RUF012 - read only
+    extra: dict[str, str] = {}  # noqa: RUF012 - read only
 
     def __init__(self, items: list[ErrorItem]) -> None:
         self.items = items
@@ -72,6 +74,21 @@ class LimitError(RequestError):
         super().__init__(
             [ErrorItem(field=field, message=message, type="limit_exceeded", limit=limit)]
         )
+
+
+class ModelNotInstalled(RequestError):
+    """A trained model this service knows but whose files are not installed here: 501, with
+    the command that installs it."""
+
+    status = 501
+
+    def __init__(self, name: str, install_command: str) -> None:
+        self.extra = {"install_command": install_command}
+        message = (
+            f"the model {name} is not installed on this server: its operator installs it with "
+            f"{install_command}"
+        )
+        super().__init__([ErrorItem(field="model", message=message, type="model_not_installed")])
 
 
 class BodyError(RequestError):
@@ -205,17 +222,19 @@ def _item(err: Any) -> ErrorItem:
     return ErrorItem(field=field, message=escaped(msg[:300]), type=kind)
 
 
-def error_json(items: list[ErrorItem]) -> bytes:
-    """The one error shape, as JSON bytes."""
+def error_json(items: list[ErrorItem], extra: dict[str, str] | None = None) -> bytes:
+    """The one error shape, as JSON bytes (``extra``: fields after message and errors)."""
     body = ErrorBody(
         message=items[0].message if items else "bad request", errors=items[:MAX_LISTED]
     )
-    return orjson.dumps(body.model_dump())
+    return orjson.dumps(body.model_dump() | (extra or {}))
 
 
-def error_response(status: int, items: list[ErrorItem]) -> Response:
+def error_response(
+    status: int, items: list[ErrorItem], extra: dict[str, str] | None = None
+) -> Response:
     """The one error shape, as a JSON response."""
-    return Response(error_json(items), status_code=status, media_type="application/json")
+    return Response(error_json(items, extra), status_code=status, media_type="application/json")
 
 
 def error_answer(exc: Exception, scope: Scope) -> Response | None:
@@ -225,7 +244,7 @@ def error_answer(exc: Exception, scope: Scope) -> Response | None:
         reason = getattr(exc, "reason", None)
         if reason:  # for the access log line (service.http.middleware)
             scope.setdefault("state", {})["reason"] = reason
-        response = error_response(exc.status, exc.items)
+        response = error_response(exc.status, exc.items, exc.extra)
         response.headers.update(exc.headers)
         return response
     if isinstance(exc, ClientGone):

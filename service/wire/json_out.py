@@ -16,7 +16,7 @@ BLOCK_NUMBERS = 32_768  # numbers serialised per orjson call (a few ms at most)
 CHUNK_BYTES = 1 << 18  # bytes handed to the server at a time (256 KiB: a shorter hold of the GIL)
 
 
-# top-level values never rounded: a comparison reports differences smaller than the rounding
+# values never rounded, at any depth: a comparison reports differences smaller than the rounding
 EXACT = frozenset({"comparison"})
 
 
@@ -34,7 +34,7 @@ def _rounded(value: Any, decimals: int) -> Any:
     if isinstance(value, np.ndarray):
         return np.round(value, decimals) if value.dtype.kind == "f" else value
     if isinstance(value, dict):
-        return {k: _rounded(v, decimals) for k, v in value.items()}
+        return {k: v if k in EXACT else _rounded(v, decimals) for k, v in value.items()}
     if isinstance(value, list) and any(isinstance(v, np.ndarray | dict) for v in value):
         return [_rounded(v, decimals) for v in value]
     if isinstance(value, float):
@@ -96,7 +96,7 @@ def _value(value: Any, decimals: int | None) -> Iterator[bytes | memoryview]:
         yield b"{"
         for i, (key, item) in enumerate(value.items()):
             yield (b',"' if i else b'"') + key.encode() + b'":'
-            yield from _value(item, decimals)
+            yield from _value(item, None if key in EXACT else decimals)
         yield b"}"
     else:
         yield b"["

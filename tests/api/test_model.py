@@ -1,0 +1,202 @@
+"""GET /models and POST /model through the app, with all-MiniLM-L6-v2 (installed by make models).
+
+Where the expected numbers come from: transformers' own BertModel built from the same
+safetensors in float64 (eager, output_attentions=True) for the attention of every layer, the
+hidden states entering the chosen layer and its attention block's output; the rollout and the
+head roles recomputed here from the returned weights by the contract's definitions, written
+out in this file; the chosen layer's trace against the service's own POST /multihead given the
+same layer as a Hugging Face style request (the contract says the trace is exactly that answer).
+"""
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.config import Settings
+from service.http.app import create_app
+from service.models.catalog import BY_NAME
+
+torch = pytest.importorskip("torch", reason="the reference is transformers' BertModel in torch")
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+pytestmark = pytest.mark.torch
+
+TEXT = "The cat sat on the mat. The cat slept."
+MODELS_DIR = Settings().models_dir
+DIRECTORY = BY_NAME["minilm"].directory(MODELS_DIR)
+
+
+@pytest.fixture(scope="module")
+def bert() -> Any:
+    if not BY_NAME["minilm"].installed(MODELS_DIR):
+        pytest.fail(f"minilm is not installed in {MODELS_DIR}: run make models")
+    config = transformers.BertConfig.from_pretrained(str(DIRECTORY))
+    config._attn_implementation = "eager"
+    model = transformers.BertModel(config, add_pooling_layer=False).to(torch.float64).eval()
+    state = safetensors_torch.load_file(str(DIRECTORY / "model.safetensors"))
+    model.load_state_dict({k: v.to(torch.float64) for k, v in state.items()}, strict=False)
+    return model
+
+
+@pytest.fixture(scope="module")
+def answer(client: TestClient) -> dict[str, Any]:
+    r = client.post("/model", json={"model": "minilm", "text": TEXT, "layer": 2})
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def test_models_lists_minilm_installed(client: TestClient) -> None:
+    [listed] = [m for m in client.get("/models").json() if m["name"] == "minilm"]
+    assert listed == {
+        "name": "minilm", "kind": "encoder", "layers": 6, "heads": 12, "d_model": 384,
+        "tokenizer": listed["tokenizer"], "source": listed["source"], "license": "Apache-2.0",
+        "installed": True,
+    }  # fmt: skip
+    assert "WordPiece" in listed["tokenizer"] and "all-MiniLM-L6-v2" in listed["source"]
+
+
+def test_tokens_and_every_layers_weights_are_transformers(
+    bert: Any, answer: dict[str, Any]
+) -> None:
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(DIRECTORY / "tokenizer.json")
+    )
+    ids = tokenizer(TEXT)["input_ids"]
+    assert answer["tokens"] == tokenizer.convert_ids_to_tokens(ids)
+    with torch.no_grad():
+        out = bert(torch.tensor([ids]), output_attentions=True)
+    want = np.stack([a[0].numpy() for a in out.attentions])  # (6, 12, L, L)
+    got = np.array(answer["attention"])
+    assert got.shape == want.shape == (6, 12, len(ids), len(ids))
+    assert np.abs(got - want).max() <= 1e-10
+
+
+def test_the_trace_is_the_layer_as_transformers_computes_it(
+    bert: Any, answer: dict[str, Any]
+) -> None:
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(DIRECTORY / "tokenizer.json")
+    )
+    ids = torch.tensor([tokenizer(TEXT)["input_ids"]])
+    block: list[Any] = []
+    hook = bert.encoder.layer[2].attention.register_forward_hook(
+        lambda m, i, o: block.append(o[0][0].numpy())
+    )
+    with torch.no_grad():
+        out = bert(ids, output_hidden_states=True)
+    hook.remove()
+    t = answer["trace"]
+    assert np.abs(np.array(t["x_in"]) - out.hidden_states[2][0].numpy()).max() <= 1e-10
+    assert np.abs(np.array(t["output"]) - block[0]).max() <= 1e-10
+    assert (
+        np.abs(np.array(t["average_weights"]) - np.array(answer["attention"][2]).mean(0)).max()
+        < 1e-12
+    )
+
+
+def test_the_trace_is_exactly_multiheads_answer(client: TestClient, answer: dict[str, Any]) -> None:
+    """The same layer sent to /multihead as a Hugging Face BERT layer's state dict: the same
+    answer (the trace adds x_in, the x that /multihead does not echo)."""
+    state = safetensors_torch.load_file(str(DIRECTORY / "model.safetensors"))
+    p = "encoder.layer.2.attention"
+
+    def w(name: str) -> Any:
+        return state[f"{p}.{name}"].to(torch.float64).numpy().tolist()
+
+    body = {
+        "x": answer["trace"]["x_in"], "tokens": answer["tokens"], "num_heads": 12,
+        "q_proj.weight": w("self.query.weight"), "q_proj.bias": w("self.query.bias"),
+        "k_proj.weight": w("self.key.weight"), "k_proj.bias": w("self.key.bias"),
+        "v_proj.weight": w("self.value.weight"), "v_proj.bias": w("self.value.bias"),
+        "o_proj.weight": w("output.dense.weight"), "o_proj.bias": w("output.dense.bias"),
+        "residual": True,
+        "layer_norm": {"eps": 1e-12, "gamma": w("output.LayerNorm.weight"),
+                       "beta": w("output.LayerNorm.bias")},
+    }  # fmt: skip
+    direct = client.post("/multihead", json=body)
+    assert direct.status_code == 200, direct.text
+    assert direct.json() == {k: v for k, v in answer["trace"].items() if k != "x_in"}
+
+
+def test_rollout_and_head_roles_follow_the_contracts_definitions(answer: dict[str, Any]) -> None:
+    a = np.array(answer["attention"])  # (layers, h, L, L)
+    n = a.shape[-1]
+    r = np.eye(n)
+    for layer in a:
+        m = 0.5 * layer.mean(0) + 0.5 * np.eye(n)
+        r = (m / m.sum(-1, keepdims=True)) @ r
+    assert np.abs(np.array(answer["rollout"]) - r).max() < 1e-12
+    tokens = answer["tokens"]
+    for layer, h in ((0, 0), (2, 5), (5, 11)):
+        w, role = a[layer, h], answer["head_roles"][layer][h]
+        assert role["previous_token"] == pytest.approx(np.mean([w[i, i - 1] for i in range(1, n)]))
+        assert role["first_token"] == pytest.approx(w[:, 0].mean())
+        # "the" and "cat" repeat: position i's token last seen at j → weight on j + 1
+        seen: dict[str, int] = {}
+        induction = []
+        for i, tok in enumerate(tokens):
+            if tok in seen:
+                induction.append(w[i, seen[tok] + 1])
+            seen[tok] = i
+        assert role["induction"] == pytest.approx(np.mean(induction))
+        bits = -np.sum(np.where(w > 0, w * np.log2(w), 0.0), axis=-1).mean()
+        assert role["entropy_bits"] == pytest.approx(bits)
+        scores = {k: role[k] for k in ("previous_token", "next_token", "self", "first_token",
+                                       "last_token", "induction")}  # fmt: skip
+        best = max(scores, key=lambda k: scores[k])
+        assert role["role"] == (best if scores[best] >= 0.5 else None)
+
+
+def test_include_and_expected_reach_the_trace(client: TestClient, answer: dict[str, Any]) -> None:
+    right = answer["trace"]["output"]
+    wrong = (np.array(right) * 1.01).tolist()
+    r = client.post(
+        "/model",
+        json={"model": "minilm", "text": TEXT, "layer": 2, "include": ["tokens", "trace"],
+              "expected": {"output": wrong}},
+    )  # fmt: skip
+    body = r.json()
+    assert set(body) == {"tokens", "trace"}
+    assert body["trace"]["first_mismatch"] == "output"
+
+
+@pytest.mark.parametrize(
+    ("request_body", "status", "field"),
+    [
+        ({"model": "bert-large", "text": "hi"}, 422, "model"),
+        ({"model": "minilm", "text": "   "}, 422, "text"),
+        ({"model": "minilm", "text": "word " * 127}, 413, "text"),
+        ({"model": "minilm", "text": "hi", "layer": 6}, 422, "layer"),
+        ({"model": "minilm", "text": "hi", "include": ["weights"]}, 422, "include"),
+        ({"model": "minilm"}, 422, "text"),
+    ],
+    ids=["unknown-model", "empty-text", "over-the-token-cap", "layer-out-of-range",
+         "unknown-include", "no-text"],
+)  # fmt: skip
+def test_bad_requests_name_their_field(
+    client: TestClient, request_body: dict[str, Any], status: int, field: str
+) -> None:
+    r = client.post("/model", json=request_body)
+    assert r.status_code == status, r.text
+    assert r.json()["errors"][0]["field"] == field
+
+
+def test_the_token_cap_counts_special_tokens(client: TestClient) -> None:
+    ok = client.post(
+        "/model", json={"model": "minilm", "text": "word " * 126, "include": ["tokens"]}
+    )
+    assert ok.status_code == 200 and len(ok.json()["tokens"]) == 128  # [CLS] + 126 + [SEP]
+
+
+def test_a_model_not_installed_here_is_501_with_its_install_command(tmp_path: Path) -> None:
+    with TestClient(create_app(Settings(models_dir=tmp_path))) as c:
+        r = c.post("/model", json={"model": "minilm", "text": "hi"})
+        assert r.status_code == 501
+        assert r.json()["install_command"] == "make models"
+        assert "make models" in r.json()["message"]
+        [listed] = [m for m in c.get("/models").json() if m["name"] == "minilm"]
+        assert listed["installed"] is False
