@@ -250,6 +250,11 @@ class Client(_Common, _Endpoints[Result]):
         """``GET /version``: service, Python, NumPy and BLAS versions."""
         return dict(_json(self._send("GET", "/version", retry_503=False)))
 
+    def models(self) -> list[dict[str, Any]]:
+        """``GET /models``: the trained models :meth:`model` can run, and whether each is
+        installed on the service."""
+        return list(_json(self._send("GET", "/models", retry_503=False)))
+
     def close(self) -> None:
         """Close the connections."""
         self._http.close()
@@ -373,6 +378,11 @@ class AsyncClient(_Common, _Endpoints[Coroutine[Any, Any, Result]]):
     async def version(self) -> dict[str, Any]:
         """``GET /version``: service, Python, NumPy and BLAS versions."""
         return dict(_json(await self._send("GET", "/version", retry_503=False)))
+
+    async def models(self) -> list[dict[str, Any]]:
+        """``GET /models``: the trained models :meth:`model` can run, and whether each is
+        installed on the service."""
+        return list(_json(await self._send("GET", "/models", retry_503=False)))
 
     async def aclose(self) -> None:
         """Close the connections."""

@@ -1,4 +1,4 @@
-"""The three compute endpoints with their fields, written once for both clients.
+"""The compute endpoints (and /model) with their fields, written once for both clients.
 
 ``_Endpoints[R]`` holds the typed methods; a client supplies ``_post``, which returns a
 ``Result`` (``Client``) or a coroutine of one (``AsyncClient``).
@@ -230,3 +230,26 @@ class _Endpoints(Generic[R]):
                 raise TypeError(f"{name} given both in state_dict and as an argument")
             fields[name] = value
         return self._post("/multihead", fields)
+
+    def model(
+        self,
+        text: str,
+        *,
+        model: str = "minilm",
+        layer: int | None = None,
+        include: Sequence[str] | None = None,
+        decimals: int | None = None,
+        expected: Mapping[str, Any] | None = None,
+        tolerance: Mapping[str, float] | None = None,
+    ) -> R:
+        """``POST /model``: a trained model (``GET /models`` lists them) on your ``text``.
+
+        ``result["tokens"]`` are the model tokenizer's tokens, ``result.attention`` every layer's
+        and head's weights ``[layers][heads][L][L]``, ``result.rollout`` the attention rollout
+        ``[L][L]``, ``result["head_roles"][layer][head]`` each head's scores and role, and the
+        chosen ``layer``'s whole /multihead trace under ``trace.``: ``result["trace.x_in"]``,
+        ``result["trace.heads.0.weights"]``, ``result["trace.output"]``. ``expected`` holds
+        your arrays of that layer, named as /multihead names them.
+        """
+        fields = {k: v for k, v in locals().items() if k != "self" and v is not None}
+        return self._post("/model", fields)

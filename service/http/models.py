@@ -12,7 +12,7 @@ from service.http.budget import cost_bytes
 from service.http.routes import ERRORS
 from service.models import answer
 from service.wire.json_out import encode_whole
-from service.wire.media import JSON_TYPE
+from service.wire.media import JSON_TYPE, body_form
 from service.wire.parse import parse
 from service.wire.schemas.model_fields import ModelRequest
 
@@ -28,7 +28,8 @@ def models(request: Request) -> list[dict[str, Any]]:
 
 async def _model(request: Request) -> Response:
     settings: Settings = request.app.state.settings
-    req = parse(await request.body(), ModelRequest, "json")
+    form = body_form(request.headers.get("content-type", "")) or "json"  # the middleware's 415
+    req = parse(await request.body(), ModelRequest, form)
     admitted = await run_in_threadpool(answer.admit, req, settings)  # loads a model once
     ticket = await request.app.state.budget.admit(cost_bytes(admitted.numbers))
     try:
