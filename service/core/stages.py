@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 
 from service.core import masks
-from service.core.attention import Projections, project
+from service.core.attention import Projections, project, transposed
 from service.core.multihead import LayerNorm, layer_norm, merge_heads, split_heads
 from service.core.positions import rope
 from service.core.softmax import softmax
@@ -163,15 +163,7 @@ def _scores(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
     k = _latest(st, ("k_rotated", "k_normed", "k"))  # (..., S, d_k)
     if "q_k_swapped" in t.mistakes:
         q, k = k, q
-    return {"scores": q @ _transposed(k)}  # (..., L, S); K Qᵀ (..., S, L) when swapped
-
-
-def _transposed(a: Array) -> Array:
-    """``a`` with its last two axes swapped, as matmul takes it fastest: NumPy multiplies
-    stacked matrices by a transposed view with a narrow inner axis in a slow loop (L = 512,
-    two heads, d_k = 2: 6.8 ms of CPU against 0.55 ms for a copy), so narrow ones are copied."""
-    swapped = np.swapaxes(a, -1, -2)
-    return np.ascontiguousarray(swapped) if a.shape[-1] < 16 else swapped
+    return {"scores": q @ transposed(k)}  # (..., L, S); K Qᵀ (..., S, L) when swapped
 
 
 def _scaled(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
