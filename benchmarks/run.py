@@ -36,6 +36,10 @@ generated L-token sentence drawn by the page, Run to first paint ÷ the same ans
 read by the page's own safetensors reader up to the next frame (alternating, medians), at
 L = 2048 and 512; and the
 JavaScript heap of the drawn L = 2048 page ÷ the weights' float64 bytes.
+
+M1 (a trained model, benchmarks/models.py; needs torch, transformers and make models): POST
+/model with all-MiniLM-L6-v2 on 128 tokens, every output, end to end ÷ the same forward in
+transformers float64 in process.
 """
 
 import argparse
@@ -67,6 +71,7 @@ sys.path.insert(0, str(ROOT))
 import explorer  # noqa: E402  (benchmarks/explorer.py, beside this script)
 
 from harness.live import free_port, http_json, start_server  # noqa: E402
+from models import m1  # noqa: E402  (benchmarks/models.py)
 from service.core.attention import project, scaled_dot_product_attention  # noqa: E402
 from service.core.multihead import MultiheadWeights, multihead_attention  # noqa: E402
 from service.trace.outputs import sizes  # noqa: E402
@@ -935,7 +940,7 @@ def e1_e3(base: str, ids: set[str], runs: int) -> list[Row]:
     return [r for r in rows if r["id"] in ids]
 
 
-ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "D3", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2", "E1", "E2", "E3"]  # fmt: skip
+ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "D3", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2", "E1", "E2", "E3", "M1"]  # fmt: skip
 
 
 def main() -> None:
@@ -978,6 +983,8 @@ def main() -> None:
                 rows += r1_r2(tmp, want)
             if want & {"E1", "E2", "E3"}:
                 rows += e1_e3(base, want, args.runs)
+            if "M1" in want:
+                rows.append(m1(base, tmp, args.runs, row, skipped))
     finally:
         proc.terminate()
         proc.wait(timeout=30)

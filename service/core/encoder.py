@@ -53,33 +53,41 @@ class Forward:
 
 
 # erf on a grid, with its first two derivatives, for quintic Hermite interpolation: within
-# ~1e-16 of the correctly rounded erf on |x| < 6 (and exactly ±1 beyond, where erfc < 2e-17)
+# ~1e-16 of the correctly rounded erf on |x| < 6 (and exactly ±1 beyond, where erfc < 2e-17).
+# Each interval's polynomial in t ∈ [0, 1] is worked out once, in extended precision, from the
+# exact values and derivatives at its two ends.
 _ERF_STEP = 1.0 / 256
-_ERF_GRID = np.arange(0.0, 6.0 + 2 * _ERF_STEP, _ERF_STEP)  # (n,)
-_ERF = np.array([math.erf(float(t)) for t in _ERF_GRID])  # (n,)
-_ERF_D1 = 2.0 / math.sqrt(math.pi) * np.exp(-(_ERF_GRID**2))  # erf′ = 2/√π e^(−x²)
-_ERF_D2 = -2.0 * _ERF_GRID * _ERF_D1  # erf″ = −2x erf′
+
+
+def _erf_polynomials() -> Array:
+    """(n, 6): the coefficients c_0 … c_5 of erf(x_i + t·h) = Σ c_k t^k on each interval."""
+    grid = np.arange(0.0, 6.0 + 2 * _ERF_STEP, _ERF_STEP)  # (n + 1,)
+    h = np.longdouble(_ERF_STEP)
+    p = np.array([math.erf(float(x)) for x in grid], dtype=np.longdouble)  # erf
+    m = (
+        h * 2 / np.sqrt(np.longdouble(math.pi)) * np.exp(-(grid.astype(np.longdouble) ** 2))
+    )  # h·erf′
+    a = h * -2 * grid.astype(np.longdouble) * m  # h²·erf″ = h²·(−2x erf′)
+    p0, p1, m0, m1, a0, a1 = p[:-1], p[1:], m[:-1], m[1:], a[:-1], a[1:]
+    c3 = -10 * p0 - 6 * m0 - 1.5 * a0 + 0.5 * a1 - 4 * m1 + 10 * p1
+    c4 = 15 * p0 + 8 * m0 + 1.5 * a0 - a1 + 7 * m1 - 15 * p1
+    c5 = -6 * p0 - 3 * m0 - 0.5 * a0 + 0.5 * a1 - 3 * m1 + 6 * p1
+    return np.stack([p0, m0, a0 / 2, c3, c4, c5], axis=1).astype(np.float64)
+
+
+_ERF_POLY = _erf_polynomials()  # (n, 6)
 
 
 def erf(x: Array) -> Array:
     """The error function, elementwise, as ``math.erf`` gives it (to ~1e-16), vectorised:
     quintic Hermite interpolation between exact values on a grid of step 1/256."""
     a = np.minimum(np.abs(x), 6.0)  # erf is odd; erf(6) = 1 − 2e-17 rounds to 1
-    i = np.minimum((a / _ERF_STEP).astype(np.intp), _ERF_GRID.size - 2)  # (...,)
-    t = a / _ERF_STEP - i  # (...,) in [0, 1]
-    t2 = t * t
-    t3 = t2 * t
-    t4, t5 = t3 * t, t3 * t2
-    h = _ERF_STEP
-    value = (
-        (1 - 10 * t3 + 15 * t4 - 6 * t5) * _ERF[i]
-        + (t - 6 * t3 + 8 * t4 - 3 * t5) * h * _ERF_D1[i]
-        + (0.5 * t2 - 1.5 * t3 + 1.5 * t4 - 0.5 * t5) * h * h * _ERF_D2[i]
-        + (0.5 * t3 - t4 + 0.5 * t5) * h * h * _ERF_D2[i + 1]
-        + (-4 * t3 + 7 * t4 - 3 * t5) * h * _ERF_D1[i + 1]
-        + (10 * t3 - 15 * t4 + 6 * t5) * _ERF[i + 1]
-    )
-    out: Array = np.where(a >= 6.0, 1.0, value) * np.sign(x)
+    scaled = a / _ERF_STEP
+    i = np.minimum(scaled.astype(np.intp), _ERF_POLY.shape[0] - 1)  # (...,)
+    t = scaled - i  # (...,) in [0, 1]
+    c = _ERF_POLY[i]  # (..., 6)
+    value = ((((c[..., 5] * t + c[..., 4]) * t + c[..., 3]) * t + c[..., 2]) * t + c[..., 1]) * t
+    out: Array = np.where(a >= 6.0, 1.0, value + c[..., 0]) * np.sign(x)
     return out
 
 

@@ -200,3 +200,21 @@ def test_a_model_not_installed_here_is_501_with_its_install_command(tmp_path: Pa
         assert "make models" in r.json()["message"]
         [listed] = [m for m in c.get("/models").json() if m["name"] == "minilm"]
         assert listed["installed"] is False
+
+
+def test_a_safetensors_answer_holds_the_same_arrays(
+    client: TestClient, answer: dict[str, Any]
+) -> None:
+    from safetensors.numpy import load
+
+    r = client.post(
+        "/model",
+        json={"model": "minilm", "text": TEXT, "layer": 2},
+        headers={"Accept": "application/x-safetensors"},
+    )
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-safetensors"
+    tensors = load(r.content)
+    np.testing.assert_array_equal(tensors["attention"], np.array(answer["attention"]))
+    np.testing.assert_array_equal(
+        tensors["trace.heads.4.weights"], np.array(answer["trace"]["heads"][4]["weights"])
+    )

@@ -1,0 +1,80 @@
+"""Row M1 of `make bench` (benchmarks/run.py): POST /model with all-MiniLM-L6-v2 on 128 tokens,
+every output (every layer's and head's weights, head roles, rollout, layer 0's whole trace), end
+to end with curl ÷ the same forward in transformers' BertModel, float64, eager, with
+``output_attentions=True``, in process (both sides alternating, medians). The service's answer
+is checked against transformers' weights (1e-10) before anything is timed."""
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENS = 128
+TEXT = " ".join(["word"] * (TOKENS - 2))  # [CLS] + 126 + [SEP]
+WHAT = "POST /model minilm, 128 tokens, every output, end to end"
+
+
+def m1(
+    base: str, tmp: Path, runs: int, row: Callable[..., Any], skipped: Callable[..., Any]
+) -> Any:
+    try:
+        import torch
+        import transformers
+        from safetensors.torch import load_file
+    except ImportError:
+        return skipped("M1", WHAT, "needs torch and transformers", "≤ 1.5")
+    from service.config import Settings
+
+    directory = Settings().models_dir / "minilm"
+    if not (directory / "model.safetensors").is_file():
+        return skipped("M1", WHAT, "minilm is not installed (make models)", "≤ 1.5")
+    config = transformers.BertConfig.from_pretrained(str(directory))
+    config._attn_implementation = "eager"
+    model = transformers.BertModel(config, add_pooling_layer=False).to(torch.float64).eval()
+    state = load_file(str(directory / "model.safetensors"))
+    model.load_state_dict({k: v.to(torch.float64) for k, v in state.items()}, strict=False)
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(directory / "tokenizer.json")
+    )
+    ids = torch.tensor([tokenizer(TEXT)["input_ids"]])
+    assert ids.shape[1] == TOKENS
+
+    body = tmp / "M1.json"
+    body.write_text(json.dumps({"model": "minilm", "text": TEXT, "layer": 0}))
+    answer = tmp / "M1.out.json"
+
+    def service() -> float:
+        start = time.perf_counter()
+        out = subprocess.run(
+            ["curl", "-s", "-o", str(answer), "-w", "%{http_code}", "-H",
+             "Content-Type: application/json", "--data-binary", f"@{body}", base + "/model"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert out == "200", out
+        return time.perf_counter() - start
+
+    def reference() -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            model(ids, output_attentions=True)
+        return time.perf_counter() - start
+
+    service()
+    with torch.no_grad():
+        want = np.stack([a[0].numpy() for a in model(ids, output_attentions=True).attentions])
+    got = np.array(json.loads(answer.read_text())["attention"])
+    assert np.abs(got - want).max() <= 1e-10, "the service's weights are not transformers'"
+    ours, theirs = [], []
+    for _ in range(runs):
+        ours.append(service())
+        theirs.append(reference())
+    s, t = float(np.median(ours)), float(np.median(theirs))
+    size = answer.stat().st_size / 1e6
+    return row("M1", WHAT, s / t, "≤", 1.5,
+               f"service {s * 1e3:.0f} ms (a {size:.1f} MB answer), transformers "
+               f"{t * 1e3:.0f} ms in process (medians of {runs})")  # fmt: skip
