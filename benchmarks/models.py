@@ -36,12 +36,12 @@ def m1(
         return skipped("M1", WHAT, "minilm is not installed (make models)", "≤ 1.5")
     config = transformers.BertConfig.from_pretrained(str(directory))
     config._attn_implementation = "eager"
-    model = transformers.BertModel(config, add_pooling_layer=False).to(torch.float64).eval()
+    model: Any = transformers.BertModel(config, add_pooling_layer=False)
+    model = model.to(torch.float64).eval()
     state = load_file(str(directory / "model.safetensors"))
     model.load_state_dict({k: v.to(torch.float64) for k, v in state.items()}, strict=False)
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(directory / "tokenizer.json")
-    )
+    fast: Any = transformers.PreTrainedTokenizerFast
+    tokenizer = fast(tokenizer_file=str(directory / "tokenizer.json"))
     ids = torch.tensor([tokenizer(TEXT)["input_ids"]])
     assert ids.shape[1] == TOKENS
 
