@@ -118,3 +118,15 @@ def _display_cell(notebook: Any) -> Any:
     """The cell that only shows ``checked``."""
     (found,) = [c for c in code_cells(notebook) if c.source.strip() == "checked"]
     return found
+
+
+def test_a_trained_head_is_shown_beside_a_random_one(executed: Any) -> None:
+    """all-MiniLM-L6-v2 has a head that attends to the previous token almost always; random
+    attention over the same tokens has none."""
+    cell = cell_with(executed, "client.model(sentence")
+    text = text_of(cell)
+    found = re.search(r"is a previous_token head \(previous_token score ([0-9.]+)\)", text)
+    assert found is not None and float(found[1]) > 0.9, text
+    random = re.search(r"random: previous_token score ([0-9.]+)", text)
+    assert random is not None and float(random[1]) < 0.5, text
+    assert html_of(cell).count("<svg") == 2
