@@ -14,6 +14,9 @@
 //   heatmap.js    a map's card (SVG when small; mapview.js's zoomable canvas when large)
 //   request.js    the request body from the form; form.js the form's fields and examples;
 //   errors.js     errors next to their fields
+//   model/        a trained model on your sentence (POST /model): mode.js the tabs, its form and
+//                 Run; draw.js its answer (the trace through render.js); grid.js every layer ×
+//                 head; lines.js one head's head view
 //   lib/          leaves: state, format, files, schema, table, svg, picture, paste, recompute,
 //                 positions, safetensors (import nothing above them)
 // What render.js's drawing sets off in compare.js and selection.js is registered here
@@ -25,6 +28,7 @@ import { render, closeExplain, whenDrawn } from "./render.js";
 import { copyCurl, startExports } from "./export.js";
 import { startCompare, afterRender } from "./compare.js";
 import { drawSelection } from "./selection.js";
+import { startModelMode } from "./model/mode.js";
 
 async function start() {
   $("form").addEventListener("submit", (e) => run(e));
@@ -62,6 +66,7 @@ async function start() {
     fillForm(examples[first].value);
     await run(null, { scroll: false }); // the page opens with the first example drawn
   }
+  startModelMode(); // its tab (opened at once by a #model address)
   document.body.dataset.ready = "true";
 }
 
