@@ -27,7 +27,10 @@ MIN_WAIT = 0.1  # seconds: the shortest wait, even when Retry-After says 0
 JITTER = 0.5  # each wait is drawn from [w, w·(1 + JITTER)): clients refused together spread out
 DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)  # each connect, read and write
 DEFAULT_DEADLINE = 600.0  # seconds: one try in all, when timeout is not a number
-RETRIED = (httpx.ConnectError, httpx.ConnectTimeout)  # no byte of the request was sent
+# Sent again: no byte of the request was sent, or the server closed the connection without an
+# answer (a kept-alive connection whose idle timeout raced the request). Every request of this
+# service is a pure computation, so sending it again is safe.
+RETRIED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
 
 
 def _wait(

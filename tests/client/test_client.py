@@ -518,15 +518,23 @@ def test_503_gives_up_after_max_retries_with_overloaded() -> None:
     assert len(rec.requests) == 3 and sleeps == [1.0, 1.0]
 
 
-def test_connection_errors_before_an_answer_are_retried() -> None:
-    refused = httpx.ConnectError("connection refused")
+@pytest.mark.parametrize(
+    "refused",
+    [
+        httpx.ConnectError("connection refused"),
+        # a kept-alive connection the server closed as the request went out (its idle timeout)
+        httpx.RemoteProtocolError("Server disconnected without sending a response."),
+    ],
+    ids=["refused", "closed-without-an-answer"],
+)
+def test_connection_errors_before_an_answer_are_retried(refused: httpx.TransportError) -> None:
     rec = Recorder(refused, refused, OK)
     sleeps: list[float] = []
     with mock_client(rec, sleep=sleeps.append, jitter=no_jitter) as client:
         client.attention(q=[[1.0]], k=[[1.0]], v=[[1.0]])
     assert len(rec.requests) == 3 and sleeps == [0.5, 1.0]
     client = mock_client(Recorder(refused), sleep=sleeps.append, max_retries=1)
-    with client, pytest.raises(httpx.ConnectError):
+    with client, pytest.raises(type(refused)):
         client.attention(q=[[1.0]], k=[[1.0]], v=[[1.0]])
 
 
