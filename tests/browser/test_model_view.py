@@ -315,11 +315,12 @@ def test_an_over_long_text_says_why_in_words_and_the_other_tab_keeps_its_answer(
 def test_a_model_not_installed_is_shown_disabled_with_its_install_command(
     page: Any, server: str
 ) -> None:
-    """GET /models lists a model whose files are not on this server: it cannot be picked, and
-    the command that installs it (from the 501 that POST /model answers for it) is shown."""
+    """GET /models lists a model whose files are not on this server (a made-up bert-large,
+    since both real ones are installed here): it cannot be picked, and the command that
+    installs it (from the 501 that POST /model answers for it) is shown."""
     with urllib.request.urlopen(server + "/models", timeout=30) as r:
         real = json.loads(r.read())
-    extra = {**real[0], "name": "tiny-decoder", "kind": "decoder", "installed": False}
+    extra = {**real[0], "name": "bert-large", "kind": "decoder", "installed": False}
     page.route(
         "**/models",
         lambda route: route.fulfill(
@@ -328,13 +329,13 @@ def test_a_model_not_installed_is_shown_disabled_with_its_install_command(
     )
 
     def model(route: Any) -> None:
-        if (route.request.post_data_json or {}).get("model") == "tiny-decoder":
+        if (route.request.post_data_json or {}).get("model") == "bert-large":
             route.fulfill(
                 status=501,
                 content_type="application/json",
                 body=json.dumps(
                     {
-                        "message": "tiny-decoder is not installed on this server",
+                        "message": "bert-large is not installed on this server",
                         "errors": [],
                         "install_command": "make models",
                     }
@@ -345,13 +346,13 @@ def test_a_model_not_installed_is_shown_disabled_with_its_install_command(
 
     page.route("**/model", model)
     open_model_tab(page, server)
-    option = page.locator('#model-name option[value="tiny-decoder"]')
+    option = page.locator('#model-name option[value="bert-large"]')
     assert option.is_disabled()
     assert "not installed" in option.text_content()
     assert page.locator('#model-name option[value="minilm"]').is_enabled()
-    note = page.locator('#model-missing li[data-model="tiny-decoder"]')
+    note = page.locator('#model-missing li[data-model="bert-large"]')
     assert note.text_content() == (
-        "tiny-decoder is not installed on this server: install it with make models."
+        "bert-large is not installed on this server: install it with make models."
     )
     assert note.locator("code").text_content() == "make models"
 
