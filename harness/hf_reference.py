@@ -53,8 +53,9 @@ wrapper around its ``F.softmax`` (the sink column of ``probs``, ``sink_weights``
 import math
 import types
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -180,6 +181,19 @@ def _eager_additive(allowed: T) -> T:
     return zero.masked_fill(~allowed, torch.finfo(F64).min)[:, None]
 
 
+@contextmanager
+def _widened() -> Iterator[None]:
+    """What no swap of ``torch`` reaches, in float64 too: ``Tensor.float()`` (LongRoPE's
+    exponent) and the default dtype (dynamic NTK's ``factor * seq_len`` on an integer tensor)."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(F64)
+    try:
+        with mock.patch.object(torch.Tensor, "float", torch.Tensor.double):
+            yield
+    finally:
+        torch.set_default_dtype(default)
+
+
 def _run_layer(
     modeling: types.ModuleType,
     attn: torch.nn.Module,
@@ -196,7 +210,7 @@ def _run_layer(
     :func:`float64_torch_in`, else as transformers ships it (float32 inside)."""
     position_ids = positions[None].expand(x.shape[0], -1)
     patched = (modeling, hf_rope) if float64 else ()
-    with float64_torch_in(*patched), torch.no_grad():
+    with float64_torch_in(*patched), _widened() if float64 else nullcontext(), torch.no_grad():
         rotary = rotary_cls(config)
         cos, sin = rotary(x, position_ids)
         if float64:
@@ -215,15 +229,53 @@ def _run_layer(
 # ---- the plain float64 computation of a request (the self-check) ---------------------------
 
 
-def _rope_angles(rope: dict[str, Any], positions: T) -> T:
-    """(n, rotary_dim/2) angles p·θ_i, θ_i = base^(−2i/d), with the contract's scalings."""
+def _yarn_inv_freq(inv: T, d: int, base: float, sc: dict[str, Any]) -> tuple[T, float]:
+    """YaRN as Peng et al. 2023 word it: pair i makes L/(2π)·θ_i turns over the original
+    context L; pairs turning more than beta_fast times keep θ_i, fewer than beta_slow take
+    θ_i/factor, a linear ramp over the pair index between (its ends rounded out when
+    truncating); cos and sin × the attention factor (mscale ratio, or 0.1·ln(factor) + 1)."""
+    old, factor = sc["original_max_position"], sc["factor"]
+
+    def pair_turning(turns: float) -> float:  # solve L·base^(−2i/d)/(2π) = turns for i
+        return d * math.log(old / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_turning(sc.get("beta_fast", 32.0)), pair_turning(sc.get("beta_slow", 1.0))
+    if sc.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    high = high + 0.001 if low == high else high
+    i = torch.arange(d // 2, dtype=F64)
+    interpolated_share = ((i - low) / (high - low)).clamp(0, 1)
+    inv = inv * (1 - interpolated_share) + inv / factor * interpolated_share
+
+    def m(scale: float, k: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * k * math.log(scale) + 1.0
+
+    if sc.get("attention_factor") is not None:
+        gain = sc["attention_factor"]
+    elif sc.get("mscale") and sc.get("mscale_all_dim"):
+        gain = m(factor, sc["mscale"]) / m(factor, sc["mscale_all_dim"])
+    else:
+        gain = m(factor)
+    return inv, gain
+
+
+def _rope_angles(rope: dict[str, Any], positions: T, n: int) -> tuple[T, float]:
+    """(n, rotary_dim/2) angles p·θ_i, θ_i = base^(−2i/d), with the contract's scalings, and
+    the factor on cos and sin. ``n``: the sequence's length (the largest query position + 1)."""
     d = rope["rotary_dim"]
-    inv = 1.0 / rope["base"] ** (torch.arange(0, d, 2, dtype=F64) / d)
-    scaling = rope.get("scaling")
+    base = rope["base"]
+    scaling: dict[str, Any] = rope.get("scaling") or {}
+    kind = scaling.get("type")
+    gain = 1.0
+    if kind == "dynamic" and n > scaling["original_max_position"]:  # the base grows with n
+        f, m = scaling["factor"], scaling["original_max_position"]
+        base = base * (f * n / m - (f - 1)) ** (d / (d - 2))
+    inv = 1.0 / base ** (torch.arange(0, d, 2, dtype=F64) / d)
     pos = positions.to(F64)
-    if scaling is not None and scaling["type"] == "linear":
+    if kind == "linear":
         pos = pos / scaling["factor"]
-    elif scaling is not None:  # llama3, as Meta's LLaMA 3.1 code words it
+    elif kind == "llama3":  # as Meta's LLaMA 3.1 code words it
         factor, low, high = (
             scaling["factor"],
             scaling["low_freq_factor"],
@@ -241,14 +293,25 @@ def _rope_angles(rope: dict[str, Any], positions: T) -> T:
                 smooth = (old / wavelen - low) / (high - low)
                 out.append((1 - smooth) * f / factor + smooth * f)
         inv = torch.tensor(out, dtype=F64)
+    elif kind == "yarn":
+        inv, gain = _yarn_inv_freq(inv, d, base, scaling)
+    elif kind == "longrope":  # one factor per pair, the long ones past the original context
+        old = scaling["original_max_position"]
+        chosen = scaling["long_factor"] if n > old else scaling["short_factor"]
+        inv = inv / torch.tensor(chosen, dtype=F64)
+        f = scaling.get("factor") or scaling["max_position"] / old
+        gain = scaling.get("attention_factor") or (
+            math.sqrt(1 + math.log(f) / math.log(old)) if f > 1 else 1.0
+        )
     angles: T = pos[:, None] * inv[None, :]
-    return angles
+    return angles, gain
 
 
-def _rotate(x: T, angles: T) -> T:
-    """'half' style rotation of the first rotary_dim features of x (..., n, d)."""
+def _rotate(x: T, angles: T, gain: float = 1.0) -> T:
+    """'half' style rotation of the first rotary_dim features of x (..., n, d), cos and sin ×
+    ``gain``."""
     r = 2 * angles.shape[-1]
-    cos, sin = angles.cos(), angles.sin()
+    cos, sin = angles.cos() * gain, angles.sin() * gain
     x1, x2, rest = x[..., : r // 2], x[..., r // 2 : r], x[..., r:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
 
@@ -278,8 +341,9 @@ def _plain_layer(req: dict[str, Any], allowed: T) -> tuple[T, T]:
     if "rope" in req:
         pos = torch.tensor(req.get("positions", list(range(L))))
         ctx_pos = torch.tensor(req.get("context_positions", list(range(L))))
-        q = _rotate(q, _rope_angles(req["rope"], pos))
-        k = _rotate(k, _rope_angles(req["rope"], ctx_pos))
+        n = int(pos.max()) + 1  # the keys take the queries' length
+        q = _rotate(q, *_rope_angles(req["rope"], pos, n))
+        k = _rotate(k, *_rope_angles(req["rope"], ctx_pos, n))
     k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
     s = q @ k.transpose(-1, -2) * req.get("scale", d_k**-0.5)
     if "softcap" in req:
@@ -503,6 +567,7 @@ def _llama_cases(r: Rand) -> list[Case]:
             },
         )
     )
+    cases += _long_context_cases(r)
     # a batch of 2 with key padding (lengths 6 and 4) and causal; head_dim 6, GQA 4/2, biases
     config = LlamaConfig(
         hidden_size=12,
@@ -535,6 +600,66 @@ def _llama_cases(r: Rand) -> list[Case]:
         )
     )
     return cases
+
+
+def _scaled_rope_case(
+    name: str,
+    r: Rand,
+    rope_parameters: dict[str, Any],
+    scaling: dict[str, Any],
+    *,
+    head_dim: int,
+    max_position: int,
+    positions: list[int] | None,
+) -> Case:
+    """A LlamaAttention (2 heads, no biases, causal) whose rotary embedding scales RoPE for a
+    long context (rope_type yarn, dynamic or longrope), and the request saying the same."""
+    config = LlamaConfig(
+        hidden_size=2 * head_dim, num_attention_heads=2, num_key_value_heads=2,
+        head_dim=head_dim, attention_bias=False, num_hidden_layers=1, vocab_size=10,
+        intermediate_size=8, max_position_embeddings=max_position,
+        rope_parameters={"rope_theta": 10000.0, **rope_parameters},
+    )  # fmt: skip
+    return _layer_case(
+        name, r, modeling_llama, modeling_llama.LlamaAttention,
+        modeling_llama.LlamaRotaryEmbedding, config, layer_idx=0, B=None, L=6,
+        positions=positions, mask_fn=CAUSAL, mask_json={"type": "causal"},
+        extra={"rope": _rope_json(10000.0, head_dim, scaling)},
+    )  # fmt: skip
+
+
+def _long_context_cases(r: Rand) -> list[Case]:
+    """YaRN, dynamic NTK and LongRoPE in a LlamaAttention. YaRN (as gpt-oss: no truncation):
+    head_dim 16, original context 32, beta_fast 4, beta_slow 1: pair 0 turns 5.1 times over
+    32 positions (kept), pair 1 1.6 times (blended), the others under once (θ/8); at positions
+    40…45. Dynamic NTK: trained on 16, positions 20…25 (n = 26: the base grows). LongRoPE
+    (Phi-3's rotary code is LlamaRotaryEmbedding's with rope_type longrope): original 16, max 64
+    (attention factor √1.5), at positions 0…5 (short_factor) and 30…35 (long_factor)."""
+    yarn = {"factor": 8.0, "beta_fast": 4.0, "beta_slow": 1.0, "truncate": False}
+    longrope = {"short_factor": [1.0, 1.2, 1.5, 2.0], "long_factor": [1.0, 2.5, 4.0, 8.0]}
+    return [
+        _scaled_rope_case(
+            "hf_llama_yarn_past_the_original_context", r,
+            {"rope_type": "yarn", **yarn, "original_max_position_embeddings": 32},
+            {"type": "yarn", **yarn, "original_max_position": 32},
+            head_dim=16, max_position=256, positions=list(range(40, 46)),
+        ),
+        _scaled_rope_case(
+            "hf_llama_dynamic_ntk_past_max_position", r,
+            {"rope_type": "dynamic", "factor": 2.0},
+            {"type": "dynamic", "factor": 2.0, "original_max_position": 16},
+            head_dim=8, max_position=16, positions=list(range(20, 26)),
+        ),
+        *(
+            _scaled_rope_case(
+                f"hf_llama_longrope_{side}", r,
+                {"rope_type": "longrope", **longrope, "original_max_position_embeddings": 16},
+                {"type": "longrope", **longrope, "original_max_position": 16, "max_position": 64},
+                head_dim=8, max_position=64, positions=at,
+            )
+            for side, at in (("short", None), ("long", list(range(30, 36))))
+        ),
+    ]  # fmt: skip
 
 
 def _qwen3_cases(r: Rand) -> list[Case]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.core.errors import AttentionInputError, FullyMaskedRowsError, require_finite
-from service.core.positions import rope
+from service.core.positions import rope, sequence_length
 from service.core.softmax import fully_masked, rows_by_item, softmax
 from service.core.types import Array, BoolArray, FullyMaskedPolicy
 from service.core.variants import Variants, qk_norm, softcap, softmax_with_sink
@@ -122,8 +122,9 @@ def scaled_dot_product_attention(
     if var.rope is not None:
         l_pos = np.arange(q.shape[-2]) if var.positions is None else var.positions  # (L,)
         s_pos = np.arange(k.shape[-2]) if var.context_positions is None else var.context_positions
-        q_used = q_rotated = rope(q_used, l_pos, var.rope)  # (..., L, d_k)
-        k_used = k_rotated = rope(k_used, s_pos, var.rope)  # (..., S, d_k)
+        n = sequence_length(l_pos)  # the scalings that depend on it take the queries'
+        q_used = q_rotated = rope(q_used, l_pos, var.rope, n)  # (..., L, d_k)
+        k_used = k_rotated = rope(k_used, s_pos, var.rope, n)  # (..., S, d_k)
     d_k = q.shape[-1]
     scale = default_scale(d_k) if scale is None else scale
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below

@@ -68,7 +68,7 @@ def layer_norm(x: Array, norm: LayerNorm, ddof: int = 0) -> Array:
 
     ``features`` normalises each token over its d features (``torch.nn.LayerNorm(d)``);
     ``all`` normalises each sequence over all its L·d numbers. ``ddof`` 1 divides the
-    variance by n − 1 instead (a mistake :mod:`service.core.diagnosis` recognises).
+    variance by n − 1 instead (a mistake :mod:`service.core.diagnosis.search` recognises).
     """
     axes: tuple[int, ...] = (-1,) if norm.over == "features" else (-2, -1)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below

@@ -14,30 +14,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from service.core.errors import AttentionInputError, require_finite
+from service.core.rope_scaling import Scaling, default_frequencies
 from service.core.types import Array, IntArray, RopeStyle
 
 MAX_POSITION = 2**53  # |p| above this is not exact in float64 (and p' − p could overflow int64)
-
-
-@dataclass(frozen=True)
-class LinearScaling:
-    """Linear position interpolation (kaiokendev; Chen et al. 2023): positions divided by f."""
-
-    factor: float
-
-
-@dataclass(frozen=True)
-class Llama3Scaling:
-    """LLaMA 3.1 frequency scaling: long wavelengths slowed by ``factor``, short ones kept,
-    a smooth blend between (Hugging Face ``rope_type: "llama3"``)."""
-
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position: int = 8192  # HF: original_max_position_embeddings
-
-
-RopeScaling = LinearScaling | Llama3Scaling
 
 
 @dataclass(frozen=True)
@@ -47,7 +27,7 @@ class Rope:
     base: float = 10000.0  # HF: rope_theta
     style: RopeStyle = "half"
     rotary_dim: int | None = None  # None = d_k; even, ≤ d_k
-    scaling: RopeScaling | None = None
+    scaling: Scaling | None = None
 
 
 def check_positions(positions: IntArray, length: int | None, what: str) -> None:
@@ -76,71 +56,30 @@ def _relative_positions(positions: IntArray, context_positions: IntArray) -> NDA
 # --- RoPE -------------------------------------------------------------------------------------
 
 
-def _check_scaling(scaling: RopeScaling | None) -> None:
-    if scaling is None:
-        return
-    if not (math.isfinite(scaling.factor) and scaling.factor > 0):
-        raise AttentionInputError("rope scaling factor must be a finite number > 0")
-    if isinstance(scaling, Llama3Scaling):
-        low, high = scaling.low_freq_factor, scaling.high_freq_factor
-        if not (math.isfinite(low) and math.isfinite(high) and 0 < low < high):
-            raise AttentionInputError(
-                "rope llama3 scaling needs 0 < low_freq_factor < high_freq_factor (finite)"
-            )
-        if scaling.original_max_position <= 0:
-            raise AttentionInputError("rope llama3 original_max_position must be > 0")
-
-
-def rope_frequencies(rotary_dim: int, base: float, scaling: RopeScaling | None = None) -> Array:
-    """(rotary_dim/2,): the rotation frequency θ_i of each feature pair i.
-
-    θ_i = base^(−2i/rotary_dim) (Su et al. 2021, eq. 15; computed as transformers does,
-    ``1 / base^(2i/rotary_dim)``). With :class:`Llama3Scaling` the frequencies are rescaled as
-    transformers' ``_compute_llama3_parameters`` (LLaMA 3.1): with wavelength λ_i = 2π/θ_i and
-    λ_low = original_max_position / low_freq_factor, λ_high = original_max_position /
-    high_freq_factor, θ_i is kept when λ_i < λ_high, divided by ``factor`` when λ_i > λ_low,
-    and otherwise blended ``(1 − s)·θ_i/factor + s·θ_i`` with
-    ``s = (original_max_position/λ_i − low_freq_factor) / (high_freq_factor − low_freq_factor)``.
-    :class:`LinearScaling` leaves the frequencies alone: it divides the positions instead
-    (:func:`rope_angles`), as the API contract states it.
-    """
+def rope_frequencies(
+    rotary_dim: int, base: float, scaling: Scaling | None = None, n: int = 1
+) -> Array:
+    """(rotary_dim/2,): the rotation frequency θ_i of each feature pair i for a sequence whose
+    largest position is n − 1: θ_i = base^(−2i/rotary_dim) (Su et al. 2021, eq. 15; computed as
+    transformers does, ``1 / base^(2i/rotary_dim)``), changed by the ``scaling``
+    (:mod:`service.core.rope_scaling`)."""
     if rotary_dim <= 0 or rotary_dim % 2:
         raise AttentionInputError(f"rope rotary_dim must be even and > 0, got {rotary_dim}")
     if not (math.isfinite(base) and base > 0):
         raise AttentionInputError(f"rope base must be a finite number > 0, got {base}")
-    _check_scaling(scaling)
-    two_i = np.arange(0, rotary_dim, 2, dtype=np.float64)  # (r/2,)
-    theta = 1.0 / base ** (two_i / rotary_dim)  # (r/2,)
-    if isinstance(scaling, Llama3Scaling):
-        theta = _llama3_frequencies(theta, scaling)
-    return theta
+    if scaling is None:
+        return default_frequencies(rotary_dim, base)
+    scaling.check()
+    return scaling.frequencies(rotary_dim, base, n)
 
 
-def _llama3_frequencies(theta: Array, s: Llama3Scaling) -> Array:
-    """LLaMA 3.1's piecewise rescaling of θ (see :func:`rope_frequencies`)."""
-    old_context = float(s.original_max_position)
-    low_wavelen = old_context / s.low_freq_factor  # longer than this: slowed by factor
-    high_wavelen = old_context / s.high_freq_factor  # shorter than this: kept
-    wavelen = 2 * math.pi / theta  # (r/2,)
-    smooth = (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
-    blended = (1 - smooth) * theta / s.factor + smooth * theta  # (r/2,)
-    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-    out = np.where(wavelen > low_wavelen, theta / s.factor, theta)  # (r/2,)
-    return np.where(medium, blended, out)
-
-
-def rope_angles(
-    positions: IntArray, frequencies: Array, scaling: RopeScaling | None = None
-) -> Array:
-    """(n, r/2): the angle p·θ_i by which token p's feature pair i turns.
-
-    With :class:`LinearScaling` the positions are divided by its factor first: (p/f)·θ_i.
-    """
+def rope_angles(positions: IntArray, frequencies: Array, scaling: Scaling | None = None) -> Array:
+    """(n, r/2): the angle p·θ_i by which token p's feature pair i turns (p/f with linear
+    scaling)."""
     check_positions(positions, None, "positions")
     p = positions.astype(np.float64)  # (n,)
-    if isinstance(scaling, LinearScaling):
-        _check_scaling(scaling)
-        p = p / scaling.factor
+    if scaling is not None:
+        p = scaling.positions(p)
     return p[:, None] * frequencies[None, :]  # (n, r/2)
 
 
@@ -158,7 +97,12 @@ def rotate_every_two(x: Array) -> Array:
     return out
 
 
-def rope(x: Array, positions: IntArray, settings: Rope) -> Array:
+def sequence_length(positions: IntArray) -> int:
+    """n = the largest position + 1: what dynamic NTK and LongRoPE scale by (1 when empty)."""
+    return int(positions.max()) + 1 if positions.size else 1
+
+
+def rope(x: Array, positions: IntArray, settings: Rope, length: int | None = None) -> Array:
     """Rotate ``x (..., n, d_k)`` by its tokens' ``positions (n,)``; returns ``(..., n, d_k)``.
 
     RoPE (Su et al. 2021, "RoFormer"): feature pair i of the token at position p turns by the
@@ -167,23 +111,37 @@ def rope(x: Array, positions: IntArray, settings: Rope) -> Array:
     i with feature i + r/2 (``x·cos + rotate_half(x)·sin``: transformers' LLaMA, GPT-NeoX,
     Qwen, Mistral); ``"interleaved"`` pairs features 2i and 2i+1 (RoFormer, GPT-J, Meta's
     original LLaMA). Only the first r = ``rotary_dim`` features turn (partial rotary, GPT-NeoX
-    ``rotary_pct``); the others pass through unchanged.
+    ``rotary_pct``); the others pass through unchanged. ``"proportional"`` (Gemma 4,
+    ``_compute_proportional_rope_parameters``) pairs feature i with i + d_k/2 over the whole
+    head, with θ_i = base^(−2i/d_k) for the first r/2 pairs and the other pairs unturned. A
+    scaling's attention factor multiplies cos and sin. ``length``: the sequence's n for the
+    scalings that depend on it (default: the largest of ``positions`` + 1; the keys take the
+    queries').
     """
     d_k, n = x.shape[-1], x.shape[-2]
     r = d_k if settings.rotary_dim is None else settings.rotary_dim
     if r > d_k:
         raise AttentionInputError(f"rope rotary_dim ({r}) must not exceed d_k ({d_k})")
     check_positions(positions, n, "positions")
-    theta = rope_frequencies(r, settings.base, settings.scaling)  # (r/2,)
-    angles = rope_angles(positions, theta, settings.scaling)  # (n, r/2)
-    if settings.style == "half":
-        cos = np.cos(np.concatenate((angles, angles), axis=-1))  # (n, r): [a, a]
-        sin = np.sin(np.concatenate((angles, angles), axis=-1))  # (n, r)
-        turn = rotate_half
+    size = sequence_length(positions) if length is None else length
+    if settings.style == "proportional":
+        if d_k % 2:
+            raise AttentionInputError(f"proportional rope needs an even d_k, got {d_k}")
+        turned = rope_frequencies(d_k, settings.base, None)[: r // 2]  # (r/2,) over d_k
+        theta = np.concatenate((turned, np.zeros(d_k // 2 - r // 2)))  # (d_k/2,)
+        r = d_k
     else:
-        cos = np.repeat(np.cos(angles), 2, axis=-1)  # (n, r): a_0, a_0, a_1, a_1, …
-        sin = np.repeat(np.sin(angles), 2, axis=-1)  # (n, r)
+        theta = rope_frequencies(r, settings.base, settings.scaling, size)  # (r/2,)
+    angles = rope_angles(positions, theta, settings.scaling)  # (n, r/2)
+    gain = 1.0 if settings.scaling is None else settings.scaling.attention_factor
+    if settings.style == "interleaved":
+        cos = np.repeat(np.cos(angles), 2, axis=-1) * gain  # (n, r): a_0, a_0, a_1, a_1, …
+        sin = np.repeat(np.sin(angles), 2, axis=-1) * gain  # (n, r)
         turn = rotate_every_two
+    else:
+        cos = np.cos(np.concatenate((angles, angles), axis=-1)) * gain  # (n, r): [a, a]
+        sin = np.sin(np.concatenate((angles, angles), axis=-1)) * gain  # (n, r)
+        turn = rotate_half
     x_rot = x[..., :r]  # (..., n, r)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
         rotated = x_rot * cos + turn(x_rot) * sin  # (..., n, r)

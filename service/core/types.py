@@ -15,4 +15,5 @@ Init = Literal["uniform", "normal"]  # generated arrays: rand or randn
 NormOver = Literal["features", "all"]  # layer norm per token or over the whole matrix
 WeightLayout = Literal["in_out", "out_in"]  # how a request's weights are laid out (API only)
 QKNormType = Literal["rms", "layer"]  # RMSNorm (Zhang & Sennrich 2019) or LayerNorm
-RopeStyle = Literal["half", "interleaved"]  # rotate_half (GPT-NeoX, HF LLaMA) or pairs (RoFormer)
+# rotate_half (GPT-NeoX, HF LLaMA), pairs (RoFormer), or Gemma 4's halves over the whole head
+RopeStyle = Literal["half", "interleaved", "proportional"]

@@ -14,7 +14,7 @@
 
 import { formatNumber } from "./lib/format.js";
 import { recompute, NEG_INF } from "./lib/arithmetic.js";
-import { pairFeatures } from "./lib/positions.js";
+import { pairFeatures, turnedWidth } from "./lib/positions.js";
 
 // the arithmetic (lib/arithmetic.js), as this module has always offered it to its callers
 export {
@@ -94,12 +94,23 @@ function ropeNote(box, r, i, j) {
       `RoPE (base ${s.base}, rotary_dim ${s.rotaryDim}, style "${s.style}"${s.scaling ? `, ${s.scaling.type} scaling` : ""}): feature pair n of a token at position p turns by the angle p·θ_n; query ${i} is at position ${r.qPos}, key ${j} at ${r.kPos}. Each pair (a, b) becomes (a·cos φ − b·sin φ, b·cos φ + a·sin φ).`,
     ),
   );
+  if (r.scalingNote) box.append(el("p", "explain-note", r.scalingNote));
+  // what the scaling (or the proportional style) did to each pair's θ, when anything did
+  const said = r.scaled.some((x) => x !== "");
   box.append(
     table(
-      ["pair n", "features", "θ_n", "query angle", "key angle"],
+      ["pair n", "features", "θ_n", ...(said ? ["scaling"] : []), "query angle", "key angle"],
       r.theta.map((t, n) => {
-        const [a, b] = pairFeatures(s.style, s.rotaryDim, n);
-        return [String(n), `${a} with ${b}`, fmt(t), fmt(r.qAngles[n]), fmt(r.kAngles[n])];
+        const [a, b] = pairFeatures(s.style, turnedWidth(s), n);
+        const scaled = said ? [r.scaled[n]] : [];
+        return [
+          String(n),
+          `${a} with ${b}`,
+          fmt(t),
+          ...scaled,
+          fmt(r.qAngles[n]),
+          fmt(r.kAngles[n]),
+        ];
       }),
     ),
   );

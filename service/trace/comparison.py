@@ -1,7 +1,7 @@
 """Compare with your numbers: the caller's ``expected`` arrays against the service's, in the
 order of the steps, each at the tolerance given or at the precision it was printed with, with
 the mistake behind the first difference named when recomputing with it reproduces the caller's
-array (:mod:`service.core.diagnosis`). (Warnings that need no expected numbers, such as a
+array (:mod:`service.core.diagnosis.search`). (Warnings that need no expected numbers, such as a
 boolean mask whose polarity looks inverted, are the mask rules': :mod:`service.trace.mask_rules`.)
 
 The diagnosis recomputes the steps once per candidate set of mistakes (up to ~200 sets; 156 on
@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from service.core.diagnosis import (
+from service.core.diagnosis.mistakes import Seen, explain
+from service.core.diagnosis.search import (
     Diagnosis,
     Difference,
     Printed,
@@ -29,9 +30,8 @@ from service.core.diagnosis import (
     printed_precision,
     search,
 )
+from service.core.diagnosis.stages import ORDER, Setup, State
 from service.core.masks import CombinedMask
-from service.core.mistakes import Seen, explain
-from service.core.stages import ORDER, Setup, State
 from service.core.types import Array
 from service.trace.outputs import Output, in_heads, position, row, top_level
 from service.trace.shapes import Endpoint, Shapes

@@ -9,10 +9,10 @@ import numpy as np
 
 from service.core import masks
 from service.core.attention import AttentionTrace, project_qkv, scaled_dot_product_attention
+from service.core.diagnosis.stages import Setup
 from service.core.multihead import attend_heads, multihead_attention
 from service.core.positions import position_bias
 from service.core.softmax import rows_by_item
-from service.core.stages import Setup
 from service.core.types import Array
 from service.core.variants import Variants
 from service.trace import outputs, steps
@@ -176,7 +176,7 @@ def _head_state(trace: AttentionTrace) -> dict[str, Array | None]:
 
 
 def _setup(plan: Plan, trace: AttentionTrace, variants: Variants, **block: Any) -> Setup:
-    """What recomputing the steps under a mistake needs (service.core.stages)."""
+    """What recomputing the steps under a mistake needs (service.core.diagnosis.stages)."""
     s = plan.shapes
     return Setup(
         scale=trace.scale, d_k=s.d_k, fully_masked_policy=plan.fully_masked_rows,

@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 
 from service.core import masks
 from service.core.attention import Projections
-from service.core.diagnosis import Tolerance
+from service.core.diagnosis.search import Tolerance
 from service.core.generate import draw
 from service.core.multihead import LayerNorm, MultiheadWeights, sinusoidal_encoding
 from service.core.positions import (

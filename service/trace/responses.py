@@ -8,7 +8,7 @@ from typing import Any, cast
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.config import JsonDict
 
-from service.core.diagnosis import MASKED_FLOOR
+from service.core.diagnosis.search import MASKED_FLOOR
 from service.trace.comparison import DIAGNOSIS_TIMES
 from service.trace.outputs import Kind, Output, in_heads, top_level
 from service.trace.shapes import Endpoint

@@ -17,12 +17,19 @@ import numpy as np
 from service.core import positions
 from service.core.positions import (
     Alibi,
-    LinearScaling,
-    Llama3Scaling,
     PositionBias,
     RelativeBias,
     Rope,
     alibi_slopes,
+    sequence_length,
+)
+from service.core.rope_scaling import (
+    DynamicScaling,
+    LinearScaling,
+    Llama3Scaling,
+    LongRopeScaling,
+    Scaling,
+    YarnScaling,
 )
 from service.core.types import Array
 from service.core.variants import QKNorm, Variants
@@ -33,8 +40,8 @@ from service.wire.errors import FieldError
 from service.wire.schemas.requests import AttentionRequest, MultiheadRequest
 from service.wire.schemas.variant_fields import (
     AlibiOptions,
-    LinearScalingOptions,
     Llama3ScalingOptions,
+    LongRopeScalingOptions,
     QKNormOptions,
     RopeOptions,
 )
@@ -149,6 +156,10 @@ def _check_rope(req: Req, shapes: Shapes) -> None:
         )
     if r > d_k:
         raise FieldError("rope.rotary_dim", f"rope.rotary_dim is {r} but d_k is only {d_k}")
+    if rope.style == "proportional" and d_k % 2:
+        raise FieldError("rope.style", f"proportional rope turns halves of d_k, which is {d_k}")
+    if rope.style == "proportional" and rope.scaling is not None:
+        raise FieldError("rope.scaling", "proportional rope takes no scaling (as Gemma 4)")
     if isinstance(rope.scaling, Llama3ScalingOptions):
         s = rope.scaling
         if not s.low_freq_factor < s.high_freq_factor:
@@ -156,45 +167,75 @@ def _check_rope(req: Req, shapes: Shapes) -> None:
                 "rope.scaling.high_freq_factor",
                 f"rope.scaling needs low_freq_factor < high_freq_factor; got {s.low_freq_factor:g} and {s.high_freq_factor:g}",
             )
+    if isinstance(rope.scaling, LongRopeScalingOptions):
+        for name in ("short_factor", "long_factor"):
+            given = getattr(rope.scaling, name)
+            if given.shape[0] != r // 2:
+                raise FieldError(
+                    f"rope.scaling.{name}",
+                    f"rope.scaling.{name} has {given.shape[0]} entries; it needs one per "
+                    f"feature pair: rotary_dim/2 = {r // 2}",
+                )
+            if not np.all(given > 0):
+                raise FieldError(f"rope.scaling.{name}", f"rope.scaling.{name} must be > 0")
 
 
 def _rope_settings(req: Req) -> dict[str, Rope]:
     r = options(req.rope, RopeOptions)
     assert r is not None
-    scaling: LinearScaling | Llama3Scaling | None = None
-    if isinstance(r.scaling, LinearScalingOptions):
-        scaling = LinearScaling(r.scaling.factor)
-    elif r.scaling is not None:
-        s = r.scaling
-        scaling = Llama3Scaling(
-            s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position
-        )
+    scaling = None if r.scaling is None else _SCALINGS[r.scaling.type](r.scaling)
     return {"rope": Rope(r.base, r.style, r.rotary_dim, scaling)}
 
 
-def _rope(r: Rope, d_k: int, x: str, at: str) -> str:
+# each scaling's request options as the core's settings
+_SCALINGS: dict[str, Callable[[Any], Scaling]] = {
+    "linear": lambda o: LinearScaling(o.factor),
+    "llama3": lambda o: Llama3Scaling(
+        o.factor, o.low_freq_factor, o.high_freq_factor, o.original_max_position
+    ),
+    "yarn": lambda o: YarnScaling(
+        o.factor,
+        o.original_max_position,
+        o.beta_fast,
+        o.beta_slow,
+        o.mscale,
+        o.mscale_all_dim,
+        o.truncate,
+        o.attention_factor,
+    ),
+    "dynamic": lambda o: DynamicScaling(o.factor, o.original_max_position),
+    "longrope": lambda o: LongRopeScaling(
+        tuple(float(f) for f in o.short_factor),
+        tuple(float(f) for f in o.long_factor),
+        o.original_max_position,
+        o.max_position,
+        o.factor,
+        o.attention_factor,
+    ),
+}
+
+
+def _rope(r: Rope, d_k: int, x: str, at: str, n: int) -> str:
     dim = d_k if r.rotary_dim is None else r.rotary_dim
-    pairs = "(i, i + r/2)" if r.style == "half" else "(2i, 2i + 1)"
+    pairs = {
+        "half": "(i, i + r/2)",
+        "interleaved": "(2i, 2i + 1)",
+        "proportional": "(i, i + d_k/2)",
+    }
+    theta = f"θ_i = {r.base:g}^(−2i/r), r = {dim}"
+    if r.style == "proportional":
+        theta = f"θ_i = {r.base:g}^(−2i/d_k) for i < {dim // 2}, the other pairs unturned"
     rest = (
         ""
-        if dim == d_k
+        if dim == d_k or r.style == "proportional"
         else f"; feature {dim} passes unchanged"
         if dim == d_k - 1
         else f"; features {dim}…{d_k - 1} pass unchanged"
     )
-    scaling = ""
-    if isinstance(r.scaling, LinearScaling):
-        scaling = f"; positions divided by {r.scaling.factor:g} (linear scaling)"
-    elif r.scaling is not None:
-        sc = r.scaling
-        scaling = (
-            f"; θ_i rescaled as LLaMA 3.1 (factor {sc.factor:g}, low_freq_factor "
-            f"{sc.low_freq_factor:g}, high_freq_factor {sc.high_freq_factor:g}, "
-            f"original_max_position {sc.original_max_position})"
-        )
+    scaling = "" if r.scaling is None else r.scaling.describe(dim, r.base, n)
     return (
-        f"RoPE({x}): feature pair {pairs} of the token at position p turns by p·θ_i, "
-        f"θ_i = {r.base:g}^(−2i/r), r = {dim}, {r.style} style{rest}{scaling}; positions {at}"
+        f"RoPE({x}): feature pair {pairs[r.style]} of the token at position p turns by p·θ_i, "
+        f"{theta}, {r.style} style{rest}{scaling}; positions {at}"
     )
 
 
@@ -217,9 +258,10 @@ def _rope_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
     assert v.rope is not None
     q, k = symbol(s, "q_rotated", "q"), symbol(s, "k_rotated", "k")
     given_q, given_k = v.positions is not None, v.context_positions is not None
+    n = sequence_length(np.arange(s.seq_len) if v.positions is None else v.positions)
     return {
-        "q_rotated": f"Q_r = {_rope(v.rope, s.d_k, q, _at(given_q, 'L'))}",
-        "k_rotated": f"K_r = {_rope(v.rope, s.d_k, k, _at(given_k, 'S'))}",
+        "q_rotated": f"Q_r = {_rope(v.rope, s.d_k, q, _at(given_q, 'L'), n)}",
+        "k_rotated": f"K_r = {_rope(v.rope, s.d_k, k, _at(given_k, 'S'), n)}",
     }
 
 

@@ -22,7 +22,18 @@ MAX_LISTED = 10
 _MASK_TAGS = {"causal", "padding", "window", "boolean", "additive"}  # pydantic's union tags
 # and the tags of the unions service.wire.schemas picks by the input's JSON type (layer_norm,
 # key_lengths, query_lengths): in an error's loc, none of them is a field
-_TAGS = _MASK_TAGS | {"flag", "options", "one", "each", "none", "linear", "llama3"}
+_TAGS = _MASK_TAGS | {
+    "flag",
+    "options",
+    "one",
+    "each",
+    "none",
+    "linear",
+    "llama3",
+    "yarn",
+    "dynamic",
+    "longrope",
+}
 
 
 class ErrorItem(BaseModel):

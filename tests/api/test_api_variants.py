@@ -393,7 +393,7 @@ BAD: list[tuple[str, str, dict[str, Any], str, str]] = [
     ("rotary-dim-too-big", "/attention", direct(rope={"rotary_dim": 8}), "rope.rotary_dim",
      "d_k is only 6"),
     ("rope-base-zero", "/attention", direct(rope={"base": 0}), "rope.base", "greater than 0"),
-    ("rope-scaling-unknown", "/attention", direct(rope={"scaling": {"type": "yarn"}}),
+    ("rope-scaling-unknown", "/attention", direct(rope={"scaling": {"type": "ntk-by-parts"}}),
      "rope.scaling", "linear, llama3"),
     ("llama3-low-above-high", "/attention",
      direct(rope={"scaling": {"type": "llama3", "low_freq_factor": 5}}),
@@ -480,3 +480,30 @@ def test_a_broken_variant_rule_is_422_naming_the_field(
     fields = [e["field"] for e in answer["errors"]]
     assert field in fields, answer
     assert words in answer["message"], answer["message"]
+
+
+@pytest.mark.parametrize(
+    ("rope", "words"),
+    [
+        ({"rotary_dim": 2, "scaling": {"type": "dynamic", "factor": 2.0, "original_max_position": 2}},
+         "rotary_dim > 2"),
+        ({"base": 1.0, "scaling": {"type": "yarn", "factor": 4.0, "original_max_position": 2}},
+         "base above 1"),
+        ({"base": 0.5, "scaling": {"type": "yarn", "factor": 4.0, "original_max_position": 2}},
+         "base above 1"),
+        ({"scaling": {"type": "longrope", "short_factor": [1.0, 1.0], "long_factor": [2.0, 2.0],
+                      "original_max_position": 1, "factor": 4.0}}, "original_max_position ≥ 2"),
+        ({"scaling": {"type": "dynamic", "factor": 1e300, "original_max_position": 1}},
+         "overflow"),
+    ],
+    ids=["dynamic-rotary-dim-2", "yarn-base-1", "yarn-base-below-1", "longrope-original-1",
+         "dynamic-overflow"],
+)  # fmt: skip
+def test_a_rope_scaling_it_cannot_compute_is_422_not_500(
+    client: TestClient, rope: dict[str, Any], words: str
+) -> None:
+    body = {"q": [[1.0, 0.0, 1.0, 0.0]] * 3, "k": [[0.0, 1.0, 0.0, 1.0]] * 3,
+            "v": [[1.0, 2.0]] * 3, "rope": rope, "positions": [0, 1, 2]}  # fmt: skip
+    r = client.post("/attention", json=body)
+    assert r.status_code == 422, r.text
+    assert words in r.json()["message"]

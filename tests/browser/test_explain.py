@@ -1,13 +1,15 @@
 """The explorer's cell explanations (service/static/explain.js) in a real browser: the page's own
 recomputation of every cell of every explainable map must give the service's numbers."""
 
+import json
 import math
+import re
 from typing import Any
 
 import pytest
 
 from service.wire import examples as ex
-from tests.browser.support import ARTIFACTS, js_number, post_json
+from tests.browser.support import ARTIFACTS, fill_generated, js_number, post_json, run_form
 
 pytestmark = pytest.mark.e2e
 
@@ -45,6 +47,75 @@ FULLY_MASKED: dict[str, Any] = {
     "mask": {"type": "padding", "key_lengths": [0]},
 }
 
+
+def _rows(n: int, d: int, seed: int) -> list[list[float]]:
+    """n rows of d numbers in [−1.5, 1.5], the same on every run."""
+    return [[round(1.5 * math.sin(seed + 1.7 * i + 0.9 * t + 0.31 * i * t), 4) for t in range(d)]
+            for i in range(n)]  # fmt: skip
+
+
+# RoPE's scalings for long contexts (service/core/rope_scaling.py), each past its original
+# context. YaRN as gpt-oss (base 150000, truncate false): with r = 32 the ramp runs from pair 0
+# to 1.25, so pair 0 is kept, pair 1 blended and pairs 2…15 interpolated (θ/32); cos and sin ×
+# 0.1·ln 32 + 1
+ROPE_YARN: dict[str, Any] = {
+    "q": _rows(3, 32, 0), "k": _rows(4, 32, 1), "v": _rows(4, 2, 2),
+    "rope": {"base": 150000, "scaling": {"type": "yarn", "factor": 32, "original_max_position": 16,
+                                         "truncate": False}},
+    "positions": [20, 24, 31], "context_positions": [0, 17, 20, 31],
+}  # fmt: skip
+# YaRN as DeepSeek (truncated ramp, the attention factor from mscale and mscale_all_dim),
+# interleaved and partial, on /multihead (the stages' RoPE)
+ROPE_YARN_MSCALE: dict[str, Any] = {
+    "sentence": "one two three four", "seed": 3, "d_model": 16, "num_heads": 2,
+    "rope": {"base": 10, "style": "interleaved", "rotary_dim": 6,
+             "scaling": {"type": "yarn", "factor": 4, "original_max_position": 8, "mscale": 0.707,
+                         "mscale_all_dim": 1}},
+    "positions": [30, 31, 40, 41],
+}  # fmt: skip
+# dynamic NTK: n = 16 > 8, so the base grows to 10000·(2·16/8 − 1)^(8/6); keys past n too
+ROPE_DYNAMIC: dict[str, Any] = {
+    "q": _rows(3, 8, 3), "k": _rows(4, 8, 4), "v": _rows(4, 2, 5),
+    "rope": {"scaling": {"type": "dynamic", "factor": 2, "original_max_position": 8}},
+    "positions": [9, 12, 15], "context_positions": [0, 4, 15, 20],
+}  # fmt: skip
+# dynamic NTK within its original context (n = 4 ≤ 8): nothing changes, on /multihead
+ROPE_DYNAMIC_WITHIN: dict[str, Any] = {
+    "sentence": "one two three four", "seed": 5, "d_model": 16, "num_heads": 2,
+    "rope": {"scaling": {"type": "dynamic", "factor": 2, "original_max_position": 8}},
+}  # fmt: skip
+# LongRoPE (Phi-3) on rotary_dim 6 of d_k 8, on both sides of its original context 8: n = 6
+# takes short_factor (the keys past 8 too, as they take the queries' n), n = 11 long_factor;
+# the attention factor from max_position/original, then from the factor given
+_LONGROPE = {"type": "longrope", "short_factor": [1.0, 1.25, 2.5], "long_factor": [1.5, 3.0, 7.5],
+             "original_max_position": 8}  # fmt: skip
+ROPE_LONGROPE_SHORT: dict[str, Any] = {
+    "q": _rows(4, 8, 6), "k": _rows(4, 8, 7), "v": _rows(4, 2, 8),
+    "rope": {"base": 500, "rotary_dim": 6, "scaling": {**_LONGROPE, "max_position": 32}},
+    "positions": [0, 1, 2, 5], "context_positions": [0, 3, 9, 12],
+}  # fmt: skip
+ROPE_LONGROPE_LONG: dict[str, Any] = {
+    **ROPE_LONGROPE_SHORT,
+    "rope": {"base": 500, "rotary_dim": 6, "scaling": {**_LONGROPE, "factor": 3}},
+    "positions": [6, 9, 10, 10],
+}
+# Gemma 4's proportional RoPE: pairs (i, i + 4) over d_k 8, θ_i = 100^(−2i/8) for the first
+# rotary_dim/2 = 2 pairs, the other two unturned
+ROPE_PROPORTIONAL: dict[str, Any] = {
+    "q": _rows(3, 8, 9), "k": _rows(3, 8, 10), "v": _rows(3, 2, 11),
+    "rope": {"base": 100, "style": "proportional", "rotary_dim": 4},
+    "positions": [3, 7, 11],
+}  # fmt: skip
+ROPE_SCALED = [
+    ("rope_yarn_gpt_oss", "attention", ROPE_YARN),
+    ("rope_yarn_mscale_interleaved", "multihead", ROPE_YARN_MSCALE),
+    ("rope_dynamic_ntk_past_original", "attention", ROPE_DYNAMIC),
+    ("rope_dynamic_ntk_within_original", "multihead", ROPE_DYNAMIC_WITHIN),
+    ("rope_longrope_short", "attention", ROPE_LONGROPE_SHORT),
+    ("rope_longrope_long", "attention", ROPE_LONGROPE_LONG),
+    ("rope_proportional", "attention", ROPE_PROPORTIONAL),
+]
+
 # (id, endpoint, request); decimals and include are dropped so the numbers are the full doubles
 EXAMPLES: list[tuple[str, str, dict[str, Any]]] = [
     ("batman", "attention", ex.I_AM_BATMAN),
@@ -61,6 +132,7 @@ EXAMPLES: list[tuple[str, str, dict[str, Any]]] = [
     ("padded_batch", "mask", ex.PADDED_BATCH),
     ("fully_masked_rows_zero", "mask", {**FULLY_MASKED}),
     ("fully_masked_rows_uniform", "mask", {**FULLY_MASKED, "fully_masked_rows": "uniform"}),
+    *ROPE_SCALED,
 ]
 
 RECOMPUTE_ALL = """async (args) => {
@@ -172,6 +244,7 @@ ROPE_CASES = [
     ("llama_layer_gqa", "multihead", ex.LLAMA_LAYER),
     ("llama3_every_band", "attention", ROPE_LLAMA3_BANDS),
     ("interleaved_linear_qk_norm_positions", "attention", ROPE_ODD),
+    *ROPE_SCALED,
 ]
 
 
@@ -325,3 +398,146 @@ def test_clicking_a_cell_explains_it_and_walks_back_step_by_step(page: Any, serv
     assert [t.split("\t")[1:3] for t in terms] == [
         [_fmt6(a), _fmt6(b)] for a, b in zip(q, k, strict=True)
     ]
+
+
+def _g(x: float, digits: int = 6) -> str:
+    """lib/format.js's formatNumber with trailing zeros dropped (positions.js's parameters)."""
+    return js_number(x, digits, trim=True)
+
+
+def _yarn_factor(f: float, mscale: float = 1.0) -> float:
+    return 0.1 * mscale * math.log(f) + 1
+
+
+# (id, endpoint, request, head, what the explanation of scores[1][0] says about the pairs, and
+# what of it the service's own q_rotated step says too)
+SCALED_WORDS: list[tuple[str, str, dict[str, Any], int | None, list[str], list[str]]] = [
+    ("yarn_gpt_oss", "attention", ROPE_YARN, None,
+     ["θ_0 kept", "θ_1 blended: ", "θ_2 interpolated: θ/32", "θ_15 interpolated: θ/32",
+      f"cos and sin × {_g(_yarn_factor(32))} (yarn's attention factor)"],
+     [f"cos and sin × {_g(_yarn_factor(32))}"]),
+    ("yarn_mscale", "multihead", ROPE_YARN_MSCALE, 1,
+     ["θ_0 kept", "θ_1 interpolated: θ/4", "θ_2 interpolated: θ/4", "0 with 1", "4 with 5",
+      f"cos and sin × {_g(_yarn_factor(4, 0.707) / _yarn_factor(4, 1))}"],
+     [f"cos and sin × {_g(_yarn_factor(4, 0.707) / _yarn_factor(4, 1))}"]),
+    ("dynamic_past", "attention", ROPE_DYNAMIC, None,
+     [f"dynamic NTK: base raised to {_g(10000 * (2 * 16 / 8 - 1) ** (8 / 6), 8)} (n = 16 > 8)",
+      "n = 16 (the largest query position + 1, keys too)"],
+     [f"base raised to {_g(10000 * (2 * 16 / 8 - 1) ** (8 / 6), 8)}"]),
+    ("dynamic_within", "multihead", ROPE_DYNAMIC_WITHIN, 0, ["unchanged: n = 4 ≤ 8"],
+     ["n = 4 ≤ 8, frequencies unchanged"]),
+    ("longrope_short", "attention", ROPE_LONGROPE_SHORT, None,
+     ["θ ÷ short_factor[0] = 1", "θ ÷ short_factor[1] = 1.25", "θ ÷ short_factor[2] = 2.5",
+      "n = 6 (the largest", f"cos and sin × {_g(math.sqrt(1 + math.log(4) / math.log(8)))}"],
+     ["n = 6 ≤ 8", "short_factor[i]", f"cos and sin × {_g(math.sqrt(1 + math.log(4) / math.log(8)))}"]),
+    ("longrope_long", "attention", ROPE_LONGROPE_LONG, None,
+     ["θ ÷ long_factor[0] = 1.5", "θ ÷ long_factor[2] = 7.5", "n = 11 (the largest",
+      f"cos and sin × {_g(math.sqrt(1 + math.log(3) / math.log(8)))}"],
+     ["n = 11 > 8", "long_factor[i]", f"cos and sin × {_g(math.sqrt(1 + math.log(3) / math.log(8)))}"]),
+    ("llama3", "attention", ROPE_LLAMA3_BANDS, None,
+     ["0 with 4", "kept (short wavelength)", "blended: ", "slowed: θ/8 (long wavelength)"],
+     ["llama3 scaling: wavelengths over 32/1 slowed by 8"]),
+    ("linear", "attention", ROPE_ODD, None, ["0 with 1", "θ kept; positions ÷ 2"],
+     ["positions divided by 2 (linear scaling)"]),
+    ("proportional", "attention", ROPE_PROPORTIONAL, None,
+     ["0 with 4", "3 with 7", "turned: 100^(−2·1/8)", "unturned (θ = 0)"],
+     ["θ_i = 100^(−2i/d_k) for i < 2, the other pairs unturned"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "head", "page_says", "service_says"),
+    [c[1:] for c in SCALED_WORDS],
+    ids=[c[0] for c in SCALED_WORDS],
+)
+def test_a_scaled_rope_explanation_says_what_happened_to_each_pair(
+    page: Any,
+    server: str,
+    endpoint: str,
+    body: dict[str, Any],
+    head: int | None,
+    page_says: list[str],
+    service_says: list[str],
+) -> None:
+    """A score computed from rotated rows lists each pair's θ with what the scaling (or Gemma 4's
+    proportional style) did to it, and the factor on cos and sin; the service's step agrees."""
+    request = _full(body)
+    data = post_json(server, endpoint, request)
+    ctx = {"endpoint": endpoint, "data": data, "request": request, "name": "scores",
+           "head": head, "batch": None, "i": 1, "j": 0}  # fmt: skip
+    text = page.evaluate(EXPLAIN_CELL, {"ctx": ctx, "show": False})
+    assert isinstance(text, str) and "scaling" in text, text
+    for words in page_says:
+        assert words in text, (words, text)
+    src = data if head is None else data["heads"][head]
+    assert f"(the service: {_fmt6(src['scores'][1][0])})" in text, text
+    assert "explain-mismatch" not in page.evaluate(
+        "async (ctx) => (await import('/static/explain.js')).explainCell(ctx).innerHTML", ctx
+    )
+    steps = {s["name"]: s["formula"] for s in data["steps"]}
+    for words in service_says:
+        assert words in steps["q_rotated"], (words, steps["q_rotated"])
+
+
+def test_the_pages_yarn_pairs_are_the_services_count(page: Any, server: str) -> None:
+    """The page's word for each pair adds up to the service's "of 16 pairs, 1 kept, … divided,
+    … blended"."""
+    request = _full(ROPE_YARN)
+    data = post_json(server, "attention", request)
+    step = next(s["formula"] for s in data["steps"] if s["name"] == "q_rotated")
+    found = re.search(r"of (\d+) pairs, (\d+) kept .*?, (\d+) divided by .*?, (\d+) blended", step)
+    assert found, step
+    ctx = {"endpoint": "attention", "data": data, "request": request, "name": "scores",
+           "head": None, "batch": None, "i": 0, "j": 0}  # fmt: skip
+    words = page.evaluate(
+        "async (ctx) => (await import('/static/explain.js')).ropeOf(ctx, 0, 0).scaled", ctx
+    )
+    counts = [len(words)] + [
+        sum(f" {w}" in x for x in words) for w in ("kept", "interpolated", "blended")
+    ]
+    assert counts == [int(g) for g in found.groups()] == [16, 1, 14, 1], (counts, step)
+
+
+def _generated_rope_run(page: Any, d_k: int, positions: str) -> None:
+    """The form on "a sentence with generated numbers" (3 tokens, d_model = d_k), x and the
+    weights drawn, at ``positions``."""
+    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
+    fill_generated(page, 3, seed=2, d_model=d_k, d_k=d_k)
+    for field in ("#x", "#w_q", "#w_k", "#w_v", "#extra"):
+        page.fill(field, "")
+    page.select_option("#weight_layout", "in_out")
+    page.fill("#positions", positions)
+
+
+@pytest.mark.parametrize("how", ["yarn_in_more_fields", "proportional_in_the_form"])
+def test_clicking_a_score_of_scaled_rope_names_each_pairs_scaling(
+    page: Any, server: str, how: str
+) -> None:
+    """The page as a user meets it: YaRN given in "more fields" (the form has no scaling fields),
+    or the proportional style picked in the form; a click on a score explains it with each
+    pair's scaling, ending with the service's number."""
+    if how == "yarn_in_more_fields":
+        _generated_rope_run(page, 32, "20 24 31")
+        rope = {"base": 150000, "scaling": {"type": "yarn", "factor": 32,
+                                            "original_max_position": 16, "truncate": False}}  # fmt: skip
+        page.fill("#extra", json.dumps({"rope": rope}))
+        said = ["θ_0 kept", "θ_1 blended", "θ_9 interpolated: θ/32", "cos and sin × 1.34657"]
+    else:
+        _generated_rope_run(page, 8, "3 7 11")
+        page.check("#rope")
+        page.select_option("#rope_style", "proportional")
+        page.fill("#rope_rotary_dim", "4")
+        rope = {"style": "proportional", "rotary_dim": 4}
+        said = ["1 with 5", "turned: 10000^(−2·1/8)", "3 with 7", "unturned (θ = 0)"]
+    body, data = run_form(page, "attention")
+    assert body["rope"] == rope, body
+    assert "q_rotated" in data, data.keys()
+    page.locator('figure[data-name="scores"] rect.cell[data-row="2"][data-col="0"]').click()
+    panel = page.locator("#explain")
+    assert panel.locator(".explain-title").inner_text() == "scores[2][0]"
+    text = panel.inner_text()
+    for words in said:
+        assert words in text, (words, text)
+    value = _fmt6(data["scores"][2][0])
+    assert panel.locator(".explain-total").inner_text() == f"= {value} (the service: {value})"
+    assert panel.locator(".explain-mismatch").count() == 0

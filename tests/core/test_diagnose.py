@@ -1,4 +1,4 @@
-"""service.core.diagnosis and service.core.recompute: the element-wise comparison and the diagnosis by recomputation, at the
+"""service.core.diagnosis.search and service.core.diagnosis.recompute: the element-wise comparison and the diagnosis by recomputation, at the
 engine's level. The wrong computations are written out here in NumPy, independently of the
 engine (the API-level tests with torch references are in tests/api/test_compare.py). At the end,
 the diagnosis's cost: its shared recomputations against a one-trial-at-a-time search, and its
@@ -16,13 +16,15 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-import service.core.recompute as core_recompute
+import service.core.diagnosis.recompute as core_recompute
 import service.trace.comparison as api_compare
 from service import trace
 from service.config import Settings
 from service.core import masks
 from service.core.attention import scaled_dot_product_attention
-from service.core.diagnosis import (
+from service.core.diagnosis.mistakes import MISTAKES, applicable, ways
+from service.core.diagnosis.recompute import recompute, set_cost
+from service.core.diagnosis.search import (
     Diagnosis,
     Search,
     Target,
@@ -32,10 +34,8 @@ from service.core.diagnosis import (
     search,
     trials,
 )
-from service.core.mistakes import MISTAKES, applicable, ways
+from service.core.diagnosis.stages import STAGES, Setup, Stage, State, Trial
 from service.core.multihead import LayerNorm, layer_norm
-from service.core.recompute import recompute, set_cost
-from service.core.stages import STAGES, Setup, Stage, State, Trial
 from service.core.types import Array
 from service.core.variants import Variants
 from service.http.routes import checked
@@ -364,13 +364,13 @@ def test_printed_precision_is_the_fewest_digits_that_hold_every_number(
     numbers: list[list[float]], want: tuple[str, int] | None
 ) -> None:
     """Numbers as json.loads makes them from a print: the precision they were printed with."""
-    from service.core.diagnosis import printed_precision
+    from service.core.diagnosis.search import printed_precision
 
     found = printed_precision(np.array(numbers))
     assert (None if found is None else (found.kind, found.n)) == want
 
 
 def test_a_boolean_array_has_no_printed_precision() -> None:
-    from service.core.diagnosis import printed_precision
+    from service.core.diagnosis.search import printed_precision
 
     assert printed_precision(np.array([[True, False]])) is None

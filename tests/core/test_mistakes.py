@@ -1,4 +1,4 @@
-"""service.core.mistakes and the second edition's mistakes at the engine's level: the table
+"""service.core.diagnosis.mistakes and the second edition's mistakes at the engine's level: the table
 (order, families, ways), and each new mistake of /attention's chain recognised from numbers
 written out here in NumPy, independently of the engine — a scale inverted, a mask applied
 after the softmax or not at all, a window off by one, RoPE left out or with another base, and
@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from service.core import masks
 from service.core.attention import scaled_dot_product_attention
-from service.core.diagnosis import Target, Tolerance, diagnose, float32_tolerance, trials
-from service.core.mistakes import EXCLUSIVE, FLOAT32, MISTAKES, TABLE, applicable, ways
+from service.core.diagnosis.mistakes import EXCLUSIVE, FLOAT32, MISTAKES, TABLE, applicable, ways
+from service.core.diagnosis.search import Target, Tolerance, diagnose, float32_tolerance, trials
+from service.core.diagnosis.stages import Setup, State, batch_as_sequence, swapped_back
 from service.core.positions import Rope
-from service.core.stages import Setup, State, batch_as_sequence, swapped_back
 from service.core.variants import Variants
 
 TIGHT = Tolerance(atol=1e-12, rtol=0.0)

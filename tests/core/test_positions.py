@@ -23,10 +23,7 @@ from hypothesis.extra.numpy import arrays
 
 from service.core.errors import AttentionInputError
 from service.core.positions import (
-    LinearScaling,
-    Llama3Scaling,
     Rope,
-    RopeScaling,
     _log_f32,
     alibi_bias,
     alibi_slopes,
@@ -35,6 +32,8 @@ from service.core.positions import (
     rope_frequencies,
     t5_bucket,
 )
+from service.core.rope_scaling import LinearScaling, Llama3Scaling
+from service.core.rope_scaling import Scaling as RopeScaling
 from service.core.types import RopeStyle
 
 if os.environ.get("REQUIRE_TORCH"):  # CI sets it: a missing torch must fail, not skip
@@ -92,6 +91,7 @@ def hf_rope_parameters(base: float, scaling: RopeScaling | None) -> dict[str, An
         return {"rope_type": "default", "rope_theta": base}
     if isinstance(scaling, LinearScaling):
         return {"rope_type": "linear", "rope_theta": base, "factor": scaling.factor}
+    assert isinstance(scaling, Llama3Scaling)
     return {
         "rope_type": "llama3",
         "rope_theta": base,

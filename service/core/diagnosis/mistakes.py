@@ -1,7 +1,7 @@
 """The mistakes the diagnosis knows (API.md's two tables), one row each: when it can have
 happened, the ways it is tried, and a learner's sentence with the computation's numbers. How a
-mistake changes a step is that step's (:mod:`service.core.stages`); which sets are tried, and
-in what order, is :mod:`service.core.diagnosis`'s. NumPy only, no I/O."""
+mistake changes a step is that step's (:mod:`service.core.diagnosis.stages`); which sets are tried, and
+in what order, is :mod:`service.core.diagnosis.search`'s. NumPy only, no I/O."""
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.core import masks
-from service.core.stages import RowPolicy, Setup, Way
+from service.core.diagnosis.stages import RowPolicy, Setup, Way
 
 FLOAT32 = "float32_arithmetic"  # no recomputation: a difference of float32's size
 FLOAT32_RELATIVE = 1e-5  # ... is at most this times the largest number of the array

@@ -1,5 +1,5 @@
 """The steps of attention recomputed under a set of mistakes, for the diagnosis
-(:mod:`service.core.diagnosis`): :func:`recompute` runs :data:`~service.core.stages.STAGES`
+(:mod:`service.core.diagnosis.search`): :func:`recompute` runs :data:`~service.core.diagnosis.stages.STAGES`
 from the first one a trial changes up to the target, :func:`recomputations` runs the variants
 of one set of mistakes sharing the stages they agree on, and :func:`set_cost` says beforehand
 what that costs. NumPy only, no I/O."""
@@ -8,8 +8,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from service.core.errors import AttentionInputError
-from service.core.stages import (
+from service.core.diagnosis.stages import (
     STAGES,
     Setup,
     Stage,
@@ -19,6 +18,7 @@ from service.core.stages import (
     batch_as_sequence,
     swapped_back,
 )
+from service.core.errors import AttentionInputError
 from service.core.types import Array
 
 Given = Mapping[str, tuple[int, ...] | None]  # the caller's arrays: all heads (None) or some

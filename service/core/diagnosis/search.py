@@ -2,8 +2,8 @@
 
 A caller (a course notebook, their own kernel) sends the arrays they computed. Each is
 compared with the service's (:func:`difference`); for the earliest one that differs,
-:func:`diagnose` recomputes the steps leading to it (:mod:`service.core.recompute`) under each
-common mistake of :mod:`service.core.mistakes`, then under each pair, and returns the smallest
+:func:`diagnose` recomputes the steps leading to it (:mod:`service.core.diagnosis.recompute`) under each
+common mistake of :mod:`service.core.diagnosis.mistakes`, then under each pair, and returns the smallest
 set that reproduces the caller's numbers within the tolerance. Nothing is guessed: a set is
 named only when the recomputation reproduces the array. A difference of float32's size that
 no recomputation explains more closely is named ``float32_arithmetic`` (alone, or with the one
@@ -12,7 +12,7 @@ mistake whose recomputation agrees with the caller's array only that closely).
 The diagnosis can cost far more than the request itself (up to ~200 candidate sets, some tried
 several ways, each recomputed from its first changed step), so :func:`search` is given a
 budget of numbers to compute: a set's cost is known before it runs
-(:func:`service.core.recompute.set_cost`), the sets run in order (singles first, then pairs,
+(:func:`service.core.diagnosis.recompute.set_cost`), the sets run in order (singles first, then pairs,
 in the table's order) and the search stops before the first set that no longer fits, saying
 so (:attr:`Search.complete`). NumPy only, no I/O.
 """
@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from service.core.mistakes import (
+from service.core.diagnosis.mistakes import (
     EXCLUSIVE,
     FLOAT32,
     FLOAT32_RELATIVE,
@@ -32,8 +32,8 @@ from service.core.mistakes import (
     applicable,
     ways,
 )
-from service.core.recompute import Given, recomputations, set_cost
-from service.core.stages import MASK_MISTAKES, RowPolicy, Setup, State, Trial, Way
+from service.core.diagnosis.recompute import Given, recomputations, set_cost
+from service.core.diagnosis.stages import MASK_MISTAKES, RowPolicy, Setup, State, Trial, Way
 from service.core.types import Array, FullyMaskedPolicy
 
 EXACT_RELATIVE = 1e-12  # a reproduction this close (× the array's largest number) is exact

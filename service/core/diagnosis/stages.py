@@ -1,8 +1,8 @@
 """The steps of attention as a caller with a mistake computes them, for the diagnosis
-(:mod:`service.core.diagnosis`): :data:`STAGES`, in the engine's order, each naming the
+(:mod:`service.core.diagnosis.search`): :data:`STAGES`, in the engine's order, each naming the
 arrays it makes, the mistakes that change it and how it makes them under a :class:`Trial`
 (a set of mistakes, and how each was made where there are several ways). Running them is
-:mod:`service.core.recompute`'s. Engine shapes: ``(B, L, ·)`` on /attention, ``(B, h, L, ·)``
+:mod:`service.core.diagnosis.recompute`'s. Engine shapes: ``(B, L, ·)`` on /attention, ``(B, h, L, ·)``
 per head on /multihead, ``(B, L, ·)`` for the block. NumPy only, no I/O."""
 
 from collections.abc import Callable, Mapping
@@ -14,7 +14,7 @@ import numpy as np
 from service.core import masks
 from service.core.attention import Projections, project, transposed
 from service.core.multihead import LayerNorm, layer_norm, merge_heads, split_heads
-from service.core.positions import rope
+from service.core.positions import rope, sequence_length
 from service.core.softmax import softmax
 from service.core.types import Array, FullyMaskedPolicy, RopeStyle
 from service.core.variants import Variants, qk_norm, softcap, softmax_with_sink
@@ -148,7 +148,8 @@ def _rotated(name: Literal["q", "k"]) -> Compute:
         given = v.positions if name == "q" else v.context_positions
         n = s.seq_len if name == "q" else s.ctx_len
         positions = np.arange(n) if given is None else given  # (n,)
-        return {f"{name}_rotated": rope(x, positions, settings)}
+        queries = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
+        return {f"{name}_rotated": rope(x, positions, settings, sequence_length(queries))}
 
     return compute
 

@@ -9,12 +9,16 @@ import { scoreChain } from "./schema.js";
 import {
   alibiBias,
   alibiSlope,
+  attentionFactor,
+  pairScalings,
   positionOf,
   relativePosition,
   ropeAngles,
   ropeFrequencies,
   ropeSettings,
   rotate,
+  scalingNote,
+  sequenceLength,
 } from "./positions.js";
 
 await loadSpec(); // the chain of score maps is read from it (stepFrom)
@@ -124,22 +128,30 @@ export function outputTerms(wRow, v, c) {
   return { terms, total: terms.reduce((s, x) => s + x.value, 0) };
 }
 
-/** RoPE as it turned query row i and key row j: positions, each pair's θ and angles, and the
- * rows before and after (the page's own rotation of the rows the service rotated). */
+/** RoPE as it turned query row i and key row j: positions, the sequence's length n (the
+ * queries', for keys too), each pair's θ, what the scaling did to it (`scaled`, in words) and
+ * the angles, the factor on cos and sin (`gain`), and the rows before and after (the page's own
+ * rotation of the rows the service rotated). */
 export function ropeOf(ctx, i, j) {
   const before = pick(ctx, "q_normed") !== undefined ? ["q_normed", "k_normed"] : ["q", "k"];
   const q = pick(ctx, before[0]),
     k = pick(ctx, before[1]);
   if (q === undefined || k === undefined) return undefined;
   const settings = ropeSettings(ctx.request, q[i].length);
-  const theta = ropeFrequencies(settings);
+  const n = sequenceLength(ctx.request, q.length);
+  const theta = ropeFrequencies(settings, n);
+  const gain = attentionFactor(settings);
   const qPos = positionOf(ctx.request, "positions", i, ctx.batch),
     kPos = positionOf(ctx.request, "context_positions", j, ctx.batch);
   const qAngles = ropeAngles(settings, theta, qPos),
     kAngles = ropeAngles(settings, theta, kPos);
   return {
     settings,
+    n,
     theta,
+    scaled: pairScalings(settings, n),
+    scalingNote: scalingNote(settings, n),
+    gain,
     qPos,
     kPos,
     qAngles,
@@ -147,8 +159,8 @@ export function ropeOf(ctx, i, j) {
     before,
     qBefore: q[i],
     kBefore: k[j],
-    qRotated: rotate(q[i], qAngles, settings),
-    kRotated: rotate(k[j], kAngles, settings),
+    qRotated: rotate(q[i], qAngles, settings, gain),
+    kRotated: rotate(k[j], kAngles, settings, gain),
   };
 }
 

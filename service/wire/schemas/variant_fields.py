@@ -59,6 +59,65 @@ class Llama3ScalingOptions(BaseModel):
     )  # fmt: skip
 
 
+class YarnScalingOptions(BaseModel):
+    """YaRN (Hugging Face rope_type "yarn": gpt-oss, DeepSeek V3, Kimi K2, Qwen long context)."""
+
+    model_config = STRICT
+    type: Literal["yarn"]
+    factor: FiniteFloat = Field(gt=0, description="slow pairs are interpolated: θ/factor")
+    original_max_position: Int = Field(
+        ge=1, description="the context the model was trained on (original_max_position_embeddings)"
+    )
+    beta_fast: FiniteFloat = Field(32.0, gt=0, description="pairs turning more often are kept")
+    beta_slow: FiniteFloat = Field(1.0, gt=0, description="pairs turning less often: θ/factor")
+    mscale: FiniteFloat | None = Field(
+        None, description="with mscale_all_dim: the attention factor"
+    )
+    mscale_all_dim: FiniteFloat | None = Field(None, description="see mscale")
+    truncate: bool = Field(True, description="the ramp's ends floored and ceiled (gpt-oss: false)")
+    attention_factor: FiniteFloat | None = Field(
+        None, gt=0, description="multiplies cos and sin (default 0.1·ln(factor) + 1, or mscale's)"
+    )
+
+
+class DynamicScalingOptions(BaseModel):
+    """Dynamic NTK (Hugging Face rope_type "dynamic"): the base grows past the trained context."""
+
+    model_config = STRICT
+    type: Literal["dynamic"]
+    factor: FiniteFloat = Field(gt=0, description="how fast the base grows with n")
+    original_max_position: Int = Field(
+        ge=1, description="n up to which nothing changes (Hugging Face: max_position_embeddings)"
+    )
+
+
+class LongRopeScalingOptions(BaseModel):
+    """LongRoPE (Hugging Face rope_type "longrope": Phi-3, Phi-3.5, Phi-4-mini)."""
+
+    model_config = STRICT
+    type: Literal["longrope"]
+    short_factor: Vector = Field(description="θ_i divided by short_factor[i] while n ≤ original")
+    long_factor: Vector = Field(description="θ_i divided by long_factor[i] once n > original")
+    original_max_position: Int = Field(ge=1, description="original_max_position_embeddings")
+    factor: FiniteFloat | None = Field(
+        None, gt=0, description="for the attention factor (default max_position ÷ original)"
+    )
+    max_position: Int | None = Field(None, ge=1, description="max_position_embeddings")
+    attention_factor: FiniteFloat | None = Field(
+        None, gt=0, description="multiplies cos and sin (default √(1 + ln f / ln original))"
+    )
+
+
+RopeScalingOptions = Annotated[
+    LinearScalingOptions
+    | Llama3ScalingOptions
+    | YarnScalingOptions
+    | DynamicScalingOptions
+    | LongRopeScalingOptions,
+    Field(discriminator="type"),
+]
+
+
 class RopeOptions(BaseModel):
     """Rotary position embedding (Su et al. 2021); `true` instead of this object means all
     defaults."""
@@ -71,14 +130,17 @@ class RopeOptions(BaseModel):
         "half",
         description="half: feature i turns with feature i + rotary_dim/2 (rotate_half: GPT-NeoX, "
         "LLaMA, Qwen, Mistral in Hugging Face); interleaved: pairs (2i, 2i+1) (RoFormer, GPT-J, "
-        "Meta's original LLaMA)",
+        "Meta's original LLaMA); proportional: pairs (i, i + d_k/2) over the whole head with "
+        "θ_i = base^(−2i/d_k), only the first rotary_dim/2 pairs turning (Gemma 4)",
     )
     rotary_dim: Int | None = Field(
         None, ge=2, description="features that turn (even, ≤ d_k; default d_k); the rest pass"
     )
-    scaling: (
-        Annotated[LinearScalingOptions | Llama3ScalingOptions, Field(discriminator="type")] | None
-    ) = Field(None, description='{"type": "linear", "factor": f} or {"type": "llama3", …}')
+    scaling: RopeScalingOptions | None = Field(
+        None,
+        description='{"type": "linear", "factor": f}, or "llama3", "yarn", "dynamic", '
+        '"longrope" with their fields',
+    )
 
 
 class AlibiOptions(BaseModel):
