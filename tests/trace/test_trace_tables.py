@@ -12,7 +12,7 @@ import pytest
 
 from service import trace
 from service.config import Settings
-from service.core.stages import ORDER
+from service.core.diagnosis.stages import ORDER
 from service.trace import outputs, rules, variant_rows, weight_forms
 from service.trace.shapes import Shapes
 from service.wire.errors import FieldError, LimitError
@@ -146,7 +146,7 @@ def test_the_chain_of_scores_is_read_from_the_table() -> None:
 
 
 def test_the_engines_recomputation_runs_in_the_tables_order() -> None:
-    """The diagnosis recomputes the steps (service.core.recompute.ORDER) in the order the
+    """The diagnosis recomputes the steps (service.core.diagnosis.recompute.ORDER) in the order the
     outputs table gives them; the mask's arrays come with the mask."""
     names = [n for n in ORDER if n not in ("padded_queries", "block_output")]
     rows = [outputs.row("multihead", n, per_head=n not in ("mask", "additive_mask")) for n in names]
