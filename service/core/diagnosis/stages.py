@@ -234,7 +234,8 @@ def _weights(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
     over_queries = "softmax_over_queries" in t.mistakes
     sink_weights = None
     if over_queries:
-        weights = np.swapaxes(_softmax(np.swapaxes(logits, -1, -2), t.rows), -1, -2)
+        down = _softmax(np.swapaxes(logits, -1, -2), t.rows)  # (..., S, L), over the queries
+        weights = np.ascontiguousarray(np.swapaxes(down, -1, -2))  # matmul's fast path
     elif s.variants.sinks is not None:
         sunk = softmax_with_sink(logits, s.variants.sinks)
         weights, sink_weights = sunk.weights, sunk.sink_weights
@@ -246,8 +247,8 @@ def _weights(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
         weights = weights * _heads_axis(st, s, "mask")  # masked weights zeroed, (..., L, S)
         if t.way("mask_after_softmax") == "renormalised":  # a row with no key left: 0/0
             weights = weights / weights.sum(axis=-1, keepdims=True)
-    if "padded_queries" in st:
-        padded = _heads_axis(st, s, "padded_queries").astype(bool)  # (..., L)
+    padded = _heads_axis(st, s, "padded_queries").astype(bool) if "padded_queries" in st else None
+    if padded is not None and padded.any():  # (..., L); none: no pass over the weights
         weights = np.where(padded[..., None], 0.0, weights)
         if sink_weights is not None:  # a padded row gives the sink nothing either
             sink_weights = np.where(padded, 0.0, sink_weights)
