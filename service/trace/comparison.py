@@ -27,6 +27,7 @@ from service.core.diagnosis.search import (
     Target,
     Tolerance,
     difference,
+    largest_magnitude,
     printed_precision,
     search,
 )
@@ -310,8 +311,7 @@ def _message(
 
 def _diagnosis(found: Diagnosis, setup: Setup, e: _Entry, ours: Array) -> dict[str, Any]:
     columns, rows = _sums(e.yours) if e.state == "weights" else (None, None)
-    finite = np.abs(ours[np.isfinite(ours)])
-    largest = float(finite.max()) if finite.size else 0.0
+    largest = largest_magnitude(ours)
     relative = found.difference.max_abs_diff / largest if largest else 0.0
     seen = Seen(setup, found.rows, dict(found.ways), columns, rows, relative)
     return {"mistakes": list(found.mistakes), "explanation": explain(found.mistakes, seen)}

@@ -236,7 +236,7 @@ def search(
     shaped = ours.shape == target.yours.shape
     at = _probes(difference(ours, target.yours, tol).where, ours.shape) if shaped else None
     loose = float32_tolerance(ours)
-    exact = loose.atol * EXACT_RELATIVE / FLOAT32_RELATIVE  # rounding's size in this array
+    exact = EXACT_RELATIVE * largest_magnitude(ours)  # rounding's size in this array
     found: list[Diagnosis] = []
     if shaped and (diff := difference(ours, target.yours, loose)).match:  # no mistake at all
         found.append(Diagnosis((FLOAT32,), "zero", diff))
@@ -276,12 +276,17 @@ def search(
     return Search(best, complete, tried, len(sets), spent, size)
 
 
+def largest_magnitude(a: Array) -> float:
+    """The largest |x| of the finite numbers of ``a`` (0 when there are none): the scale that
+    float32's rounding and "exact to rounding" are measured against."""
+    finite = np.abs(a[np.isfinite(a)])  # (k,)
+    return float(finite.max()) if finite.size else 0.0
+
+
 def float32_tolerance(ours: Array) -> Tolerance:
     """Agreement to float32's precision: within :data:`FLOAT32_RELATIVE` times the largest
     finite number of ``ours`` (float32 rounding grows with the numbers a step sums)."""
-    finite = np.abs(ours[np.isfinite(ours)])  # (k,)
-    largest = float(finite.max()) if finite.size else 0.0
-    return Tolerance(atol=FLOAT32_RELATIVE * largest, rtol=0.0)
+    return Tolerance(atol=FLOAT32_RELATIVE * largest_magnitude(ours), rtol=0.0)
 
 
 def _mistakes(trial: Trial) -> frozenset[str]:
