@@ -18,7 +18,7 @@ from service.config import Settings
 from service.core.encoder import forward, head_roles, rollout
 from service.core.types import IntArray
 from service.models.catalog import BY_NAME, INSTALL_COMMAND, MODELS, Model
-from service.models.loading import Loaded, load
+from service.models.loading import Loaded, ModelFilesError, load, read_config
 from service.trace.compute import Check
 from service.wire.errors import FieldError, LimitError, ModelNotInstalled
 from service.wire.schemas.model_fields import ModelRequest
@@ -27,10 +27,12 @@ from service.wire.schemas.requests import MultiheadRequest
 OUTPUTS = ("model", "tokens", "attention", "head_roles", "rollout", "trace")
 
 
-def entry(model: Model, settings: Settings) -> dict[str, Any]:
-    """A model as GET /models lists it."""
-    loaded = load(model, settings.models_dir) if model.installed(settings.models_dir) else None
-    config = loaded.config if loaded is not None else {}
+def entry(model: Model, settings: Settings, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A model as GET /models lists it: its sizes from its ``config`` (read from its
+    config.json when not given; its weights are not loaded for a listing)."""
+    installed = model.installed(settings.models_dir)
+    if config is None:
+        config = read_config(model.directory(settings.models_dir)) if installed else {}
     return {
         "name": model.name,
         "kind": model.kind,
@@ -40,7 +42,7 @@ def entry(model: Model, settings: Settings) -> dict[str, Any]:
         "tokenizer": model.tokenizer,
         "source": model.source,
         "license": model.license,
-        "installed": loaded is not None,
+        "installed": installed,
     }
 
 
@@ -73,7 +75,10 @@ def _model(req: ModelRequest, settings: Settings) -> Loaded:
         )
     if not model.installed(settings.models_dir):
         raise ModelNotInstalled(model.name, INSTALL_COMMAND)
-    return load(model, settings.models_dir)
+    try:
+        return load(model, settings.models_dir)
+    except ModelFilesError as error:  # there, but not the files the catalog names
+        raise ModelNotInstalled(model.name, INSTALL_COMMAND) from error
 
 
 def _layer_request(req: ModelRequest, loaded: Loaded, x: np.ndarray, tokens: list[str]) -> Any:
@@ -124,7 +129,8 @@ def admit(req: ModelRequest, settings: Settings) -> ModelAdmitted:
     n, d, h = ids.shape[0], loaded.d_model, loaded.encoder.num_heads
     per_layer = 8 * h * n * n + 16 * n * d + 2 * n * int(loaded.encoder.blocks[0].b_in.size)
     numbers = layer.numbers + loaded.layers * per_layer
-    return ModelAdmitted(req, loaded, entry(loaded.model, settings), ids, tokens, layer, numbers)
+    listed = entry(loaded.model, settings, loaded.config)
+    return ModelAdmitted(req, loaded, listed, ids, tokens, layer, numbers)
 
 
 def run(admitted: ModelAdmitted, check: Check) -> dict[str, Any]:

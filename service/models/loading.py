@@ -117,12 +117,18 @@ def encoder_from(tensors: dict[str, np.ndarray[Any, Any]], config: dict[str, Any
     )
 
 
+def read_config(directory: Path) -> dict[str, Any]:
+    """A model's ``config.json`` (its sizes: what GET /models lists without loading it)."""
+    config: dict[str, Any] = json.loads((directory / "config.json").read_text())
+    return config
+
+
 @lru_cache(maxsize=4)
 def load(model: Model, models_dir: Path) -> Loaded:
     """The model installed under ``models_dir``, its files checked (ModelFilesError)."""
     directory = model.directory(models_dir)
     check_files(model, directory)
-    config = json.loads((directory / "config.json").read_text())
+    config = read_config(directory)
     encoder = encoder_from(load_file(str(directory / "model.safetensors")), config)
     tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
     tokenizer.no_padding()

@@ -218,3 +218,19 @@ def test_a_safetensors_answer_holds_the_same_arrays(
     np.testing.assert_array_equal(
         tensors["trace.heads.4.weights"], np.array(answer["trace"]["heads"][4]["weights"])
     )
+
+
+def test_a_model_whose_files_differ_from_the_catalogs_is_501(tmp_path: Path) -> None:
+    """Files there but not the catalog's (a partial copy, an edited file): refused as not
+    installed, with its install command, never a 500."""
+    copy = tmp_path / "minilm"
+    copy.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (copy / name).write_bytes((DIRECTORY / name).read_bytes())
+    (copy / "model.safetensors").write_bytes(b"not the weights")
+    with TestClient(create_app(Settings(models_dir=tmp_path))) as c:
+        r = c.post("/model", json={"model": "minilm", "text": "hi"})
+        assert r.status_code == 501, r.text
+        assert r.json()["install_command"] == "make models"
+        [listed] = [m for m in c.get("/models").json() if m["name"] == "minilm"]
+        assert (listed["installed"], listed["layers"]) == (True, 6)  # its config, not its weights
