@@ -33,6 +33,8 @@ import numpy.typing as npt
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.api.test_compare import CODES as FIRST_EDITION
+
 if os.environ.get("REQUIRE_TORCH"):  # CI sets it: a missing torch must fail, not skip
     import torch
     import transformers
@@ -59,22 +61,9 @@ Tensor = Any  # torch.Tensor (torch is imported through importorskip, so typed a
 F64 = torch.float64
 F = torch.nn.functional
 
-# The contract's table, in order: the first edition's 13 codes, then the second edition's 10.
-CODES = (
-    "softmax_over_queries",
-    "scale_after_softmax",
-    "scale_missing",
-    "scale_by_d_k",
-    "weights_transposed",
-    "q_k_swapped",
-    "mask_inverted",
-    "causal_diagonal_masked",
-    "layer_norm_over_all",
-    "layer_norm_per_token",
-    "unbiased_variance",
-    "heads_interleaved",
-    "rope_style_swapped",
-    # second edition
+# The contract's table, in order: the first edition's 13 codes (tests/api/test_compare.py),
+# then the second edition's 10.
+NEW_CODES = (
     "scale_by_model_dim",
     "scale_inverted",
     "mask_after_softmax",
@@ -86,8 +75,7 @@ CODES = (
     "rope_base_wrong",
     "float32_arithmetic",
 )
-FIRST_EDITION = CODES[:13]
-NEW_CODES = CODES[13:]
+CODES = (*FIRST_EDITION, *NEW_CODES)
 TIGHT: Json = {"atol": 1e-12, "rtol": 0}  # float64 agreement; float32 numbers fail it
 E_NOTATION = r"\d(?:\.\d+)?e-\d+"  # a relative size as float32_arithmetic's explanation gives it
 
