@@ -130,9 +130,6 @@ def forward(ids: IntArray, model: Encoder) -> Forward:
     return Forward(tuple(hidden), np.stack(weights), tuple(attended))
 
 
-ROLES = ("previous_token", "next_token", "self", "first_token", "last_token", "induction")
-
-
 @dataclass(frozen=True)
 class HeadRole:
     """What one head does on this sequence (API.md, "Trained models"): the mean weight its
@@ -164,30 +161,27 @@ def head_roles(weights: Array, ids: IntArray) -> list[list[HeadRole]]:
     """``[layers][heads]`` roles of ``weights (layers, h, L, L)`` on the tokens ``ids (L,)``."""
     n = ids.shape[0]
     rows = np.arange(n)  # (L,)
-    pairs = [(i, j + 1) for i, j in _earlier(ids)]
+    earlier = np.array(_earlier(ids), dtype=np.intp).reshape(-1, 2)  # (k, 2): (i, j)
+    queries, keys = earlier[:, 0], earlier[:, 1] + 1  # the token after j's occurrence
     with np.errstate(divide="ignore", invalid="ignore"):
         bits = -np.where(weights > 0, weights * np.log2(weights), 0.0).sum(axis=-1)  # (ℓ, h, L)
 
     def role(w: Array, entropy: Array) -> HeadRole:  # w (L, L)
-        scores: dict[str, float | None] = {
+        scores = {
             "previous_token": float(w[rows[1:], rows[1:] - 1].mean()) if n > 1 else 0.0,
             "next_token": float(w[rows[:-1], rows[:-1] + 1].mean()) if n > 1 else 0.0,
             "self": float(w[rows, rows].mean()),
             "first_token": float(w[:, 0].mean()),
             "last_token": float(w[:, n - 1].mean()),
-            "induction": float(np.mean([w[i, j] for i, j in pairs])) if pairs else None,
         }
-        known = {k: v for k, v in scores.items() if v is not None}
-        best = max(known, key=lambda k: known[k])
+        induction = float(w[queries, keys].mean()) if queries.size else None
+        candidates = scores if induction is None else scores | {"induction": induction}
+        best = max(candidates, key=lambda k: candidates[k])
         return HeadRole(
-            scores["previous_token"] or 0.0,
-            scores["next_token"] or 0.0,
-            scores["self"] or 0.0,
-            scores["first_token"] or 0.0,
-            scores["last_token"] or 0.0,
-            scores["induction"],
-            float(entropy.mean()),
-            best if known[best] >= 0.5 else None,
+            **scores,
+            induction=induction,
+            entropy_bits=float(entropy.mean()),
+            role=best if candidates[best] >= 0.5 else None,
         )
 
     return [
