@@ -14,7 +14,13 @@ from service.core.errors import AttentionInputError, FullyMaskedRowsError, requi
 from service.core.positions import rope, sequence_length
 from service.core.softmax import fully_masked, rows_by_item, softmax
 from service.core.types import Array, BoolArray, FullyMaskedPolicy
-from service.core.variants import Variants, qk_norm, softcap, softmax_with_sink
+from service.core.variants import (
+    Variants,
+    qk_norm,
+    softcap,
+    softmax_with_sink,
+    temperature_factors,
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,8 @@ class AttentionTrace:
     k_normed: Array | None = None  # (..., S, d_k)  qk_norm(K)
     q_rotated: Array | None = None  # (..., L, d_k)  RoPE(Q), what the scores use
     k_rotated: Array | None = None  # (..., S, d_k)  RoPE(K)
+    q_tempered: Array | None = None  # (..., L, d_k)  the queries times their temperature
+    v_normed: Array | None = None  # (..., S, d_v)  rms_norm(V), what weights @ V uses
     capped_scores: Array | None = None  # (..., L, S)  c · tanh(scaled / c)
     position_bias: Array | None = None  # (..., L, S)  ALiBi or T5 bias
     biased_scores: Array | None = None  # (..., L, S)  the scores so far + position_bias
@@ -69,6 +77,42 @@ def project_qkv(x: Array, source: Array, p: Projections) -> tuple[Array, Array, 
     """Q from ``x (..., L, d_model)``; K and V from ``source (..., S, d_model)`` (x itself for
     self-attention, the context for cross-attention)."""
     return project(x, p.w_q, p.b_q), project(source, p.w_k, p.b_k), project(source, p.w_v, p.b_v)
+
+
+@dataclass(frozen=True)
+class QueriesAndKeys:
+    """The queries and keys as the variants leave them, with the intermediates on the way."""
+
+    q: Array  # (..., L, d_k)  what the scores use
+    k: Array  # (..., S, d_k)
+    q_normed: Array | None = None
+    k_normed: Array | None = None
+    q_rotated: Array | None = None
+    k_rotated: Array | None = None
+    q_tempered: Array | None = None
+
+
+def queries_and_keys(q: Array, k: Array, var: Variants) -> QueriesAndKeys:
+    """QK-norm, RoPE and the temperature in the contract's order: the norm before RoPE
+    (Qwen3, Gemma) or after it (``after_rope``: Llama 4's ``Llama4TextL2Norm`` follows
+    ``apply_rotary_emb``), then the queries times their temperature (Llama 4's NoPE layers).
+    ``q (..., L, d_k)``, ``k (..., S, d_k)``; positions default to 0 … n−1."""
+    l_pos = np.arange(q.shape[-2]) if var.positions is None else var.positions  # (L,)
+    s_pos = np.arange(k.shape[-2]) if var.context_positions is None else var.context_positions
+    after = var.q_norm is not None and var.q_norm.after_rope
+    q_normed = k_normed = q_rotated = k_rotated = q_tempered = None
+    if var.q_norm is not None and var.k_norm is not None and not after:
+        q, k = q_normed, k_normed = qk_norm(q, var.q_norm), qk_norm(k, var.k_norm)
+    if var.rope is not None:
+        n = sequence_length(l_pos)  # the scalings that depend on it take the queries'
+        q = q_rotated = rope(q, l_pos, var.rope, n)  # (..., L, d_k)
+        k = k_rotated = rope(k, s_pos, var.rope, n)  # (..., S, d_k)
+    if var.q_norm is not None and var.k_norm is not None and after:
+        q, k = q_normed, k_normed = qk_norm(q, var.q_norm), qk_norm(k, var.k_norm)
+    if var.temperature is not None:
+        factors = temperature_factors(l_pos, var.temperature)  # (L,)
+        q = q_tempered = q * factors[:, None]  # (..., L, d_k)
+    return QueriesAndKeys(q, k, q_normed, k_normed, q_rotated, k_rotated, q_tempered)
 
 
 def default_scale(d_k: int) -> float:
@@ -107,24 +151,17 @@ def scaled_dot_product_attention(
     masked.
 
     ``variants`` adds, in this order (API.md, "Position and score variants"): QK-norm of Q and
-    K, RoPE at ``positions``/``context_positions``, soft-capping of the scaled scores, a
+    K, RoPE at ``positions``/``context_positions`` (:func:`queries_and_keys`), the values'
+    norm, soft-capping of the scaled scores, a
     position bias, then (after the mask) the sinks, which join each row's softmax as one more
     key with no value; a row with every key masked then gives all its weight to the sink,
     whatever ``fully_masked_policy`` says (its weights are defined, so ``"error"`` does not
     refuse it), and is still flagged in ``fully_masked_rows``: the flags describe the mask.
     """
     var = variants or Variants()
-    q_normed = None if var.q_norm is None else qk_norm(q, var.q_norm)
-    k_normed = None if var.k_norm is None else qk_norm(k, var.k_norm)
-    q_used = q if q_normed is None else q_normed  # (..., L, d_k)
-    k_used = k if k_normed is None else k_normed  # (..., S, d_k)
-    q_rotated = k_rotated = None
-    if var.rope is not None:
-        l_pos = np.arange(q.shape[-2]) if var.positions is None else var.positions  # (L,)
-        s_pos = np.arange(k.shape[-2]) if var.context_positions is None else var.context_positions
-        n = sequence_length(l_pos)  # the scalings that depend on it take the queries'
-        q_used = q_rotated = rope(q_used, l_pos, var.rope, n)  # (..., L, d_k)
-        k_used = k_rotated = rope(k_used, s_pos, var.rope, n)  # (..., S, d_k)
+    qk = queries_and_keys(q, k, var)
+    q_used, k_used = qk.q, qk.k  # (..., L, d_k), (..., S, d_k)
+    v_normed = None if var.v_norm is None else qk_norm(v, var.v_norm)  # (..., S, d_v)
     d_k = q.shape[-1]
     scale = default_scale(d_k) if scale is None else scale
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
@@ -157,9 +194,10 @@ def scaled_dot_product_attention(
         weights[np.broadcast_to(padded_queries[..., None], weights.shape)] = 0.0
         if sink_weights is not None:  # a padded row attends to nothing, the sink included
             sink_weights = np.where(padded_queries, 0.0, sink_weights)  # (..., L)
-    require_finite(v, "V")
+    v_used = v if v_normed is None else v_normed  # (..., S, d_v)
+    require_finite(v_used, "V")
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
-        output = weights @ v  # (..., L, d_v)
+        output = weights @ v_used  # (..., L, d_v)
     require_finite(output, "the output (weights V)")
     return AttentionTrace(
         q=q,
@@ -172,10 +210,12 @@ def scaled_dot_product_attention(
         output=output,
         scale=scale,
         fully_masked_rows=empty,
-        q_normed=q_normed,
-        k_normed=k_normed,
-        q_rotated=q_rotated,
-        k_rotated=k_rotated,
+        q_normed=qk.q_normed,
+        k_normed=qk.k_normed,
+        q_rotated=qk.q_rotated,
+        k_rotated=qk.k_rotated,
+        q_tempered=qk.q_tempered,
+        v_normed=v_normed,
         capped_scores=capped,
         position_bias=position_bias,
         biased_scores=biased,

@@ -37,6 +37,14 @@ class Window:
 
 
 @dataclass(frozen=True)
+class Chunked:
+    """Llama 4's chunked attention: query i sees keys j ≤ i in its own block of ``size``
+    positions (⌊i/size⌋ = ⌊j/size⌋), transformers' ``chunked_causal_mask_function``."""
+
+    size: int
+
+
+@dataclass(frozen=True)
 class Boolean:
     """An explicit ``(L, S)`` or ``(B, L, S)`` matrix, true = may attend."""
 
@@ -50,7 +58,7 @@ class Additive:
     matrix: Array
 
 
-MaskSpec = Causal | Padding | Window | Boolean | Additive
+MaskSpec = Causal | Padding | Window | Chunked | Boolean | Additive
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,14 @@ def window(seq_len: int, ctx_len: int, left: int | None, right: int | None) -> B
     return ok
 
 
+def chunked(seq_len: int, ctx_len: int, size: int) -> BoolArray:
+    """(L, S) causal within blocks of ``size``: key j ≤ i and ⌊j/size⌋ = ⌊i/size⌋."""
+    i = np.arange(seq_len)[:, None]  # (L, 1)
+    j = np.arange(ctx_len)[None, :]  # (1, S)
+    ok: BoolArray = (j <= i) & (j // size == i // size)  # (L, S)
+    return ok
+
+
 def _lengths_mask(lengths: tuple[int, ...], batch: int, size: int) -> BoolArray:
     """(B, size) true for positions below each item's length."""
     n = np.asarray(lengths if len(lengths) == batch else lengths * batch)  # (B,)
@@ -112,6 +128,8 @@ def combine(specs: list[MaskSpec], batch: int, seq_len: int, ctx_len: int) -> Co
                 allowed &= causal(seq_len, ctx_len, alignment)
             case Window(left, right):
                 allowed &= window(seq_len, ctx_len, left, right)
+            case Chunked(size):
+                allowed &= chunked(seq_len, ctx_len, size)
             case Padding(key_lengths, query_lengths):
                 if key_lengths is not None:
                     allowed &= _lengths_mask(key_lengths, batch, ctx_len)[:, None, :]

@@ -10,13 +10,14 @@ import numpy as np
 from service.core.attention import (
     AttentionTrace,
     Projections,
+    project,
     project_qkv,
     scaled_dot_product_attention,
 )
 from service.core.errors import require_finite
 from service.core.masks import CombinedMask
 from service.core.types import Array, FullyMaskedPolicy, NormOver
-from service.core.variants import Variants
+from service.core.variants import Variants, sigmoid
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class MultiheadWeights(Projections):
 
     w_o: Array | None = None  # (h·d_v, d_out); None = identity
     b_o: Array | None = None  # (d_out,)
+    w_g: Array | None = None  # (d_model, h·d_v): Qwen3-Next's output gate; None = no gate
+    b_g: Array | None = None  # (h·d_v,)
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,9 @@ class MultiheadTrace:
     heads: AttentionTrace  # arrays shaped (B, h, L, ·)
     average_weights: Array  # (B, L, S)  mean of the heads' weights
     concat: Array  # (B, L, h·d_v)
-    projected: Array  # (B, L, d_out)  concat W_o + b_o
+    gate: Array | None  # (B, L, h·d_v)  sigmoid(x_in W_g + b_g), when gated
+    gated: Array | None  # (B, L, h·d_v)  concat · gate
+    projected: Array  # (B, L, d_out)  (gated or) concat W_o + b_o
     residual: Array | None  # (B, L, d_model)  x_in + projected
     layer_norm: Array | None  # (B, L, d_out)
     output: Array  # (B, L, d_out)  the last of projected / residual / layer_norm
@@ -125,6 +130,9 @@ def multihead_attention(
 
     # (B, L, h·d_k), (B, S, h_kv·d_k), (B, S, h_kv·d_v)
     q, k, v = project_qkv(x_in, source, weights)
+    gate = None
+    if weights.w_g is not None:  # Qwen3-Next: from the layer's input, one per concat feature
+        gate = sigmoid(project(x_in, weights.w_g, weights.b_g))  # (B, L, h·d_v)
     return attend_heads(
         split_heads(q, h),  # (B, h, L, d_k)
         split_heads(k, h_kv),  # (B, h_kv, S, d_k)
@@ -138,6 +146,7 @@ def multihead_attention(
         residual=residual,
         norm=norm,
         variants=variants,
+        gate=gate,
     )
 
 
@@ -155,6 +164,7 @@ def attend_heads(
     residual: bool = False,
     norm: LayerNorm | None = None,
     variants: Variants | None = None,
+    gate: Array | None = None,
 ) -> MultiheadTrace:
     """The heads of multi-head attention and the block after them.
 
@@ -163,7 +173,9 @@ def attend_heads(
     h_kv < h (grouped-query attention) query head i uses key/value head ⌊i·h_kv/h⌋ (torch's
     ``repeat_interleave``). Each head runs scaled dot-product attention (scale 1/√d_k by
     default) with the ``variants``; per-head ones (ALiBi slopes, T5 table columns, sinks) are
-    indexed by the query head. The heads' outputs are concatenated and multiplied by ``w_o
+    indexed by the query head. The heads' outputs are concatenated, multiplied elementwise by
+    ``gate (B, L, h·d_v)`` when given (Qwen3-Next's ``attn_output * torch.sigmoid(gate)``), and
+    multiplied by ``w_o
     (h·d_v, d_out)`` (identity if None) plus ``b_o``; ``residual`` adds ``x_in (B, L, d_out)``
     and ``norm`` is applied last.
     """
@@ -183,8 +195,10 @@ def attend_heads(
         variants=variants,
     )
     concat = merge_heads(heads.output)  # (B, L, h·d_v)
+    gated = None if gate is None else concat * gate  # (B, L, h·d_v)
+    block_in = concat if gated is None else gated
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused below
-        projected = concat if w_o is None else concat @ w_o  # (B, L, d_out)
+        projected = block_in if w_o is None else block_in @ w_o  # (B, L, d_out)
         if b_o is not None:
             projected = projected + b_o
         res = None
@@ -202,6 +216,8 @@ def attend_heads(
         heads=heads,
         average_weights=heads.weights.mean(axis=1),  # (B, L, S)
         concat=concat,
+        gate=gate,
+        gated=gated,
         projected=projected,
         residual=res,
         layer_norm=normed,

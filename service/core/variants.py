@@ -1,10 +1,12 @@
 """The variants of modern attention: their settings (:class:`Variants`, in the order they
-apply) and the math of the score variants: QK-norm, logit soft-capping and sinks.
+apply) and their math: QK-norm, the queries' temperature, logit soft-capping, sinks and the
+output gate.
 
 They act between the projections and the weights, in the order the contract fixes:
-``qk_norm`` on Q and K (Qwen3), then the scores, then ``softcap`` on the scaled scores
-(Gemma 2), then position bias and mask, then ``softmax_with_sink`` in place of the plain
-softmax (gpt-oss). Shapes use paper names: L queries, S keys, d_k query/key width, h heads;
+``qk_norm`` on Q and K (Qwen3; after RoPE for Llama 4), ``temperature_factors`` on Q (Llama
+4), a weightless ``qk_norm`` on V (Gemma 4), then the scores, then ``softcap`` on the scaled
+scores (Gemma 2), then position bias and mask, then ``softmax_with_sink`` in place of the plain
+softmax (gpt-oss); ``sigmoid`` gates the heads' concatenation (Qwen3-Next). Shapes use paper names: L queries, S keys, d_k query/key width, h heads;
 every function accepts leading batch axes (``...``). NumPy only, no I/O.
 """
 
@@ -29,6 +31,17 @@ class QKNorm:
     type: QKNormType = "rms"
     eps: float = 1e-6
     weight: Array | None = None  # (d_k,); None = ones
+    zero_centered: bool = False  # the weight applies as (1 + w) (Qwen3-Next's RMSNorm)
+    after_rope: bool = False  # applied to the rotated vectors (Llama 4), not before RoPE
+
+
+@dataclass(frozen=True)
+class Temperature:
+    """Llama 4's attention temperature on its layers without RoPE (``attn_temperature_tuning``):
+    the query at position p is multiplied by ``log(⌊(p + 1)/floor_scale⌋ + 1) · attn_scale + 1``."""
+
+    floor_scale: float = 8192.0
+    attn_scale: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -47,7 +60,9 @@ def qk_norm(x: Array, settings: QKNorm) -> Array:
     ``q_norm``/``k_norm`` = ``Qwen3RMSNorm(head_dim)``, ``torch.nn.functional.rms_norm``).
     ``"layer"``: ``(x − mean) / sqrt(var + eps) · w`` with the biased variance and no bias
     term (``torch.nn.functional.layer_norm`` with weight only). ``w`` is ``settings.weight
-    (d_k,)``, ones when None. For heads pass ``(B, h, n, d_k)``: the norm is per head, never
+    (d_k,)``, ones when None, and ``1 + w`` when ``settings.zero_centered`` (Qwen3-Next's
+    ``Qwen3NextRMSNorm``, which stores w around 0). With no weight and type rms it is Llama 4's
+    ``Llama4TextL2Norm`` and Gemma 4's weightless ``v_norm``. For heads pass ``(B, h, n, d_k)``: the norm is per head, never
     across heads (Qwen3: "only on the head dim"). Returns an array shaped like ``x``.
 
     A mean square or variance that overflows float64 (values beyond ~1e154) is refused with
@@ -79,10 +94,32 @@ def qk_norm(x: Array, settings: QKNorm) -> Array:
         )
     out: Array = centred / denom  # (..., n, d_k)
     if settings.weight is not None:
+        w = 1.0 + settings.weight if settings.zero_centered else settings.weight  # (d_k,)
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
-            out = out * settings.weight  # (..., n, d_k)
+            out = out * w  # (..., n, d_k)
         require_finite(out, f"qk_norm ({settings.type}) times its weight")
     return out
+
+
+def temperature_factors(positions: IntArray, t: Temperature) -> Array:
+    """``(L,)`` the factor of each query: ``log1p(⌊(p + 1)/floor_scale⌋) · attn_scale + 1`` at
+    position p (transformers ``Llama4TextAttention.forward``, from "Scalable-Softmax", Nakanishi
+    2025): 1 within the first floor_scale − 1 positions, growing with the log of the position."""
+    if not (np.isfinite(t.floor_scale) and t.floor_scale > 0 and np.isfinite(t.attn_scale)):
+        raise AttentionInputError("temperature needs a finite floor_scale > 0 and attn_scale")
+    steps = np.floor((positions.astype(np.float64) + 1.0) / t.floor_scale)  # (L,)
+    if (steps <= -1).any():
+        raise AttentionInputError(
+            "temperature is defined for positions ≥ 0 (log of ⌊(p + 1)/floor_scale⌋ + 1)"
+        )
+    return np.log1p(steps) * t.attn_scale + 1.0
+
+
+def sigmoid(z: Array) -> Array:
+    """``1 / (1 + exp(−z))`` elementwise (Qwen3-Next's output gate, ``torch.sigmoid``): exp(−z)
+    overflowing to ∞ gives the right limit 0."""
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-z))
 
 
 def softcap(scaled_scores: Array, cap: float) -> Array:
@@ -148,12 +185,15 @@ def softmax_with_sink(scores: Array, sink: float | Array) -> SinkSoftmax:
 @dataclass(frozen=True)
 class Variants:
     """The variants of modern attention, in the order they apply (each None when off):
-    QK-norm, RoPE, soft-capping, a position bias (ALiBi or T5, computed from the positions by
+    QK-norm (before RoPE, or after it when ``after_rope``), RoPE, the queries' temperature, the
+    values' norm, soft-capping, a position bias (ALiBi or T5, computed from the positions by
     service.core.positions), sinks."""
 
     q_norm: QKNorm | None = None
     k_norm: QKNorm | None = None
     rope: Rope | None = None
+    temperature: Temperature | None = None  # Llama 4, on layers without RoPE
+    v_norm: QKNorm | None = None  # Gemma 4: RMSNorm of each value vector, no weight
     positions: IntArray | None = None  # (L,) query positions; default 0 … L−1
     context_positions: IntArray | None = None  # (S,) key positions; default 0 … S−1
     softcap: float | None = None

@@ -21,6 +21,7 @@ from service.config import Settings
 from service.trace import outputs
 from service.trace.comparison import check_expected
 from service.trace.compute import Check, run_attention, run_multihead
+from service.trace.fold import folded
 from service.trace.limits import check_limits
 from service.trace.plan import plan_attention, plan_multihead
 from service.trace.responses import AttentionResponse, MaskResponse, MultiheadResponse
@@ -46,9 +47,15 @@ class ComputeEndpoint:
     response: type[BaseModel]  # the documented 200 body
     examples: Mapping[str, Any]  # /docs' worked examples (fastapi.openapi.models.Example)
     outputs: Endpoint  # which rows of the outputs table it has
+    fold: Callable[[Any], Any]  # fields that restate others, folded (service.trace.fold)
     shapes: Callable[[Any], Shapes]  # every cross-field rule (service.trace.rules)
     plan: Callable[[Any, Shapes], Any]  # generated arrays drawn, weights converted
     compute: Callable[[Any, Check], dict[str, Any]]  # the engine, then the outputs table
+
+
+def _as_given(req: InputFields) -> InputFields:
+    """Nothing to fold."""
+    return req
 
 
 ENDPOINTS: dict[str, ComputeEndpoint] = {
@@ -62,18 +69,20 @@ ENDPOINTS: dict[str, ComputeEndpoint] = {
             AttentionResponse,
             examples.ATTENTION_EXAMPLES,
             "attention",
+            _as_given,
             attention_shapes,
             plan_attention,
             run_attention,
         ),
         ComputeEndpoint(
             "mask",
-            "Attention with a mask (causal, padding, window, boolean, additive; combined with "
+            "Attention with a mask (causal, padding, window, chunked, boolean, additive; combined with "
             "AND), returning the combined mask, the masked scores and the fully masked rows.",
             MaskRequest,
             MaskResponse,
             examples.MASK_EXAMPLES,
             "attention",
+            _as_given,
             attention_shapes,
             plan_attention,
             run_attention,
@@ -86,6 +95,7 @@ ENDPOINTS: dict[str, ComputeEndpoint] = {
             MultiheadResponse,
             examples.MULTIHEAD_EXAMPLES,
             "multihead",
+            folded,
             multihead_shapes,
             plan_multihead,
             run_multihead,
@@ -126,6 +136,7 @@ def admit(req: InputFields, endpoint: str, settings: Settings) -> Admitted:
     arrays' shapes, the names in include, the limits), or raise the error that names the
     field (:mod:`service.wire.errors`). Draws and computes nothing."""
     e = ENDPOINTS[endpoint]
+    req = e.fold(req)
     shapes = check_expected(req.expected, e.shapes(req))
     outputs.check_include(e.outputs, req.include)
     return Admitted(endpoint, req, shapes, check_limits(shapes, req.include, settings))

@@ -144,6 +144,8 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
         "weights": trace.heads.weights,  # (B, h, L, S)
         "x_in": trace.x_in,
         "concat": trace.concat,
+        "gate": trace.gate,
+        "gated": trace.gated,
         "projected": trace.projected,
         "residual": trace.residual,
         "layer_norm": trace.layer_norm,

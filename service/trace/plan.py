@@ -29,11 +29,13 @@ from service.wire.schemas.mask_fields import (
     AdditiveMask,
     BooleanMask,
     CausalMask,
+    ChunkedMask,
     PaddingMask,
     WindowMask,
 )
 from service.wire.schemas.requests import (
     AttentionRequest,
+    GateOptions,
     InputFields,
     LayerNormOptions,
     MultiheadRequest,
@@ -207,7 +209,7 @@ def _plan(
 
 
 def _mask_spec(
-    item: CausalMask | PaddingMask | WindowMask | BooleanMask | AdditiveMask,
+    item: CausalMask | PaddingMask | WindowMask | ChunkedMask | BooleanMask | AdditiveMask,
 ) -> masks.MaskSpec:
     """A request's mask object as the engine's spec."""
     match item:
@@ -221,6 +223,8 @@ def _mask_spec(
             return masks.Additive(matrix)
         case WindowMask(left=left, right=right):
             return masks.Window(left, right)
+        case ChunkedMask(size=size):
+            return masks.Chunked(size)
     assert_never(item)
 
 
@@ -250,4 +254,8 @@ def _multihead_weights(
     output projection."""
     assert shapes.form is not None
     p = BY_NAME[shapes.form].convert(req, generated)
-    return MultiheadWeights(p.w_q, p.w_k, p.w_v, p.b_q, p.b_k, p.b_v, w_o=w_o, b_o=b_o)
+    gate = req.gate if isinstance(req.gate, GateOptions) else None  # gate: true is folded
+    return MultiheadWeights(
+        p.w_q, p.w_k, p.w_v, p.b_q, p.b_k, p.b_v, w_o=w_o, b_o=b_o,
+        w_g=None if gate is None else gate.w.T, b_g=None if gate is None else gate.b,
+    )  # fmt: skip

@@ -6,7 +6,7 @@ from typing import Any
 from service.trace.outputs import CHAIN, latest, step_order, step_shape
 from service.trace.plan import AttentionPlan, MultiheadPlan, Plan
 from service.trace.shapes import Shapes
-from service.trace.variant_rows import VARIANTS, symbol
+from service.trace.variant_rows import VARIANTS, applied, symbol
 
 Step = dict[str, Any]
 
@@ -48,7 +48,7 @@ def _attention(plan: Plan, scale: float) -> dict[str, str]:
     step name (per head on /multihead); a variant's formula replaces the plain one of the same
     step (the sinks' weights)."""
     s = plan.shapes
-    q, k = symbol(s, "scores", "q"), symbol(s, "scores", "k")
+    q, k = symbol(s, plan.variants, "scores", "q"), symbol(s, plan.variants, "scores", "k")
     given = f"scale = {scale:.10g} (given)"
     default = f"scale = 1/√d_k = 1/√{s.d_k} = {scale:.10g}"
     formulas = {
@@ -56,7 +56,7 @@ def _attention(plan: Plan, scale: float) -> dict[str, str]:
         "scaled_scores": f"{q} {k}ᵀ · scale, " + (default if plan.scale is None else given),
         "weights": f"softmax of {latest(s, 'weights', CHAIN)} over keys: exp(s − max(s)) / "
         "Σ exp(s − max(s)), row by row",
-        "output": "weights V",
+        "output": "weights V_n" if "v_norm" in s.on else "weights V",
     }
     if s.masked:
         formulas["masked_scores"] = (
@@ -69,9 +69,15 @@ def _attention(plan: Plan, scale: float) -> dict[str, str]:
     return formulas
 
 
-def _in_order(shapes: Shapes, formulas: dict[str, str]) -> list[Step]:
-    """The steps in the order of the outputs table (per-head rows for the heads' steps)."""
-    order = step_order(shapes.endpoint)
+def _in_order(plan: Plan, formulas: dict[str, str]) -> list[Step]:
+    """The steps in the order of the outputs table (per-head rows for the heads' steps), the
+    queries' and keys' forms in the order they were made (a norm after RoPE comes after it)."""
+    shapes = plan.shapes
+    order: dict[str, float] = dict(step_order(shapes.endpoint))
+    for j, side in enumerate("qk"):
+        forms = applied(shapes, plan.variants, side)
+        for i, name in enumerate(forms[1:]):  # after the projections, q's form before k's
+            order[name] = order["v"] + (i + 1) / 10 + (j + 1) / 100
     ordered = sorted(formulas, key=order.__getitem__)
     return [_step(shapes, name, formulas[name]) for name in ordered]
 
@@ -85,7 +91,7 @@ def attention_steps(plan: AttentionPlan, scale: float) -> list[Step]:
             t = "ᵀ" if plan.weight_layout == "out_in" and f"w_{name}" not in plan.generated else ""
             bias = f" + b_{name}" if getattr(plan.projections, f"b_{name}") is not None else ""
             formulas[name] = f"{name.upper()} = {inp} W_{name}{t}{bias}"
-    return _generation(plan) + _in_order(plan.shapes, formulas)
+    return _generation(plan) + _in_order(plan, formulas)
 
 
 def multihead_steps(plan: MultiheadPlan, scale: float) -> list[Step]:
@@ -112,11 +118,16 @@ def multihead_steps(plan: MultiheadPlan, scale: float) -> list[Step]:
         formulas["q"] = f"Q = {x} W_q{bias('q')}, split into {heads(h)} of d_k = {s.d_k} columns"
         formulas["k"] = f"K = {source} W_k{bias('k')}, split into {heads(h_kv)}{gqa}"
         formulas["v"] = f"V = {source} W_v{bias('v')}, split into {heads(h_kv)}{gqa}"
+        if "k_eq_v" in s.on:  # W_v is W_k (service.trace.fold)
+            formulas["v"] = (
+                f"V = K as projected, {source} W_k{bias('k')}, before any norm or RoPE (k_eq_v, Gemma 4)"
+            )
     elif h_kv != h:  # q, k, v given per head
         formulas["k"] = f"K and V as given, {heads(h_kv)}{gqa}"
-    projected = ("Concat W_o" if plan.w_o is not None else "Concat (W_o = identity)") + (
-        " + b_o" if plan.b_o is not None else ""
-    )
+    heads_out = "(Concat · G)" if "gate" in s.on else "Concat"
+    projected = (
+        f"{heads_out} W_o" if plan.w_o is not None else f"{heads_out} (W_o = identity)"
+    ) + (" + b_o" if plan.b_o is not None else "")
     formulas |= {
         "average_weights": "mean of the heads' weights",
         "concat": "Concat(head_1, …, head_h)",
@@ -133,4 +144,4 @@ def multihead_steps(plan: MultiheadPlan, scale: float) -> list[Step]:
         formulas["layer_norm"] = (
             f"(z − mean) / √(var + {plan.norm.eps:g}) · γ + β, mean and biased var over {over}"
         )
-    return _generation(plan) + _in_order(s, formulas)
+    return _generation(plan) + _in_order(plan, formulas)

@@ -32,18 +32,19 @@ from service.core.rope_scaling import (
     YarnScaling,
 )
 from service.core.types import Array
-from service.core.variants import QKNorm, Variants
+from service.core.variants import QKNorm, Temperature, Variants, temperature_factors
 from service.trace.checks import engine_rule, options
 from service.trace.outputs import CHAIN, latest
 from service.trace.shapes import Shapes
 from service.wire.errors import FieldError
-from service.wire.schemas.requests import AttentionRequest, MultiheadRequest
+from service.wire.schemas.requests import AttentionRequest, GateOptions, MultiheadRequest
 from service.wire.schemas.variant_fields import (
     AlibiOptions,
     Llama3ScalingOptions,
     LongRopeScalingOptions,
     QKNormOptions,
     RopeOptions,
+    VNormOptions,
 )
 
 Req = AttentionRequest | MultiheadRequest
@@ -120,11 +121,14 @@ def _qk_norm_settings(req: Req) -> dict[str, QKNorm]:
     if isinstance(req, MultiheadRequest):
         q_w = req.q_norm_weight if req.q_norm_weight is not None else q_w
         k_w = req.k_norm_weight if req.k_norm_weight is not None else k_w
-    return {"q_norm": QKNorm(o.type, o.eps, q_w), "k_norm": QKNorm(o.type, o.eps, k_w)}
+    return {
+        "q_norm": QKNorm(o.type, o.eps, q_w, o.zero_centered, o.after_rope),
+        "k_norm": QKNorm(o.type, o.eps, k_w, o.zero_centered, o.after_rope),
+    }
 
 
 def _qk_norm(n: QKNorm, x: str) -> str:
-    w = "w" if n.weight is not None else "1"
+    w = "1" if n.weight is None else "(1 + w)" if n.zero_centered else "w"
     if n.type == "rms":
         return f"{x} / √(mean({x}²) + {n.eps:g}) · {w}, each vector over its d_k features (RMSNorm)"
     return (
@@ -134,9 +138,11 @@ def _qk_norm(n: QKNorm, x: str) -> str:
 
 def _qk_norm_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
     assert v.q_norm is not None and v.k_norm is not None
+    when = ", after RoPE (Llama 4)" if v.q_norm.after_rope else ""
+    q, k = symbol(s, v, "q_normed", "q"), symbol(s, v, "k_normed", "k")
     return {
-        "q_normed": "Q_n = " + _qk_norm(v.q_norm, "Q"),
-        "k_normed": "K_n = " + _qk_norm(v.k_norm, "K"),
+        "q_normed": "Q_n = " + _qk_norm(v.q_norm, q) + when,
+        "k_normed": "K_n = " + _qk_norm(v.k_norm, k) + when,
     }
 
 
@@ -244,24 +250,105 @@ def _at(given: bool, n: str) -> str:
 
 
 # the symbol of the queries (keys) as each step leaves them
-_SYMBOLS = {"q": "Q", "q_normed": "Q_n", "q_rotated": "Q_r", "k": "K", "k_normed": "K_n",
-            "k_rotated": "K_r"}  # fmt: skip
-_SIDES = {side: tuple(n for n in _SYMBOLS if n[0] == side) for side in "qk"}  # table order
+_SYMBOLS = {"q": "Q", "q_normed": "Q_n", "q_rotated": "Q_r", "q_tempered": "Q_t", "k": "K",
+            "k_normed": "K_n", "k_rotated": "K_r"}  # fmt: skip
 
 
-def symbol(s: Shapes, step: str, side: str) -> str:
-    """The queries' (``side`` "q") or keys' ("k") symbol as the step ``step`` reads them."""
-    return _SYMBOLS[latest(s, step, _SIDES[side])]
+def applied(s: Shapes, v: Variants, side: str) -> tuple[str, ...]:
+    """The forms the queries (``side`` "q") or keys ("k") take, in the order they are made:
+    the projection, then the norm, RoPE, the norm after RoPE (Llama 4), the temperature."""
+    after = v.q_norm is not None and v.q_norm.after_rope
+    norm = ("qk_norm" in s.on, f"{side}_normed")
+    return tuple(
+        name
+        for on, name in (
+            (True, side),
+            (norm[0] and not after, norm[1]),
+            ("rope" in s.on, f"{side}_rotated"),
+            (norm[0] and after, norm[1]),
+            ("temperature" in s.on and side == "q", "q_tempered"),
+        )
+        if on
+    )
+
+
+def symbol(s: Shapes, v: Variants, step: str, side: str) -> str:
+    """The queries' (``side`` "q") or keys' ("k") symbol as the step ``step`` reads them: the
+    form before it, or the last one for a later step (the scores)."""
+    forms = applied(s, v, side)
+    return _SYMBOLS[forms[forms.index(step) - 1] if step in forms else forms[-1]]
 
 
 def _rope_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
     assert v.rope is not None
-    q, k = symbol(s, "q_rotated", "q"), symbol(s, "k_rotated", "k")
+    q, k = symbol(s, v, "q_rotated", "q"), symbol(s, v, "k_rotated", "k")
     given_q, given_k = v.positions is not None, v.context_positions is not None
     n = sequence_length(np.arange(s.seq_len) if v.positions is None else v.positions)
     return {
         "q_rotated": f"Q_r = {_rope(v.rope, s.d_k, q, _at(given_q, 'L'), n)}",
         "k_rotated": f"K_r = {_rope(v.rope, s.d_k, k, _at(given_k, 'S'), n)}",
+    }
+
+
+# ------------------------------------------------------------- temperature, v_norm, gate
+
+
+def _temperature_settings(req: Req) -> dict[str, Temperature]:
+    assert req.temperature is not None
+    return {"temperature": Temperature(req.temperature.floor_scale, req.temperature.attn_scale)}
+
+
+def _temperature_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
+    t = v.temperature
+    assert t is not None
+    p = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
+    factors = temperature_factors(p, t)  # (L,)
+    q = symbol(s, v, "q_tempered", "q")
+    return {
+        "q_tempered": f"Q_t = {q} · (log(⌊(p + 1)/{t.floor_scale:g}⌋ + 1) · {t.attn_scale:g} + 1), "
+        f"each query by its position p (Llama 4's layers without RoPE): {_numbers(factors)}"
+    }
+
+
+def _v_norm_settings(req: Req) -> dict[str, QKNorm]:
+    o = options(req.v_norm, VNormOptions)
+    assert o is not None
+    return {"v_norm": QKNorm(o.type, o.eps)}
+
+
+def _v_norm_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
+    assert v.v_norm is not None
+    return {"v_normed": "V_n = " + _qk_norm(v.v_norm, "V").replace("d_k", "d_v") + " (Gemma 4)"}
+
+
+def _gate_given(req: Req) -> bool:
+    return isinstance(req, MultiheadRequest) and req.gate is not False
+
+
+def _check_gate(req: Req, shapes: Shapes) -> None:
+    assert isinstance(req, MultiheadRequest) and isinstance(req.gate, GateOptions)
+    if shapes.d_model is None:
+        raise FieldError(
+            "gate", "the gate is computed from x: with q, k, v given per head there is no x"
+        )
+    width = shapes.num_heads * shapes.d_v
+    rows, cols = req.gate.w.shape
+    if (rows, cols) != (width, shapes.d_model):
+        raise FieldError(
+            "gate.w",
+            f"gate.w is {rows}×{cols} but it must be [h·d_v][d_model] = {width}×{shapes.d_model} "
+            "(out_in): one gate per feature of the heads' concat, from x",
+        )
+    b = req.gate.b
+    if b is not None and b.shape[0] != width:
+        raise FieldError("gate.b", f"gate.b has {b.shape[0]} entries; the concat has {width}")
+
+
+def _gate_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
+    return {
+        "gate": "G = sigmoid(X W_gᵀ + b_g) = 1 / (1 + exp(−(X W_gᵀ + b_g))), one per feature of "
+        "the concat (Qwen3-Next's output gate)",
+        "gated": "Concat · G, feature by feature",
     }
 
 
@@ -382,6 +469,16 @@ VARIANTS: tuple[Variant, ...] = (
             _qk_norm_settings, _qk_norm_steps),
     Variant("rope", ("q_rotated", "k_rotated"), lambda req: options(req.rope, RopeOptions) is not None,
             _check_rope, _rope_settings, _rope_steps, uses_positions=True),
+    Variant("temperature", ("q_tempered",), lambda req: req.temperature is not None, _none,
+            _temperature_settings,
+            _temperature_steps, uses_positions=True),
+    Variant("v_norm", ("v_normed",), lambda req: options(req.v_norm, VNormOptions) is not None,
+            _none, _v_norm_settings, _v_norm_steps),
+    Variant("gate", ("gate", "gated"), _gate_given, _check_gate, lambda req: {}, _gate_steps),
+    # the values are the keys' projection (folded into the weights by service.trace.fold);
+    # the step of V says so
+    Variant("k_eq_v", (), lambda req: isinstance(req, MultiheadRequest) and req.k_eq_v, _none,
+            lambda req: {}, lambda v, bias, s: {}),
     Variant("softcap", ("capped_scores",), lambda req: req.softcap is not None, _none,
             lambda req: {"softcap": req.softcap}, _softcap_steps),
     Variant("position_bias", ("position_bias", "biased_scores"),

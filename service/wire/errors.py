@@ -19,7 +19,8 @@ from starlette.types import Scope
 from service.core.errors import AttentionInputError, FullyMaskedRowsError
 
 MAX_LISTED = 10
-_MASK_TAGS = {"causal", "padding", "window", "boolean", "additive"}  # pydantic's union tags
+# pydantic's union tags
+_MASK_TAGS = {"causal", "padding", "window", "chunked", "boolean", "additive"}
 # and the tags of the unions service.wire.schemas picks by the input's JSON type (layer_norm,
 # key_lengths, query_lengths): in an error's loc, none of them is a field
 _TAGS = _MASK_TAGS | {

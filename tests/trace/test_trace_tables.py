@@ -50,10 +50,12 @@ BARE = Shapes(endpoint="multihead", batch=None, seq_len=3, ctx_len=3, d_model=4,
 def test_a_variant_turns_on_exactly_the_outputs_its_row_names(
     variant: variant_rows.Variant,
 ) -> None:
-    """The outputs table shows a variant's rows when, and only when, the variant is on."""
+    """The outputs table shows a variant's rows (per head, or of the block like the gate's)
+    when, and only when, the variant is on."""
     on = Shapes(**{**BARE.__dict__, "on": frozenset({variant.field})})
-    shown = {o.name for o in outputs.in_heads("multihead") if o.present(on)}
-    bare = {o.name for o in outputs.in_heads("multihead") if o.present(BARE)}
+    rows = [o for o in outputs.OUTPUTS if "multihead" in o.endpoints]
+    shown = {o.name for o in rows if o.present(on)}
+    bare = {o.name for o in rows if o.present(BARE)}
     assert shown - bare == set(variant.outputs)
 
 

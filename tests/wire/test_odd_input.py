@@ -339,7 +339,7 @@ LONG_NAMES: list[tuple[str, str, dict[str, Any], str, str]] = [
     ("top_level", "/attention", {**DIRECT, LONG: 1}, CUT, f"{CUT} is not a field of this endpoint (check the spelling; see /docs)"),
     ("in_a_mask", "/mask", {**DIRECT, "mask": {"type": "causal", LONG: 1}}, f"mask[0].{CUT}", f"mask[0].{CUT} is not a field of this endpoint (check the spelling; see /docs)"),
     ("in_layer_norm", "/multihead", {**MULTI, "layer_norm": {LONG: 1}}, f"layer_norm.{CUT}", f"layer_norm.{CUT} is not a field of this endpoint (check the spelling; see /docs)"),
-    ("mask_type", "/mask", {**DIRECT, "mask": {"type": LONG}}, "mask[0]", f'mask[0].type is "{CUT}", which is not one of causal, padding, window, boolean, additive'),
+    ("mask_type", "/mask", {**DIRECT, "mask": {"type": LONG}}, "mask[0]", f'mask[0].type is "{CUT}", which is not one of causal, padding, window, chunked, boolean, additive'),
 ]  # fmt: skip
 
 

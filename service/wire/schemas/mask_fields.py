@@ -48,6 +48,15 @@ class WindowMask(BaseModel):
     right: Int | None = Field(None, ge=0, description="keys after the query it may see (null: all)")
 
 
+class ChunkedMask(BaseModel):
+    """Chunked (Llama 4's attention_chunk_size): causal within blocks of ``size`` positions, query
+    i sees keys j ≤ i with ⌊j/size⌋ = ⌊i/size⌋."""
+
+    model_config = STRICT
+    type: Literal["chunked"]
+    size: Int = Field(ge=1, description="positions per block (attention_chunk_size)")
+
+
 class BooleanMask(BaseModel):
     """An explicit [L][S] (or [B][L][S]) matrix, true (or 1) = may attend unless true_means
     says "masked"."""
@@ -73,7 +82,7 @@ class AdditiveMask(BaseModel):
 
 
 MaskItem = Annotated[
-    CausalMask | PaddingMask | WindowMask | BooleanMask | AdditiveMask,
+    CausalMask | PaddingMask | WindowMask | ChunkedMask | BooleanMask | AdditiveMask,
     Field(discriminator="type"),
 ]
 MAX_MASKS = 64  # each mask costs a pass over B·L·S entries (counted in the computed numbers)

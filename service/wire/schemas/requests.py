@@ -154,6 +154,20 @@ LayerNormSetting = Annotated[
 ]
 
 
+class GateOptions(BaseModel):
+    """Qwen3-Next's output gate given as its own projection."""
+
+    model_config = STRICT
+    w: Matrix = Field(description="W_g [h·d_v][d_model], always out_in: gate = sigmoid(x W_gᵀ + b)")
+    b: Vector | None = Field(None, description="b [h·d_v]")
+
+
+GateSetting = Annotated[
+    Annotated[bool, Tag("flag")] | Annotated[GateOptions, Tag("options")],
+    Discriminator(flag_or_options),
+]
+
+
 class HeadWeights(BaseModel):
     """One head's own projections: d_model × d_k (d_v for w_v) in in_out layout, transposed in
     out_in."""
@@ -244,6 +258,18 @@ class MultiheadRequest(VariantFields, InputFields):
         None,
         validation_alias=_named("k_norm.weight", "k_norm_weight"),
         description="Qwen3's k_norm.weight [d_k]: the keys' qk_norm weight",
+    )
+    k_eq_v: bool = Field(
+        False,
+        description="the values are the keys (their projection, before norms and RoPE), as "
+        "Gemma 4's full-attention layers: no w_v or v_proj.weight",
+    )
+    gate: GateSetting = Field(
+        False,
+        description='{"w", "b"}, or true with a state dict whose q_proj.weight has twice the '
+        "rows (each head's query rows then its gate rows, as Qwen3-Next stores them): the "
+        "heads' concat is multiplied by sigmoid(x W_gᵀ + b) before w_o; returns gate, gated",
+        json_schema_extra=any_of,
     )
     sinks: Vector | None = Field(
         None,

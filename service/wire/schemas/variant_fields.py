@@ -1,5 +1,6 @@
 """The position and score variants as a request writes them (API.md, "Position and score
-variants"): qk_norm, rope, softcap, alibi, relative_bias, sinks, positions. Fields and their
+variants" and "Today's layers"): qk_norm, rope, v_norm, temperature, softcap, alibi,
+relative_bias, sinks, positions. Fields and their
 docs only; :mod:`service.trace.rules` checks them against the request's shapes."""
 
 from typing import Annotated, Any, Literal
@@ -35,6 +36,30 @@ class QKNormOptions(BaseModel):
     eps: FiniteFloat = Field(1e-6, ge=0, description="added under the square root")
     q_weight: Vector | None = Field(None, description="the queries' weight w [d_k] (default ones)")
     k_weight: Vector | None = Field(None, description="the keys' weight w [d_k] (default ones)")
+    zero_centered: bool = Field(
+        False, description="the weights apply as (1 + w), as Qwen3-Next stores them"
+    )
+    after_rope: bool = Field(
+        False, description="normalise the rotated vectors, after RoPE (Llama 4's L2 norm)"
+    )
+
+
+class VNormOptions(BaseModel):
+    """Gemma 4's norm of each value vector over its d_v features, with no weight."""
+
+    model_config = STRICT
+    type: Literal["rms"] = Field("rms", description="rms: v / sqrt(mean(v²) + eps)")
+    eps: FiniteFloat = Field(1e-6, ge=0, description="added under the square root")
+
+
+class TemperatureOptions(BaseModel):
+    """Llama 4's attention temperature on its layers without RoPE."""
+
+    model_config = STRICT
+    floor_scale: FiniteFloat = Field(
+        8192.0, gt=0, description="positions per step of the temperature (Llama 4: 8192)"
+    )
+    attn_scale: FiniteFloat = Field(0.1, description="the temperature's slope (Llama 4: 0.1)")
 
 
 class LinearScalingOptions(BaseModel):
@@ -175,6 +200,9 @@ QKNormSetting = Annotated[
 RopeSetting = Annotated[
     Annotated[bool, Tag("flag")] | Annotated[RopeOptions, Tag("options")], _BY_TYPE
 ]
+VNormSetting = Annotated[
+    Annotated[bool, Tag("flag")] | Annotated[VNormOptions, Tag("options")], _BY_TYPE
+]
 AlibiSetting = Annotated[
     Annotated[bool, Tag("flag")] | Annotated[AlibiOptions, Tag("options")], _BY_TYPE
 ]
@@ -183,14 +211,28 @@ Position = Annotated[Int, Field(ge=-MAX_POSITION, le=MAX_POSITION)]
 
 class VariantFields(BaseModel):
     """The variants every compute endpoint accepts (API.md, "Position and score variants"),
-    applied in this order: qk_norm, rope, scores, softcap, alibi or relative_bias, mask, sinks."""
+    applied in this order: qk_norm, rope (qk_norm after it when after_rope), temperature, v_norm,
+    scores, softcap, alibi or relative_bias, mask, sinks."""
 
     model_config = STRICT
     qk_norm: QKNormSetting = Field(
         False,
-        description='true or {"type": "rms" | "layer", "eps", "q_weight", "k_weight"}: '
-        "normalise each query and key vector before RoPE (Qwen3); returns q_normed, k_normed",
+        description='true or {"type": "rms" | "layer", "eps", "q_weight", "k_weight", '
+        '"zero_centered", "after_rope"}: normalise each query and key vector before RoPE '
+        "(Qwen3, Gemma) or after it (Llama 4); returns q_normed, k_normed",
         json_schema_extra=any_of,
+    )
+    v_norm: VNormSetting = Field(
+        False,
+        description='true or {"type": "rms", "eps"}: normalise each value vector, no weight '
+        "(Gemma 4); returns v_normed",
+        json_schema_extra=any_of,
+    )
+    temperature: TemperatureOptions | None = Field(
+        None,
+        description='{"floor_scale", "attn_scale"}: multiply the query at position p by '
+        "log(⌊(p + 1)/floor_scale⌋ + 1) · attn_scale + 1 (Llama 4's layers without RoPE); "
+        "returns q_tempered",
     )
     rope: RopeSetting = Field(
         False,

@@ -1,0 +1,92 @@
+"""Request fields that restate others, folded into the ordinary fields before the rules, so the
+rules, the plan and the engine see one form of each:
+
+- ``k_eq_v: true`` (Gemma 4's full-attention layers): the values' projection is the keys', so
+  ``v_proj.weight``/``v_proj.bias`` (or ``w_v``/``b_v``, or per-head ``v``) become the keys'.
+- ``gate: true`` (Qwen3-Next): ``q_proj.weight`` holds each head's query rows then its gate
+  rows (``view(L, h, 2·d)`` then ``chunk(2)``), split into ``q_proj.weight`` and
+  ``gate.w``; ``q_proj.bias`` likewise.
+"""
+
+from typing import Any
+
+import numpy as np
+
+from service.trace.checks import DOTTED
+from service.wire.errors import FieldError
+from service.wire.schemas.requests import GateOptions, MultiheadRequest
+
+# the fields that give the values, by the field that gives the keys in the same form
+_VALUES_OF_KEYS = {
+    "k_proj_weight": ("v_proj_weight", "v_proj_bias"),
+    "w_k": ("w_v", "b_v"),
+    "k": ("v",),
+}
+_KEYS_BIAS = {"k_proj_weight": "k_proj_bias", "w_k": "b_k"}
+
+
+def folded(req: MultiheadRequest) -> MultiheadRequest:
+    """The request with ``k_eq_v`` and ``gate: true`` written as the ordinary fields."""
+    update = _values_are_keys(req) if req.k_eq_v else {}
+    if req.gate is True:
+        update |= _gate_rows(req)
+    return req.model_copy(update=update) if update else req
+
+
+def _values_are_keys(req: MultiheadRequest) -> dict[str, Any]:
+    for name in ("v_proj_weight", "v_proj_bias", "w_v", "b_v", "v", "in_proj_weight", "heads"):
+        if getattr(req, name) is not None:
+            label = DOTTED.get(name, name)
+            raise FieldError(
+                label,
+                f"k_eq_v says the values are the keys, so {label} does not apply: leave it out "
+                "(Gemma 4's full-attention layers have no v_proj)",
+            )
+    for keys, values in _VALUES_OF_KEYS.items():
+        if getattr(req, keys) is not None:
+            bias = _KEYS_BIAS.get(keys)
+            given = [getattr(req, keys)] + ([] if bias is None else [getattr(req, bias)])
+            return dict(zip(values, given, strict=True))
+    raise FieldError(
+        "k_eq_v",
+        "k_eq_v makes the values from the keys' projection: give it (k_proj.weight or w_k; "
+        "k per head), it cannot be drawn",
+    )
+
+
+def _gate_rows(req: MultiheadRequest) -> dict[str, Any]:
+    w = req.q_proj_weight
+    if w is None:
+        raise FieldError(
+            "gate",
+            "gate: true reads the gate rows in q_proj.weight (Qwen3-Next); without a state "
+            'dict give gate as {"w": [h·d_v][d_model]}',
+        )
+    h = req.num_heads
+    if h is None:
+        raise FieldError(
+            "num_heads", "num_heads is missing: gate: true splits q_proj.weight by head"
+        )
+    rows = w.shape[0]
+    if rows % (2 * h):
+        raise FieldError(
+            "q_proj.weight",
+            f"with gate: true q_proj.weight holds each head's query rows then its gate rows, so "
+            f"its {rows} rows must split into 2·num_heads = {2 * h} equal parts",
+        )
+    d = rows // (2 * h)
+    per_head = w.reshape(h, 2, d, w.shape[1])  # (h, query|gate, d, d_model)
+    update: dict[str, Any] = {"q_proj_weight": per_head[:, 0].reshape(h * d, -1)}
+    gate_b = None
+    if req.q_proj_bias is not None:
+        b = req.q_proj_bias
+        if b.shape[0] != rows:
+            raise FieldError(
+                "q_proj.bias",
+                f"q_proj.bias has {b.shape[0]} entries; q_proj.weight has {rows} rows",
+            )
+        halves = b.reshape(h, 2, d)  # (h, query|gate, d)
+        update["q_proj_bias"], gate_b = halves[:, 0].reshape(-1), halves[:, 1].reshape(-1)
+    gate_w = np.ascontiguousarray(per_head[:, 1].reshape(h * d, -1))  # (h·d, d_model) out_in
+    update["gate"] = GateOptions.model_construct(w=gate_w, b=gate_b)
+    return update
