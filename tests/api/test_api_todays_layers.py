@@ -1,0 +1,146 @@
+"""Today's layers (issue 30) through the HTTP layer (ASGI app): each new field's forms against
+each other and against a formula written out in the test, its steps in order, and every rule's
+422. Numbers against the transformers layers (Gemma 4, Qwen3-Next, Llama 4) are in
+tests/api/test_golden.py (harness/hf_today.py) and tests/core/test_todays_layers.py.
+"""
+
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.api.test_api_variants import post
+
+RNG = np.random.default_rng(30)
+H, D, D_MODEL, L = 2, 4, 6, 5
+X = RNG.normal(size=(L, D_MODEL))
+W_Q, W_K, W_V, W_G = (RNG.normal(size=(H * D, D_MODEL)) for _ in range(4))  # out_in
+B_Q, B_G = RNG.normal(size=H * D), RNG.normal(size=H * D)
+W_O = RNG.normal(size=(D_MODEL, H * D))
+
+
+def layer(**rest: Any) -> dict[str, Any]:
+    return {"x": X, "num_heads": H, "q_proj.weight": W_Q, "k_proj.weight": W_K,
+            "v_proj.weight": W_V, "o_proj.weight": W_O, **rest}  # fmt: skip
+
+
+def interleaved_q_proj() -> np.ndarray:
+    """Qwen3-Next's q_proj.weight: for each head, its D query rows then its D gate rows."""
+    return np.concatenate(
+        [np.concatenate([W_Q[i * D : (i + 1) * D], W_G[i * D : (i + 1) * D]]) for i in range(H)]
+    )
+
+
+def test_gate_true_reads_the_gate_rows_inside_q_proj_as_qwen3_next_stores_them(
+    client: TestClient,
+) -> None:
+    bias = np.concatenate([np.concatenate([B_Q[i * D : (i + 1) * D], B_G[i * D : (i + 1) * D]])
+                           for i in range(H)])  # fmt: skip
+    packed = post(client, "/multihead", layer(**{"q_proj.weight": interleaved_q_proj(),
+                                                 "q_proj.bias": bias}, gate=True))  # fmt: skip
+    explicit = post(client, "/multihead", layer(**{"q_proj.bias": B_Q},
+                                                gate={"w": W_G.tolist(), "b": B_G.tolist()}))  # fmt: skip
+    np.testing.assert_array_equal(packed["output"], explicit["output"])
+    gate = 1.0 / (1.0 + np.exp(-(X @ W_G.T + B_G)))  # (L, h·d)
+    np.testing.assert_allclose(packed["gate"], gate, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(
+        packed["gated"], np.array(packed["concat"]) * gate, rtol=0, atol=1e-14
+    )
+    np.testing.assert_allclose(packed["projected"], np.array(packed["gated"]) @ W_O.T, rtol=0,
+                               atol=1e-12)  # fmt: skip
+    names = [s["name"] for s in packed["steps"]]
+    assert (
+        names.index("concat")
+        < names.index("gate")
+        < names.index("gated")
+        < names.index("projected")
+    )
+    assert "(Concat · G) W_o" in next(
+        s["formula"] for s in packed["steps"] if s["name"] == "projected"
+    )
+
+
+def test_k_eq_v_takes_the_values_from_the_key_projection_before_norms_and_rope(
+    client: TestClient,
+) -> None:
+    """Gemma 4: V is K's projection, not the normed or rotated keys; v_norm then applies."""
+    given = {k: v for k, v in layer().items() if k != "v_proj.weight"}
+    body = post(client, "/multihead", {**given, "k_eq_v": True, "qk_norm": True, "rope": True,
+                                       "v_norm": {"eps": 1e-6}})  # fmt: skip
+    same = post(client, "/multihead", layer(**{"v_proj.weight": W_K}, qk_norm=True, rope=True,
+                                             v_norm={"eps": 1e-6}))  # fmt: skip
+    np.testing.assert_array_equal(body["output"], same["output"])
+    for head in body["heads"]:
+        np.testing.assert_array_equal(head["v"], head["k"])
+        v = np.array(head["v"])
+        normed = v / np.sqrt((v * v).mean(axis=-1, keepdims=True) + 1e-6)
+        np.testing.assert_allclose(head["v_normed"], normed, rtol=0, atol=1e-14)
+        np.testing.assert_allclose(head["output"], np.array(head["weights"]) @ normed, rtol=0,
+                                   atol=1e-12)  # fmt: skip
+    v_step = next(s["formula"] for s in body["steps"] if s["name"] == "v")
+    assert "k_eq_v" in v_step and "W_k" in v_step
+
+
+def test_after_rope_puts_the_norm_after_the_rotation_in_the_steps(client: TestClient) -> None:
+    body = post(client, "/multihead", layer(
+        qk_norm={"type": "rms", "eps": 1e-5, "after_rope": True},
+        rope={"base": 500000, "style": "interleaved"}, mask={"type": "chunked", "size": 2},
+    ))  # fmt: skip
+    steps = {s["name"]: s["formula"] for s in body["steps"]}
+    names = list(steps)
+    assert names.index("q_rotated") < names.index("q_normed") < names.index("scores")
+    assert steps["q_normed"].startswith("Q_n = Q_r /") and steps["scores"].startswith("Q_n K_nᵀ")
+    for head in body["heads"]:
+        r = np.array(head["q_rotated"])
+        np.testing.assert_allclose(
+            head["q_normed"],
+            r / np.sqrt((r * r).mean(-1, keepdims=True) + 1e-5),
+            rtol=0,
+            atol=1e-14,
+        )
+    allowed = np.array(body["mask"])
+    i, j = np.indices((L, L))
+    np.testing.assert_array_equal(allowed, (j <= i) & (j // 2 == i // 2))
+
+
+def test_temperature_scales_each_query_by_its_position(client: TestClient) -> None:
+    positions = [0, 1, 2, 3, 7]
+    body = post(client, "/attention", {"q": X[:, :4], "k": X[:, 2:], "v": X, "positions": positions,
+                                       "temperature": {"floor_scale": 2, "attn_scale": 0.5}})  # fmt: skip
+    factor = np.log(np.floor((np.array(positions) + 1) / 2) + 1) * 0.5 + 1  # [1, 1.35, 1.35, …]
+    np.testing.assert_allclose(body["q_tempered"], X[:, :4] * factor[:, None], rtol=0, atol=1e-14)
+    steps = {s["name"]: s["formula"] for s in body["steps"]}
+    assert steps["scores"].startswith("Q_t Kᵀ") and "1.34657" in steps["q_tempered"]
+
+
+def test_include_names_the_new_outputs(client: TestClient) -> None:
+    body = post(client, "/multihead", layer(gate={"w": W_G.tolist()}, include=["gate"]))
+    assert "gate" in body and "gated" not in body and "concat" not in body
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        (layer(k_eq_v=True), "v_proj.weight", "k_eq_v says the values are the keys"),
+        ({"x": X, "num_heads": H, "seed": 1, "k_eq_v": True}, "k_eq_v", "cannot be drawn"),
+        (layer(**{"q_proj.weight": W_Q[:5]}, gate=True), "q_proj.weight", "2·num_heads = 4"),
+        (layer(gate={"w": W_G[:, :4].tolist()}), "gate.w", "[h·d_v][d_model] = 8×6"),
+        (layer(gate={"w": W_G.tolist(), "b": [0.0]}), "gate.b", "the concat has 8"),
+        ({"x": X, "num_heads": H, "seed": 1, "gate": True}, "gate", "gate rows in q_proj.weight"),
+        ({"q": [X[:, :3].tolist()], "k": [X[:, :3].tolist()], "v": [X[:, :3].tolist()],
+          "gate": {"w": W_G.tolist()}}, "gate", "computed from x"),
+        (layer(mask={"type": "chunked", "size": 0}), "mask[0].size", "greater than or equal to 1"),
+        (layer(temperature={"floor_scale": 0}), "temperature.floor_scale", "greater than 0"),
+        (layer(v_norm={"type": "layer"}), "v_norm.type", "rms"),
+    ],
+    ids=["k_eq_v_with_v_proj", "k_eq_v_drawn", "gate_rows_odd", "gate_w_shape", "gate_b_size",
+         "gate_true_without_state_dict", "gate_direct_heads", "chunk_size_0",
+         "temperature_floor_0", "v_norm_layer"],
+)  # fmt: skip
+def test_each_rule_of_the_new_fields_is_a_422_naming_its_field(
+    client: TestClient, body: dict[str, Any], field: str, words: str
+) -> None:
+    error = post(client, "/multihead", body, status=422)["errors"][0]
+    assert error["field"] == field, error
+    assert words in error["message"], error["message"]
