@@ -122,6 +122,72 @@ SINK_CAUSAL: dict[str, Any] = {
     "decimals": 4,
 }
 
+# ---- today's layers (API.md, "Today's layers"); tests/api/test_examples_reference.py checks each
+_X4 = [[1, 0, 0.5, 0], [0, 1, 0, 0.5], [0.5, 0.5, 1, 0], [0, 0, 0.5, 1]]
+QWEN3_NEXT_GATED: dict[str, Any] = {
+    "tokens": ["the", "cat", "sat", "down"],
+    "x": _X4,
+    "num_heads": 1,
+    # head 0's 4 query rows, then its 4 gate rows (Qwen3-Next's q_proj: (…, h, 2·head_dim))
+    "q_proj.weight": [[1, 0, 0.5, 0], [0, 1, 0, 0.5], [0.5, 0, 1, 0], [0, 0.5, 0, 1],
+                      [2, 0, 0, 0], [0, -2, 0, 0], [0, 0, 1, 1], [1, 1, -1, 0]],
+    "k_proj.weight": [[1, 0.5, 0, 0], [0, 0, 1, 0.5], [0.5, 0, 0, 1], [0, 1, 0.5, 0]],
+    "v_proj.weight": [[1, 0, 0, 0.5], [0, 1, 0.5, 0], [0, 0, 1, 0], [0.5, 0, 0, 1]],
+    "o_proj.weight": [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0.5, 0.5, 0.5, 0.5]],
+    "gate": True,
+    "qk_norm": {"type": "rms", "eps": 1e-6, "zero_centered": True},
+    "q_norm.weight": [0.1, -0.1, 0.2, 0.0],
+    "k_norm.weight": [0.0, 0.1, 0.0, -0.2],
+    "rope": {"base": 10000000, "rotary_dim": 2},
+    "mask": {"type": "causal"},
+    "include": ["concat", "gate", "gated", "output", "steps"],
+    "decimals": 4,
+}  # fmt: skip
+LLAMA4_CHUNKED: dict[str, Any] = {
+    "tokens": ["the", "cat", "sat", "down"],
+    "x": _X4,
+    "num_heads": 1,
+    "q_proj.weight": [[1, 0, 0.5, 0], [0, 1, 0, 0.5], [0.5, 0, 1, 0], [0, 0.5, 0, 1]],
+    "k_proj.weight": [[1, 0.5, 0, 0], [0, 0, 1, 0.5], [0.5, 0, 0, 1], [0, 1, 0.5, 0]],
+    "v_proj.weight": [[1, 0, 0, 0.5], [0, 1, 0.5, 0], [0, 0, 1, 0], [0.5, 0, 0, 1]],
+    "rope": {"base": 500000, "style": "interleaved"},
+    "qk_norm": {"type": "rms", "eps": 1e-5, "after_rope": True},
+    "mask": {"type": "chunked", "size": 2},
+    "include": ["heads", "mask", "steps"],
+    "decimals": 4,
+}
+GEMMA4_GLOBAL: dict[str, Any] = {
+    "tokens": ["the", "cat", "sat", "down"],
+    "x": _X4,
+    "num_heads": 1,
+    "q_proj.weight": [[1, 0, 0.5, 0], [0, 1, 0, 0.5], [0.5, 0, 1, 0], [0, 0.5, 0, 1]],
+    "k_proj.weight": [[1, 0.5, 0, 0], [0, 0, 1, 0.5], [0.5, 0, 0, 1], [0, 1, 0.5, 0]],
+    "q_norm.weight": [1, 1.5, 0.5, 1],
+    "k_norm.weight": [1, 0.5, 1, 1.5],
+    "qk_norm": {"type": "rms", "eps": 1e-6},
+    "k_eq_v": True,
+    "v_norm": {"eps": 1e-6},
+    "scale": 1.0,
+    "rope": {"base": 1000000, "style": "proportional", "rotary_dim": 2},
+    "mask": {"type": "causal"},
+    "include": ["heads", "steps"],
+    "decimals": 4,
+}
+YARN_PAST_THE_CONTEXT: dict[str, Any] = {
+    "tokens": ["far", "into", "the", "text"],
+    "q": [[1, 0, 0.5, 0, 1, 0, 0.5, 0]] * 4,
+    "k": [[0, 1, 0, 0.5, 0, 1, 0, 0.5], [1, 1, 0, 0, 1, 1, 0, 0], [0.5, 0, 1, 0, 0.5, 0, 1, 0],
+          [0, 0, 1, 1, 0, 0, 1, 1]],
+    "v": [[1, 0], [0, 1], [0.5, 0.5], [2, -1]],
+    "rope": {"base": 150000, "scaling": {"type": "yarn", "factor": 32, "original_max_position": 4096,
+                                         "beta_fast": 32, "beta_slow": 1, "truncate": False}},
+    "positions": [9000, 9001, 9002, 9003],
+    "context_positions": [9000, 9001, 9002, 9003],
+    "mask": {"type": "causal"},
+    "include": ["q_rotated", "weights", "steps"],
+    "decimals": 4,
+}  # fmt: skip
+
 # ---- compare with your numbers (API.md, "Compare with your numbers")
 # A course notebook's weights as it printed them (np.set_printoptions(precision=4)), from
 #     weights = np.exp(scores) / np.exp(scores).sum(axis=0) / np.sqrt(d_k)
@@ -154,6 +220,11 @@ ATTENTION_EXAMPLES = _examples(
     ("softcap", "What soft-capping does to large scores (softcap 10)", SOFTCAP_LARGE_SCORES),
     ("sink", "Where the sink takes the weight (sinks 1.0, causal mask)", SINK_CAUSAL),
     (
+        "yarn",
+        "YaRN as gpt-oss configures it, at positions 9000… past the original 4096",
+        YARN_PAST_THE_CONTEXT,
+    ),
+    (
         "compare",
         "Compare with your numbers: a notebook's weights, two mistakes named",
         COURSE_NOTEBOOK,
@@ -177,4 +248,11 @@ MULTIHEAD_EXAMPLES = _examples(
         LLAMA_LAYER,
     ),
     ("alibi", "ALiBi on 6 heads: the paper's slopes when h is not a power of two", ALIBI_SIX_HEADS),
+    (
+        "qwen3_next",
+        "Qwen3-Next: the output gate inside q_proj.weight, (1 + w) norms",
+        QWEN3_NEXT_GATED,
+    ),
+    ("llama4", "Llama 4: interleaved RoPE, then the L2 norm, chunked attention", LLAMA4_CHUNKED),
+    ("gemma4", "Gemma 4's full layer: V = K, v_norm, proportional RoPE, scale 1", GEMMA4_GLOBAL),
 )

@@ -1,0 +1,180 @@
+"""The worked examples of today's layers (service/wire/examples.py: Swagger's) against
+transformers 5.23, in float64 (``Tensor.float`` widened to ``double`` and the modules' float32
+softmax swapped by ``harness.hf_reference.float64_torch_in``), each posted without its
+``decimals``:
+
+- Qwen3-Next: its ``Qwen3NextAttention`` loaded with the example's weights (gate rows in q_proj);
+- Llama 4: ``apply_rotary_emb``, ``Llama4TextL2Norm`` and ``chunked_causal_mask_function``;
+- Gemma 4: ``Gemma4RMSNorm`` (with and without scale), ``apply_rotary_pos_emb`` with the cos/sin
+  of ``_compute_proportional_rope_parameters``;
+- YaRN: the cos/sin of ``_compute_yarn_parameters`` (gpt-oss's settings) and ``rotate_half``.
+"""
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.wire import examples as ex
+from tests.api.test_examples_reference import causal_additive, full_precision
+
+if os.environ.get("REQUIRE_TORCH"):  # CI sets it: a missing torch must fail, not skip
+    import torch
+    import transformers
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import Qwen3NextConfig  # noqa: E402
+from transformers import modeling_rope_utils as rope_utils  # noqa: E402
+from transformers.masking_utils import chunked_causal_mask_function  # noqa: E402
+from transformers.models.gemma4 import modeling_gemma4  # noqa: E402
+from transformers.models.llama4 import modeling_llama4  # noqa: E402
+from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
+
+from harness.hf_reference import float64_torch_in  # noqa: E402
+
+TOL = 1e-12
+F64 = torch.float64
+
+
+@contextmanager
+def in_float64(*modules: Any) -> Iterator[None]:
+    with (
+        float64_torch_in(rope_utils, *modules),
+        mock.patch.object(torch.Tensor, "float", torch.Tensor.double),
+        torch.no_grad(),
+    ):
+        yield
+
+
+def t(a: Any) -> Any:
+    return torch.tensor(a, dtype=F64)
+
+
+def cos_sin(inv_freq: Any, positions: list[int], gain: float = 1.0) -> tuple[Any, Any]:
+    """(1, L, 2·len(inv_freq)) as the rotary embeddings return them: [p·θ, p·θ]."""
+    freqs = torch.tensor(positions, dtype=F64)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * gain)[None], (emb.sin() * gain)[None]
+
+
+def test_qwen3_next_example_is_qwen3_next_attention(client: TestClient) -> None:
+    body = ex.QWEN3_NEXT_GATED
+    ours = full_precision(client, "/multihead", body, include=["gate", "gated", "output"])
+    config = Qwen3NextConfig(
+        hidden_size=4, num_attention_heads=1, num_key_value_heads=1, head_dim=4,
+        rms_norm_eps=1e-6, partial_rotary_factor=0.5, attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": body["rope"]["base"]},
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    layer = modeling_qwen3_next.Qwen3NextAttention(config, layer_idx=3).double().eval()
+    names = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
+             "q_norm.weight", "k_norm.weight")  # fmt: skip
+    layer.load_state_dict({n: t(body[n]) for n in names}, strict=True)
+    x = t(body["x"])[None]
+    inv = 1.0 / body["rope"]["base"] ** (torch.arange(0, 2, 2, dtype=F64) / 2)  # rotary_dim 2
+    with in_float64(modeling_qwen3_next):
+        out, _ = layer(x, cos_sin(inv, list(range(4))), t(causal_additive(4))[None, None])
+        gate = torch.sigmoid(layer.q_proj(x).view(1, 4, 1, 8)[..., 4:].reshape(1, 4, 4))
+    assert out.dtype == F64
+    np.testing.assert_allclose(ours["output"], out[0].numpy(), rtol=0, atol=TOL)
+    np.testing.assert_allclose(ours["gate"], gate[0].numpy(), rtol=0, atol=TOL)
+
+
+def test_llama4_example_rotates_then_normalises_within_chunks(client: TestClient) -> None:
+    body = ex.LLAMA4_CHUNKED
+    ours = full_precision(client, "/multihead", body, include=["heads", "mask", "output"])
+    x = t(body["x"])[None]  # (1, L, 4)
+    q, k, v = (x @ t(body[f"{n}_proj.weight"]).T for n in "qkv")  # (1, L, 4)
+    inv = 1.0 / body["rope"]["base"] ** (torch.arange(0, 4, 2, dtype=F64) / 4)
+    freqs_cis = torch.polar(torch.ones(4, 2, dtype=F64), torch.arange(4, dtype=F64)[:, None] * inv)
+    with in_float64(modeling_llama4):
+        q_r, k_r = modeling_llama4.apply_rotary_emb(q[:, :, None], k[:, :, None], freqs_cis[None])
+        norm = modeling_llama4.Llama4TextL2Norm(1e-5)
+        q_n, k_n = norm(q_r)[:, :, 0], norm(k_r)[:, :, 0]  # (1, L, 4)
+    i, j = torch.arange(4)[:, None], torch.arange(4)[None, :]
+    allowed = chunked_causal_mask_function(2, torch.zeros(1, dtype=torch.long))(
+        torch.zeros((), dtype=torch.long), 0, i, j
+    ).expand(4, 4)
+    s = (q_n @ k_n.transpose(-1, -2) * 0.5).masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(s, dim=-1)
+    head = ours["heads"][0]
+    np.testing.assert_array_equal(ours["mask"], allowed.numpy())
+    np.testing.assert_allclose(head["q_rotated"], q_r[0, :, 0].numpy(), rtol=0, atol=TOL)
+    np.testing.assert_allclose(head["q_normed"], q_n[0].numpy(), rtol=0, atol=TOL)
+    np.testing.assert_allclose(head["weights"], weights[0].numpy(), rtol=0, atol=TOL)
+    np.testing.assert_allclose(ours["output"], (weights @ v)[0].numpy(), rtol=0, atol=TOL)
+
+
+def test_gemma4_example_takes_v_from_k_and_rotates_proportionally(client: TestClient) -> None:
+    body = ex.GEMMA4_GLOBAL
+    ours = full_precision(client, "/multihead", body, include=["heads", "output"])
+    x = t(body["x"])[None]
+    k_raw = x @ t(body["k_proj.weight"]).T  # (1, L, 4): V is this (k_eq_v)
+    q = x @ t(body["q_proj.weight"]).T
+    config = modeling_gemma4.Gemma4TextConfig(
+        hidden_size=4, head_dim=4, global_head_dim=4, num_attention_heads=1,
+        num_key_value_heads=1,
+        rope_parameters={"full_attention": {"rope_type": "proportional", "rope_theta": 1e6,
+                                            "partial_rotary_factor": 0.5}},
+    )  # fmt: skip
+    with in_float64(modeling_gemma4):
+        inv, _ = rope_utils._compute_proportional_rope_parameters(
+            config, "cpu", layer_type="full_attention", head_dim_key="global_head_dim"
+        )
+        cos, sin = cos_sin(inv.to(F64), list(range(4)))
+        q_norm, k_norm = (
+            modeling_gemma4.Gemma4RMSNorm(4, 1e-6),
+            modeling_gemma4.Gemma4RMSNorm(4, 1e-6),
+        )
+        q_norm.weight.copy_(t(body["q_norm.weight"]))
+        k_norm.weight.copy_(t(body["k_norm.weight"]))
+        v_norm = modeling_gemma4.Gemma4RMSNorm(4, 1e-6, with_scale=False)
+        q_r = modeling_gemma4.apply_rotary_pos_emb(q_norm(q)[:, :, None], cos, sin, unsqueeze_dim=2)
+        k_r = modeling_gemma4.apply_rotary_pos_emb(
+            k_norm(k_raw)[:, :, None], cos, sin, unsqueeze_dim=2
+        )
+        v_n = v_norm(k_raw)
+    s = q_r[:, :, 0] @ k_r[:, :, 0].transpose(-1, -2) + t(causal_additive(4))  # scale 1
+    weights = torch.softmax(s, dim=-1)
+    head = ours["heads"][0]
+    np.testing.assert_array_equal(head["v"], head["k"])
+    np.testing.assert_allclose(head["v"], k_raw[0].numpy(), rtol=0, atol=TOL)
+    np.testing.assert_allclose(head["v_normed"], v_n[0].numpy(), rtol=0, atol=TOL)
+    np.testing.assert_allclose(head["q_rotated"], q_r[0, :, 0].numpy(), rtol=0, atol=TOL)
+    np.testing.assert_allclose(ours["output"], (weights @ v_n)[0].numpy(), rtol=0, atol=TOL)
+
+
+def test_yarn_example_is_transformers_yarn_at_positions_past_the_context(
+    client: TestClient,
+) -> None:
+    body = ex.YARN_PAST_THE_CONTEXT
+    ours = full_precision(client, "/attention", body, include=["q_rotated", "weights", "steps"])
+    sc = body["rope"]["scaling"]
+    config = transformers.GptOssConfig(
+        head_dim=8, num_attention_heads=1, num_key_value_heads=1, hidden_size=8,
+        max_position_embeddings=sc["factor"] * sc["original_max_position"],
+        rope_parameters={"rope_type": "yarn", "rope_theta": body["rope"]["base"],
+                         "factor": sc["factor"], "beta_fast": 32.0, "beta_slow": 1.0,
+                         "truncate": False,
+                         "original_max_position_embeddings": sc["original_max_position"]},
+    )  # fmt: skip
+    with in_float64():
+        inv, gain = rope_utils._compute_yarn_parameters(config, "cpu")
+    cos, sin = cos_sin(inv.to(F64), body["positions"], gain)
+
+    def rotated(a: Any) -> Any:
+        halves = torch.cat((-a[..., 4:], a[..., :4]), dim=-1)  # rotate_half
+        return a * cos[0] + halves * sin[0]
+
+    q_r, k_r = rotated(t(body["q"])), rotated(t(body["k"]))
+    s = q_r @ k_r.T / 8**0.5 + t(causal_additive(4))
+    np.testing.assert_allclose(ours["q_rotated"], q_r.numpy(), rtol=0, atol=TOL)
+    np.testing.assert_allclose(ours["weights"], torch.softmax(s, -1).numpy(), rtol=0, atol=TOL)
+    q_step = next(st["formula"] for st in ours["steps"] if st["name"] == "q_rotated")
+    assert "yarn scaling: of 4 pairs, 2 kept" in q_step
