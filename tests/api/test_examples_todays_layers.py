@@ -33,6 +33,7 @@ from transformers import Qwen3NextConfig  # noqa: E402
 from transformers import modeling_rope_utils as rope_utils  # noqa: E402
 from transformers.masking_utils import chunked_causal_mask_function  # noqa: E402
 from transformers.models.gemma4 import modeling_gemma4  # noqa: E402
+from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig  # noqa: E402
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
 
@@ -68,7 +69,7 @@ def test_qwen3_next_example_is_qwen3_next_attention(client: TestClient) -> None:
     ours = full_precision(client, "/multihead", body, include=["gate", "gated", "output"])
     config = Qwen3NextConfig(
         hidden_size=4, num_attention_heads=1, num_key_value_heads=1, head_dim=4,
-        rms_norm_eps=1e-6, partial_rotary_factor=0.5, attention_bias=False,
+        rms_norm_eps=1e-6, attention_bias=False,
         rope_parameters={"rope_type": "default", "rope_theta": body["rope"]["base"]},
     )  # fmt: skip
     config._attn_implementation = "eager"
@@ -117,15 +118,24 @@ def test_gemma4_example_takes_v_from_k_and_rotates_proportionally(client: TestCl
     x = t(body["x"])[None]
     k_raw = x @ t(body["k_proj.weight"]).T  # (1, L, 4): V is this (k_eq_v)
     q = x @ t(body["q_proj.weight"]).T
-    config = modeling_gemma4.Gemma4TextConfig(
-        hidden_size=4, head_dim=4, global_head_dim=4, num_attention_heads=1,
-        num_key_value_heads=1,
-        rope_parameters={"full_attention": {"rope_type": "proportional", "rope_theta": 1e6,
-                                            "partial_rotary_factor": 0.5}},
-    )  # fmt: skip
+    fields: dict[str, Any] = {  # global_head_dim is popped from Gemma4TextConfig's kwargs
+        "hidden_size": 4,
+        "head_dim": 4,
+        "global_head_dim": 4,
+        "num_attention_heads": 1,
+        "num_key_value_heads": 1,
+        "rope_parameters": {
+            "full_attention": {
+                "rope_type": "proportional",
+                "rope_theta": 1e6,
+                "partial_rotary_factor": 0.5,
+            }
+        },
+    }
+    config = Gemma4TextConfig(**fields)  # fmt: skip
     with in_float64(modeling_gemma4):
         inv, _ = rope_utils._compute_proportional_rope_parameters(
-            config, "cpu", layer_type="full_attention", head_dim_key="global_head_dim"
+            config, torch.device("cpu"), layer_type="full_attention", head_dim_key="global_head_dim"
         )
         cos, sin = cos_sin(inv.to(F64), list(range(4)))
         q_norm, k_norm = (
@@ -165,7 +175,7 @@ def test_yarn_example_is_transformers_yarn_at_positions_past_the_context(
                          "original_max_position_embeddings": sc["original_max_position"]},
     )  # fmt: skip
     with in_float64():
-        inv, gain = rope_utils._compute_yarn_parameters(config, "cpu")
+        inv, gain = rope_utils._compute_yarn_parameters(config, torch.device("cpu"))
     cos, sin = cos_sin(inv.to(F64), body["positions"], gain)
 
     def rotated(a: Any) -> Any:
