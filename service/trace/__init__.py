@@ -21,10 +21,10 @@ from service.config import Settings
 from service.trace import outputs
 from service.trace.comparison import check_expected
 from service.trace.compute import Check, run_attention, run_multihead
-from service.trace.fold import folded
 from service.trace.limits import check_limits
 from service.trace.plan import plan_attention, plan_multihead
 from service.trace.responses import AttentionResponse, MaskResponse, MultiheadResponse
+from service.trace.rows.fold import folded
 from service.trace.rules import attention_shapes, multihead_shapes
 from service.trace.shapes import Endpoint, Shapes
 from service.wire import examples
@@ -47,7 +47,7 @@ class ComputeEndpoint:
     response: type[BaseModel]  # the documented 200 body
     examples: Mapping[str, Any]  # /docs' worked examples (fastapi.openapi.models.Example)
     outputs: Endpoint  # which rows of the outputs table it has
-    fold: Callable[[Any], Any]  # fields that restate others, folded (service.trace.fold)
+    fold: Callable[[Any], Any]  # fields that restate others, folded (service.trace.rows.fold)
     shapes: Callable[[Any], Shapes]  # every cross-field rule (service.trace.rules)
     plan: Callable[[Any, Shapes], Any]  # generated arrays drawn, weights converted
     compute: Callable[[Any, Check], dict[str, Any]]  # the engine, then the outputs table

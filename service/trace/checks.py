@@ -1,5 +1,5 @@
-"""Small checks the rules share (:mod:`service.trace.rules`, :mod:`service.trace.weight_forms`,
-:mod:`service.trace.variant_rows`): a weight against the width it multiplies, a stated size
+"""Small checks the rules share (:mod:`service.trace.rules`, :mod:`service.trace.rows.weight_forms`,
+:mod:`service.trace.rows.variants`): a weight against the width it multiplies, a stated size
 against the one the arrays imply, a bias's length; and how settings written as true/false or
 an options object are read."""
 

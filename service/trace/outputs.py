@@ -60,7 +60,7 @@ def _everywhere(shapes: Shapes) -> bool:
 
 
 def _on(variant: str) -> Callable[[Shapes], bool]:
-    """Present when the variant is on (service.trace.variant_rows)."""
+    """Present when the variant is on (service.trace.rows.variants)."""
     return lambda shapes: variant in shapes.on
 
 

@@ -21,9 +21,9 @@ from service.core.types import Alignment, Array, FullyMaskedPolicy, Init, Weight
 from service.core.variants import Variants
 from service.trace.checks import lengths, options
 from service.trace.outputs import drawn_shape
+from service.trace.rows.variants import VARIANTS
+from service.trace.rows.weight_forms import BY_NAME, given_or_drawn, in_out
 from service.trace.shapes import Shapes
-from service.trace.variant_rows import VARIANTS
-from service.trace.weight_forms import BY_NAME, given_or_drawn, in_out
 from service.wire.schemas.expected_fields import Expected
 from service.wire.schemas.mask_fields import (
     AdditiveMask,

@@ -2,8 +2,8 @@
 computed: input modes, shapes, tokens, masks, heads. A request that breaks one gets a
 :class:`FieldError` naming the field; one that keeps them all gets the :class:`Shapes` it
 implies, from which the limits are checked and the plan is built (:mod:`service.trace.plan`).
-The weight forms (:mod:`service.trace.weight_forms`) and the variants
-(:mod:`service.trace.variant_rows`) are rows these rules loop over."""
+The weight forms (:mod:`service.trace.rows.weight_forms`) and the variants
+(:mod:`service.trace.rows.variants`) are rows these rules loop over."""
 
 from dataclasses import replace
 
@@ -11,9 +11,9 @@ import numpy as np
 
 from service.trace.checks import DOTTED, batch_words, check_bias, check_size, weight_out
 from service.trace.mask_rules import check_key_padding, check_masks, mask_warnings, num_masks
+from service.trace.rows.variants import VARIANTS
+from service.trace.rows.weight_forms import weight_form
 from service.trace.shapes import Shapes
-from service.trace.variant_rows import VARIANTS
-from service.trace.weight_forms import weight_form
 from service.wire.errors import ErrorItem, FieldError, RequestError
 from service.wire.schemas.requests import (
     AttentionRequest,

@@ -25,13 +25,15 @@ class Shapes:
     d_out: int = 0  # width of /multihead's output
     num_masks: int = 0  # mask objects, each a pass over B·L·S entries
     generated: tuple[str, ...] = ()  # arrays to draw, in the contract's order
-    form: str | None = None  # /multihead's weight form (service.trace.weight_forms); None: none
+    form: str | None = (
+        None  # /multihead's weight form (service.trace.rows.weight_forms); None: none
+    )
     positional: bool = False
     residual: bool = False
     layer_norm: bool = False
     tokens: tuple[str, ...] | None = None
     context_tokens: tuple[str, ...] | None = None
-    on: frozenset[str] = frozenset()  # the variants that are on (service.trace.variant_rows)
+    on: frozenset[str] = frozenset()  # the variants that are on (service.trace.rows.variants)
     warnings: tuple[dict[str, str], ...] = ()  # what looks wrong (service.trace.warnings)
     expected_numbers: int = 0  # the caller's numbers to compare (expected); 0: none
 

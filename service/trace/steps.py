@@ -5,8 +5,9 @@ from typing import Any
 
 from service.trace.outputs import CHAIN, latest, step_order, step_shape
 from service.trace.plan import AttentionPlan, MultiheadPlan, Plan
+from service.trace.rows.rope import applied, symbol
+from service.trace.rows.variants import VARIANTS
 from service.trace.shapes import Shapes
-from service.trace.variant_rows import VARIANTS, applied, symbol
 
 Step = dict[str, Any]
 
@@ -118,7 +119,7 @@ def multihead_steps(plan: MultiheadPlan, scale: float) -> list[Step]:
         formulas["q"] = f"Q = {x} W_q{bias('q')}, split into {heads(h)} of d_k = {s.d_k} columns"
         formulas["k"] = f"K = {source} W_k{bias('k')}, split into {heads(h_kv)}{gqa}"
         formulas["v"] = f"V = {source} W_v{bias('v')}, split into {heads(h_kv)}{gqa}"
-        if "k_eq_v" in s.on:  # W_v is W_k (service.trace.fold)
+        if "k_eq_v" in s.on:  # W_v is W_k (service.trace.rows.fold)
             formulas["v"] = (
                 f"V = K as projected, {source} W_k{bias('k')}, before any norm or RoPE (k_eq_v, Gemma 4)"
             )

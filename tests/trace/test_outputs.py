@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.trace import outputs
+from service.trace.rows.fold import folded
 from service.trace.rules import attention_shapes, multihead_shapes
 from service.trace.shapes import Shapes
 from service.wire import examples as ex
@@ -40,7 +41,7 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
 
 def _shapes(endpoint: str, body: dict[str, Any]) -> Shapes:
     if endpoint == "/multihead":
-        return multihead_shapes(MultiheadRequest.model_validate(body))
+        return multihead_shapes(folded(MultiheadRequest.model_validate(body)))  # as admit does
     model = MaskRequest if endpoint == "/mask" else AttentionRequest
     return attention_shapes(model.model_validate(body))
 

@@ -13,7 +13,9 @@ import pytest
 from service import trace
 from service.config import Settings
 from service.core.diagnosis.stages import ORDER
-from service.trace import outputs, rules, variant_rows, weight_forms
+from service.trace import outputs, rules
+from service.trace.rows import variants as variant_rows
+from service.trace.rows import weight_forms
 from service.trace.shapes import Shapes
 from service.wire.errors import FieldError, LimitError
 from service.wire.schemas.requests import AttentionRequest, MaskRequest, MultiheadRequest
