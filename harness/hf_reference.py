@@ -904,7 +904,10 @@ BUILDERS: list[Callable[[Rand], list[Case]]] = [
 
 
 def build_cases(seed: int) -> list[Case]:
-    """Every layer case, with its weights and inputs drawn from ``seed``."""
+    """Every layer case, with its weights and inputs drawn from ``seed``: this module's, then
+    today's layers (``harness.hf_today``, which imports this module), drawing after them."""
+    from harness.hf_today import BUILDERS as TODAY
+
     rng = np.random.default_rng(seed)
 
     def r(*shape: int, scale: float = 1.0) -> np.ndarray:
@@ -912,6 +915,6 @@ def build_cases(seed: int) -> list[Case]:
 
     torch.manual_seed(seed)  # module init draws, all overwritten by _fill
     cases: list[Case] = []
-    for build in BUILDERS:
+    for build in (*BUILDERS, *TODAY):
         cases.extend(build(r))
     return cases

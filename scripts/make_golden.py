@@ -2,7 +2,9 @@
 
 - ``tests/fixtures/golden.json``: ``harness.torch_reference`` (PyTorch ops and modules);
 - ``tests/fixtures/golden_layers.json``: ``harness.hf_reference`` (whole Hugging Face attention
-  layers, nn.MultiheadAttention and scaled_dot_product_attention with their own inputs).
+  layers, nn.MultiheadAttention and scaled_dot_product_attention with their own inputs), then
+  ``harness.hf_today`` (today's layers: gpt-oss with YaRN, Phi-3 with LongRoPE, Gemma 4,
+  Qwen3-Next's output gate, Llama 4), which ``hf_reference.build_cases`` adds after its own.
 
 Run with torch and transformers installed (``.venv/bin/pip install torch==2.13.0
 transformers==5.23.0``): ``make fixtures``. The suite compares the service against these files,

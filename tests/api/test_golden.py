@@ -53,6 +53,16 @@ def test_golden_layers_file_covers_every_layer() -> None:
         "torch_mha_key_padding_bool_attn_mask",
         "sdpa_direct_gqa_causal_batch",
         "sdpa_direct_mqa_scale_unbatched",
+        # today's layers (harness/hf_today.py)
+        "hf_gpt_oss_yarn",
+        "hf_phi3_longrope_short",
+        "hf_phi3_longrope_long",
+        "hf_gemma4_sliding_layer",
+        "hf_gemma4_global_layer_k_eq_v",
+        "hf_qwen3_next_gated",
+        "hf_qwen3_next_explicit_gate",
+        "hf_llama4_rope_layer_chunked",
+        "hf_llama4_nope_layer_temperature",
     ):
         assert required in names
     for case in LAYER_CASES:  # every case checks the layer's output and stacked weights
@@ -70,8 +80,9 @@ def test_service_matches_torch_golden(client: TestClient, case: dict[str, Any]) 
 def test_service_matches_hugging_face_layer_golden(
     client: TestClient, case: dict[str, Any]
 ) -> None:
-    """Llama, Qwen3, Gemma 2 and gpt-oss attention layers (transformers, float64), and torch's
-    nn.MultiheadAttention and scaled_dot_product_attention, sent with their own names."""
+    """Llama, Qwen3, Gemma 2, gpt-oss, Phi-3, Gemma 4, Qwen3-Next and Llama 4 attention layers
+    (transformers, float64), and torch's nn.MultiheadAttention and scaled_dot_product_attention,
+    sent with their own names (Phi-3's fused qkv_proj split in three)."""
     response = client.post(case["endpoint"], json=case["request"])
     assert response.status_code == 200, response.text
     assert_close(response.json(), case["expected"])

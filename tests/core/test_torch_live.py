@@ -63,9 +63,10 @@ def test_service_matches_live_hugging_face_layers(
     request_body: dict[str, Any],
     expected: dict[str, Any],
 ) -> None:
-    """harness.hf_reference rebuilt for this seed: each layer case has already checked itself
-    (the float64 layer against a plain float64 computation of the request, 1e-12, and against
-    the layer as shipped with float32 inside, 1e-5) before it gets here."""
+    """harness.hf_reference (with harness.hf_today's layers) rebuilt for this seed: each layer
+    case has already checked itself (the float64 layer against a plain float64 computation of
+    the request, 1e-12, and against the layer as shipped with float32 inside, 1e-5) before it
+    gets here."""
     response = client.post(endpoint, json=request_body)
     assert response.status_code == 200, response.text
     assert_close(response.json(), expected)
