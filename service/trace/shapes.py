@@ -25,9 +25,7 @@ class Shapes:
     d_out: int = 0  # width of /multihead's output
     num_masks: int = 0  # mask objects, each a pass over B·L·S entries
     generated: tuple[str, ...] = ()  # arrays to draw, in the contract's order
-    form: str | None = (
-        None  # /multihead's weight form (service.trace.rows.weight_forms); None: none
-    )
+    form: str | None = None  # /multihead's weight form (trace.rows.weight_forms); None: none
     positional: bool = False
     residual: bool = False
     layer_norm: bool = False
