@@ -112,7 +112,8 @@ class Llama3Scaling(Scaling):
         )
 
 
-def _mscale(scale: float, mscale: float = 1.0) -> float:
+def mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's ``get_mscale``: 1 for scale ≤ 1, else 0.1 · mscale · ln(scale) + 1."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
@@ -173,8 +174,8 @@ class YarnScaling(Scaling):
         if self.given_attention_factor is not None:
             return self.given_attention_factor
         if self.mscale and self.mscale_all_dim:
-            return _mscale(self.factor, self.mscale) / _mscale(self.factor, self.mscale_all_dim)
-        return _mscale(self.factor)
+            return mscale(self.factor, self.mscale) / mscale(self.factor, self.mscale_all_dim)
+        return mscale(self.factor)
 
     def describe(self, rotary_dim: int, base: float, n: int) -> str:
         kept, low, high = self._ramp(rotary_dim, base)

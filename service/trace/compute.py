@@ -10,6 +10,7 @@ import numpy as np
 from service.core import masks
 from service.core.attention import AttentionTrace, project_qkv, scaled_dot_product_attention
 from service.core.diagnosis.stages import Setup
+from service.core.latent import LatentDims, latent_attention
 from service.core.multihead import attend_heads, multihead_attention
 from service.core.positions import position_bias
 from service.core.softmax import rows_by_item
@@ -18,6 +19,7 @@ from service.core.variants import Variants
 from service.trace import outputs, steps
 from service.trace.comparison import compare, state_of
 from service.trace.plan import AttentionPlan, MultiheadPlan, Plan
+from service.trace.shapes import Shapes
 from service.trace.summary import summary
 
 
@@ -114,7 +116,16 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
     mask = _combined_mask(plan)
     check()
     variants = _variants(plan)
-    if plan.heads is not None:
+    latent = None
+    if plan.latent is not None:
+        assert plan.x is not None and variants.rope is not None
+        latent = latent_attention(
+            plan.x, plan.latent, _latent_dims(s), num_heads=s.num_heads, settings=variants.rope,
+            positions=variants.positions, mask=mask, scale=plan.scale,
+            fully_masked_policy=plan.fully_masked_rows, variants=variants,
+        )  # fmt: skip
+        trace = latent.block
+    elif plan.heads is not None:
         q, k, v = plan.heads  # (B, h, L, d_k), (B, h_kv, S, d_k), (B, h_kv, S, d_v)
         trace = attend_heads(
             q, k, v, w_o=plan.w_o, b_o=plan.b_o, mask=mask, scale=plan.scale,
@@ -153,6 +164,11 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
         "summary": lambda: _summary(plan, trace.average_weights),
         "steps": lambda: steps.multihead_steps(plan, trace.heads.scale),
     }
+    per_head = _arrays(trace.heads)
+    if latent is not None:
+        values |= {"c_q": latent.c_q, "c_kv": latent.c_kv, "k_rope": latent.k_rope,
+                   "mla_cache_numbers": _latent_dims(s).cache_numbers}  # fmt: skip
+        per_head |= {"q_nope": latent.q_nope, "q_rope": latent.q_rope, "k_nope": latent.k_nope}
     if plan.expected is not None:
         setup = _setup(
             plan, trace.heads, variants, x_in=trace.x_in, context=plan.context,
@@ -169,7 +185,12 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
             "block_output": trace.output,
         }
         values |= _compared(plan, _head_state(trace.heads) | block, mask, setup, check)
-    return outputs.response(s, plan.include, values, _arrays(trace.heads))
+    return outputs.response(s, plan.include, values, per_head)
+
+
+def _latent_dims(s: Shapes) -> LatentDims:
+    assert s.latent is not None
+    return s.latent
 
 
 def _head_state(trace: AttentionTrace) -> dict[str, Array | None]:

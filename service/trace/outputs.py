@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any, Literal
 
+from service.core.latent import LatentDims
 from service.trace.shapes import Endpoint, Shapes
 from service.wire.errors import FieldError
 
@@ -85,6 +86,12 @@ class Output:
         return self.always and self.present is _everywhere
 
 
+def _lat(s: Shapes) -> LatentDims:
+    """The MLA sizes of a request whose mla is on."""
+    assert s.latent is not None
+    return s.latent
+
+
 def _ls(s: Shapes) -> tuple[int, ...]:
     return (s.seq_len, s.ctx_len)
 
@@ -109,6 +116,27 @@ OUTPUTS: tuple[Output, ...] = (
     Output("k_normed", "matrix", "qk_norm(K) [S][d_k] (when qk_norm is on)",
            lambda s: (s.ctx_len, s.d_k), present=_on("qk_norm"), head=True,
            view=View("K after qk_norm", rows="keys", each_head=True)),
+    # multi-head latent attention (DeepSeek): the latents, then each head's parts of Q and K
+    Output("c_q", "matrix", "the queries' latent [L][q_lora_rank], after q_a_layernorm (mla "
+           "with q_lora_rank)", lambda s: (s.seq_len, _lat(s).q_lora_rank or 0),
+           endpoints=MULTIHEAD, present=lambda s: s.latent is not None and
+           s.latent.q_lora_rank is not None, view=View("C_q  query latent")),
+    Output("c_kv", "matrix", "the keys' and values' latent [S][kv_lora_rank], what a cache "
+           "holds with k_rope (mla)", lambda s: (s.ctx_len, _lat(s).kv_lora_rank),
+           endpoints=MULTIHEAD, present=_on("mla"), view=View("C_kv  key/value latent",
+           rows="keys")),
+    Output("k_rope", "matrix", "the rotated key features [S][qk_rope_head_dim], one per "
+           "token, shared by every head (mla)", lambda s: (s.ctx_len, _lat(s).qk_rope_head_dim),
+           endpoints=MULTIHEAD, present=_on("mla"), view=View("k_rope  shared key", rows="keys")),
+    Output("q_nope", "matrix", "the query features without RoPE [L][qk_nope_head_dim] (mla)",
+           lambda s: (s.seq_len, _lat(s).qk_nope_head_dim), present=_on("mla"), head=True,
+           endpoints=MULTIHEAD, view=View("q_nope", rows="queries", each_head=True)),
+    Output("q_rope", "matrix", "the rotated query features [L][qk_rope_head_dim] (mla)",
+           lambda s: (s.seq_len, _lat(s).qk_rope_head_dim), present=_on("mla"), head=True,
+           endpoints=MULTIHEAD, view=View("q_rope (rotated)", rows="queries", each_head=True)),
+    Output("k_nope", "matrix", "the key features without RoPE [S][qk_nope_head_dim] (mla)",
+           lambda s: (s.ctx_len, _lat(s).qk_nope_head_dim), present=_on("mla"), head=True,
+           endpoints=MULTIHEAD, view=View("k_nope", rows="keys", each_head=True)),
     Output("q_rotated", "matrix", "RoPE(Q) [L][d_k], what the scores use (when rope is on)",
            lambda s: (s.seq_len, s.d_k), present=_on("rope"), head=True,
            view=View("Q rotated (RoPE)", rows="queries", each_head=True)),
@@ -182,6 +210,9 @@ OUTPUTS: tuple[Output, ...] = (
     Output("num_heads", "int", "h", endpoints=MULTIHEAD, always=True, batched=False),
     Output("num_kv_heads", "int", "key/value heads (h unless grouped-query attention)",
            endpoints=MULTIHEAD, always=True, batched=False),
+    Output("mla_cache_numbers", "int", "what a cache holds per token with mla: kv_lora_rank + "
+           "qk_rope_head_dim (against h·(d_k + d_v) without)", endpoints=MULTIHEAD,
+           present=_on("mla"), batched=False),
     Output("d_k", "int", "width of queries and keys (per head in /multihead)", always=True,
            batched=False),
     Output("d_v", "int", "width of values (per head in /multihead)", always=True, batched=False),

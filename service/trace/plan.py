@@ -13,6 +13,7 @@ from service.core import masks
 from service.core.attention import Projections
 from service.core.diagnosis.search import Tolerance
 from service.core.generate import draw
+from service.core.latent import LatentWeights
 from service.core.multihead import LayerNorm, MultiheadWeights, sinusoidal_encoding
 from service.core.positions import (
     PositionBias,
@@ -21,6 +22,7 @@ from service.core.types import Alignment, Array, FullyMaskedPolicy, Init, Weight
 from service.core.variants import Variants
 from service.trace.checks import lengths, options
 from service.trace.outputs import drawn_shape
+from service.trace.rows.latent import latent_weights
 from service.trace.rows.variants import VARIANTS
 from service.trace.rows.weight_forms import BY_NAME, given_or_drawn, in_out
 from service.trace.shapes import Shapes
@@ -89,6 +91,7 @@ class MultiheadPlan(Plan):
     positional_given: bool  # an explicit matrix, not the sinusoidal encoding
     residual: bool
     norm: LayerNorm | None
+    latent: LatentWeights | None = None  # mla: the latents' weights (weights is then None)
 
 
 P = TypeVar("P", bound=Plan)
@@ -122,6 +125,7 @@ def plan_multihead(req: MultiheadRequest, shapes: Shapes) -> MultiheadPlan:
             heads=(_batched(req.q, 4), _batched(req.k, 4), _batched(req.v, 4)), w_o=w_o, b_o=b_o,
             positional=None, positional_given=False, residual=False, norm=_norm(req),
         )  # fmt: skip
+    latent = shapes.form == "latent"
     pe = req.positional_encoding
     positional = (
         sinusoidal_encoding(shapes.seq_len, shapes.d_model or 0) if isinstance(pe, str) else pe
@@ -133,7 +137,8 @@ def plan_multihead(req: MultiheadRequest, shapes: Shapes) -> MultiheadPlan:
         generated,
         x=_batched(generated.get("x", req.x)),
         context=None if req.context is None else _batched(req.context),
-        weights=_multihead_weights(req, shapes, generated, w_o, b_o),
+        weights=None if latent else _multihead_weights(req, shapes, generated, w_o, b_o),
+        latent=latent_weights(req, w_o, b_o) if latent else None,
         heads=None,
         w_o=w_o,
         b_o=b_o,

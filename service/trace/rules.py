@@ -11,8 +11,9 @@ import numpy as np
 
 from service.trace.checks import DOTTED, batch_words, check_bias, check_size, weight_out
 from service.trace.mask_rules import check_key_padding, check_masks, mask_warnings, num_masks
+from service.trace.rows.latent import latent_dims
 from service.trace.rows.variants import VARIANTS
-from service.trace.rows.weight_forms import weight_form
+from service.trace.rows.weight_forms import Dims, weight_form
 from service.trace.shapes import Shapes
 from service.wire.errors import ErrorItem, FieldError, RequestError
 from service.wire.schemas.requests import (
@@ -153,10 +154,18 @@ def multihead_shapes(req: MultiheadRequest) -> Shapes:
             "num_heads is missing: give the number of heads h (only q, k and v given per head "
             "[h][L][d_k] imply it)",
         )
-    form = weight_form(req)
-    kv_width = form.kv_width(req)
-    batch, seq_len, ctx_len, d_model = _sequence_shapes(req, kv_width)
-    dims = form.dims(req, d_model, kv_width or d_model, h)
+    if req.mla is not None:  # the latents are a form of their own (service.trace.rows.latent)
+        batch, seq_len, ctx_len, d_model = _sequence_shapes(req)
+        latent = latent_dims(req, d_model, h)
+        dims = Dims(latent.qk_nope_head_dim + latent.qk_rope_head_dim, latent.v_head_dim, h)
+        form_name = "latent"
+    else:
+        latent = None
+        form = weight_form(req)
+        kv_width = form.kv_width(req)
+        batch, seq_len, ctx_len, d_model = _sequence_shapes(req, kv_width)
+        dims = form.dims(req, d_model, kv_width or d_model, h)
+        form_name = form.name
     d_out = _output_dims(req, h * dims.d_v)
     if req.residual and d_out != d_model:
         raise FieldError(
@@ -186,7 +195,8 @@ def multihead_shapes(req: MultiheadRequest) -> Shapes:
         d_out=d_out,
         num_masks=num_masks(req),
         generated=("x",) * (req.x is None) + dims.generated,
-        form=form.name,
+        form=form_name,
+        latent=latent,
         positional=pe is not None,
         residual=req.residual,
         layer_norm=req.layer_norm is not False,

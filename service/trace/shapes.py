@@ -5,6 +5,8 @@ the steps read it."""
 from dataclasses import dataclass
 from typing import Literal
 
+from service.core.latent import LatentDims
+
 Endpoint = Literal["attention", "multihead"]  # which rows of the outputs table an answer has
 
 
@@ -31,6 +33,7 @@ class Shapes:
     layer_norm: bool = False
     tokens: tuple[str, ...] | None = None
     context_tokens: tuple[str, ...] | None = None
+    latent: LatentDims | None = None  # /multihead with mla: its latents' and heads' sizes
     on: frozenset[str] = frozenset()  # the variants that are on (service.trace.rows.variants)
     warnings: tuple[dict[str, str], ...] = ()  # what looks wrong (service.trace.warnings)
     expected_numbers: int = 0  # the caller's numbers to compare (expected); 0: none

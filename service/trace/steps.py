@@ -52,6 +52,11 @@ def _attention(plan: Plan, scale: float) -> dict[str, str]:
     q, k = symbol(s, plan.variants, "scores", "q"), symbol(s, plan.variants, "scores", "k")
     given = f"scale = {scale:.10g} (given)"
     default = f"scale = 1/√d_k = 1/√{s.d_k} = {scale:.10g}"
+    if abs(scale * s.d_k**0.5 - 1.0) > 1e-12:  # not given, yet not 1/√d_k: MLA under YaRN
+        default = (
+            f"scale = 1/√d_k · mscale(factor, mscale_all_dim)² = {scale:.10g} (YaRN, as "
+            "DeepseekV3Attention)"
+        )
     formulas = {
         "scores": f"{q} {k}ᵀ",
         "scaled_scores": f"{q} {k}ᵀ · scale, " + (default if plan.scale is None else given),
@@ -75,7 +80,8 @@ def _in_order(plan: Plan, formulas: dict[str, str]) -> list[Step]:
     queries' and keys' forms in the order they were made (a norm after RoPE comes after it)."""
     shapes = plan.shapes
     order: dict[str, float] = dict(step_order(shapes.endpoint))
-    for j, side in enumerate("qk"):
+    after = plan.variants.q_norm is not None and plan.variants.q_norm.after_rope
+    for j, side in enumerate("qk" if after else ""):
         forms = applied(shapes, plan.variants, side)
         for i, name in enumerate(forms[1:]):  # after the projections, q's form before k's
             order[name] = order["v"] + (i + 1) / 10 + (j + 1) / 100

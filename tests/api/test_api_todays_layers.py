@@ -144,3 +144,74 @@ def test_each_rule_of_the_new_fields_is_a_422_naming_its_field(
     error = post(client, "/multihead", body, status=422)["errors"][0]
     assert error["field"] == field, error
     assert words in error["message"], error["message"]
+
+
+# ------------------------------------------------------------- multi-head latent attention
+R_Q, R_KV, NOPE, ROPE, D_V = 6, 4, 2, 2, 3
+
+
+def mla_layer(**rest: Any) -> dict[str, Any]:
+    """A DeepSeek-shaped layer: the numbers only need the right sizes here (the values are
+    checked against DeepseekV3Attention in tests/api/test_golden.py)."""
+    r = np.random.default_rng(31)
+    return {
+        "x": X, "num_heads": H, "q_a_proj.weight": r.normal(size=(R_Q, D_MODEL)),
+        "q_a_layernorm.weight": np.ones(R_Q), "q_b_proj.weight": r.normal(size=(H * (NOPE + ROPE), R_Q)),
+        "kv_a_proj_with_mqa.weight": r.normal(size=(R_KV + ROPE, D_MODEL)),
+        "kv_a_layernorm.weight": np.ones(R_KV), "kv_b_proj.weight": r.normal(size=(H * (NOPE + D_V), R_KV)),
+        "mla": {"q_lora_rank": R_Q, "kv_lora_rank": R_KV, "qk_nope_head_dim": NOPE,
+                "qk_rope_head_dim": ROPE, "v_head_dim": D_V},
+        "rope": {"base": 10000, "style": "interleaved"}, **rest,
+    }  # fmt: skip
+
+
+def test_mla_returns_its_latents_and_a_cache_of_latent_plus_rope_numbers(
+    client: TestClient,
+) -> None:
+    body = post(client, "/multihead", mla_layer())
+    assert body["mla_cache_numbers"] == R_KV + ROPE
+    assert np.shape(body["c_q"]) == (L, R_Q) and np.shape(body["c_kv"]) == (L, R_KV)
+    assert np.shape(body["k_rope"]) == (L, ROPE)
+    for head in body["heads"]:  # Q = [q_nope | q_rope], K = [k_nope | the shared k_rope]
+        np.testing.assert_array_equal(np.array(head["q_rotated"])[:, :NOPE], head["q_nope"])
+        np.testing.assert_array_equal(np.array(head["q_rotated"])[:, NOPE:], head["q_rope"])
+        np.testing.assert_array_equal(np.array(head["k_rotated"])[:, NOPE:], body["k_rope"])
+    assert body["d_k"] == NOPE + ROPE and body["d_v"] == D_V
+    assert body["scale"] == pytest.approx((NOPE + ROPE) ** -0.5, abs=1e-15)
+    c_kv = next(s["formula"] for s in body["steps"] if s["name"] == "c_kv")
+    assert (
+        f"{R_KV + ROPE} numbers a token, against h·(d_k + d_v) = {H * (NOPE + ROPE + D_V)}" in c_kv
+    )
+
+
+def test_mla_without_q_lora_rank_reads_q_proj(client: TestClient) -> None:
+    given = {k: v for k, v in mla_layer().items() if not k.startswith(("q_a_", "q_b_"))}
+    w_q = np.random.default_rng(32).normal(size=(H * (NOPE + ROPE), D_MODEL))
+    body = post(client, "/multihead", {**given, "q_proj.weight": w_q,
+                                       "mla": {**given["mla"], "q_lora_rank": None}})  # fmt: skip
+    assert "c_q" not in body
+    q = (X @ w_q.T).reshape(L, H, NOPE + ROPE).transpose(1, 0, 2)  # (h, L, nope + rope)
+    np.testing.assert_allclose(body["heads"][1]["q_nope"], q[1, :, :NOPE], rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        (mla_layer(rope=False), "rope", "mla needs rope"),
+        (mla_layer(**{"kv_b_proj.weight": np.ones((3, R_KV))}), "kv_b_proj.weight", "must be 10×4"),
+        (mla_layer(**{"k_proj.weight": W_K}), "k_proj.weight", "does not apply with mla"),
+        (mla_layer(qk_norm=True), "qk_norm", "no MLA layer has it"),
+        (mla_layer(**{"q_proj.weight": W_Q}), "q_proj.weight", "not q_proj.weight"),
+        (mla_layer(rope={"base": 10000, "rotary_dim": 4}), "rope.rotary_dim", "qk_rope_head_dim = 2"),
+        ({k: v for k, v in mla_layer().items() if k != "kv_a_layernorm.weight"},
+         "kv_a_layernorm.weight", "is missing"),
+    ],
+    ids=["no_rope", "kv_b_proj_shape", "another_form", "qk_norm", "q_proj_with_q_lora",
+         "rotary_dim", "missing_latent_norm"],
+)  # fmt: skip
+def test_each_rule_of_mla_is_a_422_naming_its_field(
+    client: TestClient, body: dict[str, Any], field: str, words: str
+) -> None:
+    error = post(client, "/multihead", body, status=422)["errors"][0]
+    assert error["field"] == field, error
+    assert words in error["message"], error["message"]

@@ -13,6 +13,7 @@ import pytest
 from service import trace
 from service.config import Settings
 from service.core.diagnosis.stages import ORDER
+from service.core.latent import LatentDims
 from service.trace import outputs, rules
 from service.trace.rows import variants as variant_rows
 from service.trace.rows import weight_forms
@@ -54,7 +55,8 @@ def test_a_variant_turns_on_exactly_the_outputs_its_row_names(
 ) -> None:
     """The outputs table shows a variant's rows (per head, or of the block like the gate's)
     when, and only when, the variant is on."""
-    on = Shapes(**{**BARE.__dict__, "on": frozenset({variant.field})})
+    latent = LatentDims(4, 4, 2, 2, 2) if variant.field == "mla" else None  # mla's sizes
+    on = Shapes(**{**BARE.__dict__, "on": frozenset({variant.field}), "latent": latent})
     rows = [o for o in outputs.OUTPUTS if "multihead" in o.endpoints]
     shown = {o.name for o in rows if o.present(on)}
     bare = {o.name for o in rows if o.present(BARE)}

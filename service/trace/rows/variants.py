@@ -22,6 +22,7 @@ from service.core.types import Array
 from service.core.variants import QKNorm, Temperature, Variants, temperature_factors
 from service.trace.checks import engine_rule, options
 from service.trace.outputs import CHAIN, latest
+from service.trace.rows.latent import check_latent, latent_steps
 from service.trace.rows.rope import Formulas, Req, check_rope, rope_settings, rope_steps, symbol
 from service.trace.shapes import Shapes
 from service.wire.errors import FieldError
@@ -308,6 +309,11 @@ VARIANTS: tuple[Variant, ...] = (
             _qk_norm_settings, _qk_norm_steps),
     Variant("rope", ("q_rotated", "k_rotated"), lambda req: options(req.rope, RopeOptions) is not None,
             check_rope, rope_settings, rope_steps, uses_positions=True),
+    # DeepSeek's multi-head latent attention: its projections are a weight form of their own
+    # (service.trace.rows.latent); the row checks what goes with it and says the latents' steps
+    Variant("mla", ("c_q", "c_kv", "k_rope", "q_nope", "q_rope", "k_nope", "mla_cache_numbers"),
+            lambda req: isinstance(req, MultiheadRequest) and req.mla is not None, check_latent,
+            lambda req: {}, latent_steps),
     Variant("temperature", ("q_tempered",), lambda req: req.temperature is not None, _none,
             _temperature_settings,
             _temperature_steps, uses_positions=True),

@@ -162,6 +162,20 @@ class GateOptions(BaseModel):
     b: Vector | None = Field(None, description="b [h·d_v]")
 
 
+class LatentOptions(BaseModel):
+    """DeepSeek's multi-head latent attention: the sizes of its latents and heads."""
+
+    model_config = STRICT
+    q_lora_rank: Int | None = Field(
+        description="the queries' latent width (q_a_proj); null: q_proj straight from x", ge=1
+    )
+    kv_lora_rank: Int = Field(ge=1, description="the keys' and values' latent width (c_kv)")
+    qk_nope_head_dim: Int = Field(ge=0, description="each head's query/key features without RoPE")
+    qk_rope_head_dim: Int = Field(ge=2, description="the rotated features; the key's are shared")
+    v_head_dim: Int = Field(ge=1, description="each head's value width")
+    eps: FiniteFloat = Field(1e-6, gt=0, description="the latents' RMSNorm epsilon")
+
+
 GateSetting = Annotated[
     Annotated[bool, Tag("flag")] | Annotated[GateOptions, Tag("options")],
     Discriminator(flag_or_options),
@@ -270,6 +284,51 @@ class MultiheadRequest(VariantFields, InputFields):
         "rows (each head's query rows then its gate rows, as Qwen3-Next stores them): the "
         "heads' concat is multiplied by sigmoid(x W_gᵀ + b) before w_o; returns gate, gated",
         json_schema_extra=any_of,
+    )
+    mla: LatentOptions | None = Field(
+        None,
+        description="multi-head latent attention (DeepSeek V2/V3, Kimi K2) from the state dict's "
+        "q_a_proj, q_a_layernorm, q_b_proj (or q_proj), kv_a_proj_with_mqa, kv_a_layernorm, "
+        "kv_b_proj and o_proj; returns c_q, c_kv, k_rope, q_nope, q_rope, k_nope and "
+        "mla_cache_numbers",
+    )
+    q_a_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("q_a_proj.weight", "q_a_proj_weight"),
+        description="MLA: [q_lora_rank][d_model], out_in",
+    )
+    q_a_proj_bias: Vector | None = Field(
+        None, validation_alias=_named("q_a_proj.bias", "q_a_proj_bias"), description="[q_lora_rank]"
+    )
+    q_a_layernorm_weight: Vector | None = Field(
+        None,
+        validation_alias=_named("q_a_layernorm.weight", "q_a_layernorm_weight"),
+        description="MLA: the query latent's RMSNorm weight [q_lora_rank]",
+    )
+    q_b_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("q_b_proj.weight", "q_b_proj_weight"),
+        description="MLA: [h·(qk_nope_head_dim + qk_rope_head_dim)][q_lora_rank], out_in",
+    )
+    kv_a_proj_with_mqa_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("kv_a_proj_with_mqa.weight", "kv_a_proj_with_mqa_weight"),
+        description="MLA: [kv_lora_rank + qk_rope_head_dim][d_model], out_in",
+    )
+    kv_a_proj_with_mqa_bias: Vector | None = Field(
+        None,
+        validation_alias=_named("kv_a_proj_with_mqa.bias", "kv_a_proj_with_mqa_bias"),
+        description="[kv_lora_rank + qk_rope_head_dim]",
+    )
+    kv_a_layernorm_weight: Vector | None = Field(
+        None,
+        validation_alias=_named("kv_a_layernorm.weight", "kv_a_layernorm_weight"),
+        description="MLA: the key/value latent's RMSNorm weight [kv_lora_rank]",
+    )
+    kv_b_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("kv_b_proj.weight", "kv_b_proj_weight"),
+        description="MLA: [h·(qk_nope_head_dim + v_head_dim)][kv_lora_rank], out_in",
     )
     sinks: Vector | None = Field(
         None,

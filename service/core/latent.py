@@ -1,0 +1,147 @@
+"""Multi-head latent attention (DeepSeek-V2 §2.1, DeepSeek V3, Kimi K2), keeping every
+intermediate: queries and keys/values pass through low-rank latents, and one RoPE key per token
+is shared by all heads, so a cache holds ``kv_lora_rank + qk_rope_head_dim`` numbers a token.
+
+Follows transformers' ``DeepseekV3Attention.forward``:
+
+    c_q   = rms_norm(x W_qa + b_qa) · w_qa          (q_lora_rank given; else q = x W_q)
+    q     = c_q W_qb  → heads → [q_nope | q_rope]
+    [c_kv | k_rope] = x W_kva + b_kva,  c_kv = rms_norm(c_kv) · w_kva
+    kv    = c_kv W_kvb → heads → [k_nope | v]
+    q_rope, k_rope rotated (k_rope once, for every head)
+    Q = [q_nope | q_rope],  K = [k_nope | k_rope]   → attention per head, concat, W_o
+
+Weights in in_out layout (``X @ W``). With ``interleave`` (DeepSeek's ``rope_interleave``) the
+rope features turn in pairs (2i, 2i + 1) and come out as transformers'
+``apply_rotary_pos_emb_interleave`` returns them: the pairs' first members, then their second
+members (a permutation of both Q and K, so the scores are those of the interleaved layout).
+"""
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from service.core.attention import default_scale, project
+from service.core.masks import CombinedMask
+from service.core.multihead import MultiheadTrace, attend_heads, split_heads
+from service.core.positions import Rope, rope, sequence_length
+from service.core.rope_scaling import YarnScaling, mscale
+from service.core.types import Array, FullyMaskedPolicy, IntArray
+from service.core.variants import QKNorm, Variants, qk_norm
+
+
+@dataclass(frozen=True)
+class LatentDims:
+    """The sizes of one MLA layer (DeepseekV3Config's names)."""
+
+    q_lora_rank: int | None  # None: queries straight from x (q_proj)
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def cache_numbers(self) -> int:
+        """What a cache holds per token: the latent and the shared rope key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class LatentWeights:
+    """An MLA layer's weights in in_out layout."""
+
+    w_q: Array  # (d_model, h·(nope + rope)): q_b_proj after the latent, or q_proj
+    w_kv_a: Array  # (d_model, kv_lora_rank + rope)  kv_a_proj_with_mqa
+    kv_norm: Array  # (kv_lora_rank,)  kv_a_layernorm
+    w_kv_b: Array  # (kv_lora_rank, h·(nope + d_v))  kv_b_proj
+    w_q_a: Array | None = None  # (d_model, q_lora_rank)  q_a_proj
+    q_norm: Array | None = None  # (q_lora_rank,)  q_a_layernorm
+    b_q_a: Array | None = None  # (q_lora_rank,)
+    b_kv_a: Array | None = None  # (kv_lora_rank + rope,)
+    w_o: Array | None = None  # (h·d_v, d_out)
+    b_o: Array | None = None  # (d_out,)
+    eps: float = 1e-6  # the latents' RMSNorm
+
+
+@dataclass(frozen=True)
+class LatentTrace:
+    """Every intermediate of an MLA layer; ``block.heads`` holds Q = [q_nope | q_rope] as
+    ``q_rotated`` (and the unrotated one as ``q``), K likewise."""
+
+    c_q: Array | None  # (B, L, q_lora_rank)
+    c_kv: Array  # (B, S, kv_lora_rank)
+    k_rope: Array  # (B, S, rope)  rotated, one per token for every head
+    q_nope: Array  # (B, h, L, nope)
+    q_rope: Array  # (B, h, L, rope)  rotated
+    k_nope: Array  # (B, h, S, nope)
+    block: MultiheadTrace
+
+
+def softmax_gain(settings: Rope) -> float:
+    """What DeepSeek multiplies its softmax scale by under YaRN with ``mscale_all_dim``:
+    ``mscale(factor, mscale_all_dim)²`` (transformers' ``yarn_apply_mscale``), else 1."""
+    s = settings.scaling
+    if isinstance(s, YarnScaling) and s.mscale_all_dim:
+        return mscale(s.factor, s.mscale_all_dim) ** 2
+    return 1.0
+
+
+def _turned(x: Array, positions: IntArray, settings: Rope, n: int) -> Array:
+    """RoPE over all of ``x (..., n, r)``; interleaved pairs come out as DeepSeek lays them."""
+    out = rope(x, positions, settings, n)  # (..., n, r)
+    if settings.style == "interleaved":
+        out = np.concatenate([out[..., 0::2], out[..., 1::2]], axis=-1)  # (..., n, r)
+    return out
+
+
+def latent_attention(
+    x: Array,
+    w: LatentWeights,
+    dims: LatentDims,
+    *,
+    num_heads: int,
+    settings: Rope,
+    positions: IntArray | None = None,
+    mask: CombinedMask | None = None,
+    scale: float | None = None,
+    fully_masked_policy: FullyMaskedPolicy = "zero",
+    variants: Variants | None = None,
+) -> LatentTrace:
+    """MLA over ``x (B, L, d_model)`` (self-attention), RoPE ``settings`` on the rope features
+    at ``positions`` (default 0 … L−1); the other ``variants`` (softcap, sinks, …) as in
+    :func:`service.core.multihead.attend_heads`. ``scale`` defaults to 1/√(nope + rope) times
+    :func:`softmax_gain`."""
+    h, nope, r = num_heads, dims.qk_nope_head_dim, dims.qk_rope_head_dim
+    norm = QKNorm("rms", w.eps)
+    c_q = None
+    if w.w_q_a is not None:
+        c_q = qk_norm(project(x, w.w_q_a, w.b_q_a), replace(norm, weight=w.q_norm))  # (B, L, r_q)
+    q = split_heads(project(x if c_q is None else c_q, w.w_q), h)  # (B, h, L, nope + r)
+    q_nope, q_pass = q[..., :nope], q[..., nope:]  # (B, h, L, nope), (B, h, L, r)
+    compressed = project(x, w.w_kv_a, w.b_kv_a)  # (B, S, kv_lora_rank + r)
+    c_kv = qk_norm(compressed[..., : dims.kv_lora_rank], replace(norm, weight=w.kv_norm))
+    kv = split_heads(project(c_kv, w.w_kv_b), h)  # (B, h, S, nope + d_v)
+    k_nope, v = kv[..., :nope], kv[..., nope:]  # (B, h, S, nope), (B, h, S, d_v)
+    p = np.arange(x.shape[1]) if positions is None else positions  # (L,)
+    n = sequence_length(p)
+    turn = replace(settings, rotary_dim=r)
+    q_rope = _turned(q_pass, p, turn, n)  # (B, h, L, r)
+    k_rope = _turned(compressed[..., dims.kv_lora_rank :], p, turn, n)  # (B, S, r)
+    k_pass = np.broadcast_to(compressed[:, None, :, dims.kv_lora_rank :], (*k_nope.shape[:3], r))
+    k_rotated = np.concatenate([k_nope, np.broadcast_to(k_rope[:, None], k_pass.shape)], -1)
+    q_rotated = np.concatenate([q_nope, q_rope], axis=-1)  # (B, h, L, nope + r)
+    if scale is None:  # 1/√(nope + r), times YaRN's gain as DeepseekV3Attention.scaling
+        scale = default_scale(nope + r) * softmax_gain(settings)
+    block = attend_heads(
+        q_rotated, k_rotated, v, w_o=w.w_o, b_o=w.b_o, mask=mask, scale=scale,
+        fully_masked_policy=fully_masked_policy,
+        variants=replace(variants or Variants(), rope=None),
+    )  # fmt: skip
+    heads = replace(
+        block.heads,
+        q=q,  # (B, h, L, nope + r)  before RoPE
+        k=np.concatenate([k_nope, k_pass], axis=-1),  # (B, h, S, nope + r)
+        q_rotated=q_rotated,
+        k_rotated=k_rotated,
+    )
+    return LatentTrace(c_q, c_kv, k_rope, q_nope, q_rope, k_nope, replace(block, heads=heads))
