@@ -173,6 +173,25 @@ GEMMA4_GLOBAL: dict[str, Any] = {
     "include": ["heads", "steps"],
     "decimals": 4,
 }
+DEEPSEEK_MLA: dict[str, Any] = {
+    "tokens": ["the", "cat", "sat", "down"],
+    "x": _X4,
+    "num_heads": 2,
+    "q_a_proj.weight": [[1, 0, 0.5, 0], [0, 1, 0, 0.5], [0.5, 0, 1, 0]],
+    "q_a_layernorm.weight": [1, 0.5, 1.5],
+    "q_b_proj.weight": [[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0], [0, 1, 1], [1, 0, 1],
+                        [0.5, 0, 0], [0, 0.5, 0]],
+    "kv_a_proj_with_mqa.weight": [[1, 0.5, 0, 0], [0, 0, 1, 0.5], [0.5, 0, 0, 1], [0, 1, 0.5, 0]],
+    "kv_a_layernorm.weight": [1, 2],
+    "kv_b_proj.weight": [[1, 0], [0, 1], [1, 1], [0.5, -0.5], [1, -1], [0, 2]],
+    "o_proj.weight": [[1, 0], [0, 1], [1, 1], [0.5, 0.5]],
+    "mla": {"q_lora_rank": 3, "kv_lora_rank": 2, "qk_nope_head_dim": 2, "qk_rope_head_dim": 2,
+            "v_head_dim": 1},
+    "rope": {"base": 10000, "style": "interleaved"},
+    "mask": {"type": "causal"},
+    "include": ["c_q", "c_kv", "k_rope", "heads", "output", "mla_cache_numbers", "steps"],
+    "decimals": 4,
+}  # fmt: skip
 YARN_PAST_THE_CONTEXT: dict[str, Any] = {
     "tokens": ["far", "into", "the", "text"],
     "q": [[1, 0, 0.5, 0, 1, 0, 0.5, 0]] * 4,
@@ -255,4 +274,5 @@ MULTIHEAD_EXAMPLES = _examples(
     ),
     ("llama4", "Llama 4: interleaved RoPE, then the L2 norm, chunked attention", LLAMA4_CHUNKED),
     ("gemma4", "Gemma 4's full layer: V = K, v_norm, proportional RoPE, scale 1", GEMMA4_GLOBAL),
+    ("deepseek_mla", "DeepSeek's latent attention: latents, a shared RoPE key", DEEPSEEK_MLA),
 )

@@ -7,6 +7,7 @@ softmax swapped by ``harness.hf_reference.float64_torch_in``), each posted witho
 - Llama 4: ``apply_rotary_emb``, ``Llama4TextL2Norm`` and ``chunked_causal_mask_function``;
 - Gemma 4: ``Gemma4RMSNorm`` (with and without scale), ``apply_rotary_pos_emb`` with the cos/sin
   of ``_compute_proportional_rope_parameters``;
+- DeepSeek: its ``DeepseekV3Attention`` loaded with the example's latents;
 - YaRN: the cos/sin of ``_compute_yarn_parameters`` (gpt-oss's settings) and ``rotate_half``.
 """
 
@@ -32,6 +33,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import Qwen3NextConfig  # noqa: E402
 from transformers import modeling_rope_utils as rope_utils  # noqa: E402
 from transformers.masking_utils import chunked_causal_mask_function  # noqa: E402
+from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: E402
 from transformers.models.gemma4 import modeling_gemma4  # noqa: E402
 from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig  # noqa: E402
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
@@ -188,3 +190,34 @@ def test_yarn_example_is_transformers_yarn_at_positions_past_the_context(
     np.testing.assert_allclose(ours["weights"], torch.softmax(s, -1).numpy(), rtol=0, atol=TOL)
     q_step = next(st["formula"] for st in ours["steps"] if st["name"] == "q_rotated")
     assert "yarn scaling: of 4 pairs, 2 kept" in q_step
+
+
+def test_deepseek_example_is_deepseek_v3_attention(client: TestClient) -> None:
+    body = ex.DEEPSEEK_MLA
+    ours = full_precision(client, "/multihead", body, include=["c_q", "c_kv", "k_rope", "output"])
+    m = body["mla"]
+    fields: dict[str, Any] = {
+        "hidden_size": 4, "num_attention_heads": 2, "num_key_value_heads": 2,
+        "q_lora_rank": m["q_lora_rank"], "kv_lora_rank": m["kv_lora_rank"],
+        "qk_nope_head_dim": m["qk_nope_head_dim"], "qk_rope_head_dim": m["qk_rope_head_dim"],
+        "v_head_dim": m["v_head_dim"], "rope_interleave": True, "attention_bias": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": body["rope"]["base"]},
+    }  # fmt: skip
+    config = transformers.DeepseekV3Config(**fields)
+    config._attn_implementation = "eager"
+    layer = modeling_deepseek_v3.DeepseekV3Attention(config, layer_idx=0).double().eval()
+    names = ("q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight",
+             "kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight",
+             "o_proj.weight")  # fmt: skip
+    layer.load_state_dict({n: t(body[n]) for n in names}, strict=True)
+    x = t(body["x"])[None]
+    inv = 1.0 / body["rope"]["base"] ** (torch.arange(0, 2, 2, dtype=F64) / 2)  # rope dim 2
+    with in_float64(modeling_deepseek_v3):
+        out, _ = layer(x, cos_sin(inv, list(range(4))), t(causal_additive(4))[None, None])
+        assert layer.q_a_layernorm is not None and layer.q_a_proj is not None  # q_lora_rank given
+        c_q = layer.q_a_layernorm(layer.q_a_proj(x))
+        c_kv = layer.kv_a_layernorm(layer.kv_a_proj_with_mqa(x)[..., :2])
+    assert out.dtype == F64
+    np.testing.assert_allclose(ours["output"], out[0].numpy(), rtol=0, atol=TOL)
+    np.testing.assert_allclose(ours["c_q"], c_q[0].numpy(), rtol=0, atol=TOL)
+    np.testing.assert_allclose(ours["c_kv"], c_kv[0].numpy(), rtol=0, atol=TOL)
