@@ -905,7 +905,9 @@ BUILDERS: list[Callable[[Rand], list[Case]]] = [
 
 def build_cases(seed: int) -> list[Case]:
     """Every layer case, with its weights and inputs drawn from ``seed``: this module's, then
-    today's layers (``harness.hf_today``, which imports this module), drawing after them."""
+    today's layers (``harness.hf_today``, which imports this module), drawing after them, then
+    multi-head latent attention (``harness.hf_mla``), drawing last."""
+    from harness.hf_mla import BUILDERS as MLA
     from harness.hf_today import BUILDERS as TODAY
 
     rng = np.random.default_rng(seed)
@@ -915,6 +917,6 @@ def build_cases(seed: int) -> list[Case]:
 
     torch.manual_seed(seed)  # module init draws, all overwritten by _fill
     cases: list[Case] = []
-    for build in (*BUILDERS, *TODAY):
+    for build in (*BUILDERS, *TODAY, *MLA):
         cases.extend(build(r))
     return cases

@@ -63,6 +63,10 @@ def test_golden_layers_file_covers_every_layer() -> None:
         "hf_qwen3_next_explicit_gate",
         "hf_llama4_rope_layer_chunked",
         "hf_llama4_nope_layer_temperature",
+        # multi-head latent attention (harness/hf_mla.py)
+        "hf_deepseek_v3_mla_q_lora",
+        "hf_deepseek_v3_mla_no_q_lora",
+        "hf_deepseek_v3_mla_yarn",
     ):
         assert required in names
     for case in LAYER_CASES:  # every case checks the layer's output and stacked weights
@@ -80,9 +84,10 @@ def test_service_matches_torch_golden(client: TestClient, case: dict[str, Any]) 
 def test_service_matches_hugging_face_layer_golden(
     client: TestClient, case: dict[str, Any]
 ) -> None:
-    """Llama, Qwen3, Gemma 2, gpt-oss, Phi-3, Gemma 4, Qwen3-Next and Llama 4 attention layers
-    (transformers, float64), and torch's nn.MultiheadAttention and scaled_dot_product_attention,
-    sent with their own names (Phi-3's fused qkv_proj split in three)."""
+    """Llama, Qwen3, Gemma 2, gpt-oss, Phi-3, Gemma 4, Qwen3-Next, Llama 4 and DeepSeek V3 (MLA)
+    attention layers (transformers, float64), and torch's nn.MultiheadAttention and
+    scaled_dot_product_attention, sent with their own names (Phi-3's fused qkv_proj split in
+    three)."""
     response = client.post(case["endpoint"], json=case["request"])
     assert response.status_code == 200, response.text
     assert_close(response.json(), case["expected"])
