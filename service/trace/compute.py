@@ -174,11 +174,14 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
             plan, trace.heads, variants, x_in=trace.x_in, context=plan.context,
             projections=plan.weights, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
             w_o=plan.w_o, b_o=plan.b_o, residual=plan.residual, norm=plan.norm,
+            latent=plan.latent is not None,
         )  # fmt: skip
         block = {
             "x_in": trace.x_in,
             "average_weights": trace.average_weights,
             "concat": trace.concat,
+            "gate": trace.gate,
+            "gated": trace.gated,
             "projected": trace.projected,
             "residual": trace.residual,
             "layer_norm": trace.layer_norm,

@@ -66,9 +66,8 @@ def cos_sin(inv_freq: Any, positions: list[int], gain: float = 1.0) -> tuple[Any
     return (emb.cos() * gain)[None], (emb.sin() * gain)[None]
 
 
-def test_qwen3_next_example_is_qwen3_next_attention(client: TestClient) -> None:
-    body = ex.QWEN3_NEXT_GATED
-    ours = full_precision(client, "/multihead", body, include=["gate", "gated", "output"])
+def qwen3_next_layer(body: dict[str, Any]) -> Any:
+    """Qwen3NextAttention (a full-attention layer) holding the example's weights."""
     config = Qwen3NextConfig(
         hidden_size=4, num_attention_heads=1, num_key_value_heads=1, head_dim=4,
         rms_norm_eps=1e-6, attention_bias=False,
@@ -79,6 +78,23 @@ def test_qwen3_next_example_is_qwen3_next_attention(client: TestClient) -> None:
     names = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
              "q_norm.weight", "k_norm.weight")  # fmt: skip
     layer.load_state_dict({n: t(body[n]) for n in names}, strict=True)
+    return layer
+
+
+def run_layer(layer: Any, modeling: Any, body: dict[str, Any]) -> Any:
+    """The layer's forward on the example's 4 tokens, causal, RoPE over 2 features."""
+    inv = 1.0 / body["rope"]["base"] ** (torch.arange(0, 2, 2, dtype=F64) / 2)
+    with in_float64(modeling):
+        out, _ = layer(t(body["x"])[None], cos_sin(inv, list(range(4))),
+                       t(causal_additive(4))[None, None])  # fmt: skip
+    assert out.dtype == F64
+    return out[0].numpy()
+
+
+def test_qwen3_next_example_is_qwen3_next_attention(client: TestClient) -> None:
+    body = ex.QWEN3_NEXT_GATED
+    ours = full_precision(client, "/multihead", body, include=["gate", "gated", "output"])
+    layer = qwen3_next_layer(body)
     x = t(body["x"])[None]
     inv = 1.0 / body["rope"]["base"] ** (torch.arange(0, 2, 2, dtype=F64) / 2)  # rotary_dim 2
     with in_float64(modeling_qwen3_next):
@@ -114,9 +130,9 @@ def test_llama4_example_rotates_then_normalises_within_chunks(client: TestClient
     np.testing.assert_allclose(ours["output"], (weights @ v)[0].numpy(), rtol=0, atol=TOL)
 
 
-def test_gemma4_example_takes_v_from_k_and_rotates_proportionally(client: TestClient) -> None:
-    body = ex.GEMMA4_GLOBAL
-    ours = full_precision(client, "/multihead", body, include=["heads", "output"])
+def gemma4_parts(body: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
+    """Gemma 4's full layer on the example, by its own functions: (scores (1, L, L) with the
+    causal mask, V = K's projection, V_n, Q_r, K_r)."""
     x = t(body["x"])[None]
     k_raw = x @ t(body["k_proj.weight"]).T  # (1, L, 4): V is this (k_eq_v)
     q = x @ t(body["q_proj.weight"]).T
@@ -153,6 +169,13 @@ def test_gemma4_example_takes_v_from_k_and_rotates_proportionally(client: TestCl
         )
         v_n = v_norm(k_raw)
     s = q_r[:, :, 0] @ k_r[:, :, 0].transpose(-1, -2) + t(causal_additive(4))  # scale 1
+    return s, k_raw, v_n, q_r, k_r
+
+
+def test_gemma4_example_takes_v_from_k_and_rotates_proportionally(client: TestClient) -> None:
+    body = ex.GEMMA4_GLOBAL
+    ours = full_precision(client, "/multihead", body, include=["heads", "output"])
+    s, k_raw, v_n, q_r, _ = gemma4_parts(body)
     weights = torch.softmax(s, dim=-1)
     head = ours["heads"][0]
     np.testing.assert_array_equal(head["v"], head["k"])
@@ -192,9 +215,8 @@ def test_yarn_example_is_transformers_yarn_at_positions_past_the_context(
     assert "yarn scaling: of 4 pairs, 2 kept" in q_step
 
 
-def test_deepseek_example_is_deepseek_v3_attention(client: TestClient) -> None:
-    body = ex.DEEPSEEK_MLA
-    ours = full_precision(client, "/multihead", body, include=["c_q", "c_kv", "k_rope", "output"])
+def deepseek_layer(body: dict[str, Any]) -> Any:
+    """DeepseekV3Attention holding the example's latents (interleaved RoPE)."""
     m = body["mla"]
     fields: dict[str, Any] = {
         "hidden_size": 4, "num_attention_heads": 2, "num_key_value_heads": 2,
@@ -210,6 +232,13 @@ def test_deepseek_example_is_deepseek_v3_attention(client: TestClient) -> None:
              "kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight",
              "o_proj.weight")  # fmt: skip
     layer.load_state_dict({n: t(body[n]) for n in names}, strict=True)
+    return layer
+
+
+def test_deepseek_example_is_deepseek_v3_attention(client: TestClient) -> None:
+    body = ex.DEEPSEEK_MLA
+    ours = full_precision(client, "/multihead", body, include=["c_q", "c_kv", "k_rope", "output"])
+    layer = deepseek_layer(body)
     x = t(body["x"])[None]
     inv = 1.0 / body["rope"]["base"] ** (torch.arange(0, 2, 2, dtype=F64) / 2)  # rope dim 2
     with in_float64(modeling_deepseek_v3):
@@ -221,3 +250,63 @@ def test_deepseek_example_is_deepseek_v3_attention(client: TestClient) -> None:
     np.testing.assert_allclose(ours["output"], out[0].numpy(), rtol=0, atol=TOL)
     np.testing.assert_allclose(ours["c_q"], c_q[0].numpy(), rtol=0, atol=TOL)
     np.testing.assert_allclose(ours["c_kv"], c_kv[0].numpy(), rtol=0, atol=TOL)
+
+
+# ---- compare: a layer of today's run with a mistake, named by the diagnosis -----------------
+
+
+def diagnosed(client: TestClient, path: str, body: dict[str, Any], name: str, numbers: Any) -> Any:
+    """The diagnosis of ``numbers`` given as the expected ``name`` (the first difference's)."""
+    request = {**body, "decimals": None, "include": ["output"], "expected": {name: numbers}}
+    answer = client.post(path, json=request)
+    assert answer.status_code == 200, answer.text
+    first = next(c for c in answer.json()["comparison"] if not c["match"])
+    assert first["name"] == name
+    return first.get("diagnosis")
+
+
+@pytest.mark.parametrize(
+    ("example", "build", "modeling"),
+    [(ex.QWEN3_NEXT_GATED, qwen3_next_layer, modeling_qwen3_next),
+     (ex.DEEPSEEK_MLA, deepseek_layer, modeling_deepseek_v3)],
+    ids=["qwen3_next_gated", "deepseek_mla"],
+)  # fmt: skip
+def test_a_layer_run_without_its_scale_is_named_scale_missing(
+    client: TestClient, example: dict[str, Any], build: Any, modeling: Any
+) -> None:
+    """The transformers layer with ``scaling = 1``: the gate (Qwen3-Next) and the latents
+    (DeepSeek) are recomputed on the way to the block's output."""
+    layer = build(example)
+    layer.scaling = 1.0
+    found = diagnosed(
+        client, "/multihead", example, "output", run_layer(layer, modeling, example).tolist()
+    )
+    assert found is not None and found["mistakes"] == ["scale_missing"], found
+
+
+def test_llama4_without_rope_is_named_rope_missing_through_the_norm_after_it(
+    client: TestClient,
+) -> None:
+    """Llama 4's L2 norm of vectors never rotated: the norm after RoPE recomputed unturned."""
+    body = ex.LLAMA4_CHUNKED
+    x = t(body["x"])[None]
+    q, k, v = (x @ t(body[f"{n}_proj.weight"]).T for n in "qkv")  # (1, L, 4)
+    with in_float64(modeling_llama4):
+        norm = modeling_llama4.Llama4TextL2Norm(1e-5)
+        q_n, k_n = norm(q), norm(k)  # no apply_rotary_emb
+    i, j = torch.arange(4)[:, None], torch.arange(4)[None, :]
+    allowed = (j <= i) & (j // 2 == i // 2)
+    weights = torch.softmax(
+        (q_n @ k_n.transpose(-1, -2) * 0.5).masked_fill(~allowed, -torch.inf), -1
+    )
+    found = diagnosed(client, "/multihead", body, "output", (weights @ v)[0].tolist())
+    assert found is not None and found["mistakes"] == ["rope_missing"], found
+
+
+def test_gemma4_softmax_down_the_columns_is_named_through_v_norm(client: TestClient) -> None:
+    """Gemma 4's full layer with the softmax over the queries: the output reads V_n."""
+    body = ex.GEMMA4_GLOBAL
+    s, _, v_n, _, _ = gemma4_parts(body)
+    weights = torch.softmax(s, dim=-2)  # down the columns
+    found = diagnosed(client, "/multihead", body, "output", (weights @ v_n)[0].tolist())
+    assert found is not None and "softmax_over_queries" in found["mistakes"], found

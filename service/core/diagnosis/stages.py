@@ -13,11 +13,24 @@ import numpy as np
 
 from service.core import masks
 from service.core.attention import Projections, project, transposed
-from service.core.multihead import LayerNorm, layer_norm, merge_heads, split_heads
+from service.core.multihead import (
+    LayerNorm,
+    MultiheadWeights,
+    layer_norm,
+    merge_heads,
+    split_heads,
+)
 from service.core.positions import rope, sequence_length
 from service.core.softmax import softmax
 from service.core.types import Array, FullyMaskedPolicy, RopeStyle
-from service.core.variants import Variants, qk_norm, softcap, softmax_with_sink
+from service.core.variants import (
+    Variants,
+    qk_norm,
+    sigmoid,
+    softcap,
+    softmax_with_sink,
+    temperature_factors,
+)
 
 # change which keys a query may see (and so may leave a query row with none)
 MASK_MISTAKES = frozenset({"mask_inverted", "causal_diagonal_masked", "window_off_by_one"})
@@ -46,6 +59,7 @@ class Setup:
     b_o: Array | None = None
     residual: bool = False
     norm: LayerNorm | None = None
+    latent: bool = False  # DeepSeek's MLA: Q and K come rotated in part, as given
 
 
 @dataclass(frozen=True)
@@ -127,31 +141,64 @@ def _normed(name: Literal["q", "k"]) -> Compute:
     def compute(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
         settings = s.variants.q_norm if name == "q" else s.variants.k_norm
         assert settings is not None
-        return {f"{name}_normed": qk_norm(st[name], settings)}
+        x = _turned(st[name], name, s, t) if _after_rope(s) else st[name]  # Llama 4: rotated
+        return {f"{name}_normed": qk_norm(x, settings)}
 
     return compute
+
+
+def _turned(x: Array, name: Literal["q", "k"], s: Setup, t: Trial) -> Array:
+    """``x (..., n, d_k)`` rotated as the caller with the trial's RoPE mistakes did."""
+    v = s.variants
+    assert v.rope is not None
+    if s.latent:
+        raise Unfit  # MLA turns only its rope features: its Q and K stay as computed
+    settings = v.rope
+    if "rope_missing" in t.mistakes:
+        return x  # never rotated
+    if "rope_style_swapped" in t.mistakes:
+        other: RopeStyle = "interleaved" if settings.style == "half" else "half"
+        settings = replace(settings, style=other)
+    if "rope_base_wrong" in t.mistakes:
+        settings = replace(settings, base=float(t.way("rope_base_wrong")))
+    given = v.positions if name == "q" else v.context_positions
+    n = s.seq_len if name == "q" else s.ctx_len
+    positions = np.arange(n) if given is None else given  # (n,)
+    queries = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
+    return rope(x, positions, settings, sequence_length(queries))
+
+
+def _after_rope(s: Setup) -> bool:
+    """Whether QK-norm follows RoPE (Llama 4)."""
+    return s.variants.q_norm is not None and s.variants.q_norm.after_rope
 
 
 def _rotated(name: Literal["q", "k"]) -> Compute:
     def compute(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-        v = s.variants
-        assert v.rope is not None
-        settings = v.rope
-        x = _latest(st, (f"{name}_normed", name))  # (..., n, d_k)
-        if "rope_missing" in t.mistakes:
-            return {f"{name}_rotated": x}  # never rotated
-        if "rope_style_swapped" in t.mistakes:
-            other: RopeStyle = "interleaved" if settings.style == "half" else "half"
-            settings = replace(settings, style=other)
-        if "rope_base_wrong" in t.mistakes:
-            settings = replace(settings, base=float(t.way("rope_base_wrong")))
-        given = v.positions if name == "q" else v.context_positions
-        n = s.seq_len if name == "q" else s.ctx_len
-        positions = np.arange(n) if given is None else given  # (n,)
-        queries = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
-        return {f"{name}_rotated": rope(x, positions, settings, sequence_length(queries))}
+        before = (name,) if _after_rope(s) else (f"{name}_normed", name)
+        return {f"{name}_rotated": _turned(_latest(st, before), name, s, t)}  # (..., n, d_k)
 
     return compute
+
+
+def _tempered(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
+    v = s.variants
+    assert v.temperature is not None
+    positions = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
+    q = _latest(st, _forms("q", s)[1:])  # (..., L, d_k)
+    return {"q_tempered": q * temperature_factors(positions, v.temperature)[:, None]}
+
+
+def _v_normed(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
+    assert s.variants.v_norm is not None
+    return {"v_normed": qk_norm(st["v"], s.variants.v_norm)}
+
+
+def _forms(side: Literal["q", "k"], s: Setup) -> tuple[str, ...]:
+    """The queries' (keys') forms, latest first: what the next step reads."""
+    made = ("normed", "rotated") if _after_rope(s) else ("rotated", "normed")
+    tempered = ("q_tempered",) if side == "q" else ()
+    return (*tempered, *(f"{side}_{m}" for m in made), side)
 
 
 def _latest(st: State, names: tuple[str, ...]) -> Array:
@@ -160,8 +207,8 @@ def _latest(st: State, names: tuple[str, ...]) -> Array:
 
 
 def _scores(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    q = _latest(st, ("q_rotated", "q_normed", "q"))  # (..., L, d_k)
-    k = _latest(st, ("k_rotated", "k_normed", "k"))  # (..., S, d_k)
+    q = _latest(st, _forms("q", s))  # (..., L, d_k)
+    k = _latest(st, _forms("k", s))  # (..., S, d_k)
     if "q_k_swapped" in t.mistakes:
         q, k = k, q
     return {"scores": q @ transposed(k)}  # (..., L, S); K Qᵀ (..., S, L) when swapped
@@ -266,7 +313,7 @@ def _softmax(logits: Array, rows: RowPolicy) -> Array:
 
 
 def _output(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    return {"output": st["weights"] @ st["v"]}  # (..., L, d_v)
+    return {"output": st["weights"] @ _latest(st, ("v_normed", "v"))}  # (..., L, d_v)
 
 
 def _average(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
@@ -283,8 +330,19 @@ def _concat(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
     return {"concat": merge(output)}  # (B, L, h·d_v)
 
 
+def _gate(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
+    p = s.projections
+    if not isinstance(p, MultiheadWeights) or p.w_g is None or s.x_in is None:
+        raise Unfit  # the gate is the service's own: nothing to recompute
+    return {"gate": sigmoid(project(s.x_in, p.w_g, p.b_g))}  # (B, L, h·d_v)
+
+
+def _gated(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
+    return {"gated": st["concat"] * st["gate"]}  # (B, L, h·d_v)
+
+
 def _block_projected(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    out, w_o = st["concat"], s.w_o
+    out, w_o = _latest(st, ("gated", "concat")), s.w_o
     if w_o is not None:
         if "weights_transposed" in t.mistakes:
             if w_o.shape[0] != w_o.shape[1]:
@@ -320,10 +378,13 @@ STAGES: tuple[Stage, ...] = (
     Stage(("q",), _projected("q"), frozenset({"weights_transposed", "heads_interleaved"})),
     Stage(("k",), _projected("k"), frozenset({"weights_transposed", "heads_interleaved"})),
     Stage(("v",), _projected("v"), frozenset({"weights_transposed", "heads_interleaved"})),
-    Stage(("q_normed",), _normed("q")),
-    Stage(("k_normed",), _normed("k")),
+    Stage(("v_normed",), _v_normed),
+    # with after_rope (Llama 4) the norm turns the vectors itself: RoPE's mistakes change it
+    Stage(("q_normed",), _normed("q"), _ROPE, ways=frozenset({"rope_base_wrong"})),
+    Stage(("k_normed",), _normed("k"), _ROPE, ways=frozenset({"rope_base_wrong"})),
     Stage(("q_rotated",), _rotated("q"), _ROPE, ways=frozenset({"rope_base_wrong"})),
     Stage(("k_rotated",), _rotated("k"), _ROPE, ways=frozenset({"rope_base_wrong"})),
+    Stage(("q_tempered",), _tempered),
     Stage(("scores",), _scores, frozenset({"q_k_swapped", "batch_as_sequence"})),
     Stage(("scaled_scores",), _scaled, _SCALE, ways=frozenset({"scale_by_model_dim"})),
     Stage(("capped_scores",), _capped),
@@ -350,6 +411,8 @@ STAGES: tuple[Stage, ...] = (
         frozenset({"heads_interleaved", "heads_merged_without_transpose"}),
         ways=frozenset({"heads_interleaved"}),
     ),
+    Stage(("gate",), _gate, reads=False),
+    Stage(("gated",), _gated),
     Stage(("projected",), _block_projected, frozenset({"weights_transposed"})),
     Stage(("residual",), _residual),
     Stage(
