@@ -19,6 +19,9 @@ export function formFieldFor(apiField) {
   let name = apiField.split(/[.[]/)[0];
   const weight = /^([qkvo])_proj[._]weight/.exec(apiField); // a state dict's, in its weight box
   if (weight && weightName(`w_${weight[1]}`) !== `w_${weight[1]}`) name = `w_${weight[1]}`;
+  const gate = /^gate[.[]([wb])\b/.exec(apiField); // the gate's own boxes
+  if (gate) name = `gate_${gate[1]}`;
+  if (/^[qk]_norm[._]weight/.test(apiField)) name = "qk_norm_options"; // the state dict's names
   if (mask) name = state.maskSources[Number(mask[1])] || "key_lengths";
   if (name === "mask") name = state.maskSources[0] || "key_lengths";
   const el = document.querySelector(`.field[data-field="${CSS.escape(name)}"]`);
@@ -36,6 +39,8 @@ export function showErrors(message, errors) {
     const field = formFieldFor(err.field);
     if (!field) continue;
     field.classList.add("has-error");
+    const folded = field.closest("details"); // today's layers' settings, folded by default
+    if (folded) folded.open = true;
     const p = document.createElement("p");
     p.className = "field-error";
     p.textContent = err.message;

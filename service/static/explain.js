@@ -12,9 +12,13 @@
  * here too; importing this module waits for the OpenAPI document (the steps' order is its).
  */
 
-import { formatNumber } from "./lib/format.js";
 import { recompute, NEG_INF } from "./lib/arithmetic.js";
 import { pairFeatures, turnedWidth } from "./lib/positions.js";
+import { el, fmt, table, totalLine } from "./lib/explain-parts.js";
+import { LAYER_KINDS, explainLayer, layerWho, layerBefore } from "./layers/explain.js";
+
+// the number format of the explanations (lib/explain-parts.js), as this module has always offered it
+export { fmt };
 
 // the arithmetic (lib/arithmetic.js), as this module has always offered it to its callers
 export {
@@ -29,54 +33,6 @@ export {
   alibiOf,
   recompute,
 } from "./lib/arithmetic.js";
-
-/** Six significant digits, trailing zeros kept (a column of terms lines up); −∞ for a masked
- * score (null or -Infinity). */
-export function fmt(x, digits = 6) {
-  return formatNumber(x === undefined || x === NEG_INF ? null : x, digits, false);
-}
-
-// ---- the element
-
-function el(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined) e.textContent = text;
-  return e;
-}
-
-/** A table of terms; row `mark` (the clicked cell's own term) is highlighted. */
-function table(head, rows, mark = -1) {
-  const t = el("table", "explain-terms");
-  const hr = el("tr");
-  for (const h of head) hr.append(el("th", null, h));
-  t.append(hr);
-  for (const [n, r] of rows.entries()) {
-    const tr = el("tr", n === mark ? "this-term" : null);
-    for (const c of r) tr.append(el("td", null, c));
-    t.append(tr);
-  }
-  return t;
-}
-
-// The page's total beside the service's number. With `decimals` the service rounds every
-// number it returns (the page then adds up rounded numbers): one unit of the last decimal apart
-// still agrees.
-function totalLine(total, service, decimals) {
-  const p = el("p", "explain-total", "= " + fmt(total) + " ");
-  const rounded = Number.isInteger(decimals);
-  const tol = rounded ? 10 ** -decimals : 1e-9 * Math.max(1, Math.abs(service ?? 0));
-  const same =
-    (total === NEG_INF && (service === null || service === NEG_INF)) ||
-    (typeof service === "number" && Math.abs(total - service) <= tol);
-  if (!same) p.classList.add("explain-mismatch");
-  p.append(
-    rounded ? `(the service, rounded to ${decimals} decimals: ` : "(the service: ",
-    el("span", "explain-service", fmt(service === null ? NEG_INF : service)),
-    ")",
-  );
-  return p;
-}
 
 function alibiNote(note, a, i, j) {
   note(
@@ -151,7 +107,10 @@ export function explainCell(ctx) {
   );
   const tokens = ctx.data.tokens,
     keys = ctx.data.context_tokens || tokens;
-  if (
+  if (LAYER_KINDS.has(r.kind)) {
+    const who = layerWho(r, ctx);
+    if (who) box.append(el("p", "explain-who", who));
+  } else if (
     r.name !== "output" &&
     Array.isArray(tokens) &&
     tokens[i] !== undefined &&
@@ -182,8 +141,16 @@ export function explainCell(ctx) {
     );
     if (r.rope) ropeNote(box, r.rope, i, j);
     else if (r.qName === "q_normed") {
-      note("qk_norm is on: q and k were normalised before the dot product.");
+      note(
+        r.forms.includes("q_rotated")
+          ? "qk_norm is on, after RoPE: q and k were turned, then normalised, before the dot product."
+          : "qk_norm is on: q and k were normalised before the dot product.",
+      );
     }
+    if (r.forms.length > 2 || r.qName === "q_tempered")
+      note(
+        `The queries went ${r.forms.join(" → ")} and the keys became ${r.kName}: click a cell of those tables to see each step.`,
+      );
   } else if (r.kind === "scale") {
     f(
       `scaled_scores[${i}][${j}] = scores[${i}][${j}] · scale = ${fmt(r.before)} · ${fmt(r.scale)}`,
@@ -254,14 +221,17 @@ export function explainCell(ctx) {
       );
     }
   } else if (r.kind === "weighted") {
-    f(`output[${i}][${j}] = Σ_k weights[${i}][k] · v[k][${j}], the weighted sum of the V rows`);
+    const v = r.vName;
+    f(
+      `output[${i}][${j}] = Σ_k weights[${i}][k] · ${v}[k][${j}], the weighted sum of the ${v === "v" ? "V" : "normalised V"} rows`,
+    );
     box.append(
       table(
-        ["k", `weights[${i}][k]`, `v[k][${j}]`, "product"],
+        ["k", `weights[${i}][k]`, `${v}[k][${j}]`, "product"],
         r.terms.map((x) => [String(x.j), fmt(x.w), fmt(x.v), fmt(x.value)]),
       ),
     );
-  }
+  } else if (LAYER_KINDS.has(r.kind)) explainLayer(box, r, ctx);
   box.append(
     r.lookedUp
       ? el("p", "explain-total", `= ${fmt(r.service)} (the service's number)`)
@@ -283,5 +253,6 @@ function stepBefore(r) {
   if (r.kind === "scale") return "scores";
   if (r.kind === "cap") return "scaled_scores";
   if (r.kind === "bias" || r.kind === "mask" || r.kind === "softmax") return r.prev;
+  if (LAYER_KINDS.has(r.kind)) return layerBefore(r);
   return null;
 }

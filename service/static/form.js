@@ -4,6 +4,7 @@
 // one. (The request body read from it: request.js; its errors shown next to fields: errors.js.)
 import { $, state, loadSpec } from "./lib/state.js";
 import { formatMatrix } from "./lib/format.js";
+import { LAYER_TEXT_IDS, fillLayers, resetLayers, showLayers } from "./layers/form.js";
 
 export const TEXT_IDS = [
   "tokens",
@@ -35,6 +36,7 @@ export const TEXT_IDS = [
   "sinks",
   "positions",
   "extra",
+  ...LAYER_TEXT_IDS,
 ];
 
 // Each input mode keeps its own numbers: switching the mode puts the fields of the mode left
@@ -84,6 +86,7 @@ export function showFor() {
     ep === "mask"
       ? "Mask (required; combined with AND; true = may attend)"
       : "Mask (optional; combined with AND; true = may attend)";
+  showLayers(); // after the weight boxes' names, which it may add to
 }
 
 // The weight boxes' names and shapes, in the layout the form sends them: w_q … w_o in the chosen
@@ -140,6 +143,7 @@ export function fillForm(example) {
   for (const id of ["causal", "residual", "layer_norm", "rope", "alibi", "alibi_symmetric"])
     $(id).checked = false;
   $("qk_norm").value = "";
+  resetLayers();
   $("rope_style").value = "half";
   $("weight_layout").value = "in_out";
   $("fully_masked_rows").value = "zero";
@@ -190,7 +194,9 @@ export function fillForm(example) {
     } else if (m.type === "window" && !$("window_left").value && !$("window_right").value) {
       if (m.left !== undefined && m.left !== null) $("window_left").value = m.left;
       if (m.right !== undefined && m.right !== null) $("window_right").value = m.right;
-    } else if (m.type === "boolean" && !$("boolean").value)
+    } else if (m.type === "chunked" && !$("chunk_size").value && Number.isInteger(m.size))
+      $("chunk_size").value = m.size;
+    else if (m.type === "boolean" && !$("boolean").value)
       $("boolean").value = formatMatrix(m.matrix);
     else if (m.type === "additive" && !$("additive").value)
       $("additive").value = formatMatrix(m.matrix);
@@ -231,11 +237,7 @@ export function fillVariants(ex) {
       typeof v === "object" &&
       !Array.isArray(v) &&
       Object.keys(v).every((k) => keys.includes(k)));
-  const qk = ex.qk_norm;
-  if (only(qk, ["type"])) {
-    $("qk_norm").value = qk === true ? "rms" : qk.type || "rms";
-    delete ex.qk_norm;
-  }
+  fillLayers(ex); // qk_norm, v_norm, temperature, k_eq_v, the gate (layers/form.js)
   const rope = ex.rope;
   if (only(rope, ["base", "style", "rotary_dim"])) {
     $("rope").checked = true;

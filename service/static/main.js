@@ -13,16 +13,20 @@
 //   heads.js      /multihead's heads side by side
 //   heatmap.js    a map's card (SVG when small; mapview.js's zoomable canvas when large)
 //   request.js    the request body from the form; form.js the form's fields and examples;
+//   layers/form.js  the fields of today's layers (v_norm, temperature, k_eq_v, the gate, …)
 //   errors.js     errors next to their fields
 //   model/        a trained model on your sentence (POST /model): mode.js the tabs, its form and
 //                 Run; draw.js its answer (the trace through render.js); grid.js every layer ×
 //                 head; lines.js one head's head view
-//   lib/          leaves: state, format, files, schema, table, svg, picture, paste, recompute,
-//                 positions, safetensors (import nothing above them)
+//   layers/explain.js  the explanations of today's layers' cells (norms, RoPE, temperature, gate)
+//   lib/          leaves: state, format, fields, files, schema, table, svg, picture, paste,
+//                 arithmetic, layers, pick, explain-parts, positions, safetensors (import
+//                 nothing above them)
 // What render.js's drawing sets off in compare.js and selection.js is registered here
 // (whenDrawn), so that render.js imports neither.
 import { $ } from "./lib/state.js";
 import { showFor, fillForm, loadExamples } from "./form.js";
+import { startLayers } from "./layers/form.js";
 import { run } from "./run.js";
 import { render, closeExplain, whenDrawn } from "./render.js";
 import { copyCurl, startExports } from "./export.js";
@@ -37,6 +41,7 @@ async function start() {
   $("mode").addEventListener("change", showFor);
   $("weight_layout").addEventListener("change", showFor); // the weight boxes' shapes
   $("weight_names").addEventListener("change", showFor);
+  startLayers(showFor); // today's layers: the gate's and k_eq_v's boxes, settings that turn on
   let examples = {};
   $("endpoint").addEventListener("change", async () => {
     showFor();

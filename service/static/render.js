@@ -45,7 +45,18 @@ const EXPLAINED_MAPS = new Set([
   "masked_scores",
   "weights",
 ]);
-const EXPLAINED_TABLES = new Set(["output"]);
+const EXPLAINED_TABLES = new Set([
+  "output",
+  // today's layers (lib/layers.js): each from the step before it
+  "q_normed",
+  "k_normed",
+  "q_rotated",
+  "k_rotated",
+  "q_tempered",
+  "v_normed",
+  "gate",
+  "gated",
+]);
 
 let explainer = null; // the module, loaded on the first click (a page without it still works)
 export async function explain(ctx) {
@@ -156,6 +167,21 @@ export function markStale(stale) {
   });
 }
 
+/** Each head's outputs (/attention's: the answer's) in the order their steps were made: the
+ * schema's, but qk_norm after RoPE (Llama 4's after_rope) makes q_normed after q_rotated, and
+ * its tables follow. Items with a step trade places among themselves; the others keep theirs. */
+function inStepOrder(items, steps) {
+  const at = new Map((steps || []).map((s, n) => [s.name, n]));
+  const heads = new Set(items.map((it) => it.head).filter((h) => h !== undefined));
+  for (const h of heads.size ? heads : [undefined]) {
+    const places = items.flatMap((it, n) => (it.head === h && at.has(it.view.name) ? [n] : []));
+    const sorted = places
+      .map((n) => items[n])
+      .sort((a, b) => at.get(a.view.name) - at.get(b.view.name));
+    places.forEach((n, k) => (items[n] = sorted[k]));
+  }
+}
+
 export function render() {
   if (!state.lastResult) return;
   const { ep, data } = state.lastResult;
@@ -224,6 +250,8 @@ export function render() {
         });
     });
   }
+
+  inStepOrder(items, data.steps);
 
   const topSinks = sinkColumn(data);
   if (topSinks)

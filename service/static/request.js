@@ -3,70 +3,13 @@
 // that cannot be read), the body built from every field, and formBody, which shows that error
 // instead (Run, run.js, and Copy as curl, export.js, send the body).
 import { $, state, FieldError } from "./lib/state.js";
+import { parseMatrix, parseInts, numbersOrUndefined, numberOrUndefined } from "./lib/fields.js";
 import { weightName, STATE_DICT } from "./form.js";
+import { layersBody, withoutValues } from "./layers/form.js";
 import { clearErrors, showErrors } from "./errors.js";
 
-// ---- text <-> numbers ----------------------------------------------------------------------
-
-export function parseMatrix(id) {
-  const text = $(id).value.trim();
-  if (!text) return undefined;
-  if (text.startsWith("[")) {
-    try {
-      return JSON.parse(text);
-    } catch (e) {
-      throw new FieldError(id, `${id}: not valid JSON (${e.message})`);
-    }
-  }
-  return text
-    .split(/\n|;/)
-    .map((r) => r.trim())
-    .filter(Boolean)
-    .map((row, i) =>
-      row
-        .split(/[\s,]+/)
-        .filter(Boolean)
-        .map((tok) => {
-          if (tok === "null") return null;
-          if (tok === "true") return true;
-          if (tok === "false") return false;
-          const n = Number(tok);
-          if (!Number.isFinite(n))
-            throw new FieldError(id, `${id} row ${i}: "${tok}" is not a number`);
-          return n;
-        }),
-    );
-}
-
-export function parseInts(id) {
-  const text = $(id).value.trim();
-  if (!text) return undefined;
-  const values = text.split(/[\s,]+/).map(Number);
-  if (values.some((v) => !Number.isInteger(v) || v < 0))
-    throw new FieldError(id, `${id}: whole numbers ≥ 0, separated by spaces`);
-  return values.length === 1 ? values[0] : values;
-}
-
-export function numbersOrUndefined(id, integers) {
-  const text = $(id).value.trim();
-  if (!text) return undefined;
-  const values = text.split(/[\s,]+/).map(Number);
-  if (values.some((v) => (integers ? !Number.isInteger(v) : !Number.isFinite(v)))) {
-    throw new FieldError(
-      id,
-      `${id}: ${integers ? "whole numbers" : "numbers"}, separated by spaces`,
-    );
-  }
-  return values;
-}
-
-export function numberOrUndefined(id) {
-  const text = $(id).value.trim();
-  if (!text) return undefined;
-  const n = Number(text);
-  if (!Number.isFinite(n)) throw new FieldError(id, `${id}: "${text}" is not a number`);
-  return n;
-}
+// the text of a field as numbers (lib/fields.js), as this module has always offered it
+export { parseMatrix, parseInts, numbersOrUndefined, numberOrUndefined };
 
 // ---- the body --------------------------------------------------------------------------------
 
@@ -95,6 +38,7 @@ export function buildBody() {
         ? ["x", "w_q", "w_k", "w_v", "context"]
         : ["x", "w_q", "w_k", "w_v"];
   for (const id of matrices) {
+    if (id === "w_v" && withoutValues()) continue; // k_eq_v: the values are the keys
     const m = parseMatrix(id);
     if (m !== undefined) body[id in STATE_DICT ? weightName(id) : id] = m;
   }
@@ -123,6 +67,8 @@ export function buildBody() {
   const right = numberOrUndefined("window_right");
   if (left !== undefined || right !== undefined)
     add({ type: "window", left: left ?? null, right: right ?? null }, "window_left");
+  const chunk = numberOrUndefined("chunk_size");
+  if (chunk !== undefined) add({ type: "chunked", size: chunk }, "chunk_size");
   const boolean = parseMatrix("boolean");
   if (boolean !== undefined) add({ type: "boolean", matrix: boolean }, "boolean");
   const additive = parseMatrix("additive");
@@ -130,8 +76,7 @@ export function buildBody() {
   if (masks.length) body.mask = masks.length === 1 ? masks[0] : masks;
 
   // position and score variants (API 2.6): only what is set; defaults alone send `true`
-  if ($("qk_norm").value)
-    body.qk_norm = $("qk_norm").value === "rms" ? true : { type: $("qk_norm").value };
+  layersBody(body, ep); // qk_norm, v_norm, temperature; /multihead's k_eq_v and gate
   if ($("rope").checked) {
     const rope = {};
     const base = numberOrUndefined("rope_base");

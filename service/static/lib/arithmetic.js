@@ -2,10 +2,13 @@
 // The arithmetic of a cell's explanation (explain.js draws it), a leaf: the clicked cell computed
 // again from the step before, in float64 as the service does (dot products, scale, softcap,
 // position bias, mask, softmax with a sink, the weighted sum of V), with RoPE's and ALiBi's
-// numbers (positions.js). The steps' order is the schema's (schema.js: scoreChain), so the
+// numbers (positions.js); the cells of today's layers (norms, a rotated feature, the temperature,
+// the gate) are layers.js's. The steps' order is the schema's (schema.js: scoreChain), so the
 // OpenAPI document is loaded before this module is ready.
 import { loadSpec } from "./state.js";
 import { scoreChain } from "./schema.js";
+import { NEG_INF, num, pick } from "./pick.js";
+import { LAYER_NAMES, formBefore, heldForms, lastForm, layerCell } from "./layers.js";
 import {
   alibiBias,
   alibiSlope,
@@ -32,60 +35,19 @@ export const EXPLAINED = new Set([
   "weights",
   "output",
   "position_bias",
+  ...LAYER_NAMES, // today's layers (lib/layers.js)
 ]);
 
-export const NEG_INF = -Infinity;
+// a response's arrays for the clicked cell (lib/pick.js), as this module has always offered them
+export { NEG_INF, num, pick };
 
-/** A JSON number; null (the service's -inf) becomes -Infinity. */
-export function num(x) {
-  return x === null || x === undefined ? NEG_INF : Number(x);
-}
-
-function depth(a) {
-  let d = 0;
-  while (Array.isArray(a)) {
-    d += 1;
-    a = a[0];
-  }
-  return d;
-}
-
-/** ctx's array `key` for its head and batch item, reduced to `want` dimensions. */
-export function pick(ctx, key, want = 2) {
-  const { data, head, batch } = ctx;
-  let a;
-  let fromHead = false;
-  if (
-    head !== null &&
-    head !== undefined &&
-    data.heads &&
-    data.heads[head] &&
-    key in data.heads[head]
-  ) {
-    a = data.heads[head][key];
-    fromHead = true;
-  } else {
-    a = data[key];
-  }
-  if (a === undefined || a === null) return undefined;
-  if (!Array.isArray(a)) return a;
-  if (depth(a) > want && batch !== null && batch !== undefined) a = a[batch];
-  if (!fromHead && depth(a) > want && head !== null && head !== undefined) a = a[head];
-  return a;
-}
-
-/** The q and k a score was computed from, and which variant they come from. */
+/** The q and k a score was computed from: the last form each took (q, q_normed, q_rotated,
+ * q_tempered: lib/layers.js), and every form the queries took, in order. */
 export function scoreInputs(ctx) {
-  for (const [qn, kn] of [
-    ["q_rotated", "k_rotated"],
-    ["q_normed", "k_normed"],
-    ["q", "k"],
-  ]) {
-    const q = pick(ctx, qn);
-    const k = pick(ctx, kn);
-    if (q !== undefined && k !== undefined) return { q, k, qName: qn, kName: kn };
-  }
-  return undefined;
+  const qName = lastForm(ctx, "q"),
+    kName = lastForm(ctx, "k");
+  if (qName === undefined || kName === undefined) return undefined;
+  return { q: pick(ctx, qName), k: pick(ctx, kName), qName, kName, forms: heldForms(ctx, "q") };
 }
 
 /** scores[i][j] = sum_t q[i][t] k[j][t]: the terms and their sum. */
@@ -133,7 +95,7 @@ export function outputTerms(wRow, v, c) {
  * the angles, the factor on cos and sin (`gain`), and the rows before and after (the page's own
  * rotation of the rows the service rotated). */
 export function ropeOf(ctx, i, j) {
-  const before = pick(ctx, "q_normed") !== undefined ? ["q_normed", "k_normed"] : ["q", "k"];
+  const before = [formBefore(ctx, "q_rotated") ?? "q", formBefore(ctx, "k_rotated") ?? "k"];
   const q = pick(ctx, before[0]),
     k = pick(ctx, before[1]);
   if (q === undefined || k === undefined) return undefined;
@@ -204,11 +166,13 @@ export function recompute(ctx) {
   const here = pick(ctx, name);
   if (here === undefined) return null;
   const service = here[i][j];
+  if (LAYER_NAMES.has(name)) return { name, ...layerCell(ctx, name, i, j), service };
   if (name === "scores") {
     const inp = scoreInputs(ctx);
     if (!inp) return null;
     const { terms, total } = scoreTerms(inp.q[i], inp.k[j]);
-    const out = { name, kind: "dot", qName: inp.qName, kName: inp.kName, terms, total, service };
+    const { qName, kName, forms } = inp;
+    const out = { name, kind: "dot", qName, kName, forms, terms, total, service };
     if (inp.qName === "q_rotated") out.rope = ropeOf(ctx, i, j);
     return out;
   }
@@ -311,10 +275,11 @@ export function recompute(ctx) {
   }
   if (name === "output") {
     const w = pick(ctx, "weights");
-    const v = pick(ctx, "v");
+    const vName = pick(ctx, "v_normed") !== undefined ? "v_normed" : "v"; // weights V_n (v_norm)
+    const v = pick(ctx, vName);
     if (w === undefined || v === undefined) return null;
     const { terms, total } = outputTerms(w[i], v, j);
-    return { name, kind: "weighted", terms, total, service };
+    return { name, kind: "weighted", vName, terms, total, service };
   }
   return null;
 }

@@ -1,0 +1,162 @@
+// @ts-check
+// The explanations of the cells of today's layers (explain.js calls these for the kinds
+// lib/layers.js computes): a cell of q_normed, k_normed or v_normed (the vector's RMS or mean and
+// variance, eps, the weight w or 1 + w), of q_rotated or k_rotated (the feature's pair, its θ and
+// what the scaling did to every pair's θ, the angle), of q_tempered (the temperature at the
+// query's position, with the floor and the log), and /multihead's gate (the sigmoid of x's row
+// dotted with W_g's row) and gated (concat · gate). Each adds its lines to the explanation `box`;
+// explain.js adds the total beside the service's number and the way back.
+import { el, fmt, table } from "../lib/explain-parts.js";
+
+export const LAYER_KINDS = new Set(["norm", "rotate", "temper", "gate", "gated"]);
+
+// the forms a "how … was computed" button may walk back to (the ones explained)
+const WALKS_TO = new Set(["q_normed", "k_normed", "q_rotated", "k_rotated", "gate"]);
+
+/** The cell the explained one was computed from, cell for cell, or null. */
+export function layerBefore(r) {
+  const from = r.kind === "gated" ? "gate" : r.from;
+  return WALKS_TO.has(from) ? from : null;
+}
+
+/** Whose vector the cell belongs to: "query 2 “cat”, feature 1", or null without tokens. */
+export function layerWho(r, ctx) {
+  const { i, j, name } = ctx;
+  const keys = name[0] === "k" || name === "v_normed";
+  const labels = keys ? ctx.data.context_tokens || ctx.data.tokens : ctx.data.tokens;
+  const token = Array.isArray(labels) && labels[i] !== undefined ? ` “${labels[i]}”` : "";
+  const row = `${keys ? "key" : "query"} ${i}${token}`;
+  if (r.kind === "gate" || r.kind === "gated") {
+    const dv = Number(ctx.data.d_v);
+    const head = dv > 0 ? ` (head ${Math.floor(j / dv)}'s feature ${j % dv})` : "";
+    return `${row}, feature ${j} of the heads' concat${head}`;
+  }
+  return `${row}, feature ${j}`;
+}
+
+/** The lines of r's explanation, added to `box`. */
+export function explainLayer(box, r, ctx) {
+  const f = (s) => box.append(el("p", "explain-formula", s));
+  const note = (s) => box.append(el("p", "explain-note", s));
+  const { i, j, name } = ctx;
+  if (r.kind === "norm") normLines(box, r, name, i, j, f, note);
+  else if (r.kind === "rotate") rotateLines(box, r, name, i, j, f, note);
+  else if (r.kind === "temper") {
+    f(
+      `${name}[${i}][${j}] = ${r.from}[${i}][${j}] · τ(p), τ(p) = log(⌊(p + 1)/floor_scale⌋ + 1) · attn_scale + 1`,
+    );
+    f(
+      `query ${i} is at position p = ${r.p}: (p + 1)/floor_scale = ${r.p + 1}/${fmt(r.floor)} = ${fmt(r.ratio)}; ⌊${fmt(r.ratio)}⌋ = ${r.steps}; log(${r.steps} + 1) = ${fmt(r.log)}; τ = ${fmt(r.log)} · ${fmt(r.slope)} + 1 = ${fmt(r.factor)}`,
+    );
+    f(`${name}[${i}][${j}] = ${fmt(r.before)} · ${fmt(r.factor)}`);
+    note(
+      r.steps === 0
+        ? `Llama 4's temperature (its layers without RoPE): below position floor_scale − 1 = ${fmt(r.floor - 1)} the floor is 0 and τ = 1, so the query is unchanged.`
+        : "Llama 4's temperature (its layers without RoPE): the factor steps up once every floor_scale positions, by the log of the count, so queries further along score more sharply.",
+    );
+  } else if (r.kind === "gate") {
+    const b = r.bias === null ? "" : ` + b_g[${j}]`;
+    f(
+      `gate[${i}][${j}] = sigmoid(z) = 1 / (1 + exp(−z)), z = Σ_t ${r.xName}[${i}][t] · W_g[${j}][t]${b}`,
+    );
+    box.append(
+      table(
+        ["t", `${r.xName}[${i}][t]`, `W_g[${j}][t]`, "product"],
+        r.terms.map((x) => [String(x.t), fmt(x.x), fmt(x.w), fmt(x.value)]),
+      ),
+    );
+    f(
+      `z = ${fmt(r.dot)}${r.bias === null ? "" : ` + ${fmt(r.bias)} = ${fmt(r.z)}`}; exp(−z) = ${fmt(r.e)}; gate = 1 / (1 + ${fmt(r.e)})`,
+    );
+    note(
+      r.source === "gate"
+        ? `W_g[${j}] is row ${j} of the request's gate.w (out_in): Qwen3-Next's output gate, one per feature of the concat.`
+        : `W_g[${j}] is row ${r.sourceRow} of q_proj.weight (gate: true): Qwen3-Next stores each head's query rows, then its gate rows.`,
+    );
+  } else if (r.kind === "gated") {
+    f(
+      `gated[${i}][${j}] = concat[${i}][${j}] · gate[${i}][${j}] = ${fmt(r.concat)} · ${fmt(r.gate)}`,
+    );
+    note("The gated concat, not the concat, goes through W_o: projected = gated · W_o.");
+  }
+}
+
+function normLines(box, r, name, i, j, f, note) {
+  const x = `${r.from}[${i}]`;
+  const w = r.factor === null ? "" : r.zeroCentered ? ` · (1 + w[${j}])` : ` · w[${j}]`;
+  if (r.type === "rms") f(`${name}[${i}][${j}] = ${x}[${j}] / √(mean_u ${x}[u]² + eps)${w}`);
+  else f(`${name}[${i}][${j}] = (${x}[${j}] − mean) / √(mean_u (${x}[u] − mean)² + eps)${w}`);
+  const rms = r.type === "rms";
+  box.append(
+    table(
+      rms ? ["u", `${x}[u]`, "square"] : ["u", `${x}[u]`, "− mean", "square"],
+      r.terms.map((t) =>
+        rms ? [String(t.t), fmt(t.x), fmt(t.sq)] : [String(t.t), fmt(t.x), fmt(t.c), fmt(t.sq)],
+      ),
+      j,
+    ),
+  );
+  const spread = rms ? "mean of the squares" : `mean = ${fmt(r.mean)}, variance`;
+  f(
+    `${spread} = ${fmt(r.spread)}; √(${fmt(r.spread)} + ${fmt(r.eps)}) = ${fmt(r.denom)}; ${fmt(r.terms[j].c)} / ${fmt(r.denom)} = ${fmt(r.normed)}`,
+  );
+  if (r.factor !== null)
+    f(
+      r.zeroCentered
+        ? `· (1 + w[${j}]) = 1 + ${fmt(r.w)} = ${fmt(r.factor)} (zero-centred weights, as Qwen3-Next stores them): ${fmt(r.normed)} · ${fmt(r.factor)}`
+        : `· w[${j}] = ${fmt(r.factor)}: ${fmt(r.normed)} · ${fmt(r.factor)}`,
+    );
+  if (name === "v_normed")
+    note(
+      "v_norm (Gemma 4): each value vector over its d_v features, no weight; the output is weights · v_normed.",
+    );
+  else if (r.afterRope)
+    note(
+      `qk_norm after RoPE (Llama 4's L2 norm): it normalises the rotated vector ${r.from}[${i}], not the projection.`,
+    );
+}
+
+function rotateLines(box, r, name, i, j, f, note) {
+  const { settings: s } = r;
+  const who = r.side === "q" ? "query" : "key";
+  const x = `${r.from}[${i}]`;
+  note(
+    `RoPE (base ${s.base}, rotary_dim ${s.rotaryDim}, style "${s.style}"${s.scaling ? `, ${s.scaling.type} scaling` : ""}): ${who} ${i} is at position p = ${r.pos}; feature pair n turns by the angle p·θ_n.`,
+  );
+  if (r.pair < 0) {
+    f(
+      `${name}[${i}][${j}] = ${x}[${j}]: feature ${j} is past the turned ${r.pairs.length * 2} features, so RoPE leaves it`,
+    );
+  } else {
+    const { f: a, g: b } = r;
+    const gain = r.gain === 1 ? "" : ` (cos and sin × ${fmt(r.gain)})`;
+    f(
+      r.first
+        ? `${name}[${i}][${j}] = ${x}[${a}] · cos φ − ${x}[${b}] · sin φ, pair ${r.pair} (features ${a} with ${b})${gain}`
+        : `${name}[${i}][${j}] = ${x}[${b}] · cos φ + ${x}[${a}] · sin φ, pair ${r.pair} (features ${a} with ${b})${gain}`,
+    );
+    f(
+      `φ = ${r.at === r.pos ? "p" : `p/${fmt(s.scaling.factor)} (linear scaling)`} · θ_${r.pair} = ${fmt(r.at)} · ${fmt(r.theta[r.pair])} = ${fmt(r.phi)}; cos φ${gain ? " · gain" : ""} = ${fmt(r.c)}, sin φ${gain ? " · gain" : ""} = ${fmt(r.s)}`,
+    );
+    f(
+      r.first
+        ? `= ${fmt(r.a)} · ${fmt(r.c)} − ${fmt(r.b)} · ${fmt(r.s)}`
+        : `= ${fmt(r.b)} · ${fmt(r.c)} + ${fmt(r.a)} · ${fmt(r.s)}`,
+    );
+  }
+  if (r.scalingNote) note(r.scalingNote);
+  const said = r.scaled.some((w) => w !== "");
+  box.append(
+    table(
+      ["pair n", "features", "θ_n", ...(said ? ["scaling"] : []), `angle at p = ${r.pos}`],
+      r.theta.map((t, n) => [
+        String(n),
+        `${r.pairs[n][0]} with ${r.pairs[n][1]}`,
+        fmt(t),
+        ...(said ? [r.scaled[n]] : []),
+        fmt(r.angles[n]),
+      ]),
+      r.pair,
+    ),
+  );
+}

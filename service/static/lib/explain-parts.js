@@ -1,0 +1,51 @@
+// @ts-check
+// The parts every cell explanation is made of, a leaf (explain.js, layers/explain.js): numbers at
+// six significant digits, elements, a table of terms, and the page's total beside the service's.
+import { formatNumber } from "./format.js";
+import { NEG_INF } from "./pick.js";
+
+/** Six significant digits, trailing zeros kept (a column of terms lines up); −∞ for a masked
+ * score (null or -Infinity). */
+export function fmt(x, digits = 6) {
+  return formatNumber(x === undefined || x === NEG_INF ? null : x, digits, false);
+}
+
+export function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+/** A table of terms; row `mark` (the clicked cell's own term) is highlighted. */
+export function table(head, rows, mark = -1) {
+  const t = el("table", "explain-terms");
+  const hr = el("tr");
+  for (const h of head) hr.append(el("th", null, h));
+  t.append(hr);
+  for (const [n, r] of rows.entries()) {
+    const tr = el("tr", n === mark ? "this-term" : null);
+    for (const c of r) tr.append(el("td", null, c));
+    t.append(tr);
+  }
+  return t;
+}
+
+// The page's total beside the service's number. With `decimals` the service rounds every
+// number it returns (the page then adds up rounded numbers): one unit of the last decimal apart
+// still agrees.
+export function totalLine(total, service, decimals) {
+  const p = el("p", "explain-total", "= " + fmt(total) + " ");
+  const rounded = Number.isInteger(decimals);
+  const tol = rounded ? 10 ** -decimals : 1e-9 * Math.max(1, Math.abs(service ?? 0));
+  const same =
+    (total === NEG_INF && (service === null || service === NEG_INF)) ||
+    (typeof service === "number" && Math.abs(total - service) <= tol);
+  if (!same) p.classList.add("explain-mismatch");
+  p.append(
+    rounded ? `(the service, rounded to ${decimals} decimals: ` : "(the service: ",
+    el("span", "explain-service", fmt(service === null ? NEG_INF : service)),
+    ")",
+  );
+  return p;
+}

@@ -1,0 +1,269 @@
+// @ts-check
+// The arithmetic of the cells of today's layers, a leaf (layers/explain.js draws it): a cell of
+// q_normed or k_normed (qk_norm, before RoPE or after it, weights w or 1 + w), v_normed (Gemma 4's
+// weightless RMS norm), q_rotated or k_rotated (RoPE with its scaling, lib/positions.js),
+// q_tempered (Llama 4's temperature) and /multihead's gate and gated (Qwen3-Next), each computed
+// again from the step before in float64 as the service does (service/core/variants.py,
+// attention.py's queries_and_keys, multihead.py). And the order the queries and keys take their
+// forms in (service/trace/rows/rope.py's `applied`), which the scores read the last of.
+import { pick } from "./pick.js";
+import {
+  attentionFactor,
+  pairFeatures,
+  pairScalings,
+  positionOf,
+  ropeAngles,
+  ropeFrequencies,
+  ropeSettings,
+  scalingNote,
+  sequenceLength,
+  turnedWidth,
+} from "./positions.js";
+
+export const LAYER_NAMES = new Set([
+  "q_normed",
+  "k_normed",
+  "q_rotated",
+  "k_rotated",
+  "q_tempered",
+  "v_normed",
+  "gate",
+  "gated",
+]);
+
+const DEFAULT_EPS = 1e-6; // qk_norm's and v_norm's (variant_fields.py)
+const TEMPERATURE = { floor_scale: 8192, attn_scale: 0.1 }; // TemperatureOptions' defaults
+
+/** The request's qk_norm as an object ({} for `true`), or null when it is off. */
+export function qkNormOptions(request) {
+  const o = request.qk_norm;
+  return o && typeof o === "object" ? o : o ? {} : null;
+}
+
+/** The forms the queries (`side` "q") or keys ("k") take, in the order they are made: the
+ * projection, the norm, RoPE, the norm after RoPE (Llama 4's after_rope), the temperature. */
+export function formsOf(request, side) {
+  const after = !!(qkNormOptions(request) || {}).after_rope;
+  const forms = [side, after ? "" : `${side}_normed`, `${side}_rotated`];
+  forms.push(after ? `${side}_normed` : "", side === "q" ? "q_tempered" : "");
+  return forms.filter(Boolean);
+}
+
+/** The forms ctx's answer holds for its head and batch item, in order. */
+export function heldForms(ctx, side) {
+  return formsOf(ctx.request, side).filter((n) => pick(ctx, n) !== undefined);
+}
+
+/** The form the scores use: the last one made. */
+export function lastForm(ctx, side) {
+  return heldForms(ctx, side).at(-1);
+}
+
+/** The form `name` (q_normed, k_rotated, q_tempered, …) was made from. */
+export function formBefore(ctx, name) {
+  const forms = heldForms(ctx, name[0]);
+  const at = forms.indexOf(name);
+  return at > 0 ? forms[at - 1] : undefined;
+}
+
+// ---- the norms
+
+/** The norm of one vector (service/core/variants.py qk_norm): "rms" x / √(mean(x²) + eps),
+ * "layer" (x − mean) / √(mean((x − mean)²) + eps); feature t times w_t, or 1 + w_t when
+ * zero-centred. */
+export function normOf(
+  x,
+  t,
+  { type = "rms", eps = DEFAULT_EPS, weight = null, zeroCentered = false },
+) {
+  const n = x.length;
+  const mean = type === "rms" ? 0 : x.reduce((s, v) => s + v, 0) / n;
+  const centred = type === "rms" ? x : x.map((v) => v - mean);
+  const squares = centred.map((c) => c * c);
+  const spread = squares.reduce((s, v) => s + v, 0) / n; // mean(x²), or the biased variance
+  const denom = Math.sqrt(spread + eps);
+  const normed = centred[t] / denom;
+  const factor = weight === null ? null : zeroCentered ? 1 + weight[t] : weight[t];
+  return {
+    type,
+    eps,
+    mean,
+    terms: x.map((v, k) => ({ t: k, x: v, c: centred[k], sq: squares[k] })),
+    spread,
+    denom,
+    normed,
+    w: weight === null ? null : weight[t],
+    factor,
+    zeroCentered,
+    total: factor === null ? normed : normed * factor,
+  };
+}
+
+/** qk_norm's weight of the queries (`side` "q") or keys ("k"): /multihead's q_norm.weight (or
+ * q_norm_weight) over qk_norm.q_weight, as service/trace/rows/variants.py; null when none. */
+export function normWeight(request, side) {
+  const o = qkNormOptions(request) || {};
+  let w = Array.isArray(o[`${side}_weight`]) ? o[`${side}_weight`] : null;
+  for (const key of [`${side}_norm.weight`, `${side}_norm_weight`])
+    if (Array.isArray(request[key])) w = request[key];
+  return w;
+}
+
+function normCell(ctx, name, r, t) {
+  if (name === "v_normed") {
+    const v = pick(ctx, "v");
+    const o =
+      ctx.request.v_norm && typeof ctx.request.v_norm === "object" ? ctx.request.v_norm : {};
+    return { kind: "norm", from: "v", ...normOf(v[r], t, { eps: o.eps ?? DEFAULT_EPS }) };
+  }
+  const from = formBefore(ctx, name);
+  const o = qkNormOptions(ctx.request) || {};
+  const settings = {
+    type: o.type ?? "rms",
+    eps: o.eps ?? DEFAULT_EPS,
+    weight: normWeight(ctx.request, name[0]),
+    zeroCentered: !!o.zero_centered,
+  };
+  return {
+    kind: "norm",
+    from,
+    afterRope: !!o.after_rope,
+    ...normOf(pick(ctx, from)[r], t, settings),
+  };
+}
+
+// ---- RoPE, one feature
+
+function rotateCell(ctx, name, r, t) {
+  const side = name[0];
+  const from = formBefore(ctx, name);
+  const x = pick(ctx, from)[r];
+  const settings = ropeSettings(ctx.request, x.length);
+  const n = sequenceLength(ctx.request, pick(ctx, "q_rotated").length); // the queries' n
+  const theta = ropeFrequencies(settings, n);
+  const gain = attentionFactor(settings);
+  const field = side === "q" ? "positions" : "context_positions";
+  const pos = positionOf(ctx.request, field, r, ctx.batch);
+  const angles = ropeAngles(settings, theta, pos);
+  const width = turnedWidth(settings);
+  const pairs = theta.map((_, k) => pairFeatures(settings.style, width, k));
+  const pair = pairs.findIndex(([f, g]) => f === t || g === t);
+  const linear = settings.scaling && settings.scaling.type === "linear";
+  const at = linear ? pos / settings.scaling.factor : pos; // the position the angles take
+  const base = { kind: "rotate", from, side, settings, n, pos, at, theta, angles, pairs, gain };
+  const about = { scaled: pairScalings(settings, n), scalingNote: scalingNote(settings, n) };
+  if (pair < 0) return { ...base, ...about, pair, a: x[t], total: x[t] }; // past rotary_dim
+  const [f, g] = pairs[pair];
+  const phi = angles[pair];
+  const c = Math.cos(phi) * gain,
+    s = Math.sin(phi) * gain;
+  const a = x[f],
+    b = x[g];
+  const first = t === f;
+  return {
+    ...base,
+    ...about,
+    pair,
+    f,
+    g,
+    first,
+    a,
+    b,
+    phi,
+    c,
+    s,
+    total: first ? a * c - b * s : b * c + a * s,
+  };
+}
+
+// ---- Llama 4's temperature
+
+/** The temperature of the query at position p: log(⌊(p + 1)/floor_scale⌋ + 1) · attn_scale + 1
+ * (service/core/variants.py temperature_factors, with log1p as NumPy's). */
+export function temperatureOf(request, p) {
+  const { floor_scale: floor, attn_scale: slope } = { ...TEMPERATURE, ...request.temperature };
+  const ratio = (p + 1) / floor;
+  const steps = Math.floor(ratio);
+  const log = Math.log1p(steps);
+  return { floor, slope, p, ratio, steps, log, factor: log * slope + 1 };
+}
+
+function temperCell(ctx, name, r, t) {
+  const from = formBefore(ctx, name);
+  const before = pick(ctx, from)[r][t];
+  const temp = temperatureOf(ctx.request, positionOf(ctx.request, "positions", r, ctx.batch));
+  return { kind: "temper", from, before, ...temp, total: before * temp.factor };
+}
+
+// ---- Qwen3-Next's output gate
+
+/** The gate's weights W_g [h·d_v][d_model] (out_in) and bias, and where row c comes from: the
+ * request's gate.w, or (`gate: true`) q_proj.weight's rows, each head's query rows then its gate
+ * rows (service/trace/fold.py). */
+export function gateWeights(ctx) {
+  const g = ctx.request.gate;
+  if (g && typeof g === "object") return { w: g.w, b: g.b ?? null, row: (c) => c, field: "gate" };
+  const q = ctx.request["q_proj.weight"] ?? ctx.request.q_proj_weight;
+  const bias = ctx.request["q_proj.bias"] ?? ctx.request.q_proj_bias ?? null;
+  if (g !== true || !Array.isArray(q)) return undefined;
+  const h = Number(ctx.data.num_heads ?? ctx.request.num_heads);
+  const d = q.length / (2 * h);
+  const row = (c) => Math.floor(c / d) * 2 * d + d + (c % d); // head ⌊c/d⌋'s gate row c mod d
+  const width = h * d;
+  const rows = Array.from({ length: width }, (_, c) => row(c));
+  return {
+    w: rows.map((k) => q[k]),
+    b: bias ? rows.map((k) => bias[k]) : null,
+    row,
+    field: "q_proj",
+    d,
+  };
+}
+
+/** The rows the gate reads: x after positional encoding (x_in) when the answer has it, else the
+ * generated x, else the request's x. */
+function gateInput(ctx) {
+  const held = pick(ctx, "x_in") ?? pick(ctx, "x");
+  if (held !== undefined) return { x: held, name: pick(ctx, "x_in") ? "x_in" : "x" };
+  let x = ctx.request.x;
+  if (Array.isArray(x) && Array.isArray(x[0]) && Array.isArray(x[0][0])) x = x[ctx.batch ?? 0];
+  return { x, name: "x" };
+}
+
+function gateCell(ctx, name, i, c) {
+  if (name === "gated") {
+    const concat = pick(ctx, "concat")[i][c],
+      gate = pick(ctx, "gate")[i][c];
+    return { kind: "gated", concat, gate, total: concat * gate };
+  }
+  const weights = gateWeights(ctx);
+  const { x, name: xName } = gateInput(ctx);
+  const wRow = weights.w[c];
+  const terms = x[i].map((xt, t) => ({ t, x: xt, w: wRow[t], value: xt * wRow[t] }));
+  const dot = terms.reduce((s, term) => s + term.value, 0);
+  const bias = weights.b ? weights.b[c] : null;
+  const z = dot + (bias ?? 0);
+  const e = Math.exp(-z);
+  return {
+    kind: "gate",
+    xName,
+    terms,
+    dot,
+    bias,
+    z,
+    e,
+    source: weights.field,
+    sourceRow: weights.row(c),
+    total: 1 / (1 + e),
+  };
+}
+
+/** Cell [i][j] of one of LAYER_NAMES computed again: {kind, total, …} (a shape per kind).
+ * @returns {any} */
+export function layerCell(ctx, name, i, j) {
+  if (name === "q_normed" || name === "k_normed" || name === "v_normed")
+    return normCell(ctx, name, i, j);
+  if (name === "q_rotated" || name === "k_rotated") return rotateCell(ctx, name, i, j);
+  if (name === "q_tempered") return temperCell(ctx, name, i, j);
+  return gateCell(ctx, name, i, j);
+}

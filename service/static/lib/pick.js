@@ -1,0 +1,43 @@
+// @ts-check
+// A response's arrays as a cell's explanation reads them, a leaf: one array for the clicked
+// cell's head and batch item (`pick`), and the service's JSON numbers (null is −∞).
+
+export const NEG_INF = -Infinity;
+
+/** A JSON number; null (the service's -inf) becomes -Infinity. */
+export function num(x) {
+  return x === null || x === undefined ? NEG_INF : Number(x);
+}
+
+function depth(a) {
+  let d = 0;
+  while (Array.isArray(a)) {
+    d += 1;
+    a = a[0];
+  }
+  return d;
+}
+
+/** ctx's array `key` for its head and batch item, reduced to `want` dimensions. */
+export function pick(ctx, key, want = 2) {
+  const { data, head, batch } = ctx;
+  let a;
+  let fromHead = false;
+  if (
+    head !== null &&
+    head !== undefined &&
+    data.heads &&
+    data.heads[head] &&
+    key in data.heads[head]
+  ) {
+    a = data.heads[head][key];
+    fromHead = true;
+  } else {
+    a = data[key];
+  }
+  if (a === undefined || a === null) return undefined;
+  if (!Array.isArray(a)) return a;
+  if (depth(a) > want && batch !== null && batch !== undefined) a = a[batch];
+  if (!fromHead && depth(a) > want && head !== null && head !== undefined) a = a[head];
+  return a;
+}
