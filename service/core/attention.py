@@ -6,7 +6,7 @@ function accepts any number of leading batch axes (``...``): ``(B, L, d)`` for a
 other layouts before calling in here.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,6 +36,19 @@ class Projections:
 
 
 @dataclass(frozen=True)
+class Past:
+    """A key/value cache as a Hugging Face ``DynamicCache`` holds it: keys already normed and
+    rotated, values already normed, P tokens."""
+
+    k: Array  # (..., P, d_k)
+    v: Array  # (..., P, d_v)
+
+    @property
+    def length(self) -> int:
+        return int(self.k.shape[-2])
+
+
+@dataclass(frozen=True)
 class AttentionTrace:
     """Every intermediate of one scaled dot-product attention, in order of computation."""
 
@@ -56,6 +69,8 @@ class AttentionTrace:
     k_rotated: Array | None = None  # (..., S, d_k)  RoPE(K)
     q_tempered: Array | None = None  # (..., L, d_k)  the queries times their temperature
     v_normed: Array | None = None  # (..., S, d_v)  rms_norm(V), what weights @ V uses
+    present_k: Array | None = None  # (..., P + L, d_k)  the cache after this step (with past)
+    present_v: Array | None = None  # (..., P + L, d_v)
     capped_scores: Array | None = None  # (..., L, S)  c · tanh(scaled / c)
     position_bias: Array | None = None  # (..., L, S)  ALiBi or T5 bias
     biased_scores: Array | None = None  # (..., L, S)  the scores so far + position_bias
@@ -138,6 +153,7 @@ def scaled_dot_product_attention(
     padded_queries: BoolArray | None = None,
     fully_masked_policy: FullyMaskedPolicy = "zero",
     variants: Variants | None = None,
+    past: Past | None = None,
 ) -> AttentionTrace:
     """softmax(Q Kᵀ · scale + M) V, returning every step.
 
@@ -157,11 +173,25 @@ def scaled_dot_product_attention(
     key with no value; a row with every key masked then gives all its weight to the sink,
     whatever ``fully_masked_policy`` says (its weights are defined, so ``"error"`` does not
     refuse it), and is still flagged in ``fully_masked_rows``: the flags describe the mask.
+
+    ``past`` makes this a decode step (transformers' ``Cache.update``): q, k, v are the L new
+    tokens, at positions P … P + L − 1 unless given (the new keys at the queries' positions);
+    their keys and values, normed and rotated, are appended to the cache's, and the scores run
+    over all P + L keys (``additive`` must be ``(…, L, P + L)``).
     """
     var = variants or Variants()
+    if past is not None:
+        if var.positions is None:
+            var = replace(var, positions=np.arange(past.length, past.length + q.shape[-2]))
+        var = replace(var, context_positions=var.positions)  # the new keys are these tokens
     qk = queries_and_keys(q, k, var)
     q_used, k_used = qk.q, qk.k  # (..., L, d_k), (..., S, d_k)
     v_normed = None if var.v_norm is None else qk_norm(v, var.v_norm)  # (..., S, d_v)
+    present_k = present_v = None
+    if past is not None:  # the cache as transformers updates it: normed, rotated, then stored
+        k_used = present_k = np.concatenate([past.k, k_used], axis=-2)  # (..., P + L, d_k)
+        v_new = v if v_normed is None else v_normed
+        present_v = np.concatenate([past.v, v_new], axis=-2)  # (..., P + L, d_v)
     d_k = q.shape[-1]
     scale = default_scale(d_k) if scale is None else scale
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
@@ -194,7 +224,7 @@ def scaled_dot_product_attention(
         weights[np.broadcast_to(padded_queries[..., None], weights.shape)] = 0.0
         if sink_weights is not None:  # a padded row attends to nothing, the sink included
             sink_weights = np.where(padded_queries, 0.0, sink_weights)  # (..., L)
-    v_used = v if v_normed is None else v_normed  # (..., S, d_v)
+    v_used = present_v if present_v is not None else v if v_normed is None else v_normed
     require_finite(v_used, "V")
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
         output = weights @ v_used  # (..., L, d_v)
@@ -216,6 +246,8 @@ def scaled_dot_product_attention(
         k_rotated=qk.k_rotated,
         q_tempered=qk.q_tempered,
         v_normed=v_normed,
+        present_k=present_k,
+        present_v=present_v,
         capped_scores=capped,
         position_bias=position_bias,
         biased_scores=biased,

@@ -76,19 +76,28 @@ class CombinedMask:
 
 
 def causal(
-    seq_len: int, ctx_len: int, alignment: Alignment = "upper_left", diagonal: bool = True
+    seq_len: int,
+    ctx_len: int,
+    alignment: Alignment = "upper_left",
+    diagonal: bool = True,
+    row_offset: int = 0,
 ) -> BoolArray:
     """(L, S) causal pattern; lower_right shifts the diagonal by S − L (KV-cache style).
-    ``diagonal`` False hides the diagonal too (each query's own key: a notebook's mistake)."""
-    offset = ctx_len - seq_len if alignment == "lower_right" else 0
+    ``diagonal`` False hides the diagonal too (each query's own key: a notebook's mistake).
+    ``row_offset`` P: the queries are rows P … P + L − 1 of a longer sequence (a decode step
+    after P cached tokens)."""
+    offset = ctx_len - seq_len if alignment == "lower_right" else row_offset
     i = np.arange(seq_len)[:, None]  # (L, 1)
     j = np.arange(ctx_len)[None, :]  # (1, S)
     return j <= i + offset if diagonal else j < i + offset
 
 
-def window(seq_len: int, ctx_len: int, left: int | None, right: int | None) -> BoolArray:
-    """(L, S) band: query i sees keys j with i − left ≤ j ≤ i + right."""
-    i = np.arange(seq_len)[:, None]  # (L, 1)
+def window(
+    seq_len: int, ctx_len: int, left: int | None, right: int | None, row_offset: int = 0
+) -> BoolArray:
+    """(L, S) band: query i (row i + row_offset of the sequence) sees keys j with
+    i − left ≤ j ≤ i + right."""
+    i = np.arange(seq_len)[:, None] + row_offset  # (L, 1)
     j = np.arange(ctx_len)[None, :]  # (1, S)
     ok = np.ones((seq_len, ctx_len), dtype=bool)
     if left is not None:
@@ -98,9 +107,10 @@ def window(seq_len: int, ctx_len: int, left: int | None, right: int | None) -> B
     return ok
 
 
-def chunked(seq_len: int, ctx_len: int, size: int) -> BoolArray:
-    """(L, S) causal within blocks of ``size``: key j ≤ i and ⌊j/size⌋ = ⌊i/size⌋."""
-    i = np.arange(seq_len)[:, None]  # (L, 1)
+def chunked(seq_len: int, ctx_len: int, size: int, row_offset: int = 0) -> BoolArray:
+    """(L, S) causal within blocks of ``size``: key j ≤ i and ⌊j/size⌋ = ⌊i/size⌋ (i counted
+    from ``row_offset``)."""
+    i = np.arange(seq_len)[:, None] + row_offset  # (L, 1)
     j = np.arange(ctx_len)[None, :]  # (1, S)
     ok: BoolArray = (j <= i) & (j // size == i // size)  # (L, S)
     return ok
@@ -112,8 +122,12 @@ def _lengths_mask(lengths: tuple[int, ...], batch: int, size: int) -> BoolArray:
     return np.arange(size)[None, :] < n[:, None]
 
 
-def combine(specs: list[MaskSpec], batch: int, seq_len: int, ctx_len: int) -> CombinedMask:
-    """Fold the masks (AND) into one CombinedMask of shape (B, L, S).
+def combine(
+    specs: list[MaskSpec], batch: int, seq_len: int, ctx_len: int, row_offset: int = 0
+) -> CombinedMask:
+    """Fold the masks (AND) into one CombinedMask of shape (B, L, S). ``row_offset`` P: the
+    queries are rows P … P + L − 1 of the sequence (a decode step after P cached tokens), as
+    the causal, window and chunked patterns count them.
 
     Shapes must already be validated: matrices are (L, S) or (B, L, S), lengths have one
     entry per batch item (or one entry in total, applied to every item).
@@ -125,11 +139,11 @@ def combine(specs: list[MaskSpec], batch: int, seq_len: int, ctx_len: int) -> Co
     for spec in specs:
         match spec:
             case Causal(alignment):
-                allowed &= causal(seq_len, ctx_len, alignment)
+                allowed &= causal(seq_len, ctx_len, alignment, row_offset=row_offset)
             case Window(left, right):
-                allowed &= window(seq_len, ctx_len, left, right)
+                allowed &= window(seq_len, ctx_len, left, right, row_offset)
             case Chunked(size):
-                allowed &= chunked(seq_len, ctx_len, size)
+                allowed &= chunked(seq_len, ctx_len, size, row_offset)
             case Padding(key_lengths, query_lengths):
                 if key_lengths is not None:
                     allowed &= _lengths_mask(key_lengths, batch, ctx_len)[:, None, :]

@@ -3,12 +3,13 @@ layer norm, keeping every intermediate. Weights arrive in ``in_out`` layout (``X
 API converts PyTorch's ``out_in``, packed and per-head forms before calling in here.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from service.core.attention import (
     AttentionTrace,
+    Past,
     Projections,
     project,
     project_qkv,
@@ -114,9 +115,10 @@ def multihead_attention(
     residual: bool = False,
     norm: LayerNorm | None = None,
     variants: Variants | None = None,
+    past: Past | None = None,
 ) -> MultiheadTrace:
     """Multi-head attention over ``x (B, L, d_model)``, keys/values from ``context (B, S, d_model)``
-    (default: x itself).
+    (default: x itself); with ``past`` (keys and values ``(B, h_kv, P, ·)``) a decode step.
 
     ``positional (L, d_model)`` is added to x first. The projections are split into h query
     heads and h_kv = ``num_kv_heads`` key/value heads (default h) of d_k columns each, then
@@ -147,6 +149,7 @@ def multihead_attention(
         norm=norm,
         variants=variants,
         gate=gate,
+        past=past,
     )
 
 
@@ -165,6 +168,7 @@ def attend_heads(
     norm: LayerNorm | None = None,
     variants: Variants | None = None,
     gate: Array | None = None,
+    past: Past | None = None,
 ) -> MultiheadTrace:
     """The heads of multi-head attention and the block after them.
 
@@ -183,6 +187,8 @@ def attend_heads(
     if h_kv != h:
         k = np.repeat(k, h // h_kv, axis=1)  # (B, h, S, d_k)
         v = np.repeat(v, h // h_kv, axis=1)  # (B, h, S, d_v)
+        if past is not None:  # the cache per key/value head, shared as the new keys are
+            past = Past(np.repeat(past.k, h // h_kv, axis=1), np.repeat(past.v, h // h_kv, axis=1))
 
     heads = scaled_dot_product_attention(
         q,
@@ -193,7 +199,13 @@ def attend_heads(
         padded_queries=None if mask is None else mask.padded_queries[:, None],  # (B, 1, L)
         fully_masked_policy=fully_masked_policy,
         variants=variants,
+        past=past,
     )
+    if heads.present_k is not None and heads.present_v is not None and h_kv != h:
+        group = h // h_kv  # the cache keeps one copy per key/value head: (B, h_kv, P + L, ·)
+        heads = replace(
+            heads, present_k=heads.present_k[:, ::group], present_v=heads.present_v[:, ::group]
+        )
     concat = merge_heads(heads.output)  # (B, L, h·d_v)
     gated = None if gate is None else concat * gate  # (B, L, h·d_v)
     block_in = concat if gated is None else gated

@@ -3,21 +3,27 @@ between the large steps: it raises when the client has gone, so its work stops t
 
 from collections.abc import Callable
 from dataclasses import fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from service.core import masks
-from service.core.attention import AttentionTrace, project_qkv, scaled_dot_product_attention
+from service.core.attention import (
+    AttentionTrace,
+    Past,
+    project_qkv,
+    scaled_dot_product_attention,
+)
 from service.core.diagnosis.stages import Setup
 from service.core.latent import LatentDims, latent_attention
-from service.core.multihead import attend_heads, multihead_attention
+from service.core.multihead import MultiheadTrace, attend_heads, multihead_attention
 from service.core.positions import position_bias
 from service.core.softmax import rows_by_item
 from service.core.types import Array
 from service.core.variants import Variants
 from service.trace import outputs, steps
 from service.trace.comparison import compare, state_of
+from service.trace.decode import replay
 from service.trace.plan import AttentionPlan, MultiheadPlan, Plan
 from service.trace.shapes import Shapes
 from service.trace.summary import summary
@@ -26,7 +32,7 @@ from service.trace.summary import summary
 def _combined_mask(plan: Plan) -> masks.CombinedMask | None:
     s = plan.shapes
     return (
-        masks.combine(list(plan.mask_specs), s.batch or 1, s.seq_len, s.ctx_len)
+        masks.combine(list(plan.mask_specs), s.batch or 1, s.seq_len, s.ctx_len, s.past_len)
         if s.masked
         else None
     )
@@ -38,7 +44,8 @@ def _variants(plan: Plan) -> Variants:
     if plan.bias is None:
         return v
     s = plan.shapes
-    p = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
+    new = np.arange(s.past_len, s.past_len + s.seq_len)  # (L,) after a cache of P
+    p = new if v.positions is None else v.positions  # (L,)
     p_ctx = np.arange(s.ctx_len) if v.context_positions is None else v.context_positions  # (S,)
     bias = position_bias(plan.bias, s.num_heads, p, p_ctx)  # (h, L, S)
     return replace(v, position_bias=bias)
@@ -87,21 +94,25 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
     mask = _combined_mask(plan)
     check()
     variants = _variants(plan)
-    trace = scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        scale=plan.scale,
-        additive=None if mask is None else mask.additive,
-        padded_queries=None if mask is None else mask.padded_queries,
-        fully_masked_policy=plan.fully_masked_rows,
-        variants=variants,
-    )
+    trace = _attend(plan, q, k, v, mask, variants, plan.past)
     check()
     values = _common(plan, trace, mask) | {
         "summary": lambda: _summary(plan, trace.weights),
         "steps": lambda: steps.attention_steps(plan, trace.scale),
+        "present_k": trace.present_k,
+        "present_v": trace.present_v,
     }
+    if plan.shapes.check_decode:
+
+        def step(rows: slice, cache: Past) -> tuple[Array, Past]:
+            at = _decode_step(plan, rows, cache.length)
+            one = _attend(at, q[:, rows], k[:, rows], v[:, rows], _combined_mask(at),
+                          _variants(at), cache)  # fmt: skip
+            assert one.present_k is not None and one.present_v is not None
+            return one.output, Past(one.present_k, one.present_v)
+
+        empty = Past(k[:, :0], v[:, :0])  # (B, 0, ·)
+        values["decode_check"] = replay(step, plan.shapes.seq_len, trace.output, empty)
     if plan.expected is not None:
         setup = _setup(
             plan, trace, variants, x_in=plan.x, context=plan.context, projections=plan.projections
@@ -125,28 +136,8 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
             fully_masked_policy=plan.fully_masked_rows, variants=variants,
         )  # fmt: skip
         trace = latent.block
-    elif plan.heads is not None:
-        q, k, v = plan.heads  # (B, h, L, d_k), (B, h_kv, S, d_k), (B, h_kv, S, d_v)
-        trace = attend_heads(
-            q, k, v, w_o=plan.w_o, b_o=plan.b_o, mask=mask, scale=plan.scale,
-            fully_masked_policy=plan.fully_masked_rows, norm=plan.norm, variants=variants,
-        )  # fmt: skip
     else:
-        assert plan.x is not None and plan.weights is not None
-        trace = multihead_attention(
-            plan.x,
-            plan.weights,
-            num_heads=s.num_heads,
-            num_kv_heads=s.num_kv_heads,
-            context=plan.context,
-            positional=plan.positional,
-            mask=mask,
-            scale=plan.scale,
-            fully_masked_policy=plan.fully_masked_rows,
-            residual=plan.residual,
-            norm=plan.norm,
-            variants=variants,
-        )
+        trace = _multihead(plan, plan.x, plan.heads, plan.positional, mask, variants, plan.past)
     check()
     values = _common(plan, trace.heads, mask) | {
         "num_heads": s.num_heads,
@@ -163,7 +154,27 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
         "output": trace.output,
         "summary": lambda: _summary(plan, trace.average_weights),
         "steps": lambda: steps.multihead_steps(plan, trace.heads.scale),
+        "present_k": trace.heads.present_k,
+        "present_v": trace.heads.present_v,
     }
+    if s.check_decode and latent is None:
+        x, heads, pe = plan.x, plan.heads, plan.positional
+
+        def step(rows: slice, cache: Past) -> tuple[Array, Past]:
+            at = _decode_step(plan, rows, cache.length)
+            one = _multihead(
+                at, None if x is None else x[:, rows],
+                None if heads is None else (heads[0][:, :, rows], heads[1][:, :, rows],
+                                            heads[2][:, :, rows]),
+                None if pe is None else pe[rows], _combined_mask(at), _variants(at), cache,
+            )  # fmt: skip
+            p_k, p_v = one.heads.present_k, one.heads.present_v
+            assert p_k is not None and p_v is not None
+            return one.output, Past(p_k, p_v)
+
+        b, h_kv = trace.output.shape[0], s.num_kv_heads
+        empty = Past(np.zeros((b, h_kv, 0, s.d_k)), np.zeros((b, h_kv, 0, s.d_v)))
+        values["decode_check"] = replay(step, s.seq_len, trace.output, empty)
     per_head = _arrays(trace.heads)
     if latent is not None:
         values |= {"c_q": latent.c_q, "c_kv": latent.c_kv, "k_rope": latent.k_rope,
@@ -196,6 +207,67 @@ def _latent_dims(s: Shapes) -> LatentDims:
     return s.latent
 
 
+def _attend(
+    plan: AttentionPlan,
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: masks.CombinedMask | None,
+    variants: Variants,
+    past: Past | None,
+) -> AttentionTrace:
+    """The engine on /attention's q (B, L, d_k), k, v (B, S, ·), with a cache when given."""
+    return scaled_dot_product_attention(
+        q, k, v, scale=plan.scale, additive=None if mask is None else mask.additive,
+        padded_queries=None if mask is None else mask.padded_queries,
+        fully_masked_policy=plan.fully_masked_rows, variants=variants, past=past,
+    )  # fmt: skip
+
+
+def _multihead(
+    plan: MultiheadPlan,
+    x: Array | None,
+    heads: tuple[Array, Array, Array] | None,
+    positional: Array | None,
+    mask: masks.CombinedMask | None,
+    variants: Variants,
+    past: Past | None,
+) -> MultiheadTrace:
+    """The engine on /multihead's x (B, L, d_model) with its weights, or the heads given."""
+    s = plan.shapes
+    if heads is not None:
+        q, k, v = heads  # (B, h, L, d_k), (B, h_kv, S, d_k), (B, h_kv, S, d_v)
+        return attend_heads(
+            q, k, v, w_o=plan.w_o, b_o=plan.b_o, mask=mask, scale=plan.scale,
+            fully_masked_policy=plan.fully_masked_rows, norm=plan.norm, variants=variants,
+            past=past,
+        )  # fmt: skip
+    assert x is not None and plan.weights is not None
+    return multihead_attention(
+        x, plan.weights, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
+        context=plan.context, positional=positional, mask=mask, scale=plan.scale,
+        fully_masked_policy=plan.fully_masked_rows, residual=plan.residual, norm=plan.norm,
+        variants=variants, past=past,
+    )  # fmt: skip
+
+
+P = TypeVar("P", AttentionPlan, MultiheadPlan)
+
+
+def _decode_step(plan: P, rows: slice, cached: int) -> P:
+    """The plan of one token of ``check_decode``: the query ``rows`` of the sequence after
+    ``cached`` tokens, at their positions, causal over the cache and themselves."""
+    v = plan.variants
+    every = np.arange(plan.shapes.seq_len) if v.positions is None else v.positions  # (L,)
+    at = every[rows]  # (1,)
+    shapes = replace(plan.shapes, seq_len=1, ctx_len=cached + 1, past_len=cached,
+                     num_masks=plan.shapes.num_masks + 1)  # fmt: skip
+    return replace(
+        plan, shapes=shapes, mask_specs=(*plan.mask_specs, masks.Causal()),
+        variants=replace(v, positions=at, context_positions=every[: cached + 1]),
+    )  # fmt: skip
+
+
 def _head_state(trace: AttentionTrace) -> dict[str, Array | None]:
     """The trace's arrays by name (its scale and row flags left out)."""
     return {n: a for n, a in _arrays(trace).items() if n not in ("scale", "fully_masked_rows")}
@@ -204,10 +276,17 @@ def _head_state(trace: AttentionTrace) -> dict[str, Array | None]:
 def _setup(plan: Plan, trace: AttentionTrace, variants: Variants, **block: Any) -> Setup:
     """What recomputing the steps under a mistake needs (service.core.diagnosis.stages)."""
     s = plan.shapes
+    past = plan.past
+    if past is not None:  # the new tokens at their positions; the cache per query head
+        at = np.arange(s.past_len, s.ctx_len) if variants.positions is None else variants.positions
+        variants = replace(variants, positions=at, context_positions=at)
+        if s.endpoint == "multihead" and s.num_kv_heads != s.num_heads:
+            group = s.num_heads // s.num_kv_heads
+            past = Past(np.repeat(past.k, group, axis=1), np.repeat(past.v, group, axis=1))
     return Setup(
         scale=trace.scale, d_k=s.d_k, fully_masked_policy=plan.fully_masked_rows,
         variants=variants, mask_specs=plan.mask_specs, batch=s.batch or 1,
-        seq_len=s.seq_len, ctx_len=s.ctx_len, **block,
+        seq_len=s.seq_len, ctx_len=s.ctx_len, past=past, **block,
     )  # fmt: skip
 
 

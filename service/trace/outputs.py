@@ -35,6 +35,7 @@ Kind = Literal[
     "comparison",  # the caller's arrays against the service's
     "name",  # an output's name, or null
     "warnings",
+    "check",  # decode_check: {max_abs_diff, steps}
 ]
 ShapeOf = Callable[[Shapes], tuple[int, ...]]
 BOTH: frozenset[Endpoint] = frozenset({"attention", "multihead"})
@@ -92,6 +93,16 @@ def _lat(s: Shapes) -> LatentDims:
     return s.latent
 
 
+def _cache_shape(d: str, per_head: bool) -> ShapeOf:
+    """A cache's shape: ([h_kv,] P + L, d_k or d_v)."""
+
+    def shape(s: Shapes) -> tuple[int, ...]:
+        width = s.d_k if d == "d_k" else s.d_v
+        return ((s.num_kv_heads,) if per_head else ()) + (s.ctx_len, width)
+
+    return shape
+
+
 def _ls(s: Shapes) -> tuple[int, ...]:
     return (s.seq_len, s.ctx_len)
 
@@ -106,15 +117,15 @@ OUTPUTS: tuple[Output, ...] = (
     # one attention: top level on /attention, per head on /multihead
     Output("q", "matrix", "queries [L][d_k]", lambda s: (s.seq_len, s.d_k), head=True,
            view=View("Q", rows="queries", each_head=True)),
-    Output("k", "matrix", "keys [S][d_k]", lambda s: (s.ctx_len, s.d_k), head=True,
+    Output("k", "matrix", "keys [S][d_k] (with past: the new tokens')", lambda s: (s.new_keys, s.d_k), head=True,
            view=View("K", rows="keys", each_head=True)),
-    Output("v", "matrix", "values [S][d_v]", lambda s: (s.ctx_len, s.d_v), head=True,
+    Output("v", "matrix", "values [S][d_v] (with past: the new tokens')", lambda s: (s.new_keys, s.d_v), head=True,
            view=View("V", rows="keys", each_head=True)),
     Output("q_normed", "matrix", "qk_norm(Q) [L][d_k] (when qk_norm is on)",
            lambda s: (s.seq_len, s.d_k), present=_on("qk_norm"), head=True,
            view=View("Q after qk_norm", rows="queries", each_head=True)),
     Output("k_normed", "matrix", "qk_norm(K) [S][d_k] (when qk_norm is on)",
-           lambda s: (s.ctx_len, s.d_k), present=_on("qk_norm"), head=True,
+           lambda s: (s.new_keys, s.d_k), present=_on("qk_norm"), head=True,
            view=View("K after qk_norm", rows="keys", each_head=True)),
     # multi-head latent attention (DeepSeek): the latents, then each head's parts of Q and K
     Output("c_q", "matrix", "the queries' latent [L][q_lora_rank], after q_a_layernorm (mla "
@@ -141,14 +152,24 @@ OUTPUTS: tuple[Output, ...] = (
            lambda s: (s.seq_len, s.d_k), present=_on("rope"), head=True,
            view=View("Q rotated (RoPE)", rows="queries", each_head=True)),
     Output("k_rotated", "matrix", "RoPE(K) [S][d_k] (when rope is on)",
-           lambda s: (s.ctx_len, s.d_k), present=_on("rope"), head=True,
+           lambda s: (s.new_keys, s.d_k), present=_on("rope"), head=True,
            view=View("K rotated (RoPE)", rows="keys", each_head=True)),
     Output("q_tempered", "matrix", "the queries times their temperature [L][d_k] (when "
            "temperature is on)", lambda s: (s.seq_len, s.d_k), present=_on("temperature"),
            head=True, view=View("Q × temperature", rows="queries", each_head=True)),
     Output("v_normed", "matrix", "rms_norm(V) [S][d_v], what the output uses (when v_norm is "
-           "on)", lambda s: (s.ctx_len, s.d_v), present=_on("v_norm"), head=True,
+           "on)", lambda s: (s.new_keys, s.d_v), present=_on("v_norm"), head=True,
            view=View("V after v_norm", rows="keys", each_head=True)),
+    # a decode step's cache after this step: the cached keys, then the new ones normed and rotated
+    *(Output(name, "matrix", f"the cache's {what} after this step [P + L][{d}]: past.{name[-1]} "
+             f"then the new tokens' (with past)", _cache_shape(d, per_head=False),
+             endpoints=ATTENTION, present=lambda s: s.past_len > 0)
+      for name, what, d in (("present_k", "keys", "d_k"), ("present_v", "values", "d_v"))),
+    *(Output(name, "stack", f"the cache's {what} after this step [h_kv][P + L][{d}]: past."
+             f"{name[-1]} then the new tokens' (with past)",
+             _cache_shape(d, per_head=True), endpoints=MULTIHEAD,
+             present=lambda s: s.past_len > 0)
+      for name, what, d in (("present_k", "keys", "d_k"), ("present_v", "values", "d_v"))),
     Output("scores", "matrix", "Q Kᵀ [L][S]", _ls, head=True, view=View("scores  Q Kᵀ", "scores")),
     Output("scaled_scores", "matrix", "Q Kᵀ · scale [L][S]", _ls, head=True,
            view=View("scaled scores", "scores", each_head=True, chain=True)),
@@ -234,6 +255,9 @@ OUTPUTS: tuple[Output, ...] = (
            "each matches, the largest difference and where, and for the first difference the "
            "mistake that reproduces it", present=lambda s: s.comparing, always=True,
            batched=False),
+    Output("decode_check", "check", "the sequence at once against a token at a time with a "
+           "growing cache: {max_abs_diff, steps} (with check_decode)",
+           present=lambda s: s.check_decode, always=True, batched=False),
     Output("first_mismatch", "name", "the earliest compared name that differs, or null",
            present=lambda s: s.comparing, always=True, batched=False),
     # the mask's consequence

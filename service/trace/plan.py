@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from service.core import masks
-from service.core.attention import Projections
+from service.core.attention import Past, Projections
 from service.core.diagnosis.search import Tolerance
 from service.core.generate import draw
 from service.core.latent import LatentWeights
@@ -61,6 +61,7 @@ class Plan:
     decimals: int | None
     variants: Variants  # position_bias not yet computed: see bias
     bias: PositionBias | None  # ALiBi or T5 settings; the bias is computed with the attention
+    past: Past | None  # a decode step's cache: (B, P, ·), or (B, h_kv, P, ·) on /multihead
     expected: Expected | None  # the caller's arrays to compare with
     tolerance: Tolerance | None  # None: none given (the default, or each array's printed precision)
 
@@ -191,6 +192,11 @@ def _plan(
     )
     alignments = [m.alignment for m in req.mask or [] if isinstance(m, CausalMask)]
     specs = [_mask_spec(m) for m in req.mask or []]
+    past = None
+    if req.past is not None:  # a decode step: causal over the cache and the new tokens
+        ndim = 4 if isinstance(req, MultiheadRequest) else 3
+        past = Past(_batched(req.past.k, ndim), _batched(req.past.v, ndim))
+        specs.append(masks.Causal())
     if req.key_padding_mask is not None:  # true = padding: (S,) or (B, S) -> allowed (·, 1, S)
         specs.append(masks.Boolean(~req.key_padding_mask[..., None, :]))
     return cls(
@@ -207,6 +213,7 @@ def _plan(
         decimals=req.decimals,
         variants=variants,
         bias=bias,
+        past=past,
         expected=req.expected,
         tolerance=None if req.tolerance is None else Tolerance(**req.tolerance.model_dump()),
         **rest,

@@ -98,6 +98,13 @@ class Compared(BaseModel):
     )
 
 
+class DecodeCheck(BaseModel):
+    """Prefill against decoding a token at a time."""
+
+    max_abs_diff: float = Field(description="0 up to float rounding when the layer is right")
+    steps: int = Field(description="decode steps run: L")
+
+
 class Warning(BaseModel):
     """Something that looks wrong in the request."""
 
@@ -123,6 +130,7 @@ TYPES: dict[Kind, Any] = {
     "comparison": list[Compared],
     "name": str | None,
     "warnings": list[Warning],
+    "check": DecodeCheck,
 }  # and "heads", once HeadTrace is built below
 
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 
 from service.trace.checks import DOTTED, batch_words, check_bias, check_size, weight_out
+from service.trace.decode import cache_labels, check_past, past_length
 from service.trace.mask_rules import check_key_padding, check_masks, mask_warnings, num_masks
 from service.trace.rows.latent import latent_dims
 from service.trace.rows.variants import VARIANTS
@@ -48,7 +49,6 @@ def attention_shapes(req: AttentionRequest) -> Shapes:
         )  # key_padding_mask alone is a mask too: its answer has the mask outputs
         raise RequestError([ErrorItem(field="mask", message=message, type="missing")])
     shapes = _direct_shapes(req) if direct else _projection_shapes(req)
-    check_masks(req, shapes.batch, shapes.seq_len, shapes.ctx_len)
     return _with_variants(req, shapes)
 
 
@@ -85,12 +85,13 @@ def _direct_shapes(req: AttentionRequest) -> Shapes:
     batch = _given_qkv(req, 2, "[L][d]")
     assert req.q is not None and req.k is not None and req.v is not None
     seq_len, ctx_len = req.q.shape[-2], req.k.shape[-2]
-    tokens, ctx_tokens = _labels(req, seq_len, ctx_len)
+    tokens, ctx_tokens = _labels(req, seq_len, ctx_len + past_length(req))
     return Shapes(
         endpoint="attention",
         batch=batch,
         seq_len=seq_len,
-        ctx_len=ctx_len,
+        ctx_len=ctx_len + past_length(req),
+        past_len=past_length(req),
         d_model=None,
         d_k=req.q.shape[-1],
         d_v=req.v.shape[-1],
@@ -127,12 +128,13 @@ def _projection_shapes(req: AttentionRequest) -> Shapes:
     check_bias(req.b_q, "b_q", d_k, "Q")
     check_bias(req.b_k, "b_k", d_k, "K")
     check_bias(req.b_v, "b_v", d_v, "V")
-    tokens, ctx_tokens = _labels(req, seq_len, ctx_len)
+    tokens, ctx_tokens = _labels(req, seq_len, ctx_len + past_length(req))
     return Shapes(
         endpoint="attention",
         batch=batch,
         seq_len=seq_len,
-        ctx_len=ctx_len,
+        ctx_len=ctx_len + past_length(req),
+        past_len=past_length(req),
         d_model=d_model,
         d_k=d_k,
         d_v=d_v,
@@ -180,13 +182,13 @@ def multihead_shapes(req: MultiheadRequest) -> Shapes:
             "positional_encoding",
             f"positional_encoding is {got} but x is {seq_len}×{d_model}: it must be [L][d_model]",
         )
-    tokens, ctx_tokens = _labels(req, seq_len, ctx_len)
-    check_masks(req, batch, seq_len, ctx_len)
+    tokens, ctx_tokens = _labels(req, seq_len, ctx_len + past_length(req))
     shapes = Shapes(
         endpoint="multihead",
         batch=batch,
         seq_len=seq_len,
-        ctx_len=ctx_len,
+        ctx_len=ctx_len + past_length(req),
+        past_len=past_length(req),
         d_model=d_model,
         d_k=dims.d_k,
         d_v=dims.d_v,
@@ -236,13 +238,13 @@ def _heads_shapes(req: MultiheadRequest) -> Shapes:
     d_v = int(v.shape[-1])
     d_out = _output_dims(req, h * d_v)
     _check_layer_norm(req, d_out)
-    tokens, ctx_tokens = _labels(req, seq_len, ctx_len)
-    check_masks(req, batch, seq_len, ctx_len)
+    tokens, ctx_tokens = _labels(req, seq_len, ctx_len + past_length(req))
     return Shapes(
         endpoint="multihead",
         batch=batch,
         seq_len=int(seq_len),
-        ctx_len=int(ctx_len),
+        ctx_len=int(ctx_len) + past_length(req),
+        past_len=past_length(req),
         d_model=None,
         d_k=int(d_k),
         d_v=d_v,
@@ -405,6 +407,8 @@ def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> 
     """Check each variant the request turns on against the shapes (per head: d_k; n = h heads
     on /multihead, 1 on /attention), then the positions they read and the key padding; record
     which variants are on."""
+    check_past(req, shapes)
+    check_masks(req, shapes.batch, shapes.seq_len, shapes.ctx_len)
     on = [v for v in VARIANTS if v.given(req)]
     for variant in on:
         variant.check(req, shapes)
@@ -422,4 +426,11 @@ def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> 
             raise FieldError(name, f"{name} has {len(given)} entries but there are {size} {what}")
     if req.key_padding_mask is not None:
         check_key_padding(req.key_padding_mask, shapes)
-    return replace(shapes, on=frozenset(v.field for v in on), warnings=mask_warnings(req))
+    return replace(
+        shapes,
+        on=frozenset(v.field for v in on),
+        warnings=mask_warnings(req),
+        num_masks=shapes.num_masks + (shapes.past_len > 0),  # the decode step's causal mask
+        context_tokens=cache_labels(shapes),
+        check_decode=req.check_decode,
+    )

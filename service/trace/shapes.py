@@ -18,7 +18,7 @@ class Shapes:
     endpoint: Endpoint
     batch: int | None  # B; None: an unbatched request
     seq_len: int  # L
-    ctx_len: int  # S
+    ctx_len: int  # S (with past: P + L, the cache and the new tokens)
     d_model: int | None  # None in direct mode
     d_k: int  # per head
     d_v: int  # per head
@@ -33,10 +33,17 @@ class Shapes:
     layer_norm: bool = False
     tokens: tuple[str, ...] | None = None
     context_tokens: tuple[str, ...] | None = None
+    past_len: int = 0  # P: the tokens a decode step's cache holds (past)
     latent: LatentDims | None = None  # /multihead with mla: its latents' and heads' sizes
     on: frozenset[str] = frozenset()  # the variants that are on (service.trace.rows.variants)
     warnings: tuple[dict[str, str], ...] = ()  # what looks wrong (service.trace.warnings)
+    check_decode: bool = False  # decode_check is computed and returned
     expected_numbers: int = 0  # the caller's numbers to compare (expected); 0: none
+
+    @property
+    def new_keys(self) -> int:
+        """The keys this request computes: S, or with past the L new tokens'."""
+        return self.ctx_len - self.past_len
 
     @property
     def masked(self) -> bool:

@@ -72,6 +72,20 @@ def _attention(plan: Plan, scale: float) -> dict[str, str]:
     for variant in VARIANTS:
         if variant.field in s.on:
             formulas |= variant.steps(plan.variants, plan.bias, s)
+    if s.past_len:  # a decode step: the cache grows by the new tokens' keys and values
+        p, n = s.past_len, s.seq_len
+        k_new = symbol(s, plan.variants, "scores", "k")
+        formulas |= {
+            "present_k": f"[past.k | {k_new}]: the cache's {p} keys, then the {n} new tokens' "
+            f"(positions {p}…{p + n - 1} unless given), as a Hugging Face cache stores them",
+            "present_v": f"[past.v | {'V_n' if 'v_norm' in s.on else 'V'}]: the cache's {p} "
+            f"values, then the {n} new",
+            "scores": f"{q} present_kᵀ: the {n} new queries against all {p + n} keys",
+            "masked_scores": formulas.get("masked_scores", "")
+            + f"; a decode step is causal over the cache: query i (row {p} + i of the sequence) "
+            f"sees keys j ≤ {p} + i",
+        }
+        formulas["output"] = "weights present_v"
     return formulas
 
 

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from service.core import masks
 from service.core.attention import scaled_dot_product_attention
 from service.core.diagnosis.mistakes import EXCLUSIVE, FLOAT32, MISTAKES, TABLE, applicable, ways
+from service.core.diagnosis.recompute import batch_as_sequence, swapped_back
 from service.core.diagnosis.search import Target, Tolerance, diagnose, float32_tolerance, trials
-from service.core.diagnosis.stages import Setup, State, batch_as_sequence, swapped_back
+from service.core.diagnosis.stages import Setup, State
 from service.core.positions import Rope
 from service.core.variants import Variants
 
@@ -32,7 +33,7 @@ CONTRACT = (
     "layer_norm_over_all", "layer_norm_per_token", "unbiased_variance", "heads_interleaved",
     "rope_style_swapped", "scale_by_model_dim", "scale_inverted", "mask_after_softmax",
     "mask_missing", "window_off_by_one", "heads_merged_without_transpose", "batch_as_sequence",
-    "rope_missing", "rope_base_wrong", "float32_arithmetic",
+    "rope_missing", "rope_base_wrong", "decode_position_offset", "float32_arithmetic",
 )  # fmt: skip
 
 

@@ -141,6 +141,18 @@ def _rope_bases(s: Setup) -> tuple[Way, ...]:
     return tuple(b for b in ROPE_BASES if b != asked)
 
 
+def _decode_offset(seen: Seen) -> str:
+    s, way = seen.setup, seen.ways["decode_position_offset"]
+    p = s.variants.positions
+    first = int(p[0]) if p is not None else 0
+    wrong = "0" if way == "from_zero" else str(first + int(way))
+    return (
+        f"the new tokens were rotated from position {wrong} instead of {first}: in a decode "
+        f"step they come after the cache's {0 if s.past is None else s.past.length} tokens "
+        "(position_ids = cache length + arange(L), transformers' cache_position)"
+    )
+
+
 def _token_by_token(s: Setup) -> bool:
     """Whether the steps before the scores work token by token (batch_as_sequence)."""
     v = s.variants
@@ -344,6 +356,12 @@ TABLE: tuple[Mistake, ...] = (
         ),
         _rope_bases,
     ),
+    Mistake(
+        "decode_position_offset",
+        lambda s, p: s.past is not None and "q_rotated" in p,
+        _decode_offset,
+        lambda s: ("from_zero", 1.0, -1.0),
+    ),
     Mistake(FLOAT32, lambda s, p: True, _float32),
 )
 MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
@@ -360,6 +378,7 @@ EXCLUSIVE: tuple[frozenset[str], ...] = (
     frozenset({"layer_norm_over_all", "layer_norm_per_token"}),
     frozenset({"rope_missing", "rope_style_swapped"}),
     frozenset({"rope_missing", "rope_base_wrong"}),
+    frozenset({"rope_missing", "decode_position_offset"}),
     frozenset({"heads_interleaved", "heads_merged_without_transpose"}),
     *(frozenset({"mask_missing", m}) for m in _MASKS),
 )

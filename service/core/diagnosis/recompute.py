@@ -5,6 +5,7 @@ of one set of mistakes sharing the stages they agree on, and :func:`set_cost` sa
 what that costs. NumPy only, no I/O."""
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -15,8 +16,6 @@ from service.core.diagnosis.stages import (
     State,
     Trial,
     Unfit,
-    batch_as_sequence,
-    swapped_back,
 )
 from service.core.errors import AttentionInputError
 from service.core.types import Array
@@ -161,3 +160,32 @@ def _keep_given(made: Array, base: Array, heads: tuple[int, ...] | None, target:
     out = made.copy()
     out[:, list(heads)] = base[:, list(heads)]
     return out
+
+
+def _swapped(a: Array, s: Setup) -> Array:
+    """An array with its batch and sequence axes swapped: (B, h, L, ·) ↔ (L, h, B, ·) per
+    head on /multihead, (B, L, ·) ↔ (L, B, ·) otherwise."""
+    return a.swapaxes(0, 2) if s.num_heads is not None and a.ndim == 4 else a.swapaxes(0, 1)
+
+
+def batch_as_sequence(st: State, s: Setup) -> tuple[State, Setup]:
+    """The arrays and setup as a sequence-first layer sees a batch-first tensor
+    (``nn.MultiheadAttention(batch_first=False)`` given (B, L, E)): its sequence is our batch
+    and its batch our sequence. Only for computations whose steps before the scores work
+    token by token (no mask, RoPE, position bias or sinks, L = S): :func:`swapped_back` undoes
+    it for the array compared."""
+    world = {name: _swapped(a, s) for name, a in st.items()}
+    x_in, context = s.x_in, s.context
+    return world, replace(
+        s,
+        x_in=None if x_in is None else x_in.swapaxes(0, 1),  # (L, B, d_model)
+        context=None if context is None else context.swapaxes(0, 1),
+        batch=s.seq_len,
+        seq_len=s.batch,
+        ctx_len=s.batch,
+    )
+
+
+def swapped_back(a: Array, s: Setup) -> Array:
+    """An array computed in :func:`batch_as_sequence`'s world, in ours (``s``: our setup)."""
+    return _swapped(a, s)

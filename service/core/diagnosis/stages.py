@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 
 from service.core import masks
-from service.core.attention import Projections, project, transposed
+from service.core.attention import Past, Projections, project, transposed
 from service.core.multihead import (
     LayerNorm,
     MultiheadWeights,
@@ -60,6 +60,7 @@ class Setup:
     residual: bool = False
     norm: LayerNorm | None = None
     latent: bool = False  # DeepSeek's MLA: Q and K come rotated in part, as given
+    past: Past | None = None  # a decode step's cache, per head as the stages run: (B, h, P, ·)
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,10 @@ def _turned(x: Array, name: Literal["q", "k"], s: Setup, t: Trial) -> Array:
     n = s.seq_len if name == "q" else s.ctx_len
     positions = np.arange(n) if given is None else given  # (n,)
     queries = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
+    if "decode_position_offset" in t.mistakes:  # the new tokens at 0 … L − 1, or one off
+        way = t.way("decode_position_offset")
+        shift = -positions[0] if way == "from_zero" else int(way)
+        positions, queries = positions + shift, queries + shift
     return rope(x, positions, settings, sequence_length(queries))
 
 
@@ -208,7 +213,9 @@ def _latest(st: State, names: tuple[str, ...]) -> Array:
 
 def _scores(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
     q = _latest(st, _forms("q", s))  # (..., L, d_k)
-    k = _latest(st, _forms("k", s))  # (..., S, d_k)
+    k = _latest(st, _forms("k", s))  # (..., S, d_k); with a cache the L new keys
+    if s.past is not None:  # a decode step: the cached keys, then the new (P + L keys)
+        k = np.concatenate([s.past.k, k], axis=-2)
     if "q_k_swapped" in t.mistakes:
         q, k = k, q
     return {"scores": q @ transposed(k)}  # (..., L, S); K Qᵀ (..., S, L) when swapped
@@ -239,7 +246,8 @@ def _biased(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
 def _mask(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
     given = () if "mask_missing" in t.mistakes else s.mask_specs  # never applied
     specs = [_mistaken_spec(spec, s, t) for spec in given]
-    combined = masks.combine(specs, s.batch, s.seq_len, s.ctx_len)
+    cached = 0 if s.past is None else s.past.length  # a decode step's rows come after it
+    combined = masks.combine(specs, s.batch, s.seq_len, s.ctx_len, cached)
     return {
         "mask": combined.allowed.astype(np.float64),  # (B, L, S), 1 = may attend
         "additive_mask": combined.additive,  # (B, L, S)
@@ -313,7 +321,10 @@ def _softmax(logits: Array, rows: RowPolicy) -> Array:
 
 
 def _output(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    return {"output": st["weights"] @ _latest(st, ("v_normed", "v"))}  # (..., L, d_v)
+    v = _latest(st, ("v_normed", "v"))  # (..., S, d_v); with a cache the L new values
+    if s.past is not None:
+        v = np.concatenate([s.past.v, v], axis=-2)  # (..., P + L, d_v)
+    return {"output": st["weights"] @ v}  # (..., L, d_v)
 
 
 def _average(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
@@ -370,7 +381,10 @@ def _block_output(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
     return {"block_output": _latest(st, ("layer_norm", "residual", "projected"))}
 
 
-_ROPE = frozenset({"rope_style_swapped", "rope_missing", "rope_base_wrong"})
+_ROPE = frozenset(
+    {"rope_style_swapped", "rope_missing", "rope_base_wrong", "decode_position_offset"}
+)
+_ROPE_WAYS = frozenset({"rope_base_wrong", "decode_position_offset"})
 _SCALE = frozenset(
     {"scale_missing", "scale_by_d_k", "scale_after_softmax", "scale_by_model_dim", "scale_inverted"}
 )
@@ -378,13 +392,13 @@ STAGES: tuple[Stage, ...] = (
     Stage(("q",), _projected("q"), frozenset({"weights_transposed", "heads_interleaved"})),
     Stage(("k",), _projected("k"), frozenset({"weights_transposed", "heads_interleaved"})),
     Stage(("v",), _projected("v"), frozenset({"weights_transposed", "heads_interleaved"})),
-    Stage(("v_normed",), _v_normed),
     # with after_rope (Llama 4) the norm turns the vectors itself: RoPE's mistakes change it
-    Stage(("q_normed",), _normed("q"), _ROPE, ways=frozenset({"rope_base_wrong"})),
-    Stage(("k_normed",), _normed("k"), _ROPE, ways=frozenset({"rope_base_wrong"})),
-    Stage(("q_rotated",), _rotated("q"), _ROPE, ways=frozenset({"rope_base_wrong"})),
-    Stage(("k_rotated",), _rotated("k"), _ROPE, ways=frozenset({"rope_base_wrong"})),
+    Stage(("q_normed",), _normed("q"), _ROPE, ways=_ROPE_WAYS),
+    Stage(("k_normed",), _normed("k"), _ROPE, ways=_ROPE_WAYS),
+    Stage(("q_rotated",), _rotated("q"), _ROPE, ways=_ROPE_WAYS),
+    Stage(("k_rotated",), _rotated("k"), _ROPE, ways=_ROPE_WAYS),
     Stage(("q_tempered",), _tempered),
+    Stage(("v_normed",), _v_normed),
     Stage(("scores",), _scores, frozenset({"q_k_swapped", "batch_as_sequence"})),
     Stage(("scaled_scores",), _scaled, _SCALE, ways=frozenset({"scale_by_model_dim"})),
     Stage(("capped_scores",), _capped),
@@ -423,32 +437,3 @@ STAGES: tuple[Stage, ...] = (
     Stage(("block_output",), _block_output),
 )
 ORDER: tuple[str, ...] = tuple(name for stage in STAGES for name in stage.names)
-
-
-def _swapped(a: Array, s: Setup) -> Array:
-    """An array with its batch and sequence axes swapped: (B, h, L, ·) ↔ (L, h, B, ·) per
-    head on /multihead, (B, L, ·) ↔ (L, B, ·) otherwise."""
-    return a.swapaxes(0, 2) if s.num_heads is not None and a.ndim == 4 else a.swapaxes(0, 1)
-
-
-def batch_as_sequence(st: State, s: Setup) -> tuple[State, Setup]:
-    """The arrays and setup as a sequence-first layer sees a batch-first tensor
-    (``nn.MultiheadAttention(batch_first=False)`` given (B, L, E)): its sequence is our batch
-    and its batch our sequence. Only for computations whose steps before the scores work
-    token by token (no mask, RoPE, position bias or sinks, L = S): :func:`swapped_back` undoes
-    it for the array compared."""
-    world = {name: _swapped(a, s) for name, a in st.items()}
-    x_in, context = s.x_in, s.context
-    return world, replace(
-        s,
-        x_in=None if x_in is None else x_in.swapaxes(0, 1),  # (L, B, d_model)
-        context=None if context is None else context.swapaxes(0, 1),
-        batch=s.seq_len,
-        seq_len=s.batch,
-        ctx_len=s.batch,
-    )
-
-
-def swapped_back(a: Array, s: Setup) -> Array:
-    """An array computed in :func:`batch_as_sequence`'s world, in ours (``s``: our setup)."""
-    return _swapped(a, s)

@@ -167,8 +167,13 @@ def rope_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
     assert v.rope is not None
     q, k = symbol(s, v, "q_rotated", "q"), symbol(s, v, "k_rotated", "k")
     given_q, given_k = v.positions is not None, v.context_positions is not None
-    n = sequence_length(np.arange(s.seq_len) if v.positions is None else v.positions)
+    p = s.past_len  # a decode step's new tokens come after the cache
+    at = np.arange(p, p + s.seq_len) if v.positions is None else v.positions  # (L,)
+    q_at = (
+        _at(given_q, "L") if not p else "as given" if given_q else f"{p}…{p}+L−1 (after the cache)"
+    )
+    k_at = _at(given_k, "S") if not p else "the new tokens', as the queries'"
     return {
-        "q_rotated": f"Q_r = {_rope(v.rope, s.d_k, q, _at(given_q, 'L'), n)}",
-        "k_rotated": f"K_r = {_rope(v.rope, s.d_k, k, _at(given_k, 'S'), n)}",
+        "q_rotated": f"Q_r = {_rope(v.rope, s.d_k, q, q_at, sequence_length(at))}",
+        "k_rotated": f"K_r = {_rope(v.rope, s.d_k, k, k_at, sequence_length(at))}",
     }

@@ -94,6 +94,14 @@ class InputFields(BaseModel):
     )
 
 
+class AttentionPast(BaseModel):
+    """A key/value cache as a Hugging Face cache holds it (keys already rotated)."""
+
+    model_config = STRICT
+    k: Sequence = Field(description="cached keys [P][d_k] ([B][P][d_k] when batched), rotated")
+    v: Sequence = Field(description="cached values [P][d_v] ([B][P][d_v] when batched)")
+
+
 class AttentionRequest(VariantFields, InputFields):
     """POST /attention: scaled dot-product attention, every step."""
 
@@ -103,6 +111,12 @@ class AttentionRequest(VariantFields, InputFields):
         "(gpt-oss); returns sink_weights",
     )
 
+    past: AttentionPast | None = Field(
+        None,
+        description="a decode step: the cache's keys (rotated) and values; q, k, v (or x) are "
+        "the new tokens at positions P … P + L − 1, causal lower-right over P + L keys; "
+        "returns present_k, present_v",
+    )
     w_q: Matrix | None = Field(
         None, description="query weights: d_model × d_k (in_out), d_k × d_model (out_in)"
     )
@@ -201,6 +215,14 @@ def _named(*names: str) -> AliasChoices:
     return AliasChoices(*names)
 
 
+class MultiheadPast(BaseModel):
+    """A key/value cache per key/value head, as a Hugging Face DynamicCache layer holds it."""
+
+    model_config = STRICT
+    k: Heads = Field(description="cached keys [h_kv][P][d_k] ([B][h_kv][P][d_k] batched), rotated")
+    v: Heads = Field(description="cached values [h_kv][P][d_v] ([B][h_kv][P][d_v] batched)")
+
+
 class MultiheadRequest(VariantFields, InputFields):
     """POST /multihead: multi-head attention with optional positional encoding, W_o, residual
     and layer norm."""
@@ -284,6 +306,12 @@ class MultiheadRequest(VariantFields, InputFields):
         "rows (each head's query rows then its gate rows, as Qwen3-Next stores them): the "
         "heads' concat is multiplied by sigmoid(x W_gᵀ + b) before w_o; returns gate, gated",
         json_schema_extra=any_of,
+    )
+    past: MultiheadPast | None = Field(
+        None,
+        description="a decode step: the cache's keys (rotated) and values per key/value head; "
+        "x (or q, k, v) are the new tokens at positions P … P + L − 1, causal lower-right over "
+        "P + L keys; returns present_k, present_v",
     )
     mla: LatentOptions | None = Field(
         None,

@@ -253,6 +253,11 @@ class VariantFields(BaseModel):
         None, description="T5's bucketed relative position bias; returns position_bias, "
         "biased_scores",
     )  # fmt: skip
+    check_decode: bool = Field(
+        False,
+        description="run the sequence at once (prefill) and a token at a time with a growing "
+        "cache, and compare: returns decode_check {max_abs_diff, steps}",
+    )
     positions: list[Position] | None = Field(
         None, fail_fast=True, description="the L queries' positions (default 0 … L−1)"
     )

@@ -1,0 +1,219 @@
+"""A decode step with a cache (``past``), ``check_decode`` and ``decode_position_offset``,
+against transformers 5.23's own layers and ``DynamicCache`` in float64 (the harness's float64
+patches, ``harness.hf_reference``): a LLaMA layer with grouped-query attention, and a Gemma 2
+sliding-window layer decoding past its window. The layer fills its cache on a prefill of P
+tokens, then runs the new tokens; the service gets that cache as ``past``.
+"""
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+if os.environ.get("REQUIRE_TORCH"):  # CI sets it: a missing torch must fail, not skip
+    import torch
+    import transformers
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import DynamicCache, LlamaConfig  # noqa: E402
+from transformers import modeling_rope_utils as rope_utils  # noqa: E402
+from transformers.models.gemma2 import modeling_gemma2  # noqa: E402
+from transformers.models.gemma2.configuration_gemma2 import Gemma2Config  # noqa: E402
+from transformers.models.llama import modeling_llama  # noqa: E402
+
+from harness.hf_reference import _widened, float64_torch_in  # noqa: E402
+
+TOL = 1e-12
+F64 = torch.float64
+MIN = torch.finfo(F64).min
+
+
+@contextmanager
+def in_float64(modeling: Any) -> Iterator[None]:
+    with float64_torch_in(modeling, rope_utils), _widened(), torch.no_grad():
+        yield
+
+
+def additive(allowed: Any) -> Any:
+    """HF's eager mask from a boolean (L, S): 0 where allowed, the float64 minimum elsewhere."""
+    return torch.where(allowed, 0.0, MIN).to(F64)[None, None]
+
+
+def llama() -> tuple[Any, Any, Any]:
+    """A LLaMA layer (4 query heads, 2 key/value heads, head_dim 4) in float64, its rotary
+    embedding and config."""
+    config = LlamaConfig(
+        hidden_size=8, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+        num_hidden_layers=1, vocab_size=10, intermediate_size=8,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    torch.manual_seed(3)
+    layer = modeling_llama.LlamaAttention(config, 0).double().eval()
+    with in_float64(modeling_llama):
+        rotary = modeling_llama.LlamaRotaryEmbedding(config)
+    return layer, rotary, config
+
+
+def decode(
+    layer: Any,
+    rotary: Any,
+    config: Any,
+    modeling: Any,
+    x: Any,
+    P: int,
+    window: int | None = None,
+    positions: list[int] | None = None,
+) -> tuple[Any, Any, Any, Any]:
+    """The layer's prefill of x[:, :P] into a DynamicCache, then its step on the rest at
+    ``positions`` (default P …): (cache k, cache v before the step, the step's output, the
+    cache after)."""
+    L = x.shape[1]
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    allowed = j <= i
+    if window is not None:
+        allowed &= j > i - window
+    at = list(range(P, L)) if positions is None else positions
+    with in_float64(modeling):
+        cache = DynamicCache(config=config)
+        cos, sin = rotary(x, torch.arange(P)[None])
+        layer(x[:, :P], (cos, sin), additive(allowed[:P, :P]), past_key_values=cache)
+        past_k, past_v = cache.layers[0].keys.clone(), cache.layers[0].values.clone()
+        cos, sin = rotary(x, torch.tensor(at)[None])
+        kept = past_k.shape[2]  # a sliding layer's cache may keep fewer than P
+        mask = allowed[P:, P - kept :]
+        out, _ = layer(x[:, P:], (cos, sin), additive(mask), past_key_values=cache)
+        present = cache.layers[0].keys, cache.layers[0].values
+    return past_k, past_v, out, present
+
+
+def body_of(layer: Any, x: Any, past_k: Any, past_v: Any, **rest: Any) -> dict[str, Any]:
+    state = {k: v.tolist() for k, v in layer.state_dict().items()}
+    return {"x": x[0].tolist(), "num_heads": layer.config.num_attention_heads, **state,
+            "past": {"k": past_k[0].tolist(), "v": past_v[0].tolist()}, **rest}  # fmt: skip
+
+
+def test_a_llama_decode_step_is_the_layers_with_its_dynamic_cache(client: TestClient) -> None:
+    layer, rotary, config = llama()
+    x = torch.randn(1, 7, 8, dtype=F64, generator=torch.Generator().manual_seed(5))
+    past_k, past_v, out, (present_k, present_v) = decode(
+        layer, rotary, config, modeling_llama, x, 5
+    )
+    new = x[:, 5:]
+    r = client.post("/multihead", json=body_of(layer, new, past_k, past_v, rope={"base": 10000.0}))
+    assert r.status_code == 200, r.text
+    got = r.json()
+    np.testing.assert_allclose(got["output"], out[0].numpy(), rtol=0, atol=TOL)
+    np.testing.assert_allclose(got["present_k"], present_k[0].numpy(), rtol=0, atol=TOL)
+    np.testing.assert_allclose(got["present_v"], present_v[0].numpy(), rtol=0, atol=TOL)
+    assert np.shape(got["heads"][0]["weights"]) == (2, 7)  # 2 new queries, 5 + 2 keys
+    steps = {s["name"]: s["formula"] for s in got["steps"]}
+    assert "positions 5…5+L−1 (after the cache)" in steps["q_rotated"]
+    assert steps["present_k"].startswith("[past.k | K_r]: the cache's 5 keys, then the 2 new")
+
+
+def test_a_gemma2_sliding_layer_decodes_past_its_window(client: TestClient) -> None:
+    """Gemma 2's sliding layer (window 3) after 6 tokens: the window mask counts the new token
+    as row P of the sequence; its softcap and query_pre_attn_scalar apply as in a prefill."""
+    config = Gemma2Config(
+        hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+        num_hidden_layers=2, vocab_size=10, intermediate_size=8, sliding_window=3,
+        attn_logit_softcapping=5.0, query_pre_attn_scalar=6,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    torch.manual_seed(4)
+    layer = modeling_gemma2.Gemma2Attention(config, 0).double().eval()
+    with in_float64(modeling_gemma2):
+        rotary = modeling_gemma2.Gemma2RotaryEmbedding(config)
+    x = torch.randn(1, 7, 8, dtype=F64, generator=torch.Generator().manual_seed(6))
+    past_k, past_v, out, (present_k, _) = decode(
+        layer, rotary, config, modeling_gemma2, x, 6, window=3
+    )
+    kept = past_k.shape[2]
+    body = body_of(layer, x[:, 6:], past_k, past_v, rope={"base": 10000.0}, softcap=5.0,
+                   scale=6**-0.5, positions=[6],
+                   mask={"type": "window", "left": 2, "right": 0})  # fmt: skip
+    r = client.post("/multihead", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    np.testing.assert_allclose(got["output"], out[0].numpy(), rtol=0, atol=TOL)
+    # the service keeps every key it was given; the layer's cache keeps its last ones
+    np.testing.assert_allclose(
+        np.array(got["present_k"])[:, -present_k.shape[2] :], present_k[0].numpy(), rtol=0, atol=TOL
+    )
+    allowed = np.array(got["mask"])  # (1, kept + 1): the window counts the new token as row kept
+    assert allowed.tolist() == [[j > kept - 3 for j in range(kept + 1)]]
+
+
+@pytest.mark.parametrize(("label", "at"), [("from_zero", [0, 1]), ("one_ahead", [6, 7])],
+                         ids=["from_zero", "one_ahead"])  # fmt: skip
+def test_a_decode_step_rotated_at_wrong_positions_is_named_decode_position_offset(
+    client: TestClient, label: str, at: list[int]
+) -> None:
+    """The public decoding bugs: every new token at position 0 …, or the offset one ahead."""
+    layer, rotary, config = llama()
+    x = torch.randn(1, 7, 8, dtype=F64, generator=torch.Generator().manual_seed(5))
+    past_k, past_v, wrong, _ = decode(layer, rotary, config, modeling_llama, x, 5, positions=at)
+    body = body_of(layer, x[:, 5:], past_k, past_v, rope={"base": 10000.0}, include=["output"],
+                   expected={"output": wrong[0].tolist()})  # fmt: skip
+    r = client.post("/multihead", json=body)
+    assert r.status_code == 200, r.text
+    found = r.json()["comparison"][0]["diagnosis"]
+    assert found is not None and found["mistakes"] == ["decode_position_offset"], found
+    assert f"from position {at[0]} instead of 5" in found["explanation"]
+
+
+def test_check_decode_is_zero_for_a_causal_layer_and_not_for_a_bidirectional_one(
+    client: TestClient,
+) -> None:
+    layer, _, _ = llama()
+    x = np.random.default_rng(7).normal(size=(6, 8))
+    state = {k: v.tolist() for k, v in layer.state_dict().items()}
+    body = {"x": x.tolist(), "num_heads": 4, **state, "rope": {"base": 10000.0},
+            "check_decode": True, "include": ["output"]}  # fmt: skip
+    causal = client.post("/multihead", json={**body, "mask": {"type": "causal"}}).json()
+    assert causal["decode_check"]["steps"] == 6
+    assert causal["decode_check"]["max_abs_diff"] < 1e-14
+    open_ = client.post("/multihead", json=body).json()  # no mask: each token sees the future
+    assert open_["decode_check"]["max_abs_diff"] > 0.1
+
+
+def test_check_decode_on_attention_with_a_window_and_alibi(client: TestClient) -> None:
+    """Direct q, k, v, a window and ALiBi's bias: each decode step rebuilds the bias over the
+    keys so far and counts its query as row t of the sequence."""
+    r = np.random.default_rng(8)
+    q, k, v = r.normal(size=(5, 4)), r.normal(size=(5, 4)), r.normal(size=(5, 3))
+    body = {"q": q.tolist(), "k": k.tolist(), "v": v.tolist(), "alibi": True, "check_decode": True,
+            "mask": [{"type": "causal"}, {"type": "window", "left": 1, "right": 0}]}  # fmt: skip
+    got = client.post("/attention", json=body).json()
+    assert got["decode_check"] == {"max_abs_diff": pytest.approx(0.0, abs=1e-14), "steps": 5}
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "words"),
+    [
+        ({"context": [[0.0] * 8] * 2}, "context", "self-attention"),
+        ({"past": {"k": [[[0.0] * 4] * 3] * 3, "v": [[[0.0] * 4] * 3] * 3}}, "past.k", "3 heads"),
+        ({"past": {"k": [[[0.0] * 5] * 3] * 2, "v": [[[0.0] * 4] * 3] * 2}}, "past.k", "5 features"),
+        ({"check_decode": True}, "check_decode", "leave out past"),
+    ],
+    ids=["context", "heads", "width", "check_decode_with_past"],
+)  # fmt: skip
+def test_each_rule_of_past_is_a_422_naming_its_field(
+    client: TestClient, extra: dict[str, Any], field: str, words: str
+) -> None:
+    layer, _, _ = llama()
+    state = {k: v.tolist() for k, v in layer.state_dict().items()}
+    past = {"k": [[[0.0] * 4] * 3] * 2, "v": [[[0.0] * 4] * 3] * 2}
+    body = {"x": [[0.0] * 8], "num_heads": 4, **state, "past": past, **extra}
+    r = client.post("/multihead", json=body)
+    assert r.status_code == 422, r.text
+    error = r.json()["errors"][0]
+    assert error["field"] == field and words in error["message"], error
