@@ -83,9 +83,9 @@ class Llama3Scaling(Scaling):
     def check(self) -> None:
         _positive(self.factor, "factor")
         low, high = self.low_freq_factor, self.high_freq_factor
-        if not (math.isfinite(low) and math.isfinite(high) and 0 < low < high):
+        if not (math.isfinite(low) and math.isfinite(high) and 0 < low <= high):
             raise AttentionInputError(
-                "rope llama3 scaling needs 0 < low_freq_factor < high_freq_factor (finite)"
+                "rope llama3 scaling needs 0 < low_freq_factor ≤ high_freq_factor (finite)"
             )
         if self.original_max_position <= 0:
             raise AttentionInputError("rope llama3 original_max_position must be > 0")
@@ -96,9 +96,8 @@ class Llama3Scaling(Scaling):
         low_wavelen = old_context / self.low_freq_factor  # longer than this: slowed by factor
         high_wavelen = old_context / self.high_freq_factor  # shorter than this: kept
         wavelen = 2 * math.pi / theta  # (r/2,)
-        smooth = (old_context / wavelen - self.low_freq_factor) / (
-            self.high_freq_factor - self.low_freq_factor
-        )
+        span = self.high_freq_factor - self.low_freq_factor  # 0: nothing blended (Llama 4)
+        smooth = (old_context / wavelen - self.low_freq_factor) / (span or 1.0)
         blended = (1 - smooth) * theta / self.factor + smooth * theta  # (r/2,)
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         out = np.where(wavelen > low_wavelen, theta / self.factor, theta)  # (r/2,)

@@ -397,7 +397,7 @@ BAD: list[tuple[str, str, dict[str, Any], str, str]] = [
      "rope.scaling", "linear, llama3"),
     ("llama3-low-above-high", "/attention",
      direct(rope={"scaling": {"type": "llama3", "low_freq_factor": 5}}),
-     "rope.scaling.high_freq_factor", "low_freq_factor < high_freq_factor"),
+     "rope.scaling.high_freq_factor", "low_freq_factor ≤ high_freq_factor"),
     ("linear-factor-missing", "/attention", direct(rope={"scaling": {"type": "linear"}}),
      "rope.scaling.factor", "required"),
     ("softcap-zero", "/attention", direct(softcap=0), "softcap", "greater than 0"),

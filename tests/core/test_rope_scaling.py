@@ -20,6 +20,7 @@ from harness.hf_reference import float64_torch_in
 from service.core.positions import Rope, rope, rope_frequencies
 from service.core.rope_scaling import (
     DynamicScaling,
+    Llama3Scaling,
     LongRopeScaling,
     Scaling,
     YarnScaling,
@@ -190,3 +191,18 @@ def test_the_keys_take_the_queries_length() -> None:
     assert trace.k_rotated is not None
     np.testing.assert_array_equal(trace.k_rotated, rope(k, keys, settings, 26))
     assert not np.allclose(trace.k_rotated, rope(k, keys, settings))  # its own n would be 6
+
+
+@pytest.mark.parametrize(
+    ("low", "high"), [(1.0, 4.0), (1.0, 1.0)], ids=["llama3_1", "llama4_scout_no_blend"]
+)
+def test_llama3_scaling_is_transformers_also_with_nothing_blended(low: float, high: float) -> None:
+    """Llama 4 Scout's config has low_freq_factor = high_freq_factor = 1: no band is blended,
+    wavelengths past the original context are divided by the factor, the others kept."""
+    p = {"factor": 16.0, "low_freq_factor": low, "high_freq_factor": high,
+         "original_max_position_embeddings": 8192}  # fmt: skip
+    c = config({"rope_type": "llama3", "rope_theta": 500_000.0, **p}, max_position=131072)
+    want, factor = theirs(rope_utils._compute_llama3_parameters, c)
+    ours = Llama3Scaling(16.0, low, high, 8192)
+    close(rope_frequencies(HEAD_DIM, 500_000.0, ours, 10), want)
+    assert factor == 1.0

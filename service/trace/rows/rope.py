@@ -52,10 +52,10 @@ def check_rope(req: Req, shapes: Shapes) -> None:
         raise FieldError("rope.scaling", "proportional rope takes no scaling (as Gemma 4)")
     if isinstance(rope.scaling, Llama3ScalingOptions):
         s = rope.scaling
-        if not s.low_freq_factor < s.high_freq_factor:
+        if not s.low_freq_factor <= s.high_freq_factor:
             raise FieldError(
                 "rope.scaling.high_freq_factor",
-                f"rope.scaling needs low_freq_factor < high_freq_factor; got {s.low_freq_factor:g} and {s.high_freq_factor:g}",
+                f"rope.scaling needs low_freq_factor ≤ high_freq_factor; got {s.low_freq_factor:g} and {s.high_freq_factor:g}",
             )
     if isinstance(rope.scaling, LongRopeScalingOptions):
         for name in ("short_factor", "long_factor"):
