@@ -231,6 +231,37 @@ class _Endpoints(Generic[R]):
             fields[name] = value
         return self._post("/multihead", fields)
 
+    def layer(
+        self,
+        module: Any,
+        config: Any,
+        x: ArrayLike,
+        *,
+        layer: int | None = None,
+        **extra: Any,
+    ) -> R:
+        """``POST /multihead`` for a transformers attention module as it is: its
+        ``state_dict()`` under its own names and its ``config`` (a ``PretrainedConfig`` or the
+        config.json dict), from which the service takes the heads, RoPE and its scaling, the
+        window, softcap, norms … of ``layer`` (default: the module's ``layer_idx``, else 0).
+        ``extra`` adds request fields (``past``, ``check_decode``, ``expected`` …); the
+        answer's ``conventions["config"]`` says which config key gave each field::
+
+            r = client.layer(model.model.layers[0].self_attn, model.config, x)
+            assert abs(r.output - out.detach().numpy()).max() < 1e-6  # float32 inside HF
+        """
+        as_dict = getattr(config, "to_dict", None)
+        fields: dict[str, Any] = {
+            "x": x,
+            "config": as_dict() if callable(as_dict) else dict(config),
+            "layer": layer if layer is not None else getattr(module, "layer_idx", None) or 0,
+        }
+        for name, value in [*_state_dict(module.state_dict()).items(), *extra.items()]:
+            if name in fields:
+                raise TypeError(f"{name} given twice")
+            fields[name] = value
+        return self._post("/multihead", fields)
+
     def model(
         self,
         text: str,

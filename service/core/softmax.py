@@ -1,6 +1,8 @@
-"""Row-wise softmax over keys, with a policy for rows where every key is masked."""
+"""Row-wise softmax over keys, with a policy for rows where every key is masked; and the same
+softmax a block of keys at a time, as FlashAttention computes it (:func:`online_softmax`)."""
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
@@ -40,3 +42,58 @@ def softmax(masked_scores: Array, empty_rows: Literal["zero", "uniform"] = "zero
     if empty_rows == "uniform" and empty.any():
         weights[np.broadcast_to(empty, weights.shape)] = 1.0 / weights.shape[-1]
     return weights
+
+
+@dataclass(frozen=True)
+class OnlineSoftmax:
+    """FlashAttention's softmax a block of keys at a time (Milakov & Gimelshein 2018, "Online
+    normalizer calculation for softmax"; Dao et al. 2022): after each block, every query row's
+    running max ``m``, running sum ``l`` and running output ``o`` (the weighted sum of the
+    values so far divided by ``l``). Index it as the arrays it was computed from (batch, head)
+    to get the entries of one trace: ``[{"keys": [start, end], "m", "l", "o"}, …]``."""
+
+    starts: tuple[int, ...]  # each block's first key
+    ends: tuple[int, ...]  # one past its last
+    m: Array  # (..., n_blocks, L)  −∞ while a row has met no allowed key
+    l: Array  # (..., n_blocks, L)  # noqa: E741  (the paper's ℓ)
+    o: Array  # (..., n_blocks, L, d_v)
+
+    def __getitem__(self, index: Any) -> list[dict[str, Any]]:
+        m, l, o = self.m[index], self.l[index], self.o[index]  # noqa: E741
+        return [
+            {"keys": [a, b], "m": m[..., i, :], "l": l[..., i, :], "o": o[..., i, :, :]}
+            for i, (a, b) in enumerate(zip(self.starts, self.ends, strict=True))
+        ]
+
+
+def online_softmax(
+    logits: Array, v: Array, block_size: int, sink: Array | None = None
+) -> OnlineSoftmax:
+    """Softmax(logits) V computed a block of ``block_size`` keys at a time, as FlashAttention
+    does without holding a whole row: for each block, ``m_new = max(m, max_j s_j)``,
+    ``l = l · exp(m − m_new) + Σ_j exp(s_j − m_new)``, and the unnormalised output rescaled by
+    the same ``exp(m − m_new)`` plus ``Σ_j exp(s_j − m_new) v_j``; ``o`` is it divided by ``l``.
+    ``logits (..., L, S)`` are the final scores (−∞ masked), ``v (..., S, d_v)``. ``sink (..., L)``
+    (gpt-oss's, broadcast to the rows) starts every row at ``m = sink, l = 1`` with no value.
+    After the last block ``o`` equals ``softmax(logits) V`` (rows with every key masked: 0)."""
+    rows = logits.shape[:-1]  # (..., L)
+    m = np.full(rows, -np.inf) if sink is None else np.broadcast_to(sink, rows).astype(np.float64)
+    l = np.zeros(rows) if sink is None else np.ones(rows)  # noqa: E741
+    acc = np.zeros((*rows, v.shape[-1]))  # (..., L, d_v)  the unnormalised output
+    starts = tuple(range(0, logits.shape[-1], block_size))
+    ends = tuple(min(a + block_size, logits.shape[-1]) for a in starts)
+    ms, ls, os_ = [], [], []
+    for a, b in zip(starts, ends, strict=True):
+        block = logits[..., a:b]  # (..., L, b − a)
+        m_new = np.maximum(m, block.max(axis=-1))  # (..., L)
+        seen = np.isfinite(m_new)  # rows that have met an allowed key (or a sink)
+        safe = np.where(seen, m_new, 0.0)[..., None]  # (..., L, 1)
+        rescale = np.exp(m - safe[..., 0])  # (..., L)  exp(m_old − m_new); 0 while m_old is −∞
+        p = np.exp(block - safe)  # (..., L, b − a), masked keys 0
+        l = l * rescale + p.sum(axis=-1)  # noqa: E741
+        acc = acc * rescale[..., None] + p @ v[..., a:b, :]  # (..., L, d_v)
+        m = m_new
+        ms.append(m)
+        ls.append(l)
+        os_.append(acc / np.where(l > 0, l, 1.0)[..., None])  # (..., L, d_v)
+    return OnlineSoftmax(starts, ends, np.stack(ms, -2), np.stack(ls, -2), np.stack(os_, -3))

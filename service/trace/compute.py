@@ -18,7 +18,7 @@ from service.core.diagnosis.stages import Setup
 from service.core.latent import LatentDims, latent_attention
 from service.core.multihead import MultiheadTrace, attend_heads, multihead_attention
 from service.core.positions import position_bias
-from service.core.softmax import rows_by_item
+from service.core.softmax import OnlineSoftmax, online_softmax, rows_by_item
 from service.core.types import Array
 from service.core.variants import Variants
 from service.trace import outputs, steps
@@ -102,6 +102,9 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
         "present_k": trace.present_k,
         "present_v": trace.present_v,
     }
+    if plan.shapes.online_block is not None:
+        online = _online(plan, trace)
+        values["online_softmax"] = online[0] if plan.shapes.batch is None else online[:]
     if plan.shapes.check_decode:
 
         def step(rows: slice, cache: Past) -> tuple[Array, Past]:
@@ -176,6 +179,8 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
         empty = Past(np.zeros((b, h_kv, 0, s.d_k)), np.zeros((b, h_kv, 0, s.d_v)))
         values["decode_check"] = replay(step, s.seq_len, trace.output, empty)
     per_head = _arrays(trace.heads)
+    if s.online_block is not None:
+        per_head["online_softmax"] = _online(plan, trace.heads)
     if latent is not None:
         values |= {"c_q": latent.c_q, "c_kv": latent.c_kv, "k_rope": latent.k_rope,
                    "mla_cache_numbers": _latent_dims(s).cache_numbers}  # fmt: skip
@@ -205,6 +210,21 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
 def _latent_dims(s: Shapes) -> LatentDims:
     assert s.latent is not None
     return s.latent
+
+
+def _online(plan: Plan, trace: AttentionTrace) -> OnlineSoftmax:
+    """The trace's softmax and weights V again, a block of keys at a time: the final scores
+    (−∞ masked), the values the output read, the sink where there is one."""
+    assert plan.shapes.online_block is not None
+    latest = (trace.masked_scores, trace.biased_scores, trace.capped_scores)  # the chain, back
+    logits = next((a for a in latest if a is not None), trace.scaled_scores)  # (..., L, S)
+    v = next(a for a in (trace.present_v, trace.v_normed, trace.v) if a is not None)
+    sinks = plan.variants.sinks
+    sink = None
+    if sinks is not None:  # one number, or one per head: (h,) -> (1, h, 1) against (B, h, L)
+        given = np.asarray(sinks, dtype=np.float64)
+        sink = given if given.ndim == 0 else given[None, :, None]
+    return online_softmax(logits, v, plan.shapes.online_block, sink)
 
 
 def _attend(

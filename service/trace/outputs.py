@@ -36,6 +36,7 @@ Kind = Literal[
     "name",  # an output's name, or null
     "warnings",
     "check",  # decode_check: {max_abs_diff, steps}
+    "blocks",  # online_softmax: one entry per key block
 ]
 ShapeOf = Callable[[Shapes], tuple[int, ...]]
 BOTH: frozenset[Endpoint] = frozenset({"attention", "multihead"})
@@ -95,12 +96,17 @@ def _lat(s: Shapes) -> LatentDims:
 
 def _cache_shape(d: str, per_head: bool) -> ShapeOf:
     """A cache's shape: ([h_kv,] P + L, d_k or d_v)."""
+    return lambda s: (s.num_kv_heads,) * per_head + (s.ctx_len, s.d_k if d == "d_k" else s.d_v)
 
-    def shape(s: Shapes) -> tuple[int, ...]:
-        width = s.d_k if d == "d_k" else s.d_v
-        return ((s.num_kv_heads,) if per_head else ()) + (s.ctx_len, width)
 
-    return shape
+_ONLINE = ("the softmax a block of keys at a time (with online_softmax): per block "
+           '{"keys": [start, end], "m": [L], "l": [L], "o": [L][d_v]}, the running max, sum and '
+           "output; the last o is output")  # fmt: skip
+
+
+def _online(s: Shapes) -> tuple[int, ...]:
+    """Per block: m, l and o for every row."""
+    return (-(-s.ctx_len // (s.online_block or 1)), s.seq_len, 2 + s.d_v)
 
 
 def _ls(s: Shapes) -> tuple[int, ...]:
@@ -197,6 +203,11 @@ OUTPUTS: tuple[Output, ...] = (
            present=_on("sinks"), head=True),
     Output("weights", "matrix", "row softmax of the final scores [L][S]", _ls,
            head=True, view=View("weights  softmax", "weights", each_head=True)),
+    # FlashAttention's computation of the same weights V, a block of keys at a time
+    Output("online_softmax", "blocks", _ONLINE, _online, endpoints=ATTENTION,
+           present=lambda s: s.online_block is not None, batched=False),  # the batch inside
+    Output("online_softmax", "blocks", _ONLINE, _online, endpoints=MULTIHEAD, head=True,
+           present=lambda s: s.online_block is not None),
     Output("output", "matrix", "weights V [L][d_v]", lambda s: (s.seq_len, s.d_v), head=True,
            view=View("output")),
     # the multi-head block

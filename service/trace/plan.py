@@ -61,6 +61,7 @@ class Plan:
     decimals: int | None
     variants: Variants  # position_bias not yet computed: see bias
     bias: PositionBias | None  # ALiBi or T5 settings; the bias is computed with the attention
+    config_taken: Mapping[str, str] | None  # {field: config key or "request"}; None: no config
     past: Past | None  # a decode step's cache: (B, P, ·), or (B, h_kv, P, ·) on /multihead
     expected: Expected | None  # the caller's arrays to compare with
     tolerance: Tolerance | None  # None: none given (the default, or each array's printed precision)
@@ -214,6 +215,7 @@ def _plan(
         variants=variants,
         bias=bias,
         past=past,
+        config_taken=req._config_taken if isinstance(req, MultiheadRequest) else None,
         expected=req.expected,
         tolerance=None if req.tolerance is None else Tolerance(**req.tolerance.model_dump()),
         **rest,

@@ -55,6 +55,9 @@ class Conventions(BaseModel):
     fully_masked_rows: str = Field(description="zero, uniform or error")
     softmax: str = Field(description="row-wise over keys, max-subtracted")
     json_non_finite: str = Field(description="how −∞ appears in JSON: null")
+    config: dict[str, str] | None = Field(
+        None, description='with config: {field: the config key it came from, or "request"}'
+    )
 
 
 class Diagnosis(BaseModel):
@@ -105,6 +108,19 @@ class DecodeCheck(BaseModel):
     steps: int = Field(description="decode steps run: L")
 
 
+class OnlineBlock(BaseModel):
+    """One block of keys of the online softmax: each row's state after it."""
+
+    keys: list[int] = Field(description="[start, end): the block's keys")
+    m: list[float | None] | list[list[float | None]] = Field(
+        description="each row's running max (null: −∞, no allowed key yet)"
+    )
+    l: list[float] | list[list[float]] = Field(  # noqa: E741
+        description="each row's running sum: the old sum · exp(m_old − m_new) + the block's"
+    )
+    o: Matrix = Field(description="each row's running output: the weighted values so far / l")
+
+
 class Warning(BaseModel):
     """Something that looks wrong in the request."""
 
@@ -131,6 +147,7 @@ TYPES: dict[Kind, Any] = {
     "name": str | None,
     "warnings": list[Warning],
     "check": DecodeCheck,
+    "blocks": list[OnlineBlock],
 }  # and "heads", once HeadTrace is built below
 
 

@@ -433,4 +433,5 @@ def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> 
         num_masks=shapes.num_masks + (shapes.past_len > 0),  # the decode step's causal mask
         context_tokens=cache_labels(shapes),
         check_decode=req.check_decode,
+        online_block=None if req.online_softmax is None else req.online_softmax.block_size,
     )

@@ -37,6 +37,7 @@ class Shapes:
     latent: LatentDims | None = None  # /multihead with mla: its latents' and heads' sizes
     on: frozenset[str] = frozenset()  # the variants that are on (service.trace.rows.variants)
     warnings: tuple[dict[str, str], ...] = ()  # what looks wrong (service.trace.warnings)
+    online_block: int | None = None  # online_softmax's keys per block; None: not traced
     check_decode: bool = False  # decode_check is computed and returned
     expected_numbers: int = 0  # the caller's numbers to compare (expected); 0: none
 

@@ -16,8 +16,10 @@ def _step(shapes: Shapes, name: str, formula: str) -> Step:
     return {"name": name, "formula": formula, "shape": step_shape(shapes, name)}
 
 
-def conventions(plan: Plan) -> dict[str, str]:
-    """The conventions this answer was computed with (echoed in every response)."""
+def conventions(plan: Plan) -> dict[str, Any]:
+    """The conventions this answer was computed with (echoed in every response), with where
+    each field came from when a Hugging Face config gave some (``config``)."""
+    taken = {} if plan.config_taken is None else {"config": dict(plan.config_taken)}
     return {
         "weight_layout": plan.weight_layout,
         "generated_weight_layout": "in_out",
@@ -27,7 +29,7 @@ def conventions(plan: Plan) -> dict[str, str]:
         "fully_masked_rows": plan.fully_masked_rows,
         "softmax": "row-wise over keys, max-subtracted",
         "json_non_finite": "null (a masked score is −∞)",
-    }
+    } | taken
 
 
 def _generation(plan: Plan) -> list[Step]:
@@ -103,6 +105,32 @@ def _in_order(plan: Plan, formulas: dict[str, str]) -> list[Step]:
     return [_step(shapes, name, formulas[name]) for name in ordered]
 
 
+def _online(plan: Plan, steps: list[Step]) -> list[Step]:
+    """The steps with online_softmax's, one per block of keys, after the heads' output."""
+    s = plan.shapes
+    size = s.online_block
+    if size is None:
+        return steps
+    lead = ([s.batch] if s.batch is not None else []) + (
+        [s.num_heads] if s.endpoint == "multihead" else []
+    )
+    blocks = []
+    for start in range(0, s.ctx_len, size):
+        end = min(start + size, s.ctx_len)
+        first = "m = max_j s_j, ℓ = Σ_j exp(s_j − m), o = Σ_j exp(s_j − m) v_j / ℓ" if not start else (
+            "m_new = max(m, max_j s_j), ℓ = ℓ·exp(m − m_new) + Σ_j exp(s_j − m_new), "
+            "o = (o·ℓ·exp(m − m_new) + Σ_j exp(s_j − m_new) v_j) / ℓ_new"
+        )  # fmt: skip
+        last = "; this is the last block: o = weights V" if end == s.ctx_len else ""
+        blocks.append({
+            "name": f"online_softmax keys {start}…{end - 1}",
+            "formula": f"FlashAttention's softmax over keys {start}…{end - 1}, each row: {first}{last}",
+            "shape": [*lead, s.seq_len],
+        })  # fmt: skip
+    at = next(i for i, step in enumerate(steps) if step["name"] == "output") + 1
+    return steps[:at] + blocks + steps[at:]
+
+
 def attention_steps(plan: AttentionPlan, scale: float) -> list[Step]:
     """Every step of /attention and /mask, in order."""
     formulas = _attention(plan, scale)
@@ -112,7 +140,7 @@ def attention_steps(plan: AttentionPlan, scale: float) -> list[Step]:
             t = "ᵀ" if plan.weight_layout == "out_in" and f"w_{name}" not in plan.generated else ""
             bias = f" + b_{name}" if getattr(plan.projections, f"b_{name}") is not None else ""
             formulas[name] = f"{name.upper()} = {inp} W_{name}{t}{bias}"
-    return _generation(plan) + _in_order(plan, formulas)
+    return _online(plan, _generation(plan) + _in_order(plan, formulas))
 
 
 def multihead_steps(plan: MultiheadPlan, scale: float) -> list[Step]:
@@ -165,4 +193,4 @@ def multihead_steps(plan: MultiheadPlan, scale: float) -> list[Step]:
         formulas["layer_norm"] = (
             f"(z − mean) / √(var + {plan.norm.eps:g}) · γ + β, mean and biased var over {over}"
         )
-    return _generation(plan) + _in_order(plan, formulas)
+    return _online(plan, _generation(plan) + _in_order(plan, formulas))

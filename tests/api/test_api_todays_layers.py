@@ -215,3 +215,55 @@ def test_each_rule_of_mla_is_a_422_naming_its_field(
     error = post(client, "/multihead", body, status=422)["errors"][0]
     assert error["field"] == field, error
     assert words in error["message"], error["message"]
+
+
+# --------------------------------------------------------------- a Hugging Face config as it is
+MISTRAL = {"model_type": "mistral", "hidden_size": D_MODEL, "num_attention_heads": H,
+           "num_key_value_heads": 1, "head_dim": D, "num_hidden_layers": 2, "rope_theta": 1e6,
+           "sliding_window": 3}  # fmt: skip
+
+
+def mistral_layer(**rest: Any) -> dict[str, Any]:
+    return {"x": X, "q_proj.weight": W_Q, "k_proj.weight": W_K[:D], "v_proj.weight": W_V[:D],
+            "o_proj.weight": W_O, "config": MISTRAL, **rest}  # fmt: skip
+
+
+def test_a_config_gives_the_fields_it_implies_and_says_where_each_came_from(
+    client: TestClient,
+) -> None:
+    """Mistral's sliding window of 3 is the window mask left = 2 with the causal one."""
+    body = post(client, "/multihead", mistral_layer())
+    spelled = post(client, "/multihead", {**{k: v for k, v in mistral_layer().items() if k != "config"},
+                                          "num_heads": H, "num_kv_heads": 1, "rope": {"base": 1e6},
+                                          "mask": [{"type": "causal"},
+                                                   {"type": "window", "left": 2, "right": 0}]})  # fmt: skip
+    np.testing.assert_array_equal(body["output"], spelled["output"])
+    taken = body["conventions"]["config"]
+    assert taken["num_heads"] == "num_attention_heads" and taken["rope.base"] == "rope_theta"
+    assert (
+        "sliding_window" in taken["mask"]
+        if "mask" in taken
+        else any(v == "sliding_window" for v in taken.values())
+    )
+
+
+def test_a_field_in_the_request_wins_over_the_config_and_masks_combine(client: TestClient) -> None:
+    body = post(client, "/multihead", mistral_layer(rope={"base": 10000.0},
+                                                    mask={"type": "window", "left": 0, "right": 0}))  # fmt: skip
+    assert body["conventions"]["config"]["rope"] == "request"
+    assert not any(k.startswith("rope.") for k in body["conventions"]["config"])
+    np.testing.assert_array_equal(body["mask"], np.eye(L, dtype=bool))  # window 0 within causal
+
+
+@pytest.mark.parametrize(
+    ("rest", "field", "words"),
+    [({"layer": 5}, "layer", "num_hidden_layers"),
+     ({"config": {**MISTRAL, "rope_scaling": {"rope_type": "ntk-by-parts", "factor": 2}}},
+      "config", "ntk-by-parts")],
+    ids=["layer_out_of_range", "unknown_rope_type"],
+)  # fmt: skip
+def test_a_config_the_service_cannot_take_is_a_422(
+    client: TestClient, rest: dict[str, Any], field: str, words: str
+) -> None:
+    error = post(client, "/multihead", mistral_layer(**rest), status=422)["errors"][0]
+    assert error["field"].startswith(field) and words in error["message"], error

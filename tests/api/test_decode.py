@@ -83,12 +83,13 @@ def decode(
         cache = DynamicCache(config=config)
         cos, sin = rotary(x, torch.arange(P)[None])
         layer(x[:, :P], (cos, sin), additive(allowed[:P, :P]), past_key_values=cache)
-        past_k, past_v = cache.layers[0].keys.clone(), cache.layers[0].values.clone()
+        held: Any = cache.layers[0]  # the layer's DynamicLayer (or its sliding one)
+        past_k, past_v = held.keys.clone(), held.values.clone()
         cos, sin = rotary(x, torch.tensor(at)[None])
         kept = past_k.shape[2]  # a sliding layer's cache may keep fewer than P
         mask = allowed[P:, P - kept :]
         out, _ = layer(x[:, P:], (cos, sin), additive(mask), past_key_values=cache)
-        present = cache.layers[0].keys, cache.layers[0].values
+        present = held.keys, held.values
     return past_k, past_v, out, present
 
 

@@ -1,6 +1,10 @@
 """Request fields that restate others, folded into the ordinary fields before the rules, so the
 rules, the plan and the engine see one form of each:
 
+- ``config`` (a Hugging Face config.json) and ``layer``: the fields that layer implies
+  (:func:`service.trace.rows.config.from_config`), where the request gives none of its own; a
+  mask from the config and one from the request both apply. Where each came from is kept for
+  ``conventions.config``.
 - ``k_eq_v: true`` (Gemma 4's full-attention layers): the values' projection is the keys', so
   ``v_proj.weight``/``v_proj.bias`` (or ``w_v``/``b_v``, or per-head ``v``) become the keys'.
 - ``gate: true`` (Qwen3-Next): ``q_proj.weight`` holds each head's query rows then its gate
@@ -11,8 +15,10 @@ rules, the plan and the engine see one form of each:
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from service.trace.checks import DOTTED
+from service.trace.rows.config import ConfigError, from_config
 from service.wire.errors import FieldError
 from service.wire.schemas.requests import GateOptions, MultiheadRequest
 
@@ -26,11 +32,43 @@ _KEYS_BIAS = {"k_proj_weight": "k_proj_bias", "w_k": "b_k"}
 
 
 def folded(req: MultiheadRequest) -> MultiheadRequest:
-    """The request with ``k_eq_v`` and ``gate: true`` written as the ordinary fields."""
+    """The request with ``config``, ``k_eq_v`` and ``gate: true`` written as the ordinary
+    fields."""
+    if req.config is not None:
+        req = _configured(req)
     update = _values_are_keys(req) if req.k_eq_v else {}
     if req.gate is True:
         update |= _gate_rows(req)
     return req.model_copy(update=update) if update else req
+
+
+def _configured(req: MultiheadRequest) -> MultiheadRequest:
+    """The fields ``config`` implies for ``layer``, validated as the request's own; the
+    request's fields win, masks of both apply."""
+    assert req.config is not None
+    try:
+        implied = from_config(req.config, req.layer)
+    except ConfigError as e:
+        field = e.field if e.field.startswith(("config", "layer")) else f"config.{e.field}"
+        raise FieldError(field, e.message) from None
+    given = req.model_fields_set
+    taken = {name: "request" for name in implied.fields if name in given and name != "mask"}
+    chosen = {name: value for name, value in implied.fields.items() if name not in taken}
+    try:
+        parsed = MultiheadRequest.model_validate(chosen)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise FieldError("config", f"config gives {where} that the service cannot take: "
+                         f"{first['msg']}") from None  # fmt: skip
+    update = {name: getattr(parsed, name) for name in chosen}
+    if "mask" in chosen and req.mask:  # a key must be allowed by both
+        update["mask"] = [*(parsed.mask or []), *req.mask]
+    out = req.model_copy(update=update)
+    out._config_taken = {
+        field: key for field, key in implied.taken.items() if field.split(".")[0] not in taken
+    } | taken
+    return out
 
 
 def _values_are_keys(req: MultiheadRequest) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The request bodies of POST /attention, /mask and /multihead: fields and their docs only."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AliasChoices, BaseModel, Discriminator, Field, Tag
+from pydantic import AliasChoices, BaseModel, Discriminator, Field, PrivateAttr, Tag
 
 from service.core.types import FullyMaskedPolicy, Init, NormOver, WeightLayout
 from service.wire.schemas.expected_fields import ExpectedArrays, ToleranceOptions
@@ -226,6 +226,17 @@ class MultiheadPast(BaseModel):
 class MultiheadRequest(VariantFields, InputFields):
     """POST /multihead: multi-head attention with optional positional encoding, W_o, residual
     and layer norm."""
+
+    # {field: config key, or "request"} once config is read (service.trace.rows.fold)
+    _config_taken: dict[str, str] | None = PrivateAttr(default=None)
+    config: dict[str, Any] | None = Field(
+        None,
+        description="a Hugging Face model's config.json as it is: the fields it implies for "
+        "layer (heads, head_dim, RoPE and its scaling, window, softcap, scale, norms, MLA …) are "
+        "taken from it, fields given here win, a mask here is combined with its; "
+        "conventions.config says where each came from",
+    )
+    layer: Int = Field(0, ge=0, description="the layer of config to take (default 0)")
 
     num_heads: Int | None = Field(
         None,

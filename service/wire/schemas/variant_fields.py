@@ -44,6 +44,13 @@ class QKNormOptions(BaseModel):
     )
 
 
+class OnlineSoftmaxOptions(BaseModel):
+    """FlashAttention's softmax, traced a block of keys at a time."""
+
+    model_config = STRICT
+    block_size: Int = Field(4, ge=1, description="keys per block")
+
+
 class VNormOptions(BaseModel):
     """Gemma 4's norm of each value vector over its d_v features, with no weight."""
 
@@ -253,6 +260,12 @@ class VariantFields(BaseModel):
         None, description="T5's bucketed relative position bias; returns position_bias, "
         "biased_scores",
     )  # fmt: skip
+    online_softmax: OnlineSoftmaxOptions | None = Field(
+        None,
+        description='{"block_size": 4}: the softmax a block of keys at a time, as FlashAttention '
+        "computes it; returns online_softmax, one entry per block: the running max m, sum l and "
+        "output o of every query row",
+    )
     check_decode: bool = Field(
         False,
         description="run the sequence at once (prefill) and a token at a time with a growing "

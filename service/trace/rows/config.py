@@ -1,0 +1,447 @@
+"""A Hugging Face ``config.json`` and a layer index → that layer's /multihead request fields
+(API.md, "A Hugging Face config as it is"; docs/api.md 2.6, 5.6), as transformers 5.23 builds it.
+
+``fields`` are JSON-shaped request fields; ``taken`` is {request field: the config key it came
+from}, e.g. ``{"rope.base": "rope_theta", "mask.window.left": "sliding_window"}``.
+
+Choices where the contract is silent:
+- Multimodal configs (Gemma 3/4, Llama 4): without a top-level ``num_attention_heads`` the
+  ``text_config`` is read, its keys named ``text_config.<key>``.
+- A key left out takes the default of its ``model_type``'s 5.23 configuration class (DeepSeek's
+  ``rope_interleave`` true, Gemma 2's ``query_pre_attn_scalar`` 256, Mistral's
+  ``sliding_window`` 4096 …), ``taken`` saying ``"<key> (absent: <model_type>'s default)"``; a
+  key given as null stays null. Unknown model types: the generic keys, generic defaults.
+- ``head_dim`` (else hidden_size // num_attention_heads) goes as ``d_k`` (the service checks it
+  against ``q_proj.weight``), ``num_key_value_heads`` as ``num_kv_heads`` only when given; with
+  MLA neither, and ``mla.eps`` stays 1e-6 (DeepSeek's latent norms ignore ``rms_norm_eps``).
+- ``rope.rotary_dim`` only with ``partial_rotary_factor``: int(head_dim · factor), rounded up
+  to even as transformers' ``arange(0, dim, 2)``; ``rope.style`` only when not ``half``. The
+  rope: ``rope_scaling`` over ``rope_parameters``, the layer type's entry when nested,
+  ``rope_theta``/``partial_rotary_factor`` from the top level when the entry lacks them; for
+  llama3, yarn and longrope a top-level ``original_max_position_embeddings`` wins, else the
+  entry's, else ``max_position_embeddings``; a yarn without ``factor``: max_position ÷ original.
+- Which layers slide: ``layer_types`` (Mistral and Phi-3 ignore it: they slide every layer),
+  else the family's pattern (Gemma 2, gpt-oss: every other from 0; Gemma 3: all but every
+  ``sliding_window_pattern``-th; Gemma 4: five in six, never the last; Qwen: with
+  ``use_sliding_window``, layers ≥ ``max_window_layers``), else all when ``sliding_window`` is
+  set. Mask: causal, plus the window; Llama 4's chunked layers: the chunked mask alone (causal
+  within chunks, as docs/api.md's Llama 4 row).
+- ``attn_logit_softcapping`` → ``softcap`` except Gemma 3/4 (their 5.23 attention ignores it);
+  gpt-oss's sinks are weights (``sinks`` in the state dict), not config.
+- ConfigError: a layer out of range, a rope type the service lacks, a non-attention layer
+  (Qwen3-Next's ``linear_attention``), bidirectional attention (Gemma 3/4's
+  ``use_bidirectional_attention`` true or "all"), a proportional rope with a ``factor``, a key
+  of the wrong JSON type (integral floats such as 4096.0 are read as sizes).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """``field``: the request field or config key at fault (``layer``, ``config.head_dim``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class FromConfig:
+    fields: dict[str, Any]  # request fields the config implies for that layer (JSON-shaped)
+    taken: dict[str, str]  # {request field: the config key it came from}
+
+
+_FAMILIES = {t: family for family, types in {
+    "llama": "llama", "mistral": "mistral", "qwen": "qwen2", "qwen3": "qwen3 qwen3_moe",
+    "gemma2": "gemma2", "gemma3": "gemma3 gemma3_text", "gemma4": "gemma4 gemma4_text",
+    "gpt_oss": "gpt_oss", "phi3": "phi3", "deepseek": "deepseek_v2 deepseek_v3 kimi_k2",
+    "qwen3_next": "qwen3_next", "llama4": "llama4 llama4_text",
+}.items() for t in types.split()}  # fmt: skip
+_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
+_GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1_000_000.0}}  # fmt: skip
+# the transformers 5.23 configuration classes' defaults for the keys read here, per family
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "": {"rope_theta": 10_000.0}, "mistral": {"sliding_window": 4096},
+    "qwen": {"use_sliding_window": False, "max_window_layers": 28},
+    "qwen3": {"head_dim": 128, "use_sliding_window": False, "max_window_layers": 28,
+              "rms_norm_eps": 1e-6},
+    "gemma2": {"head_dim": 256, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
+               "sliding_window": 4096},
+    "gemma3": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+               "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
+               "rms_norm_eps": 1e-6},
+    "gemma4": {"head_dim": 256, "sliding_window": 512, "global_head_dim": 512,
+               "rms_norm_eps": 1e-6, "rope_parameters": _GEMMA4_ROPE},
+    "gpt_oss": {"head_dim": 64, "sliding_window": 128, "rope_theta": 150_000.0,
+                "rope_parameters": _GPT_OSS_ROPE},
+    "phi3": {"original_max_position_embeddings": 4096}, "deepseek": {"rope_interleave": True},
+    "qwen3_next": {"head_dim": 256, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6,
+                   "full_attention_interval": 4},
+    "llama4": {"head_dim": 128, "rope_theta": 500_000.0, "rms_norm_eps": 1e-5, "use_qk_norm": True,
+               "attention_chunk_size": 8192, "no_rope_layer_interval": 4,
+               "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
+}  # fmt: skip
+_KINDS = ("full_attention", "sliding_attention")  # indexed by "it slides"
+_SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
+
+
+def _int(value: Any, where: str, least: int = 1) -> int:
+    """A size: an integer (or an integral float) ≥ ``least``."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"config.{where}", f"{where} is {value!r}: expected an integer ≥ {least}")
+    return value
+
+
+def _num(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"config.{where}", f"{where} is {value!r}: expected a number")
+    return float(value)
+
+
+def _key(source: str) -> str:
+    """The config key of a ``taken`` source (without a default's note)."""
+    return source.split(" (")[0]
+
+
+class _Config:
+    """The config (its text part) with its family's defaults, and what was taken from it."""
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        text = raw.get("text_config")
+        nested = "num_attention_heads" not in raw and isinstance(text, Mapping)
+        self.c: Mapping[str, Any] = text if nested and isinstance(text, Mapping) else raw
+        self.prefix = "text_config." if nested else ""
+        self.model_type = str(self.c.get("model_type") or raw.get("model_type") or "")
+        self.family = _FAMILIES.get(self.model_type, "")
+        self.taken: dict[str, str] = {}
+
+    def get(self, key: str) -> tuple[Any, str]:
+        """The key's value and where it came from (None, "" when neither given nor defaulted)."""
+        if key in self.c:
+            return self.c[key], self.prefix + key
+        for family in (self.family, ""):
+            if key in _DEFAULTS.get(family, {}):
+                whose = f"{self.model_type}'s" if family else "transformers'"
+                return _DEFAULTS[family][key], f"{self.prefix}{key} (absent: {whose} default)"
+        return None, ""
+
+    def value(self, key: str, *others: str) -> Any:
+        return self.first(key, *others)[0]
+
+    def first(self, *keys: str) -> tuple[Any, str]:  # the first key given or defaulted
+        return next((got for k in keys if (got := self.get(k))[0] is not None), (None, ""))
+
+    def take(self, field: str, source: str, value: Any) -> Any:
+        self.taken[field] = source
+        return value
+
+
+def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
+    """The /multihead fields that ``config`` (a ``config.json`` object) implies for ``layer``."""
+    if not isinstance(config, Mapping):
+        raise ConfigError("config", "config must be the config.json object")
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise ConfigError("layer", f"layer is {layer!r}: expected an integer ≥ 0")
+    c = _Config(config)
+    n_layers, n_src = c.get("num_hidden_layers")
+    if n_layers is not None and layer >= _int(n_layers, _key(n_src)):
+        raise ConfigError("layer", f"layer {layer} but the config has num_hidden_layers {n_layers}")
+    heads, h_src = c.get("num_attention_heads")
+    if heads is None:
+        raise ConfigError("config.num_attention_heads", "the config has no num_attention_heads")
+    fields: dict[str, Any] = {"num_heads": c.take("num_heads", h_src, _int(heads, _key(h_src)))}
+    kind, kind_src = _layer_type(c, layer)
+    mla = _mla(c)
+    glob = c.family == "gemma4" and kind == "full_attention"  # its own head_dim and kv heads
+    head_dim, hd_src = _head_dim(c, fields["num_heads"], glob)
+    kv, kv_src = c.first(*["num_global_key_value_heads"] * bool(glob and c.value(
+        "attention_k_eq_v")), "num_key_value_heads")  # fmt: skip
+    if mla is None:
+        if kv is not None:
+            fields["num_kv_heads"] = c.take("num_kv_heads", kv_src, _int(kv, _key(kv_src)))
+        fields["d_k"] = c.take("d_k", hd_src, head_dim)
+    rope = _rope(c, kind, layer, head_dim, mla is not None)
+    if rope is not None:
+        fields["rope"] = rope
+    fields.update(_variants(c, kind, rope is not None))
+    fields["mask"] = _mask(c, kind, kind_src, layer)
+    if mla is not None:
+        fields["mla"] = mla
+    return FromConfig(fields, c.taken)
+
+
+def _layer_type(c: _Config, layer: int) -> tuple[str, str]:
+    """The layer's type as transformers names it, and why."""
+    fam, why = c.family, f"model_type {c.model_type}: "
+    types, src = c.get("layer_types")
+    if types is not None and fam not in ("mistral", "phi3"):
+        if not isinstance(types, list) or len(types) <= layer:
+            raise ConfigError(f"config.{src}", f"{src} has no entry for layer {layer}")
+        if fam == "gemma4" and layer == len(types) - 1:
+            return "full_attention", why + "the last layer is full attention"
+        return str(types[layer]), f"{src}[{layer}]"
+    if fam in ("gemma2", "gpt_oss"):
+        sliding = bool((layer + 1) % 2)
+        return _KINDS[sliding], why + "every other layer slides, from layer 0"
+    if fam in ("gemma3", "gemma4"):
+        pattern, p_src = c.get("sliding_window_pattern") if fam == "gemma3" else (6, why + "5:1")
+        last = fam == "gemma4" and layer == _int(c.value("num_hidden_layers") or 0, "", 0) - 1
+        return _KINDS[bool((layer + 1) % _int(pattern, _key(p_src))) and not last], p_src
+    if fam == "qwen3_next":
+        every, e_src = c.get("full_attention_interval")
+        full = (layer + 1) % _int(every, _key(e_src)) == 0
+        return ("full_attention" if full else "linear_attention"), e_src
+    if fam == "llama4":
+        use_rope, r_src = _rope_layer(c, layer)
+        return ("chunked_attention" if use_rope else "full_attention"), r_src
+    use, u_src = c.get("use_sliding_window")
+    if use is not None:
+        first, f_src = c.get("max_window_layers")
+        on = bool(use) and layer >= _int(first, _key(f_src), 0)
+        return _KINDS[on], f"{u_src}, {f_src}" if use else u_src
+    return _KINDS[c.value("sliding_window") is not None], c.get("sliding_window")[1]
+
+
+def _rope_layer(c: _Config, layer: int) -> tuple[bool, str]:
+    """Whether the layer rotates (``no_rope_layers[i]``: 0 means no RoPE), and why."""
+    flags, src = c.get("no_rope_layers")
+    if not flags and c.family == "llama4":  # transformers: absent or empty → every interval-th
+        every, e_src = c.get("no_rope_layer_interval")
+        return bool((layer + 1) % _int(every, _key(e_src))), e_src
+    if not flags:
+        return True, ""
+    if not isinstance(flags, list) or len(flags) <= layer:
+        raise ConfigError(f"config.{_key(src)}", f"{_key(src)} has no entry for layer {layer}")
+    return bool(flags[layer]), f"{src}[{layer}]"
+
+
+def _head_dim(c: _Config, heads: int, glob: bool) -> tuple[int, str]:
+    value, src = c.first(*["global_head_dim"] * glob, "head_dim")
+    if value is not None:
+        return _int(value, _key(src)), src
+    hidden, src = c.get("hidden_size")
+    if hidden is None:
+        raise ConfigError("config.head_dim", "the config has neither head_dim nor hidden_size")
+    return _int(hidden, _key(src)) // heads, f"{src} / num_attention_heads"
+
+
+def _mla(c: _Config) -> dict[str, Any] | None:
+    """DeepSeek's multi-head latent attention sizes, when the config has ``kv_lora_rank``."""
+    if c.c.get("kv_lora_rank") is None:
+        return None
+    keys = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    c.taken |= {f"mla.{key}": c.prefix + key for key in keys}
+    return {k: None if c.c.get(k) is None else _int(c.c[k], c.prefix + k, 0) for k in keys}
+
+
+def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[str, Any] | None:
+    """The layer's ``rope`` field, or None on a layer without RoPE."""
+    p = _rope_entry(c, kind) if _rope_layer(c, layer)[0] else None
+    if p is None:
+        return None
+    kind_v, kind_src = p.get("rope_type") or p.get("type") or ("default", "")
+    rope_type = str(kind_v)
+    if c.family == "phi3" and rope_type in ("su", "yarn"):  # Phi-3's old names for LongRoPE
+        rope_type = "longrope"
+    if rope_type not in _SCALINGS:
+        raise ConfigError(f"config.{_key(kind_src)}", f"rope_type {rope_type!r}: the service "
+                          f"has {', '.join(_SCALINGS)}")  # fmt: skip
+    theta, t_src = p.get("rope_theta") or c.get("rope_theta")
+    rope: dict[str, Any] = {"base": c.take("rope.base", t_src, _num(theta, _key(t_src)))}
+    factor, f_src = p.get("partial_rotary_factor", (None, ""))
+    if rope_type == "proportional":
+        scale, s_src = p.get("factor", (None, ""))
+        if scale is not None and _num(scale, _key(s_src)) != 1.0:
+            raise ConfigError(f"config.{_key(s_src)}", "a proportional rope takes no factor")
+        share = 1.0 if factor is None else _num(factor, _key(f_src))
+        rope["style"] = c.take("rope.style", kind_src, "proportional")
+        rope["rotary_dim"] = c.take("rope.rotary_dim", f_src or kind_src,
+                                    2 * int(share * head_dim // 2))  # fmt: skip
+        return rope
+    if mla or c.family == "llama4":
+        on, i_src = c.get("rope_interleave") if mla else (True, f"model_type {c.model_type}")
+        if on:
+            rope["style"] = c.take("rope.style", i_src, "interleaved")
+    if factor is not None and not mla:
+        dim = int(head_dim * _num(factor, _key(f_src)))
+        rope["rotary_dim"] = c.take("rope.rotary_dim", f_src, dim + dim % 2)
+    if rope_type != "default":
+        rope["scaling"] = _scaling(c, rope_type, kind_src, p)
+    return rope
+
+
+Entry = dict[str, tuple[Any, str]]  # rope parameter -> (value, its config key)
+
+
+def _rope_entry(c: _Config, kind: str) -> Entry | None:
+    """This layer's rope parameters with their keys (None: the config gives it no RoPE)."""
+    pre = c.prefix
+    if c.family == "gemma3":  # 5.23's conversion of Gemma 3's older keys
+        params = c.c.get("rope_parameters") or {}
+        entry = params.get(kind) or {}
+        p = {k: (v, f"{pre}rope_parameters.{kind}.{k}") for k, v in entry.items()}
+        if kind == "full_attention" and c.c.get("rope_scaling"):
+            p |= {k: (v, f"{pre}rope_scaling.{k}") for k, v in c.c["rope_scaling"].items()}
+        if "rope_theta" not in p:
+            key, default = ("rope_theta", 1e6) if kind == "full_attention" else (
+                "rope_local_base_freq", 1e4)  # fmt: skip
+            p["rope_theta"] = (c.c[key], pre + key) if key in c.c else (
+                default, f"{pre}{key} (absent: {c.model_type}'s default)")  # fmt: skip
+        return p
+    scaling, params = c.c.get("rope_scaling"), c.c.get("rope_parameters")
+    if scaling:
+        chosen, src = scaling, pre + "rope_scaling"
+    elif params:
+        chosen, src = params, pre + "rope_parameters"
+    else:
+        chosen, src = c.get("rope_parameters")
+        chosen = chosen or {}
+    if not isinstance(chosen, Mapping):
+        raise ConfigError(f"config.{_key(src)}", f"{_key(src)} must be an object")
+    if any(str(k).endswith("_attention") for k in chosen):  # one entry per layer type
+        if kind not in chosen:
+            raise ConfigError(f"config.{_key(src)}", f"{_key(src)} has no {kind} entry")
+        if chosen[kind] is None:
+            return None
+        chosen, src = chosen[kind], f"{src}.{kind}"
+    p = {str(k): (v, f"{src}.{k}") for k, v in chosen.items()}
+    for key in ("rope_theta", "partial_rotary_factor"):
+        if p.get(key, (None,))[0] is None:
+            p.pop(key, None)
+            value, v_src = c.get(key)
+            if value is not None:
+                p[key] = (value, v_src)
+    return p
+
+
+def _scaling(c: _Config, rope_type: str, type_src: str, p: Entry) -> dict[str, Any]:
+    """``rope.scaling`` as docs/api.md's table maps Hugging Face's rope parameters."""
+    out: dict[str, Any] = {"type": c.take("rope.scaling.type", type_src, rope_type)}
+
+    def put(field: str, value: Any, src: str, number: bool = True) -> None:
+        where = _key(src)
+        out[field] = c.take(f"rope.scaling.{field}", src,
+                            _num(value, where) if number else _int(value, where))  # fmt: skip
+
+    def copy(*keys: str, truthy: bool = False) -> None:
+        for key in keys:
+            value, src = p.get(key, (None, ""))
+            if value is not None and (value or not truthy):
+                put(key, value, src)
+
+    def max_position() -> tuple[Any, str]:
+        value, src = c.get("max_position_embeddings")
+        if value is None:
+            raise ConfigError("config.max_position_embeddings",
+                              f"a {rope_type} rope needs max_position_embeddings")  # fmt: skip
+        return value, src
+
+    if rope_type == "dynamic":  # transformers' dynamic NTK counts from max_position_embeddings
+        copy("factor")
+        put("original_max_position", *max_position(), number=False)
+        return out
+    if rope_type == "linear":
+        copy("factor")
+        return out
+    top, top_src = c.get("original_max_position_embeddings")
+    own = p.get("original_max_position_embeddings", (None, ""))
+    original = (top, top_src) if top is not None else own if own[0] is not None else max_position()
+    if rope_type == "llama3":
+        copy("factor", "low_freq_factor", "high_freq_factor")
+        put("original_max_position", *original, number=False)
+    elif rope_type == "yarn":
+        if p.get("factor", (None,))[0] is None:  # transformers: max_position ÷ original
+            (most, m_src), orig = max_position(), _int(original[0], _key(original[1]))
+            put("factor", _num(most, _key(m_src)) / orig, f"{m_src} / {original[1]}")
+        else:
+            copy("factor")
+        put("original_max_position", *original, number=False)
+        copy("beta_fast", "beta_slow", "mscale", "mscale_all_dim", truthy=True)
+        copy("attention_factor")
+        truncate, t_src = p.get("truncate", (None, ""))
+        if truncate is not None:
+            out["truncate"] = c.take("rope.scaling.truncate", t_src, bool(truncate))
+    else:  # longrope
+        for key in ("short_factor", "long_factor"):
+            value, src = p.get(key, (None, ""))
+            if not isinstance(value, list):
+                raise ConfigError(f"config.{_key(src) or key}", f"a longrope needs {key}")
+            out[key] = c.take(f"rope.scaling.{key}", src, [_num(v, _key(src)) for v in value])
+        put("original_max_position", *original, number=False)
+        copy("factor", "attention_factor")
+        most, m_src = c.get("max_position_embeddings")
+        if most is not None:
+            put("max_position", most, m_src, number=False)
+    return out
+
+
+def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
+    """qk_norm, v_norm, k_eq_v, temperature, gate, softcap and scale, as the family has them."""
+    fam, out = c.family, dict[str, Any]()
+    eps, e_src = c.get("rms_norm_eps")
+    why = f"model_type {c.model_type}"
+    norm: dict[str, Any] = {"type": "rms"}
+    l2 = fam == "llama4" and rotates and c.value("use_qk_norm")
+    if fam in ("qwen3", "gemma3", "gemma4", "qwen3_next") or l2:
+        c.taken["qk_norm"] = c.get("use_qk_norm")[1] if fam == "llama4" else why
+        if eps is not None:
+            norm["eps"] = c.take("qk_norm.eps", e_src, _num(eps, _key(e_src)))
+        if fam in ("gemma3", "qwen3_next"):  # their RMSNorms apply (1 + w)
+            norm["zero_centered"] = c.take("qk_norm.zero_centered", why, True)
+        if fam == "llama4":  # the weightless L2 norm, after the rotation
+            norm["after_rope"] = c.take("qk_norm.after_rope", why, True)
+        out["qk_norm"] = norm
+    if fam == "gemma4":
+        out["v_norm"] = {"type": "rms", **({"eps": norm["eps"]} if "eps" in norm else {})}
+        c.taken["v_norm"], c.taken["v_norm.eps"] = why, e_src
+        k_eq_v, k_src = c.get("attention_k_eq_v")
+        if kind == "full_attention" and k_eq_v:
+            out["k_eq_v"] = c.take("k_eq_v", k_src, True)
+    if fam == "llama4" and not rotates and c.value("attn_temperature_tuning"):
+        c.taken["temperature"] = c.get("attn_temperature_tuning")[1]
+        got = {key: c.get(key) for key in ("floor_scale", "attn_scale")}
+        out["temperature"] = {k: c.take(f"temperature.{k}", s, _num(v, _key(s)))
+                              for k, (v, s) in got.items()}  # fmt: skip
+    if fam == "qwen3_next":  # q_proj holds each head's query and output gate
+        out["gate"] = c.take("gate", why, True)
+    cap, cap_src = c.get("attn_logit_softcapping")
+    if cap is not None and fam not in ("gemma3", "gemma4"):
+        out["softcap"] = c.take("softcap", cap_src, _num(cap, _key(cap_src)))
+    scalar, s_src = c.get("query_pre_attn_scalar")
+    if fam == "gemma4":
+        out["scale"] = c.take("scale", why, 1.0)
+    elif scalar is not None:
+        out["scale"] = c.take("scale", s_src, _num(scalar, _key(s_src)) ** -0.5)
+    return out
+
+
+def _mask(c: _Config, kind: str, kind_src: str, layer: int) -> list[dict[str, Any]]:
+    """The causal mask of a decoder, the window of a sliding layer, or a chunked layer's mask."""
+    if c.value("use_bidirectional_attention") in (True, "all"):
+        raise ConfigError(f"config.{c.prefix}use_bidirectional_attention", "bidirectional "
+                          "attention: not the decoder masks the service builds from a config")  # fmt: skip
+    if kind == "chunked_attention":
+        size, src = c.get("attention_chunk_size")
+        if size is None:
+            raise ConfigError("config.attention_chunk_size", "a chunked layer needs its size")
+        c.taken["mask.chunked"] = kind_src
+        size = c.take("mask.chunked.size", src, _int(size, _key(src)))
+        return [{"type": "chunked", "size": size}]
+    if kind not in ("full_attention", "sliding_attention"):
+        raise ConfigError("layer", f"layer {layer} is a {kind} layer ({kind_src}): /multihead "
+                          "computes softmax attention layers only")  # fmt: skip
+    mask: list[dict[str, Any]] = [{"type": "causal"}]
+    c.taken["mask.causal"] = f"model_type {c.model_type or '?'} (a decoder)"
+    window, w_src = c.get("sliding_window")
+    if kind == "sliding_attention" and window is not None and c.value("use_sliding_window") != 0:
+        c.taken["mask.window"], c.taken["mask.window.left"] = kind_src, w_src
+        mask.append({"type": "window", "left": _int(window, _key(w_src)) - 1, "right": 0})
+    return mask

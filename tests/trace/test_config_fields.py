@@ -1,0 +1,522 @@
+"""service.trace.rows.config: a Hugging Face config.json and a layer index → /multihead fields.
+
+Two kinds of test:
+- each family's config written in from the public fields of a real config.json (nothing is
+  downloaded; sizes as they are), with the fields and the keys they came from;
+- for LLaMA 3.1, Mistral, Qwen3, Gemma 2 and gpt-oss, a tiny config of the same kinds of fields
+  builds transformers 5.23's own attention layer (random weights, float64, its float32 steps
+  widened by harness.hf_reference's patches as harness.hf_today does); /multihead given ``x``,
+  the layer's state dict and ``from_config(cfg, layer).fields`` must return the layer's output
+  to 1e-12. The layer's mask comes from transformers' own mask functions, chosen as its decoder
+  model chooses them from the config object transformers builds from the same dict.
+"""
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+import service.main
+from service.trace.rows.config import ConfigError, from_config
+
+# ---- real configs (public config.json fields) ------------------------------------------------
+
+LLAMA_3_1_8B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+    "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 128256,
+}  # fmt: skip
+MISTRAL_7B_V0_1 = {
+    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+    "vocab_size": 32000,
+}  # fmt: skip
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 12288,
+    "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}  # fmt: skip
+GEMMA_2_9B = {
+    "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid",
+    "eos_token_id": 1, "final_logit_softcapping": 30.0, "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 14336,
+    "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 16,
+    "num_hidden_layers": 42, "num_key_value_heads": 8, "pad_token_id": 0,
+    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "sliding_window": 4096, "sliding_window_size": 4096, "torch_dtype": "float32",
+    "use_cache": True, "vocab_size": 256000,
+}  # fmt: skip
+GEMMA_3_1B = {  # as google/gemma-3-1b-it's config.json, its rope in 5.23's per-layer-type form
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": None, "bos_token_id": 2, "cache_implementation": "hybrid",
+    "eos_token_id": [1, 106], "final_logit_softcapping": None, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+    "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+    "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+    "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 262144,
+}  # fmt: skip
+GEMMA_3_4B_TEXT_LEGACY = {  # google/gemma-3-4b-it's text_config: the older rope keys
+    "model_type": "gemma3",
+    "text_config": {
+        "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+        "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    },
+}  # fmt: skip
+GEMMA_4_31B = {  # google/gemma-4-31B-it's text_config (60 layers, five sliding to one full)
+    "model_type": "gemma4",
+    "text_config": {
+        "attention_bias": False, "attention_dropout": 0.0, "attention_k_eq_v": True,
+        "enable_moe_block": False, "final_logit_softcapping": 30.0, "global_head_dim": 512,
+        "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 5376,
+        "hidden_size_per_layer_input": 0, "intermediate_size": 21504,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 10,
+        "max_position_embeddings": 262144, "model_type": "gemma4_text",
+        "num_attention_heads": 32, "num_experts": None, "num_global_key_value_heads": 4,
+        "num_hidden_layers": 60, "num_key_value_heads": 16, "num_kv_shared_layers": 0,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {
+            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                               "rope_type": "proportional"},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+        },
+        "sliding_window": 1024, "tie_word_embeddings": True, "top_k_experts": None,
+        "use_bidirectional_attention": "vision", "use_cache": True,
+        "use_double_wide_mlp": False, "vocab_size": 262144, "vocab_size_per_layer_input": 262144,
+    },
+}  # fmt: skip
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+    "intermediate_size": 2880, "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+    "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+    "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                     "truncate": False},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+    "swiglu_limit": 7.0, "tie_word_embeddings": False, "use_cache": True, "vocab_size": 201088,
+}  # fmt: skip
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False,
+    "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1,
+    "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+    "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
+    "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+    "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+    "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc",
+    "v_head_dim": 128, "vocab_size": 129280,
+}  # fmt: skip
+PHI4_LONG_FACTOR = [
+    1, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817,
+    2.187582649, 2.446418898, 2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023,
+    4.785517845, 5.351743533, 5.984965424, 6.693110555, 7.485043894, 8.370679318, 9.36110372,
+    10.4687158, 11.70738129, 13.09260651, 14.64173252, 16.37415215, 18.31155283, 20.47818807,
+    22.90118105, 25.61086418, 28.64115884, 32.03, 32.1, 32.13, 32.23, 32.6, 32.61, 32.64,
+    32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77,
+]  # fmt: skip
+PHI_4_MINI = {  # microsoft/Phi-4-mini-instruct (model_type phi3): LongRoPE, partial rotary
+    "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 199999, "embd_pdrop": 0.0, "eos_token_id": 199999, "full_attn_mod": 1,
+    "hidden_act": "silu", "hidden_size": 3072, "initializer_range": 0.02,
+    "intermediate_size": 8192, "interpolate_factor": 1, "lm_head_bias": False,
+    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "phi3",
+    "num_attention_heads": 24, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "original_max_position_embeddings": 4096, "pad_token_id": 199999,
+    "partial_rotary_factor": 0.75, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"long_factor": PHI4_LONG_FACTOR, "short_factor": [1.0] * 48,
+                     "type": "longrope"},
+    "rope_theta": 10000.0, "sliding_window": 262144, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 200064,
+}  # fmt: skip
+QWEN3_NEXT_80B = {
+    "architectures": ["Qwen3NextForCausalLM"], "attention_bias": False,
+    "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1,
+    "eos_token_id": 151645, "full_attention_interval": 4, "head_dim": 256,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 5120, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144, "mlp_only_layers": [], "model_type": "qwen3_next",
+    "moe_intermediate_size": 512, "norm_topk_prob": True, "num_attention_heads": 16,
+    "num_experts": 512, "num_experts_per_tok": 10, "num_hidden_layers": 48,
+    "num_key_value_heads": 2, "output_router_logits": False, "partial_rotary_factor": 0.25,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000000,
+    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}  # fmt: skip
+LLAMA_4_SCOUT = {  # meta-llama/Llama-4-Scout-17B-16E-Instruct
+    "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+    "text_config": {
+        "attention_bias": False, "attention_chunk_size": 8192, "attention_dropout": 0.0,
+        "attn_scale": 0.1, "attn_temperature_tuning": 4, "bos_token_id": 200000,
+        "eos_token_id": [200001, 200007, 200008], "floor_scale": 8192,
+        "for_llm_compressor": False, "head_dim": 128, "hidden_act": "silu",
+        "hidden_size": 5120, "initializer_range": 0.02, "interleave_moe_layer_step": 1,
+        "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+        "max_position_embeddings": 10485760, "model_type": "llama4_text",
+        "no_rope_layers": [1, 1, 1, 0] * 12, "num_attention_heads": 40,
+        "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8,
+        "num_local_experts": 16, "output_router_logits": False, "pad_token_id": 200018,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
+        "torch_dtype": "bfloat16", "use_qk_norm": True, "vocab_size": 202048,
+    },
+}  # fmt: skip
+
+CAUSAL = {"type": "causal"}
+
+
+def window(w: int) -> dict[str, Any]:
+    return {"type": "window", "left": w - 1, "right": 0}
+
+
+# ---- the fields of each family ---------------------------------------------------------------
+
+
+def test_llama_3_1_llama3_rope() -> None:
+    got = from_config(LLAMA_3_1_8B, 31)
+    assert got.fields == {
+        "num_heads": 32, "num_kv_heads": 8, "d_k": 128,
+        "rope": {"base": 500000.0, "scaling": {
+            "type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position": 8192}},
+        "mask": [CAUSAL],
+    }  # fmt: skip
+    assert got.taken["num_kv_heads"] == "num_key_value_heads"
+    assert got.taken["d_k"] == "hidden_size / num_attention_heads"
+    assert got.taken["rope.base"] == "rope_theta"
+    assert got.taken["rope.scaling.type"] == "rope_scaling.rope_type"
+    assert got.taken["rope.scaling.original_max_position"] == (
+        "rope_scaling.original_max_position_embeddings"
+    )
+    json.dumps(got.fields)  # JSON-shaped
+
+
+def test_mistral_sliding_window_on_every_layer() -> None:
+    for layer in (0, 17):
+        got = from_config(MISTRAL_7B_V0_1, layer)
+        assert got.fields == {
+            "num_heads": 32, "num_kv_heads": 8, "d_k": 128, "rope": {"base": 10000.0},
+            "mask": [CAUSAL, window(4096)],
+        }  # fmt: skip
+        assert got.taken["mask.window.left"] == "sliding_window"
+    # v0.2 on: "sliding_window": null is no window (not the class's default of 4096)
+    assert from_config({**MISTRAL_7B_V0_1, "sliding_window": None}, 0).fields["mask"] == [CAUSAL]
+    no_key = {k: v for k, v in MISTRAL_7B_V0_1.items() if k != "sliding_window"}
+    assert from_config(no_key, 0).taken["mask.window.left"] == (
+        "sliding_window (absent: mistral's default)"
+    )
+
+
+def test_qwen3_qk_norm() -> None:
+    got = from_config(QWEN3_8B, 35)
+    assert got.fields == {
+        "num_heads": 32, "num_kv_heads": 8, "d_k": 128, "rope": {"base": 1000000.0},
+        "qk_norm": {"type": "rms", "eps": 1e-06}, "mask": [CAUSAL],
+    }  # fmt: skip
+    assert got.taken["qk_norm.eps"] == "rms_norm_eps"
+    assert got.taken["d_k"] == "head_dim"
+    # use_sliding_window: the layers from max_window_layers on slide
+    sliding = {**QWEN3_8B, "use_sliding_window": True, "sliding_window": 4096}
+    assert from_config(sliding, 35).fields["mask"] == [CAUSAL]  # max_window_layers 36
+    sliding["max_window_layers"] = 28
+    assert from_config(sliding, 28).fields["mask"] == [CAUSAL, window(4096)]
+    assert from_config(sliding, 27).fields["mask"] == [CAUSAL]
+
+
+def test_gemma_2_softcap_scale_and_alternating_window() -> None:
+    sliding, full = from_config(GEMMA_2_9B, 0), from_config(GEMMA_2_9B, 41)
+    common = {"num_heads": 16, "num_kv_heads": 8, "d_k": 256, "rope": {"base": 10000.0},
+              "softcap": 50.0, "scale": 256**-0.5}  # fmt: skip
+    assert sliding.fields == {**common, "mask": [CAUSAL, window(4096)]}
+    assert full.fields == {**common, "mask": [CAUSAL]}
+    assert sliding.taken["softcap"] == "attn_logit_softcapping"
+    assert sliding.taken["scale"] == "query_pre_attn_scalar"
+    assert (
+        sliding.taken["mask.window"] == "model_type gemma2: every other layer slides, from layer 0"
+    )
+
+
+def test_gemma_3_per_layer_type_rope() -> None:
+    common = {"num_heads": 4, "num_kv_heads": 1, "d_k": 256, "scale": 0.0625,
+              "qk_norm": {"type": "rms", "eps": 1e-06, "zero_centered": True}}  # fmt: skip
+    sliding, full = from_config(GEMMA_3_1B, 4), from_config(GEMMA_3_1B, 5)
+    assert sliding.fields == {**common, "rope": {"base": 10000.0}, "mask": [CAUSAL, window(512)]}
+    assert full.fields == {**common, "rope": {"base": 1000000.0}, "mask": [CAUSAL]}
+    assert sliding.taken["rope.base"] == "rope_parameters.sliding_attention.rope_theta"
+    assert full.taken["rope.base"] == "rope_parameters.full_attention.rope_theta"
+    assert full.taken["mask.causal"] == "model_type gemma3_text (a decoder)"
+    # the older keys (a multimodal config's text_config): rope_scaling on the full layers only,
+    # thetas and head sizes from Gemma3TextConfig's defaults
+    legacy_full, legacy_sliding = (from_config(GEMMA_3_4B_TEXT_LEGACY, i) for i in (5, 6))
+    assert legacy_full.fields["rope"] == {
+        "base": 1e6, "scaling": {"type": "linear", "factor": 8.0}}  # fmt: skip
+    assert legacy_sliding.fields["rope"] == {"base": 1e4}
+    assert legacy_sliding.fields["mask"] == [CAUSAL, window(1024)]
+    assert legacy_full.taken["rope.scaling.factor"] == "text_config.rope_scaling.factor"
+    assert (legacy_full.fields["num_heads"], legacy_full.fields["d_k"]) == (8, 256)
+    assert legacy_full.taken["num_heads"] == (
+        "text_config.num_attention_heads (absent: gemma3_text's default)"
+    )
+
+
+def test_gemma_4_sliding_and_full_layer() -> None:
+    sliding, full = from_config(GEMMA_4_31B, 0), from_config(GEMMA_4_31B, 59)
+    norms = {"qk_norm": {"type": "rms", "eps": 1e-6}, "v_norm": {"type": "rms", "eps": 1e-6},
+             "scale": 1.0}  # fmt: skip
+    assert sliding.fields == {
+        "num_heads": 32, "num_kv_heads": 16, "d_k": 256, "rope": {"base": 10000.0}, **norms,
+        "mask": [CAUSAL, window(1024)],
+    }  # fmt: skip
+    assert full.fields == {
+        "num_heads": 32, "num_kv_heads": 4, "d_k": 512,
+        "rope": {"base": 1000000.0, "style": "proportional", "rotary_dim": 128},
+        **norms, "k_eq_v": True, "mask": [CAUSAL],
+    }  # fmt: skip
+    assert full.taken["d_k"] == "text_config.global_head_dim"
+    assert full.taken["num_kv_heads"] == "text_config.num_global_key_value_heads"
+    assert full.taken["k_eq_v"] == "text_config.attention_k_eq_v"
+    assert full.taken["rope.rotary_dim"] == (
+        "text_config.rope_parameters.full_attention.partial_rotary_factor"
+    )
+    assert sliding.taken["mask.window"] == "text_config.layer_types[0]"
+
+
+def test_gpt_oss_yarn_and_layer_types() -> None:
+    sliding, full = from_config(GPT_OSS_20B, 0), from_config(GPT_OSS_20B, 1)
+    rope = {"base": 150000.0, "scaling": {
+        "type": "yarn", "factor": 32.0, "original_max_position": 4096, "beta_fast": 32.0,
+        "beta_slow": 1.0, "truncate": False}}  # fmt: skip
+    common = {"num_heads": 64, "num_kv_heads": 8, "d_k": 64, "rope": rope}
+    assert sliding.fields == {**common, "mask": [CAUSAL, window(128)]}
+    assert full.fields == {**common, "mask": [CAUSAL]}
+    assert sliding.taken["mask.window"] == "layer_types[0]"
+    assert full.taken["rope.scaling.truncate"] == "rope_scaling.truncate"
+    assert "sinks" not in full.fields  # weights: the state dict brings them
+
+
+def test_deepseek_v3_mla_with_yarn_mscale() -> None:
+    got = from_config(DEEPSEEK_V3, 60)
+    assert got.fields == {
+        "num_heads": 128,
+        "rope": {"base": 10000.0, "style": "interleaved", "scaling": {
+            "type": "yarn", "factor": 40.0, "original_max_position": 4096, "beta_fast": 32.0,
+            "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
+        "mask": [CAUSAL],
+        "mla": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                "qk_rope_head_dim": 64, "v_head_dim": 128},
+    }  # fmt: skip
+    assert got.taken["rope.style"] == "rope_interleave (absent: deepseek_v3's default)"
+    assert got.taken["rope.scaling.type"] == "rope_scaling.type"
+    assert got.taken["mla.kv_lora_rank"] == "kv_lora_rank"
+    flat = from_config({**DEEPSEEK_V3, "rope_interleave": False, "q_lora_rank": None}, 0)
+    assert "style" not in flat.fields["rope"] and flat.fields["mla"]["q_lora_rank"] is None
+
+
+def test_phi_4_mini_longrope_and_partial_rotary() -> None:
+    got = from_config(PHI_4_MINI, 0)
+    assert got.fields == {
+        "num_heads": 24, "num_kv_heads": 8, "d_k": 128,
+        "rope": {"base": 10000.0, "rotary_dim": 96, "scaling": {
+            "type": "longrope", "short_factor": [1.0] * 48,
+            "long_factor": [float(f) for f in PHI4_LONG_FACTOR], "original_max_position": 4096,
+            "max_position": 131072}},
+        "mask": [CAUSAL, window(262144)],
+    }  # fmt: skip
+    assert got.taken["rope.rotary_dim"] == "partial_rotary_factor"
+    assert got.taken["rope.scaling.type"] == "rope_scaling.type"
+    assert got.taken["rope.scaling.original_max_position"] == "original_max_position_embeddings"
+    assert got.taken["rope.scaling.max_position"] == "max_position_embeddings"
+
+
+def test_qwen3_next_full_attention_layer() -> None:
+    got = from_config(QWEN3_NEXT_80B, 3)
+    assert got.fields == {
+        "num_heads": 16, "num_kv_heads": 2, "d_k": 256,
+        "rope": {"base": 10000000.0, "rotary_dim": 64},
+        "qk_norm": {"type": "rms", "eps": 1e-06, "zero_centered": True}, "gate": True,
+        "mask": [CAUSAL],
+    }  # fmt: skip
+    assert got.taken["rope.rotary_dim"] == "partial_rotary_factor"
+    with pytest.raises(ConfigError, match="linear_attention") as caught:
+        from_config(QWEN3_NEXT_80B, 0)  # Gated DeltaNet: no softmax attention
+    assert caught.value.field == "layer"
+
+
+def test_llama_4_rope_and_nope_layer() -> None:
+    rope_layer, nope_layer = from_config(LLAMA_4_SCOUT, 0), from_config(LLAMA_4_SCOUT, 3)
+    assert rope_layer.fields == {
+        "num_heads": 40, "num_kv_heads": 8, "d_k": 128,
+        "rope": {"base": 500000.0, "style": "interleaved", "scaling": {
+            "type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+            "original_max_position": 8192}},
+        "qk_norm": {"type": "rms", "eps": 1e-05, "after_rope": True},
+        "mask": [{"type": "chunked", "size": 8192}],
+    }  # fmt: skip
+    assert nope_layer.fields == {
+        "num_heads": 40, "num_kv_heads": 8, "d_k": 128,
+        "temperature": {"floor_scale": 8192.0, "attn_scale": 0.1}, "mask": [CAUSAL],
+    }  # fmt: skip
+    assert rope_layer.taken["qk_norm"] == "text_config.use_qk_norm"
+    assert rope_layer.taken["mask.chunked"] == "text_config.no_rope_layers[0]"
+    assert rope_layer.taken["mask.chunked.size"] == "text_config.attention_chunk_size"
+    assert nope_layer.taken["temperature"] == "text_config.attn_temperature_tuning"
+
+
+def test_config_errors() -> None:
+    with pytest.raises(ConfigError, match="layer 40 but the config has num_hidden_layers 32") as e:
+        from_config(LLAMA_3_1_8B, 40)
+    assert e.value.field == "layer"
+    odd = {**LLAMA_3_1_8B, "rope_scaling": {"rope_type": "mrope", "factor": 2.0}}
+    with pytest.raises(ConfigError, match="'mrope'") as e:
+        from_config(odd, 0)
+    assert e.value.field == "config.rope_scaling.rope_type"
+    with pytest.raises(ConfigError) as e:
+        from_config({**LLAMA_3_1_8B, "num_key_value_heads": "8"}, 0)
+    assert e.value.field == "config.num_key_value_heads"
+    with pytest.raises(ConfigError, match="bidirectional") as e:  # EmbeddingGemma's kind
+        from_config({**GEMMA_3_1B, "use_bidirectional_attention": True}, 0)
+    assert e.value.field == "config.use_bidirectional_attention"
+
+
+def test_unknown_model_type_reads_the_generic_keys() -> None:
+    got = from_config({"model_type": "mine", "num_attention_heads": 4, "hidden_size": 64,
+                       "query_pre_attn_scalar": 4, "rms_norm_eps": 1e-5}, 0)  # fmt: skip
+    assert got.fields == {"num_heads": 4, "d_k": 16, "rope": {"base": 10000.0}, "scale": 0.5,
+                          "mask": [CAUSAL]}  # fmt: skip
+    assert got.taken["rope.base"] == "rope_theta (absent: transformers' default)"
+
+
+# ---- against transformers' own layers --------------------------------------------------------
+
+TINY = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "intermediate_size": 16, "vocab_size": 16}  # fmt: skip
+L = 12  # tokens; windows of 4 keys
+
+
+def _tiny(real: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    cfg = {k: v for k, v in real.items() if k not in ("architectures", "torch_dtype")}
+    return {**cfg, **TINY, **changes}
+
+
+HF_CASES = [
+    ("llama", _tiny(LLAMA_3_1_8B), 0),
+    ("mistral", _tiny(MISTRAL_7B_V0_1, sliding_window=4), 1),
+    ("qwen3", _tiny(QWEN3_8B, head_dim=16, max_window_layers=1, rms_norm_eps=0.01), 1),
+    ("qwen3", _tiny(QWEN3_8B, head_dim=16, use_sliding_window=True, sliding_window=4,
+                    max_window_layers=1, rms_norm_eps=0.01), 1),
+    ("gemma2", _tiny(GEMMA_2_9B, head_dim=16, query_pre_attn_scalar=12, sliding_window=4), 0),
+    ("gemma2", _tiny(GEMMA_2_9B, head_dim=16, query_pre_attn_scalar=12, sliding_window=4), 1),
+    ("gpt_oss", _tiny(GPT_OSS_20B, head_dim=8, sliding_window=4, num_local_experts=2,
+                      layer_types=["sliding_attention", "full_attention"]), 0),
+    ("gpt_oss", _tiny(GPT_OSS_20B, head_dim=8, sliding_window=4, num_local_experts=2,
+                      layer_types=["sliding_attention", "full_attention"]), 1),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def service_client() -> TestClient:
+    return TestClient(service.main.app)
+
+
+def _hf_layer_output(family: str, cfg: dict[str, Any], layer: int, x: Any) -> Any:
+    """transformers' attention layer ``layer`` of ``cfg`` in float64 (random weights), its
+    output for ``x`` and its state dict."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers import masking_utils as hf_masks
+    from transformers import modeling_rope_utils as hf_rope
+    from transformers.models.gemma2 import modeling_gemma2
+    from transformers.models.gpt_oss import modeling_gpt_oss
+    from transformers.models.llama import modeling_llama
+    from transformers.models.mistral import modeling_mistral
+    from transformers.models.qwen3 import modeling_qwen3
+
+    from harness.hf_reference import _widened, float64_torch_in
+
+    modeling, prefix = {
+        "llama": (modeling_llama, "Llama"), "mistral": (modeling_mistral, "Mistral"),
+        "qwen3": (modeling_qwen3, "Qwen3"), "gemma2": (modeling_gemma2, "Gemma2"),
+        "gpt_oss": (modeling_gpt_oss, "GptOss"),
+    }[family]  # fmt: skip
+    config = getattr(modeling, f"{prefix}Config")(**cfg)
+    config._attn_implementation = "eager"
+    attn = getattr(modeling, f"{prefix}Attention")(config, layer).double().eval()
+    rng = np.random.default_rng(layer + 7)
+    with torch.no_grad():
+        for name, p in attn.named_parameters():
+            scale = p.shape[-1] ** -0.5 if p.ndim == 2 else 0.5
+            values = rng.normal(0, scale, p.shape) + (1.0 if name.endswith("norm.weight") else 0)
+            p.copy_(torch.as_tensor(values))
+    # the mask as the decoder model picks it (from transformers' own config object)
+    sliding = (config.sliding_window is not None if family == "mistral"
+               else family != "llama" and config.layer_types[layer] == "sliding_attention")  # fmt: skip
+    make_mask = (
+        hf_masks.create_sliding_window_causal_mask if sliding else hf_masks.create_causal_mask
+    )
+    xs, pos = torch.as_tensor(np.asarray(x))[None], torch.arange(L)[None]
+    with float64_torch_in(modeling, hf_rope), _widened(), torch.no_grad():
+        mask = make_mask(config=config, inputs_embeds=xs, attention_mask=None,
+                         past_key_values=None, position_ids=pos)  # fmt: skip
+        cos_sin = getattr(modeling, f"{prefix}RotaryEmbedding")(config)(xs, pos)
+        assert cos_sin[0].dtype == torch.float64
+        out, _ = attn(hidden_states=xs, position_embeddings=cos_sin, attention_mask=mask)
+    state = {k: v.numpy().tolist() for k, v in attn.state_dict().items()}
+    return out[0].numpy(), state
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("family", "cfg", "layer"), HF_CASES,
+                         ids=[f"{f}-layer{i}-{n}" for n, (f, _, i) in enumerate(HF_CASES)])  # fmt: skip
+def test_service_with_config_fields_equals_the_transformers_layer(
+    service_client: TestClient, family: str, cfg: dict[str, Any], layer: int
+) -> None:
+    x = np.random.default_rng(layer).normal(size=(L, TINY["hidden_size"]))
+    expected, state = _hf_layer_output(family, cfg, layer, x)
+    body = {"x": x.tolist(), **state, "config": cfg, "layer": layer, "include": ["output"]}
+    response = service_client.post("/multihead", json=body)  # the config as it is
+    assert response.status_code == 200, response.text
+    taken = response.json()["conventions"]["config"]
+    assert taken == from_config(cfg, layer).taken  # every field the config gave, echoed
+    got = np.asarray(response.json()["output"])
+    assert got.shape == expected.shape
+    assert np.abs(got - expected).max() <= 1e-12 * max(1.0, np.abs(expected).max())
