@@ -115,7 +115,7 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
             return one.output, Past(one.present_k, one.present_v)
 
         empty = Past(k[:, :0], v[:, :0])  # (B, 0, ·)
-        values["decode_check"] = replay(step, plan.shapes.seq_len, trace.output, empty)
+        values["decode_check"] = replay(step, plan.shapes.seq_len, trace.output, empty, check)
     if plan.expected is not None:
         setup = _setup(
             plan, trace, variants, x_in=plan.x, context=plan.context, projections=plan.projections
@@ -177,7 +177,7 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
 
         b, h_kv = trace.output.shape[0], s.num_kv_heads
         empty = Past(np.zeros((b, h_kv, 0, s.d_k)), np.zeros((b, h_kv, 0, s.d_v)))
-        values["decode_check"] = replay(step, s.seq_len, trace.output, empty)
+        values["decode_check"] = replay(step, s.seq_len, trace.output, empty, check)
     per_head = _arrays(trace.heads)
     if s.online_block is not None:
         per_head["online_softmax"] = _online(plan, trace.heads)

@@ -99,13 +99,16 @@ def cache_labels(shapes: Shapes) -> tuple[str, ...] | None:
 Step = Callable[[slice, Past], tuple[Array, Past]]  # one token: its output and the cache
 
 
-def replay(run: Step, seq_len: int, prefill: Array, empty: Past) -> dict[str, Any]:
+def replay(
+    run: Step, seq_len: int, prefill: Array, empty: Past, check: Callable[[], None]
+) -> dict[str, Any]:
     """``decode_check``: the output of ``run`` a token at a time (``run(slice(t, t + 1),
     cache)`` returns that token's output and the grown cache, from ``empty``) against
-    ``prefill`` (B, L, ·) computed at once."""
+    ``prefill`` (B, L, ·) computed at once; ``check`` between the steps (the client may go)."""
     cache = empty
     rows = []
     for t in range(seq_len):
+        check()
         out, cache = run(slice(t, t + 1), cache)
         rows.append(out)
     stepped = np.concatenate(rows, axis=1)  # (B, L, ·)
