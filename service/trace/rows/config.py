@@ -6,7 +6,8 @@ from}, e.g. ``{"rope.base": "rope_theta", "mask.window.left": "sliding_window"}`
 
 Choices where the contract is silent:
 - Multimodal configs (Gemma 3/4, Llama 4): without a top-level ``num_attention_heads`` the
-  ``text_config`` is read, its keys named ``text_config.<key>``.
+  ``text_config`` is read, its keys named ``text_config.<key>``. The layer's ``per_layer_config``
+  entry (5.23's ``to_dict()``: Gemma 4's full layers' head_dim, kv heads) wins; ``global_*`` unread.
 - A key left out takes the default of its ``model_type``'s 5.23 configuration class (DeepSeek's
   ``rope_interleave`` true, Gemma 2's ``query_pre_attn_scalar`` 256, Mistral's
   ``sliding_window`` 4096 …), ``taken`` saying ``"<key> (absent: <model_type>'s default)"``; a
@@ -114,7 +115,7 @@ def _key(source: str) -> str:
 class _Config:
     """The config (its text part) with its family's defaults, and what was taken from it."""
 
-    def __init__(self, raw: Mapping[str, Any]) -> None:
+    def __init__(self, raw: Mapping[str, Any], layer: int) -> None:
         text = raw.get("text_config")
         nested = "num_attention_heads" not in raw and isinstance(text, Mapping)
         self.c: Mapping[str, Any] = text if nested and isinstance(text, Mapping) else raw
@@ -122,9 +123,16 @@ class _Config:
         self.model_type = str(self.c.get("model_type") or raw.get("model_type") or "")
         self.family = _FAMILIES.get(self.model_type, "")
         self.taken: dict[str, str] = {}
+        per_layer = self.c.get("per_layer_config")  # 5.23's to_dict: {"05": {"head_dim": …}}
+        entries = per_layer.items() if isinstance(per_layer, Mapping) else ()
+        self.own: tuple[Mapping[str, Any], str] = next(((v, f"{self.prefix}per_layer_config.{k}.")
+            for k, v in entries if str(k).isdigit() and int(k) == layer and isinstance(v, Mapping)),
+            ({}, ""))  # fmt: skip
 
     def get(self, key: str) -> tuple[Any, str]:
         """The key's value and where it came from (None, "" when neither given nor defaulted)."""
+        if key in self.own[0]:
+            return self.own[0][key], self.own[1] + key
         if key in self.c:
             return self.c[key], self.prefix + key
         for family in (self.family, ""):
@@ -150,7 +158,7 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
         raise ConfigError("config", "config must be the config.json object")
     if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
         raise ConfigError("layer", f"layer is {layer!r}: expected an integer ≥ 0")
-    c = _Config(config)
+    c = _Config(config, layer)
     n_layers, n_src = c.get("num_hidden_layers")
     if n_layers is not None and layer >= _int(n_layers, _key(n_src)):
         raise ConfigError("layer", f"layer {layer} but the config has num_hidden_layers {n_layers}")
@@ -160,7 +168,7 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
     fields: dict[str, Any] = {"num_heads": c.take("num_heads", h_src, _int(heads, _key(h_src)))}
     kind, kind_src = _layer_type(c, layer)
     mla = _mla(c)
-    glob = c.family == "gemma4" and kind == "full_attention"  # its own head_dim and kv heads
+    glob = c.family == "gemma4" and kind == "full_attention" and "per_layer_config" not in c.c
     head_dim, hd_src = _head_dim(c, fields["num_heads"], glob)
     kv, kv_src = c.first(*["num_global_key_value_heads"] * bool(glob and c.value(
         "attention_k_eq_v")), "num_key_value_heads")  # fmt: skip
@@ -169,12 +177,9 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
             fields["num_kv_heads"] = c.take("num_kv_heads", kv_src, _int(kv, _key(kv_src)))
         fields["d_k"] = c.take("d_k", hd_src, head_dim)
     rope = _rope(c, kind, layer, head_dim, mla is not None)
-    if rope is not None:
-        fields["rope"] = rope
-    fields.update(_variants(c, kind, rope is not None))
-    fields["mask"] = _mask(c, kind, kind_src, layer)
-    if mla is not None:
-        fields["mla"] = mla
+    fields |= {"rope": rope} if rope is not None else {}
+    fields |= _variants(c, kind, rope is not None) | {"mask": _mask(c, kind, kind_src, layer)}
+    fields |= {"mla": mla} if mla is not None else {}
     return FromConfig(fields, c.taken)
 
 
@@ -189,8 +194,7 @@ def _layer_type(c: _Config, layer: int) -> tuple[str, str]:
             return "full_attention", why + "the last layer is full attention"
         return str(types[layer]), f"{src}[{layer}]"
     if fam in ("gemma2", "gpt_oss"):
-        sliding = bool((layer + 1) % 2)
-        return _KINDS[sliding], why + "every other layer slides, from layer 0"
+        return _KINDS[bool((layer + 1) % 2)], why + "every other layer slides, from layer 0"
     if fam in ("gemma3", "gemma4"):
         pattern, p_src = c.get("sliding_window_pattern") if fam == "gemma3" else (6, why + "5:1")
         last = fam == "gemma4" and layer == _int(c.value("num_hidden_layers") or 0, "", 0) - 1
@@ -285,8 +289,7 @@ def _rope_entry(c: _Config, kind: str) -> Entry | None:
     """This layer's rope parameters with their keys (None: the config gives it no RoPE)."""
     pre = c.prefix
     if c.family == "gemma3":  # 5.23's conversion of Gemma 3's older keys
-        params = c.c.get("rope_parameters") or {}
-        entry = params.get(kind) or {}
+        entry = (c.c.get("rope_parameters") or {}).get(kind) or {}
         p = {k: (v, f"{pre}rope_parameters.{kind}.{k}") for k, v in entry.items()}
         if kind == "full_attention" and c.c.get("rope_scaling"):
             p |= {k: (v, f"{pre}rope_scaling.{k}") for k, v in c.c["rope_scaling"].items()}
@@ -297,13 +300,9 @@ def _rope_entry(c: _Config, kind: str) -> Entry | None:
                 default, f"{pre}{key} (absent: {c.model_type}'s default)")  # fmt: skip
         return p
     scaling, params = c.c.get("rope_scaling"), c.c.get("rope_parameters")
-    if scaling:
-        chosen, src = scaling, pre + "rope_scaling"
-    elif params:
-        chosen, src = params, pre + "rope_parameters"
-    else:
-        chosen, src = c.get("rope_parameters")
-        chosen = chosen or {}
+    chosen, src = ((scaling, pre + "rope_scaling") if scaling else (params, pre + "rope_parameters")
+                   if params else c.get("rope_parameters"))  # fmt: skip
+    chosen = chosen or {}  # (given: scaling over parameters; else the family's default)
     if not isinstance(chosen, Mapping):
         raise ConfigError(f"config.{_key(src)}", f"{_key(src)} must be an object")
     if any(str(k).endswith("_attention") for k in chosen):  # one entry per layer type

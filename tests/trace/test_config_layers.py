@@ -1,0 +1,384 @@
+"""/multihead given only ``x``, a layer's state dict and ``config`` + ``layer`` against today's
+transformers 5.23 attention layers built from the same tiny config, to 1e-12.
+
+Each tiny config is written with the kinds of fields its family's real config.json has (the
+real ones are in tests/trace/test_config_fields.py: Gemma 3's per-layer-type
+``rope_parameters``, Gemma 4's ``layer_types``/``global_head_dim``/``attention_k_eq_v``,
+Phi-4-mini's LongRoPE with ``partial_rotary_factor`` and ``original_max_position_embeddings``,
+DeepSeek V3's ``q_lora_rank``/``rope_interleave``/YaRN with ``mscale_all_dim``, Qwen3-Next's
+``partial_rotary_factor``, Llama 4's ``no_rope_layers``/``attention_chunk_size``/temperature
+tuning/llama3 rope), built by transformers' configuration class and sent as its ``to_dict()``
+(what ``client.layer`` sends; Gemma 4 and Llama 4 as their multimodal configs, whose
+``text_config`` holds the layers' keys). The layer is transformers' own class, random weights,
+``.double()``, eager attention, run as its decoder model runs it: ``position_embeddings`` from
+the model's own rotary embedding class (per layer type for Gemma 3/4), the mask from
+transformers' mask function the decoder model picks for that layer type, all under
+harness.hf_reference's ``float64_torch_in`` (the modeling module and ``modeling_rope_utils``)
+and ``_widened`` (``Tensor.float()`` → double), as harness/hf_today.py and harness/hf_mla.py run
+them. The request carries the state dict under its own names (Phi-3's fused ``qkv_proj`` split
+into ``q_proj``/``k_proj``/``v_proj`` rows as its forward splits it; Qwen3-Next's ``q_proj``
+with its gate rows as it is) and, for Phi-3 past ``original_max_position_embeddings``,
+``positions``/``context_positions``; nothing else. Each case also checks the fields that
+show what it exercises (e.g. the Gemma 4 full layer's d_k 16 and one kv head, which 5.23's
+``to_dict()`` writes under ``per_layer_config``, not as ``global_head_dim``).
+"""
+
+import os
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+import service.main
+from service.trace.rows.config import from_config
+
+if os.environ.get("REQUIRE_TORCH"):  # CI sets it: a missing torch must fail, not skip
+    import torch
+    import transformers
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import (  # noqa: E402
+    DeepseekV3Config,
+    Gemma3TextConfig,
+    Llama4Config,
+    Phi3Config,
+    Qwen3NextConfig,
+)
+from transformers import masking_utils as hf_masks  # noqa: E402
+from transformers import modeling_rope_utils as hf_rope  # noqa: E402
+from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: E402
+from transformers.models.gemma3 import modeling_gemma3  # noqa: E402
+from transformers.models.gemma4 import modeling_gemma4  # noqa: E402
+from transformers.models.gemma4.configuration_gemma4 import Gemma4Config  # noqa: E402
+from transformers.models.llama4 import modeling_llama4  # noqa: E402
+from transformers.models.phi3 import modeling_phi3  # noqa: E402
+from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
+
+from harness.hf_reference import _widened, float64_torch_in  # noqa: E402
+
+L = 12  # tokens
+TOL = 1e-12
+SIZES: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 16, "vocab_size": 16}
+NO_TOKENS: dict[str, Any] = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+
+
+@dataclass
+class Layer:
+    """A transformers attention layer as its decoder model runs it."""
+
+    modeling: types.ModuleType
+    attn: Any  # the torch module
+    rotary: Callable[[Any, Any], Any]  # (x, position_ids) -> position_embeddings, built anew
+    mask_fn: Callable[..., Any]  # a masking_utils create_* function
+    config: Any  # the (text) config object the layer was built from
+    zero_centered: bool = False  # its q/k norms store w for (1 + w)
+    forward_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def _layer_type_mask(config: Any, layer: int) -> Callable[..., Any]:
+    """The mask function a Gemma 3/4 decoder model gives a layer of that type."""
+    return {
+        "full_attention": hf_masks.create_causal_mask,
+        "sliding_attention": hf_masks.create_sliding_window_causal_mask,
+    }[config.layer_types[layer]]
+
+
+# ---- the tiny configs, from their real configs' kinds of fields ----------------------------
+
+
+def gemma3(layer: int) -> tuple[Any, Layer]:
+    """As google/gemma-3-4b's text config (5.23's per-layer-type rope_parameters, linear ×8 on
+    the full layers), sliding_window_pattern 6: layers 0–4 slide (window 4), layer 5 is full;
+    query_pre_attn_scalar apart from head_dim; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "gemma3_text", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 6, "query_pre_attn_scalar": 12, "sliding_window": 4,
+        "sliding_window_pattern": 6, "rms_norm_eps": 1e-6, "attn_logit_softcapping": None,
+        "final_logit_softcapping": None, "max_position_embeddings": 128, **NO_TOKENS,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    }  # fmt: skip
+    config: Any = Gemma3TextConfig(**fields)
+    config._attn_implementation = "eager"
+    layer_type = config.layer_types[layer]
+    return config.to_dict(), Layer(
+        modeling_gemma3, modeling_gemma3.Gemma3Attention(config, layer),
+        lambda x, pos: modeling_gemma3.Gemma3RotaryEmbedding(config)(x, pos, layer_type),
+        _layer_type_mask(config, layer), config, zero_centered=True,
+    )  # fmt: skip
+
+
+def gemma4(layer: int) -> tuple[Any, Layer]:
+    """As google/gemma-4-31B-it's (multimodal; its text_config): five sliding layers to one
+    full (window 4), the full one with global_head_dim 16, num_global_key_value_heads 1 and
+    attention_k_eq_v, its proportional RoPE turning a quarter of the head; GQA 4/2 on the
+    sliding layers. (5.23's ``to_dict()`` writes the full layer's head_dim and kv heads in
+    ``per_layer_config``, without ``global_head_dim``/``num_global_key_value_heads``.)"""
+    text: dict[str, Any] = {
+        **SIZES, "model_type": "gemma4_text", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "global_head_dim": 16, "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True, "num_hidden_layers": 6,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"], "sliding_window": 4,
+        "rms_norm_eps": 1e-6, "final_logit_softcapping": 30.0, "hidden_size_per_layer_input": 0,
+        "vocab_size_per_layer_input": 16, "num_kv_shared_layers": 0, "enable_moe_block": False,
+        "use_bidirectional_attention": "vision", "max_position_embeddings": 128, **NO_TOKENS,
+        "rope_parameters": {
+            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                               "rope_type": "proportional"},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+        },
+    }  # fmt: skip
+    whole = Gemma4Config(text_config=text)
+    config: Any = whole.text_config
+    config._attn_implementation = "eager"
+    layer_type = config.layer_types[layer]
+    return whole.to_dict(), Layer(
+        modeling_gemma4, modeling_gemma4.Gemma4TextAttention(config, layer),
+        lambda x, pos: modeling_gemma4.Gemma4TextRotaryEmbedding(config)(x, pos, layer_type),
+        _layer_type_mask(config, layer), config, forward_kwargs={"shared_kv_states": {}},
+    )  # fmt: skip
+
+
+def phi3(layer: int) -> tuple[Any, Layer]:
+    """As microsoft/Phi-4-mini-instruct's: LongRoPE in ``rope_scaling`` with ``type`` (short
+    and long factors, no factor: max ÷ original gives it), original_max_position_embeddings at
+    the top level (16 of 64), partial_rotary_factor 0.75 (head_dim 8: 6 features turn, 3
+    factors a side), a sliding_window (6 here, so that it bites); GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "phi3", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "max_position_embeddings": 64,
+        "original_max_position_embeddings": 16, "partial_rotary_factor": 0.75,
+        "sliding_window": 6, "rope_theta": 10000.0, **NO_TOKENS,
+        "rope_scaling": {"long_factor": [1.0, 3.0, 6.5], "short_factor": [1.0, 1.25, 1.5],
+                         "type": "longrope"},
+    }  # fmt: skip
+    config: Any = Phi3Config(**fields)
+    config._attn_implementation = "eager"
+
+    def rotary(x: Any, pos: Any) -> Any:
+        return modeling_phi3.Phi3RotaryEmbedding(config)(x, pos)
+
+    mask_fn = (  # as Phi3Model picks it
+        hf_masks.create_causal_mask
+        if config.sliding_window is None
+        else hf_masks.create_sliding_window_causal_mask
+    )
+    return config.to_dict(), Layer(
+        modeling_phi3, modeling_phi3.Phi3Attention(config, layer), rotary, mask_fn, config
+    )
+
+
+def deepseek_v3(layer: int) -> tuple[Any, Layer]:
+    """As deepseek-ai/DeepSeek-V3's: q_lora_rank, kv_lora_rank, qk_nope/qk_rope/v head dims,
+    rope_interleave left out (its default, true, as the real config), YaRN in the legacy
+    ``rope_scaling`` with ``type`` (factor 40, mscale 1, mscale_all_dim 1, beta_fast 32,
+    beta_slow 1) over an original context of 8; 4 heads."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "deepseek_v3", "num_attention_heads": 4,
+        "num_key_value_heads": 4, "num_hidden_layers": 2, "moe_intermediate_size": 8,
+        "q_lora_rank": 12, "kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 8,
+        "v_head_dim": 6, "max_position_embeddings": 320, "rope_theta": 10000, **NO_TOKENS,
+        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 8,
+                         "type": "yarn"},
+    }  # fmt: skip
+    config: Any = DeepseekV3Config(**fields)
+    config._attn_implementation = "eager"
+    assert config.rope_interleave
+
+    def rotary(x: Any, pos: Any) -> Any:
+        return modeling_deepseek_v3.DeepseekV3RotaryEmbedding(config)(x, pos)
+
+    return config.to_dict(), Layer(
+        modeling_deepseek_v3, modeling_deepseek_v3.DeepseekV3Attention(config, layer), rotary,
+        hf_masks.create_causal_mask, config,
+    )  # fmt: skip
+
+
+def qwen3_next(layer: int) -> tuple[Any, Layer]:
+    """As Qwen/Qwen3-Next-80B-A3B's: full_attention_interval 4 (layers 0–2 Gated DeltaNet,
+    layer 3 full attention), head_dim, partial_rotary_factor 0.25 (head_dim 16: 4 features
+    turn), rope_theta 10⁷ with rope_scaling null; GQA 4/2; q_proj's rows hold each head's query
+    and output gate."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "qwen3_next", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 4, "full_attention_interval": 4,
+        "partial_rotary_factor": 0.25, "rope_theta": 10000000, "rope_scaling": None,
+        "rms_norm_eps": 1e-6, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 8,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_value_head_dim": 8,
+        "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8,
+        "shared_expert_intermediate_size": 8, **NO_TOKENS,
+    }  # fmt: skip
+    config: Any = Qwen3NextConfig(**fields)
+    config._attn_implementation = "eager"
+
+    def rotary(x: Any, pos: Any) -> Any:
+        return modeling_qwen3_next.Qwen3NextRotaryEmbedding(config)(x, pos)
+
+    return config.to_dict(), Layer(
+        modeling_qwen3_next, modeling_qwen3_next.Qwen3NextAttention(config, layer), rotary,
+        hf_masks.create_causal_mask, config, zero_centered=True,
+    )  # fmt: skip
+
+
+def llama4(layer: int) -> tuple[Any, Layer]:
+    """As meta-llama/Llama-4-Scout-17B-16E-Instruct's (multimodal; its text_config):
+    no_rope_layers [1, 1, 1, 0] (layers 0–2 RoPE, chunked; layer 3 NoPE, causal),
+    attention_chunk_size 4, use_qk_norm, temperature tuning (floor_scale 4 so that it shows
+    over 12 tokens, attn_scale 0.1; 5.23 takes attn_temperature_tuning as a bool), llama3
+    rope_scaling (factor 16, low = high = 1, original 64); GQA 4/2, head_dim 8."""
+    text: dict[str, Any] = {
+        **SIZES, "model_type": "llama4_text", "intermediate_size_mlp": 16,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "num_hidden_layers": 4, "no_rope_layers": [1, 1, 1, 0], "attention_chunk_size": 4,
+        "attn_temperature_tuning": True, "floor_scale": 4, "attn_scale": 0.1,
+        "use_qk_norm": True, "rms_norm_eps": 1e-5, "num_local_experts": 2,
+        "max_position_embeddings": 1024, "rope_theta": 500000.0, **NO_TOKENS,
+        "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 64, "rope_type": "llama3"},
+    }  # fmt: skip
+    whole = Llama4Config(text_config=text)
+    config: Any = whole.text_config
+    config._attn_implementation = "eager"
+
+    def rotary(x: Any, pos: Any) -> Any:
+        return modeling_llama4.Llama4TextRotaryEmbedding(config)(x, pos)
+
+    mask_fn = {  # as Llama4TextModel picks it
+        "full_attention": hf_masks.create_causal_mask,
+        "chunked_attention": hf_masks.create_chunked_causal_mask,
+    }[config.layer_types[layer]]
+    return whole.to_dict(), Layer(
+        modeling_llama4, modeling_llama4.Llama4TextAttention(config, layer), rotary, mask_fn,
+        config,
+    )  # fmt: skip
+
+
+# ---- running a layer -----------------------------------------------------------------------
+
+
+def _fill(layer: Layer, seed: int) -> None:
+    """Random weights: projections ~ N(0, 1/fan_in), norms' weights around 1 (or around 0 where
+    they are applied as (1 + w))."""
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, p in layer.attn.named_parameters():
+            scale = p.shape[-1] ** -0.5 if p.ndim == 2 else 0.5
+            centre = 1.0 if name.endswith("norm.weight") and not layer.zero_centered else 0.0
+            p.copy_(torch.as_tensor(rng.normal(0, scale, tuple(p.shape)) + centre))
+
+
+def _run(layer: Layer, x: np.ndarray, positions: list[int]) -> np.ndarray:
+    """The layer's output for x (L, d_model) at ``positions``, in float64."""
+    xs, pos = torch.as_tensor(x)[None], torch.tensor(positions)[None]
+    with float64_torch_in(layer.modeling, hf_rope), _widened(), torch.no_grad():
+        mask = layer.mask_fn(config=layer.config, inputs_embeds=xs, attention_mask=None,
+                             past_key_values=None, position_ids=pos)  # fmt: skip
+        emb = layer.rotary(xs, pos)
+        first = emb if isinstance(emb, torch.Tensor) else emb[0]
+        assert first.dtype in (torch.float64, torch.complex128)
+        out, _ = layer.attn(
+            hidden_states=xs, position_embeddings=emb, attention_mask=mask,
+            **layer.forward_kwargs,
+        )  # fmt: skip
+    result: np.ndarray = out[0].numpy()
+    return result
+
+
+def _state(layer: Layer) -> dict[str, Any]:
+    """The state dict under its own names; Phi-3's fused qkv_proj split as its forward splits
+    it (rows [0, h·d) the queries', then h_kv·d the keys', the rest the values')."""
+    state = {k: v.numpy() for k, v in layer.attn.state_dict().items()}
+    if "qkv_proj.weight" in state:
+        qkv = state.pop("qkv_proj.weight")
+        q_rows = layer.config.num_attention_heads * layer.attn.head_dim
+        k_rows = layer.config.num_key_value_heads * layer.attn.head_dim
+        state["q_proj.weight"] = qkv[:q_rows]
+        state["k_proj.weight"] = qkv[q_rows : q_rows + k_rows]
+        state["v_proj.weight"] = qkv[q_rows + k_rows :]
+    return {k: v.tolist() for k, v in state.items()}
+
+
+Build = Callable[[int], tuple[Any, Layer]]
+CAUSAL = {"type": "causal"}
+WINDOW = {"type": "window", "left": 3, "right": 0}
+# (id, tiny config, layer, positions, fields the config must give that layer: what it exercises)
+CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
+    ("gemma3-sliding", gemma3, 4, None,
+     {"rope": {"base": 10000.0}, "scale": 12**-0.5, "mask": [CAUSAL, WINDOW],
+      "qk_norm": {"type": "rms", "eps": 1e-6, "zero_centered": True}}),
+    ("gemma3-full-linear", gemma3, 5, None,
+     {"rope": {"base": 1e6, "scaling": {"type": "linear", "factor": 8.0}}, "mask": [CAUSAL]}),
+    ("gemma4-sliding", gemma4, 0, None,
+     {"d_k": 8, "num_kv_heads": 2, "rope": {"base": 10000.0}, "mask": [CAUSAL, WINDOW],
+      "v_norm": {"type": "rms", "eps": 1e-6}, "scale": 1.0}),
+    ("gemma4-full-k_eq_v", gemma4, 5, None,
+     {"d_k": 16, "num_kv_heads": 1, "k_eq_v": True, "mask": [CAUSAL],
+      "rope": {"base": 1e6, "style": "proportional", "rotary_dim": 4}}),
+    ("phi3-longrope-long", phi3, 1, list(range(30, 30 + L)),  # past the original 16
+     {"rope": {"base": 10000.0, "rotary_dim": 6, "scaling": {
+         "type": "longrope", "short_factor": [1.0, 1.25, 1.5], "long_factor": [1.0, 3.0, 6.5],
+         "original_max_position": 16, "max_position": 64}},
+      "mask": [CAUSAL, {"type": "window", "left": 5, "right": 0}]}),
+    ("deepseek_v3-mla-yarn", deepseek_v3, 1, None,
+     {"rope": {"base": 10000.0, "style": "interleaved", "scaling": {
+         "type": "yarn", "factor": 40.0, "original_max_position": 8, "beta_fast": 32.0,
+         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
+      "mla": {"q_lora_rank": 12, "kv_lora_rank": 8, "qk_nope_head_dim": 4,
+              "qk_rope_head_dim": 8, "v_head_dim": 6}}),
+    ("qwen3_next-full", qwen3_next, 3, None,
+     {"d_k": 16, "rope": {"base": 1e7, "rotary_dim": 4}, "gate": True,
+      "qk_norm": {"type": "rms", "eps": 1e-6, "zero_centered": True}}),
+    ("llama4-rope-chunked", llama4, 0, None,
+     {"rope": {"base": 500000.0, "style": "interleaved", "scaling": {
+         "type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+         "original_max_position": 64}},
+      "qk_norm": {"type": "rms", "eps": 1e-5, "after_rope": True},
+      "mask": [{"type": "chunked", "size": 4}]}),
+    ("llama4-nope-temperature", llama4, 3, None,
+     {"rope": None, "qk_norm": None, "temperature": {"floor_scale": 4.0, "attn_scale": 0.1},
+      "mask": [CAUSAL]}),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def service_client() -> TestClient:
+    return TestClient(service.main.app)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("build", "layer", "positions", "shows"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])  # fmt: skip
+def test_service_with_config_equals_the_transformers_layer(
+    service_client: TestClient,
+    build: Build,
+    layer: int,
+    positions: list[int] | None,
+    shows: dict[str, Any],
+) -> None:
+    cfg, hf = build(layer)
+    implied = from_config(cfg, layer)
+    assert {key: implied.fields.get(key) for key in shows} == shows
+    hf.attn = hf.attn.double().eval()
+    _fill(hf, 100 + layer)
+    x = np.random.default_rng(layer).normal(size=(L, SIZES["hidden_size"]))
+    at = list(range(L)) if positions is None else positions
+    expected = _run(hf, x, at)
+    body: dict[str, Any] = {"x": x.tolist(), **_state(hf), "config": cfg, "layer": layer,
+                            "include": ["output"]}  # fmt: skip
+    if positions is not None:  # the whole sequence shifted, as position_ids do
+        body["positions"] = body["context_positions"] = positions
+    response = service_client.post("/multihead", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["conventions"]["config"] == implied.taken
+    got = np.asarray(response.json()["output"])
+    assert got.shape == expected.shape
+    diff = float(np.abs(got - expected).max()) / max(1.0, float(np.abs(expected).max()))
+    assert diff <= TOL, f"largest difference {diff:.3e} (scale {np.abs(expected).max():.3g})"
