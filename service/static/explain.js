@@ -16,6 +16,7 @@ import { recompute, NEG_INF } from "./lib/arithmetic.js";
 import { pairFeatures, turnedWidth } from "./lib/positions.js";
 import { el, fmt, table, totalLine } from "./lib/explain-parts.js";
 import { LAYER_KINDS, explainLayer, layerWho, layerBefore } from "./layers/explain.js";
+import { isLatent, latentCell, latentExplains } from "./layers/latent.js";
 
 // the number format of the explanations (lib/explain-parts.js), as this module has always offered it
 export { fmt };
@@ -88,7 +89,7 @@ function ropeNote(box, r, i, j) {
 export function explainCell(ctx) {
   let r;
   try {
-    r = recompute(ctx);
+    r = latentExplains(ctx) ? latentCell(ctx) : recompute(ctx); // MLA's cells: layers/latent.js
   } catch {
     return null;
   }
@@ -139,7 +140,11 @@ export function explainCell(ctx) {
         r.terms.map((x) => [String(x.t), fmt(x.q), fmt(x.k), fmt(x.value)]),
       ),
     );
-    if (r.rope) ropeNote(box, r.rope, i, j);
+    if (r.rope && isLatent(ctx))
+      note(
+        `With MLA only the last features of each head turned (q_rope, and k_rope shared by every head): click a cell of ${r.qName} or k_rope to see them.`,
+      );
+    else if (r.rope) ropeNote(box, r.rope, i, j);
     else if (r.qName === "q_normed") {
       note(
         r.forms.includes("q_rotated")

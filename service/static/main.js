@@ -18,7 +18,9 @@
 //   model/        a trained model on your sentence (POST /model): mode.js the tabs, its form and
 //                 Run; draw.js its answer (the trace through render.js); grid.js every layer ×
 //                 head; lines.js one head's head view
-//   layers/explain.js  the explanations of today's layers' cells (norms, RoPE, temperature, gate)
+//   layers/explain.js  the explanations of today's layers' cells (norms, RoPE, temperature, gate,
+//                 MLA's latents and shared key: layers/latent.js)
+//   layers/blocks.js  the online softmax block by block for one row (arithmetic: layers/online.js)
 //   lib/          leaves: state, format, fields, files, schema, table, svg, picture, paste,
 //                 arithmetic, layers, pick, explain-parts, positions, safetensors (import
 //                 nothing above them)
@@ -32,6 +34,7 @@ import { render, closeExplain, whenDrawn } from "./render.js";
 import { copyCurl, startExports } from "./export.js";
 import { startCompare, afterRender } from "./compare.js";
 import { drawSelection } from "./selection.js";
+import { drawOnline } from "./layers/blocks.js";
 import { startModelMode } from "./model/mode.js";
 
 async function start() {
@@ -61,6 +64,7 @@ async function start() {
   });
   whenDrawn(drawSelection);
   whenDrawn(afterRender);
+  whenDrawn(drawOnline);
   startCompare();
   startExports();
   showFor();

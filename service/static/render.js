@@ -56,6 +56,11 @@ const EXPLAINED_TABLES = new Set([
   "v_normed",
   "gate",
   "gated",
+  // DeepSeek's MLA (layers/latent.js): the latents, the shared rope key, each head's rope queries
+  "c_q",
+  "c_kv",
+  "k_rope",
+  "q_rope",
 ]);
 
 let explainer = null; // the module, loaded on the first click (a page without it still works)

@@ -4,11 +4,22 @@
 // variance, eps, the weight w or 1 + w), of q_rotated or k_rotated (the feature's pair, its θ and
 // what the scaling did to every pair's θ, the angle), of q_tempered (the temperature at the
 // query's position, with the floor and the log), and /multihead's gate (the sigmoid of x's row
-// dotted with W_g's row) and gated (concat · gate). Each adds its lines to the explanation `box`;
-// explain.js adds the total beside the service's number and the way back.
+// dotted with W_g's row) and gated (concat · gate); and DeepSeek's MLA (layers/latent.js): c_q and
+// c_kv (the latent row, its RMSNorm and weight), k_rope and q_rope (RoPE of the rope features in
+// DeepSeek's layout), the heads' [nope | rope] queries and keys. Each adds its lines to the
+// explanation `box`; explain.js adds the total beside the service's number and the way back.
 import { el, fmt, table } from "../lib/explain-parts.js";
 
-export const LAYER_KINDS = new Set(["norm", "rotate", "temper", "gate", "gated"]);
+export const LAYER_KINDS = new Set([
+  "norm",
+  "rotate",
+  "temper",
+  "gate",
+  "gated",
+  "latent-norm",
+  "latent-rope",
+  "latent-pass",
+]);
 
 // the forms a "how … was computed" button may walk back to (the ones explained)
 const WALKS_TO = new Set(["q_normed", "k_normed", "q_rotated", "k_rotated", "gate"]);
@@ -22,7 +33,7 @@ export function layerBefore(r) {
 /** Whose vector the cell belongs to: "query 2 “cat”, feature 1", or null without tokens. */
 export function layerWho(r, ctx) {
   const { i, j, name } = ctx;
-  const keys = name[0] === "k" || name === "v_normed";
+  const keys = name[0] === "k" || name === "v_normed" || name === "c_kv";
   const labels = keys ? ctx.data.context_tokens || ctx.data.tokens : ctx.data.tokens;
   const token = Array.isArray(labels) && labels[i] !== undefined ? ` “${labels[i]}”` : "";
   const row = `${keys ? "key" : "query"} ${i}${token}`;
@@ -40,6 +51,7 @@ export function explainLayer(box, r, ctx) {
   const note = (s) => box.append(el("p", "explain-note", s));
   const { i, j, name } = ctx;
   if (r.kind === "norm") normLines(box, r, name, i, j, f, note);
+  else if (r.kind.startsWith("latent-")) latentLines(box, r, ctx, f, note);
   else if (r.kind === "rotate") rotateLines(box, r, name, i, j, f, note);
   else if (r.kind === "temper") {
     f(
@@ -155,6 +167,106 @@ function rotateLines(box, r, name, i, j, f, note) {
         fmt(t),
         ...(said ? [r.scaled[n]] : []),
         fmt(r.angles[n]),
+      ]),
+      r.pair,
+    ),
+  );
+}
+
+// ---- DeepSeek's multi-head latent attention (layers/latent.js)
+
+function latentLines(box, r, ctx, f, note) {
+  const { i, j, name } = ctx;
+  if (r.kind === "latent-pass") {
+    f(
+      `${name}[${i}][${j}] = ${r.from}[${i}][${j}]: the head's first ${r.nope} features, which RoPE leaves`,
+    );
+    note(
+      `With MLA the heads' ${name} is [${r.from} | ${name[0]}_rope]: click a cell of ${name[0]}_rope for the turned features.`,
+    );
+    return;
+  }
+  if (r.kind === "latent-norm") {
+    const w = name === "c_q" ? "W_qa" : "W_kva";
+    const b = r.dotJ.bias === null ? "" : ` + b[${j}]`;
+    f(
+      `z = x[${i}] ${w}ᵀ${r.dotJ.bias === null ? "" : " + b"} (${r.proj}.weight${r.ropePart ? `, its first ${r.latent.length} rows` : ""}); z[${j}] = Σ_t x[${i}][t] · ${w}[${j}][t]${b}`,
+    );
+    box.append(
+      table(
+        ["t", `x[${i}][t]`, `${w}[${j}][t]`, "product"],
+        r.dotJ.terms.map((x) => [String(x.t), fmt(x.x), fmt(x.w), fmt(x.value)]),
+      ),
+    );
+    f(
+      `z[${j}] = ${fmt(r.dotJ.dot)}${r.dotJ.bias === null ? "" : ` + ${fmt(r.dotJ.bias)} = ${fmt(r.dotJ.value)}`}`,
+    );
+    normLines(box, { ...r, from: "z" }, name, i, j, f, note);
+    note(`RMSNorm with ${r.norm}.weight (w), eps = ${fmt(r.eps)}.`);
+    if (r.ropePart) {
+      const cache = ctx.data.mla_cache_numbers;
+      note(
+        `The other ${r.ropePart.length} features of x[${i}] W_kvaᵀ are k_pe = [${r.ropePart.map((x) => fmt(x)).join(", ")}], turned into k_rope. A cache holds c_kv and k_rope${cache ? `: ${cache} numbers a token` : ""}; every head's k_nope and V are c_kv W_kvbᵀ (kv_b_proj).`,
+      );
+    } else
+      note("Every head's queries are c_q W_qbᵀ (q_b_proj): q_nope, then the features RoPE turns.");
+    return;
+  }
+  // latent-rope: RoPE of the rope features
+  const { settings: s } = r;
+  const who = r.side === "q" ? "query" : "key";
+  const source =
+    r.side === "k"
+      ? `the last ${r.pe.length} features of x[${i}] W_kvaᵀ (kv_a_proj_with_mqa), one key for every head`
+      : `head ${r.head}'s last ${r.pe.length} features of ${ctx.data.c_q ? `c_q[${i}] W_qbᵀ (q_b_proj)` : `x[${i}] W_qᵀ (q_proj)`}`;
+  f(`${r.from} = ${source} = [${r.pe.map((x) => fmt(x)).join(", ")}]`);
+  if (r.held)
+    note(
+      `The service's ${r.side} before RoPE holds the same: [${r.held.map((x) => fmt(x)).join(", ")}].`,
+    );
+  note(
+    `RoPE (base ${s.base}, over the ${r.pe.length} rope features, style "${s.style}"${s.scaling ? `, ${s.scaling.type} scaling` : ""}): ${who} ${i} is at position p = ${r.pos}; pair n turns by p·θ_n.` +
+      (s.style === "interleaved"
+        ? ` DeepSeek's interleaved layout: pair n is features (2n, 2n + 1) of ${r.from}, and comes out as features n and n + ${r.pe.length / 2} (the pairs' first members, then their second members).`
+        : ""),
+  );
+  const out = name.endsWith("_rope")
+    ? `${name}[${i}][${j}]`
+    : `${name}[${i}][${j}] = ${r.side}_rope[${i}][${r.t}]`;
+  const gain = r.gain === 1 ? "" : ` (cos and sin × ${fmt(r.gain)})`;
+  f(
+    r.first
+      ? `${out} = ${r.from}[${r.f}] · cos φ − ${r.from}[${r.g}] · sin φ, the first member of pair ${r.pair}${gain}`
+      : `${out} = ${r.from}[${r.g}] · cos φ + ${r.from}[${r.f}] · sin φ, the second member of pair ${r.pair}${gain}`,
+  );
+  f(
+    `φ = ${r.at === r.pos ? "p" : `p/${fmt(s.scaling.factor)} (linear scaling)`} · θ_${r.pair} = ${fmt(r.at)} · ${fmt(r.theta[r.pair])} = ${fmt(r.phi)}; cos φ${gain ? " · gain" : ""} = ${fmt(r.c)}, sin φ${gain ? " · gain" : ""} = ${fmt(r.s)}`,
+  );
+  f(
+    r.first
+      ? `= ${fmt(r.a)} · ${fmt(r.c)} − ${fmt(r.b)} · ${fmt(r.s)}`
+      : `= ${fmt(r.b)} · ${fmt(r.c)} + ${fmt(r.a)} · ${fmt(r.s)}`,
+  );
+  if (r.scalingNote) note(r.scalingNote);
+  const said = r.scaled.some((w) => w !== "");
+  const half = r.pe.length / 2;
+  box.append(
+    table(
+      [
+        "pair n",
+        `features of ${r.from}`,
+        "θ_n",
+        ...(said ? ["scaling"] : []),
+        `angle at p = ${r.pos}`,
+        `into ${r.side}_rope`,
+      ],
+      r.theta.map((t, n) => [
+        String(n),
+        s.style === "interleaved" ? `${2 * n} with ${2 * n + 1}` : `${n} with ${n + half}`,
+        fmt(t),
+        ...(said ? [r.scaled[n]] : []),
+        fmt(r.angles[n]),
+        `${n} and ${n + half}`,
       ]),
       r.pair,
     ),

@@ -1,7 +1,8 @@
 // @ts-check
 // The form's fields for today's layers (API.md, "Today's layers, second edition"): qk_norm with
 // its eps, weights, zero-centred weights and after_rope (Llama 4); v_norm (Gemma 4); Llama 4's
-// temperature; and on /multihead k_eq_v (Gemma 4) and the output gate (Qwen3-Next). Which of them
+// temperature; online_softmax's block size (FlashAttention's blocks, every endpoint); and on
+// /multihead k_eq_v (Gemma 4) and the output gate (Qwen3-Next). Which of them
 // show, filling them from a request (form.js's fillVariants), and the body's fields read from
 // them (request.js's buildBody). The chunked mask sits with the other masks (form.js, request.js).
 //
@@ -23,6 +24,7 @@ export const LAYER_TEXT_IDS = [
   "chunk_size",
   "gate_w",
   "gate_b",
+  "online_block",
 ];
 const CHECKS = ["qk_norm_zero_centered", "qk_norm_after_rope", "v_norm", "temperature", "k_eq_v"];
 
@@ -128,6 +130,8 @@ export function layersBody(body, ep) {
     if (slope !== undefined) t.attn_scale = slope;
     body.temperature = t;
   }
+  const block = numberOrUndefined("online_block");
+  if (block !== undefined) body.online_softmax = { block_size: block };
   if (ep !== "multihead") return;
   if ($("k_eq_v").checked) body.k_eq_v = true;
   const gate = $("gate").value;
@@ -201,6 +205,12 @@ export function fillLayers(ex) {
     if (t.floor_scale !== undefined) $("temperature_floor_scale").value = t.floor_scale;
     if (t.attn_scale !== undefined) $("temperature_attn_scale").value = t.attn_scale;
     delete ex.temperature;
+  }
+  const online = ex.online_softmax;
+  if (online === null) delete ex.online_softmax;
+  else if (online !== true && only(online, { block_size: num })) {
+    $("online_block").value = String(online.block_size ?? 4); // the service's default
+    delete ex.online_softmax;
   }
   if (typeof ex.k_eq_v === "boolean") {
     $("k_eq_v").checked = ex.k_eq_v;

@@ -36,6 +36,8 @@ export function table(head, rows, mark = -1) {
 // still agrees.
 export function totalLine(total, service, decimals) {
   const p = el("p", "explain-total", "= " + fmt(total) + " ");
+  p.dataset.total = String(total); // the page's number in full, and the service's
+  p.dataset.service = String(service);
   const rounded = Number.isInteger(decimals);
   const tol = rounded ? 10 ** -decimals : 1e-9 * Math.max(1, Math.abs(service ?? 0));
   const same =
