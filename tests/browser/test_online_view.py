@@ -217,7 +217,9 @@ def test_deepseek_mla_latent_and_shared_key(page: Any, server: str) -> None:
     assert "kv_a_proj_with_mqa.weight, its first 2 rows" in text and "kv_a_layernorm.weight" in text
     assert "· w[1] = 2.00000" in text  # kv_a_layernorm.weight[1]
     assert abs(_total(panel) - data["c_kv"][2][1]) <= TOL
-    assert float(panel.locator(".explain-total").get_attribute("data-service")) == data["c_kv"][2][1]
+    assert (
+        float(panel.locator(".explain-total").get_attribute("data-service")) == data["c_kv"][2][1]
+    )
     assert panel.locator(".explain-mismatch").count() == 0
     for i, j in ((3, 0), (3, 1), (1, 1), (0, 0)):
         panel = _explain_cell(page, "k_rope", i, j)
