@@ -267,3 +267,11 @@ def test_a_config_the_service_cannot_take_is_a_422(
 ) -> None:
     error = post(client, "/multihead", mistral_layer(**rest), status=422)["errors"][0]
     assert error["field"].startswith(field) and words in error["message"], error
+
+
+def test_a_config_value_of_a_type_its_key_never_takes_is_a_422_not_a_500(
+    client: TestClient,
+) -> None:
+    junk = {**MISTRAL, "model_type": "gemma3", "rope_parameters": {"sliding_attention": 5}}
+    error = post(client, "/multihead", mistral_layer(config=junk), status=422)["errors"][0]
+    assert error["field"] == "config" and "AttributeError" in error["message"], error

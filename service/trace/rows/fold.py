@@ -51,6 +51,12 @@ def _configured(req: MultiheadRequest) -> MultiheadRequest:
     except ConfigError as e:
         field = e.field if e.field.startswith(("config", "layer")) else f"config.{e.field}"
         raise FieldError(field, e.message) from None
+    except (TypeError, AttributeError, KeyError, ValueError) as e:  # any JSON may arrive here
+        raise FieldError(
+            "config",
+            f"config has a value of a type its key never takes ({type(e).__name__}: "
+            f"{str(e)[:120]}): send the model's config.json as it is",
+        ) from None
     given = req.model_fields_set
     taken = {name: "request" for name in implied.fields if name in given and name != "mask"}
     chosen = {name: value for name, value in implied.fields.items() if name not in taken}
