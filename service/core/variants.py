@@ -89,8 +89,8 @@ def qk_norm(x: Array, settings: QKNorm) -> Array:
     denom = np.sqrt(spread + eps)  # (..., n, 1)
     if (denom == 0).any():
         raise AttentionInputError(
-            f"qk_norm ({settings.type}) with eps 0 met a query/key vector whose {what} is 0: "
-            "it cannot be normalised; give eps > 0"
+            f"a norm ({settings.type}: qk_norm, v_norm or an MLA latent's) with eps 0 met a "
+            f"vector whose {what} is 0: it cannot be normalised; give eps > 0"
         )
     out: Array = centred / denom  # (..., n, d_k)
     if settings.weight is not None:
