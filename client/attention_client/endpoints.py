@@ -251,16 +251,13 @@ class _Endpoints(Generic[R]):
             assert abs(r.output - out.detach().numpy()).max() < 1e-6  # float32 inside HF
         """
         as_dict = getattr(config, "to_dict", None)
-        fields: dict[str, Any] = {
-            "x": x,
-            "config": as_dict() if callable(as_dict) else dict(config),
-            "layer": layer if layer is not None else getattr(module, "layer_idx", None) or 0,
-        }
-        for name, value in [*_state_dict(module.state_dict()).items(), *extra.items()]:
-            if name in fields:
-                raise TypeError(f"{name} given twice")
-            fields[name] = value
-        return self._post("/multihead", fields)
+        return self.multihead(
+            x=x,
+            state_dict=module.state_dict(),
+            config=as_dict() if callable(as_dict) else dict(config),
+            layer=layer if layer is not None else getattr(module, "layer_idx", None) or 0,
+            **extra,
+        )
 
     def model(
         self,
