@@ -47,6 +47,13 @@ class Past:
     def length(self) -> int:
         return int(self.k.shape[-2])
 
+    def repeated(self, group: int) -> "Past":
+        """The cache per query head: each key/value head's ``(B, h_kv, P, ·)`` repeated for the
+        ``group`` query heads it serves (grouped-query attention, as ``repeat_kv``)."""
+        if group == 1:
+            return self
+        return Past(np.repeat(self.k, group, axis=1), np.repeat(self.v, group, axis=1))
+
 
 @dataclass(frozen=True)
 class AttentionTrace:

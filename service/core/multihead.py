@@ -188,7 +188,7 @@ def attend_heads(
         k = np.repeat(k, h // h_kv, axis=1)  # (B, h, S, d_k)
         v = np.repeat(v, h // h_kv, axis=1)  # (B, h, S, d_v)
         if past is not None:  # the cache per key/value head, shared as the new keys are
-            past = Past(np.repeat(past.k, h // h_kv, axis=1), np.repeat(past.v, h // h_kv, axis=1))
+            past = past.repeated(h // h_kv)
 
     heads = scaled_dot_product_attention(
         q,

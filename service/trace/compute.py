@@ -300,9 +300,8 @@ def _setup(plan: Plan, trace: AttentionTrace, variants: Variants, **block: Any) 
     if past is not None:  # the new tokens at their positions; the cache per query head
         at = np.arange(s.past_len, s.ctx_len) if variants.positions is None else variants.positions
         variants = replace(variants, positions=at, context_positions=at)
-        if s.endpoint == "multihead" and s.num_kv_heads != s.num_heads:
-            group = s.num_heads // s.num_kv_heads
-            past = Past(np.repeat(past.k, group, axis=1), np.repeat(past.v, group, axis=1))
+        if s.endpoint == "multihead":
+            past = past.repeated(s.num_heads // s.num_kv_heads)
     return Setup(
         scale=trace.scale, d_k=s.d_k, fully_masked_policy=plan.fully_masked_rows,
         variants=variants, mask_specs=plan.mask_specs, batch=s.batch or 1,
