@@ -9,6 +9,7 @@ import { responseViews, firstMap, isBatched, axesOf } from "./lib/schema.js";
 import { table } from "./lib/table.js";
 import { heatmap, smallMapsGrid } from "./heatmap.js";
 import { headsPanel, foldedTables, collapsed } from "./heads.js";
+import { LAYER_NAMES } from "./lib/layers.js";
 
 /** @typedef {import("./lib/schema.js").View} View */
 /**
@@ -47,15 +48,7 @@ const EXPLAINED_MAPS = new Set([
 ]);
 const EXPLAINED_TABLES = new Set([
   "output",
-  // today's layers (lib/layers.js): each from the step before it
-  "q_normed",
-  "k_normed",
-  "q_rotated",
-  "k_rotated",
-  "q_tempered",
-  "v_normed",
-  "gate",
-  "gated",
+  ...LAYER_NAMES, // today's layers (lib/layers.js): each from the step before it
   // DeepSeek's MLA (layers/latent.js): the latents, the shared rope key, each head's rope queries
   "c_q",
   "c_kv",
