@@ -344,6 +344,16 @@ def _plain_layer(req: dict[str, Any], allowed: T) -> tuple[T, T]:
         n = int(pos.max()) + 1  # the keys take the queries' length
         q = _rotate(q, *_rope_angles(req["rope"], pos, n))
         k = _rotate(k, *_rope_angles(req["rope"], ctx_pos, n))
+    weights, concat = plain_attend(req, q, k, v, allowed)
+    return proj_out(req, concat), weights
+
+
+def plain_attend(req: dict[str, Any], q: T, k: T, v: T, allowed: T) -> tuple[T, T]:
+    """From the heads' Q (B, h, L, d_k) and K, V (B, h_kv, S, ·) as the layer uses them to the
+    (B, h, L, S) weights and the (B, L, h·d_v) concat: GQA sharing, scale, softcap, mask, sinks;
+    the request's own words, torch float64 ops only."""
+    B, h, L, d_k = q.shape
+    h_kv = k.shape[1]
     k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
     s = q @ k.transpose(-1, -2) * req.get("scale", d_k**-0.5)
     if "softcap" in req:
@@ -354,8 +364,7 @@ def _plain_layer(req: dict[str, Any], allowed: T) -> tuple[T, T]:
         weights = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
     else:
         weights = torch.softmax(s, dim=-1)
-    concat = (weights @ v).transpose(1, 2).reshape(B, L, -1)
-    return proj_out(req, concat), weights
+    return weights, (weights @ v).transpose(1, 2).reshape(B, L, -1)
 
 
 def proj_out(req: dict[str, Any], concat: T) -> T:

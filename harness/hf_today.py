@@ -99,6 +99,7 @@ from harness.hf_reference import (
     _widened,
     float64_torch_in,
     n,
+    plain_attend,
     proj_out,
 )
 
@@ -205,17 +206,7 @@ def plain_today(req: dict[str, Any], allowed: T) -> dict[str, T]:
         q = got["q_tempered"] = q * factor[:, None]
     if "v_norm" in req:
         v = got["v_normed"] = _rms(v, req["v_norm"].get("eps", 1e-6))
-    k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
-    s = q @ k.transpose(-1, -2) * req.get("scale", d_k**-0.5)
-    if "softcap" in req:
-        s = req["softcap"] * torch.tanh(s / req["softcap"])
-    s = s.masked_fill(~allowed[:, None], float("-inf"))
-    if "sinks" in req:
-        sink = _t(req["sinks"]).reshape(1, h, 1, 1).expand(B, h, L, 1)
-        weights = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
-    else:
-        weights = torch.softmax(s, dim=-1)
-    concat = (weights @ v).transpose(1, 2).reshape(B, L, -1)
+    weights, concat = plain_attend(req, q, k, v, allowed)
     if gate_spec:
         got["gate"] = torch.sigmoid(gate_logits)
         concat = got["gated"] = concat * got["gate"]
