@@ -23,6 +23,7 @@ from service.wire.errors import ErrorItem, LimitError, RequestError
 
 BYTES_PER_NUMBER = 16  # a float64 and its share of copies and buffers (measured: README)
 BASE_COST = 1 << 20  # buffers every request holds while it is answered
+JSON_BYTES_PER_NUMBER = 25  # "-1.2345678901234567e-100," at most
 INTERPRETER_BYTES = 256 << 20  # a worker's own RSS: Python, NumPy, FastAPI
 PARSE_BYTES_PER_BODY_BYTE = 10  # JSON lists of Python floats, while a body parses
 MIN_BUDGET = 64 << 20
@@ -33,6 +34,13 @@ UNLIMITED = 1 << 60  # cgroup v1 writes a huge number for "no limit"
 def cost_bytes(computed_numbers: int) -> int:
     """The memory a request may hold while it is computed and answered."""
     return BASE_COST + BYTES_PER_NUMBER * computed_numbers
+
+
+def whole_cost_bytes(computed_numbers: int) -> int:
+    """The memory a request answered in one piece may hold: its cost, and its encoded answer
+    (it returns at most the numbers it computes; as JSON, a float64's shortest form and its
+    comma take at most JSON_BYTES_PER_NUMBER)."""
+    return cost_bytes(computed_numbers) + JSON_BYTES_PER_NUMBER * computed_numbers
 
 
 def held_bytes(numbers: int) -> int:

@@ -5,13 +5,18 @@ once it has made every check FastAPI's router would make and read the body. The 
 :data:`router` are generated from the same table: they give /docs and openapi.json the
 endpoint, and the middleware's route matching (404, 405) its paths; a POST never reaches them.
 
-An answer: parse the body (service.wire.parse: JSON or safetensors; in a parser process when
-it is large, service.http.parser), admit it (service.trace.admit: the rules and limits), wait
-for the memory budget (service.http.budget) unless it is small, run it off the event loop
-(service.trace.run), and stream it as JSON (service.wire.json_out) or safetensors
-(service.wire.safetensors_out) straight from the arrays, giving each output's memory back as
-it is written. Small requests (small body, small result) are answered inline, where a thread
-hop would cost more than the work.
+An answer: parse the body (service.wire.parse: JSON or safetensors), admit it
+(service.trace.admit: the rules and limits), wait for the memory budget (service.http.budget)
+unless it is small, run it (service.trace.run) and encode it as JSON (service.wire.json_out) or
+safetensors (service.wire.safetensors_out). Where each stage runs depends on the sizes, so that
+fixed costs never dominate a small answer and a large one never stalls the event loop:
+
+- the body is parsed on the event loop up to INLINE_BODY_BYTES, in a thread up to
+  THREAD_BODY_BYTES, and in a parser process above (service.http.parser);
+- an answer of up to INLINE_NUMBERS numbers is computed and encoded on the event loop; up to
+  WHOLE_NUMBERS, in one thread hop and sent in one piece; above, computed in a thread and
+  streamed straight from the arrays as it is encoded, each output's memory given back once
+  it is written.
 """
 
 import asyncio
@@ -30,7 +35,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import trace
 from service.config import Settings
-from service.http.budget import BASE_COST, Budget, Ticket, cost_bytes, held_bytes
+from service.http.budget import (
+    BASE_COST,
+    Budget,
+    Ticket,
+    cost_bytes,
+    held_bytes,
+    whole_cost_bytes,
+)
 from service.memory import release_memory
 from service.trace import ENDPOINTS, Admitted, ComputeEndpoint
 from service.wire.errors import ClientGone, ErrorBody, error_answer
@@ -40,8 +52,12 @@ from service.wire.parse import parse
 from service.wire.safetensors_out import encode_safetensors
 
 INLINE_BODY_BYTES = 16 * 1024  # parse on the event loop below this
+THREAD_BODY_BYTES = 1 << 20  # parse in a thread below this (orjson holds the GIL ≲ 3 ms); above
+# it, in a parser process
 VARY = {"Vary": "Accept"}  # the answer's form depends on it (for caches in between)
 INLINE_NUMBERS = 20_000  # draw, compute and serialise on the event loop below this many numbers
+WHOLE_NUMBERS = 1 << 18  # computed and encoded in one thread hop below this, sent in one piece
+# (≲ 6 MB of JSON); larger answers stream out as they are encoded
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "The body is not valid JSON"},
@@ -128,12 +144,35 @@ def _body(admitted: Admitted, gone: threading.Event) -> dict[str, Any]:
     return trace.run(admitted, check)
 
 
+def _encoded(admitted: Admitted, gone: threading.Event, answer: Format) -> bytes:
+    """The whole response's bytes (JSON or safetensors), computed and encoded in one go."""
+    body = _body(admitted, gone)
+    if answer == "json":
+        return encode_whole(body, admitted.decimals)
+    return b"".join(encode_safetensors(body, admitted.decimals)[1])
+
+
 async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
     """Set ``gone`` when the client disconnects (its body has been read: receive() now waits
     for the disconnect, or for nothing)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
     gone.set()
+
+
+class _Held(Response):
+    """A whole answer whose ticket gives its memory back once the answer is sent (or the
+    client has gone)."""
+
+    def __init__(self, content: bytes, ticket: Ticket, media: str) -> None:
+        super().__init__(content, media_type=media, headers=VARY)
+        self.ticket = ticket
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ticket()
 
 
 class _Budgeted(StreamingResponse):
@@ -172,22 +211,27 @@ async def _answer(request: Request, endpoint: str) -> Response:
     answer = negotiate(request.headers.get("accept")) or "json"  # and its 406
     if len(raw) <= INLINE_BODY_BYTES:
         admitted = checked(raw, endpoint, settings, form)
+    elif len(raw) <= THREAD_BODY_BYTES:
+        admitted = await run_in_threadpool(checked, raw, endpoint, settings, form)
     else:  # JSON or safetensors (its header and metadata JSON): never on the worker's GIL
         admitted = await state.parser.check(raw, endpoint, settings, form)
-    decimals = admitted.decimals
+    media = JSON_TYPE if answer == "json" else MEDIA_TYPE
     # small: answered at once, never queued behind large ones; a comparison's recomputations
     # (up to ~100 of them) always run off the event loop
     if admitted.numbers <= INLINE_NUMBERS and not admitted.comparing:
-        body = _body(admitted, threading.Event())
-        if answer == "json":
-            return Response(encode_whole(body, decimals), media_type=JSON_TYPE, headers=VARY)
-        whole = b"".join(encode_safetensors(body, decimals)[1])
-        return Response(whole, media_type=MEDIA_TYPE, headers=VARY)
+        return Response(
+            _encoded(admitted, threading.Event(), answer), media_type=media, headers=VARY
+        )
+    whole = admitted.numbers <= WHOLE_NUMBERS
     gone = threading.Event()
     watcher = asyncio.create_task(_watch_disconnect(request, gone))
     try:
-        ticket = await _admitted(state.budget, cost_bytes(admitted.numbers), watcher)
+        cost = (whole_cost_bytes if whole else cost_bytes)(admitted.numbers)
+        ticket = await _admitted(state.budget, cost, watcher)
         try:
+            if whole:  # one thread hop, one write: the fixed costs of streaming would dominate
+                encoded = await run_in_threadpool(_encoded, admitted, gone, answer)
+                return _Held(encoded, ticket, media)
             body = await run_in_threadpool(_body, admitted, gone)
         except BaseException:
             ticket()
@@ -196,8 +240,8 @@ async def _answer(request: Request, endpoint: str) -> Response:
         watcher.cancel()
     given_back = _giving_back(ticket, admitted, body)
     if answer == "json":
-        return _Budgeted(encode(body, decimals, given_back), ticket, JSON_TYPE)
-    length, chunks = encode_safetensors(body, decimals, given_back)
+        return _Budgeted(encode(body, admitted.decimals, given_back), ticket, JSON_TYPE)
+    length, chunks = encode_safetensors(body, admitted.decimals, given_back)
     return _Budgeted(chunks, ticket, MEDIA_TYPE, length)
 
 

@@ -203,13 +203,14 @@ def test_sync_local_works_inside_a_running_event_loop() -> None:
 
 
 def test_a_large_body_is_parsed_in_the_parser_process_and_shut_down_on_close() -> None:
-    """A body over 16 KiB goes to the app's parser process, which close() stops."""
+    """A body over 1 MiB goes to the app's parser process, which close() stops."""
     app = create_app(Settings(log_level="warning"))
-    x = np.random.default_rng(0).normal(size=(48, 48))  # 18 KiB of float64
+    x = np.random.default_rng(0).normal(size=(64, 1024))  # ≈ 1.5 MB of JSON numbers
+    w = np.eye(1024)[:, :4]
     with Client.local(app=app, binary=False) as client:  # JSON: safetensors needs no parsing
-        result = client.attention(x=x, w_q=np.eye(48), w_k=np.eye(48), w_v=np.eye(48))
+        result = client.attention(x=x, w_q=w, w_k=w, w_v=w)
         assert app.state.parser._pool is not None
-    scores = x @ x.T / np.sqrt(48)
+    scores = x[:, :4] @ x[:, :4].T / 2
     assert np.abs(result.scaled_scores - scores).max() < 1e-12
     assert app.state.parser._pool is None
 

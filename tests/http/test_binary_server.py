@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from harness.live import start_server, stop_server
-from service.http.routes import INLINE_BODY_BYTES
+from service.http.routes import INLINE_BODY_BYTES, THREAD_BODY_BYTES
 from service.wire.safetensors_in import MAX_TENSORS
 
 pytestmark = pytest.mark.e2e
@@ -96,7 +96,11 @@ def _empty(shape: list[int]) -> dict[str, Any]:
     return {"dtype": "F64", "shape": shape, "data_offsets": [0, 0]}
 
 
-@pytest.mark.parametrize("padding", [0, 4 * INLINE_BODY_BYTES], ids=["inline", "parser-sized"])
+@pytest.mark.parametrize(
+    "padding",
+    [0, 4 * INLINE_BODY_BYTES, THREAD_BODY_BYTES],
+    ids=["inline", "thread-sized", "parser-sized"],
+)
 @pytest.mark.parametrize(
     ("shape", "status", "words"),
     [
@@ -109,8 +113,9 @@ def _empty(shape: list[int]) -> dict[str, Any]:
 def test_a_bad_shape_is_a_json_4xx_with_the_request_id(
     port: int, padding: int, shape: list[int], status: int, words: str
 ) -> None:
-    """A body small enough to be checked on the event loop, and one large enough for the
-    parser process (a long sentence in the metadata): the same JSON answer."""
+    """A body small enough to be checked on the event loop, one checked in a thread, and one
+    large enough for the parser process (a long sentence in the metadata): the same JSON
+    answer."""
     fields = {"sentence": "a " * (padding // 2)} if padding else {}
     body = safetensors({"__metadata__": {"json": json.dumps(fields)}, "x": _empty(shape)})
     assert (len(body) > INLINE_BODY_BYTES) == bool(padding)

@@ -13,6 +13,7 @@ from service.config import Settings
 from service.http.app import create_app
 from service.http.budget import Budget, Overloaded, memory_limit_bytes, worker_budget
 from service.wire.errors import LimitError
+from service.wire.media import MEDIA_TYPE as MEDIA
 
 MB = 1 << 20
 
@@ -204,3 +205,41 @@ def test_a_ticket_gives_back_in_parts_and_admits_waiters_as_it_does() -> None:
         assert budget.in_use == 0
 
     run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "tier"),
+    [(3, "inline"), (100, "whole"), (300, "streamed")],
+    ids=["inline", "whole", "streamed"],
+)
+def test_every_answer_tier_gives_the_same_numbers_and_its_memory_back(
+    seq_len: int, tier: str
+) -> None:
+    """Small answers are made on the event loop, medium ones in one thread hop and sent in one
+    piece (with their length), large ones streamed: each JSON answer is softmax(Q Kᵀ/√d_k) of
+    its own Q and K, equals the safetensors answer, and leaves the budget as it found it."""
+    import numpy as np
+    from safetensors.numpy import load
+
+    from service.http.routes import INLINE_NUMBERS, WHOLE_NUMBERS
+
+    body = {"seed": 1, "seq_len": seq_len, "d_model": 4, "d_k": 4}
+    numbers = 4 * seq_len * 4 + 3 * 16 + 3 * seq_len**2 + seq_len * 4  # x q k v, w_*, L² ×3, output
+    assert {"inline": numbers <= INLINE_NUMBERS, "whole": INLINE_NUMBERS < numbers <= WHOLE_NUMBERS,
+            "streamed": numbers > WHOLE_NUMBERS}[tier]  # fmt: skip
+    app = create_app(Settings(log_level="warning"))
+    with TestClient(app) as client:
+        r = client.post("/attention", json=body)
+        assert r.status_code == 200 and app.state.budget.in_use == 0
+        binary = client.post("/attention", json=body, headers={"Accept": MEDIA})
+        assert binary.status_code == 200 and app.state.budget.in_use == 0
+    streamed = tier == "streamed"
+    assert ("content-length" in r.headers) is not streamed  # streamed JSON: chunked
+    answer = {k: np.asarray(v) for k, v in r.json().items() if k in ("q", "k", "weights")}
+    logits = answer["q"] @ answer["k"].T / 2.0
+    expected = np.exp(logits - logits.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(answer["weights"], expected / expected.sum(axis=1, keepdims=True),
+                               rtol=0, atol=1e-12)  # fmt: skip
+    tensors = load(binary.content)
+    for name in ("q", "k", "weights"):
+        np.testing.assert_array_equal(tensors[name], answer[name])

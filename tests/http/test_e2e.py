@@ -484,7 +484,8 @@ def _children(pid: int) -> list[int]:
 def test_parser_processes_end_with_their_worker() -> None:
     """A worker's parser process (large bodies) ends when the worker stops, or is killed:
     nothing is left behind."""
-    body = {"q": [[0.0] * 8] * 400, "k": [[1.0] * 8] * 300, "v": [[1.0] * 8] * 300}
+    row = [1.2345678901234567] * 32  # 2,048 rows of them: over 1 MiB of JSON
+    body = {"q": [row] * 2048, "k": [row], "v": [[1.0] * 8]}
     proc, base = start_server(workers=2)
     try:
         deadline = time.monotonic() + 20

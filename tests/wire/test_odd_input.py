@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from harness.live import start_server
+from service.http.routes import INLINE_BODY_BYTES, THREAD_BODY_BYTES
 from service.wire import examples as ex
 
 JSON = {"content-type": "application/json"}
@@ -136,18 +137,22 @@ def test_a_lone_surrogate_is_422_naming_the_field(
 
 def _large_with_a_bad_token(label_chars: int) -> dict[str, Any]:
     """A generated request whose answer is streamed (300 × 300 scores), with one bad token;
-    labels of ``label_chars`` characters make the body small or large (parser process)."""
+    labels of ``label_chars`` characters make the body small (parsed on the event loop),
+    medium (in a thread) or large (in the parser process)."""
     tokens = [f"t{i}".ljust(label_chars, "_") for i in range(300)]
     tokens[150] = SURROGATE
     return {"seed": 0, "d_model": 4, "d_k": 4, "tokens": tokens}
 
 
-@pytest.mark.parametrize("label_chars", [2, 80], ids=["small-body", "parser-process"])
+@pytest.mark.parametrize(
+    "label_chars", [2, 80, 4000], ids=["small-body", "thread", "parser-process"]
+)
 def test_a_lone_surrogate_in_a_large_answer_is_422_not_a_cut_200(
     client: TestClient, label_chars: int
 ) -> None:
     raw = json.dumps(_large_with_a_bad_token(label_chars))
-    assert (len(raw) > 16 * 1024) == (label_chars > 2)
+    assert (len(raw) > INLINE_BODY_BYTES) == (label_chars > 2)
+    assert (len(raw) > THREAD_BODY_BYTES) == (label_chars > 80)
     error = refused(client, "/attention", raw)
     assert (error["field"], error["type"]) == ("tokens[150]", "value_error")
 
@@ -168,7 +173,9 @@ def server() -> Iterator[str]:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("label_chars", [2, 80], ids=["small-body", "parser-process"])
+@pytest.mark.parametrize(
+    "label_chars", [2, 80, 4000], ids=["small-body", "thread", "parser-process"]
+)
 def test_a_lone_surrogate_over_http_is_a_whole_422(server: str, label_chars: int) -> None:
     raw = json.dumps(_large_with_a_bad_token(label_chars)).encode()
     url = urlsplit(server)
@@ -384,10 +391,11 @@ def test_an_integer_of_ten_thousand_digits_is_422_naming_the_field(
 
 
 def test_an_integer_of_ten_thousand_digits_in_a_large_body_is_422(client: TestClient) -> None:
-    rows = ", ".join(["[1, 2]"] * 5000)  # over 16 KiB: parsed in the parser process
+    rows = ", ".join(["[1, 2]"] * 200_000)  # over 1 MiB: parsed in the parser process
     raw = f'{{"q": [{rows}, [3, {DIGITS}]], "k": [[1, 2]], "v": [[1]]}}'
+    assert len(raw) > THREAD_BODY_BYTES
     error = refused(client, "/attention", raw)
-    assert (error["field"], error["message"]) == ("q", f"q row 5000, column 1: {TOO_MANY}")
+    assert (error["field"], error["message"]) == ("q", f"q row 200000, column 1: {TOO_MANY}")
 
 
 # ---- 5. layer norm's eps ---------------------------------------------------------------------
