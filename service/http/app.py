@@ -79,6 +79,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     logs.configure(settings.log_level)
     app = FastAPI(
         title="Attention service",
+        # FastAPI's own OpenTelemetry hooks look the providers up on every request; the
+        # service's metrics and access log are its own (service.http.metrics, middleware)
+        telemetry={"tracing": False, "metrics": False, "logs": False},
         version=__version__,
         description=DESCRIPTION,
         docs_url=None,

@@ -144,6 +144,9 @@ def _body(admitted: Admitted, gone: threading.Event) -> dict[str, Any]:
     return trace.run(admitted, check)
 
 
+_NEVER = threading.Event()  # an inline answer's client cannot be seen to go: never set
+
+
 def _encoded(admitted: Admitted, gone: threading.Event, answer: Format) -> bytes:
     """The whole response's bytes (JSON or safetensors), computed and encoded in one go."""
     body = _body(admitted, gone)
@@ -219,9 +222,7 @@ async def _answer(request: Request, endpoint: str) -> Response:
     # small: answered at once, never queued behind large ones; a comparison's recomputations
     # (up to ~100 of them) always run off the event loop
     if admitted.numbers <= INLINE_NUMBERS and not admitted.comparing:
-        return Response(
-            _encoded(admitted, threading.Event(), answer), media_type=media, headers=VARY
-        )
+        return Response(_encoded(admitted, _NEVER, answer), media_type=media, headers=VARY)
     whole = admitted.numbers <= WHOLE_NUMBERS
     gone = threading.Event()
     watcher = asyncio.create_task(_watch_disconnect(request, gone))

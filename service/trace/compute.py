@@ -73,9 +73,12 @@ def _common(plan: Plan, trace: AttentionTrace, mask: masks.CombinedMask | None) 
     return values
 
 
+_TRACE_FIELDS = tuple(f.name for f in fields(AttentionTrace))
+
+
 def _arrays(trace: AttentionTrace) -> dict[str, Any]:
     """The trace's fields by name: the values of the table's head rows."""
-    return {f.name: getattr(trace, f.name) for f in fields(trace)}
+    return {name: getattr(trace, name) for name in _TRACE_FIELDS}
 
 
 Check = Callable[[], None]

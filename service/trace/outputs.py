@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from service.core.latent import LatentDims
 from service.trace.shapes import Endpoint, Shapes
@@ -39,6 +39,7 @@ Kind = Literal[
     "blocks",  # online_softmax: one entry per key block
 ]
 ShapeOf = Callable[[Shapes], tuple[int, ...]]
+R = TypeVar("R")
 BOTH: frozenset[Endpoint] = frozenset({"attention", "multihead"})
 ATTENTION: frozenset[Endpoint] = frozenset({"attention"})
 MULTIHEAD: frozenset[Endpoint] = frozenset({"multihead"})
@@ -356,6 +357,7 @@ def latest(shapes: Shapes, name: str, among: tuple[str, ...]) -> str:
     raise ValueError(f"no step of {among} before {name}")
 
 
+@cache
 def includable(endpoint: Endpoint) -> tuple[str, ...]:
     """The names ``include`` accepts for an endpoint."""
     return tuple(out.name for out in top_level(endpoint) if not out.always)
@@ -363,8 +365,10 @@ def includable(endpoint: Endpoint) -> tuple[str, ...]:
 
 def check_include(endpoint: Endpoint, include: list[str] | None) -> None:
     """Refuse a name in ``include`` that is not an output of the endpoint."""
+    if not include:
+        return
     names = includable(endpoint)
-    for name in include or ():
+    for name in include:
         if name not in names:
             raise FieldError(
                 "include",
@@ -383,16 +387,27 @@ def _count(out: Output, shapes: Shapes) -> int:
     return batch * per_head * math.prod(out.shape(shapes))
 
 
+def _by_shapes(fn: Callable[..., R]) -> Callable[..., R]:
+    """``fn(shapes, ...)`` computed once per distinct arguments (the 256 latest), as requests of
+    the same shapes share the answer; computed afresh for unhashable shapes (warnings hold
+    dicts). The answer is shared: callers must not change it."""
+    cached = lru_cache(maxsize=256)(fn)
+
+    def by_shapes(*args: Any) -> R:
+        try:
+            return cached(*args)
+        except TypeError:
+            return fn(*args)
+
+    return by_shapes
+
+
 def sizes(shapes: Shapes) -> dict[str, int]:
-    """How many numbers each top-level output of this request holds (present ones only).
-    Requests of the same shapes share the answer (a copy of it)."""
-    try:
-        return dict(_sizes(shapes))
-    except TypeError:  # unhashable: warnings hold dicts
-        return _sizes.__wrapped__(shapes)
+    """How many numbers each top-level output of this request holds (present ones only)."""
+    return dict(_sizes(shapes))
 
 
-@lru_cache(maxsize=256)
+@_by_shapes
 def _sizes(shapes: Shapes) -> dict[str, int]:
     return {
         out.name: _count(out, shapes) for out in top_level(shapes.endpoint) if out.present(shapes)
@@ -431,11 +446,9 @@ def response(
     """
     unbatch = shapes.batch is None
     body: dict[str, Any] = {}
-    for out in top_level(shapes.endpoint):
-        if not out.present(shapes) or not (out.always or include is None or out.name in include):
-            continue
+    for out in _returned(shapes, include):
         if out.kind == "heads":
-            rows = [o for o in in_heads(shapes.endpoint) if o.present(shapes)]
+            rows = _present(shapes, True)
             body[out.name] = [
                 {o.name: per_head[o.name][0 if unbatch else slice(None), i] for o in rows}
                 for i in range(shapes.num_heads)
@@ -445,3 +458,20 @@ def response(
         value = value() if callable(value) else value
         body[out.name] = value[0] if unbatch and out.batched else value
     return body
+
+
+@_by_shapes
+def _returned(shapes: Shapes, include: frozenset[str] | None) -> tuple[Output, ...]:
+    """The top-level outputs a response carries, in table order: present, and asked for."""
+    return tuple(
+        out
+        for out in _present(shapes, False)
+        if out.always or include is None or out.name in include
+    )
+
+
+@_by_shapes
+def _present(shapes: Shapes, heads: bool) -> tuple[Output, ...]:
+    """The rows present in a request of these shapes: at the top, or inside each head."""
+    rows = in_heads(shapes.endpoint) if heads else top_level(shapes.endpoint)
+    return tuple(out for out in rows if out.present(shapes))
