@@ -217,7 +217,12 @@ def scaled_dot_product_attention(
     logits = logits if masked_scores is None else masked_scores
 
     sunk = None if var.sinks is None else softmax_with_sink(logits, var.sinks)
-    empty = fully_masked(logits) if sunk is None else sunk.fully_masked_rows  # (..., L)
+    if sunk is not None:
+        empty = sunk.fully_masked_rows  # (..., L)
+    elif masked_scores is None:  # only a mask makes a score −∞ (the others are refused above)
+        empty = np.zeros(logits.shape[:-1], dtype=bool)  # (..., L)
+    else:
+        empty = fully_masked(logits)  # (..., L)
     if padded_queries is not None:
         empty &= ~padded_queries
     if sunk is not None:  # fully masked rows go to the sink: no policy applies

@@ -25,9 +25,24 @@ class FullyMaskedRowsError(AttentionInputError):
         )
 
 
+FLAGS_AT_ONCE = 1 << 16  # entries checked with a temporary array of flags (64 kB)
+
+
+def _all_finite(a: Array) -> bool:
+    """Whether every entry of ``a`` is finite. A large array is summed first: a finite sum
+    means every entry is (±∞ and NaN propagate through it), so only a sum that is not (finite
+    entries adding up past float64's range) is looked at entry by entry. One pass, and no
+    temporary array of flags as large as ``a``."""
+    if a.size <= FLAGS_AT_ONCE:
+        return bool(np.isfinite(a).all())
+    with np.errstate(over="ignore", invalid="ignore"):  # finite entries' sum may overflow
+        total = np.add.reduce(a, axis=None)
+    return bool(np.isfinite(total)) or bool(np.isfinite(a).all())
+
+
 def require_finite(a: Array, what: str) -> None:
     """Refuse a result that overflowed: NaN or ±∞ must never reach a response."""
-    if not np.isfinite(a).all():
+    if not _all_finite(a):
         raise AttentionInputError(
             f"{what} overflowed float64 (a value reached ±infinity or NaN); scale the inputs "
             "down: products of values near 1e154 or larger overflow"

@@ -232,6 +232,7 @@ class RequestMiddleware:
                     return
                 bytes_in = len(body)
                 receive = _replay(body, receive)
+                del body  # the replay holds it until the app takes it
             handler = self.direct.get(endpoint or "") if method == "POST" else None
             await (handler or self.app)(scope, receive, send_with_id)
         except asyncio.CancelledError:  # the stop's grace period ran out mid-answer
@@ -290,14 +291,14 @@ class RequestMiddleware:
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
-    """A receive that hands the app the body already read, then the real channel."""
-    sent = False
+    """A receive that hands the app the body already read, then the real channel; it keeps
+    no reference to the body once handed over (a large one's memory goes back once the app
+    has parsed it)."""
+    held = [body]
 
     async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
+        if held:
+            return {"type": "http.request", "body": held.pop(), "more_body": False}
         return await receive()
 
     return replay

@@ -205,9 +205,22 @@ class _Budgeted(StreamingResponse):
             self.ticket()
 
 
+async def _read(request: Request) -> bytes:
+    """The body, read from the channel rather than through ``Request.body()``, whose copy
+    would live as long as the request (the whole answer)."""
+    chunks = []
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
 async def _answer(request: Request, endpoint: str) -> Response:
     """The answer to a compute POST whose body the middleware has read (see the module's doc)."""
-    raw = await request.body()
+    raw = await _read(request)
     state = request.app.state
     settings: Settings = state.settings
     form = body_form(request.headers.get("content-type", "")) or "json"  # the middleware's 415
@@ -218,6 +231,7 @@ async def _answer(request: Request, endpoint: str) -> Response:
         admitted = await run_in_threadpool(checked, raw, endpoint, settings, form)
     else:  # JSON or safetensors (its header and metadata JSON): never on the worker's GIL
         admitted = await state.parser.check(raw, endpoint, settings, form)
+    del raw  # parsed: its memory goes back now, not after the answer
     media = JSON_TYPE if answer == "json" else MEDIA_TYPE
     # small: answered at once, never queued behind large ones; a comparison's recomputations
     # (up to ~100 of them) always run off the event loop

@@ -8,7 +8,12 @@ import pytest
 
 from service.core import masks
 from service.core.attention import entropy_bits, project, scaled_dot_product_attention
-from service.core.errors import AttentionInputError, FullyMaskedRowsError
+from service.core.errors import (
+    FLAGS_AT_ONCE,
+    AttentionInputError,
+    FullyMaskedRowsError,
+    require_finite,
+)
 from service.core.generate import draw
 from service.core.multihead import (
     LayerNorm,
@@ -77,6 +82,30 @@ def test_overflowed_scores_are_refused_not_nan() -> None:
     q = np.array([[1e200, 0.0]])
     with pytest.raises(AttentionInputError, match="overflowed"):
         scaled_dot_product_attention(q, q, q)
+
+
+@pytest.mark.parametrize(
+    ("bad", "refused"),
+    [(None, False), (np.inf, True), (-np.inf, True), (np.nan, True), ("both", True)],
+    ids=["finite-sum-overflows", "+inf", "-inf", "nan", "+inf-and-inf"],
+)
+@pytest.mark.parametrize("size", [4, FLAGS_AT_ONCE + 1], ids=["small", "large"])
+def test_require_finite_refuses_every_non_finite_entry_and_only_those(
+    size: int, bad: float | str | None, refused: bool
+) -> None:
+    """Finite entries whose sum overflows pass (a large array is summed before it is looked
+    through); one ±∞ or NaN anywhere, or +∞ and −∞ (their sum is NaN), is refused."""
+    a = np.full((2, size), 1e308)  # finite: every sum of two of them overflows
+    if bad == "both":
+        a[0, 1], a[1, -1] = np.inf, -np.inf
+    elif bad is not None:
+        assert isinstance(bad, float)
+        a[1, size // 2] = bad
+    if refused:
+        with pytest.raises(AttentionInputError, match="the test array overflowed"):
+            require_finite(a, "the test array")
+    else:
+        require_finite(a, "the test array")
 
 
 @pytest.mark.parametrize(
@@ -207,3 +236,13 @@ def test_with_a_sink_the_error_policy_lets_a_fully_masked_row_through_flagged() 
     np.testing.assert_array_equal(trace.fully_masked_rows, [[True, False]])
     with pytest.raises(FullyMaskedRowsError):
         scaled_dot_product_attention(q, k, v, additive=additive, fully_masked_policy="error")
+
+
+def test_without_a_mask_no_row_is_fully_masked_and_error_refuses_nothing() -> None:
+    """Only a mask makes a score −∞: unmasked (even softcapped) rows are never flagged, so the
+    policy "error" computes them."""
+    rng = np.random.default_rng(3)
+    q, k, v = rng.normal(size=(2, 4, 3)), rng.normal(size=(2, 5, 3)), rng.normal(size=(2, 5, 2))
+    t = scaled_dot_product_attention(q, k, v, fully_masked_policy="error")
+    assert t.fully_masked_rows.shape == (2, 4) and not t.fully_masked_rows.any()
+    np.testing.assert_allclose(t.weights.sum(axis=-1), 1.0, rtol=0, atol=1e-15)
