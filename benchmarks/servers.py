@@ -29,7 +29,7 @@ venv; FastAPI etc. for GuardedProtocol's imports) plus hypercorn 0.18.0 and gran
 interpreter and one set of libraries; the script checks that those versions equal this venv's.
 
 **App.** ``GET /healthz`` answers ``{"status":"ok"}``; ``POST /attention`` reads the body,
-``orjson.loads``, the 3-token attention in NumPy (:func:`benchmarks.peers.attention`; the body is
+``orjson.loads``, the 3-token attention in NumPy (:func:`peers.attention`; the body is
 the service's ``I_AM_BATMAN`` example, whose ``"weight_layout": "out_in"`` transposes the
 weights), answers the 7 arrays as orjson bytes. Any other path: 404.
 
@@ -80,10 +80,11 @@ import numpy as np
 import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script: benchmarks.peers and service import from here
-    sys.path.insert(0, str(ROOT))
+for folder in (ROOT, ROOT / "benchmarks"):  # service, and peers beside this file
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
-from benchmarks.peers import attention  # noqa: E402
+from peers import attention  # noqa: E402
 
 # --- the app: pure ASGI, so that only the server differs between the rows ---------------------
 
