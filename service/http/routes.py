@@ -56,8 +56,8 @@ THREAD_BODY_BYTES = 1 << 20  # parse in a thread below this (orjson holds the GI
 # it, in a parser process
 VARY = {"Vary": "Accept"}  # the answer's form depends on it (for caches in between)
 INLINE_NUMBERS = 20_000  # draw, compute and serialise on the event loop below this many numbers
-WHOLE_NUMBERS = 1 << 18  # computed and encoded in one thread hop below this, sent in one piece
-# (≲ 6 MB of JSON); larger answers stream out as they are encoded
+WHOLE_NUMBERS = 1 << 20  # computed and encoded in one thread hop below this, sent in one piece
+# (≲ 26 MB of JSON, counted in the budget); larger answers stream out as they are encoded
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "The body is not valid JSON"},

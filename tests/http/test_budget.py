@@ -209,7 +209,7 @@ def test_a_ticket_gives_back_in_parts_and_admits_waiters_as_it_does() -> None:
 
 @pytest.mark.parametrize(
     ("seq_len", "tier"),
-    [(3, "inline"), (100, "whole"), (300, "streamed")],
+    [(3, "inline"), (100, "whole"), (600, "streamed")],
     ids=["inline", "whole", "streamed"],
 )
 def test_every_answer_tier_gives_the_same_numbers_and_its_memory_back(

@@ -494,7 +494,7 @@ def test_a_client_that_uploads_far_over_the_limit_still_gets_the_answer(server: 
 
 
 # 8. HTTP/1.0 framing
-STREAMED = {"seq_len": 300, "seed": 1, "d_model": 8, "d_k": 8}
+STREAMED = {"seq_len": 600, "seed": 1, "d_model": 8, "d_k": 8}  # over WHOLE_NUMBERS
 
 
 @pytest.mark.parametrize("version", ["HTTP/1.0", "HTTP/1.1"])
@@ -509,7 +509,7 @@ def test_a_streamed_answer_is_framed_for_the_clients_http_version(
     assert coding == (None if version == "HTTP/1.0" else "chunked")
     assert answer.header("content-length") is None
     result = answer.json()
-    assert len(result["weights"]) == 300 and len(result["weights"][0]) == 300
+    assert len(result["weights"]) == 600 and len(result["weights"][0]) == 600
 
 
 # 9. Host and transfer codings

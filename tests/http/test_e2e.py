@@ -80,10 +80,10 @@ def test_multihead_over_http(server: str) -> None:
 
 
 def test_safetensors_both_ways_over_http(server: str) -> None:
-    """A 60 KB safetensors body (read off the event loop) and a streamed safetensors answer
+    """A 170 KB safetensors body (read off the event loop) and a streamed safetensors answer
     (its length known in advance) hold the numbers of the same request sent and answered as JSON, bit for bit."""
     rng = np.random.default_rng(5)
-    arrays = {"x": rng.normal(size=(200, 32)), "w_q": rng.normal(size=(32, 16))}
+    arrays = {"x": rng.normal(size=(600, 32)), "w_q": rng.normal(size=(32, 16))}
     arrays |= {"w_k": rng.normal(size=(32, 16)), "w_v": rng.normal(size=(32, 16))}
     raw = save(arrays, metadata={"json": json.dumps({"mask": {"type": "causal"}})})
     assert len(raw) > 16 * 1024

@@ -77,7 +77,7 @@ def test_a_small_answer_is_one_write_of_head_and_body() -> None:
 
 def test_a_large_first_chunk_is_not_copied_to_join_the_head() -> None:
     """Above COALESCE_BYTES the head goes out alone and the chunk as it is."""
-    body = {"seed": 0, "seq_len": 300, "d_model": 8, "d_k": 8}  # streamed, 1 MB chunks
+    body = {"seed": 0, "seq_len": 600, "d_model": 8, "d_k": 8}  # streamed, 1 MB chunks
     writes = asyncio.run(_served(_post(body), b"0\r\n\r\n"))
     assert writes[0].startswith(b"HTTP/1.1 200 OK") and writes[0].endswith(b"\r\n\r\n")
     assert b"transfer-encoding: chunked" in writes[0]
