@@ -8,7 +8,9 @@ from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
+from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
+from starlette.types import ASGIApp
 
 from service import __version__, logs
 from service.config import Settings, get_settings
@@ -62,6 +64,22 @@ def _document_request_models(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+class _Service(FastAPI):
+    """FastAPI behind the service's own door: ``outer`` (CORS when configured, then the request
+    middleware) wraps FastAPI's whole stack rather than sitting inside its error and exception
+    layers, so the answers the door gives itself (a compute POST once its body is read, a
+    refusal before it) pass through none of them. Everything else goes on to FastAPI's stack
+    as before; an error no handler takes is a 500 from uvicorn, as from that stack."""
+
+    outer: tuple[Middleware, ...] = ()  # outermost first
+
+    def build_middleware_stack(self) -> ASGIApp:
+        app = super().build_middleware_stack()
+        for cls, args, kwargs in reversed(self.outer):
+            app = cls(app, *args, **kwargs)
+        return app
+
+
 def _leaves(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
     """The routes that answer requests: FastAPI wraps each included router in one route (its
     ``original_router`` holds the real ones; none is included with a prefix)."""
@@ -77,7 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; ``settings`` defaults to the environment's (see service.config)."""
     settings = settings or get_settings()
     logs.configure(settings.log_level)
-    app = FastAPI(
+    app = _Service(
         title="Attention service",
         # FastAPI's own OpenTelemetry hooks look the providers up on every request; the
         # service's metrics and access log are its own (service.http.metrics, middleware)
@@ -110,7 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     compute = frozenset(
         str(getattr(r, "path", "")) for r in [*router.routes, *models.router.routes]
     )
-    app.add_middleware(
+    door = Middleware(
         RequestMiddleware,
         max_body_bytes=settings.max_body_bytes,
         routes=list(_leaves(app.router.routes)),
@@ -119,12 +137,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         api_keys=settings.api_keys,
         direct=DIRECT,
     )
-    if settings.cors_origins:  # outermost: preflights and early answers get its headers
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST"],
-            allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-ID"],
-            expose_headers=["X-Request-ID"],
-        )
+    cors = Middleware(
+        CORSMiddleware,
+        allow_origins=settings.cors_origins,
+        allow_methods=["GET", "POST"],
+        allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-ID"],
+        expose_headers=["X-Request-ID"],
+    )
+    # CORS outermost: preflights and early answers get its headers
+    app.outer = (cors, door) if settings.cors_origins else (door,)
     return app
