@@ -19,6 +19,7 @@ from pathlib import Path
 
 from service.config import Settings
 from service.http import metrics
+from service.memory import release_memory
 from service.wire.errors import ErrorItem, LimitError, RequestError
 
 BYTES_PER_NUMBER = 16  # a float64 and its share of copies and buffers (measured: README)
@@ -28,6 +29,9 @@ INTERPRETER_BYTES = 256 << 20  # a worker's own RSS: Python, NumPy, FastAPI
 PARSE_BYTES_PER_BODY_BYTE = 10  # JSON lists of Python floats, while a body parses
 MIN_BUDGET = 64 << 20
 RETRY_AFTER_SECONDS = 2
+TRIM_IDLE_SECONDS = (
+    0.25  # no admitted request this long: free pages go back (Budget.trim_when_idle)
+)
 UNLIMITED = 1 << 60  # cgroup v1 writes a huge number for "no limit"
 
 
@@ -93,6 +97,25 @@ class Budget:
     max_wait: float
     in_use: int = 0
     _waiting: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+    _trim: asyncio.TimerHandle | None = None
+
+    async def trim_when_idle(self) -> None:
+        """Give the allocator's free pages back to the system (after a large answer):
+        TRIM_IDLE_SECONDS later, or once no admitted request holds memory after that. glibc's
+        trim holds the heap's lock while it returns hundreds of megabytes, and a request
+        computing meanwhile would wait on its allocations, then fault the pages in again."""
+        self._schedule_trim(asyncio.get_running_loop())
+
+    def _schedule_trim(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._trim is None:
+            self._trim = loop.call_later(TRIM_IDLE_SECONDS, self._trim_if_idle, loop)
+
+    def _trim_if_idle(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._trim = None
+        if self.in_use > 0:
+            self._schedule_trim(loop)  # later
+        else:
+            loop.run_in_executor(None, release_memory)
 
     async def admit(self, cost: int) -> "Ticket":
         """Wait until ``cost`` fits, then return the ticket that gives it back. Raises

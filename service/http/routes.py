@@ -43,7 +43,6 @@ from service.http.budget import (
     held_bytes,
     whole_cost_bytes,
 )
-from service.memory import release_memory
 from service.trace import ENDPOINTS, Admitted, ComputeEndpoint
 from service.wire.errors import ClientGone, ErrorBody, error_answer
 from service.wire.json_out import encode, encode_whole
@@ -194,7 +193,7 @@ class _Budgeted(StreamingResponse):
             content,
             media_type=media,
             headers=VARY if length is None else {**VARY, "Content-Length": str(length)},
-            background=BackgroundTask(run_in_threadpool, release_memory),  # after the last byte
+            background=BackgroundTask(ticket.budget.trim_when_idle),  # after the last byte
         )
         self.ticket = ticket
 

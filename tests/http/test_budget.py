@@ -2,6 +2,7 @@
 where the budget comes from."""
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -243,3 +244,28 @@ def test_every_answer_tier_gives_the_same_numbers_and_its_memory_back(
     tensors = load(binary.content)
     for name in ("q", "k", "weights"):
         np.testing.assert_array_equal(tensors[name], answer[name])
+
+
+def test_the_trim_after_a_large_answer_waits_for_no_request_to_hold_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Free pages go back only once no admitted request holds memory (a trim while one
+    computes would stall it), once however many large answers asked for it meanwhile."""
+    import service.http.budget as budget_module
+
+    trims: list[float] = []
+    monkeypatch.setattr(budget_module, "release_memory", lambda: trims.append(time.monotonic()))
+    monkeypatch.setattr(budget_module, "TRIM_IDLE_SECONDS", 0.02)
+
+    async def scenario() -> None:
+        budget = Budget(100, 4, max_wait=5.0)
+        ticket = await budget.admit(60)  # a request computing
+        await budget.trim_when_idle()
+        await budget.trim_when_idle()  # a second large answer meanwhile: one trim
+        await asyncio.sleep(0.1)
+        assert trims == []  # still held: the trim waits
+        ticket()
+        await asyncio.sleep(0.1)
+        assert len(trims) == 1
+
+    run(scenario)
