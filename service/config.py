@@ -72,7 +72,7 @@ class Settings(BaseSettings):
     parse_concurrency: int = Field(
         1,
         ge=1,
-        description="parser processes per worker: bodies over 16 KiB are parsed there, one each "
+        description="parser processes per worker: bodies over 1 MiB are parsed there, one each "
         "at a time, so that parsing never stalls the worker's event loop",
     )
     max_header_bytes: int = Field(

@@ -2,7 +2,8 @@
 
 Every thread of the pool gets its own glibc arena by default, and freed memory stays in them:
 after a burst of large requests the server would keep its peak size (measured: 1.1 GB after a
-load run that started at 0.2 GB). Two arenas, and a trim after each large response, give the
+load run that started at 0.2 GB). Two arenas, and a trim after large responses (once no request
+holds memory: service.http.budget.Budget.trim_when_idle), give the
 memory back. (A fixed mmap threshold would too, but made large requests ~30 % slower.)
 """
 

@@ -1,4 +1,5 @@
-"""Large bodies are parsed in a separate process, so that parsing never stalls a worker.
+"""Large bodies (over service.http.routes.THREAD_BODY_BYTES) are parsed in a separate process,
+so that parsing never stalls a worker.
 
 Parsing a large JSON body (orjson) and turning its lists into arrays hold the GIL for a long time
 in C code (≈0.5 s for 28 MiB): in the worker's own process that would stop its event loop, and

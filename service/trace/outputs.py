@@ -4,17 +4,17 @@ response models (and so /docs) and the explorer's drawings all derive from :data
 
 Adding an output is one row here plus its computation: a field of the engine's trace (for a
 ``head`` row: of :class:`service.core.attention.AttentionTrace`) or a value handed to
-:func:`response` by :mod:`service.trace.compute`.
+:func:`service.trace.returned.body` by :mod:`service.trace.compute`.
 """
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache, lru_cache
-from typing import Any, Literal, TypeVar
+from functools import cache
+from typing import Literal
 
 from service.core.latent import LatentDims
-from service.trace.shapes import Endpoint, Shapes
+from service.trace.shapes import Endpoint, Shapes, by_shapes
 from service.wire.errors import FieldError
 
 Kind = Literal[
@@ -39,7 +39,6 @@ Kind = Literal[
     "blocks",  # online_softmax: one entry per key block
 ]
 ShapeOf = Callable[[Shapes], tuple[int, ...]]
-R = TypeVar("R")
 BOTH: frozenset[Endpoint] = frozenset({"attention", "multihead"})
 ATTENTION: frozenset[Endpoint] = frozenset({"attention"})
 MULTIHEAD: frozenset[Endpoint] = frozenset({"multihead"})
@@ -387,27 +386,12 @@ def _count(out: Output, shapes: Shapes) -> int:
     return batch * per_head * math.prod(out.shape(shapes))
 
 
-def _by_shapes(fn: Callable[..., R]) -> Callable[..., R]:
-    """``fn(shapes, ...)`` computed once per distinct arguments (the 256 latest), as requests of
-    the same shapes share the answer; computed afresh for unhashable shapes (warnings hold
-    dicts). The answer is shared: callers must not change it."""
-    cached = lru_cache(maxsize=256)(fn)
-
-    def by_shapes(*args: Any) -> R:
-        try:
-            return cached(*args)
-        except TypeError:
-            return fn(*args)
-
-    return by_shapes
-
-
 def sizes(shapes: Shapes) -> dict[str, int]:
     """How many numbers each top-level output of this request holds (present ones only)."""
     return dict(_sizes(shapes))
 
 
-@_by_shapes
+@by_shapes
 def _sizes(shapes: Shapes) -> dict[str, int]:
     return {
         out.name: _count(out, shapes) for out in top_level(shapes.endpoint) if out.present(shapes)
@@ -429,49 +413,3 @@ def step_shape(shapes: Shapes, name: str) -> list[int]:
     if out.head and shapes.endpoint == "multihead":
         lead.append(shapes.num_heads)
     return lead + list(out.shape(shapes))
-
-
-def response(
-    shapes: Shapes,
-    include: frozenset[str] | None,
-    values: Mapping[str, Any],
-    per_head: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The response body: every present output that ``include`` asks for, in table order.
-
-    ``per_head`` holds the head rows' arrays with a leading batch axis (and on /multihead a
-    heads axis after it); ``values`` the others, batched where their row says so. A value may
-    be a function, called only when the output is returned. The batch axis of an unbatched
-    request is dropped here (views, no copies).
-    """
-    unbatch = shapes.batch is None
-    body: dict[str, Any] = {}
-    for out in _returned(shapes, include):
-        if out.kind == "heads":
-            rows = _present(shapes, True)
-            body[out.name] = [
-                {o.name: per_head[o.name][0 if unbatch else slice(None), i] for o in rows}
-                for i in range(shapes.num_heads)
-            ]
-            continue
-        value = per_head[out.name] if out.head else values[out.name]
-        value = value() if callable(value) else value
-        body[out.name] = value[0] if unbatch and out.batched else value
-    return body
-
-
-@_by_shapes
-def _returned(shapes: Shapes, include: frozenset[str] | None) -> tuple[Output, ...]:
-    """The top-level outputs a response carries, in table order: present, and asked for."""
-    return tuple(
-        out
-        for out in _present(shapes, False)
-        if out.always or include is None or out.name in include
-    )
-
-
-@_by_shapes
-def _present(shapes: Shapes, heads: bool) -> tuple[Output, ...]:
-    """The rows present in a request of these shapes: at the top, or inside each head."""
-    rows = in_heads(shapes.endpoint) if heads else top_level(shapes.endpoint)
-    return tuple(out for out in rows if out.present(shapes))

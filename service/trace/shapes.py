@@ -2,11 +2,14 @@
 on. Made by the rules (:mod:`service.trace.rules`); the outputs table, the limits, the plan and
 the steps read it."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from functools import lru_cache
+from typing import Any, Literal, TypeVar
 
 from service.core.latent import LatentDims
 
+R = TypeVar("R")
 Endpoint = Literal["attention", "multihead"]  # which rows of the outputs table an answer has
 
 
@@ -55,3 +58,18 @@ class Shapes:
     def comparing(self) -> bool:
         """Whether the request carries expected arrays to compare."""
         return self.expected_numbers > 0
+
+
+def by_shapes(fn: Callable[..., R]) -> Callable[..., R]:
+    """``fn(shapes, ...)`` computed once per distinct arguments (the 256 latest), as requests of
+    the same shapes share the answer; computed afresh for unhashable shapes (warnings hold
+    dicts). The answer is shared: callers must not change it."""
+    cached = lru_cache(maxsize=256)(fn)
+
+    def cached_or_fresh(*args: Any) -> R:
+        try:
+            return cached(*args)
+        except TypeError:
+            return fn(*args)
+
+    return cached_or_fresh
