@@ -14,9 +14,10 @@ fixed costs never dominate a small answer and a large one never stalls the event
 - the body is parsed on the event loop up to INLINE_BODY_BYTES, in a thread up to
   THREAD_BODY_BYTES, and in a parser process above (service.http.parser);
 - an answer of up to INLINE_NUMBERS numbers is computed and encoded on the event loop; up to
-  WHOLE_NUMBERS, in one thread hop and sent in one piece; above, computed in a thread and
-  streamed straight from the arrays as it is encoded, each output's memory given back once
-  it is written.
+  WHOLE_NUMBERS (when its encoded bytes fit the memory budget as well), in one thread hop and
+  sent in one piece, its memory counted until it has left the process; above, computed in a
+  thread and streamed straight from the arrays as it is encoded, each output's memory given
+  back once it is written.
 """
 
 import asyncio
@@ -164,8 +165,10 @@ async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
 
 
 class _Held(Response):
-    """A whole answer whose ticket gives its memory back once the answer is sent (or the
-    client has gone)."""
+    """A whole answer whose ticket gives its memory back once the answer has left the
+    process (or the client has gone): the server's write takes the whole answer into the
+    connection's buffer at once, where a client that reads slowly, or not at all, would keep
+    it uncounted."""
 
     def __init__(self, content: bytes, ticket: Ticket, media: str) -> None:
         super().__init__(content, media_type=media, headers=VARY)
@@ -173,7 +176,11 @@ class _Held(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            start = {"status": self.status_code, "headers": self.raw_headers}
+            await send({"type": "http.response.start", **start})
+            await send({"type": "http.response.body", "body": self.body, "more_body": True})
+            # the last (empty) piece is sent once the buffer has drained below its low mark
+            await send({"type": "http.response.body", "body": b""})
         finally:
             self.ticket()
 
@@ -281,11 +288,14 @@ async def _answer(request: Request, endpoint: str) -> Response:
     # (up to ~100 of them) always run off the event loop
     if admitted.numbers <= INLINE_NUMBERS and not admitted.comparing:
         return Response(_encoded(admitted, _NEVER, answer), media_type=media, headers=VARY)
-    whole = admitted.numbers <= WHOLE_NUMBERS
+    # sent whole when its encoded bytes fit the budget too (a small configured budget streams)
+    whole = admitted.numbers <= WHOLE_NUMBERS and (
+        whole_cost_bytes(admitted.numbers) <= state.budget.total
+    )
     gone = threading.Event()
     watcher = asyncio.create_task(_watch_disconnect(request, gone))
     try:
-        cost = (whole_cost_bytes if whole else cost_bytes)(admitted.numbers)
+        cost = whole_cost_bytes(admitted.numbers) if whole else cost_bytes(admitted.numbers)
         ticket = await _admitted(state.budget, cost, watcher)
         try:
             if whole:  # one thread hop, one write: the fixed costs of streaming would dominate

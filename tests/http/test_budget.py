@@ -246,6 +246,21 @@ def test_every_answer_tier_gives_the_same_numbers_and_its_memory_back(
         np.testing.assert_array_equal(tensors[name], answer[name])
 
 
+def test_an_answer_whose_encoded_bytes_would_not_fit_the_budget_streams_instead() -> None:
+    """A budget smaller than a medium answer's cost with its encoded bytes, but not than its
+    cost alone: the answer streams (chunked JSON) rather than being refused with 413."""
+    from service.http.budget import cost_bytes, whole_cost_bytes
+
+    seq_len = 100
+    numbers = 4 * seq_len * 4 + 3 * 16 + 3 * seq_len**2 + seq_len * 4  # as in the test above
+    budget = (cost_bytes(numbers) + whole_cost_bytes(numbers)) // 2
+    app = create_app(Settings(log_level="warning", memory_budget_bytes=budget))
+    with TestClient(app) as client:
+        r = client.post("/attention", json={"seed": 1, "seq_len": seq_len, "d_model": 4, "d_k": 4})
+        assert r.status_code == 200 and app.state.budget.in_use == 0
+    assert "content-length" not in r.headers and len(r.json()["weights"]) == seq_len
+
+
 def test_the_trim_after_a_large_answer_waits_for_no_request_to_hold_memory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

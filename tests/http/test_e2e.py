@@ -311,6 +311,36 @@ def test_a_client_that_leaves_mid_answer_gives_its_memory_back() -> None:
         proc.wait(timeout=15)
 
 
+def test_a_whole_answer_nobody_reads_stays_counted_until_it_has_left() -> None:
+    """An answer sent in one piece (between INLINE_NUMBERS and WHOLE_NUMBERS) lands in the
+    connection's buffer at once: its memory is counted until the client has taken it, not
+    given back the moment it is handed to the server."""
+    env = {**os.environ, "ATTENTION_MEMORY_BUDGET_BYTES": str(400 << 20)}
+    proc, base = start_server(workers=1, env=env)
+    whole = {"seed": 1, "seq_len": 512, "d_model": 64, "d_k": 64}  # ≈ 0.8 M numbers, 18 MB
+    try:
+        with _connect(base) as sock:
+            sock.sendall(_raw_post(whole))
+            answer = sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 200")
+            time.sleep(1.0)  # long enough for the whole answer to have been written: more than
+            assert _gauge(base, "attention_budget_in_use_bytes") > 8 << 20  # the kernel holds
+            head, _, answer = answer.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            while len(answer) < length:  # now read it all: the memory goes back
+                piece = sock.recv(1 << 20)
+                assert piece, "the connection closed mid-answer"
+                answer += piece
+            assert len(json.loads(answer)["weights"]) == 512
+        deadline = time.monotonic() + 10
+        while _gauge(base, "attention_budget_in_use_bytes") != 0.0:
+            assert time.monotonic() < deadline, "the budget was not given back"
+            time.sleep(0.1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
 def _gauge(base: str, name: str) -> float:
     with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
         for line in r.read().decode().splitlines():
@@ -413,7 +443,6 @@ def test_a_stop_that_must_cut_an_answer_exits_1_and_logs_it_as_cut(tmp_path: Pat
     proc, base = start_server(env=env, log=log)
     try:
         with _connect(base) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.sendall(_raw_post(LARGE))
             assert sock.recv(1024).startswith(b"HTTP/1.1 200")  # then reads nothing more
             time.sleep(0.5)
