@@ -1,16 +1,17 @@
 """Where a small request's time goes: the CPU microseconds of each stage of P2's 3-token
 POST /attention (the I AM BATMAN example), from the connection to the access log line.
 
-Timings of sub-millisecond work on a shared machine are noise, so everything here is CPU time,
-not wall time:
+Timings of sub-millisecond work on a shared machine are noise, so the totals here are CPU time:
 
-- **in process**, each stage alone on the same request (``time.thread_time_ns``, the best
-  block of ``--blocks`` blocks of ``--repeat`` calls): JSON parse, validation, the rules
-  (fold, shapes, expected, include, limits), the plan, the engine (projections and attention),
-  the summary, the steps, the rest of the outputs table (response assembly), the encoding, the
-  access log line and the metrics;
-- **through the ASGI app** (middleware, routing, the compute endpoint, the response), the same
-  way, for the request and for GET /healthz;
+- **per stage, in context**: ``--requests`` requests through the ASGI app (after as many to
+  warm up) with each stage's function wrapped, its exclusive time read from the monotonic
+  clock (a CPU-clock read costs microseconds here, more than some stages): JSON parse,
+  validation, the rules (fold, shapes, expected, include, limits), the plan, the engine
+  (projections and attention), the summary, the steps, the rest of the outputs table (response
+  assembly), the encoding, the access log line and the metrics; what is left of the request's
+  time is the HTTP layers;
+- **through the ASGI app** (middleware, routing, the compute endpoint, the response), not
+  instrumented, in CPU time (``time.thread_time_ns``), for the request and for GET /healthz;
 - **on a real server** (``python -m service``, one worker, as ``make bench`` starts it) under
   ``wrk -t2 -c8``: the server process's CPU time (``/proc``) divided by the requests wrk
   completed, for the request and /healthz, and for the lean FastAPI peer of row S1

@@ -25,7 +25,8 @@ worker, idle during the runs.
 missing, from the interpreter this venv was made from): the service's locked runtime dependencies
 (requirements.lock: the same uvicorn, httptools, uvloop, h11, NumPy and orjson as the project
 venv; FastAPI etc. for GuardedProtocol's imports) plus hypercorn 0.18.0 and granian 2.8.9
-(pip, from the package index, or ``--find-links DIR`` of downloaded wheels). So all rows share one
+(pip, from the package index, or ``--find-links DIR`` of downloaded wheels), and msgspec 0.22.0
+for benchmarks/budget.py's comparison of validation paths when run with this venv's Python. So all rows share one
 interpreter and one set of libraries; the script checks that those versions equal this venv's.
 
 **App.** ``GET /healthz`` answers ``{"status":"ok"}``; ``POST /attention`` reads the body,
@@ -564,14 +565,18 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
 
 # --- the side venv ----------------------------------------------------------------------------
 
-CANDIDATES = ["hypercorn==0.18.0", "granian==2.8.9"]
+CANDIDATES = ["hypercorn==0.18.0", "granian==2.8.9", "msgspec==0.22.0"]  # msgspec: budget.py
 SHARED = ["uvicorn", "httptools", "uvloop", "h11", "numpy", "orjson"]
 
 
 def ensure_venv(venv: Path, wheels: Path | None = None) -> str:
     """The side venv's python, the venv created and filled first when it lacks a server."""
     python = venv / "bin" / "python"
-    probe_imports = [str(python), "-c", "import granian, hypercorn, uvicorn, fastapi, uvloop"]
+    probe_imports = [
+        str(python),
+        "-c",
+        "import granian, hypercorn, msgspec, uvicorn, fastapi, uvloop",
+    ]
     if python.exists() and subprocess.run(probe_imports, capture_output=True).returncode == 0:
         return str(python)
     base = getattr(sys, "_base_executable", sys.executable)
