@@ -183,6 +183,7 @@ class _Held(Response):
             await send({"type": "http.response.body", "body": b""})
         finally:
             self.ticket()
+            await self.ticket.budget.trim_when_idle()  # as after a streamed answer
 
 
 Chunk = bytes | memoryview

@@ -313,8 +313,8 @@ def test_a_client_that_leaves_mid_answer_gives_its_memory_back() -> None:
 
 def test_a_whole_answer_nobody_reads_stays_counted_until_it_has_left() -> None:
     """An answer sent in one piece (between INLINE_NUMBERS and WHOLE_NUMBERS) lands in the
-    connection's buffer at once: its memory is counted until the client has taken it, not
-    given back the moment it is handed to the server."""
+    connection's buffer at once: its memory is counted until the client has taken it (or has
+    gone), not given back the moment it is handed to the server."""
     env = {**os.environ, "ATTENTION_MEMORY_BUDGET_BYTES": str(400 << 20)}
     proc, base = start_server(workers=1, env=env)
     whole = {"seed": 1, "seq_len": 512, "d_model": 64, "d_k": 64}  # ≈ 0.8 M numbers, 18 MB
@@ -332,6 +332,12 @@ def test_a_whole_answer_nobody_reads_stays_counted_until_it_has_left() -> None:
                 assert piece, "the connection closed mid-answer"
                 answer += piece
             assert len(json.loads(answer)["weights"]) == 512
+        assert _gauge(base, "attention_budget_in_use_bytes") == 0.0
+        with _connect(base) as sock:  # a client that leaves without reading: it comes back too
+            sock.sendall(_raw_post(whole))
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+            time.sleep(1.0)
+            assert _gauge(base, "attention_budget_in_use_bytes") > 8 << 20
         deadline = time.monotonic() + 10
         while _gauge(base, "attention_budget_in_use_bytes") != 0.0:
             assert time.monotonic() < deadline, "the budget was not given back"
