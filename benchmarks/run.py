@@ -10,7 +10,8 @@ C1/C2 (what the connection protections cost a small request): three pairs of fre
 servers, all launched through ``service.__main__.main`` (same app, settings, logging, access
 log, proxy headers, server header), in each pair one with its ``GuardedProtocol`` and one with
 uvicorn's stock httptools protocol; wrk runs alternate within each pair, and the value is the
-median guarded ÷ stock ratio of back-to-back runs (its quartiles show how noisy the machine was).
+median guarded ÷ stock ratio of back-to-back runs (its quartiles show how noisy the machine was);
+the detail gives the servers' CPU per request too (/proc), which the machine's drift touches less.
 
 S1/S1t (small requests against plain FastAPI apps): P2's 3-token POST /attention on the service
 against two peers from benchmarks/peers.py, each plain uvicorn with 1 worker on the same loopback
@@ -519,6 +520,7 @@ def c1_c2(tmp: Path, ids: set[str], pairs: int = 3, rounds: int = 3, seconds: in
         )
         bases = [(servers[2 * k + sides[2 * k]][1], servers[2 * k + 1 - sides[2 * k]][1])
                  for k in range(pairs)]  # (guarded, stock) per pair  # fmt: skip
+        pids = {base: proc.pid for proc, base in servers}
         rows = []
         for rid, path, lua in (("C1", "/attention", script), ("C2", "/healthz", None)):
             if rid not in ids:
@@ -526,30 +528,41 @@ def c1_c2(tmp: Path, ids: set[str], pairs: int = 3, rounds: int = 3, seconds: in
             for _, base in servers:  # first calls (imports, caches) are not what is measured
                 for _ in range(20):
                     http_json(base + path, I_AM_BATMAN if lua else None)
-            # (guarded, stock) (requests/s, p99 ms), each pair of runs back to back
-            runs: list[tuple[tuple[float, float], tuple[float, float]]] = []
+
+            def run(base: str) -> tuple[float, float, float]:
+                """(requests/s, p99 ms, the server's CPU µs per request) of one wrk run."""
+                before = tree_cpu_seconds(pids[base])
+                rps, p99 = wrk_stats(base + path, seconds, lua)  # noqa: B023 (called at once)
+                return rps, p99, (tree_cpu_seconds(pids[base]) - before) / (rps * seconds) * 1e6
+
+            # (guarded, stock) (requests/s, p99 ms, CPU µs), each pair of runs back to back
+            runs: list[tuple[tuple[float, float, float], tuple[float, float, float]]] = []
             for i in range(rounds):
                 for k, (guarded, stock) in enumerate(bases):
                     if (i + k) % 2 == 0:
-                        g = wrk_stats(guarded + path, seconds, lua)
-                        runs.append((g, wrk_stats(stock + path, seconds, lua)))
+                        g = run(guarded)
+                        runs.append((g, run(stock)))
                     else:
-                        s = wrk_stats(stock + path, seconds, lua)
-                        runs.append((wrk_stats(guarded + path, seconds, lua), s))
+                        s = run(stock)
+                        runs.append((run(guarded), s))
             # the median of the ratios of back-to-back runs: load from elsewhere on the machine
             # that comes and goes hits both runs of a pair alike
             q1, ratio, q3 = quartiles([g[0] / s[0] for g, s in runs])
             p99_ratio = statistics.median(g[1] / s[1] for g, s in runs)
-            g_rps, s_rps, g_p99, s_p99 = (
-                statistics.median(r[side][f] for r in runs) for f in (0, 1) for side in (0, 1)
+            cpu_ratio = statistics.median(g[2] / s[2] for g, s in runs)
+            g_rps, s_rps, g_p99, s_p99, g_cpu, s_cpu = (
+                statistics.median(r[side][f] for r in runs) for f in (0, 1, 2) for side in (0, 1)
             )
             verdict = "PASS" if ratio >= PROTECTION_TARGET else "WARN"
             r = row(rid, what[rid], ratio, "≥", PROTECTION_TARGET,
                     f"{verdict}: {g_rps:.0f} vs {s_rps:.0f} requests/s, p99 {g_p99:.2f} vs {s_p99:.2f} ms "
-                    f"(p99 ratio {p99_ratio:.2f}); median of {len(runs)} back-to-back pairs of "
+                    f"(p99 ratio {p99_ratio:.2f}), server CPU per request {g_cpu:.0f} vs "
+                    f"{s_cpu:.0f} µs (ratio {cpu_ratio:.2f}: less touched by the machine's "
+                    f"drift); median of {len(runs)} back-to-back pairs of "
                     f"{seconds} s wrk -t2 -c8 runs on {pairs} server pairs (1 worker each), "
                     f"ratios' quartiles {q1:.2f}–{q3:.2f}")  # fmt: skip
             r["p99_ratio"] = round(p99_ratio, 3)
+            r["cpu_ratio"] = round(cpu_ratio, 3)
             r["runs"] = [[round(g[0]), round(s[0])] for g, s in runs]  # requests/s per pair
             rows.append(r)
         return rows
