@@ -19,7 +19,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,31 +35,7 @@ from run import (  # noqa: E402
     write_binary_body,
 )
 
-from harness.live import free_port, http_json  # noqa: E402
-
-
-def serve(root: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """``python -m service`` from ``root`` (its code first on the path), 1 worker; returns once
-    /healthz answers."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=root,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if http_json(base + "/healthz")[0] == 200:
-                return proc, base
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"the server from {root} did not start")
-        time.sleep(0.2)
+from harness.live import start_server  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
             subprocess.run(git, check=True)
             roots[rev] = tree
         for name, root in roots.items():
-            servers[name] = serve(root)
+            servers[name] = start_server(cwd=root)
         body = attention_body(1024)
         file = write_binary_body(body, work, "B1.safetensors")
         for _, base in servers.values():  # first calls (imports, caches) are not measured

@@ -36,9 +36,11 @@ def start_server(
     env: dict[str, str] | None = None,
     log: Path | None = None,
     plain_uvicorn: bool = False,
+    cwd: Path | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start `python -m service` (or `python -m uvicorn service.main:app`) on a free port and
-    return once /healthz answers; the caller stops it. Its output goes to ``log`` when given."""
+    return once /healthz answers; the caller stops it. Its output goes to ``log`` when given;
+    from ``cwd`` (whose ``service`` it then runs: another checkout's) when given."""
     port = free_port()
     where = ["--host", "127.0.0.1", "--port", str(port)]
     if plain_uvicorn:
@@ -48,7 +50,7 @@ def start_server(
     # a file, not a pipe: a pipe nobody reads fills up and stalls the server; it lives as long as
     # the server, so no context manager here
     out = tempfile.TemporaryFile() if log is None else log.open("w+b")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
