@@ -449,6 +449,7 @@ def test_a_stop_that_must_cut_an_answer_exits_1_and_logs_it_as_cut(tmp_path: Pat
     proc, base = start_server(env=env, log=log)
     try:
         with _connect(base) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.sendall(_raw_post(LARGE))
             assert sock.recv(1024).startswith(b"HTTP/1.1 200")  # then reads nothing more
             time.sleep(0.5)
