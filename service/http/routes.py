@@ -290,13 +290,12 @@ async def _answer(request: Request, endpoint: str) -> Response:
     if admitted.numbers <= INLINE_NUMBERS and not admitted.comparing:
         return Response(_encoded(admitted, _NEVER, answer), media_type=media, headers=VARY)
     # sent whole when its encoded bytes fit the budget too (a small configured budget streams)
-    whole = admitted.numbers <= WHOLE_NUMBERS and (
-        whole_cost_bytes(admitted.numbers) <= state.budget.total
-    )
+    whole_cost = whole_cost_bytes(admitted.numbers)
+    whole = admitted.numbers <= WHOLE_NUMBERS and whole_cost <= state.budget.total
     gone = threading.Event()
     watcher = asyncio.create_task(_watch_disconnect(request, gone))
     try:
-        cost = whole_cost_bytes(admitted.numbers) if whole else cost_bytes(admitted.numbers)
+        cost = whole_cost if whole else cost_bytes(admitted.numbers)
         ticket = await _admitted(state.budget, cost, watcher)
         try:
             if whole:  # one thread hop, one write: the fixed costs of streaming would dominate

@@ -208,6 +208,12 @@ def test_a_ticket_gives_back_in_parts_and_admits_waiters_as_it_does() -> None:
     run(scenario)
 
 
+def _numbers(seq_len: int) -> int:
+    """The numbers /attention computes for seed, seq_len, d_model = d_k = 4: x, q, k, v, the
+    three weights, scores, scaled scores and weights (L² each), and the output."""
+    return 4 * seq_len * 4 + 3 * 16 + 3 * seq_len**2 + seq_len * 4
+
+
 @pytest.mark.parametrize(
     ("seq_len", "tier"),
     [(3, "inline"), (100, "whole"), (600, "streamed")],
@@ -225,7 +231,7 @@ def test_every_answer_tier_gives_the_same_numbers_and_its_memory_back(
     from service.http.routes import INLINE_NUMBERS, WHOLE_NUMBERS
 
     body = {"seed": 1, "seq_len": seq_len, "d_model": 4, "d_k": 4}
-    numbers = 4 * seq_len * 4 + 3 * 16 + 3 * seq_len**2 + seq_len * 4  # x q k v, w_*, L² ×3, output
+    numbers = _numbers(seq_len)
     assert {"inline": numbers <= INLINE_NUMBERS, "whole": INLINE_NUMBERS < numbers <= WHOLE_NUMBERS,
             "streamed": numbers > WHOLE_NUMBERS}[tier]  # fmt: skip
     app = create_app(Settings(log_level="warning"))
@@ -252,7 +258,7 @@ def test_an_answer_whose_encoded_bytes_would_not_fit_the_budget_streams_instead(
     from service.http.budget import cost_bytes, whole_cost_bytes
 
     seq_len = 100
-    numbers = 4 * seq_len * 4 + 3 * 16 + 3 * seq_len**2 + seq_len * 4  # as in the test above
+    numbers = _numbers(seq_len)
     budget = (cost_bytes(numbers) + whole_cost_bytes(numbers)) // 2
     app = create_app(Settings(log_level="warning", memory_budget_bytes=budget))
     with TestClient(app) as client:
