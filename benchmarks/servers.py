@@ -26,8 +26,8 @@ missing, from the interpreter this venv was made from): the service's locked run
 (requirements.lock: the same uvicorn, httptools, uvloop, h11, NumPy and orjson as the project
 venv; FastAPI etc. for GuardedProtocol's imports) plus hypercorn 0.18.0 and granian 2.8.9
 (pip, from the package index, or ``--find-links DIR`` of downloaded wheels), and msgspec 0.22.0
-for benchmarks/budget.py's comparison of validation paths when run with this venv's Python. So all rows share one
-interpreter and one set of libraries; the script checks that those versions equal this venv's.
+for benchmarks/validation.py's comparison of validation paths when run with this venv's Python.
+So all rows share one interpreter and one set of libraries; the script checks that those versions equal this venv's.
 
 **App.** ``GET /healthz`` answers ``{"status":"ok"}``; ``POST /attention`` reads the body,
 ``orjson.loads``, the 3-token attention in NumPy (:func:`peers.attention`; the body is
@@ -565,7 +565,7 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
 
 # --- the side venv ----------------------------------------------------------------------------
 
-CANDIDATES = ["hypercorn==0.18.0", "granian==2.8.9", "msgspec==0.22.0"]  # msgspec: budget.py
+CANDIDATES = ["hypercorn==0.18.0", "granian==2.8.9", "msgspec==0.22.0"]  # msgspec: validation.py
 SHARED = ["uvicorn", "httptools", "uvloop", "h11", "numpy", "orjson"]
 
 

@@ -2,8 +2,8 @@
 3-token body of P2 and S1 (the I AM BATMAN example), in process, CPU µs per body (the best of 7
 blocks of ``--requests`` bodies, ``time.thread_time_ns``):
 
-- as the service does it: ``orjson.loads``, then the request model's ``model_validate`` (every
-  field of the contract, its rules and its messages);
+- as the service does it (``service.wire.parse``): ``orjson.loads``, then the request model's
+  ``model_validate`` (every field of the contract and its messages);
 - by pydantic-core straight from the bytes: ``model_validate_json`` on the same model;
 - by a msgspec Struct of the body's six fields, then four ``np.asarray`` (when msgspec is
   importable: it is not a dependency; benchmarks/servers.py's side venv has it);
@@ -32,6 +32,7 @@ import orjson  # noqa: E402
 
 from service.trace import ENDPOINTS  # noqa: E402
 from service.wire.examples import I_AM_BATMAN  # noqa: E402
+from service.wire.parse import parse  # noqa: E402
 
 
 def validation_us(requests: int) -> list[tuple[str, float, str]]:
@@ -45,8 +46,8 @@ def validation_us(requests: int) -> list[tuple[str, float, str]]:
         return [np.asarray(data[name], dtype=np.float64) for name in arrays]
 
     ways: list[tuple[str, Callable[[], object], str]] = [
-        ("validation: the service's", lambda: model.model_validate(orjson.loads(raw)),
-         "orjson.loads, then the request model (every field, rule and message)"),
+        ("validation: the service's", lambda: parse(raw, model),
+         "service.wire.parse: orjson.loads, then the request model (every field and message)"),
         ("validation: pydantic-core from bytes", lambda: model.model_validate_json(raw),
          "the same model, model_validate_json"),
     ]  # fmt: skip
