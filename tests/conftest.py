@@ -1,7 +1,11 @@
 """Shared fixtures: the ASGI client and a numeric comparison for nested JSON."""
 
+import os
+import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,8 +15,10 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from fastapi.testclient import TestClient
 
+from harness.replicas import nginx_binary
 from service.config import Settings
 from service.http.app import create_app
+from tests.browser.support import CHROMIUM
 
 TOL = 1e-12
 
@@ -27,6 +33,45 @@ SYSTEM_PROGRAMS: dict[str, tuple[str, str]] = {
         "see https://kubernetes.io/docs/tasks/tools/ (kubectl ≥ 1.30 on PATH)",
     ),
 }
+
+
+@dataclass(frozen=True)
+class Program:
+    """How a test marked ``@pytest.mark.needs(name)`` finds a system program, and the switch
+    that turns its absence from a skip into a failure."""
+
+    find: Callable[[], str | None]  # its path, or None
+    require: str  # the environment variable CI sets
+
+
+NEEDED: dict[str, Program] = {
+    "chromium": Program(lambda: CHROMIUM if Path(CHROMIUM).exists() else None, "REQUIRE_BROWSER"),
+    "nginx": Program(nginx_binary, "REQUIRE_NGINX"),
+    "kubectl": Program(lambda: shutil.which("kubectl"), "REQUIRE_KUBECTL"),
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "needs(program): skipped (or failed under REQUIRE_...) without the program"
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``needs(program)`` is skipped before any of its fixtures is set up,
+    whatever their scope (a module-scoped fixture that starts nginx would otherwise run, and
+    fail, before a function-scoped check could skip): "<program> is not installed", with the
+    command that installs it, or a failure when CI's REQUIRE_ switch is set."""
+    for mark in item.iter_markers("needs"):
+        for name in mark.args:
+            program = NEEDED[name]
+            if program.find() is not None:
+                continue
+            why = f"{name} is not installed ({SYSTEM_PROGRAMS[name][1]})"
+            if os.environ.get(program.require):
+                pytest.fail(f"{why}, and {program.require} is set", pytrace=False)
+            pytest.skip(why)
 
 
 def skipped_for_programs(reasons: list[str]) -> dict[str, int]:

@@ -81,3 +81,12 @@ def page(offline_page: tuple[Any, list[str]], server: str) -> Iterator[Any]:
     pg.goto(server + "/")
     yield pg
     assert outside == [], f"requests left the server: {outside}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every browser test needs Chromium: skipped (or failed under REQUIRE_BROWSER) before its
+    fixtures start a server (tests/conftest.py's ``needs``)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.needs("chromium"))

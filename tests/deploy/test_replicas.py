@@ -7,7 +7,6 @@ Skipped when nginx is not installed, unless REQUIRE_NGINX is set (CI), then fail
 import http.client
 import json
 import math
-import os
 import socket
 import threading
 import time
@@ -18,19 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.replicas import Replica, Replicas, nginx_binary
+from harness.replicas import Replica, Replicas
 from service.wire.examples import I_AM_BATMAN, TWO_HEADS_FULL_BLOCK
 
-pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(autouse=True)
-def _needs_nginx() -> None:
-    if nginx_binary() is None:
-        why = "nginx is not installed (apt-get install nginx)"
-        if os.environ.get("REQUIRE_NGINX"):
-            pytest.fail(why + ", and REQUIRE_NGINX is set")
-        pytest.skip(why)
+pytestmark = [pytest.mark.e2e, pytest.mark.needs("nginx")]  # skipped before any fixture
 
 
 def rows_sum_to_one(weights: Any, tol: float) -> bool:

@@ -3,7 +3,7 @@ nginx, kubectl) and the command that enables them (tests/conftest.py)."""
 
 import pytest
 
-from tests.conftest import skipped_for_programs
+from tests.conftest import NEEDED, Program, skipped_for_programs
 
 pytest_plugins = ["pytester"]
 
@@ -42,3 +42,53 @@ def test_the_summary_says_which_tests_were_skipped_and_how_to_enable_them(
             "1 of the replicas tests need nginx: sudo apt-get install -y nginx",
         ]
     )
+
+
+NEEDS_NGINX = """
+import pytest
+
+pytestmark = pytest.mark.needs("nginx")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    raise RuntimeError("nginx is not installed")  # as harness.replicas.Replicas does
+
+
+def test_one(cluster):
+    pass
+
+
+def test_two(cluster):
+    pass
+"""
+
+
+def _without_nginx(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(NEEDED, "nginx", Program(lambda: None, "REQUIRE_NGINX"))
+    pytester.makeconftest(
+        "from tests.conftest import pytest_configure, pytest_runtest_setup  # noqa: F401"
+    )
+    pytester.makepyfile(NEEDS_NGINX)
+
+
+def test_a_test_needing_a_missing_program_skips_before_its_module_scoped_fixtures(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue: the replicas tests' module-scoped fixture started nginx, and failed, before a
+    function-scoped check could skip them ("4 errors" on a machine without nginx)."""
+    monkeypatch.delenv("REQUIRE_NGINX", raising=False)
+    _without_nginx(pytester, monkeypatch)
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*nginx is not installed (sudo apt-get install -y nginx)*"])
+
+
+def test_with_its_require_switch_set_a_missing_program_fails(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REQUIRE_NGINX", "1")
+    _without_nginx(pytester, monkeypatch)
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=2)  # failed in setup
+    result.stdout.fnmatch_lines(["*nginx is not installed*REQUIRE_NGINX is set*"])
