@@ -20,6 +20,7 @@ from service.http.budget import Budget, worker_budget
 from service.http.middleware import RequestMiddleware
 from service.http.parser import Parser
 from service.http.routes import DIRECT, REQUEST_MODELS, router
+from service.models import answer
 from service.wire import errors
 from service.wire.schemas.model_fields import ModelRequest
 
@@ -136,6 +137,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         keyed_paths=compute | {"/version", "/models"},
         api_keys=settings.api_keys,
         direct=DIRECT,
+        body_limits={"/model": (answer.max_body_bytes(settings), answer.BODY_ADVICE)},
     )
     cors = Middleware(
         CORSMiddleware,

@@ -117,15 +117,15 @@ class Budget:
         else:
             loop.run_in_executor(None, release_memory)
 
-    async def admit(self, cost: int) -> "Ticket":
+    async def admit(self, cost: int, advice: str = "make the request smaller") -> "Ticket":
         """Wait until ``cost`` fits, then return the ticket that gives it back. Raises
-        LimitError (413) when it can never fit, Overloaded (503) when it cannot wait."""
+        LimitError (413, with ``advice``: what the caller can change) when it can never fit,
+        Overloaded (503) when it cannot wait."""
         if cost > self.total:
             raise LimitError(
                 None,
                 f"this request needs about {_mb(cost)} of memory, more than this worker's whole "
-                f"budget of {_mb(self.total)}; use fewer heads, a smaller batch, shorter sequences "
-                "or fewer masks",
+                f"budget of {_mb(self.total)}; {advice}",
                 self.total,
             )
         if self.in_use + cost > self.total:

@@ -23,6 +23,7 @@ from service.wire.errors import CLIENT_CLOSED, ErrorItem, error_response, excerp
 from service.wire.media import MEDIA_TYPE, body_form, negotiate
 
 access_log = logging.getLogger("service.access")
+failure_log = logging.getLogger("service.errors")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _WITH_BODY = {"POST", "PUT", "PATCH"}
 
@@ -33,7 +34,12 @@ GONE = "gone"  # scope["state"] key: the client left before its answer was writt
 
 
 class _TooLarge(Exception):
-    pass
+    def __init__(self, limit: int, advice: str) -> None:
+        self.limit = limit
+        self.advice = advice
+
+
+BODY_ADVICE = "send smaller matrices or split a batch"  # what to change over the body limit
 
 
 def _mark_cut() -> None:
@@ -102,9 +108,12 @@ class RequestMiddleware:
         keyed_paths: frozenset[str] = frozenset(),
         api_keys: Sequence[str] = (),
         direct: Mapping[str, ASGIApp] | None = None,
+        body_limits: Mapping[str, tuple[int, str]] | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        # route path -> a body limit of its own (below max_body_bytes) and what to change
+        self.body_limits = dict(body_limits or {})
         self.routes = routes  # the app's routes, matched here before the body is read
         self.json_paths = json_paths  # take JSON or safetensors (415, 406 for other types)
         self.keyed_paths = keyed_paths  # need an API key when keys are configured
@@ -196,13 +205,15 @@ class RequestMiddleware:
         method = scope["method"]
         status, bytes_in, bytes_out = 500, 0, 0
         complete = False  # the last body message has been handed to the server
+        started = False  # the answer's head has been handed to the server
         cut = False  # the server stopped before the answer was complete
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status, bytes_out, complete
+            nonlocal status, bytes_out, complete, started
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 complete = True
             if message["type"] == "http.response.start":
+                started = True
                 status = message["status"]
                 message["headers"] = [
                     *message.get("headers", []),
@@ -224,7 +235,8 @@ class RequestMiddleware:
                 await early(scope, receive, send_with_id)
                 return
             if method in _WITH_BODY:
-                body = await self._read_body(headers, receive)
+                limit = self.body_limits.get(endpoint or "", (self.max_body_bytes, BODY_ADVICE))
+                body = await self._read_body(headers, receive, *limit)
                 if body is None:  # the client went away during its upload: not our error
                     status, reason, bytes_out = state.get(REFUSED, (CLIENT_CLOSED, None, 0))
                     if reason:
@@ -239,18 +251,30 @@ class RequestMiddleware:
             cut = True
             _mark_cut()
             raise
-        except _TooLarge:
-            limit = self.max_body_bytes
+        except _TooLarge as too_large:
             item = ErrorItem(
                 field=None,
-                message=f"the request body is larger than this service's limit of {limit:,} bytes; "
-                "send smaller matrices or split a batch",
+                message="the request body is larger than this service's limit of "
+                f"{too_large.limit:,} bytes; {too_large.advice}",
                 type="body_too_large",
-                limit=limit,
+                limit=too_large.limit,
             )
             response = error_response(413, [item])
             response.headers["Connection"] = "close"  # the rest of the body is not read
             await response(scope, receive, send_with_id)
+        except Exception:
+            if started:  # the answer is under way: uvicorn closes the connection
+                raise
+            # a defect, never a refusal: still the one error shape with the request's id (not
+            # uvicorn's plain-text 500), and its traceback in the log
+            failure_log.exception("unhandled error in request %s", request_id)
+            item = ErrorItem(
+                field=None,
+                message=f"the service failed on this request (request id {request_id}); this is "
+                "a defect of the service, not of the request: please report it with the id",
+                type="internal_error",
+            )
+            await error_response(500, [item])(scope, receive, send_with_id)
         finally:
             if cut:
                 status = CUT
@@ -270,11 +294,13 @@ class RequestMiddleware:
                 reason=state.get("reason"),
             )
 
-    async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes | None:
-        """The whole body, refusing it as soon as it passes the limit (declared or streamed)."""
+    async def _read_body(
+        self, headers: dict[bytes, bytes], receive: Receive, limit: int, advice: str
+    ) -> bytes | None:
+        """The whole body, refusing it as soon as it passes ``limit`` (declared or streamed)."""
         declared = headers.get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise _TooLarge
+        if declared.isdigit() and int(declared) > limit:
+            raise _TooLarge(limit, advice)
         chunks: list[bytes] = []
         total = 0
         while True:
@@ -283,8 +309,8 @@ class RequestMiddleware:
                 return None
             chunk = message.get("body", b"")
             total += len(chunk)
-            if total > self.max_body_bytes:
-                raise _TooLarge
+            if total > limit:
+                raise _TooLarge(limit, advice)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)

@@ -7,7 +7,8 @@ with it every probe and small request it serves. A safetensors body is no differ
 header (up to MAX_TENSORS entries) and the JSON under ``__metadata__["json"]`` (as large as a
 JSON body) are parsed and checked here too. One parser process per worker does it instead
 (``parse_concurrency`` of them); the worker waits for the answer without holding the GIL, and
-gets back the admitted request (service.trace.Admitted: arrays pickle as plain copies).
+gets back what the endpoint's door admits there (service.http.doors.checked: a compute
+endpoint's service.trace.Admitted, whose arrays pickle as plain copies, or /model's request).
 """
 
 import asyncio
@@ -21,9 +22,8 @@ from typing import Any
 
 from service.config import Settings
 from service.http.budget import Overloaded
-from service.http.routes import checked
+from service.http.doors import checked
 from service.memory import release_memory, tune_allocator
-from service.trace import Admitted
 from service.wire.errors import ErrorItem, RequestError
 from service.wire.media import Format
 
@@ -47,9 +47,9 @@ class Parser:
 
     async def check(
         self, raw: bytes, endpoint: str, settings: Settings, form: Format = "json"
-    ) -> Admitted:
+    ) -> Any:
         """Parse ``raw`` (as JSON or safetensors: ``form``) and admit it for ``endpoint`` in a
-        parser process (service.http.routes.checked); raise the same errors as in process."""
+        parser process (service.http.doors.checked); raise the same errors as in process."""
         loop = asyncio.get_running_loop()
         try:
             async with self._slots:  # a client that leaves while waiting never reaches the pool
@@ -66,8 +66,7 @@ class Parser:
             error = RequestError([ErrorItem(**item) for item in items])
             error.status = status
             raise error
-        admitted: Admitted = outcome[1]
-        return admitted
+        return outcome[1]
 
     def close(self, wait: bool = False) -> None:
         """Stop the parser processes (they start again on the next large body); ``wait`` for

@@ -1,19 +1,24 @@
-"""The compute endpoints over HTTP, one per row of :data:`service.trace.ENDPOINTS`.
+"""The endpoints that compute, over HTTP: one per row of :data:`DOORS` — the compute endpoints
+of :data:`service.trace.ENDPOINTS` and POST /model (service.models.answer) — all answered by
+the one path below, so that every protection holds for each of them.
 
-A compute POST is answered by :data:`DIRECT`, called by the middleware (service.http.middleware)
-once it has made every check FastAPI's router would make and read the body. The routes on
-:data:`router` are generated from the same table: they give /docs and openapi.json the
-endpoint, and the middleware's route matching (404, 405) its paths; a POST never reaches them.
+A POST to one of them is answered by :data:`DIRECT`, called by the middleware
+(service.http.middleware) once it has made every check FastAPI's router would make and read the
+body. The routes on :data:`router` are generated from the compute endpoints' table (service.http.models
+declares /model's): they give /docs and openapi.json the endpoint, and the middleware's route
+matching (404, 405) its paths; a POST never reaches them.
 
-An answer: parse the body (service.wire.parse: JSON or safetensors), admit it
-(service.trace.admit: the rules and limits), wait for the memory budget (service.http.budget)
-unless it is small, run it (service.trace.run) and encode it as JSON (service.wire.json_out) or
-safetensors (service.wire.safetensors_out). Where each stage runs depends on the sizes, so that
+An answer: parse the body (service.wire.parse: JSON or safetensors), admit it (the door's
+``admit``: service.trace.admit's rules and limits, or /model's rules that need no model; then
+its ``ready``, in a thread, where a trained model is loaded and the text tokenized), wait for
+the memory budget (service.http.budget) unless it is small, run it and encode it as JSON
+(service.wire.json_out) or safetensors (service.wire.safetensors_out). Where each stage runs depends on the sizes, so that
 fixed costs never dominate a small answer and a large one never stalls the event loop:
 
 - the body is parsed on the event loop up to INLINE_BODY_BYTES, in a thread up to
   THREAD_BODY_BYTES, and in a parser process above (service.http.parser);
-- an answer of up to INLINE_NUMBERS numbers is computed and encoded on the event loop; up to
+- an answer of up to INLINE_NUMBERS numbers is computed and encoded on the event loop (its last
+  byte awaited as a whole answer's is, when it is larger than the socket takes at once); up to
   WHOLE_NUMBERS (when its encoded bytes fit the memory budget as well), in one thread hop and
   sent in one piece, its memory counted until it has left the process; above, computed in a
   thread and streamed straight from the arrays as it is encoded, each output's memory given
@@ -35,7 +40,6 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service import trace
 from service.config import Settings
 from service.http.budget import (
     BASE_COST,
@@ -45,11 +49,11 @@ from service.http.budget import (
     held_bytes,
     whole_cost_bytes,
 )
-from service.trace import ENDPOINTS, Admitted, ComputeEndpoint
+from service.http.doors import DOORS, Answerable, Door, checked
+from service.trace import ENDPOINTS, ComputeEndpoint
 from service.wire.errors import ClientGone, ErrorBody, error_answer
 from service.wire.json_out import encode, encode_whole
 from service.wire.media import JSON_TYPE, MEDIA_TYPE, Format, body_form, negotiate
-from service.wire.parse import parse
 from service.wire.safetensors_out import encode_safetensors
 
 INLINE_BODY_BYTES = 16 * 1024  # parse on the event loop below this
@@ -128,13 +132,7 @@ def request_body(model: type[BaseModel], examples: Mapping[str, Example]) -> dic
     }
 
 
-def checked(raw: bytes, endpoint: str, settings: Settings, form: Format = "json") -> Admitted:
-    """Parse a body of ``endpoint`` and admit it (every rule and limit): what the parser
-    process runs for large bodies, and the event loop for small ones."""
-    return trace.admit(parse(raw, ENDPOINTS[endpoint].model, form), endpoint, settings)
-
-
-def _body(admitted: Admitted, gone: threading.Event) -> dict[str, Any]:
+def _body(door: Door, admitted: Answerable, gone: threading.Event) -> dict[str, Any]:
     """The response body as arrays and values; stops (ClientGone) at the next step once
     ``gone`` is set."""
 
@@ -142,15 +140,15 @@ def _body(admitted: Admitted, gone: threading.Event) -> dict[str, Any]:
         if gone.is_set():
             raise ClientGone
 
-    return trace.run(admitted, check)
+    return door.run(admitted, check)
 
 
 _NEVER = threading.Event()  # an inline answer's client cannot be seen to go: never set
 
 
-def _encoded(admitted: Admitted, gone: threading.Event, answer: Format) -> bytes:
+def _encoded(door: Door, admitted: Answerable, gone: threading.Event, answer: Format) -> bytes:
     """The whole response's bytes (JSON or safetensors), computed and encoded in one go."""
-    body = _body(admitted, gone)
+    body = _body(door, admitted, gone)
     if answer == "json":
         return encode_whole(body, admitted.decimals)
     return b"".join(encode_safetensors(body, admitted.decimals)[1])
@@ -164,23 +162,43 @@ async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
     gone.set()
 
 
-class _Held(Response):
+SOCKET_TAKES = 64 * 1024  # an answer up to this size is taken by the socket at once
+
+
+class _Whole(Response):
+    """An answer sent in one piece whose end is handed to the server only once its bytes
+    have left the process (the connection's buffer drained below its low mark), when it is
+    larger than the socket takes at once: a client that reads nothing is then cut by the
+    connection's send watch while its answer is still being sent, and logged as cut (499 with
+    its reason), not as a 200 complete."""
+
+    def __init__(self, content: bytes, media: str) -> None:
+        super().__init__(content, media_type=media, headers=VARY)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start = {"status": self.status_code, "headers": self.raw_headers}
+        await send({"type": "http.response.start", **start})
+        if len(self.body) <= SOCKET_TAKES:
+            await send({"type": "http.response.body", "body": self.body})
+            return
+        await send({"type": "http.response.body", "body": self.body, "more_body": True})
+        # the last (empty) piece is sent once the buffer has drained below its low mark
+        await send({"type": "http.response.body", "body": b""})
+
+
+class _Held(_Whole):
     """A whole answer whose ticket gives its memory back once the answer has left the
     process (or the client has gone): the server's write takes the whole answer into the
     connection's buffer at once, where a client that reads slowly, or not at all, would keep
     it uncounted."""
 
     def __init__(self, content: bytes, ticket: Ticket, media: str) -> None:
-        super().__init__(content, media_type=media, headers=VARY)
+        super().__init__(content, media)
         self.ticket = ticket
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            start = {"status": self.status_code, "headers": self.raw_headers}
-            await send({"type": "http.response.start", **start})
-            await send({"type": "http.response.body", "body": self.body, "more_body": True})
-            # the last (empty) piece is sent once the buffer has drained below its low mark
-            await send({"type": "http.response.body", "body": b""})
+            await super().__call__(scope, receive, send)
         finally:
             self.ticket()
             await self.ticket.budget.trim_when_idle()  # as after a streamed answer
@@ -270,25 +288,30 @@ async def _read(request: Request) -> bytes:
             return b"".join(chunks)
 
 
-async def _answer(request: Request, endpoint: str) -> Response:
-    """The answer to a compute POST whose body the middleware has read (see the module's doc)."""
+async def answer_to(request: Request, endpoint: str) -> Response:
+    """The answer to a POST of ``endpoint`` (a key of DOORS) whose body the middleware has read
+    (see the module's doc)."""
+    door = DOORS[endpoint]
     raw = await _read(request)
     state = request.app.state
     settings: Settings = state.settings
     form = body_form(request.headers.get("content-type", "")) or "json"  # the middleware's 415
     answer = negotiate(request.headers.get("accept")) or "json"  # and its 406
     if len(raw) <= INLINE_BODY_BYTES:
-        admitted = checked(raw, endpoint, settings, form)
+        parsed = checked(raw, endpoint, settings, form)
     elif len(raw) <= THREAD_BODY_BYTES:
-        admitted = await run_in_threadpool(checked, raw, endpoint, settings, form)
+        parsed = await run_in_threadpool(checked, raw, endpoint, settings, form)
     else:  # JSON or safetensors (its header and metadata JSON): never on the worker's GIL
-        admitted = await state.parser.check(raw, endpoint, settings, form)
+        parsed = await state.parser.check(raw, endpoint, settings, form)
     del raw  # parsed: its memory goes back now, not after the answer
+    admitted: Answerable = (
+        parsed if door.ready is None else await run_in_threadpool(door.ready, parsed, settings)
+    )
     media = JSON_TYPE if answer == "json" else MEDIA_TYPE
     # small: answered at once, never queued behind large ones; a comparison's recomputations
     # (up to ~100 of them) always run off the event loop
     if admitted.numbers <= INLINE_NUMBERS and not admitted.comparing:
-        return Response(_encoded(admitted, _NEVER, answer), media_type=media, headers=VARY)
+        return _Whole(_encoded(door, admitted, _NEVER, answer), media)
     # sent whole when its encoded bytes fit the budget too (a small configured budget streams)
     whole_cost = whole_cost_bytes(admitted.numbers)
     whole = admitted.numbers <= WHOLE_NUMBERS and whole_cost <= state.budget.total
@@ -296,12 +319,12 @@ async def _answer(request: Request, endpoint: str) -> Response:
     watcher = asyncio.create_task(_watch_disconnect(request, gone))
     try:
         cost = whole_cost if whole else cost_bytes(admitted.numbers)
-        ticket = await _admitted(state.budget, cost, watcher)
+        ticket = await _admitted(state.budget, cost, watcher, door.advice)
         try:
             if whole:  # one thread hop, one write: the fixed costs of streaming would dominate
-                encoded = await run_in_threadpool(_encoded, admitted, gone, answer)
+                encoded = await run_in_threadpool(_encoded, door, admitted, gone, answer)
                 return _Held(encoded, ticket, media)
-            body = await run_in_threadpool(_body, admitted, gone)
+            body = await run_in_threadpool(_body, door, admitted, gone)
         except BaseException:
             ticket()
             raise
@@ -314,7 +337,9 @@ async def _answer(request: Request, endpoint: str) -> Response:
     return _Budgeted(chunks, ticket, MEDIA_TYPE, length)
 
 
-def _giving_back(ticket: Ticket, admitted: Admitted, body: dict[str, Any]) -> Callable[[str], None]:
+def _giving_back(
+    ticket: Ticket, admitted: Answerable, body: dict[str, Any]
+) -> Callable[[str], None]:
     """Memory goes back as the answer streams out: at once, what the body does not hold (the
     intermediates `include` left out, masks); then each output's share once it is written."""
     held = {name: held_bytes(n) for name, n in admitted.numbers_in(body).items()}
@@ -327,10 +352,10 @@ def _giving_back(ticket: Ticket, admitted: Admitted, body: dict[str, Any]) -> Ca
     return written
 
 
-async def _admitted(budget: Budget, cost: int, watcher: asyncio.Task[None]) -> Ticket:
+async def _admitted(budget: Budget, cost: int, watcher: asyncio.Task[None], advice: str) -> Ticket:
     """Wait for the budget to admit ``cost``, unless the client leaves first (then it gives up
-    its place in the queue: ClientGone)."""
-    admission = asyncio.ensure_future(budget.admit(cost))
+    its place in the queue: ClientGone); ``advice`` says what to change when it never fits."""
+    admission = asyncio.ensure_future(budget.admit(cost, advice))
     done, _ = await asyncio.wait({admission, watcher}, return_when=asyncio.FIRST_COMPLETED)
     if admission in done:
         return admission.result()  # or the 413 / 503 it raised
@@ -348,7 +373,7 @@ def direct(endpoint: str) -> ASGIApp:
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            response = await _answer(Request(scope, receive), endpoint)
+            response = await answer_to(Request(scope, receive), endpoint)
         except Exception as exc:
             answer = error_answer(exc, scope)
             if answer is None:
@@ -359,7 +384,7 @@ def direct(endpoint: str) -> ASGIApp:
     return app
 
 
-DIRECT: dict[str, ASGIApp] = {f"/{name}": direct(name) for name in ENDPOINTS}
+DIRECT: dict[str, ASGIApp] = {f"/{name}": direct(name) for name in DOORS}
 
 
 def _documented(e: ComputeEndpoint) -> Callable[[Request], Awaitable[Response]]:
@@ -368,7 +393,7 @@ def _documented(e: ComputeEndpoint) -> Callable[[Request], Awaitable[Response]]:
     function would give it too if it were ever called."""
 
     async def endpoint(request: Request) -> Response:
-        return await _answer(request, e.name)
+        return await answer_to(request, e.name)
 
     endpoint.__name__ = e.name  # openapi.json's operationId: attention_attention_post
     return endpoint

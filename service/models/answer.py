@@ -4,10 +4,20 @@ head's role, the rollout, and the chosen layer's whole answer exactly as POST /m
 it (its request built from the layer's weights and the hidden states entering it), so that
 steps, summary and compare work on a real layer.
 
-Like the compute endpoints, an answer is admitted first (:func:`admit`: the model, the text's
-tokens against the cap, the layer, include, and the layer's /multihead request through the
-trace's own rules and limits; nothing computed) and run after (:func:`run`)."""
+It is answered by the compute endpoints' answer path (service.http.routes: the body parsed by
+size, the memory budget held until the answer has left, a client that leaves or reads nothing
+stopped), in three stages as they are:
 
+- :func:`check`, wherever the body is parsed (a parser process for a large one): the rules that
+  need no model loaded — the model's name, a text neither empty nor longer than the character
+  cap (:func:`max_text_chars`: a text that cannot fit the token cap is refused before it is
+  tokenized), include's names;
+- :func:`admit`, in a thread of the worker: the model loaded (once), the text tokenized, its
+  tokens against the cap, the layer, and the layer's /multihead request through the trace's own
+  rules and limits — nothing computed;
+- :func:`run` once the memory budget has admitted the numbers :func:`admit` counted."""
+
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -20,11 +30,45 @@ from service.core.types import IntArray
 from service.models.catalog import BY_NAME, INSTALL_COMMAND, MODELS, Model
 from service.models.loading import Loaded, ModelFilesError, load, read_config
 from service.trace.compute import Check
-from service.wire.errors import FieldError, LimitError, ModelNotInstalled
+from service.wire.errors import FieldError, LimitError, ModelNotInstalled, RequestError
 from service.wire.schemas.model_fields import ModelRequest
 from service.wire.schemas.requests import MultiheadRequest
 
 OUTPUTS = ("model", "tokens", "attention", "head_roles", "rollout", "trace")
+SHORTER = "send a shorter text"  # what a /model request over a limit can change
+JSON_BYTES_PER_CHAR = 6  # a character as JSON may send it: \\u00e9
+EXPECTED_ARRAYS = 16  # expected arrays a /model body is sized for (one layer's, compared)
+JSON_BYTES_PER_NUMBER = 25  # "-1.2345678901234567e-100,"
+BODY_SLACK = 64 * 1024  # the body's other fields and JSON's punctuation
+BODY_ADVICE = (
+    "a /model body holds a text within the token cap and the chosen layer's expected arrays: "
+    f"{SHORTER} or fewer expected arrays"
+)
+
+
+def max_text_chars(settings: Settings) -> int:
+    """The longest text /model tokenizes: a text of up to ``max_model_tokens`` tokens whose
+    every word is as long as the longest word the catalog's tokenizers keep (longer words are
+    one [UNK]), each followed by one separator. A longer text is refused (413) before it is
+    tokenized: otherwise a 32 MB body would be tokenized in full only to learn that it is
+    over the token cap."""
+    longest = max(m.longest_word for m in MODELS)
+    return settings.max_model_tokens * (longest + 1)
+
+
+def max_body_bytes(settings: Settings) -> int:
+    """The largest /model body worth reading (413 above, before it is read): its text at the
+    character cap, and EXPECTED_ARRAYS expected arrays of the chosen layer, each at most
+    L × max(d_model, L) numbers (Q, K, V, a head's weights, the output) with L the token cap,
+    for the largest model installed here; never more than ``max_body_bytes``."""
+    tokens = settings.max_model_tokens
+    widths = [
+        int(entry(m, settings)["d_model"] or 0) for m in MODELS if m.installed(settings.models_dir)
+    ]
+    array = tokens * max([tokens, *widths])
+    text = JSON_BYTES_PER_CHAR * max_text_chars(settings)
+    limit = text + EXPECTED_ARRAYS * JSON_BYTES_PER_NUMBER * array + BODY_SLACK
+    return min(settings.max_body_bytes, limit)
 
 
 def entry(model: Model, settings: Settings, config: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -61,10 +105,31 @@ class ModelAdmitted:
     ids: IntArray
     tokens: list[str]
     layer: trace.Admitted
-    numbers: int
+    numbers: int  # every number the answer computes, the forward's included
+
+    @property
+    def comparing(self) -> bool:
+        """Whether the layer's trace is compared with expected arrays."""
+        return self.layer.comparing
+
+    @property
+    def decimals(self) -> int | None:
+        return self.req.decimals
+
+    def numbers_in(self, body: Mapping[str, Any]) -> dict[str, int]:
+        """How many numbers each top-level output of ``body`` holds (its memory goes back as
+        it is written): the forward's weights and rollout, and the layer's whole trace."""
+        n, h = int(self.ids.shape[0]), self.loaded.encoder.num_heads
+        sizes = {
+            "attention": self.loaded.layers * h * n * n,
+            "rollout": n * n,
+            "head_roles": self.loaded.layers * h * 8,
+            "trace": self.layer.numbers,
+        }
+        return {name: size for name, size in sizes.items() if name in body}
 
 
-def _model(req: ModelRequest, settings: Settings) -> Loaded:
+def _catalogued(req: ModelRequest, settings: Settings) -> Model:
     model = BY_NAME.get(req.model)
     if model is None:
         names = ", ".join(m.name for m in MODELS if m.installed(settings.models_dir)) or "none"
@@ -73,6 +138,10 @@ def _model(req: ModelRequest, settings: Settings) -> Loaded:
             f'there is no model "{req.model[:40]}"; the models installed here: {names} '
             "(GET /models lists them)",
         )
+    return model
+
+
+def _loaded(model: Model, settings: Settings) -> Loaded:
     if not model.installed(settings.models_dir):
         raise ModelNotInstalled(model.name, INSTALL_COMMAND)
     try:
@@ -99,36 +168,84 @@ def _layer_request(req: ModelRequest, loaded: Loaded, x: np.ndarray, tokens: lis
     return made.model_copy(update={"expected": req.expected, "tolerance": req.tolerance})
 
 
-def admit(req: ModelRequest, settings: Settings) -> ModelAdmitted:
-    """Every rule of a /model request, or the error that names the field (422; 413 over the
-    token cap; 501 for a model not installed here). Computes nothing."""
-    loaded = _model(req, settings)
+def check(req: ModelRequest, settings: Settings) -> ModelRequest:
+    """The rules of a /model request that need no model loaded, or the error that names the
+    field: runs wherever the body is parsed. Tokenizes nothing."""
+    _catalogued(req, settings)
     if not req.text.strip():
         raise FieldError("text", "text is empty: give a sentence to tokenize")
-    ids, tokens = loaded.tokenize(req.text)
-    cap = settings.max_model_tokens
-    if ids.shape[0] > cap:
+    cap = max_text_chars(settings)
+    if len(req.text) > cap:
         raise LimitError(
             "text",
-            f"text is {ids.shape[0]} tokens with the model's special tokens, over this "
-            f"service's limit of {cap}; send a shorter text",
+            f"text is {len(req.text):,} characters, over this service's limit of {cap:,} (its "
+            f"cap of {settings.max_model_tokens} tokens, each a word of at most "
+            f"{cap // settings.max_model_tokens - 1} characters and a space); {SHORTER}",
             cap,
-        )
-    if req.layer >= loaded.layers:
-        raise FieldError(
-            "layer",
-            f"layer is {req.layer} but {loaded.model.name} has layers 0 to {loaded.layers - 1}",
         )
     unknown = [n for n in req.include or () if n not in OUTPUTS]
     if unknown:
         raise FieldError(
             "include", f'include names "{unknown[0][:40]}"; choose from {", ".join(OUTPUTS)}'
         )
+    return req
+
+
+def _tokens(req: ModelRequest, loaded: Loaded, settings: Settings) -> tuple[IntArray, list[str]]:
+    """The text's token ids and tokens, within the token cap and not only special tokens."""
+    ids, tokens, special = loaded.tokenize(req.text)
+    cap = settings.max_model_tokens
+    if ids.shape[0] > cap:
+        raise LimitError(
+            "text",
+            f"text is {ids.shape[0]} tokens with the model's special tokens, over this "
+            f"service's limit of {cap}; {SHORTER}",
+            cap,
+        )
+    if all(special):
+        raise FieldError(
+            "text",
+            f"text has no tokens for {loaded.model.name} besides its special tokens "
+            f"({' '.join(tokens)}): give a sentence with words in it",
+        )
+    return ids, tokens
+
+
+def _shorter(error: RequestError) -> RequestError:
+    """A limit of the layer's trace (service.trace.limits) as /model's: the text is what the
+    caller can shorten (the heads and masks are the model's)."""
+    if not isinstance(error, LimitError):
+        return error
+    first = error.items[0].message.split("; ")[0]
+    return LimitError("text", f"{first}; {SHORTER}", error.limit)
+
+
+def admit(req: ModelRequest, settings: Settings) -> ModelAdmitted:
+    """Every rule of a /model request :func:`check` has passed, or the error that names the
+    field (422; 413 over the token cap or a limit; 501 for a model not installed here): the
+    model loaded (once a process), the text tokenized. Computes nothing."""
+    loaded = _loaded(_catalogued(req, settings), settings)
+    ids, tokens = _tokens(req, loaded, settings)
+    if req.layer >= loaded.layers:
+        raise FieldError(
+            "layer",
+            f"layer is {req.layer} but {loaded.model.name} has layers 0 to {loaded.layers - 1}",
+        )
     zeros = np.zeros((ids.shape[0], loaded.d_model))  # (L, d): the real x comes at run time
-    layer = trace.admit(_layer_request(req, loaded, zeros, tokens), "multihead", settings)
+    try:
+        layer = trace.admit(_layer_request(req, loaded, zeros, tokens), "multihead", settings)
+    except RequestError as error:
+        raise _shorter(error) from None
     n, d, h = ids.shape[0], loaded.d_model, loaded.encoder.num_heads
     per_layer = 8 * h * n * n + 16 * n * d + 2 * n * int(loaded.encoder.blocks[0].b_in.size)
     numbers = layer.numbers + loaded.layers * per_layer
+    if numbers > settings.max_computed_numbers:
+        raise LimitError(
+            "text",
+            f"this text would make {loaded.model.name} compute {numbers:,} numbers, over the "
+            f"limit of {settings.max_computed_numbers:,}; {SHORTER}",
+            settings.max_computed_numbers,
+        )
     listed = entry(loaded.model, settings, loaded.config)
     return ModelAdmitted(req, loaded, listed, ids, tokens, layer, numbers)
 

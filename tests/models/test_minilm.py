@@ -62,7 +62,7 @@ def reference() -> tuple[Any, Any]:
 @pytest.mark.parametrize("text", SENTENCES, ids=["cat", "paper", "repeats", "unicode"])
 def test_tokens_are_the_tokenizers(ours: Loaded, reference: tuple[Any, Any], text: str) -> None:
     _, tokenizer = reference
-    ids, tokens = ours.tokenize(text)
+    ids, tokens, _ = ours.tokenize(text)
     assert ids.tolist() == tokenizer(text)["input_ids"]
     assert tokens == tokenizer.convert_ids_to_tokens(ids.tolist())
     assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
@@ -86,7 +86,7 @@ def test_every_layer_agrees_with_transformers(
     ours: Loaded, reference: tuple[Any, Any], text: str
 ) -> None:
     model, _ = reference
-    ids, _ = ours.tokenize(text)
+    ids, _, _ = ours.tokenize(text)
     got = forward(ids, ours.encoder)
     blocks: list[Any] = []
     hooks = [

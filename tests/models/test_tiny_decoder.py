@@ -48,7 +48,7 @@ def test_every_layer_agrees_with_transformers(
     ours: Loaded, reference: tuple[Any, Any], text: str
 ) -> None:
     model, tokenizer = reference
-    ids, tokens = ours.tokenize(text)
+    ids, tokens, _ = ours.tokenize(text)
     assert ids.tolist() == tokenizer(text)["input_ids"] and tokens[0] == "[BOS]"
     got = forward(ids, ours.encoder)
     with torch.no_grad():
