@@ -220,11 +220,14 @@ def test_admit_counts_the_numbers_and_refuses_over_the_limits() -> None:
 
 
 def test_each_endpoint_is_declared_once_and_documented_from_its_row() -> None:
-    """The routes FastAPI documents are made from trace.ENDPOINTS, one per row."""
+    """The routes FastAPI documents are made from trace.ENDPOINTS, one per row; every
+    endpoint that computes (those and POST /model) is answered by the one path."""
+    from service.http.doors import DOORS
     from service.http.routes import DIRECT, router
 
     documented = {getattr(r, "path", ""): r for r in router.routes}
-    assert set(documented) == {f"/{name}" for name in trace.ENDPOINTS} == set(DIRECT)
+    assert set(documented) == {f"/{name}" for name in trace.ENDPOINTS}
+    assert set(DIRECT) == set(documented) | {"/model"} == {f"/{name}" for name in DOORS}
     for name, e in trace.ENDPOINTS.items():
         route: Any = documented[f"/{name}"]
         assert route.description == e.description and route.response_model is e.response
