@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.core.errors import AttentionInputError
 from service.core.types import Alignment, Array, BoolArray
 
 
@@ -163,7 +164,13 @@ def combine(
             case Boolean(matrix):
                 allowed &= matrix.astype(bool)
             case Additive(matrix):
-                additive += matrix  # −∞ entries mask
+                with np.errstate(over="ignore", invalid="ignore"):  # refused just below
+                    additive += matrix  # −∞ entries mask
+    if (np.isposinf(additive) | np.isnan(additive)).any():
+        raise AttentionInputError(
+            "the additive masks add up past float64's largest number (±1.8e308): a bias of "
+            "+∞ cannot be applied; keep their sum below 1e308 (null masks a key)"
+        )
     allowed &= ~padded_queries[:, :, None]
     allowed &= ~np.isneginf(additive)
     additive[~allowed] = -np.inf

@@ -65,7 +65,24 @@ def _polarity_problem(allowed: BoolArray) -> str | None:
 
 
 def check_masks(req: InputFields, batch: int | None, seq_len: int, ctx_len: int) -> None:
-    """Each mask against the scores' shape L×S and the batch."""
+    """Each mask against the scores' shape L×S and the batch, and the additive masks' sum
+    within float64."""
+    _check_shapes(req, batch, seq_len, ctx_len)
+    total: np.ndarray | None = None  # the additive masks so far, summed: (L, S) or (B, L, S)
+    for i, item in enumerate(req.mask or []):
+        if not isinstance(item, AdditiveMask):
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):  # refused just below
+            total = item.matrix if total is None else total + item.matrix
+        if (np.isposinf(total) | np.isnan(total)).any():
+            raise FieldError(
+                f"mask[{i}].matrix",
+                f"mask[{i}].matrix added to the additive masks before it exceeds float64's "
+                "largest number (1.8e308): the bias would be +∞; keep their sum below 1e308",
+            )
+
+
+def _check_shapes(req: InputFields, batch: int | None, seq_len: int, ctx_len: int) -> None:
     for i, item in enumerate(req.mask or []):
         field = f"mask[{i}]"
         if isinstance(item, BooleanMask | AdditiveMask):

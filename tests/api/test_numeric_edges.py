@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -41,6 +42,7 @@ Path = tuple[str | int, ...]  # keys and indices into a request body
 _QKV = {k: ex.CAUSAL_FOUR_TOKENS[k] for k in ("tokens", "q", "k", "v")}
 _ROPE_ON = {**_QKV, "rope": True}
 _WIDE = {k: ex.YARN_PAST_THE_CONTEXT[k] for k in ("tokens", "q", "k", "v")}  # d_k 8
+_D64 = {"q": [[1.0] * 64] * 2, "k": [[1.0] * 64] * 2, "v": [[1.0], [2.0]]}  # d_k 64
 
 
 def _at(body: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -242,3 +244,120 @@ def test_every_numeric_field_at_its_edges(
 ) -> None:
     assert lenient.post(path, json=body).status_code == 200  # the base is valid
     check_answer(lenient.post(path, json=_set(body, where, value)), _name(where))
+
+
+# ---- values that overflow only later, in the computation -------------------------------------
+
+_NEAR_MAX = [2**53 - 3, 2**53 - 2, 2**53 - 1, 2**53]
+_FAR = [0, 1, 2, 10**15]
+LATER: list[tuple[str, dict[str, Any], str | None]] = [
+    # (endpoint, request, the field a 422 names, or None: a 200 with finite numbers)
+    ("/attention", _at(_QKV, temperature={"floor_scale": 1, "attn_scale": 1e308}), "temperature.attn_scale"),
+    ("/attention", _at(_QKV, temperature={"floor_scale": 5e-324, "attn_scale": 0}), "temperature"),
+    ("/attention", _at(_QKV, softcap=1e-308), None),
+    ("/attention", _at(_QKV, softcap=5e-324), None),
+    ("/attention", _at(_QKV, rope=True, positions=_NEAR_MAX, context_positions=_NEAR_MAX), None),
+    ("/attention", _at(_QKV, alibi=True, positions=_NEAR_MAX, context_positions=[0] * 4), None),
+    ("/attention", _at(_QKV, rope={"base": 1e308}), None),
+    ("/attention", _at(_QKV, rope={"base": 5e-324}), None),  # d_k 2: θ_0 = 1 whatever the base
+    ("/attention", _at(_D64, rope={"base": 5e-324}), "rope.base"),
+    ("/attention", _at(_WIDE, rope={"base": 1e-300}), None),  # θ up to 1e225: finite angles
+    ("/attention", _at(_D64, rope={"base": 1e-310}, positions=[0, 2**53]), "rope.base"),
+    ("/attention", _at(_QKV, rope={"scaling": {"type": "linear", "factor": 1e308}}), None),
+    ("/attention", _at(_QKV, rope={"scaling": {"type": "linear", "factor": 5e-324}}), "rope.scaling"),
+    ("/attention", _at(_WIDE, rope={"scaling": {"type": "llama3", "factor": 1e308}}), None),
+    ("/attention", _at(_WIDE, rope={"scaling": {"type": "llama3", "factor": 5e-324}}), "rope.scaling"),
+    ("/attention", _at(_WIDE, rope={"scaling": {"type": "llama3", "low_freq_factor": 2,
+                                                "high_freq_factor": 2}}), None),
+    ("/attention", _at(_WIDE, rope={"scaling": {"type": "llama3", "original_max_position": 0}}),
+     "rope.scaling.original_max_position"),
+    ("/attention", _at(_WIDE, rope={"scaling": {"type": "llama3", "original_max_position": 2**53 + 1}}),
+     "rope.scaling.original_max_position"),
+    ("/attention", _at(_WIDE, rope={"scaling": {"type": "yarn", "factor": 1e308, "original_max_position": 8}}), None),
+    ("/attention", _at(_WIDE, rope={"scaling": {"type": "yarn", "factor": 1e308, "original_max_position": 8,
+                                                "mscale": 1e308, "mscale_all_dim": 1}}), "rope.scaling"),
+    ("/attention", _at(_WIDE, rope={"scaling": {"type": "dynamic", "factor": 1e308, "original_max_position": 1}}),
+     "rope.scaling"),
+    ("/attention", _at(_WIDE, rope={"scaling": {"type": "longrope", "short_factor": [1] * 4, "long_factor": [1e-320] * 4,
+                                                "original_max_position": 2, "factor": 1e308}}), "rope.scaling"),
+    ("/attention", _at(_QKV, alibi={"slopes": [1e300]}, positions=_FAR, context_positions=_FAR), "alibi.slopes"),
+    ("/attention", _at(_QKV, sinks=1e308), None),
+    ("/attention", _at(_QKV, qk_norm={"eps": 1e308}, v_norm={"eps": 1e308}), None),
+    ("/attention", _at(_QKV, relative_bias={"table": [0.1, 0.2, 0.3, 0.4], "max_distance": 2**53}), None),
+    ("/mask", _at(_QKV, mask=[{"type": "additive", "matrix": [[1e308] * 4] * 4}] * 2), "mask[1].matrix"),
+    ("/mask", _at(_QKV, mask=[{"type": "window", "left": 2**63}, {"type": "chunked", "size": 2**63}]), None),
+    # an integer beyond 2^64 is read as a float by the JSON parser: "a valid integer" is asked
+    ("/mask", _at(_QKV, mask={"type": "window", "left": 10**30, "right": 10**30}), "mask[0].left"),
+    ("/multihead", _at(ex.TWO_HEADS_FULL_BLOCK, layer_norm={"eps": 0}), "layer_norm.eps"),
+    ("/multihead", _at(ex.TWO_HEADS_FULL_BLOCK, layer_norm={"eps": 1e308}), None),
+    ("/multihead", _at(ex.DEEPSEEK_MLA, mla={**ex.DEEPSEEK_MLA["mla"], "eps": 1e308}), None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    LATER,
+    ids=[f"{p}:{f or '200'}:{n}" for n, (p, _, f) in enumerate(LATER)],
+)
+def test_values_that_overflow_later(
+    lenient: TestClient, path: str, body: dict[str, Any], field: str | None
+) -> None:
+    r = lenient.post(path, json=body)
+    if field is None:
+        assert r.status_code == 200, r.text[:400]
+    else:
+        assert r.status_code == 422, r.text[:400]
+    check_answer(r, field or "")
+    if field is not None and not _data_dependent(field):
+        assert r.json()["errors"][0]["field"] == field, r.json()
+
+
+# ---- where the value is computable, the numbers are right ------------------------------------
+
+_CAUSAL = {"type": "causal"}
+SAME: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    # (endpoint, a request with an edge value, the same request written without it)
+    ("/mask", _at(_QKV, mask={"type": "window", "left": 2**63, "right": 0}), _at(_QKV, mask=_CAUSAL)),
+    ("/mask", _at(_QKV, mask={"type": "window", "left": 2**63 - 1, "right": 0}), _at(_QKV, mask=_CAUSAL)),
+    ("/mask", _at(_QKV, mask={"type": "window", "left": 1, "right": 2**63}),
+     _at(_QKV, mask={"type": "window", "left": 1})),
+    ("/mask", _at(_QKV, mask={"type": "chunked", "size": 2**63}), _at(_QKV, mask=_CAUSAL)),
+    ("/mask", _at(_QKV, mask={"type": "chunked", "size": 4}), _at(_QKV, mask=_CAUSAL)),
+    ("/attention", _at(_QKV, softcap=1e308), _QKV),
+    ("/attention", _at(_QKV, sinks=-1e308), _QKV),
+    ("/attention", _at(_QKV, online_softmax={"block_size": 2**63}), _QKV),
+    ("/attention", _at(_QKV, scale=5e-324), _at(_QKV, scale=0)),
+    ("/attention", _at(_QKV, qk_norm={"eps": 1e308}), _at(_QKV, scale=0)),
+    # YaRN's limits: no pair turns more than 1e308 times, every pair fewer than 5e-324 times;
+    # at 1e300 and 1e-300 transformers' own formula is finite and gives the same ramp ends
+    ("/attention", _set(ex.YARN_PAST_THE_CONTEXT, ("rope", "scaling", "beta_fast"), 1e308),
+     _set(ex.YARN_PAST_THE_CONTEXT, ("rope", "scaling", "beta_fast"), 1e300)),
+    ("/attention", _set(ex.YARN_PAST_THE_CONTEXT, ("rope", "scaling", "beta_slow"), 5e-324),
+     _set(ex.YARN_PAST_THE_CONTEXT, ("rope", "scaling", "beta_slow"), 1e-300)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "edge", "plain"), SAME, ids=[f"{n}" for n in range(len(SAME))])
+def test_computable_edges_equal_the_plain_request(
+    lenient: TestClient, path: str, edge: dict[str, Any], plain: dict[str, Any]
+) -> None:
+    got, want = lenient.post(path, json=edge), lenient.post(path, json=plain)
+    assert got.status_code == 200 and want.status_code == 200, got.text[:300]
+    for name in {"weights", "output"} & set(want.json()):
+        np.testing.assert_allclose(got.json()[name], want.json()[name], rtol=0, atol=1e-12)
+
+
+def test_a_sink_of_1e308_takes_every_weight(lenient: TestClient) -> None:
+    r = lenient.post("/attention", json=_at(_QKV, sinks=1e308)).json()
+    assert r["sink_weights"] == [1.0] * 4 and r["weights"] == [[0.0] * 4] * 4
+
+
+def test_a_scale_of_0_gives_uniform_weights(lenient: TestClient) -> None:
+    r = lenient.post("/attention", json=_at(_QKV, scale=0)).json()
+    assert r["weights"] == [[0.25] * 4] * 4
+
+
+def test_a_huge_tolerance_matches_anything(lenient: TestClient) -> None:
+    body = _set(ex.COURSE_NOTEBOOK, ("tolerance", "atol"), 1e308)
+    (entry,) = lenient.post("/attention", json=body).json()["comparison"]
+    assert entry["match"] is True
