@@ -5,27 +5,20 @@ implies, from which the limits are checked and the plan is built (:mod:`service.
 The weight forms (:mod:`service.trace.rows.weight_forms`) and the variants
 (:mod:`service.trace.rows.variants`) are rows these rules loop over."""
 
-import math
 from dataclasses import replace
 
 import numpy as np
 
-from service.core import positions
-from service.core.types import IntArray
-from service.core.variants import Temperature, temperature_factors
-from service.trace.checks import (
-    DOTTED,
-    batch_words,
-    check_bias,
-    check_size,
-    engine_rule,
-    options,
-    weight_out,
-)
+from service.trace.checks import DOTTED, batch_words, check_bias, check_size, weight_out
 from service.trace.decode import cache_labels, check_past, past_length
-from service.trace.mask_rules import check_key_padding, check_masks, mask_warnings, num_masks
+from service.trace.mask_rules import (
+    check_key_padding,
+    check_masks,
+    check_ranges,
+    mask_warnings,
+    num_masks,
+)
 from service.trace.rows.latent import latent_dims
-from service.trace.rows.rope import rope_settings
 from service.trace.rows.variants import VARIANTS
 from service.trace.rows.weight_forms import Dims, weight_form
 from service.trace.shapes import Shapes
@@ -37,7 +30,6 @@ from service.wire.schemas.requests import (
     MaskRequest,
     MultiheadRequest,
 )
-from service.wire.schemas.variant_fields import AlibiOptions
 
 _PROJECTION_FIELDS = ("x", "context", "w_q", "w_k", "w_v", "b_q", "b_k", "b_v", "seed", "d_model",
                       "d_k", "d_v")  # fmt: skip
@@ -440,7 +432,7 @@ def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> 
             raise FieldError(name, f"{name} has {len(given)} entries but there are {size} {what}")
     if req.key_padding_mask is not None:
         check_key_padding(req.key_padding_mask, shapes)
-    _check_ranges(req, shapes, {v.field for v in on})
+    check_ranges(req, shapes, {v.field for v in on})
     return replace(
         shapes,
         on=frozenset(v.field for v in on),
@@ -450,66 +442,3 @@ def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> 
         check_decode=req.check_decode,
         online_block=None if req.online_softmax is None else req.online_softmax.block_size,
     )
-
-
-# ---- numeric ranges: settings whose numbers overflow float64 with these positions, found
-# before anything is drawn and named by their field (the core would refuse them later, unnamed)
-
-
-def _check_ranges(req: AttentionRequest | MultiheadRequest, shapes: Shapes, on: set[str]) -> None:
-    """RoPE's frequencies, angles and attention factor, the temperature's factors and ALiBi's
-    largest bias, from the settings and the positions alone (no data: the scores' own overflow
-    stays the core's to refuse)."""
-    queries, keys = _query_positions(req, shapes), _key_positions(req, shapes)
-    if "rope" in on:
-        rope = rope_settings(req)["rope"]
-        field = "rope.scaling" if rope.scaling is not None else "rope.base"
-        r = (
-            shapes.d_k
-            if rope.rotary_dim is None or rope.style == "proportional"
-            else rope.rotary_dim
-        )
-        with engine_rule(field):
-            theta = positions.rope_frequencies(r, rope.base, rope.scaling, _top(queries) + 1)
-            positions.rope_angles(np.concatenate((queries, keys)), theta, rope.scaling)
-    if req.temperature is not None:
-        t = Temperature(req.temperature.floor_scale, req.temperature.attn_scale)
-        with np.errstate(all="ignore"), engine_rule("temperature"):
-            factors = temperature_factors(queries, t)  # (L,)
-        if not np.isfinite(factors).all():
-            raise FieldError(
-                "temperature",
-                f"temperature floor_scale {t.floor_scale:g} with attn_scale {t.attn_scale:g} makes "
-                f"the query factor at position {_top(queries)} overflow float64: give a floor_scale "
-                "of 1 or more (Llama 4: 8192)",
-            )
-    alibi = options(req.alibi, AlibiOptions)
-    if alibi is not None and alibi.slopes is not None and keys.size and queries.size:
-        span = max(_top(keys) - int(queries.min()), _top(queries) - int(keys.min()))
-        if not math.isfinite(float(np.abs(alibi.slopes).max()) * span):
-            raise FieldError(
-                "alibi.slopes",
-                f"alibi.slopes times the largest distance between positions ({span}) overflows "
-                "float64: give slopes below 1e308 / distance (the paper's are below 1)",
-            )
-
-
-def _top(p: IntArray) -> int:
-    return int(p.max()) if p.size else 0
-
-
-def _query_positions(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> IntArray:
-    """(L,) the queries' positions: as given, else P … P + L − 1 (P = 0 without a cache)."""
-    if req.positions is not None:
-        return np.asarray(req.positions, dtype=np.int64)
-    return np.arange(shapes.past_len, shapes.past_len + shapes.seq_len)
-
-
-def _key_positions(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> IntArray:
-    """The keys' positions, or every position they may default to (0 … S−1, or the queries')."""
-    if req.context_positions is not None:
-        return np.asarray(req.context_positions, dtype=np.int64)
-    default = np.arange(shapes.ctx_len)  # (S,)
-    if req.positions is None:
-        return default
-    return np.concatenate((default, np.asarray(req.positions, dtype=np.int64)))
