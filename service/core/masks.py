@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.core.errors import AttentionInputError
 from service.core.types import Alignment, Array, BoolArray
 
 
@@ -30,7 +31,8 @@ class Padding:
 
 @dataclass(frozen=True)
 class Window:
-    """Query i sees keys j with i − left ≤ j ≤ i + right; None means unbounded on that side."""
+    """Query i sees keys j with i − left ≤ j ≤ i + right; None means unbounded on that side,
+    and so does any width at least the sequence's (2^63 − 1, ``sys.maxsize``, included)."""
 
     left: int | None = None
     right: int | None = None
@@ -39,7 +41,8 @@ class Window:
 @dataclass(frozen=True)
 class Chunked:
     """Llama 4's chunked attention: query i sees keys j ≤ i in its own block of ``size``
-    positions (⌊i/size⌋ = ⌊j/size⌋), transformers' ``chunked_causal_mask_function``."""
+    positions (⌊i/size⌋ = ⌊j/size⌋), transformers' ``chunked_causal_mask_function``. A size
+    at least the sequence's is one block: the causal mask."""
 
     size: int
 
@@ -92,27 +95,36 @@ def causal(
     return j <= i + offset if diagonal else j < i + offset
 
 
+def _span(seq_len: int, ctx_len: int, row_offset: int) -> int:
+    """A width that already reaches every key from every query (the largest row or key index
+    + 1): a window or chunk as wide or wider is the same mask. Python ints of any size are
+    clamped to it before NumPy sees them, so 2^63 neither overflows int64 nor wraps."""
+    return max(seq_len + row_offset, ctx_len, 1)
+
+
 def window(
     seq_len: int, ctx_len: int, left: int | None, right: int | None, row_offset: int = 0
 ) -> BoolArray:
     """(L, S) band: query i (row i + row_offset of the sequence) sees keys j with
-    i − left ≤ j ≤ i + right."""
+    i − left ≤ j ≤ i + right (a side wider than the sequence does not limit)."""
+    span = _span(seq_len, ctx_len, row_offset)
     i = np.arange(seq_len)[:, None] + row_offset  # (L, 1)
     j = np.arange(ctx_len)[None, :]  # (1, S)
     ok = np.ones((seq_len, ctx_len), dtype=bool)
     if left is not None:
-        ok &= j >= i - left
+        ok &= j >= i - min(left, span)
     if right is not None:
-        ok &= j <= i + right
+        ok &= j <= i + min(right, span)
     return ok
 
 
 def chunked(seq_len: int, ctx_len: int, size: int, row_offset: int = 0) -> BoolArray:
     """(L, S) causal within blocks of ``size``: key j ≤ i and ⌊j/size⌋ = ⌊i/size⌋ (i counted
-    from ``row_offset``)."""
+    from ``row_offset``; a size wider than the sequence is one block)."""
+    block = min(size, _span(seq_len, ctx_len, row_offset))
     i = np.arange(seq_len)[:, None] + row_offset  # (L, 1)
     j = np.arange(ctx_len)[None, :]  # (1, S)
-    ok: BoolArray = (j <= i) & (j // size == i // size)  # (L, S)
+    ok: BoolArray = (j <= i) & (j // block == i // block)  # (L, S)
     return ok
 
 
@@ -152,7 +164,13 @@ def combine(
             case Boolean(matrix):
                 allowed &= matrix.astype(bool)
             case Additive(matrix):
-                additive += matrix  # −∞ entries mask
+                with np.errstate(over="ignore", invalid="ignore"):  # refused just below
+                    additive += matrix  # −∞ entries mask
+    if (np.isposinf(additive) | np.isnan(additive)).any():
+        raise AttentionInputError(
+            "the additive masks add up past float64's largest number (±1.8e308): a bias of "
+            "+∞ cannot be applied; keep their sum below 1e308 (null masks a key)"
+        )
     allowed &= ~padded_queries[:, :, None]
     allowed &= ~np.isneginf(additive)
     additive[~allowed] = -np.inf

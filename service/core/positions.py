@@ -68,9 +68,22 @@ def rope_frequencies(
     if not (math.isfinite(base) and base > 0):
         raise AttentionInputError(f"rope base must be a finite number > 0, got {base}")
     if scaling is None:
-        return default_frequencies(rotary_dim, base)
-    scaling.check()
-    return scaling.frequencies(rotary_dim, base, n)
+        theta = default_frequencies(rotary_dim, base)  # (r/2,)
+    else:
+        scaling.check()
+        theta = scaling.frequencies(rotary_dim, base, n)  # (r/2,)
+        if not math.isfinite(scaling.attention_factor):
+            raise AttentionInputError(
+                f"rope scaling's attention factor is {scaling.attention_factor} (from its factor "
+                "and mscale): give a smaller mscale or mscale_all_dim, or an attention_factor"
+            )
+    if not np.isfinite(theta).all():
+        how = "" if scaling is None else " with its scaling (a factor this small divides θ)"
+        raise AttentionInputError(
+            f"rope base {base:g}{how} makes a rotation frequency θ_i overflow float64: "
+            "use a base of 1 or more, or a larger scaling factor"
+        )
+    return theta
 
 
 def rope_angles(positions: IntArray, frequencies: Array, scaling: Scaling | None = None) -> Array:
@@ -80,7 +93,16 @@ def rope_angles(positions: IntArray, frequencies: Array, scaling: Scaling | None
     p = positions.astype(np.float64)  # (n,)
     if scaling is not None:
         p = scaling.positions(p)
-    return p[:, None] * frequencies[None, :]  # (n, r/2)
+    with np.errstate(over="ignore", invalid="ignore"):  # refused just below
+        angles = p[:, None] * frequencies[None, :]  # (n, r/2)
+    if not np.isfinite(angles).all():
+        largest = int(np.abs(positions).max())
+        raise AttentionInputError(
+            f"rope angles p·θ_i overflow float64 at position {largest}: a rotation frequency "
+            f"of up to {float(np.abs(frequencies).max()):g} (from the base and the scaling) "
+            "is too fast; use a base of 1 or more, or a larger scaling factor"
+        )
+    return angles
 
 
 def rotate_half(x: Array) -> Array:

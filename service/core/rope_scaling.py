@@ -6,12 +6,26 @@ function named in its docstring (``modeling_rope_utils``), computed in float64. 
 """
 
 import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from service.core.errors import AttentionInputError
 from service.core.types import Array
+
+_LOG_2PI = math.log(2 * math.pi)
+
+
+def _log_turns(context: int, rotations: float) -> float:
+    """ln(context / (2π·rotations)) as transformers' ``find_correction_dim`` computes it; where
+    that quotient leaves float64's normal range (2π·1e308 overflows, a rotations of 5e-324
+    makes it infinite, transformers then raises a math domain error) the same logarithm as a
+    difference of logarithms, finite for every finite rotations > 0 and context ≥ 1."""
+    quotient = context / (rotations * 2 * math.pi)  # Python floats: inf or 0, no exception
+    if math.isfinite(quotient) and quotient >= sys.float_info.min:
+        return math.log(quotient)
+    return math.log(context) - math.log(rotations) - _LOG_2PI
 
 
 def _positive(value: float, what: str) -> None:
@@ -23,7 +37,8 @@ def default_frequencies(rotary_dim: int, base: float) -> Array:
     """(r/2,): θ_i = base^(−2i/r) (Su et al. 2021, eq. 15; as transformers computes it,
     ``1 / base^(2i/r)``)."""
     two_i = np.arange(0, rotary_dim, 2, dtype=np.float64)  # (r/2,)
-    return 1.0 / base ** (two_i / rotary_dim)
+    with np.errstate(over="ignore", divide="ignore"):  # a base near 0: refused by the caller
+        return 1.0 / base ** (two_i / rotary_dim)
 
 
 @dataclass(frozen=True)
@@ -61,7 +76,8 @@ class LinearScaling(Scaling):
         _positive(self.factor, "factor")
 
     def positions(self, p: Array) -> Array:
-        return p / self.factor
+        with np.errstate(over="ignore"):  # p / 5e-324: refused by rope_angles
+            return p / self.factor
 
     def describe(self, rotary_dim: int, base: float, n: int) -> str:
         return f"; positions divided by {self.factor:g} (linear scaling)"
@@ -95,12 +111,15 @@ class Llama3Scaling(Scaling):
         old_context = float(self.original_max_position)
         low_wavelen = old_context / self.low_freq_factor  # longer than this: slowed by factor
         high_wavelen = old_context / self.high_freq_factor  # shorter than this: kept
-        wavelen = 2 * math.pi / theta  # (r/2,)
         span = self.high_freq_factor - self.low_freq_factor  # 0: nothing blended (Llama 4)
-        smooth = (old_context / wavelen - self.low_freq_factor) / (span or 1.0)
-        blended = (1 - smooth) * theta / self.factor + smooth * theta  # (r/2,)
+        # a θ/factor not chosen may overflow; one chosen is refused by rope_frequencies
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            wavelen = 2 * math.pi / theta  # (r/2,)
+            smooth = (old_context / wavelen - self.low_freq_factor) / (span or 1.0)
+            blended = (1 - smooth) * theta / self.factor + smooth * theta  # (r/2,)
+            slowed = theta / self.factor  # (r/2,)
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        out = np.where(wavelen > low_wavelen, theta / self.factor, theta)  # (r/2,)
+        out = np.where(wavelen > low_wavelen, slowed, theta)  # (r/2,)
         return np.where(medium, blended, out)
 
     def describe(self, rotary_dim: int, base: float, n: int) -> str:
@@ -150,8 +169,9 @@ class YarnScaling(Scaling):
             )
 
         def correction(rotations: float) -> float:  # the pair index turning that many times
-            turns = self.original_max_position / (rotations * 2 * math.pi)
-            return (rotary_dim * math.log(turns)) / (2 * math.log(base))
+            return (rotary_dim * _log_turns(self.original_max_position, rotations)) / (
+                2 * math.log(base)
+            )
 
         low, high = correction(self.beta_fast), correction(self.beta_slow)
         if self.truncate:
@@ -166,7 +186,8 @@ class YarnScaling(Scaling):
     def frequencies(self, rotary_dim: int, base: float, n: int) -> Array:
         theta = default_frequencies(rotary_dim, base)  # (r/2,) extrapolation: kept
         kept, _, _ = self._ramp(rotary_dim, base)  # (r/2,)
-        return theta / self.factor * (1 - kept) + theta * kept
+        with np.errstate(over="ignore", invalid="ignore"):  # refused by rope_frequencies
+            return theta / self.factor * (1 - kept) + theta * kept
 
     @property
     def attention_factor(self) -> float:
@@ -280,7 +301,8 @@ class LongRopeScaling(Scaling):
     def frequencies(self, rotary_dim: int, base: float, n: int) -> Array:
         ext, _ = self._factors(rotary_dim, n)  # (r/2,)
         two_i = np.arange(0, rotary_dim, 2, dtype=np.float64)  # (r/2,)
-        return 1.0 / (ext * base ** (two_i / rotary_dim))
+        with np.errstate(over="ignore", divide="ignore"):  # refused by rope_frequencies
+            return 1.0 / (ext * base ** (two_i / rotary_dim))
 
     @property
     def attention_factor(self) -> float:

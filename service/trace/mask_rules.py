@@ -1,16 +1,26 @@
 """The rules of masks: each mask against the scores' shape L×S and the batch, and warnings
 that need no expected numbers (a boolean mask whose polarity looks inverted, returned as
-``warnings``). Applied with the other rules (:mod:`service.trace.rules`)."""
+``warnings``); and the rules of numeric ranges (:func:`check_ranges`): settings whose numbers
+overflow float64 with the request's positions alone (RoPE's frequencies, angles and attention
+factor, the temperature's factors, ALiBi's largest bias), refused before anything is drawn on
+the field that holds them (an overflow that depends on the data too stays the core's to
+refuse). Applied with the other rules (:mod:`service.trace.rules`)."""
+
+import math
 
 import numpy as np
 
+from service.core import positions
 from service.core.masks import causal
-from service.core.types import BoolArray
-from service.trace.checks import batch_words, lengths
+from service.core.types import BoolArray, IntArray
+from service.core.variants import Temperature, temperature_factors
+from service.trace.checks import batch_words, engine_rule, lengths, options
+from service.trace.rows.rope import rope_settings
 from service.trace.shapes import Shapes
 from service.wire.errors import FieldError
 from service.wire.schemas.mask_fields import AdditiveMask, BooleanMask, PaddingMask
-from service.wire.schemas.requests import InputFields
+from service.wire.schemas.requests import AttentionRequest, InputFields, MultiheadRequest
+from service.wire.schemas.variant_fields import AlibiOptions
 
 
 def mask_warnings(req: InputFields) -> tuple[dict[str, str], ...]:
@@ -65,7 +75,24 @@ def _polarity_problem(allowed: BoolArray) -> str | None:
 
 
 def check_masks(req: InputFields, batch: int | None, seq_len: int, ctx_len: int) -> None:
-    """Each mask against the scores' shape L×S and the batch."""
+    """Each mask against the scores' shape L×S and the batch, and the additive masks' sum
+    within float64."""
+    _check_shapes(req, batch, seq_len, ctx_len)
+    total: np.ndarray | None = None  # the additive masks so far, summed: (L, S) or (B, L, S)
+    for i, item in enumerate(req.mask or []):
+        if not isinstance(item, AdditiveMask):
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):  # refused just below
+            total = item.matrix if total is None else total + item.matrix
+        if (np.isposinf(total) | np.isnan(total)).any():
+            raise FieldError(
+                f"mask[{i}].matrix",
+                f"mask[{i}].matrix added to the additive masks before it exceeds float64's "
+                "largest number (1.8e308): the bias would be +∞; keep their sum below 1e308",
+            )
+
+
+def _check_shapes(req: InputFields, batch: int | None, seq_len: int, ctx_len: int) -> None:
     for i, item in enumerate(req.mask or []):
         field = f"mask[{i}]"
         if isinstance(item, BooleanMask | AdditiveMask):
@@ -129,3 +156,65 @@ def check_key_padding(flags: np.ndarray, shapes: Shapes) -> None:
             "key_padding_mask",
             f"key_padding_mask has {flags.shape[0]} rows but the request is {batch_words(shapes.batch)}: one row [S] per batch item",
         )
+
+
+# ---- numeric ranges
+
+
+def check_ranges(req: AttentionRequest | MultiheadRequest, shapes: Shapes, on: set[str]) -> None:
+    """RoPE's frequencies, angles and attention factor, the temperature's factors and ALiBi's
+    largest bias, from the settings and the positions alone (no data: the scores' own overflow
+    stays the core's to refuse)."""
+    queries, keys = _query_positions(req, shapes), _key_positions(req, shapes)
+    if "rope" in on:
+        rope = rope_settings(req)["rope"]
+        field = "rope.scaling" if rope.scaling is not None else "rope.base"
+        r = (
+            shapes.d_k
+            if rope.rotary_dim is None or rope.style == "proportional"
+            else rope.rotary_dim
+        )
+        with engine_rule(field):
+            theta = positions.rope_frequencies(r, rope.base, rope.scaling, _top(queries) + 1)
+            positions.rope_angles(np.concatenate((queries, keys)), theta, rope.scaling)
+    if req.temperature is not None:
+        t = Temperature(req.temperature.floor_scale, req.temperature.attn_scale)
+        with np.errstate(all="ignore"), engine_rule("temperature"):
+            factors = temperature_factors(queries, t)  # (L,)
+        if not np.isfinite(factors).all():
+            raise FieldError(
+                "temperature",
+                f"temperature floor_scale {t.floor_scale:g} with attn_scale {t.attn_scale:g} makes "
+                f"the query factor at position {_top(queries)} overflow float64: give a floor_scale "
+                "of 1 or more (Llama 4: 8192)",
+            )
+    alibi = options(req.alibi, AlibiOptions)
+    if alibi is not None and alibi.slopes is not None and keys.size and queries.size:
+        span = max(_top(keys) - int(queries.min()), _top(queries) - int(keys.min()))
+        if not math.isfinite(float(np.abs(alibi.slopes).max()) * span):
+            raise FieldError(
+                "alibi.slopes",
+                f"alibi.slopes times the largest distance between positions ({span}) overflows "
+                "float64: give slopes below 1e308 / distance (the paper's are below 1)",
+            )
+
+
+def _top(p: IntArray) -> int:
+    return int(p.max()) if p.size else 0
+
+
+def _query_positions(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> IntArray:
+    """(L,) the queries' positions: as given, else P … P + L − 1 (P = 0 without a cache)."""
+    if req.positions is not None:
+        return np.asarray(req.positions, dtype=np.int64)
+    return np.arange(shapes.past_len, shapes.past_len + shapes.seq_len)
+
+
+def _key_positions(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> IntArray:
+    """The keys' positions, or every position they may default to (0 … S−1, or the queries')."""
+    if req.context_positions is not None:
+        return np.asarray(req.context_positions, dtype=np.int64)
+    default = np.arange(shapes.ctx_len)  # (S,)
+    if req.positions is None:
+        return default
+    return np.concatenate((default, np.asarray(req.positions, dtype=np.int64)))

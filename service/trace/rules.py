@@ -11,7 +11,13 @@ import numpy as np
 
 from service.trace.checks import DOTTED, batch_words, check_bias, check_size, weight_out
 from service.trace.decode import cache_labels, check_past, past_length
-from service.trace.mask_rules import check_key_padding, check_masks, mask_warnings, num_masks
+from service.trace.mask_rules import (
+    check_key_padding,
+    check_masks,
+    check_ranges,
+    mask_warnings,
+    num_masks,
+)
 from service.trace.rows.latent import latent_dims
 from service.trace.rows.variants import VARIANTS
 from service.trace.rows.weight_forms import Dims, weight_form
@@ -426,6 +432,7 @@ def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> 
             raise FieldError(name, f"{name} has {len(given)} entries but there are {size} {what}")
     if req.key_padding_mask is not None:
         check_key_padding(req.key_padding_mask, shapes)
+    check_ranges(req, shapes, {v.field for v in on})
     return replace(
         shapes,
         on=frozenset(v.field for v in on),

@@ -12,6 +12,9 @@ from service.wire.schemas.fields import FiniteFloat, Int, Table, Vector
 from service.wire.schemas.mask_fields import STRICT
 
 MAX_POSITION = 2**53  # positions beyond ±2^53 are not exact in float64
+# a context length (original_max_position, max_position, relative_bias.max_distance): any
+# position count up to 2^53, where positions themselves end; beyond it int → float would round
+ContextLength = Annotated[Int, Field(ge=1, le=MAX_POSITION)]
 
 
 def flag_or_options(value: Any) -> str:
@@ -85,8 +88,8 @@ class Llama3ScalingOptions(BaseModel):
     factor: FiniteFloat = Field(8.0, gt=0, description="long wavelengths are slowed by this")
     low_freq_factor: FiniteFloat = Field(1.0, gt=0, description="below high_freq_factor")
     high_freq_factor: FiniteFloat = Field(4.0, gt=0, description="above low_freq_factor")
-    original_max_position: Int = Field(
-        8192, ge=1, description="the context the model was trained on "
+    original_max_position: ContextLength = Field(
+        8192, description="the context the model was trained on "
         "(Hugging Face: original_max_position_embeddings)",
     )  # fmt: skip
 
@@ -97,8 +100,8 @@ class YarnScalingOptions(BaseModel):
     model_config = STRICT
     type: Literal["yarn"]
     factor: FiniteFloat = Field(gt=0, description="slow pairs are interpolated: θ/factor")
-    original_max_position: Int = Field(
-        ge=1, description="the context the model was trained on (original_max_position_embeddings)"
+    original_max_position: ContextLength = Field(
+        description="the context the model was trained on (original_max_position_embeddings)"
     )
     beta_fast: FiniteFloat = Field(32.0, gt=0, description="pairs turning more often are kept")
     beta_slow: FiniteFloat = Field(1.0, gt=0, description="pairs turning less often: θ/factor")
@@ -118,8 +121,8 @@ class DynamicScalingOptions(BaseModel):
     model_config = STRICT
     type: Literal["dynamic"]
     factor: FiniteFloat = Field(gt=0, description="how fast the base grows with n")
-    original_max_position: Int = Field(
-        ge=1, description="n up to which nothing changes (Hugging Face: max_position_embeddings)"
+    original_max_position: ContextLength = Field(
+        description="n up to which nothing changes (Hugging Face: max_position_embeddings)"
     )
 
 
@@ -130,11 +133,11 @@ class LongRopeScalingOptions(BaseModel):
     type: Literal["longrope"]
     short_factor: Vector = Field(description="θ_i divided by short_factor[i] while n ≤ original")
     long_factor: Vector = Field(description="θ_i divided by long_factor[i] once n > original")
-    original_max_position: Int = Field(ge=1, description="original_max_position_embeddings")
+    original_max_position: ContextLength = Field(description="original_max_position_embeddings")
     factor: FiniteFloat | None = Field(
         None, gt=0, description="for the attention factor (default max_position ÷ original)"
     )
-    max_position: Int | None = Field(None, ge=1, description="max_position_embeddings")
+    max_position: ContextLength | None = Field(None, description="max_position_embeddings")
     attention_factor: FiniteFloat | None = Field(
         None, gt=0, description="multiplies cos and sin (default √(1 + ln f / ln original))"
     )
@@ -197,7 +200,9 @@ class RelativeBiasOptions(BaseModel):
     bidirectional: bool = Field(
         True, description="half the buckets for keys after the query (encoders); false: decoders"
     )
-    max_distance: Int = Field(128, ge=1, description="distances from here on share the last bucket")
+    max_distance: ContextLength = Field(
+        128, description="distances from here on share the last bucket"
+    )
 
 
 _BY_TYPE = Discriminator(flag_or_options)  # errors come from the branch the input's type picks
