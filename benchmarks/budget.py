@@ -92,7 +92,7 @@ STAGES = [  # (stage, what it covers); "HTTP layers" is what is left of the requ
 def instrument(stages: Stages) -> None:
     """Wrap each stage's function where the request path looks it up."""
     from service import trace
-    from service.http import middleware, routes
+    from service.http import doors, middleware, routes
     from service.trace import compute
     from service.wire import parse
 
@@ -111,7 +111,7 @@ def instrument(stages: Stages) -> None:
         (middleware, "record", "log + metrics"),
     ):
         setattr(module, name, stages.wrap(stage, getattr(module, name)))
-    routes.checked.__globals__["parse"] = parse.parse  # routes imported parse by name
+    doors.checked.__globals__["parse"] = parse.parse  # doors imported parse by name
 
 
 def asgi_us(requests: int, stages: Stages | None = None) -> dict[str, float]:

@@ -29,10 +29,25 @@ def encode_whole(body: Any, decimals: int | None = None) -> bytes:
     return orjson.dumps(body, option=OPTIONS, default=_contiguous)
 
 
+WHOLE = 2.0**52  # a float64 at least this large has no fraction: rounding leaves it as it is
+
+
+def rounded(a: np.ndarray, decimals: int) -> np.ndarray:
+    """``a`` rounded to ``decimals``: np.round, except for numbers too large to have decimals,
+    kept as they are (np.round computes x·10^decimals, which overflows to ∞ and came back as
+    NaN, sent as null, for a finite 1.7e308)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # the huge ones are put back below
+        out = np.round(a, decimals)
+    huge = np.abs(a) >= WHOLE  # ±∞ included: they stay ±∞
+    if huge.any():
+        out[huge] = a[huge]
+    return out
+
+
 def _rounded(value: Any, decimals: int) -> Any:
     """A copy of ``value`` with its float arrays and floats rounded."""
     if isinstance(value, np.ndarray):
-        return np.round(value, decimals) if value.dtype.kind == "f" else value
+        return rounded(value, decimals) if value.dtype.kind == "f" else value
     if isinstance(value, dict):
         return {k: v if k in EXACT else _rounded(v, decimals) for k, v in value.items()}
     if isinstance(value, list) and any(isinstance(v, np.ndarray | dict) for v in value):
@@ -144,5 +159,5 @@ def _array(a: np.ndarray, decimals: int | None) -> Iterator[bytes | memoryview]:
 
 def _dump(a: np.ndarray, decimals: int | None) -> bytes:
     if decimals is not None and a.dtype.kind == "f":
-        a = np.round(a, decimals)
+        a = rounded(a, decimals)
     return orjson.dumps(np.ascontiguousarray(a), option=OPTIONS)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from service.wire.json_out import CHUNK_BYTES, encode_whole
+from service.wire.json_out import CHUNK_BYTES, encode_whole, rounded
 
 _WRITE = {"f8": "F64", "f4": "F32", "i8": "I64", "i4": "I32", "b1": "BOOL", "u1": "U8"}
 
@@ -113,7 +113,7 @@ def _blocks(a: np.ndarray, decimals: int | None) -> Iterator[memoryview]:
 
 def _bytes(a: np.ndarray, decimals: int | None) -> memoryview:
     if decimals is not None and a.dtype.kind == "f":
-        a = np.round(a, decimals)
+        a = rounded(a, decimals)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     return a.data.cast("B")

@@ -38,7 +38,7 @@ from service.core.diagnosis.stages import STAGES, Setup, Stage, State, Trial
 from service.core.multihead import LayerNorm, layer_norm
 from service.core.types import Array
 from service.core.variants import Variants
-from service.http.routes import checked
+from service.http.doors import checked
 
 INF = np.inf
 TOL = Tolerance()

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from service.config import Settings
+from service.http.doors import checked
 from service.http.parser import Parser
-from service.http.routes import checked
 from service.trace import Admitted
 from service.wire.errors import RequestError
 

@@ -19,8 +19,9 @@ from safetensors.numpy import load, save
 
 from service.config import Settings
 from service.http.app import create_app
+from service.http.doors import checked
 from service.http.parser import Parser
-from service.http.routes import INLINE_BODY_BYTES, checked
+from service.http.routes import INLINE_BODY_BYTES
 from service.wire.errors import RequestError
 from service.wire.examples import ATTENTION_EXAMPLES, MASK_EXAMPLES, MULTIHEAD_EXAMPLES
 from service.wire.media import negotiate
