@@ -11,7 +11,10 @@ Choices where the contract is silent:
 - A key left out takes the default of its ``model_type``'s 5.23 configuration class (DeepSeek's
   ``rope_interleave`` true, Gemma 2's ``query_pre_attn_scalar`` 256, Mistral's
   ``sliding_window`` 4096 …), ``taken`` saying ``"<key> (absent: <model_type>'s default)"``; a
-  key given as null stays null. Unknown model types: the generic keys, generic defaults.
+  key given as null stays null. Only the verified model types are read (config_keys.VERIFIED;
+  a multimodal gemma3/gemma4/llama4 as its text model type); any other, or none, is a
+  ConfigError naming ``model_type``. Every key is applied, judged inert, or refused
+  (config_keys.KEYS); every number read is range-checked (sizes 1 … 2³¹ − 1).
 - ``head_dim`` (else hidden_size // num_attention_heads) goes as ``d_k`` (the service checks it
   against ``q_proj.weight``), ``num_key_value_heads`` as ``num_kv_heads`` only when given; with
   MLA neither, and ``mla.eps`` stays 1e-6 (DeepSeek's latent norms ignore ``rms_norm_eps``).
