@@ -38,12 +38,15 @@ Choices where the contract is silent:
   of the wrong JSON type (integral floats such as 4096.0 are read as sizes).
 """
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.trace.rows.config_keys import COMPOSITE, KEYS, VERIFIED, ConfigError, unread_keys
+from service.trace.rows import config_keys as ck
+from service.trace.rows.config_keys import KEYS, VERIFIED, ConfigError, model_type_of, unread_keys
+
+_ANY, _POSITIVE, _NON_NEGATIVE, _SHARE = ck.ANY, ck.POSITIVE, ck.NON_NEGATIVE, ck.SHARE
+_DEFAULTS, _int, _num, _mapping = ck.DEFAULTS, ck.as_size, ck.as_number, ck.as_mapping
 
 __all__ = ["ConfigError", "FromConfig", "from_config"]
 
@@ -64,84 +67,8 @@ _FAMILIES = {t: family for family, types in {
 _FAMILIES |= {t: t for t in VERIFIED if t not in _FAMILIES}
 # families whose every layer slides when sliding_window is set (their masks ignore layer_types)
 _EVERY_LAYER_SLIDES = ("mistral", "mixtral", "phimoe", "starcoder2", "phi3", "qwen3_moe")
-_INT_MAX = 2**31 - 1  # sizes, windows and positions beyond it are no model's
-_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                 "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
-_GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                                   "rope_theta": 1_000_000.0}}  # fmt: skip
-# the transformers 5.23 configuration classes' defaults for the keys read here, per family
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "": {"rope_theta": 10_000.0}, "mistral": {"sliding_window": 4096},
-    "qwen": {"use_sliding_window": False, "max_window_layers": 28},
-    "qwen3": {"head_dim": 128, "use_sliding_window": False, "max_window_layers": 28,
-              "rms_norm_eps": 1e-6},
-    "qwen3_moe": {"use_sliding_window": False, "sliding_window": 4096, "rms_norm_eps": 1e-6},
-    "mixtral": {"rope_theta": 1e6}, "phimoe": {"rope_theta": 1e6},
-    "ministral": {"sliding_window": 4096}, "gemma": {"head_dim": 256},
-    "smollm3": {"rope_theta": 2e6, "use_sliding_window": False, "no_rope_layer_interval": 4},
-    "nemotron": {"partial_rotary_factor": 0.5},
-    "gemma2": {"head_dim": 256, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
-               "sliding_window": 4096},
-    "gemma3": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-               "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
-               "rms_norm_eps": 1e-6},
-    "gemma4": {"head_dim": 256, "sliding_window": 512, "global_head_dim": 512,
-               "rms_norm_eps": 1e-6, "rope_parameters": _GEMMA4_ROPE},
-    "gpt_oss": {"head_dim": 64, "sliding_window": 128, "rope_theta": 150_000.0,
-                "rope_parameters": _GPT_OSS_ROPE},
-    "phi3": {"original_max_position_embeddings": 4096}, "deepseek": {"rope_interleave": True},
-    "qwen3_next": {"head_dim": 256, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6,
-                   "full_attention_interval": 4},
-    "llama4": {"head_dim": 128, "rope_theta": 500_000.0, "rms_norm_eps": 1e-5, "use_qk_norm": True,
-               "attention_chunk_size": 8192, "no_rope_layer_interval": 4,
-               "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
-}  # fmt: skip
 _KINDS = ("full_attention", "sliding_attention")  # indexed by "it slides"
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
-
-
-def _int(value: Any, where: str, least: int = 1) -> int:
-    """A size: an integer (or an integral float) from ``least`` to 2³¹ − 1."""
-    if isinstance(value, float) and value.is_integer() and abs(value) <= _INT_MAX + 1:
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= _INT_MAX:
-        raise ConfigError(f"config.{where}", f"{where} is {_shown(value)}: it takes an integer "
-                          f"from {least} to {_INT_MAX}")  # fmt: skip
-    return value
-
-
-# what a number read from a config may be: (lowest, highest, the lowest itself allowed)
-_POSITIVE, _NON_NEGATIVE, _ANY = (0.0, math.inf, False), (0.0, math.inf, True), (
-    -math.inf, math.inf, True)  # fmt: skip
-_SHARE = (0.0, 1.0, False)
-
-
-def _num(value: Any, where: str, bounds: tuple[float, float, bool] = _ANY) -> float:
-    """A finite number within ``bounds``; the config key ``where`` named when it is not."""
-    low, high, low_in = bounds
-    number = math.nan
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value) if abs(value) < 1e308 else math.inf  # 10**400: no float
-    above = low <= number if low_in else low < number
-    if not (math.isfinite(number) and above and number <= high):
-        shown = {_POSITIVE: "a number > 0", _NON_NEGATIVE: "a number ≥ 0",
-                 _SHARE: "a number > 0 and ≤ 1"}.get(bounds, "a number below 1e308 in size")  # fmt: skip
-        raise ConfigError(f"config.{where}", f"{where} is {_shown(value)}: it takes {shown}")
-    return number
-
-
-def _shown(value: Any) -> str:
-    """A value as a message quotes it: JSON-like, at most 40 characters."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "…"
-
-
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"config.{where}", f"{where} is {_shown(value)}: it takes an object "
-                          "of rope parameters ({\"rope_type\": …, \"rope_theta\": …})")  # fmt: skip
-    return value
 
 
 def _key(source: str) -> str:
@@ -157,7 +84,7 @@ class _Config:
         nested = "num_attention_heads" not in raw and isinstance(text, Mapping)
         self.c: Mapping[str, Any] = text if nested and isinstance(text, Mapping) else raw
         self.prefix = "text_config." if nested else ""
-        self.model_type = _model_type(raw, self.c if nested else None)
+        self.model_type = model_type_of(raw, self.c if nested else None)
         self.family = _FAMILIES[self.model_type]
         self.taken: dict[str, str] = {}
         per_layer = self.c.get("per_layer_config")  # 5.23's to_dict: {"05": {"head_dim": …}}
@@ -192,30 +119,6 @@ class _Config:
         """Whether the service applies ``key`` for this model type (config_keys.KEYS)."""
         row = KEYS.get(key)
         return row is not None and (row.reads == "*" or self.model_type in row.reads.split())
-
-
-_KNOWN = ", ".join(VERIFIED) + " (and " + ", ".join(
-    f"{t} with its text_config" for t in COMPOSITE) + ")"  # fmt: skip
-
-
-def _model_type(raw: Mapping[str, Any], text: Mapping[str, Any] | None) -> str:
-    """The verified model type of the config's attention layers (a multimodal config's
-    ``text_config``'s), else a ConfigError naming ``model_type``."""
-    top = raw.get("model_type")
-    inner = None if text is None else text.get("model_type")
-    for where, value in (("model_type", top), ("text_config.model_type", inner)):
-        if value is None and where == "model_type" and inner is None:
-            raise ConfigError("config.model_type", "config has no model_type: it must say "
-                              f"which family the layer is ({_KNOWN}); or state the layer's "
-                              "fields yourself and leave config out")  # fmt: skip
-        if value is not None and (not isinstance(value, str) or (
-                value not in VERIFIED and value not in COMPOSITE)):  # fmt: skip
-            raise ConfigError(f"config.{where}", f"model_type {_shown(value)} is not a family "
-                              "the service reproduces exactly from its config; it knows "
-                              f"{_KNOWN}. State the layer's fields yourself (num_heads, "
-                              "num_kv_heads, d_k, rope, mask, scale …) and leave config out")  # fmt: skip
-    chosen = str(inner if inner is not None else top)
-    return COMPOSITE.get(chosen, chosen)  # gemma3 → gemma3_text …
 
 
 def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:

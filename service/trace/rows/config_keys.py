@@ -17,6 +17,7 @@ A key present where it is neither read nor inert, with a value that is not neutr
 naming it; a key in no row is a 422 too unless null or false (the service has not judged it).
 """
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -179,3 +180,108 @@ def unread_keys(config: Mapping[str, Any], model_type: str, prefix: str = "") ->
                              "without config, or leave the key out if the model does not use "
                              "it")  # fmt: skip
     return sorted(inert)
+
+
+_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
+_GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1_000_000.0}}  # fmt: skip
+# the transformers 5.23 configuration classes' defaults for the keys config.py reads, per
+# family (config.py's _FAMILIES)
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "": {"rope_theta": 10_000.0}, "mistral": {"sliding_window": 4096},
+    "qwen": {"use_sliding_window": False, "max_window_layers": 28},
+    "qwen3": {"head_dim": 128, "use_sliding_window": False, "max_window_layers": 28,
+              "rms_norm_eps": 1e-6},
+    "qwen3_moe": {"use_sliding_window": False, "sliding_window": 4096, "rms_norm_eps": 1e-6},
+    "mixtral": {"rope_theta": 1e6}, "phimoe": {"rope_theta": 1e6},
+    "ministral": {"sliding_window": 4096}, "gemma": {"head_dim": 256},
+    "smollm3": {"rope_theta": 2e6, "use_sliding_window": False, "no_rope_layer_interval": 4},
+    "nemotron": {"partial_rotary_factor": 0.5},
+    "gemma2": {"head_dim": 256, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
+               "sliding_window": 4096},
+    "gemma3": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+               "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
+               "rms_norm_eps": 1e-6},
+    "gemma4": {"head_dim": 256, "sliding_window": 512, "global_head_dim": 512,
+               "rms_norm_eps": 1e-6, "rope_parameters": _GEMMA4_ROPE},
+    "gpt_oss": {"head_dim": 64, "sliding_window": 128, "rope_theta": 150_000.0,
+                "rope_parameters": _GPT_OSS_ROPE},
+    "phi3": {"original_max_position_embeddings": 4096}, "deepseek": {"rope_interleave": True},
+    "qwen3_next": {"head_dim": 256, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6,
+                   "full_attention_interval": 4},
+    "llama4": {"head_dim": 128, "rope_theta": 500_000.0, "rms_norm_eps": 1e-5, "use_qk_norm": True,
+               "attention_chunk_size": 8192, "no_rope_layer_interval": 4,
+               "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
+}  # fmt: skip
+
+
+INT_MAX = 2**31 - 1  # sizes, windows and positions beyond it are no model's
+
+
+def as_size(value: Any, where: str, least: int = 1) -> int:
+    """A size: an integer (or an integral float) from ``least`` to 2³¹ − 1."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= INT_MAX + 1:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= INT_MAX:
+        raise ConfigError(f"config.{where}", f"{where} is {shown(value)}: it takes an integer "
+                          f"from {least} to {INT_MAX}")  # fmt: skip
+    return value
+
+
+# what a number read from a config may be: (lowest, highest, the lowest itself allowed)
+POSITIVE, NON_NEGATIVE, ANY = (0.0, math.inf, False), (0.0, math.inf, True), (
+    -math.inf, math.inf, True)  # fmt: skip
+SHARE = (0.0, 1.0, False)
+
+
+def as_number(value: Any, where: str, bounds: tuple[float, float, bool] = ANY) -> float:
+    """A finite number within ``bounds``; the config key ``where`` named when it is not."""
+    low, high, low_in = bounds
+    number = math.nan
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value) if abs(value) < 1e308 else math.inf  # 10**400: no float
+    above = low <= number if low_in else low < number
+    if not (math.isfinite(number) and above and number <= high):
+        wanted = {POSITIVE: "a number > 0", NON_NEGATIVE: "a number ≥ 0",
+                 SHARE: "a number > 0 and ≤ 1"}.get(bounds, "a number below 1e308 in size")  # fmt: skip
+        raise ConfigError(f"config.{where}", f"{where} is {shown(value)}: it takes {wanted}")
+    return number
+
+
+def shown(value: Any) -> str:
+    """A value as a message quotes it: JSON-like, at most 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "…"
+
+
+def as_mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"config.{where}", f"{where} is {shown(value)}: it takes an object "
+                          "of rope parameters ({\"rope_type\": …, \"rope_theta\": …})")  # fmt: skip
+    return value
+
+
+_KNOWN = ", ".join(VERIFIED) + " (and " + ", ".join(
+    f"{t} with its text_config" for t in COMPOSITE) + ")"  # fmt: skip
+
+
+def model_type_of(raw: Mapping[str, Any], text: Mapping[str, Any] | None) -> str:
+    """The verified model type of the config's attention layers (a multimodal config's
+    ``text_config``'s), else a ConfigError naming ``model_type``."""
+    top = raw.get("model_type")
+    inner = None if text is None else text.get("model_type")
+    for where, value in (("model_type", top), ("text_config.model_type", inner)):
+        if value is None and where == "model_type" and inner is None:
+            raise ConfigError("config.model_type", "config has no model_type: it must say "
+                              f"which family the layer is ({_KNOWN}); or state the layer's "
+                              "fields yourself and leave config out")  # fmt: skip
+        if value is not None and (not isinstance(value, str) or (
+                value not in VERIFIED and value not in COMPOSITE)):  # fmt: skip
+            raise ConfigError(f"config.{where}", f"model_type {shown(value)} is not a family "
+                              "the service reproduces exactly from its config; it knows "
+                              f"{_KNOWN}. State the layer's fields yourself (num_heads, "
+                              "num_kv_heads, d_k, rope, mask, scale …) and leave config out")  # fmt: skip
+    chosen = str(inner if inner is not None else top)
+    return COMPOSITE.get(chosen, chosen)  # gemma3 → gemma3_text …
