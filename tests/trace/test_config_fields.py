@@ -418,12 +418,91 @@ def test_config_errors() -> None:
     assert e.value.field == "config.use_bidirectional_attention"
 
 
-def test_unknown_model_type_reads_the_generic_keys() -> None:
-    got = from_config({"model_type": "mine", "num_attention_heads": 4, "hidden_size": 64,
-                       "query_pre_attn_scalar": 4, "rms_norm_eps": 1e-5}, 0)  # fmt: skip
-    assert got.fields == {"num_heads": 4, "d_k": 16, "rope": {"base": 10000.0}, "scale": 0.5,
-                          "mask": [CAUSAL]}  # fmt: skip
-    assert got.taken["rope.base"] == "rope_theta (absent: transformers' default)"
+GEMMA_4_TEXT: dict[str, Any] = dict(GEMMA_4_31B["text_config"])  # type: ignore[arg-type]
+GPT_OSS_YARN: dict[str, Any] = dict(GPT_OSS_20B["rope_scaling"])  # type: ignore[call-overload]
+
+
+def test_a_model_type_outside_the_verified_families_is_refused() -> None:
+    """No family is read with another's (or generic) defaults: OPT has no RoPE, GLM-4 turns
+    interleaved pairs … — each would have been a 200 with wrong numbers."""
+    for model_type in ("mine", "opt", "glm4", "granite", "gemma3n_text", "mimo", 7):
+        with pytest.raises(ConfigError, match=r"(?i)state the layer's fields yourself") as e:
+            from_config({**LLAMA_3_1_8B, "model_type": model_type}, 0)
+        assert e.value.field == "config.model_type"
+        assert "llama, mistral" in e.value.message and "gemma3 with its text_config" in (
+            e.value.message
+        )
+    with pytest.raises(ConfigError, match="no model_type") as e:
+        from_config({k: v for k, v in LLAMA_3_1_8B.items() if k != "model_type"}, 0)
+    assert e.value.field == "config.model_type"
+    inner = {**GEMMA_4_31B, "text_config": {**GEMMA_4_TEXT, "model_type": "opt"}}
+    with pytest.raises(ConfigError) as e:  # a multimodal config's text part: a verified type
+        from_config(inner, 0)
+    assert e.value.field == "config.text_config.model_type"
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [({"clip_qkv": 8}, "clip_qkv"), ({"attention_multiplier": 0.015625}, "attention_multiplier"),
+     ({"qk_layernorm": True}, "qk_layernorm"), ({"sliding_window": 4096}, "sliding_window"),
+     ({"query_pre_attn_scalar": 144}, "query_pre_attn_scalar"),
+     ({"rotary_dim": 64}, "rotary_dim"), ({"my_attention_trick": 2}, "my_attention_trick")],
+    ids=["clip_qkv", "attention_multiplier", "qk_layernorm", "sliding_window_on_llama",
+         "query_pre_attn_scalar_on_llama", "rotary_dim", "unjudged_key"],
+)  # fmt: skip
+def test_a_key_that_changes_attention_and_is_not_applied_is_refused(
+    extra: dict[str, Any], key: str
+) -> None:
+    with pytest.raises(ConfigError, match=key) as e:
+        from_config({**LLAMA_3_1_8B, **extra}, 0)
+    assert e.value.field == f"config.{key}"
+
+
+def test_neutral_values_and_inert_keys_pass_and_are_listed() -> None:
+    quiet = {**LLAMA_3_1_8B, "clip_qkv": None, "qk_layernorm": False, "use_sliding_window": False,
+             "sliding_window": None, "my_flag": False}  # fmt: skip
+    got = from_config(quiet, 0)
+    assert got.fields == from_config(LLAMA_3_1_8B, 0).fields
+    assert {"vocab_size", "intermediate_size", "clip_qkv", "attention_bias", "torch_dtype",
+            "rms_norm_eps"} <= set(got.unread)  # fmt: skip
+    assert "rope_theta" not in got.unread and "num_attention_heads" not in got.unread
+    nested = from_config(GEMMA_4_31B, 0)  # a multimodal config's text keys, named as nested
+    assert "text_config.vocab_size" in nested.unread and "text_config" not in nested.unread
+    # Gemma 4 layers that reuse an earlier layer's keys and values: not computed from weights
+    shared = {**GEMMA_4_TEXT, "num_kv_shared_layers": 20}
+    with pytest.raises(ConfigError) as e:
+        from_config({**GEMMA_4_31B, "text_config": shared}, 0)
+    assert e.value.field == "config.text_config.num_kv_shared_layers"
+
+
+@pytest.mark.parametrize(
+    ("config", "layer", "field"),
+    [({**MISTRAL_7B_V0_1, "sliding_window": 1e30}, 0, "sliding_window"),
+     ({**MISTRAL_7B_V0_1, "sliding_window": 2**63}, 0, "sliding_window"),
+     ({**GEMMA_2_9B, "query_pre_attn_scalar": 0}, 0, "query_pre_attn_scalar"),
+     ({**GEMMA_2_9B, "query_pre_attn_scalar": -4}, 0, "query_pre_attn_scalar"),
+     ({**GEMMA_2_9B, "attn_logit_softcapping": 0.0}, 0, "attn_logit_softcapping"),
+     ({**LLAMA_3_1_8B, "rope_theta": 0}, 0, "rope_theta"),
+     ({**LLAMA_3_1_8B, "rope_theta": 10**400}, 0, "rope_theta"),
+     ({**LLAMA_3_1_8B, "num_attention_heads": 2**40}, 0, "num_attention_heads"),
+     ({**LLAMA_3_1_8B, "hidden_size": 16}, 0, "hidden_size"),
+     ({**PHI_4_MINI, "partial_rotary_factor": 1e308}, 0, "partial_rotary_factor"),
+     ({**QWEN3_8B, "rms_norm_eps": -1e-6}, 0, "rms_norm_eps"),
+     ({**GPT_OSS_20B, "rope_scaling": {**GPT_OSS_YARN, "beta_fast": 1e308}}, 0,
+      "rope_scaling.beta_fast"),
+     ({**GEMMA_3_1B, "rope_parameters": {"sliding_attention": 5, "full_attention": {}}}, 0,
+      "rope_parameters.sliding_attention")],
+    ids=["window_1e30", "window_2_63", "scalar_0", "scalar_negative", "softcap_0", "theta_0",
+         "theta_10_400", "heads_2_40", "hidden_below_heads", "partial_huge", "eps_negative",
+         "beta_fast_1e308", "rope_entry_not_object"],
+)  # fmt: skip
+def test_each_numeric_edge_is_a_config_error_naming_its_key(
+    config: dict[str, Any], layer: int, field: str
+) -> None:
+    with pytest.raises(ConfigError) as e:
+        from_config(config, layer)
+    assert e.value.field == f"config.{field}", e.value.message
+    assert field.split(".")[-1] in e.value.message and "Error" not in e.value.message
 
 
 # ---- against transformers' own layers --------------------------------------------------------

@@ -35,6 +35,7 @@ from fastapi.testclient import TestClient
 
 import service.main
 from service.trace.rows.config import from_config
+from service.trace.rows.config_keys import COMPOSITE, KEYS, VERIFIED
 
 if os.environ.get("REQUIRE_TORCH"):  # CI sets it: a missing torch must fail, not skip
     import torch
@@ -382,3 +383,24 @@ def test_service_with_config_equals_the_transformers_layer(
     assert got.shape == expected.shape
     diff = float(np.abs(got - expected).max()) / max(1.0, float(np.abs(expected).max()))
     assert diff <= TOL, f"largest difference {diff:.3e} (scale {np.abs(expected).max():.3g})"
+
+
+# ---- every verified family's stock config is read, every key of it judged ------------------
+
+VERIFIED_TYPES = [*VERIFIED, *COMPOSITE]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("model_type", VERIFIED_TYPES)
+def test_a_stock_config_of_each_verified_family_is_read_and_each_key_judged(
+    model_type: str,
+) -> None:
+    """``AutoConfig.for_model(t).to_dict()`` (every key transformers 5.23 writes) is read for
+    layer 3 (a full-attention layer in Qwen3-Next) without a refusal; each of its keys is either
+    applied or listed as judged not to change the layer."""
+    cfg = transformers.AutoConfig.for_model(model_type).to_dict()
+    got = from_config(cfg, 3)
+    text = cfg.get("text_config") if "num_attention_heads" not in cfg else None
+    for part, prefix in ((cfg, ""), (text or {}, "text_config.")):
+        assert set(part) <= set(KEYS), set(part) - set(KEYS)
+        assert all(f"{prefix}{key}" in got.unread or KEYS[key].reads for key in part)

@@ -11,7 +11,10 @@ Choices where the contract is silent:
 - A key left out takes the default of its ``model_type``'s 5.23 configuration class (DeepSeek's
   ``rope_interleave`` true, Gemma 2's ``query_pre_attn_scalar`` 256, Mistral's
   ``sliding_window`` 4096 …), ``taken`` saying ``"<key> (absent: <model_type>'s default)"``; a
-  key given as null stays null. Unknown model types: the generic keys, generic defaults.
+  key given as null stays null. Only the verified model types are read (config_keys.VERIFIED;
+  a multimodal gemma3/gemma4/llama4 as its text model type); any other, or none, is a
+  ConfigError naming ``model_type``. Every key is applied, judged inert, or refused
+  (config_keys.KEYS); every number read is range-checked (sizes 1 … 2³¹ − 1).
 - ``head_dim`` (else hidden_size // num_attention_heads) goes as ``d_k`` (the service checks it
   against ``q_proj.weight``), ``num_key_value_heads`` as ``num_kv_heads`` only when given; with
   MLA neither, and ``mla.eps`` stays 1e-6 (DeepSeek's latent norms ignore ``rms_norm_eps``).
@@ -36,75 +39,36 @@ Choices where the contract is silent:
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from service.trace.rows import config_keys as ck
+from service.trace.rows.config_keys import KEYS, VERIFIED, ConfigError, model_type_of, unread_keys
 
-class ConfigError(ValueError):
-    """``field``: the request field or config key at fault (``layer``, ``config.head_dim``)."""
+_ANY, _POSITIVE, _NON_NEGATIVE, _SHARE = ck.ANY, ck.POSITIVE, ck.NON_NEGATIVE, ck.SHARE
+_DEFAULTS, _int, _num, _mapping = ck.DEFAULTS, ck.as_size, ck.as_number, ck.as_mapping
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
+__all__ = ["ConfigError", "FromConfig", "from_config"]
 
 
 @dataclass(frozen=True)
 class FromConfig:
     fields: dict[str, Any]  # request fields the config implies for that layer (JSON-shaped)
     taken: dict[str, str]  # {request field: the config key it came from}
+    # the config's other keys, judged not to change this layer (config_keys.KEYS)
+    unread: list[str] = field(default_factory=list)
 
 
+# model type -> the family whose defaults and rules it takes (the verified types only)
 _FAMILIES = {t: family for family, types in {
-    "llama": "llama", "mistral": "mistral", "qwen": "qwen2", "qwen3": "qwen3 qwen3_moe",
-    "gemma2": "gemma2", "gemma3": "gemma3 gemma3_text", "gemma4": "gemma4 gemma4_text",
-    "gpt_oss": "gpt_oss", "phi3": "phi3", "deepseek": "deepseek_v2 deepseek_v3 kimi_k2",
-    "qwen3_next": "qwen3_next", "llama4": "llama4 llama4_text",
+    "qwen": "qwen2 qwen2_moe", "gemma3": "gemma3_text", "gemma4": "gemma4_text",
+    "deepseek": "deepseek_v2 deepseek_v3", "llama4": "llama4_text",
 }.items() for t in types.split()}  # fmt: skip
-_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                 "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
-_GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                                   "rope_theta": 1_000_000.0}}  # fmt: skip
-# the transformers 5.23 configuration classes' defaults for the keys read here, per family
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "": {"rope_theta": 10_000.0}, "mistral": {"sliding_window": 4096},
-    "qwen": {"use_sliding_window": False, "max_window_layers": 28},
-    "qwen3": {"head_dim": 128, "use_sliding_window": False, "max_window_layers": 28,
-              "rms_norm_eps": 1e-6},
-    "gemma2": {"head_dim": 256, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
-               "sliding_window": 4096},
-    "gemma3": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-               "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
-               "rms_norm_eps": 1e-6},
-    "gemma4": {"head_dim": 256, "sliding_window": 512, "global_head_dim": 512,
-               "rms_norm_eps": 1e-6, "rope_parameters": _GEMMA4_ROPE},
-    "gpt_oss": {"head_dim": 64, "sliding_window": 128, "rope_theta": 150_000.0,
-                "rope_parameters": _GPT_OSS_ROPE},
-    "phi3": {"original_max_position_embeddings": 4096}, "deepseek": {"rope_interleave": True},
-    "qwen3_next": {"head_dim": 256, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6,
-                   "full_attention_interval": 4},
-    "llama4": {"head_dim": 128, "rope_theta": 500_000.0, "rms_norm_eps": 1e-5, "use_qk_norm": True,
-               "attention_chunk_size": 8192, "no_rope_layer_interval": 4,
-               "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
-}  # fmt: skip
+_FAMILIES |= {t: t for t in VERIFIED if t not in _FAMILIES}
+# families whose every layer slides when sliding_window is set (their masks ignore layer_types)
+_EVERY_LAYER_SLIDES = ("mistral", "mixtral", "phimoe", "starcoder2", "phi3", "qwen3_moe")
 _KINDS = ("full_attention", "sliding_attention")  # indexed by "it slides"
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
-
-
-def _int(value: Any, where: str, least: int = 1) -> int:
-    """A size: an integer (or an integral float) ≥ ``least``."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"config.{where}", f"{where} is {value!r}: expected an integer ≥ {least}")
-    return value
-
-
-def _num(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"config.{where}", f"{where} is {value!r}: expected a number")
-    return float(value)
 
 
 def _key(source: str) -> str:
@@ -120,8 +84,8 @@ class _Config:
         nested = "num_attention_heads" not in raw and isinstance(text, Mapping)
         self.c: Mapping[str, Any] = text if nested and isinstance(text, Mapping) else raw
         self.prefix = "text_config." if nested else ""
-        self.model_type = str(self.c.get("model_type") or raw.get("model_type") or "")
-        self.family = _FAMILIES.get(self.model_type, "")
+        self.model_type = model_type_of(raw, self.c if nested else None)
+        self.family = _FAMILIES[self.model_type]
         self.taken: dict[str, str] = {}
         per_layer = self.c.get("per_layer_config")  # 5.23's to_dict: {"05": {"head_dim": …}}
         entries = per_layer.items() if isinstance(per_layer, Mapping) else ()
@@ -151,6 +115,11 @@ class _Config:
         self.taken[field] = source
         return value
 
+    def reads(self, key: str) -> bool:
+        """Whether the service applies ``key`` for this model type (config_keys.KEYS)."""
+        row = KEYS.get(key)
+        return row is not None and (row.reads == "*" or self.model_type in row.reads.split())
+
 
 def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
     """The /multihead fields that ``config`` (a ``config.json`` object) implies for ``layer``."""
@@ -159,6 +128,9 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
     if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
         raise ConfigError("layer", f"layer is {layer!r}: expected an integer ≥ 0")
     c = _Config(config, layer)
+    unread = unread_keys(c.c, c.model_type, c.prefix)
+    if c.prefix:  # a multimodal config: its own keys around text_config
+        unread += unread_keys(config, c.model_type)
     n_layers, n_src = c.get("num_hidden_layers")
     if n_layers is not None and layer >= _int(n_layers, _key(n_src)):
         raise ConfigError("layer", f"layer {layer} but the config has num_hidden_layers {n_layers}")
@@ -180,14 +152,14 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
     fields |= {"rope": rope} if rope is not None else {}
     fields |= _variants(c, kind, rope is not None) | {"mask": _mask(c, kind, kind_src, layer)}
     fields |= {"mla": mla} if mla is not None else {}
-    return FromConfig(fields, c.taken)
+    return FromConfig(fields, c.taken, unread)
 
 
 def _layer_type(c: _Config, layer: int) -> tuple[str, str]:
     """The layer's type as transformers names it, and why."""
     fam, why = c.family, f"model_type {c.model_type}: "
     types, src = c.get("layer_types")
-    if types is not None and fam not in ("mistral", "phi3"):
+    if types is not None and c.reads("layer_types"):
         if not isinstance(types, list) or len(types) <= layer:
             raise ConfigError(f"config.{src}", f"{src} has no entry for layer {layer}")
         if fam == "gemma4" and layer == len(types) - 1:
@@ -196,8 +168,10 @@ def _layer_type(c: _Config, layer: int) -> tuple[str, str]:
     if fam in ("gemma2", "gpt_oss"):
         return _KINDS[bool((layer + 1) % 2)], why + "every other layer slides, from layer 0"
     if fam in ("gemma3", "gemma4"):
-        pattern, p_src = c.get("sliding_window_pattern") if fam == "gemma3" else (6, why + "5:1")
-        last = fam == "gemma4" and layer == _int(c.value("num_hidden_layers") or 0, "", 0) - 1
+        pattern, p_src = (c.first("sliding_window_pattern", "_sliding_window_pattern")
+                          if fam == "gemma3" else (6, why + "5:1"))  # fmt: skip
+        n_layers, n_src = c.get("num_hidden_layers")
+        last = fam == "gemma4" and n_layers is not None and layer == _int(n_layers, _key(n_src)) - 1
         return _KINDS[bool((layer + 1) % _int(pattern, _key(p_src))) and not last], p_src
     if fam == "qwen3_next":
         every, e_src = c.get("full_attention_interval")
@@ -206,18 +180,27 @@ def _layer_type(c: _Config, layer: int) -> tuple[str, str]:
     if fam == "llama4":
         use_rope, r_src = _rope_layer(c, layer)
         return ("chunked_attention" if use_rope else "full_attention"), r_src
-    use, u_src = c.get("use_sliding_window")
+    use, u_src = c.get("use_sliding_window") if c.reads("use_sliding_window") else (None, "")
+    window, w_src = c.get("sliding_window")
+    if use is not None and fam == "qwen3_moe":  # Qwen3MoeConfig: every layer, when on
+        return _KINDS[bool(use) and window is not None], f"{u_src}, {w_src}" if use else u_src
+    if use is not None and fam == "smollm3":  # SmolLM3Config: the layers without RoPE
+        rotates, r_src = _rope_layer(c, layer)
+        on = bool(use) and window is not None and not rotates
+        return _KINDS[on], f"{u_src}, {w_src}, {r_src}" if use else u_src
     if use is not None:
         first, f_src = c.get("max_window_layers")
         on = bool(use) and layer >= _int(first, _key(f_src), 0)
         return _KINDS[on], f"{u_src}, {f_src}" if use else u_src
-    return _KINDS[c.value("sliding_window") is not None], c.get("sliding_window")[1]
+    if fam in _EVERY_LAYER_SLIDES or c.reads("sliding_window"):
+        return _KINDS[window is not None], w_src
+    return "full_attention", f"model_type {c.model_type}: no sliding window"
 
 
 def _rope_layer(c: _Config, layer: int) -> tuple[bool, str]:
     """Whether the layer rotates (``no_rope_layers[i]``: 0 means no RoPE), and why."""
     flags, src = c.get("no_rope_layers")
-    if not flags and c.family == "llama4":  # transformers: absent or empty → every interval-th
+    if not flags and c.family in ("llama4", "smollm3"):  # absent or empty → every interval-th
         every, e_src = c.get("no_rope_layer_interval")
         return bool((layer + 1) % _int(every, _key(e_src))), e_src
     if not flags:
@@ -234,7 +217,10 @@ def _head_dim(c: _Config, heads: int, glob: bool) -> tuple[int, str]:
     hidden, src = c.get("hidden_size")
     if hidden is None:
         raise ConfigError("config.head_dim", "the config has neither head_dim nor hidden_size")
-    return _int(hidden, _key(src)) // heads, f"{src} / num_attention_heads"
+    if _int(hidden, _key(src)) < heads:
+        raise ConfigError(f"config.{_key(src)}", f"{_key(src)} {hidden} is less than "
+                          f"num_attention_heads {heads}: a head needs at least one feature")  # fmt: skip
+    return hidden // heads, f"{src} / num_attention_heads"
 
 
 def _mla(c: _Config) -> dict[str, Any] | None:
@@ -259,13 +245,14 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
         raise ConfigError(f"config.{_key(kind_src)}", f"rope_type {rope_type!r}: the service "
                           f"has {', '.join(_SCALINGS)}")  # fmt: skip
     theta, t_src = p.get("rope_theta") or c.get("rope_theta")
-    rope: dict[str, Any] = {"base": c.take("rope.base", t_src, _num(theta, _key(t_src)))}
+    base = _num(theta, _key(t_src) or "rope_theta", _POSITIVE)
+    rope: dict[str, Any] = {"base": c.take("rope.base", t_src, base)}
     factor, f_src = p.get("partial_rotary_factor", (None, ""))
     if rope_type == "proportional":
         scale, s_src = p.get("factor", (None, ""))
         if scale is not None and _num(scale, _key(s_src)) != 1.0:
             raise ConfigError(f"config.{_key(s_src)}", "a proportional rope takes no factor")
-        share = 1.0 if factor is None else _num(factor, _key(f_src))
+        share = 1.0 if factor is None else _num(factor, _key(f_src), _SHARE)
         rope["style"] = c.take("rope.style", kind_src, "proportional")
         rope["rotary_dim"] = c.take("rope.rotary_dim", f_src or kind_src,
                                     2 * int(share * head_dim // 2))  # fmt: skip
@@ -275,7 +262,7 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
         if on:
             rope["style"] = c.take("rope.style", i_src, "interleaved")
     if factor is not None and not mla:
-        dim = int(head_dim * _num(factor, _key(f_src)))
+        dim = int(head_dim * _num(factor, _key(f_src), _SHARE))
         rope["rotary_dim"] = c.take("rope.rotary_dim", f_src, dim + dim % 2)
     if rope_type != "default":
         rope["scaling"] = _scaling(c, rope_type, kind_src, p)
@@ -289,10 +276,12 @@ def _rope_entry(c: _Config, kind: str) -> Entry | None:
     """This layer's rope parameters with their keys (None: the config gives it no RoPE)."""
     pre = c.prefix
     if c.family == "gemma3":  # 5.23's conversion of Gemma 3's older keys
-        entry = (c.c.get("rope_parameters") or {}).get(kind) or {}
+        entries = _mapping(c.c.get("rope_parameters") or {}, f"{pre}rope_parameters")
+        entry = _mapping(entries.get(kind) or {}, f"{pre}rope_parameters.{kind}")
         p = {k: (v, f"{pre}rope_parameters.{kind}.{k}") for k, v in entry.items()}
         if kind == "full_attention" and c.c.get("rope_scaling"):
-            p |= {k: (v, f"{pre}rope_scaling.{k}") for k, v in c.c["rope_scaling"].items()}
+            legacy = _mapping(c.c["rope_scaling"], f"{pre}rope_scaling")
+            p |= {k: (v, f"{pre}rope_scaling.{k}") for k, v in legacy.items()}
         if "rope_theta" not in p:
             key, default = ("rope_theta", 1e6) if kind == "full_attention" else (
                 "rope_local_base_freq", 1e4)  # fmt: skip
@@ -302,15 +291,13 @@ def _rope_entry(c: _Config, kind: str) -> Entry | None:
     scaling, params = c.c.get("rope_scaling"), c.c.get("rope_parameters")
     chosen, src = ((scaling, pre + "rope_scaling") if scaling else (params, pre + "rope_parameters")
                    if params else c.get("rope_parameters"))  # fmt: skip
-    chosen = chosen or {}  # (given: scaling over parameters; else the family's default)
-    if not isinstance(chosen, Mapping):
-        raise ConfigError(f"config.{_key(src)}", f"{_key(src)} must be an object")
+    chosen = _mapping(chosen or {}, _key(src))  # (scaling over parameters; else the default)
     if any(str(k).endswith("_attention") for k in chosen):  # one entry per layer type
         if kind not in chosen:
             raise ConfigError(f"config.{_key(src)}", f"{_key(src)} has no {kind} entry")
         if chosen[kind] is None:
             return None
-        chosen, src = chosen[kind], f"{src}.{kind}"
+        chosen, src = _mapping(chosen[kind], f"{_key(src)}.{kind}"), f"{src}.{kind}"
     p = {str(k): (v, f"{src}.{k}") for k, v in chosen.items()}
     for key in ("rope_theta", "partial_rotary_factor"):
         if p.get(key, (None,))[0] is None:
@@ -389,10 +376,10 @@ def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
     why = f"model_type {c.model_type}"
     norm: dict[str, Any] = {"type": "rms"}
     l2 = fam == "llama4" and rotates and c.value("use_qk_norm")
-    if fam in ("qwen3", "gemma3", "gemma4", "qwen3_next") or l2:
+    if fam in ("qwen3", "qwen3_moe", "gemma3", "gemma4", "qwen3_next") or l2:
         c.taken["qk_norm"] = c.get("use_qk_norm")[1] if fam == "llama4" else why
         if eps is not None:
-            norm["eps"] = c.take("qk_norm.eps", e_src, _num(eps, _key(e_src)))
+            norm["eps"] = c.take("qk_norm.eps", e_src, _num(eps, _key(e_src), _NON_NEGATIVE))
         if fam in ("gemma3", "qwen3_next"):  # their RMSNorms apply (1 + w)
             norm["zero_centered"] = c.take("qk_norm.zero_centered", why, True)
         if fam == "llama4":  # the weightless L2 norm, after the rotation
@@ -407,18 +394,19 @@ def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
     if fam == "llama4" and not rotates and c.value("attn_temperature_tuning"):
         c.taken["temperature"] = c.get("attn_temperature_tuning")[1]
         got = {key: c.get(key) for key in ("floor_scale", "attn_scale")}
-        out["temperature"] = {k: c.take(f"temperature.{k}", s, _num(v, _key(s)))
+        bounds = {"floor_scale": _POSITIVE, "attn_scale": _ANY}
+        out["temperature"] = {k: c.take(f"temperature.{k}", s, _num(v, _key(s), bounds[k]))
                               for k, (v, s) in got.items()}  # fmt: skip
     if fam == "qwen3_next":  # q_proj holds each head's query and output gate
         out["gate"] = c.take("gate", why, True)
     cap, cap_src = c.get("attn_logit_softcapping")
     if cap is not None and fam not in ("gemma3", "gemma4"):
-        out["softcap"] = c.take("softcap", cap_src, _num(cap, _key(cap_src)))
+        out["softcap"] = c.take("softcap", cap_src, _num(cap, _key(cap_src), _POSITIVE))
     scalar, s_src = c.get("query_pre_attn_scalar")
     if fam == "gemma4":
         out["scale"] = c.take("scale", why, 1.0)
     elif scalar is not None:
-        out["scale"] = c.take("scale", s_src, _num(scalar, _key(s_src)) ** -0.5)
+        out["scale"] = c.take("scale", s_src, _num(scalar, _key(s_src), _POSITIVE) ** -0.5)
     return out
 
 
@@ -440,7 +428,8 @@ def _mask(c: _Config, kind: str, kind_src: str, layer: int) -> list[dict[str, An
     mask: list[dict[str, Any]] = [{"type": "causal"}]
     c.taken["mask.causal"] = f"model_type {c.model_type or '?'} (a decoder)"
     window, w_src = c.get("sliding_window")
-    if kind == "sliding_attention" and window is not None and c.value("use_sliding_window") != 0:
+    gated = c.reads("use_sliding_window") and c.value("use_sliding_window") == 0
+    if kind == "sliding_attention" and window is not None and not gated:
         c.taken["mask.window"], c.taken["mask.window.left"] = kind_src, w_src
         mask.append({"type": "window", "left": _int(window, _key(w_src)) - 1, "right": 0})
     return mask

@@ -51,11 +51,11 @@ def _configured(req: MultiheadRequest) -> MultiheadRequest:
     except ConfigError as e:
         field = e.field if e.field.startswith(("config", "layer")) else f"config.{e.field}"
         raise FieldError(field, e.message) from None
-    except (TypeError, AttributeError, KeyError, ValueError) as e:  # any JSON may arrive here
+    except (TypeError, AttributeError, KeyError, ValueError):  # any JSON may arrive here
         raise FieldError(
             "config",
-            f"config has a value of a type its key never takes ({type(e).__name__}: "
-            f"{str(e)[:120]}): send the model's config.json as it is",
+            "config has a value of a type its key never takes: send the model's config.json "
+            "as it is, or state the layer's fields without config",
         ) from None
     given = req.model_fields_set
     taken = {name: "request" for name in implied.fields if name in given and name != "mask"}
@@ -65,8 +65,11 @@ def _configured(req: MultiheadRequest) -> MultiheadRequest:
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise FieldError("config", f"config gives {where} that the service cannot take: "
-                         f"{first['msg']}") from None  # fmt: skip
+        field = _field_of(where, implied.taken)
+        key = implied.taken.get(field, "").split(" (")[0]
+        raise FieldError(f"config.{key}" if key else "config",
+                         f"config gives {field or where} that the service cannot take (from "
+                         f"{key or 'the config'}): {first['msg']}") from None  # fmt: skip
     update = {name: getattr(parsed, name) for name in chosen}
     if "mask" in chosen and req.mask:  # a key must be allowed by both
         update["mask"] = [*(parsed.mask or []), *req.mask]
@@ -75,6 +78,18 @@ def _configured(req: MultiheadRequest) -> MultiheadRequest:
         field: key for field, key in implied.taken.items() if field.split(".")[0] not in taken
     } | taken
     return out
+
+
+def _field_of(where: str, taken: dict[str, str]) -> str:
+    """The longest field of ``taken`` whose parts run, in order, through the error's location
+    (``rope.options.scaling.yarn.factor`` → ``rope.scaling.factor``); "" when none."""
+    parts = where.split(".")
+
+    def within(field: str) -> bool:
+        rest = iter(parts)
+        return all(part in rest for part in field.split("."))
+
+    return max((f for f in taken if within(f)), key=lambda f: f.count("."), default="")
 
 
 def _values_are_keys(req: MultiheadRequest) -> dict[str, Any]:

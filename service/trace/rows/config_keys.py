@@ -1,0 +1,287 @@
+"""Which ``config.json`` keys the service reads, per model type, and which it judges not to
+change one attention layer's numbers (API.md, "A config as it is, third edition": known or
+refused; every key that changes attention honoured or refused).
+
+The reference is each family's transformers 5.23 ``modeling_<family>.py`` (the ``config.<key>``
+its attention, rotary embedding and mask code reads) and ``configuration_<family>.py`` (every
+key of ``AutoConfig.for_model(model_type).to_dict()`` is a row below). A key's row says:
+
+- ``reads``: the model types whose reading applies it (``*``: every verified type);
+- ``inert``: the model types where it does not change the attention layer's numbers (vocabulary,
+  MLP and MoE sizes, dropout — the service computes in eval mode —, initialisation, token ids,
+  the block's own norms, biases the state dict brings …); ``*``: every type;
+- ``neutral``: values with which the key changes nothing where it is neither read nor inert
+  (null, or the value meaning "off").
+
+A key present where it is neither read nor inert, with a value that is not neutral, is a 422
+naming it; a key in no row is a 422 too unless null or false (the service has not judged it).
+"""
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+# the model types /multihead reproduces to 1e-10 from their config alone, and the multimodal
+# types whose ``text_config`` is one of them
+VERIFIED = _words("""
+    llama mistral mixtral ministral qwen2 qwen2_moe qwen3 qwen3_moe qwen3_next gemma gemma2
+    gemma3_text gemma4_text starcoder2 smollm3 deepseek_v2 deepseek_v3 gpt_oss llama4_text
+    phimoe nemotron seed_oss phi3
+""")
+COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
+
+_ALL = "*"
+_SLIDING = "mistral mixtral ministral qwen2 qwen2_moe qwen3 qwen3_moe gemma2 gemma3_text " \
+    "gemma4_text starcoder2 smollm3 gpt_oss phimoe phi3"  # fmt: skip
+_LAYER_TYPES = "ministral qwen2 qwen2_moe qwen3 qwen3_next gemma2 gemma3_text gemma4_text " \
+    "smollm3 gpt_oss llama4_text"  # fmt: skip
+_QK_NORM = "qwen3 qwen3_moe qwen3_next gemma3_text gemma4_text llama4_text"
+_MLA = "deepseek_v2 deepseek_v3"
+_GEMMAS = "gemma gemma2 gemma3_text gemma4_text"
+
+
+class ConfigError(ValueError):
+    """``field``: the request field or config key at fault (``layer``, ``config.head_dim``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Key:
+    reads: str = ""  # model types whose reading applies it ("*": all)
+    inert: str = ""  # model types where it does not change the layer ("*": all)
+    neutral: tuple[Any, ...] = (None,)  # values that change nothing elsewhere
+    why: str = ""  # what it does where the service does not apply it
+
+
+_READ = Key(reads=_ALL)
+_INERT = Key(inert=_ALL)
+_OFF = (None, False)
+
+# one row per key (keys as rows); a key missing here is unjudged
+# fmt: off
+KEYS: dict[str, Key] = {
+    # ---- read: the layer's sizes, rope, masks and variants (service.trace.rows.config)
+    "model_type": _READ, "text_config": _READ, "num_attention_heads": _READ, "num_key_value_heads": _READ,
+    "head_dim": _READ, "hidden_size": _READ, "num_hidden_layers": _READ,
+    "rope_theta": _READ, "rope_scaling": _READ, "rope_parameters": _READ,
+    "partial_rotary_factor": _READ, "max_position_embeddings": _READ,
+    "original_max_position_embeddings": _READ,
+    "sliding_window": Key(reads=_SLIDING, why="a sliding-window mask"),
+    "use_sliding_window": Key(reads="qwen2 qwen2_moe qwen3 qwen3_moe smollm3", neutral=_OFF,
+                              why="a sliding-window mask"),
+    "max_window_layers": Key(reads="qwen2 qwen2_moe qwen3", inert=_ALL),
+    "layer_types": Key(reads=_LAYER_TYPES, inert=_ALL),  # the others' masks ignore it
+    "sliding_window_pattern": Key(reads="gemma3_text", inert=_ALL),
+    "_sliding_window_pattern": Key(reads="gemma3_text", inert=_ALL),
+    "rope_local_base_freq": Key(reads="gemma3_text", why="the sliding layers' RoPE base"),
+    "rms_norm_eps": Key(reads=_QK_NORM, inert=_ALL),  # elsewhere the block's norms only
+    "use_qk_norm": Key(reads="llama4_text", neutral=_OFF, why="q/k norms"),
+    "query_pre_attn_scalar": Key(reads="gemma2 gemma3_text", why="the scale"),
+    "attn_logit_softcapping": Key(reads="gemma2", inert="gemma3_text gemma4_text",
+                                  why="a tanh cap on the scores"),
+    "use_bidirectional_attention": Key(reads=_GEMMAS, neutral=_OFF, why="no causal mask"),
+    "per_layer_config": Key(reads="gemma4_text"),
+    "global_head_dim": Key(reads="gemma4_text", why="the full layers' head size"),
+    "num_global_key_value_heads": Key(reads="gemma4_text", why="the full layers' kv heads"),
+    "attention_k_eq_v": Key(reads="gemma4_text", neutral=_OFF, why="values from the keys"),
+    "num_kv_shared_layers": Key(neutral=(None, 0), why="the last layers reuse an earlier "
+                                "layer's keys and values"),
+    "full_attention_interval": Key(reads="qwen3_next", why="which layers attend"),
+    "no_rope_layers": Key(reads="smollm3 llama4_text", why="layers without RoPE"),
+    "no_rope_layer_interval": Key(reads="smollm3 llama4_text", why="layers without RoPE"),
+    "attention_chunk_size": Key(reads="llama4_text", why="a chunked mask"),
+    "attn_temperature_tuning": Key(reads="llama4_text", neutral=_OFF,
+                                   why="a temperature on the queries"),
+    "floor_scale": Key(reads="llama4_text", inert=_ALL),
+    "attn_scale": Key(reads="llama4_text", inert=_ALL),
+    "rope_interleave": Key(reads="deepseek_v3", why="the interleaved rotation"),
+    **{k: Key(reads=_MLA, why="multi-head latent attention") for k in (
+        "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")},
+    # ---- biases: the state dict brings them, as it brings gpt-oss's sinks
+    "attention_bias": _INERT, "qkv_bias": _INERT, "use_bias": _INERT,
+    "attention_out_bias": _INERT,
+    # ---- change attention in other families; not applied by the service
+    "clip_qkv": Key(why="q, k, v clamped to ±clip_qkv"),
+    "attention_multiplier": Key(why="the scale (Granite)"),
+    "qk_layernorm": Key(neutral=_OFF, why="q/k LayerNorms"),
+    "rotary_dim": Key(why="a partial rotation"), "rotary_pct": Key(why="a partial rotation"),
+    "rotary_emb_base": Key(why="the RoPE base"),
+    "position_embedding_type": Key(why="the position encoding"),
+    "alibi": Key(neutral=_OFF, why="ALiBi"), "use_alibi": Key(neutral=_OFF, why="ALiBi"),
+    "use_logn_attn": Key(neutral=_OFF, why="log-n query scaling"),
+    "scale_attn_by_inverse_layer_idx": Key(neutral=_OFF, why="the scale"),
+    "llama_4_scaling_beta": Key(why="a position-dependent query scale"),
+    # ---- never the attention layer's numbers
+    **{k: _INERT for k in _words("""
+        _name_or_path architectures transformers_version dtype torch_dtype auto_map
+        output_hidden_states output_attentions return_dict chunk_size_feed_forward
+        is_encoder_decoder id2label label2id problem_type use_cache tie_word_embeddings
+        bos_token_id eos_token_id pad_token_id sep_token_id decoder_start_token_id
+        initializer_range vocab_size intermediate_size hidden_act hidden_activation mlp_bias
+        pretraining_tp lm_head_bias final_logit_softcapping norm_eps norm_epsilon
+        attention_dropout hidden_dropout residual_dropout embedding_dropout resid_pdrop
+        embd_pdrop quantization_config cache_implementation sliding_window_size
+        num_experts_per_tok num_local_experts num_experts output_router_logits
+        router_aux_loss_coef router_jitter_noise input_jitter_noise moe_intermediate_size
+        shared_expert_intermediate_size decoder_sparse_step mlp_only_layers norm_topk_prob
+        n_group n_routed_experts n_shared_experts routed_scaling_factor topk_group topk_method
+        first_k_dense_replace moe_layers interleave_moe_layer_step intermediate_size_mlp
+        swiglu_alpha swiglu_limit num_nextn_predict_layers ep_size moe_layer_freq scoring_func
+        aux_loss_alpha seq_aux experts_per_token qk_head_dim initial_context_length
+        linear_conv_kernel_dim linear_key_head_dim linear_value_head_dim linear_num_key_heads
+        linear_num_value_heads vocab_size_per_layer_input hidden_size_per_layer_input
+        enable_moe_block use_double_wide_mlp top_k_experts for_llm_compressor full_attn_mod
+        interpolate_factor vision_config audio_config mm_tokens_per_image
+        boi_token_index eoi_token_index image_token_index boi_token_id eoi_token_id
+        image_token_id video_token_id boa_token_id eoa_token_index audio_token_id
+    """)},
+}
+# fmt: on
+
+
+def _holds(types: str, model_type: str) -> bool:
+    return types == _ALL or model_type in types.split()
+
+
+def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    return any(value is n or (type(value) is type(n) and value == n) for n in neutral)
+
+
+def unread_keys(config: Mapping[str, Any], model_type: str, prefix: str = "") -> list[str]:
+    """The keys of ``config`` judged not to change ``model_type``'s attention layer (sorted,
+    named ``prefix + key``); a :class:`ConfigError` for the first that would change it unread."""
+    inert = []
+    for key in config:
+        row, value, name = KEYS.get(str(key)), config[key], f"{prefix}{key}"
+        if row is None:
+            if not _neutral(value, _OFF):
+                raise ConfigError(f"config.{name}", f"{name} is not a key the service knows for model_type "
+                                 f"{model_type}: it cannot tell whether it changes the attention"
+                                 " layer. Leave it out if the model's attention does not use it,"
+                                 f" or state the layer's fields without config")  # fmt: skip
+        elif _holds(row.reads, model_type):
+            continue
+        elif _holds(row.inert, model_type) or _neutral(value, row.neutral):
+            inert.append(name)
+        else:
+            raise ConfigError(f"config.{name}", f"{name} ({value!r}) is not supported for model_type "
+                             f"{model_type}: it changes the attention layer ({row.why}) and "
+                             "the service does not apply it there. State the layer's fields "
+                             "without config, or leave the key out if the model does not use "
+                             "it")  # fmt: skip
+    return sorted(inert)
+
+
+_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
+_GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1_000_000.0}}  # fmt: skip
+# the transformers 5.23 configuration classes' defaults for the keys config.py reads, per
+# family (config.py's _FAMILIES)
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "": {"rope_theta": 10_000.0}, "mistral": {"sliding_window": 4096},
+    "qwen": {"use_sliding_window": False, "max_window_layers": 28},
+    "qwen3": {"head_dim": 128, "use_sliding_window": False, "max_window_layers": 28,
+              "rms_norm_eps": 1e-6},
+    "qwen3_moe": {"use_sliding_window": False, "sliding_window": 4096, "rms_norm_eps": 1e-6},
+    "mixtral": {"rope_theta": 1e6}, "phimoe": {"rope_theta": 1e6},
+    "ministral": {"sliding_window": 4096}, "gemma": {"head_dim": 256},
+    "smollm3": {"rope_theta": 2e6, "use_sliding_window": False, "no_rope_layer_interval": 4},
+    "nemotron": {"partial_rotary_factor": 0.5},
+    "gemma2": {"head_dim": 256, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
+               "sliding_window": 4096},
+    "gemma3": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+               "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
+               "rms_norm_eps": 1e-6},
+    "gemma4": {"head_dim": 256, "sliding_window": 512, "global_head_dim": 512,
+               "rms_norm_eps": 1e-6, "rope_parameters": _GEMMA4_ROPE},
+    "gpt_oss": {"head_dim": 64, "sliding_window": 128, "rope_theta": 150_000.0,
+                "rope_parameters": _GPT_OSS_ROPE},
+    "phi3": {"original_max_position_embeddings": 4096}, "deepseek": {"rope_interleave": True},
+    "qwen3_next": {"head_dim": 256, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6,
+                   "full_attention_interval": 4},
+    "llama4": {"head_dim": 128, "rope_theta": 500_000.0, "rms_norm_eps": 1e-5, "use_qk_norm": True,
+               "attention_chunk_size": 8192, "no_rope_layer_interval": 4,
+               "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
+}  # fmt: skip
+
+
+INT_MAX = 2**31 - 1  # sizes, windows and positions beyond it are no model's
+
+
+def as_size(value: Any, where: str, least: int = 1) -> int:
+    """A size: an integer (or an integral float) from ``least`` to 2³¹ − 1."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= INT_MAX + 1:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= INT_MAX:
+        raise ConfigError(f"config.{where}", f"{where} is {shown(value)}: it takes an integer "
+                          f"from {least} to {INT_MAX}")  # fmt: skip
+    return value
+
+
+# what a number read from a config may be: (lowest, highest, the lowest itself allowed)
+POSITIVE, NON_NEGATIVE, ANY = (0.0, math.inf, False), (0.0, math.inf, True), (
+    -math.inf, math.inf, True)  # fmt: skip
+SHARE = (0.0, 1.0, False)
+
+
+def as_number(value: Any, where: str, bounds: tuple[float, float, bool] = ANY) -> float:
+    """A finite number within ``bounds``; the config key ``where`` named when it is not."""
+    low, high, low_in = bounds
+    number = math.nan
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value) if abs(value) < 1e308 else math.inf  # 10**400: no float
+    above = low <= number if low_in else low < number
+    if not (math.isfinite(number) and above and number <= high):
+        wanted = {POSITIVE: "a number > 0", NON_NEGATIVE: "a number ≥ 0",
+                 SHARE: "a number > 0 and ≤ 1"}.get(bounds, "a number below 1e308 in size")  # fmt: skip
+        raise ConfigError(f"config.{where}", f"{where} is {shown(value)}: it takes {wanted}")
+    return number
+
+
+def shown(value: Any) -> str:
+    """A value as a message quotes it: JSON-like, at most 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "…"
+
+
+def as_mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"config.{where}", f"{where} is {shown(value)}: it takes an object "
+                          "of rope parameters ({\"rope_type\": …, \"rope_theta\": …})")  # fmt: skip
+    return value
+
+
+_KNOWN = ", ".join(VERIFIED) + " (and " + ", ".join(
+    f"{t} with its text_config" for t in COMPOSITE) + ")"  # fmt: skip
+
+
+def model_type_of(raw: Mapping[str, Any], text: Mapping[str, Any] | None) -> str:
+    """The verified model type of the config's attention layers (a multimodal config's
+    ``text_config``'s), else a ConfigError naming ``model_type``."""
+    top = raw.get("model_type")
+    inner = None if text is None else text.get("model_type")
+    for where, value in (("model_type", top), ("text_config.model_type", inner)):
+        if value is None and where == "model_type" and inner is None:
+            raise ConfigError("config.model_type", "config has no model_type: it must say "
+                              f"which family the layer is ({_KNOWN}); or state the layer's "
+                              "fields yourself and leave config out")  # fmt: skip
+        if value is not None and (not isinstance(value, str) or (
+                value not in VERIFIED and value not in COMPOSITE)):  # fmt: skip
+            raise ConfigError(f"config.{where}", f"model_type {shown(value)} is not a family "
+                              "the service reproduces exactly from its config; it knows "
+                              f"{_KNOWN}. State the layer's fields yourself (num_heads, "
+                              "num_kv_heads, d_k, rope, mask, scale …) and leave config out")  # fmt: skip
+    chosen = str(inner if inner is not None else top)
+    return COMPOSITE.get(chosen, chosen)  # gemma3 → gemma3_text …

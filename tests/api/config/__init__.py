@@ -1,0 +1,1 @@
+"""The HTTP contract through the ASGI app: every endpoint's fields, errors, comparison and references."""

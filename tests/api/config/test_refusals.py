@@ -1,0 +1,130 @@
+"""/multihead with ``config``: a family the service does not reproduce exactly, a key that
+changes attention and is not applied, a number out of its key's range — each a 422 naming
+``config.model_type`` or ``config.<key>`` (API.md, "A config as it is, third edition"), never a
+200 with wrong numbers or a 500.
+
+The refused families' configs are transformers 5.23's own configuration classes (tiny sizes,
+``to_dict()`` as ``client.layer`` sends it); MiMo, which 5.23 has no class for, is its
+config.json's kind of dict. Every body is otherwise a valid layer: without the refusal it would
+be answered 200.
+"""
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.api.test_api_variants import post
+
+transformers = pytest.importorskip("transformers")
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+D_MODEL, H, H_KV, D, L = 8, 2, 1, 4, 3
+TINY = {"hidden_size": D_MODEL, "num_attention_heads": H, "num_key_value_heads": H_KV,
+        "head_dim": D, "num_hidden_layers": 2, "intermediate_size": 16, "vocab_size": 16,
+        "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}  # fmt: skip
+
+
+def layer_body(config: dict[str, Any], **rest: Any) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    return {"x": rng.normal(size=(L, D_MODEL)), "q_proj.weight": rng.normal(size=(H * D, D_MODEL)),
+            "k_proj.weight": rng.normal(size=(H_KV * D, D_MODEL)),
+            "v_proj.weight": rng.normal(size=(H_KV * D, D_MODEL)),
+            "o_proj.weight": rng.normal(size=(D_MODEL, H * D)), "config": config,
+            "include": ["output"], **rest}  # fmt: skip
+
+
+def stock(name: str, **changes: Any) -> dict[str, Any]:
+    """transformers' ``<name>`` config class, tiny, as ``to_dict()`` writes it."""
+    config: dict[str, Any] = getattr(transformers, name)(**{**TINY, **changes}).to_dict()
+    return config
+
+
+def llama(**changes: Any) -> dict[str, Any]:
+    return stock("LlamaConfig", **changes)
+
+
+MIMO = {  # XiaomiMiMo/MiMo-7B's config.json kind (Qwen2 layers plus multi-token prediction)
+    **{k: v for k, v in TINY.items() if v is not None}, "model_type": "mimo",
+    "num_nextn_predict_layers": 1, "rope_theta": 640000, "attention_dropout": 0.0,
+    "rms_norm_eps": 1e-5, "use_sliding_window": False, "max_window_layers": 36,
+}  # fmt: skip
+
+
+def test_a_verified_family_is_still_answered(client: TestClient) -> None:
+    body = post(client, "/multihead", layer_body(llama()))
+    assert body["conventions"]["config"]["num_heads"] == "num_attention_heads"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [stock("OPTConfig", ffn_dim=16, word_embed_proj_dim=8, num_attention_heads=H,
+           hidden_size=D_MODEL),
+     stock("Glm4Config", partial_rotary_factor=0.5), stock("Ernie4_5Config"),
+     stock("GraniteConfig", attention_multiplier=0.0625), stock("OlmoConfig", clip_qkv=8.0),
+     stock("Cohere2Config"), stock("Exaone4Config"), stock("Gemma3nTextConfig"), MIMO],
+    ids=["opt", "glm4", "ernie4_5", "granite", "olmo", "cohere2", "exaone4", "gemma3n", "mimo"],
+)  # fmt: skip
+def test_a_family_the_service_does_not_reproduce_is_a_422_naming_model_type(
+    client: TestClient, config: dict[str, Any]
+) -> None:
+    error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
+    assert error["field"] == "config.model_type", error
+    assert repr(config["model_type"]) in error["message"]
+    assert "llama, mistral" in error["message"]
+    assert "leave config out" in error["message"]
+
+
+def test_a_config_without_model_type_is_a_422_saying_what_it_must_be(client: TestClient) -> None:
+    config = {k: v for k, v in llama().items() if k != "model_type"}
+    error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
+    assert error["field"] == "config.model_type" and "llama, mistral" in error["message"], error
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [(llama(clip_qkv=8), "clip_qkv"), (llama(attention_multiplier=0.0625), "attention_multiplier"),
+     (llama(sliding_window=2), "sliding_window"),
+     (stock("Qwen3MoeConfig", use_sliding_window=True, sliding_window=2,
+            max_window_layers=1, use_qk_norm=True), "use_qk_norm")],
+    ids=["llama_clip_qkv", "llama_attention_multiplier", "llama_sliding_window",
+         "qwen3_moe_use_qk_norm"],
+)  # fmt: skip
+def test_a_key_that_changes_attention_unapplied_is_a_422_naming_it(
+    client: TestClient, config: dict[str, Any], key: str
+) -> None:
+    error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
+    assert error["field"] == f"config.{key}", error
+    assert error["message"].startswith(f"{key} (") and "not supported" in error["message"]
+
+
+MISTRAL = stock("MistralConfig", sliding_window=2)
+GEMMA2 = stock("Gemma2Config", sliding_window=2, query_pre_attn_scalar=4)
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 32}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [({**MISTRAL, "sliding_window": 1e30}, "sliding_window"),
+     ({**MISTRAL, "sliding_window": 2**64}, "sliding_window"),
+     ({**GEMMA2, "query_pre_attn_scalar": 0}, "query_pre_attn_scalar"),
+     ({**GEMMA2, "attn_logit_softcapping": 0}, "attn_logit_softcapping"),
+     ({**MISTRAL, "rope_parameters": {**YARN, "beta_fast": 1e308}}, "rope_parameters.beta_fast"),
+     ({**MISTRAL, "rope_parameters": {**YARN, "factor": -2.0}}, "rope_parameters.factor"),
+     ({**MISTRAL, "rope_parameters": {"rope_type": "default", "rope_theta": -1.0}},
+      "rope_parameters.rope_theta"),
+     ({**MISTRAL, "model_type": "gemma3", "rope_parameters": {"sliding_attention": 5}},
+      "rope_parameters.sliding_attention")],
+    ids=["window_1e30", "window_2_64", "scalar_0", "softcap_0", "beta_fast_1e308",
+         "yarn_factor_negative", "theta_negative", "rope_entry_number"],
+)  # fmt: skip
+def test_a_number_out_of_its_keys_range_is_a_422_naming_the_key_in_words(
+    client: TestClient, config: dict[str, Any], field: str
+) -> None:
+    """Not a plain-text 500, not Python's exception text: the key and what it takes."""
+    error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
+    assert error["field"] == f"config.{field}", error
+    assert "Error" not in error["message"] and "invalid literal" not in error["message"]
