@@ -1,1 +1,0 @@
-"""The HTTP contract through the ASGI app: every endpoint's fields, errors, comparison and references."""
