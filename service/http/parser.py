@@ -8,6 +8,12 @@ header (up to MAX_TENSORS entries) and the JSON under ``__metadata__["json"]`` (
 JSON body) are parsed and checked here too. One parser process per worker does it instead
 (``parse_concurrency`` of them); the worker waits for the answer without holding the GIL, and
 gets back the admitted request (service.trace.Admitted: arrays pickle as plain copies).
+
+In process (``Client.local()``, attention_client.local) there is no worker to keep responsive and
+no script of ours to start: a ``spawn``ed process re-runs the caller's ``__main__`` (the
+multiprocessing guide's "safe importing of the main module"), so a plain script without an
+``if __name__ == "__main__":`` guard would start itself again. There, :class:`InThread` parses in
+a thread instead, with the same checks and errors.
 """
 
 import asyncio
@@ -75,6 +81,27 @@ class Parser:
         if self._pool is not None:
             self._pool.shutdown(wait=wait, cancel_futures=True)
             self._pool = None
+
+
+class InThread:
+    """:class:`Parser`'s stand-in for the service run in the caller's own process: the same
+    checks in a thread of this process (one body at a time), no process started."""
+
+    def __init__(self, concurrency: int = 1) -> None:
+        self._slots = asyncio.Semaphore(concurrency)
+
+    async def check(
+        self, raw: bytes, endpoint: str, settings: Settings, form: Format = "json"
+    ) -> Admitted:
+        """Parse ``raw`` and admit it for ``endpoint`` (service.http.routes.checked)."""
+        async with self._slots:
+            try:
+                return await asyncio.to_thread(checked, raw, endpoint, settings, form)
+            finally:
+                release_memory()
+
+    def close(self, wait: bool = False) -> None:
+        """Nothing to stop (the same signature as :meth:`Parser.close`)."""
 
 
 def _start(parent: int) -> None:
