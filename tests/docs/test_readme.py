@@ -77,7 +77,7 @@ def test_kubernetes_quick_start_pushes_and_sets_the_image_before_applying() -> N
     for name in ("README.md", "docs/operations.md"):
         text = PAGES[name]
         apply = text.index("kubectl apply -k")
-        for before in ("docker push", "kustomize edit set image"):
+        for before in ("docker push", "newName: $IMAGE"):  # the overlay's images: set by sed
             assert -1 < text.find(before) < apply, f"{name}: {before} after kubectl apply"
         assert "kubectl apply -k deploy/kubernetes/overlays/example" not in text
 
