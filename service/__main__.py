@@ -10,7 +10,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from service.config import get_settings
+from pydantic import ValidationError
+
+from service.config import Settings, get_settings, problems, unknown_variables
+
+BAD_SETTING = 2  # the exit status of a setting with a wrong value (as argparse's usage errors)
 
 
 def available_cpus(root: str = "/sys/fs/cgroup") -> int:
@@ -80,9 +84,19 @@ def _check_address(host: str, port: int) -> None:
             )
 
 
+def _settings() -> Settings:
+    """The environment's settings; a wrong value exits with status 2 and one line on stderr
+    for each (the variable, its value, what it takes) rather than pydantic's traceback."""
+    try:
+        return get_settings()
+    except ValidationError as error:
+        print("\n".join(problems(error)), file=sys.stderr)
+        sys.exit(BAD_SETTING)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line (defaults from ATTENTION_* settings) and run uvicorn."""
-    settings = get_settings()
+    settings = _settings()
     parser = argparse.ArgumentParser(
         prog="python -m service", description="Run the attention service."
     )
@@ -105,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     from service.logs import log_config
 
     logging.config.dictConfig(log_config(settings.log_level))
+    for line in unknown_variables(os.environ):  # a misspelt setting would be ignored silently
+        logging.getLogger("service").warning(line)
     shown = "localhost" if args.host in ("0.0.0.0", "::", "") else args.host
     base = f"http://{shown}:{args.port}{settings.root_path}"
     logging.getLogger("service").info(

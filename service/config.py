@@ -1,15 +1,31 @@
 """Settings from environment variables prefixed ATTENTION_ (e.g. ATTENTION_PORT=9000).
 
 Built lazily by :func:`get_settings`; tests pass their own Settings to
-:func:`service.http.app.create_app`. README lists every variable.
+:func:`service.http.app.create_app`. docs/operations.md lists every variable. ``python -m service`` says in
+one line what a wrong value should be (:func:`problems`) and warns about a variable that is no
+setting (:func:`unknown_variables`), naming the closest one.
 """
 
+import difflib
+import types
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union, get_args, get_origin
 
-from pydantic import Field, field_validator
+import annotated_types
+from pydantic import Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+PREFIX = "ATTENTION_"
+# ATTENTION_* variables read by the deployment files, not by the service: never warned about
+NOT_SETTINGS = frozenset(
+    {
+        "ATTENTION_SUBNET",  # docker-compose.replicas.yml's network
+        "ATTENTION_SERVERS",  # deploy/nginx's upstream servers
+    }
+)
 
 
 class Settings(BaseSettings):
@@ -145,3 +161,85 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The process-wide settings, read from the environment on first use."""
     return Settings()
+
+
+# what a value of each type is, in words (Optional and list are read off the annotation)
+KINDS: dict[object, str] = {
+    int: "a whole number",
+    float: "a number",
+    str: "a string",
+    Path: "a directory",
+}
+BOUNDS: tuple[tuple[type, str, str], ...] = (
+    (annotated_types.Ge, "ge", "≥ {}"),
+    (annotated_types.Gt, "gt", "> {}"),
+    (annotated_types.Le, "le", "≤ {}"),
+    (annotated_types.Lt, "lt", "< {}"),
+)
+
+
+def _kind(annotation: object) -> str:
+    """``int`` → "a whole number", ``Literal["a", "b"]`` → "one of a, b", ``list[str]`` →
+    "comma-separated values"."""
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return "one of " + ", ".join(str(a) for a in get_args(annotation))
+    if origin is list:
+        return "comma-separated values"
+    return KINDS.get(annotation, str(annotation))
+
+
+def takes(field: FieldInfo) -> str:
+    """What a setting takes, in words: "a whole number ≥ 1 and ≤ 64 — uvicorn worker
+    processes"."""
+    annotation, optional = field.annotation, False
+    if get_origin(annotation) in (Union, types.UnionType):  # X | None: may be left unset
+        (annotation,) = [a for a in get_args(annotation) if a is not type(None)]
+        optional = True
+    bounds = [
+        text.format(getattr(rule, attribute))
+        for kind, attribute, text in BOUNDS
+        for rule in field.metadata
+        if isinstance(rule, kind)
+    ]
+    words = " ".join([_kind(annotation), *([" and ".join(bounds)] if bounds else [])])
+    words += ", or unset" if optional else ""
+    return f"{words} — {field.description}" if field.description else words
+
+
+def problems(error: ValidationError) -> list[str]:
+    """One line per setting the environment got wrong: the variable, its value, what it
+    takes."""
+    lines = []
+    for item in error.errors():
+        name = str(item["loc"][0]) if item["loc"] else ""
+        field = Settings.model_fields.get(name)
+        if field is None:  # not one setting's: pydantic's own words
+            lines.append(f"settings: {item['msg']}")
+            continue
+        lines.append(
+            f"{PREFIX}{name.upper()}={item.get('input')!r} is not valid: it takes {takes(field)}"
+        )
+    return lines
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line per ``ATTENTION_*`` variable that is no setting (a misspelt one is ignored by
+    the settings), naming the closest setting."""
+    known = [name.upper() for name in Settings.model_fields]
+    lines = []
+    for variable in sorted(environ):
+        upper = variable.upper()
+        if not upper.startswith(PREFIX) or upper in NOT_SETTINGS:
+            continue
+        name = upper.removeprefix(PREFIX)
+        if name in known:
+            continue
+        closest = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = (
+            f"did you mean {PREFIX}{closest[0]}?"
+            if closest
+            else "docs/operations.md lists the settings"
+        )
+        lines.append(f"{variable} is not a setting of the service and is ignored: {hint}")
+    return lines

@@ -16,6 +16,7 @@ from attention_client.client import AsyncClient, Client
 from attention_client.errors import (
     ErrorItem,
     InvalidRequest,
+    ModelNotInstalled,
     Overloaded,
     ServiceError,
     TooLarge,
@@ -29,6 +30,7 @@ __all__ = [
     "ErrorItem",
     "Head",
     "InvalidRequest",
+    "ModelNotInstalled",
     "Overloaded",
     "Result",
     "ServiceError",

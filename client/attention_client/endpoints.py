@@ -29,6 +29,30 @@ def _fields(scope: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
+NO_CONFIG = (
+    "layer(module, config, x) takes a transformers attention module and its config (a "
+    "PretrainedConfig or the config.json dict); got {got}. A module without a config "
+    "(torch.nn.MultiheadAttention, your own) goes by its weights and its heads: "
+    "client.multihead(x=x, num_heads=h, state_dict=module.state_dict())"
+)
+
+
+def _config(module: object, config: object) -> dict[str, Any]:
+    """``config`` as the dict the service reads: a ``PretrainedConfig``'s ``to_dict()`` or a
+    mapping as it is; ``None``: the module's own ``config``. Anything else: a TypeError."""
+    given = config if config is not None else getattr(module, "config", None)
+    as_dict = getattr(given, "to_dict", None)
+    if callable(as_dict):
+        return dict(as_dict())
+    if isinstance(given, Mapping):
+        return dict(given)
+    if config is None:
+        got = f"None, and the {type(module).__name__} module keeps no config of its own"
+    else:
+        got = f"a {type(config).__name__}"
+    raise TypeError(NO_CONFIG.format(got=got))
+
+
 def _state_dict(value: object) -> Mapping[str, Any]:
     """``state_dict`` as given, when it is a mapping of names to arrays; a module (torch's or
     anything with a ``state_dict()`` method) is refused with the call that gives its weights."""
@@ -249,12 +273,15 @@ class _Endpoints(Generic[R]):
 
             r = client.layer(model.model.layers[0].self_attn, model.config, x)
             assert abs(r.output - out.detach().numpy()).max() < 1e-6  # float32 inside HF
+
+        ``config=None`` takes the module's own ``config`` (transformers modules keep the one
+        they were built with); a module without one (``torch.nn.MultiheadAttention``, your own)
+        is a ``TypeError`` saying to send its weights with ``multihead(state_dict=…)``.
         """
-        as_dict = getattr(config, "to_dict", None)
         return self.multihead(
             x=x,
             state_dict=module.state_dict(),
-            config=as_dict() if callable(as_dict) else dict(config),
+            config=_config(module, config),
             layer=layer if layer is not None else getattr(module, "layer_idx", None) or 0,
             **extra,
         )

@@ -60,6 +60,22 @@ class Unauthorized(ServiceError):
     """401: the service has API keys and the request carried none or a wrong one."""
 
 
+class ModelNotInstalled(ServiceError):
+    """501: a trained model the service knows but whose files are not installed where it runs;
+    ``install_command`` is how its operator installs them (``make models``)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        errors: list[ErrorItem] | None = None,
+        request_id: str | None = None,
+        install_command: str | None = None,
+    ) -> None:
+        super().__init__(status, message, errors, request_id)
+        self.install_command = install_command
+
+
 class Overloaded(ServiceError):
     """503: the service is busy; ``retry_after`` is the wait it asked for, in seconds."""
 
@@ -119,4 +135,10 @@ def error_from(response: httpx.Response) -> ServiceError:
     status = response.status_code
     if status == 503:
         return Overloaded(status, message, items, request_id, retry_after(response))
+    if status == 501 and any(item.type == "model_not_installed" for item in items):
+        assert isinstance(body, dict)  # items come from a JSON body
+        command = body.get("install_command")
+        return ModelNotInstalled(
+            status, message, items, request_id, command if isinstance(command, str) else None
+        )
     return _CLASSES.get(status, ServiceError)(status, message, items, request_id)

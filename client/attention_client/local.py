@@ -4,8 +4,9 @@ The app is an ASGI application (``service.http.app.create_app``, what ``service.
 built by). Requests reach it through httpx's ``ASGITransport``, so they pass through the same
 middleware, parsing, limits and errors as over HTTP. Only the socket is missing, and with it
 what guards a connection (service.http.connection: head size, deadlines, open connections),
-which has nothing to guard here. Its lifespan
-(the readiness warm-up at start, the parser processes' shutdown at the end) is run by hand: an
+which has nothing to guard here, and the parser processes: large bodies are parsed in a thread
+of this process (service.http.parser.InThread), so that no process re-runs the caller's script.
+Its lifespan (the readiness warm-up at start, the shutdown at the end) is run by hand: an
 ASGI ``lifespan`` task started before the first request and told to stop on ``close()``.
 
 ``AsyncClient.local()`` runs the app on the caller's asyncio loop. ``Client.local()`` runs it
@@ -45,14 +46,22 @@ NOT_INSTALLED = (
 
 def service_app() -> ASGIApp:
     """A new app of the attention service, with the environment's ``ATTENTION_*`` settings as a
-    server would read them, but logging only warnings (no access line for every request)."""
+    server would read them, but logging only warnings (no access line for every request).
+
+    Large bodies are parsed in a thread of this process rather than in a parser process
+    (service.http.parser.InThread): a process started by ``spawn`` would re-run the caller's
+    script, which need not guard itself with ``if __name__ == "__main__":``."""
     try:
         from service.config import Settings
         from service.http.app import create_app
+        from service.http.parser import InThread
     except ImportError as err:
         raise ImportError(NOT_INSTALLED.format(error=err)) from err
-    app: ASGIApp = create_app(Settings(log_level="warning"))
-    return app
+    settings = Settings(log_level="warning")
+    app = create_app(settings)
+    app.state.parser = InThread(settings.parse_concurrency)
+    local: ASGIApp = app
+    return local
 
 
 class StartupFailed(RuntimeError):

@@ -71,10 +71,15 @@ QUEUED = Counter("attention_queued", "Requests that had to wait for memory")
 REJECTED = Counter("attention_rejected", "Requests refused with 503", ["reason"])
 WAITING = Gauge("attention_waiting", "Requests waiting for memory now", multiprocess_mode="livesum")
 BUDGET = Gauge(
-    "attention_budget_bytes", "Memory budget of the workers", multiprocess_mode="livesum"
+    "attention_budget_bytes",
+    "Memory budget for admitted requests, summed over the live workers (each worker admits "
+    "against its own share: this total divided by the number of workers)",
+    multiprocess_mode="livesum",
 )
 BUDGET_IN_USE = Gauge(
-    "attention_budget_in_use_bytes", "Memory held by admitted requests", multiprocess_mode="livesum"
+    "attention_budget_in_use_bytes",
+    "Memory held by admitted requests, summed over the live workers",
+    multiprocess_mode="livesum",
 )
 QUEUE_WAIT = Histogram(
     "attention_queue_wait_seconds",

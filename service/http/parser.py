@@ -9,6 +9,12 @@ JSON body) are parsed and checked here too. One parser process per worker does i
 (``parse_concurrency`` of them); the worker waits for the answer without holding the GIL, and
 gets back what the endpoint's door admits there (service.http.doors.checked: a compute
 endpoint's service.trace.Admitted, whose arrays pickle as plain copies, or /model's request).
+
+In process (``Client.local()``, attention_client.local) there is no worker to keep responsive and
+no script of ours to start: a ``spawn``ed process re-runs the caller's ``__main__`` (the
+multiprocessing guide's "safe importing of the main module"), so a plain script without an
+``if __name__ == "__main__":`` guard would start itself again. There, :class:`InThread` parses in
+a thread instead, with the same checks and errors.
 """
 
 import asyncio
@@ -74,6 +80,27 @@ class Parser:
         if self._pool is not None:
             self._pool.shutdown(wait=wait, cancel_futures=True)
             self._pool = None
+
+
+class InThread:
+    """:class:`Parser`'s stand-in for the service run in the caller's own process: the same
+    checks in a thread of this process (one body at a time), no process started."""
+
+    def __init__(self, concurrency: int = 1) -> None:
+        self._slots = asyncio.Semaphore(concurrency)
+
+    async def check(
+        self, raw: bytes, endpoint: str, settings: Settings, form: Format = "json"
+    ) -> Any:
+        """Parse ``raw`` and admit it for ``endpoint`` (service.http.doors.checked)."""
+        async with self._slots:
+            try:
+                return await asyncio.to_thread(checked, raw, endpoint, settings, form)
+            finally:
+                release_memory()
+
+    def close(self, wait: bool = False) -> None:
+        """Nothing to stop (the same signature as :meth:`Parser.close`)."""
 
 
 def _start(parent: int) -> None:

@@ -47,7 +47,7 @@ def run(module: Any, config: Any, x: Any, at: list[int], cache: Any = None) -> A
     mask = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, MIN)[None, None]
     with float64_torch_in(modeling_qwen3, rope_utils), _widened(), torch.no_grad():
         cos_sin = modeling_qwen3.Qwen3RotaryEmbedding(config)(x, torch.tensor(at)[None])
-        out, _ = module(x, cos_sin, mask, past_key_values=cache)
+        out, _ = module(x, cos_sin, mask, cache)  # past_key_values, cache from 5.25
     return out
 
 
@@ -74,3 +74,25 @@ def test_a_decode_step_goes_through_the_same_call_with_past() -> None:
         r = client.layer(module, config, x[0, 5:], past=past)
     assert np.abs(r.output - step[0].numpy()).max() < 1e-12
     assert np.abs(r["present_k"] - held.keys[0].numpy()).max() < 1e-12
+
+
+def test_a_layer_without_its_config_takes_the_modules_own() -> None:
+    module, config = qwen3(1)
+    x = torch.randn(1, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with Client.local() as client:
+        given, own = client.layer(module, config, x), client.layer(module, None, x)
+    assert np.array_equal(own.output, given.output)
+    assert own["conventions"]["config"] == given["conventions"]["config"]
+
+
+@pytest.mark.parametrize("config", [None, "qwen3", 4], ids=["none", "str", "int"])
+def test_a_module_without_a_config_is_told_to_send_its_weights(config: object) -> None:
+    """torch's MultiheadAttention has no config: the error names the call that sends it."""
+    module = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    with Client.local() as client, pytest.raises(TypeError) as raised:
+        client.layer(module, config, torch.zeros(3, 8))
+    message = str(raised.value)
+    assert "multihead(x=x, num_heads=h, state_dict=module.state_dict())" in message
+    said = "got None, and the MultiheadAttention module keeps no config of its own"
+    assert (said in message) == (config is None)
+    assert "not iterable" not in message

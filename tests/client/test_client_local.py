@@ -215,6 +215,31 @@ def test_a_large_body_is_parsed_in_the_parser_process_and_shut_down_on_close() -
     assert app.state.parser._pool is None
 
 
+PLAIN_SCRIPT = """
+import numpy as np
+from attention_client import Client
+
+client = Client.local()
+x = np.random.default_rng(0).normal(size=(160, 1024))  # 1.25 MiB as safetensors
+w = np.eye(1024)[:, :4]
+result = client.attention(x=x, w_q=w, w_k=w, w_v=w)
+print(x.nbytes > 1 << 20)
+print(np.abs(result.scaled_scores - x[:, :4] @ x[:, :4].T / 2).max() < 1e-12)
+"""
+
+
+def test_a_plain_script_without_a_main_guard_sends_a_large_body(tmp_path: Path) -> None:
+    """A script with no ``if __name__ == "__main__":`` guard: a body over 1 MiB is answered
+    200 (a parser process started by ``spawn`` would run the script again and fail)."""
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "True"]
+
+
 def test_an_unclosed_local_client_does_not_keep_python_from_exiting() -> None:
     code = "from attention_client import Client; c = Client.local(); print(c.health()['status'])"
     done = subprocess.run(

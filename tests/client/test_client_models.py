@@ -4,11 +4,15 @@ arrays, in safetensors and JSON request modes and from the async client."""
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
-from attention_client import AsyncClient, Client
+from attention_client import AsyncClient, Client, ModelNotInstalled, ServiceError
 from fastapi.testclient import TestClient
+
+from service.config import Settings
+from service.http.app import create_app
 
 TEXT = "The cat sat on the mat. The cat slept."
 
@@ -48,3 +52,16 @@ def test_the_async_client_runs_a_model() -> None:
 
     tokens, shape = asyncio.run(run())
     assert tokens == ["[CLS]", "hello", "there", ".", "[SEP]"] and shape == (5, 5)
+
+
+def test_a_model_not_installed_is_its_own_error_with_the_install_command(
+    tmp_path: Path,
+) -> None:
+    """A service whose models folder lacks the model: 501, raised as ModelNotInstalled."""
+    app = create_app(Settings(log_level="warning", models_dir=tmp_path))
+    with Client.local(app=app) as c, pytest.raises(ModelNotInstalled) as raised:
+        c.model(TEXT)
+    error = raised.value
+    assert isinstance(error, ServiceError) and error.status == 501
+    assert error.install_command == "make models" and error.field == "model"
+    assert "make models" in error.message

@@ -527,3 +527,49 @@ def test_overlay_pins_an_image(name: str) -> None:
     assert "/" in image.split("@")[0].split(":")[0], f"{name}: name the registry of {image}"
     namespace = objects.deployment["metadata"].get("namespace")
     assert namespace not in (None, "default"), f"{name}: set a namespace"
+
+
+# ---------------------------------------------------------------------------------------------
+# the documented recipe, with kubectl alone
+
+RECIPES = ["README.md", "docs/operations.md", "deploy/kubernetes/README.md"]
+SHELL_BLOCK = re.compile(r"```(?:bash|sh)\n(.*?)```", re.S)
+# steps that need a container engine or a cluster: the rest runs as the doc has it
+NEEDS_A_CLUSTER = ("docker ", "podman ", "kubectl apply ", "kubectl -n ")
+
+
+def _recipe(doc: str) -> list[str]:
+    """The commands of ``doc``'s block that applies an overlay, continued lines joined."""
+    text = (ROOT / doc).read_text()
+    (block,) = [b for b in SHELL_BLOCK.findall(text) if "kubectl apply -k" in b]
+    return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("doc", RECIPES)
+def test_the_documented_recipe_sets_the_image_with_kubectl_alone(doc: str, tmp_path: Path) -> None:
+    """The Kubernetes recipe as each doc writes it, run in a copy of deploy/ with a PATH that
+    holds kubectl and the shell's tools but no standalone kustomize: the overlay it makes
+    renders the pushed image and validates strictly."""
+    commands = _recipe(doc)
+    assert not [c for c in commands if c.split()[0] == "kustomize" or "kustomize edit" in c]
+    shutil.copytree(KUBERNETES, tmp_path / "deploy" / "kubernetes")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("bash", "cp", "sed", "grep", "cat"):
+        (tools / tool).symlink_to(shutil.which(tool) or f"/bin/{tool}")
+    (tools / "kubectl").symlink_to(_kubectl())
+    script = "\n".join(c for c in commands if not c.startswith(NEEDS_A_CLUSTER))
+    done = subprocess.run(
+        [str(tools / "bash"), "-c", "set -euo pipefail\n" + script],
+        cwd=tmp_path, env={"PATH": str(tools), "HOME": str(tmp_path)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{doc}'s recipe failed:\n{script}\n{done.stderr}"
+    variables = dict(re.findall(r"\b(IMAGE|TAG)=(\S+)", commands[0]))
+    image = f"{variables['IMAGE']}:{variables['TAG']}"
+    (overlay,) = re.findall(r"kubectl apply -k (\S+)", "\n".join(commands))
+    objects = Rendered(doc, _render(tmp_path / overlay))
+    assert objects.container["image"] == image
+    assert f"image: {image}" in done.stdout  # what the recipe's own check shows
+    for obj in objects.objects:
+        kubernetes_validate.validate(obj, SCHEMA_VERSIONS[-1], strict=True)
