@@ -58,6 +58,13 @@ class Conventions(BaseModel):
     config: dict[str, str] | None = Field(
         None, description='with config: {field: the config key it came from, or "request"}'
     )
+    config_keys: list[str] | None = Field(
+        None,
+        description="with config: its other keys, judged not to change the attention layer "
+        "(vocabulary, MLP and MoE sizes, dropout, initialisation …); every other key is "
+        "applied (listed in config), read to check the layer (model_type, num_hidden_layers, "
+        "hidden_size, max_position_embeddings), null or false, or refused with a 422",
+    )
 
 
 class Diagnosis(BaseModel):

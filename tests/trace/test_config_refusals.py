@@ -58,6 +58,25 @@ def test_a_verified_family_is_still_answered(client: TestClient) -> None:
     assert body["conventions"]["config"]["num_heads"] == "num_attention_heads"
 
 
+def test_every_key_of_the_config_is_either_applied_or_listed_as_not_mattering(
+    client: TestClient,
+) -> None:
+    """conventions.config names the keys applied, config_keys the keys judged not to change
+    the layer: together they are every key of the config (nothing skipped unjudged)."""
+    config = llama()
+    conventions = post(client, "/multihead", layer_body(config))["conventions"]
+    listed = conventions["config_keys"]
+    assert {"vocab_size", "intermediate_size", "attention_dropout"} <= set(listed)
+    applied = {key.split(" (")[0].split(".")[0] for key in conventions["config"].values()}
+    unlisted = set(config) - set(listed) - applied
+    # keys read to check the layer or to derive a field that the config also gives (head_dim
+    # here: hidden_size / heads is not needed; no RoPE scaling: max_position_embeddings), or
+    # null / false
+    read = {"model_type", "num_hidden_layers", "hidden_size", "max_position_embeddings"}
+    assert all(k in read or not config[k] for k in unlisted), {k: config[k] for k in unlisted}
+    assert "num_attention_heads" not in listed
+
+
 @pytest.mark.parametrize(
     "config",
     [stock("OPTConfig", ffn_dim=16, word_embed_proj_dim=8, num_attention_heads=H,

@@ -77,6 +77,7 @@ def _configured(req: MultiheadRequest) -> MultiheadRequest:
     out._config_taken = {
         field: key for field, key in implied.taken.items() if field.split(".")[0] not in taken
     } | taken
+    out._config_keys = implied.unread
     return out
 
 

@@ -229,6 +229,8 @@ class MultiheadRequest(VariantFields, InputFields):
 
     # {field: config key, or "request"} once config is read (service.trace.rows.fold)
     _config_taken: dict[str, str] | None = PrivateAttr(default=None)
+    # the config's keys judged not to change the layer (service.trace.rows.config_keys)
+    _config_keys: list[str] | None = PrivateAttr(default=None)
     config: dict[str, Any] | None = Field(
         None,
         description="a Hugging Face model's config.json as it is: the fields it implies for "
