@@ -28,7 +28,7 @@ from service.core.diagnosis.search import (
     Tolerance,
     difference,
     largest_magnitude,
-    printed_precision,
+    printed_tolerance,
     search,
 )
 from service.core.diagnosis.stages import ORDER, Setup, State
@@ -184,12 +184,11 @@ def diagnosis_budget(state: State) -> int:
     return max(DIAGNOSIS_TIMES * own, DIAGNOSIS_MIN_NUMBERS)
 
 
-def _tolerance(given: Tolerance | None, yours: Array) -> Tolerance:
+def _tolerance(given: Tolerance | None, ours: Array, yours: Array) -> Tolerance:
     """The tolerance an array is compared with: the request's when it gives one; else the
-    default, at the precision the array was printed with when it was printed."""
-    if given is not None:
-        return given
-    return Tolerance(printed=printed_precision(yours))
+    default, or the precision the array was printed with when it was printed and is not ours
+    exactly (:func:`printed_tolerance`)."""
+    return given if given is not None else printed_tolerance(ours, yours)
 
 
 def compare(
@@ -203,7 +202,7 @@ def compare(
     """``comparison`` and ``first_mismatch`` for the response (see the module's doc); ``given``:
     the request's tolerance (None: the default, or the precision each array was printed with)."""
     entries = _entries(expected, "multihead" if setup.num_heads is not None else "attention")
-    tols = [_tolerance(given, e.yours) for e in entries]
+    tols = [_tolerance(given, _ours(state, e, unbatched), e.yours) for e in entries]
     diffs = [
         difference(_ours(state, e, unbatched), e.yours, tol)
         for e, tol in zip(entries, tols, strict=True)
@@ -253,8 +252,9 @@ def _number(x: float) -> str:
 
 
 def _precision(printed: Printed) -> str:
-    digits = "decimals" if printed.kind == "decimals" else "significant digits"
-    return f"the {printed.n} {digits} you printed"
+    """The precision in words: 'the 4 decimals you printed', 'the 1 decimal you printed'."""
+    digit = "decimal" if printed.kind == "decimals" else "significant digit"
+    return f"the {printed.n} {digit}{'' if printed.n == 1 else 's'} you printed"
 
 
 def _message(

@@ -42,6 +42,7 @@ _ROW_POLICIES: tuple[RowPolicy, ...] = ("zero", "uniform", "nan")
 
 
 MAX_PRINTED_DIGITS = 8  # NumPy prints 8 decimals, torch 4: more than 8 is not a print
+PRINTED_SLACK = 1e-6  # × the array's largest |number|: float32 rounding of the caller's own
 _GRID_EPS = 8 * float(np.finfo(np.float64).eps)  # a printed number parsed: this close to its grid
 
 
@@ -61,20 +62,23 @@ class Printed:
         exponent = np.floor(np.log10(magnitude, out=np.zeros_like(x), where=magnitude > 0))
         return 10.0 ** (exponent - self.n + 1)  # (...,)
 
-    def rounded(self, x: Array) -> Array:
-        """``x`` rounded as the caller's print rounds, same shape."""
-        if self.kind == "decimals":
-            return np.round(x, self.n)
+    def allowed(self, x: Array) -> Array:
+        """How far a print of each of ours, ``x`` (finite), may be from it, same shape: half a
+        unit in the last printed digit (a print rounds to the nearest); 0 where ours needs no
+        more digits than were printed (0.5, 1.5 at 1 decimal): its print is itself."""
         unit = self.unit(x)  # (...,)
-        return np.round(x / unit) * unit
+        return np.where(_whole(x / unit), 0.0, 0.5 * unit * (1 + 1e-9))  # (...,)
+
+
+def _whole(scaled: Array) -> Array:
+    """Which numbers are whole, to float64 rounding (as a printed number parsed and scaled by
+    its power of ten is), same shape."""
+    return np.asarray(np.abs(scaled - np.rint(scaled)) <= _GRID_EPS * np.maximum(np.abs(scaled), 1))
 
 
 def _on_grid(y: Array, scale: Array | float) -> bool:
     """Whether every ``y · scale`` is a whole number, as a printed number parsed to float64 is."""
-    scaled = y * scale
-    return bool(
-        np.all(np.abs(scaled - np.rint(scaled)) <= _GRID_EPS * np.maximum(np.abs(scaled), 1))
-    )
+    return bool(np.all(_whole(y * scale)))
 
 
 def printed_precision(yours: Array) -> Printed | None:
@@ -101,8 +105,9 @@ def printed_precision(yours: Array) -> Printed | None:
 @dataclass(frozen=True)
 class Tolerance:
     """A caller's number y matches the service's x when |y − x| ≤ atol + rtol·|x|; or, for
-    numbers ``printed`` at a precision, when y equals x rounded as they were, up to one unit
-    in the last printed digit (a print may round a value that sits on a half)."""
+    numbers ``printed`` at a precision, when y is within half a unit of the last printed digit
+    of x, or equals x where x needs no more digits (:meth:`Printed.allowed`), up to ``atol``:
+    float32's slack in the caller's arithmetic (:func:`printed_tolerance`)."""
 
     atol: float = 1e-6
     rtol: float = 1e-6
@@ -135,12 +140,33 @@ def difference(ours: Array, yours: Array, tol: Tolerance) -> Difference:
         finite = np.where(np.isfinite(ours), ours, 0.0)
         if tol.printed is None:
             close = same | (diff <= tol.atol + tol.rtol * np.abs(finite))
-        else:  # yours against ours rounded as yours were printed, within one last-digit unit
-            off = np.abs(yours - tol.printed.rounded(finite))  # NaN where yours is not finite
-            close = same | (np.isfinite(ours) & (off <= tol.printed.unit(finite) * (1 + 1e-9)))
+        else:  # yours as a print of ours: within half a last-digit unit, or ours itself
+            allowed = tol.printed.allowed(finite) + tol.atol  # (...,) atol: float32's slack
+            close = same | (np.isfinite(ours) & (diff <= allowed))
     at = np.unravel_index(int(np.argmax(diff)), diff.shape)
     where = tuple(int(i) for i in at)
     return Difference(bool(close.all()), float(diff[at]), where, float(ours[at]), float(yours[at]))
+
+
+def printed_tolerance(ours: Array, yours: Array) -> Tolerance:
+    """The tolerance of an array compared without one given (API.md, "Printed numbers" and
+    "never a false match"): at the precision ``yours`` was printed with, plus
+    :data:`PRINTED_SLACK` of our largest |number| for the caller's float32 arithmetic; the
+    default when it was not printed, or every number of it is ours (:func:`identical`)."""
+    printed = None if identical(ours, yours) else printed_precision(yours)
+    if printed is None:
+        return Tolerance()
+    return Tolerance(atol=PRINTED_SLACK * largest_magnitude(ours), rtol=0.0, printed=printed)
+
+
+def identical(ours: Array, yours: Array) -> bool:
+    """Whether every number of ``yours`` is ours (to float64 rounding: :data:`EXACT_RELATIVE`
+    of the largest), null and NaN where ours are: numbers that agree this closely were not
+    printed at a precision, whatever their decimals (API.md, "never a false match")."""
+    if ours.shape != yours.shape:
+        return False
+    exact = EXACT_RELATIVE * largest_magnitude(ours)
+    return difference(ours, yours, Tolerance(atol=exact, rtol=0.0)).match
 
 
 @dataclass(frozen=True)
