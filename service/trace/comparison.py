@@ -231,8 +231,8 @@ def compare(
                 "printed": None if printed is None else {printed.kind: printed.n},
                 "message": _message(d, i, first, entries, run, printed),
                 "diagnosis": None
-                if found is None
-                else _diagnosis(found, setup, e, _ours(state, e, unbatched)),
+                if found is None or run is None
+                else _diagnosis(found, run.alternatives, setup, e, _ours(state, e, unbatched)),
                 # the first difference: whether every candidate set was tried; else null
                 "diagnosis_complete": None if i != first else run is None or run.complete,
             }
@@ -301,20 +301,42 @@ def _message(
             f"{text}. Recomputing with {' + '.join(found.mistakes)} reproduces your numbers; "
             f"{stopped}, so another set of {run.size} {mistakes} may reproduce them more closely"
         )
-    if found is None:
+    if run is None or found is None:
         return (
             f"{text}. No listed mistake, alone or in pairs, reproduces your numbers: compare "
             "this step's inputs with the service's, or give them in expected"
         )
-    return f"{text}. Recomputing with {' + '.join(found.mistakes)} reproduces your numbers"
+    return (
+        f"{text}. Recomputing with {' + '.join(found.mistakes)} reproduces your numbers"
+        + _alternatives(run.alternatives)
+    )
 
 
-def _diagnosis(found: Diagnosis, setup: Setup, e: _Entry, ours: Array) -> dict[str, Any]:
+def _alternatives(others: tuple[tuple[str, ...], ...]) -> str:
+    """The other sets that reproduce the numbers as well, in words ('' when none)."""
+    if not others:
+        return ""
+    names = " or with ".join(" + ".join(codes) for codes in others)
+    return f"; recomputing with {names} reproduces them as closely (diagnosis.alternatives)"
+
+
+def _diagnosis(
+    found: Diagnosis,
+    alternatives: tuple[tuple[str, ...], ...],
+    setup: Setup,
+    e: _Entry,
+    ours: Array,
+) -> dict[str, Any]:
+    """The diagnosis entry: the named set, its explanation, the sets that do as well."""
     columns, rows = _sums(e.yours) if e.state == "weights" else (None, None)
     largest = largest_magnitude(ours)
     relative = found.difference.max_abs_diff / largest if largest else 0.0
     seen = Seen(setup, found.rows, dict(found.ways), columns, rows, relative)
-    return {"mistakes": list(found.mistakes), "explanation": explain(found.mistakes, seen)}
+    return {
+        "mistakes": list(found.mistakes),
+        "explanation": explain(found.mistakes, seen),
+        "alternatives": [list(codes) for codes in alternatives],
+    }
 
 
 def _sums(weights: Array) -> tuple[float | None, float | None]:

@@ -270,3 +270,27 @@ def test_keys_of_other_tokens_keep_positions_0_to_s_minus_1(client: TestClient) 
     np.testing.assert_allclose(got["k_rotated"], turned(k, [0, 1, 2]), rtol=0, atol=1e-12)
     steps = {s["name"]: s["formula"] for s in got["steps"]}
     assert "defaults to 0…S−1, not to positions" in steps["k_rotated"]
+
+
+def test_one_new_token_rotated_at_0_with_a_cache_is_decode_position_offset(
+    client: TestClient,
+) -> None:
+    """A decode step whose one new token forgot the cache: LlamaAttention run on it with
+    position_ids [0] after a prefill of 5 (the common bug). RoPE at 0 turns nothing, so
+    rope_missing reproduces the numbers as well; with past given, the offset is the likelier
+    one and is named first, rope_missing listed as an alternative (API.md, "Compare, third
+    edition")."""
+    layer, rotary, config = llama()
+    x = torch.randn(1, 6, 8, dtype=F64, generator=torch.Generator().manual_seed(12))
+    past_k, past_v, wrong, _ = decode(layer, rotary, config, modeling_llama, x, 5, positions=[0])
+    body = body_of(layer, x[:, 5:], past_k, past_v, rope={"base": 10000.0}, include=["output"],
+                   expected={"output": wrong[0].tolist()})  # fmt: skip
+    r = client.post("/multihead", json=body)
+    assert r.status_code == 200, r.text
+    (row,) = r.json()["comparison"]
+    found = row["diagnosis"]
+    assert found is not None and found["mistakes"] == ["decode_position_offset"], found
+    assert "from position 0 instead of 5" in found["explanation"]
+    assert ["rope_missing"] in found["alternatives"]
+    assert "rope_missing" in row["message"]
+    assert row["diagnosis_complete"] is True

@@ -144,6 +144,7 @@ def test_a_printed_mistake_is_diagnosed_at_its_precision(client: TestClient) -> 
     (row,) = compared(client, {"weights": torch_print(weights(axis=0))})
     assert not row["match"] and row["printed"] == {"decimals": 4}
     assert row["diagnosis"]["mistakes"] == ["softmax_over_queries"]
+    assert row["diagnosis"]["alternatives"] == []  # no other single mistake does as well
 
 
 def test_small_numbers_in_e_notation_compare_at_their_significant_digits(

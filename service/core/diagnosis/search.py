@@ -30,6 +30,7 @@ from service.core.diagnosis.mistakes import (
     FLOAT32_RELATIVE,
     MISTAKES,
     applicable,
+    likelier,
     ways,
 )
 from service.core.diagnosis.recompute import Given, recomputations, set_cost
@@ -226,6 +227,8 @@ class Search:
     sets: int  # candidate sets of mistakes there were
     spent: int  # numbers computed (:func:`set_cost`, and the full comparisons)
     size: int  # how many mistakes the sets tried last held (1 or 2; 0: none tried)
+    # other sets of as many mistakes that reproduce the numbers as closely (to rounding)
+    alternatives: tuple[tuple[str, ...], ...] = ()
 
 
 def search(
@@ -244,9 +247,11 @@ def search(
     with the arrays the caller gave (``given``) already put in place of the service's: the
     steps before the target are recomputed from the caller's own numbers where they exist.
     Among sets of one size that reproduce the array, the closest wins, one that does only to
-    float32's precision (:func:`float32_tolerance`) last; the search stops after the first
-    set that reproduces it to rounding (:data:`EXACT_RELATIVE`): sets that close are not told
-    apart, and the first in the table's order is named. The candidate sets run
+    float32's precision (:func:`float32_tolerance`) last (:func:`_ranked`). Once a set
+    reproduces it to rounding (:data:`EXACT_RELATIVE`) no later set can do better: a single
+    mistake's search goes on through the other single mistakes only, for those that do as well
+    (``alternatives``; the one the request makes likelier named first), a pair's stops there.
+    The candidate sets run
     in the order of :func:`trials`, a set with all its variants at once
     (:func:`recomputations`); before each, its cost (:func:`set_cost`) is counted, and the
     search stops before the first set that would take the numbers computed over ``budget``.
@@ -268,12 +273,13 @@ def search(
         found.append(Diagnosis((FLOAT32,), "zero", diff))
     spent = tried = size = 0
     complete = True
+    settled = False  # a set reproduced the numbers to rounding: the rest only add alternatives
     for variants in sets:
         if found and len(variants[0].mistakes) > min(len(d.mistakes) for d in found):
             break
         cost = set_cost(base, given, variants, target.name)
         if budget is not None and spent + cost > budget:
-            complete = False
+            complete = settled  # once settled, no later set changes the answer
             break
         spent, tried, size = spent + cost, tried + 1, len(variants[0].mistakes)
         for trial, made in recomputations(base, given, s, variants, target.name, check):
@@ -292,14 +298,34 @@ def search(
                 ordered = tuple(c for c in MISTAKES if c in codes_)
                 found.append(Diagnosis(ordered, trial.rows, diff, trial.ways))
         if any(d.difference.max_abs_diff <= exact for d in found if FLOAT32 not in d.mistakes):
-            break  # reproduced to rounding: no later set can do better
+            settled = True  # reproduced to rounding: no later set can do better; the other
+            if size > 1:  # singles may do as well (alternatives), the many pairs are not tried
+                break
+    best, alternatives = _ranked(found, exact, likelier(s))
+    return Search(best, complete, tried, len(sets), spent, size, alternatives)
+
+
+def _ranked(
+    found: list[Diagnosis], exact: float, likely: frozenset[str]
+) -> tuple[Diagnosis | None, tuple[tuple[str, ...], ...]]:
+    """The diagnosis to name and the other sets that reproduce the numbers as well: of the
+    sets with the fewest mistakes, the closest (one that does only to float32's precision
+    after any that does better), sets within rounding (``exact``) of it tied; of those, one
+    with a mistake the request makes likelier (``likely``: with past, decode_position_offset
+    before rope_missing) first, else the first in the table's order."""
     fewest = min((len(d.mistakes) for d in found), default=0)
-    best = min(
-        (d for d in found if len(d.mistakes) == fewest),
-        key=lambda d: (FLOAT32 in d.mistakes, d.difference.max_abs_diff),
-        default=None,
-    )
-    return Search(best, complete, tried, len(sets), spent, size)
+    candidates = [d for d in found if len(d.mistakes) == fewest]
+    if not candidates:
+        return None, ()
+
+    def closeness(d: Diagnosis) -> tuple[bool, float]:
+        return FLOAT32 in d.mistakes, max(d.difference.max_abs_diff, exact)
+
+    loose, closest = min(closeness(d) for d in candidates)
+    tied = [d for d in candidates if closeness(d) <= (loose, closest + exact)]
+    tied.sort(key=lambda d: not likely & set(d.mistakes))  # stable: the table's order
+    others = dict.fromkeys(d.mistakes for d in tied[1:] if d.mistakes != tied[0].mistakes)
+    return tied[0], tuple(others)
 
 
 def largest_magnitude(a: Array) -> float:
