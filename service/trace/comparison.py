@@ -286,8 +286,8 @@ def _message(
     if run is not None and not run.complete:
         stopped = (
             f"the diagnosis stopped at its budget ({DIAGNOSIS_TIMES} times the numbers this "
-            f"request computes) after trying {run.tried} of the {run.sets} candidate sets of "
-            "mistakes (each alone, then pairs)"
+            f"request computes) after trying {run.tried} of the {run.sets} candidate "
+            f"set{'' if run.sets == 1 else 's'} of mistakes (each alone, then pairs)"
         )
         if found is None:
             return (

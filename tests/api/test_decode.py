@@ -290,7 +290,8 @@ def test_one_new_token_rotated_at_0_with_a_cache_is_decode_position_offset(
     (row,) = r.json()["comparison"]
     found = row["diagnosis"]
     assert found is not None and found["mistakes"] == ["decode_position_offset"], found
-    assert "from position 0 instead of 5" in found["explanation"]
+    assert "the new token was rotated from position 0 instead of 5" in found["explanation"]
+    assert "after the cache's 5 tokens" in found["explanation"]
     assert ["rope_missing"] in found["alternatives"]
     assert "rope_missing" in row["message"]
     assert row["diagnosis_complete"] is True

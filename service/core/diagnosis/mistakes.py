@@ -149,9 +149,15 @@ def _decode_offset(seen: Seen) -> str:
     p = s.variants.positions
     first = int(p[0]) if p is not None else 0
     wrong = "0" if way == "from_zero" else str(first + int(way))
+    cached = 0 if s.past is None else s.past.length
+    new, come = (
+        ("the new token was", "it comes")
+        if s.seq_len == 1
+        else ("the new tokens were", "they come")
+    )
     return (
-        f"the new tokens were rotated from position {wrong} instead of {first}: in a decode "
-        f"step they come after the cache's {0 if s.past is None else s.past.length} tokens "
+        f"{new} rotated from position {wrong} instead of {first}: in a decode step {come} "
+        f"after the cache's {cached} token{'' if cached == 1 else 's'} "
         "(position_ids = cache length + arange(L), transformers' cache_position)"
     )
 
