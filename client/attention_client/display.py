@@ -139,7 +139,12 @@ def comparison(entries: Sequence[Mapping[str, Any]], first_mismatch: str | None)
     first = next((e for e in entries if e.get("name") == first_mismatch), None)
     if first is None:
         colour = PASS
-        verdict = f"All {len(entries)} array(s) you gave match the service's."
+        n = len(entries)
+        verdict = (
+            "The 1 array you gave matches the service's."
+            if n == 1
+            else f"All {n} arrays you gave match the service's."
+        )
         detail = ""
     else:
         colour = FAIL

@@ -28,7 +28,7 @@ from service.core.diagnosis.search import (
     Tolerance,
     difference,
     largest_magnitude,
-    printed_precision,
+    printed_tolerance,
     search,
 )
 from service.core.diagnosis.stages import ORDER, Setup, State
@@ -184,12 +184,11 @@ def diagnosis_budget(state: State) -> int:
     return max(DIAGNOSIS_TIMES * own, DIAGNOSIS_MIN_NUMBERS)
 
 
-def _tolerance(given: Tolerance | None, yours: Array) -> Tolerance:
+def _tolerance(given: Tolerance | None, ours: Array, yours: Array) -> Tolerance:
     """The tolerance an array is compared with: the request's when it gives one; else the
-    default, at the precision the array was printed with when it was printed."""
-    if given is not None:
-        return given
-    return Tolerance(printed=printed_precision(yours))
+    default, or the precision the array was printed with when it was printed and is not ours
+    exactly (:func:`printed_tolerance`)."""
+    return given if given is not None else printed_tolerance(ours, yours)
 
 
 def compare(
@@ -203,7 +202,7 @@ def compare(
     """``comparison`` and ``first_mismatch`` for the response (see the module's doc); ``given``:
     the request's tolerance (None: the default, or the precision each array was printed with)."""
     entries = _entries(expected, "multihead" if setup.num_heads is not None else "attention")
-    tols = [_tolerance(given, e.yours) for e in entries]
+    tols = [_tolerance(given, _ours(state, e, unbatched), e.yours) for e in entries]
     diffs = [
         difference(_ours(state, e, unbatched), e.yours, tol)
         for e, tol in zip(entries, tols, strict=True)
@@ -232,8 +231,8 @@ def compare(
                 "printed": None if printed is None else {printed.kind: printed.n},
                 "message": _message(d, i, first, entries, run, printed),
                 "diagnosis": None
-                if found is None
-                else _diagnosis(found, setup, e, _ours(state, e, unbatched)),
+                if found is None or run is None
+                else _diagnosis(found, run.alternatives, setup, e, _ours(state, e, unbatched)),
                 # the first difference: whether every candidate set was tried; else null
                 "diagnosis_complete": None if i != first else run is None or run.complete,
             }
@@ -253,8 +252,9 @@ def _number(x: float) -> str:
 
 
 def _precision(printed: Printed) -> str:
-    digits = "decimals" if printed.kind == "decimals" else "significant digits"
-    return f"the {printed.n} {digits} you printed"
+    """The precision in words: 'the 4 decimals you printed', 'the 1 decimal you printed'."""
+    digit = "decimal" if printed.kind == "decimals" else "significant digit"
+    return f"the {printed.n} {digit}{'' if printed.n == 1 else 's'} you printed"
 
 
 def _message(
@@ -286,8 +286,8 @@ def _message(
     if run is not None and not run.complete:
         stopped = (
             f"the diagnosis stopped at its budget ({DIAGNOSIS_TIMES} times the numbers this "
-            f"request computes) after trying {run.tried} of the {run.sets} candidate sets of "
-            "mistakes (each alone, then pairs)"
+            f"request computes) after trying {run.tried} of the {run.sets} candidate "
+            f"set{'' if run.sets == 1 else 's'} of mistakes (each alone, then pairs)"
         )
         if found is None:
             return (
@@ -301,20 +301,42 @@ def _message(
             f"{text}. Recomputing with {' + '.join(found.mistakes)} reproduces your numbers; "
             f"{stopped}, so another set of {run.size} {mistakes} may reproduce them more closely"
         )
-    if found is None:
+    if run is None or found is None:
         return (
             f"{text}. No listed mistake, alone or in pairs, reproduces your numbers: compare "
             "this step's inputs with the service's, or give them in expected"
         )
-    return f"{text}. Recomputing with {' + '.join(found.mistakes)} reproduces your numbers"
+    return (
+        f"{text}. Recomputing with {' + '.join(found.mistakes)} reproduces your numbers"
+        + _alternatives(run.alternatives)
+    )
 
 
-def _diagnosis(found: Diagnosis, setup: Setup, e: _Entry, ours: Array) -> dict[str, Any]:
+def _alternatives(others: tuple[tuple[str, ...], ...]) -> str:
+    """The other sets that reproduce the numbers as well, in words ('' when none)."""
+    if not others:
+        return ""
+    names = " or with ".join(" + ".join(codes) for codes in others)
+    return f"; recomputing with {names} reproduces them as closely (diagnosis.alternatives)"
+
+
+def _diagnosis(
+    found: Diagnosis,
+    alternatives: tuple[tuple[str, ...], ...],
+    setup: Setup,
+    e: _Entry,
+    ours: Array,
+) -> dict[str, Any]:
+    """The diagnosis entry: the named set, its explanation, the sets that do as well."""
     columns, rows = _sums(e.yours) if e.state == "weights" else (None, None)
     largest = largest_magnitude(ours)
     relative = found.difference.max_abs_diff / largest if largest else 0.0
     seen = Seen(setup, found.rows, dict(found.ways), columns, rows, relative)
-    return {"mistakes": list(found.mistakes), "explanation": explain(found.mistakes, seen)}
+    return {
+        "mistakes": list(found.mistakes),
+        "explanation": explain(found.mistakes, seen),
+        "alternatives": [list(codes) for codes in alternatives],
+    }
 
 
 def _sums(weights: Array) -> tuple[float | None, float | None]:

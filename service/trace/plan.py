@@ -175,6 +175,24 @@ def _positions(given: list[int] | None) -> NDArray[np.int64] | None:
     return None if given is None else np.asarray(given, dtype=np.int64)
 
 
+def self_attention(req: AttentionRequest | MultiheadRequest) -> bool:
+    """Whether the keys are the queries' own tokens: x (given or drawn), no context, no
+    direct q/k/v, no cache (API.md, "Self-attention positions")."""
+    direct = req.q is not None and req.k is not None and req.v is not None
+    return req.context is None and req.past is None and not direct
+
+
+def _key_positions(
+    req: AttentionRequest | MultiheadRequest, positions: NDArray[np.int64] | None
+) -> NDArray[np.int64] | None:
+    """The keys' positions: context_positions as given; else, in self-attention, the queries'
+    own (the same array: a token has one position, and :func:`service.trace.rows.rope.rope_steps`
+    tells the default by it); else None (the engine's 0 … S−1, keys that are other tokens)."""
+    if req.context_positions is not None:
+        return _positions(req.context_positions)
+    return positions if self_attention(req) else None
+
+
 def _plan(
     cls: type[P],
     req: AttentionRequest | MultiheadRequest,
@@ -187,10 +205,9 @@ def _plan(
         k: v for row in VARIANTS if row.field in shapes.on for k, v in row.settings(req).items()
     }
     bias = settings.pop("bias", None)
+    positions = _positions(req.positions)
     variants = Variants(
-        **settings,
-        positions=_positions(req.positions),
-        context_positions=_positions(req.context_positions),
+        **settings, positions=positions, context_positions=_key_positions(req, positions)
     )
     alignments = [m.alignment for m in req.mask or [] if isinstance(m, CausalMask)]
     specs = [_mask_spec(m) for m in req.mask or []]

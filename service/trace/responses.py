@@ -72,6 +72,11 @@ class Diagnosis(BaseModel):
 
     mistakes: list[str] = Field(description="codes, e.g. softmax_over_queries")
     explanation: str = Field(description="what went wrong, in words")
+    alternatives: list[list[str]] = Field(
+        description="other sets of as many mistakes that reproduce your numbers as closely "
+        "(e.g. rope_missing beside decode_position_offset for a new token rotated at 0); the "
+        "one the request makes likelier is named in mistakes"
+    )
 
 
 class Compared(BaseModel):

@@ -218,3 +218,80 @@ def test_each_rule_of_past_is_a_422_naming_its_field(
     assert r.status_code == 422, r.text
     error = r.json()["errors"][0]
     assert error["field"] == field and words in error["message"], error
+
+
+def test_self_attention_at_given_positions_rotates_keys_at_the_queries_positions(
+    client: TestClient,
+) -> None:
+    """Self-attention (x, no context, no cache) with positions [5, 6, 7]: a token has one
+    position, so its key turns at it too, as LlamaAttention with position_ids [5, 6, 7] turns
+    both q and k (API.md, "Self-attention positions"). Before, the keys turned at 0, 1, 2."""
+    layer, rotary, _ = llama()
+    x = torch.randn(1, 3, 8, dtype=F64, generator=torch.Generator().manual_seed(9))
+    at = torch.tensor([[5, 6, 7]])
+    i, j = torch.arange(3)[:, None], torch.arange(3)[None, :]
+    with in_float64(modeling_llama):
+        cos, sin = rotary(x, at)
+        out, _ = layer(x, (cos, sin), additive(j <= i))
+        q = layer.q_proj(x).view(1, 3, 4, 4).transpose(1, 2)  # (1, h, L, d)
+        k = layer.k_proj(x).view(1, 3, 2, 4).transpose(1, 2)  # (1, h_kv, L, d)
+        q_r, k_r = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    state = {k: v.tolist() for k, v in layer.state_dict().items()}
+    body = {"x": x[0].tolist(), "num_heads": 4, **state, "rope": {"base": 10000.0},
+            "positions": [5, 6, 7], "mask": {"type": "causal"}}  # fmt: skip
+    r = client.post("/multihead", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    np.testing.assert_allclose(got["output"], out[0].numpy(), rtol=0, atol=TOL)
+    for h in range(4):  # query head h reads key/value head h // 2
+        head = got["heads"][h]
+        np.testing.assert_allclose(head["q_rotated"], q_r[0, h].numpy(), rtol=0, atol=TOL)
+        np.testing.assert_allclose(head["k_rotated"], k_r[0, h // 2].numpy(), rtol=0, atol=TOL)
+    steps = {s["name"]: s["formula"] for s in got["steps"]}
+    assert "context_positions defaults to positions" in steps["k_rotated"]
+
+
+def test_keys_of_other_tokens_keep_positions_0_to_s_minus_1(client: TestClient) -> None:
+    """Direct q, k, v are other tokens than the queries: their keys turn at 0 … S−1 unless
+    context_positions says otherwise, as a NumPy rotate_half RoPE written here computes."""
+    r = np.random.default_rng(11)
+    q, k, v = r.normal(size=(3, 4)), r.normal(size=(3, 4)), r.normal(size=(3, 2))
+
+    def turned(a: Any, at: list[int]) -> Any:
+        theta = 10000.0 ** (-np.arange(2) / 2)  # (d/2,)
+        angle = np.asarray(at)[:, None] * np.concatenate([theta, theta])  # (n, d)
+        half = np.concatenate([-a[:, 2:], a[:, :2]], axis=1)
+        return a * np.cos(angle) + half * np.sin(angle)
+
+    body = {"q": q.tolist(), "k": k.tolist(), "v": v.tolist(), "rope": True,
+            "positions": [5, 6, 7]}  # fmt: skip
+    got = client.post("/attention", json=body).json()
+    np.testing.assert_allclose(got["q_rotated"], turned(q, [5, 6, 7]), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got["k_rotated"], turned(k, [0, 1, 2]), rtol=0, atol=1e-12)
+    steps = {s["name"]: s["formula"] for s in got["steps"]}
+    assert "defaults to 0…S−1, not to positions" in steps["k_rotated"]
+
+
+def test_one_new_token_rotated_at_0_with_a_cache_is_decode_position_offset(
+    client: TestClient,
+) -> None:
+    """A decode step whose one new token forgot the cache: LlamaAttention run on it with
+    position_ids [0] after a prefill of 5 (the common bug). RoPE at 0 turns nothing, so
+    rope_missing reproduces the numbers as well; with past given, the offset is the likelier
+    one and is named first, rope_missing listed as an alternative (API.md, "Compare, third
+    edition")."""
+    layer, rotary, config = llama()
+    x = torch.randn(1, 6, 8, dtype=F64, generator=torch.Generator().manual_seed(12))
+    past_k, past_v, wrong, _ = decode(layer, rotary, config, modeling_llama, x, 5, positions=[0])
+    body = body_of(layer, x[:, 5:], past_k, past_v, rope={"base": 10000.0}, include=["output"],
+                   expected={"output": wrong[0].tolist()})  # fmt: skip
+    r = client.post("/multihead", json=body)
+    assert r.status_code == 200, r.text
+    (row,) = r.json()["comparison"]
+    found = row["diagnosis"]
+    assert found is not None and found["mistakes"] == ["decode_position_offset"], found
+    assert "the new token was rotated from position 0 instead of 5" in found["explanation"]
+    assert "after the cache's 5 tokens" in found["explanation"]
+    assert ["rope_missing"] in found["alternatives"]
+    assert "rope_missing" in row["message"]
+    assert row["diagnosis_complete"] is True

@@ -413,7 +413,9 @@ def test_a_match_says_so(local: Client) -> None:
     first = local.attention(q=Q, k=K, v=V)
     again = local.attention(q=Q, k=K, v=V, expected={"weights": first.weights})
     page = again._repr_html_()
-    assert "All 1 array(s) you gave match" in page and "Diagnosis" not in page
+    assert "The 1 array you gave matches the service's" in page and "Diagnosis" not in page
+    both = local.attention(q=Q, k=K, v=V, expected={"weights": first.weights, "v": V})
+    assert "All 2 arrays you gave match the service's" in both._repr_html_()
     assert "comparison: all 1 match" in repr(again)
 
 

@@ -33,12 +33,15 @@ class Seen:
 @dataclass(frozen=True)
 class Mistake:
     """One code: ``tried`` says whether it can have happened in this computation (``present``:
-    the arrays it has), ``ways`` how many ways it is tried, ``sentence`` what it was."""
+    the arrays it has), ``ways`` how many ways it is tried, ``sentence`` what it was, and
+    ``likely`` whether the request makes it the likelier of sets that reproduce the numbers
+    equally (API.md, "When two explanations fit")."""
 
     code: str
     tried: Callable[[Setup, frozenset[str]], bool]
     sentence: Callable[[Seen], str]
     ways: Callable[[Setup], tuple[Way, ...]] = lambda s: ()
+    likely: Callable[[Setup], bool] = lambda s: False
 
 
 def _scale(s: Setup) -> str:
@@ -146,9 +149,15 @@ def _decode_offset(seen: Seen) -> str:
     p = s.variants.positions
     first = int(p[0]) if p is not None else 0
     wrong = "0" if way == "from_zero" else str(first + int(way))
+    cached = 0 if s.past is None else s.past.length
+    new, come = (
+        ("the new token was", "it comes")
+        if s.seq_len == 1
+        else ("the new tokens were", "they come")
+    )
     return (
-        f"the new tokens were rotated from position {wrong} instead of {first}: in a decode "
-        f"step they come after the cache's {0 if s.past is None else s.past.length} tokens "
+        f"{new} rotated from position {wrong} instead of {first}: in a decode step {come} "
+        f"after the cache's {cached} token{'' if cached == 1 else 's'} "
         "(position_ids = cache length + arange(L), transformers' cache_position)"
     )
 
@@ -361,6 +370,9 @@ TABLE: tuple[Mistake, ...] = (
         lambda s, p: s.past is not None and "q_rotated" in p,
         _decode_offset,
         lambda s: ("from_zero", 1.0, -1.0),
+        # a cache says a decode step: a new token at 0 is one that forgot it, not RoPE left
+        # out (the rotation at 0 turns nothing, so rope_missing reproduces it as well)
+        likely=lambda s: s.past is not None,
     ),
     Mistake(FLOAT32, lambda s, p: True, _float32),
 )
@@ -394,6 +406,11 @@ def applicable(s: Setup, present: frozenset[str]) -> tuple[str, ...]:
 def ways(s: Setup) -> dict[str, tuple[Way, ...]]:
     """The ways each mistake with several is tried in this computation."""
     return {m.code: w for m in TABLE if (w := m.ways(s))}
+
+
+def likelier(s: Setup) -> frozenset[str]:
+    """The codes this request makes likelier than others that reproduce the numbers as well."""
+    return frozenset(m.code for m in TABLE if m.likely(s))
 
 
 def explain(codes: tuple[str, ...], seen: Seen) -> str:

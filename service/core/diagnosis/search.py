@@ -30,6 +30,7 @@ from service.core.diagnosis.mistakes import (
     FLOAT32_RELATIVE,
     MISTAKES,
     applicable,
+    likelier,
     ways,
 )
 from service.core.diagnosis.recompute import Given, recomputations, set_cost
@@ -42,6 +43,7 @@ _ROW_POLICIES: tuple[RowPolicy, ...] = ("zero", "uniform", "nan")
 
 
 MAX_PRINTED_DIGITS = 8  # NumPy prints 8 decimals, torch 4: more than 8 is not a print
+PRINTED_SLACK = 1e-6  # × the array's largest |number|: float32 rounding of the caller's own
 _GRID_EPS = 8 * float(np.finfo(np.float64).eps)  # a printed number parsed: this close to its grid
 
 
@@ -61,20 +63,23 @@ class Printed:
         exponent = np.floor(np.log10(magnitude, out=np.zeros_like(x), where=magnitude > 0))
         return 10.0 ** (exponent - self.n + 1)  # (...,)
 
-    def rounded(self, x: Array) -> Array:
-        """``x`` rounded as the caller's print rounds, same shape."""
-        if self.kind == "decimals":
-            return np.round(x, self.n)
+    def allowed(self, x: Array) -> Array:
+        """How far a print of each of ours, ``x`` (finite), may be from it, same shape: half a
+        unit in the last printed digit (a print rounds to the nearest); 0 where ours needs no
+        more digits than were printed (0.5, 1.5 at 1 decimal): its print is itself."""
         unit = self.unit(x)  # (...,)
-        return np.round(x / unit) * unit
+        return np.where(_whole(x / unit), 0.0, 0.5 * unit * (1 + 1e-9))  # (...,)
+
+
+def _whole(scaled: Array) -> Array:
+    """Which numbers are whole, to float64 rounding (as a printed number parsed and scaled by
+    its power of ten is), same shape."""
+    return np.asarray(np.abs(scaled - np.rint(scaled)) <= _GRID_EPS * np.maximum(np.abs(scaled), 1))
 
 
 def _on_grid(y: Array, scale: Array | float) -> bool:
     """Whether every ``y · scale`` is a whole number, as a printed number parsed to float64 is."""
-    scaled = y * scale
-    return bool(
-        np.all(np.abs(scaled - np.rint(scaled)) <= _GRID_EPS * np.maximum(np.abs(scaled), 1))
-    )
+    return bool(np.all(_whole(y * scale)))
 
 
 def printed_precision(yours: Array) -> Printed | None:
@@ -101,8 +106,9 @@ def printed_precision(yours: Array) -> Printed | None:
 @dataclass(frozen=True)
 class Tolerance:
     """A caller's number y matches the service's x when |y − x| ≤ atol + rtol·|x|; or, for
-    numbers ``printed`` at a precision, when y equals x rounded as they were, up to one unit
-    in the last printed digit (a print may round a value that sits on a half)."""
+    numbers ``printed`` at a precision, when y is within half a unit of the last printed digit
+    of x, or equals x where x needs no more digits (:meth:`Printed.allowed`), up to ``atol``:
+    float32's slack in the caller's arithmetic (:func:`printed_tolerance`)."""
 
     atol: float = 1e-6
     rtol: float = 1e-6
@@ -135,12 +141,33 @@ def difference(ours: Array, yours: Array, tol: Tolerance) -> Difference:
         finite = np.where(np.isfinite(ours), ours, 0.0)
         if tol.printed is None:
             close = same | (diff <= tol.atol + tol.rtol * np.abs(finite))
-        else:  # yours against ours rounded as yours were printed, within one last-digit unit
-            off = np.abs(yours - tol.printed.rounded(finite))  # NaN where yours is not finite
-            close = same | (np.isfinite(ours) & (off <= tol.printed.unit(finite) * (1 + 1e-9)))
+        else:  # yours as a print of ours: within half a last-digit unit, or ours itself
+            allowed = tol.printed.allowed(finite) + tol.atol  # (...,) atol: float32's slack
+            close = same | (np.isfinite(ours) & (diff <= allowed))
     at = np.unravel_index(int(np.argmax(diff)), diff.shape)
     where = tuple(int(i) for i in at)
     return Difference(bool(close.all()), float(diff[at]), where, float(ours[at]), float(yours[at]))
+
+
+def printed_tolerance(ours: Array, yours: Array) -> Tolerance:
+    """The tolerance of an array compared without one given (API.md, "Printed numbers" and
+    "never a false match"): at the precision ``yours`` was printed with, plus
+    :data:`PRINTED_SLACK` of our largest |number| for the caller's float32 arithmetic; the
+    default when it was not printed, or every number of it is ours (:func:`identical`)."""
+    printed = None if identical(ours, yours) else printed_precision(yours)
+    if printed is None:
+        return Tolerance()
+    return Tolerance(atol=PRINTED_SLACK * largest_magnitude(ours), rtol=0.0, printed=printed)
+
+
+def identical(ours: Array, yours: Array) -> bool:
+    """Whether every number of ``yours`` is ours (to float64 rounding: :data:`EXACT_RELATIVE`
+    of the largest), null and NaN where ours are: numbers that agree this closely were not
+    printed at a precision, whatever their decimals (API.md, "never a false match")."""
+    if ours.shape != yours.shape:
+        return False
+    exact = EXACT_RELATIVE * largest_magnitude(ours)
+    return difference(ours, yours, Tolerance(atol=exact, rtol=0.0)).match
 
 
 @dataclass(frozen=True)
@@ -200,6 +227,8 @@ class Search:
     sets: int  # candidate sets of mistakes there were
     spent: int  # numbers computed (:func:`set_cost`, and the full comparisons)
     size: int  # how many mistakes the sets tried last held (1 or 2; 0: none tried)
+    # other sets of as many mistakes that reproduce the numbers as closely (to rounding)
+    alternatives: tuple[tuple[str, ...], ...] = ()
 
 
 def search(
@@ -218,9 +247,11 @@ def search(
     with the arrays the caller gave (``given``) already put in place of the service's: the
     steps before the target are recomputed from the caller's own numbers where they exist.
     Among sets of one size that reproduce the array, the closest wins, one that does only to
-    float32's precision (:func:`float32_tolerance`) last; the search stops after the first
-    set that reproduces it to rounding (:data:`EXACT_RELATIVE`): sets that close are not told
-    apart, and the first in the table's order is named. The candidate sets run
+    float32's precision (:func:`float32_tolerance`) last (:func:`_ranked`). Once a set
+    reproduces it to rounding (:data:`EXACT_RELATIVE`) no later set can do better: a single
+    mistake's search goes on through the other single mistakes only, for those that do as well
+    (``alternatives``; the one the request makes likelier named first), a pair's stops there.
+    The candidate sets run
     in the order of :func:`trials`, a set with all its variants at once
     (:func:`recomputations`); before each, its cost (:func:`set_cost`) is counted, and the
     search stops before the first set that would take the numbers computed over ``budget``.
@@ -242,12 +273,13 @@ def search(
         found.append(Diagnosis((FLOAT32,), "zero", diff))
     spent = tried = size = 0
     complete = True
+    settled = False  # a set reproduced the numbers to rounding: the rest only add alternatives
     for variants in sets:
         if found and len(variants[0].mistakes) > min(len(d.mistakes) for d in found):
             break
         cost = set_cost(base, given, variants, target.name)
         if budget is not None and spent + cost > budget:
-            complete = False
+            complete = settled  # once settled, no later set changes the answer
             break
         spent, tried, size = spent + cost, tried + 1, len(variants[0].mistakes)
         for trial, made in recomputations(base, given, s, variants, target.name, check):
@@ -266,14 +298,34 @@ def search(
                 ordered = tuple(c for c in MISTAKES if c in codes_)
                 found.append(Diagnosis(ordered, trial.rows, diff, trial.ways))
         if any(d.difference.max_abs_diff <= exact for d in found if FLOAT32 not in d.mistakes):
-            break  # reproduced to rounding: no later set can do better
+            settled = True  # reproduced to rounding: no later set can do better; the other
+            if size > 1:  # singles may do as well (alternatives), the many pairs are not tried
+                break
+    best, alternatives = _ranked(found, exact, likelier(s))
+    return Search(best, complete, tried, len(sets), spent, size, alternatives)
+
+
+def _ranked(
+    found: list[Diagnosis], exact: float, likely: frozenset[str]
+) -> tuple[Diagnosis | None, tuple[tuple[str, ...], ...]]:
+    """The diagnosis to name and the other sets that reproduce the numbers as well: of the
+    sets with the fewest mistakes, the closest (one that does only to float32's precision
+    after any that does better), sets within rounding (``exact``) of it tied; of those, one
+    with a mistake the request makes likelier (``likely``: with past, decode_position_offset
+    before rope_missing) first, else the first in the table's order."""
     fewest = min((len(d.mistakes) for d in found), default=0)
-    best = min(
-        (d for d in found if len(d.mistakes) == fewest),
-        key=lambda d: (FLOAT32 in d.mistakes, d.difference.max_abs_diff),
-        default=None,
-    )
-    return Search(best, complete, tried, len(sets), spent, size)
+    candidates = [d for d in found if len(d.mistakes) == fewest]
+    if not candidates:
+        return None, ()
+
+    def closeness(d: Diagnosis) -> tuple[bool, float]:
+        return FLOAT32 in d.mistakes, max(d.difference.max_abs_diff, exact)
+
+    loose, closest = min(closeness(d) for d in candidates)
+    tied = [d for d in candidates if closeness(d) <= (loose, closest + exact)]
+    tied.sort(key=lambda d: not likely & set(d.mistakes))  # stable: the table's order
+    others = dict.fromkeys(d.mistakes for d in tied[1:] if d.mistakes != tied[0].mistakes)
+    return tied[0], tuple(others)
 
 
 def largest_magnitude(a: Array) -> float:

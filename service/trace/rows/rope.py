@@ -133,6 +133,25 @@ def _at(given: bool, n: str) -> str:
     return "as given" if given else f"0…{n}−1"
 
 
+def _key_at(v: Variants) -> str:
+    """Where the keys are rotated, and which default was taken (API.md, "Self-attention
+    positions"): the plan passes the queries' own positions array for a self-attention's keys
+    (:func:`service.trace.plan._key_positions`)."""
+    if v.positions is not None and v.context_positions is v.positions:
+        return (
+            "the queries' (self-attention: each key is a query's own token, so "
+            "context_positions defaults to positions)"
+        )
+    if v.context_positions is not None:
+        return "as given (context_positions)"
+    if v.positions is not None:
+        return (
+            "0…S−1 (the keys are other tokens than the queries, so context_positions "
+            "defaults to 0…S−1, not to positions)"
+        )
+    return "0…S−1"
+
+
 # the symbol of the queries (keys) as each step leaves them
 _SYMBOLS = {"q": "Q", "q_normed": "Q_n", "q_rotated": "Q_r", "q_tempered": "Q_t", "k": "K",
             "k_normed": "K_n", "k_rotated": "K_r"}  # fmt: skip
@@ -166,13 +185,13 @@ def symbol(s: Shapes, v: Variants, step: str, side: str) -> str:
 def rope_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
     assert v.rope is not None
     q, k = symbol(s, v, "q_rotated", "q"), symbol(s, v, "k_rotated", "k")
-    given_q, given_k = v.positions is not None, v.context_positions is not None
+    given_q = v.positions is not None
     p = s.past_len  # a decode step's new tokens come after the cache
     at = np.arange(p, p + s.seq_len) if v.positions is None else v.positions  # (L,)
     q_at = (
         _at(given_q, "L") if not p else "as given" if given_q else f"{p}…{p}+L−1 (after the cache)"
     )
-    k_at = _at(given_k, "S") if not p else "the new tokens', as the queries'"
+    k_at = _key_at(v) if not p else "the new tokens', as the queries'"
     return {
         "q_rotated": f"Q_r = {_rope(v.rope, s.d_k, q, q_at, sequence_length(at))}",
         "k_rotated": f"K_r = {_rope(v.rope, s.d_k, k, k_at, sequence_length(at))}",
