@@ -45,7 +45,7 @@ import orjson  # noqa: E402
 from starlette.types import Message  # noqa: E402
 
 from harness.live import free_port, http_json, start_server  # noqa: E402
-from service.trace import ENDPOINTS, steps  # noqa: E402
+from service.trace import steps  # noqa: E402
 from service.wire.examples import I_AM_BATMAN  # noqa: E402
 
 
@@ -96,10 +96,9 @@ def instrument(stages: Stages) -> None:
     from service.trace import compute
     from service.wire import parse
 
-    e = ENDPOINTS["attention"]
-    object.__setattr__(e, "plan", stages.wrap("plan", e.plan))  # a frozen row: benchmark only
-    object.__setattr__(e, "compute", stages.wrap("outputs", e.compute))  # less what it calls
     for module, name, stage in (
+        (trace, "plan_attention", "plan"),  # trace.run calls them by name
+        (trace, "run_attention", "outputs"),  # less what it calls
         (parse, "load_json", "parse"),
         (parse, "parse", "validation"),  # less load_json inside it
         (trace, "admit", "rules"),

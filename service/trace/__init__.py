@@ -5,13 +5,16 @@ door only:
     admitted = admit(req, "multihead", settings)  # rules, expected, include, limits: no arrays
     body = run(admitted, check)                   # plan, engine, outputs, steps, comparison
 
-and declares the compute endpoints from :data:`ENDPOINTS`, the one table of them. ``admit`` is
-cheap and runs wherever the body is parsed (in a parser process for large bodies, see
-service.http.parser); ``run`` allocates, so it runs once the memory budget has admitted the
-numbers ``admit`` counted.
+and declares the compute endpoints from :data:`ENDPOINTS`, the one table of what HTTP declares.
+``admit`` is cheap and runs wherever the body is parsed (in a parser process for large bodies,
+see service.http.parser); ``run`` allocates, so it runs once the memory budget has admitted the
+numbers ``admit`` counted. Both call the pipeline's stages by name, so a reader follows a
+request from here: :func:`admit` → ``rows.fold.folded`` (/multihead) → ``rules.*_shapes`` →
+``comparison.check_expected`` → ``outputs.check_include`` → ``limits.check_limits``;
+:func:`run` → ``plan.plan_*`` → ``compute.run_*``.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +42,7 @@ from service.wire.schemas.requests import (
 @dataclass(frozen=True)
 class ComputeEndpoint:
     """One compute endpoint: what HTTP declares (path, request and response models, the worked
-    examples and the words of /docs) and the three stages from request to body."""
+    examples and the words of /docs) and which rows of the outputs table it has."""
 
     name: str  # the path without its slash
     description: str  # /docs' description of the endpoint
@@ -47,15 +50,6 @@ class ComputeEndpoint:
     response: type[BaseModel]  # the documented 200 body
     examples: Mapping[str, Any]  # /docs' worked examples (fastapi.openapi.models.Example)
     outputs: Endpoint  # which rows of the outputs table it has
-    fold: Callable[[Any], Any]  # fields that restate others, folded (service.trace.rows.fold)
-    shapes: Callable[[Any], Shapes]  # every cross-field rule (service.trace.rules)
-    plan: Callable[[Any, Shapes], Any]  # generated arrays drawn, weights converted
-    compute: Callable[[Any, Check], dict[str, Any]]  # the engine, then the outputs table
-
-
-def _as_given(req: InputFields) -> InputFields:
-    """Nothing to fold."""
-    return req
 
 
 ENDPOINTS: dict[str, ComputeEndpoint] = {
@@ -69,10 +63,6 @@ ENDPOINTS: dict[str, ComputeEndpoint] = {
             AttentionResponse,
             examples.ATTENTION_EXAMPLES,
             "attention",
-            _as_given,
-            attention_shapes,
-            plan_attention,
-            run_attention,
         ),
         ComputeEndpoint(
             "mask",
@@ -82,10 +72,6 @@ ENDPOINTS: dict[str, ComputeEndpoint] = {
             MaskResponse,
             examples.MASK_EXAMPLES,
             "attention",
-            _as_given,
-            attention_shapes,
-            plan_attention,
-            run_attention,
         ),
         ComputeEndpoint(
             "multihead",
@@ -95,10 +81,6 @@ ENDPOINTS: dict[str, ComputeEndpoint] = {
             MultiheadResponse,
             examples.MULTIHEAD_EXAMPLES,
             "multihead",
-            folded,
-            multihead_shapes,
-            plan_multihead,
-            run_multihead,
         ),
     )
 }
@@ -135,17 +117,26 @@ def admit(req: InputFields, endpoint: str, settings: Settings) -> Admitted:
     """Apply every rule to a validated request of ``endpoint`` (its shapes, the expected
     arrays' shapes, the names in include, the limits), or raise the error that names the
     field (:mod:`service.wire.errors`). Draws and computes nothing."""
-    e = ENDPOINTS[endpoint]
-    req = e.fold(req)
-    shapes = check_expected(req.expected, e.shapes(req))
-    outputs.check_include(e.outputs, req.include)
+    if isinstance(req, MultiheadRequest):
+        req = folded(req)  # config, k_eq_v, gate: true as the fields they imply
+        shapes = multihead_shapes(req)
+    else:
+        assert isinstance(req, AttentionRequest)  # /attention and /mask (MaskRequest)
+        shapes = attention_shapes(req)
+    shapes = check_expected(req.expected, shapes)
+    outputs.check_include(ENDPOINTS[endpoint].outputs, req.include)
     return Admitted(endpoint, req, shapes, check_limits(shapes, req.include, settings))
 
 
 def run(admitted: Admitted, check: Check) -> dict[str, Any]:
     """Plan, compute and shape the response body (arrays and values, not yet encoded).
     ``check`` is called between the large steps and raises to stop (the client has gone)."""
-    e = ENDPOINTS[admitted.endpoint]
-    plan = e.plan(admitted.req, admitted.shapes)
+    req, shapes = admitted.req, admitted.shapes
+    if isinstance(req, MultiheadRequest):
+        heads = plan_multihead(req, shapes)
+        check()
+        return run_multihead(heads, check)
+    assert isinstance(req, AttentionRequest)  # /attention and /mask (MaskRequest)
+    plan = plan_attention(req, shapes)
     check()
-    return e.compute(plan, check)
+    return run_attention(plan, check)
