@@ -8,6 +8,7 @@
 //   export.js     copy as curl, the whole result as JSON or safetensors
 //   compare.js    "compare with my numbers": the boxes and Compare (its answer: verdict.js)
 //   selection.js  selected queries: attention summed over picked rows of the weights
+//   decode.js     check_decode's answer: a token at a time against the prefill, its verdict
 //   explain.js    what a clicked cell means (loaded on the first click; lib/arithmetic.js)
 //   render.js     the results: summary, maps, tables, steps, batch picker, explanation panel
 //   heads.js      /multihead's heads side by side
@@ -21,10 +22,10 @@
 //   layers/explain.js  the explanations of today's layers' cells (norms, RoPE, temperature, gate,
 //                 MLA's latents and shared key: layers/latent.js)
 //   layers/blocks.js  the online softmax block by block for one row (arithmetic: layers/online.js)
-//   lib/          leaves: state, format, fields, files, schema, table, svg, picture, paste,
-//                 arithmetic, layers, pick, explain-parts, positions, safetensors (import
+//   lib/          leaves: state, format, words, fields, files, schema, table, svg, picture,
+//                 paste, arithmetic, layers, pick, explain-parts, positions, safetensors (import
 //                 nothing above them)
-// What render.js's drawing sets off in compare.js and selection.js is registered here
+// What render.js's drawing sets off in compare.js, selection.js and decode.js is registered here
 // (whenDrawn), so that render.js imports neither.
 import { $ } from "./lib/state.js";
 import { showFor, fillForm, loadExamples } from "./form.js";
@@ -35,6 +36,7 @@ import { copyCurl, startExports } from "./export.js";
 import { startCompare, afterRender } from "./compare.js";
 import { drawSelection } from "./selection.js";
 import { drawOnline } from "./layers/blocks.js";
+import { drawDecodeCheck } from "./decode.js";
 import { startModelMode } from "./model/mode.js";
 
 async function start() {
@@ -65,6 +67,7 @@ async function start() {
   whenDrawn(drawSelection);
   whenDrawn(afterRender);
   whenDrawn(drawOnline);
+  whenDrawn(drawDecodeCheck);
   startCompare();
   startExports();
   showFor();

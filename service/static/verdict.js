@@ -5,6 +5,7 @@
 // Compare action: compare.js.)
 import { $, button } from "./lib/state.js";
 import { fmt } from "./lib/format.js";
+import { count } from "./lib/words.js";
 import { maskedFloor } from "./lib/schema.js";
 import { NEG_INF_NAMES, shapeOf } from "./lib/paste.js";
 import { heatmap } from "./heatmap.js";
@@ -31,8 +32,8 @@ export function printedWords(entry) {
   const p = entry.printed;
   if (!p) return null;
   return "decimals" in p
-    ? `the ${p.decimals} decimals you printed`
-    : `the ${p.significant} significant digits you printed`;
+    ? `the ${count(p.decimals, "decimal")} you printed`
+    : `the ${count(p.significant, "significant digit")} you printed`;
 }
 
 // yours − ours, cell by cell; null where the difference is not a number (hatched)
@@ -151,7 +152,11 @@ export function comparisonPanel(data, cards, dropped) {
     verdict.classList.add("ok");
     const printed = rows.map(printedWords).filter((w) => w);
     const how = printed.length ? ` (${[...new Set(printed)].join(", ")})` : " within the tolerance";
-    verdict.textContent = `✓ All ${rows.length} compared array${rows.length === 1 ? "" : "s"} match${how}.`;
+    const all =
+      rows.length === 1
+        ? "The compared array matches"
+        : `All ${count(rows.length, "compared array")} match`;
+    verdict.textContent = `✓ ${all}${how}.`;
   } else if (first.diagnosis) {
     verdict.classList.add("diagnosis");
     const lead = document.createElement("p");
