@@ -16,7 +16,7 @@ import { recompute, NEG_INF } from "./lib/arithmetic.js";
 import { pairFeatures, turnedWidth } from "./lib/positions.js";
 import { el, fmt, table, totalLine } from "./lib/explain-parts.js";
 import { LAYER_KINDS, explainLayer, layerWho, layerBefore } from "./layers/explain.js";
-import { count } from "./lib/words.js";
+import { count } from "./lib/format.js";
 import { isLatent, latentCell, latentExplains } from "./layers/latent.js";
 
 // the number format of the explanations (lib/explain-parts.js), as this module has always offered it

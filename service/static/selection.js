@@ -5,9 +5,8 @@
 // them against the service's weights.
 // render.js calls drawSelection once the outputs are drawn (main.js registers it: whenDrawn).
 import { $ } from "./lib/state.js";
-import { fmt, isMatrix } from "./lib/format.js";
+import { fmt, isMatrix, count } from "./lib/format.js";
 import { download, csvBlob } from "./lib/files.js";
-import { count } from "./lib/words.js";
 
 const CHIPS_UP_TO = 64; // a button a query up to this many; above, only the index box
 const KEYS_LISTED = 32; // keys listed above this many: the largest sums (the CSV has every key)

@@ -172,7 +172,7 @@ def test_counts_of_one_read_in_the_singular(
     open_explorer(page, server)
     words = page.evaluate(
         """async () => {
-          const { count, plural } = await import("./static/lib/words.js");
+          const { count, plural } = await import("./static/lib/format.js");
           return [count(1, "decimal"), count(2, "decimal"), count(0, "query", "queries"),
                   count(1, "query", "queries"), plural(1, "has", "have"), plural(3, "has", "have")];
         }"""

@@ -9,7 +9,7 @@
 // DeepSeek's layout), the heads' [nope | rope] queries and keys. Each adds its lines to the
 // explanation `box`; explain.js adds the total beside the service's number and the way back.
 import { el, fmt, table } from "../lib/explain-parts.js";
-import { count } from "../lib/words.js";
+import { count } from "../lib/format.js";
 
 export const LAYER_KINDS = new Set([
   "norm",

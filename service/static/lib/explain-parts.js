@@ -1,9 +1,8 @@
 // @ts-check
 // The parts every cell explanation is made of, a leaf (explain.js, layers/explain.js): numbers at
 // six significant digits, elements, a table of terms, and the page's total beside the service's.
-import { formatNumber } from "./format.js";
+import { formatNumber, count } from "./format.js";
 import { NEG_INF } from "./pick.js";
-import { count } from "./words.js";
 
 /** Six significant digits, trailing zeros kept (a column of terms lines up); −∞ for a masked
  * score (null or -Infinity). */

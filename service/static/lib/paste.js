@@ -1,8 +1,8 @@
 // @ts-check
 // "Compare with my numbers"' reading of a pasted array, a leaf: JSON rows, a NumPy or torch print,
 // or plain rows, read into nested arrays with errors said in words (ParseError), and the numbers
-// written as `expected` carries them. Imports only words.js (its counts).
-import { count } from "./words.js";
+// written as `expected` carries them. Imports only format.js (its counted words).
+import { count } from "./format.js";
 
 // null in `expected` is −∞ in these arrays and NaN elsewhere (API: "Compare with your numbers")
 export const NEG_INF_NAMES = new Set(["masked_scores", "additive_mask"]);

@@ -4,8 +4,7 @@
 // the attention rollout, and the chosen layer's `trace` handed to render.js as the /multihead
 // answer it is, so that its maps, tables, steps and cell explanations are the page's usual ones.
 import { $, state, button } from "../lib/state.js";
-import { fmt } from "../lib/format.js";
-import { count, plural } from "../lib/words.js";
+import { fmt, count, plural } from "../lib/format.js";
 import { download } from "../lib/files.js";
 import { heatmap } from "../heatmap.js";
 import { render, setupBatch, markStale, explain, whenDrawn } from "../render.js";

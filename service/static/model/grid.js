@@ -5,8 +5,7 @@
 // a button: a click or Enter opens that head large (`onPick`); the arrow keys move between heads
 // (one tab stop for the whole grid).
 import { picture } from "../lib/picture.js";
-import { fmt } from "../lib/format.js";
-import { count } from "../lib/words.js";
+import { fmt, count } from "../lib/format.js";
 
 /** Each role POST /model names: the short word on a map, what the head is called, what it does. */
 export const ROLES = {

@@ -4,8 +4,7 @@
 // Hovering or focusing a query shows only its lines and says where it looks most; a key, the
 // lines into it; a click (or Enter) keeps that choice until clicked again. The arrow keys walk
 // the tokens (one tab stop a column).
-import { abbreviate, escapeXml, fmt } from "../lib/format.js";
-import { count } from "../lib/words.js";
+import { abbreviate, escapeXml, fmt, count } from "../lib/format.js";
 
 /** Weights below this draw no line (under 0.1 % opacity a line cannot be seen). */
 export const FAINTEST = 0.001;

@@ -5,7 +5,7 @@
 // in words next to the form and under the field they name (errors.js). The answer is drawn by
 // draw.js. main.js calls startModelMode once the page is ready.
 import { $, state, loadSpec } from "../lib/state.js";
-import { count } from "../lib/words.js";
+import { count } from "../lib/format.js";
 import { clearErrors, showErrors } from "../errors.js";
 import { render, setupBatch, markStale, closeExplain } from "../render.js";
 import { drawModel, markModelStale } from "./draw.js";
