@@ -69,7 +69,7 @@ jscheck:
 	else echo "skipped: $(NPM_MISSING)"; fi
 
 jscheck-run: node_modules/.installed
-	node_modules/.bin/prettier --check 'service/static/**/*.js'
+	node_modules/.bin/prettier --check 'service/static/**/*.{js,css,html}'
 	node_modules/.bin/tsc -p tsconfig.json
 
 load: $(VENV)/.installed-dev

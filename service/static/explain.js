@@ -16,6 +16,7 @@ import { recompute, NEG_INF } from "./lib/arithmetic.js";
 import { pairFeatures, turnedWidth } from "./lib/positions.js";
 import { el, fmt, table, totalLine } from "./lib/explain-parts.js";
 import { LAYER_KINDS, explainLayer, layerWho, layerBefore } from "./layers/explain.js";
+import { count } from "./lib/format.js";
 import { isLatent, latentCell, latentExplains } from "./layers/latent.js";
 
 // the number format of the explanations (lib/explain-parts.js), as this module has always offered it
@@ -37,7 +38,7 @@ export {
 
 function alibiNote(note, a, i, j) {
   note(
-    `ALiBi: head ${a.head}'s slope is ${fmt(a.slope)} (of ${a.n} head${a.n === 1 ? "" : "s"}); key ${j} is at distance p'_${j} − p_${i} = ${a.distance} from query ${i}, so the bias is ${a.symmetric ? `−${fmt(a.slope)} · |${a.distance}|` : `${fmt(a.slope)} · ${a.distance}`} = ${fmt(a.bias)}.`,
+    `ALiBi: head ${a.head}'s slope is ${fmt(a.slope)} (of ${count(a.n, "head")}); key ${j} is at distance p'_${j} − p_${i} = ${a.distance} from query ${i}, so the bias is ${a.symmetric ? `−${fmt(a.slope)} · |${a.distance}|` : `${fmt(a.slope)} · ${a.distance}`} = ${fmt(a.bias)}.`,
   );
 }
 

@@ -77,6 +77,7 @@ export function showFor() {
   const dk = ep === "multihead" ? "= d_model ÷ heads" : "= d_model";
   $("d_k").placeholder = dk;
   $("d_k-hint").textContent = `(blank: ${dk})`;
+  showLayout(); // before the labels, which read it
   for (const [id, text] of Object.entries(weightLabels(ep))) $(`${id}-name`).textContent = text;
   $("sinks-label").textContent =
     ep === "multihead"
@@ -114,6 +115,28 @@ export function weightName(id) {
   return stateDict() ? STATE_DICT[id] : id;
 }
 
+// A state dict's weights (q_proj.weight …) are always out_in, as PyTorch stores them: while the
+// boxes send those names the layout control shows out_in and is off (the request then carries no
+// weight_layout of its own); w_q … w_o give it back as the user left it.
+const LAYOUT_FIXED = "q_proj.weight … are always out_in (X · Wᵀ), as PyTorch stores them";
+let chosenLayout = "in_out";
+function showLayout() {
+  const control = $("weight_layout");
+  if (stateDict()) {
+    if (!control.disabled) chosenLayout = control.value;
+    control.value = "out_in";
+    control.disabled = true;
+    control.title = LAYOUT_FIXED;
+  } else if (control.disabled) {
+    control.value = chosenLayout;
+    control.disabled = false;
+    control.title = "";
+  }
+}
+
+/** Whether the form's weight_layout is the user's (false: fixed by a state dict's names). */
+export const layoutChosen = () => !$("weight_layout").disabled;
+
 function weightLabels(ep) {
   const shapes = SHAPES[ep === "multihead" ? "multihead" : "attention"];
   const outIn = stateDict() || $("weight_layout").value === "out_in";
@@ -145,6 +168,8 @@ export function fillForm(example) {
   $("qk_norm").value = "";
   resetLayers();
   $("rope_style").value = "half";
+  $("weight_layout").disabled = false; // the example's layout, not one a state dict fixed
+  $("weight_layout").title = "";
   $("weight_layout").value = "in_out";
   $("fully_masked_rows").value = "zero";
   $("init").value = "uniform";

@@ -1,7 +1,7 @@
 // @ts-check
 // Heads side by side (/multihead): every head's weights in a grid with their average, the head
-// picker (which heads' maps and tables show below), the difference of two heads, and a head's
-// tables and masked scores folded away.
+// picker (which heads' maps and tables show below), the difference of two heads (offered only
+// when there are two), and a head's tables and masked scores folded away.
 import { $ } from "./lib/state.js";
 import { heatmap, smallMapsGrid } from "./heatmap.js";
 
@@ -99,7 +99,15 @@ export function headsPanel(grid, average, headWeights, rows, cols, allowed) {
   options($("diff-a"), grid.length, headChoice.a, false);
   options($("diff-b"), grid.length, Math.min(headChoice.b, grid.length - 1), false);
   $("head-pick").onchange = showHeads;
-  $("diff-a").onchange = $("diff-b").onchange = () => diffView(headWeights, rows, cols, allowed);
   showHeads();
+  // one head has no other to differ from: no difference is offered (head 0 − head 0 is zeros)
+  const two = grid.length > 1;
+  for (const id of ["diff-a-label", "diff-b-label", "heads-diff-hint"]) $(id).hidden = !two;
+  if (!two) {
+    $("heads-diff").replaceChildren();
+    smallMapsGrid($("heads-maps"));
+    return;
+  }
+  $("diff-a").onchange = $("diff-b").onchange = () => diffView(headWeights, rows, cols, allowed);
   diffView(headWeights, rows, cols, allowed);
 }

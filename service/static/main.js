@@ -7,6 +7,7 @@
 //   run.js        Run: sends the form's body, draws the answer (or marks the last one stale)
 //   export.js     copy as curl, the whole result as JSON or safetensors
 //   compare.js    "compare with my numbers": the boxes and Compare (its answer: verdict.js)
+//   verdict.js    the answer's verdicts: the comparison, warnings, check_decode's
 //   selection.js  selected queries: attention summed over picked rows of the weights
 //   explain.js    what a clicked cell means (loaded on the first click; lib/arithmetic.js)
 //   render.js     the results: summary, maps, tables, steps, batch picker, explanation panel
@@ -24,8 +25,8 @@
 //   lib/          leaves: state, format, fields, files, schema, table, svg, picture, paste,
 //                 arithmetic, layers, pick, explain-parts, positions, safetensors (import
 //                 nothing above them)
-// What render.js's drawing sets off in compare.js and selection.js is registered here
-// (whenDrawn), so that render.js imports neither.
+// What render.js's drawing sets off in compare.js, selection.js and verdict.js is registered here
+// (whenDrawn), so that render.js imports none of them.
 import { $ } from "./lib/state.js";
 import { showFor, fillForm, loadExamples } from "./form.js";
 import { startLayers } from "./layers/form.js";
@@ -33,6 +34,7 @@ import { run } from "./run.js";
 import { render, closeExplain, whenDrawn } from "./render.js";
 import { copyCurl, startExports } from "./export.js";
 import { startCompare, afterRender } from "./compare.js";
+import { drawDecodeCheck } from "./verdict.js";
 import { drawSelection } from "./selection.js";
 import { drawOnline } from "./layers/blocks.js";
 import { startModelMode } from "./model/mode.js";
@@ -65,6 +67,7 @@ async function start() {
   whenDrawn(drawSelection);
   whenDrawn(afterRender);
   whenDrawn(drawOnline);
+  whenDrawn(drawDecodeCheck);
   startCompare();
   startExports();
   showFor();

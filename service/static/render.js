@@ -180,6 +180,15 @@ function inStepOrder(items, steps) {
   }
 }
 
+/** The keys' labels when the answer names none: the queries' when there are as many; with
+ * `past` (a decode step) the cache's keys "cache 0" … then the new tokens' as their rows are
+ * named (the service's own labels when the request has tokens); else their indices. */
+function keyLabels(S, rows, body) {
+  const cached = body && body.past ? S - rows.length : 0;
+  if (cached > 0) return [...Array.from({ length: cached }, (_, i) => `cache ${i}`), ...rows];
+  return S === rows.length ? rows : Array.from({ length: S }, (_, i) => String(i));
+}
+
 export function render() {
   if (!state.lastResult) return;
   const { ep, data } = state.lastResult;
@@ -194,9 +203,7 @@ export function render() {
   const n = first ? first.length : 0;
   const rows = data.tokens || Array.from({ length: n }, (_, i) => String(i));
   const S = first && first.length ? first[0].length : 0;
-  const cols =
-    data.context_tokens ||
-    (S === rows.length ? rows : Array.from({ length: S }, (_, i) => String(i)));
+  const cols = data.context_tokens || keyLabels(S, rows, state.lastResult.body);
   $("results").hidden = false;
 
   const summary = pick(data.summary) || [];

@@ -4,7 +4,7 @@
 // instead (Run, run.js, and Copy as curl, export.js, send the body).
 import { $, state, FieldError } from "./lib/state.js";
 import { parseMatrix, parseInts, numbersOrUndefined, numberOrUndefined } from "./lib/fields.js";
-import { weightName, STATE_DICT } from "./form.js";
+import { weightName, STATE_DICT, layoutChosen } from "./form.js";
 import { layersBody, withoutValues } from "./layers/form.js";
 import { clearErrors, showErrors } from "./errors.js";
 
@@ -42,7 +42,8 @@ export function buildBody() {
     const m = parseMatrix(id);
     if (m !== undefined) body[id in STATE_DICT ? weightName(id) : id] = m;
   }
-  if ($("weight_layout").value !== "in_out") body.weight_layout = $("weight_layout").value;
+  if (layoutChosen() && $("weight_layout").value !== "in_out")
+    body.weight_layout = $("weight_layout").value;
   const scale = numberOrUndefined("scale");
   if (scale !== undefined) body.scale = scale;
   if ($("fully_masked_rows").value !== "zero")

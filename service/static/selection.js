@@ -5,7 +5,7 @@
 // them against the service's weights.
 // render.js calls drawSelection once the outputs are drawn (main.js registers it: whenDrawn).
 import { $ } from "./lib/state.js";
-import { fmt, isMatrix } from "./lib/format.js";
+import { fmt, isMatrix, count } from "./lib/format.js";
 import { download, csvBlob } from "./lib/files.js";
 
 const CHIPS_UP_TO = 64; // a button a query up to this many; above, only the index box
@@ -194,7 +194,7 @@ function show(data, pick, rows, cols) {
   t.className = "matrix pick-table";
   t.dataset.name = "selected_queries";
   const caption = t.createCaption();
-  caption.textContent = `Attention over keys of ${picked.size} ${picked.size === 1 ? "query" : "queries"}${listed.length < sum.length ? ` — the ${listed.length} keys with the largest sums of ${sum.length}` : ""} `;
+  caption.textContent = `Attention over keys of ${count(picked.size, "query", "queries")}${listed.length < sum.length ? ` — the ${count(listed.length, "key")} with the largest sums of ${sum.length}` : ""} `;
   const csv = document.createElement("button");
   csv.type = "button";
   csv.className = "secondary small";

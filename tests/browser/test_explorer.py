@@ -428,7 +428,7 @@ def test_my_numbers_parser_reads_notebook_formats(
     errors = {
         "1 2 3 4\n5 6 7 8\n1 2 3": "row 2 has 3 numbers but row 0 has 4",
         "[[1, 2], [3, 4, 5]]": "row 1 has 3 numbers but row 0 has 2",
-        "[[0.1 0.2]\n [0.3]]": "row 1 has 1 numbers but row 0 has 2",
+        "[[0.1 0.2]\n [0.3]]": "row 1 has 1 number but row 0 has 2",
         "1 2\nabc 3": "row 1: “abc” is not a number",
         "[[1, 2], [x, 4]]": "row 1: “x” is not a number",
         "[[1, 2], [3, 4]": "a [ is never closed (1 ] missing at the end)",
@@ -664,7 +664,7 @@ def test_a_torch_print_of_the_right_weights_agrees_to_its_4_decimals(
     assert "tolerance" not in sent and got["first_mismatch"] is None
     assert got["comparison"][0]["printed"] == {"decimals": 4}
     verdict = page.locator("#comparison .verdict.ok").inner_text()
-    assert verdict == "✓ All 1 compared array match (the 4 decimals you printed)."
+    assert verdict == "✓ The compared array matches (the 4 decimals you printed)."
     item = page.locator('#comparison ol.compared li[data-name="weights"]').inner_text()
     assert item.startswith("✓ weights") and "agrees to the 4 decimals you printed" in item
     page.fill("#atol", "1e-6")

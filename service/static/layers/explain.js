@@ -9,6 +9,7 @@
 // DeepSeek's layout), the heads' [nope | rope] queries and keys. Each adds its lines to the
 // explanation `box`; explain.js adds the total beside the service's number and the way back.
 import { el, fmt, table } from "../lib/explain-parts.js";
+import { count } from "../lib/format.js";
 
 export const LAYER_KINDS = new Set([
   "norm",
@@ -137,7 +138,7 @@ function rotateLines(box, r, name, i, j, f, note) {
   );
   if (r.pair < 0) {
     f(
-      `${name}[${i}][${j}] = ${x}[${j}]: feature ${j} is past the turned ${r.pairs.length * 2} features, so RoPE leaves it`,
+      `${name}[${i}][${j}] = ${x}[${j}]: feature ${j} is past the turned ${count(r.pairs.length * 2, "feature")}, so RoPE leaves it`,
     );
   } else {
     const { f: a, g: b } = r;
@@ -179,7 +180,7 @@ function latentLines(box, r, ctx, f, note) {
   const { i, j, name } = ctx;
   if (r.kind === "latent-pass") {
     f(
-      `${name}[${i}][${j}] = ${r.from}[${i}][${j}]: the head's first ${r.nope} features, which RoPE leaves`,
+      `${name}[${i}][${j}] = ${r.from}[${i}][${j}]: the head's first ${count(r.nope, "feature")}, which RoPE leaves`,
     );
     note(
       `With MLA the heads' ${name} is [${r.from} | ${name[0]}_rope]: click a cell of ${name[0]}_rope for the turned features.`,
@@ -206,7 +207,7 @@ function latentLines(box, r, ctx, f, note) {
     if (r.ropePart) {
       const cache = ctx.data.mla_cache_numbers;
       note(
-        `The other ${r.ropePart.length} features of x[${i}] W_kvaᵀ are k_pe = [${r.ropePart.map((x) => fmt(x)).join(", ")}], turned into k_rope. A cache holds c_kv and k_rope${cache ? `: ${cache} numbers a token` : ""}; every head's k_nope and V are c_kv W_kvbᵀ (kv_b_proj).`,
+        `The other ${count(r.ropePart.length, "feature")} of x[${i}] W_kvaᵀ are k_pe = [${r.ropePart.map((x) => fmt(x)).join(", ")}], turned into k_rope. A cache holds c_kv and k_rope${cache ? `: ${count(cache, "number")} a token` : ""}; every head's k_nope and V are c_kv W_kvbᵀ (kv_b_proj).`,
       );
     } else
       note("Every head's queries are c_q W_qbᵀ (q_b_proj): q_nope, then the features RoPE turns.");
@@ -217,15 +218,15 @@ function latentLines(box, r, ctx, f, note) {
   const who = r.side === "q" ? "query" : "key";
   const source =
     r.side === "k"
-      ? `the last ${r.pe.length} features of x[${i}] W_kvaᵀ (kv_a_proj_with_mqa), one key for every head`
-      : `head ${r.head}'s last ${r.pe.length} features of ${ctx.data.c_q ? `c_q[${i}] W_qbᵀ (q_b_proj)` : `x[${i}] W_qᵀ (q_proj)`}`;
+      ? `the last ${count(r.pe.length, "feature")} of x[${i}] W_kvaᵀ (kv_a_proj_with_mqa), one key for every head`
+      : `head ${r.head}'s last ${count(r.pe.length, "feature")} of ${ctx.data.c_q ? `c_q[${i}] W_qbᵀ (q_b_proj)` : `x[${i}] W_qᵀ (q_proj)`}`;
   f(`${r.from} = ${source} = [${r.pe.map((x) => fmt(x)).join(", ")}]`);
   if (r.held)
     note(
       `The service's ${r.side} before RoPE holds the same: [${r.held.map((x) => fmt(x)).join(", ")}].`,
     );
   note(
-    `RoPE (base ${s.base}, over the ${r.pe.length} rope features, style "${s.style}"${s.scaling ? `, ${s.scaling.type} scaling` : ""}): ${who} ${i} is at position p = ${r.pos}; pair n turns by p·θ_n.` +
+    `RoPE (base ${s.base}, over the ${count(r.pe.length, "rope feature")}, style "${s.style}"${s.scaling ? `, ${s.scaling.type} scaling` : ""}): ${who} ${i} is at position p = ${r.pos}; pair n turns by p·θ_n.` +
       (s.style === "interleaved"
         ? ` DeepSeek's interleaved layout: pair n is features (2n, 2n + 1) of ${r.from}, and comes out as features n and n + ${r.pe.length / 2} (the pairs' first members, then their second members).`
         : ""),

@@ -1,7 +1,7 @@
 // @ts-check
 // The parts every cell explanation is made of, a leaf (explain.js, layers/explain.js): numbers at
 // six significant digits, elements, a table of terms, and the page's total beside the service's.
-import { formatNumber } from "./format.js";
+import { formatNumber, count } from "./format.js";
 import { NEG_INF } from "./pick.js";
 
 /** Six significant digits, trailing zeros kept (a column of terms lines up); −∞ for a masked
@@ -45,7 +45,7 @@ export function totalLine(total, service, decimals) {
     (typeof service === "number" && Math.abs(total - service) <= tol);
   if (!same) p.classList.add("explain-mismatch");
   p.append(
-    rounded ? `(the service, rounded to ${decimals} decimals: ` : "(the service: ",
+    rounded ? `(the service, rounded to ${count(decimals, "decimal")}: ` : "(the service: ",
     el("span", "explain-service", fmt(service === null ? NEG_INF : service)),
     ")",
   );

@@ -1,8 +1,10 @@
 // @ts-check
 // How a value shows, a leaf: its number (three significant digits on the page), its colour
 // (weights white → blue, signed values red → white → blue, a mask blue or white, masked cells
-// grey), a label cut short, text escaped for SVG, a matrix as the text of a form box, and what
-// an array is (a matrix, a stack of them). Pure functions; imports nothing.
+// grey), a label cut short, text escaped for SVG, a matrix as the text of a form box, what an
+// array is (a matrix, a stack of them), and a count in words, its noun agreeing with it ("1
+// decimal", "2 decimals": every sentence of the page that counts something says it so). Pure
+// functions; imports nothing.
 
 /** A label cut to `n` characters, the last an ellipsis. */
 export function abbreviate(s, n) {
@@ -97,4 +99,17 @@ export function formatMatrix(m) {
   return flat
     ? m.map((row) => row.map((v) => (v === null ? "null" : String(v))).join(" ")).join("\n")
     : JSON.stringify(m);
+}
+
+// ---- counted words ------------------------------------------------------------------------------
+
+/** `one` when `n` is 1, else `many` (`one` + "s" unless given): plural(1, "has", "have"). */
+export function plural(n, one, many = `${one}s`) {
+  return n === 1 ? one : many;
+}
+
+/** `n` and its noun, agreeing: count(1, "decimal") is "1 decimal", count(2, "query", "queries")
+ * "2 queries". */
+export function count(n, one, many = `${one}s`) {
+  return `${n} ${plural(n, one, many)}`;
 }

@@ -1,7 +1,8 @@
 // @ts-check
 // "Compare with my numbers"' reading of a pasted array, a leaf: JSON rows, a NumPy or torch print,
 // or plain rows, read into nested arrays with errors said in words (ParseError), and the numbers
-// written as `expected` carries them. Imports nothing.
+// written as `expected` carries them. Imports only format.js (its counted words).
+import { count } from "./format.js";
 
 // null in `expected` is −∞ in these arrays and NaN elsewhere (API: "Compare with your numbers")
 export const NEG_INF_NAMES = new Set(["masked_scores", "additive_mask"]);
@@ -46,9 +47,9 @@ export function checkShape(value) {
     const d = path.length;
     const first = path.map(() => 0);
     if (node.length !== shape[d]) {
-      const unit = d === rank - 1 ? "numbers" : d === rank - 2 ? "rows" : "blocks";
+      const unit = d === rank - 1 ? "number" : d === rank - 2 ? "row" : "block";
       throw new ParseError(
-        `${nodeName(path, rank)} has ${node.length} ${unit} but ${nodeName(first, rank)} has ${shape[d]}`,
+        `${nodeName(path, rank)} has ${count(node.length, unit)} but ${nodeName(first, rank)} has ${shape[d]}`,
       );
     }
     node.forEach((child, i) => {

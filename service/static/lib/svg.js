@@ -61,6 +61,17 @@ export function anyMasked(m, allowed) {
   return false;
 }
 
+// Column labels cut short must still tell their columns apart: a decode step's "cache 0",
+// "cache 1" … all cut to "cache…" would not. The width (px) of a column whose labels keep the
+// fewest characters, from `fits`, that cut no two different labels to one, at most LABEL_MOST.
+const LABEL_MOST = 12;
+export function labelWidth(cols, fits) {
+  const kinds = new Set(cols.map(String)).size;
+  let n = Math.max(1, fits);
+  while (n < LABEL_MOST && new Set(cols.map((c) => abbreviate(c, n))).size < kinds) n++;
+  return Math.ceil(n * 6.5 + 4);
+}
+
 // `titled`: the title at the top (exported files); on the page the card's caption says it, and
 // the picture names its axes (`axes`: rows, then columns) instead.
 export function svgString(
@@ -83,7 +94,8 @@ export function svgString(
   let longest = 0;
   if (withValues)
     for (const row of m) for (const v of row) longest = Math.max(longest, fmt(v).length);
-  const cw = withValues ? Math.max(cell, Math.ceil(longest * 6.8 + 8)) : cell;
+  let cw = withValues ? Math.max(cell, Math.ceil(longest * 6.8 + 8)) : cell;
+  if (withValues) cw = Math.max(cw, labelWidth(cols, Math.floor((cw - 4) / 6.5)));
   const labelW = withValues ? 70 : 0;
   const top = withValues ? 44 : 24;
   const w = labelW + cw * cols.length + 10;

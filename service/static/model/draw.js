@@ -4,7 +4,7 @@
 // the attention rollout, and the chosen layer's `trace` handed to render.js as the /multihead
 // answer it is, so that its maps, tables, steps and cell explanations are the page's usual ones.
 import { $, state, button } from "../lib/state.js";
-import { fmt } from "../lib/format.js";
+import { fmt, count, plural } from "../lib/format.js";
 import { download } from "../lib/files.js";
 import { heatmap } from "../heatmap.js";
 import { render, setupBatch, markStale, explain, whenDrawn } from "../render.js";
@@ -32,10 +32,10 @@ export function drawModel(answer, traceLayer) {
     heads = data.attention[0].length;
   tokenStrip(data.tokens);
   $("model-heading").textContent =
-    `${data.model.name}: ${layers} layers × ${heads} heads on ${data.tokens.length} tokens`;
+    `${data.model.name}: ${count(layers, "layer")} × ${count(heads, "head")} on ${count(data.tokens.length, "token")}`;
   const named = data.head_roles.flat().filter((r) => r && r.role).length;
   $("model-roles-count").textContent =
-    `${named} of ${layers * heads} heads have a role (a score of 0.5 or more).`;
+    `${named} of ${count(layers * heads, "head")} ${plural(named, "has", "have")} a role (a score of 0.5 or more).`;
   const grid = modelGrid(data.attention, data.head_roles, (l, h) => showHead(l, h, true));
   $("model-grid").replaceChildren(grid.el);
   $("model-grid").dataset.layers = String(layers);

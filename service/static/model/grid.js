@@ -5,7 +5,7 @@
 // a button: a click or Enter opens that head large (`onPick`); the arrow keys move between heads
 // (one tab stop for the whole grid).
 import { picture } from "../lib/picture.js";
-import { fmt } from "../lib/format.js";
+import { fmt, count } from "../lib/format.js";
 
 /** Each role POST /model names: the short word on a map, what the head is called, what it does. */
 export const ROLES = {
@@ -88,7 +88,7 @@ export function modelGrid(attention, roles, onPick) {
   grid.setAttribute("role", "group");
   grid.setAttribute(
     "aria-label",
-    `${layers} layers × ${heads} heads; arrow keys move between heads, Enter opens one`,
+    `${count(layers, "layer")} × ${count(heads, "head")}; arrow keys move between heads, Enter opens one`,
   );
   grid.style.setProperty("--heads", String(heads));
   grid.append(corner("layer ↓ head →"));

@@ -4,7 +4,7 @@
 // Hovering or focusing a query shows only its lines and says where it looks most; a key, the
 // lines into it; a click (or Enter) keeps that choice until clicked again. The arrow keys walk
 // the tokens (one tab stop a column).
-import { abbreviate, escapeXml, fmt } from "../lib/format.js";
+import { abbreviate, escapeXml, fmt, count } from "../lib/format.js";
 
 /** Weights below this draw no line (under 0.1 % opacity a line cannot be seen). */
 export const FAINTEST = 0.001;
@@ -72,7 +72,7 @@ export function headLines(m, tokens, title) {
   readout.setAttribute("aria-live", "polite");
   const hint = document.createElement("p");
   hint.className = "hint";
-  hint.textContent = `A line's opacity is the weight (${drawn} lines; weights under ${FAINTEST} draw none). Hover or focus a token to see only its lines; click it to keep them.`;
+  hint.textContent = `A line's opacity is the weight (${count(drawn, "line")}; weights under ${FAINTEST} draw none). Hover or focus a token to see only its lines; click it to keep them.`;
   fig.append(caption, scroll, readout, hint);
   const svg = /** @type {SVGSVGElement} */ (scroll.querySelector("svg"));
   wire(svg, m, tokens, readout);
@@ -104,7 +104,7 @@ function wire(svg, m, tokens, readout) {
       svg.querySelectorAll(`line[data-j="${i}"]`).forEach((e) => e.classList.add("on"));
       let total = 0;
       for (const r of m) total += typeof r[i] === "number" ? r[i] : 0;
-      readout.textContent = `key ${i} ${name(i)}: the weights into it add up to ${fmt(total)} over ${m.length} queries`;
+      readout.textContent = `key ${i} ${name(i)}: the weights into it add up to ${fmt(total)} over ${count(m.length, "query", "queries")}`;
     }
   };
   const at = (e) => {

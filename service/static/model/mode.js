@@ -5,6 +5,7 @@
 // in words next to the form and under the field they name (errors.js). The answer is drawn by
 // draw.js. main.js calls startModelMode once the page is ready.
 import { $, state, loadSpec } from "../lib/state.js";
+import { count } from "../lib/format.js";
 import { clearErrors, showErrors } from "../errors.js";
 import { render, setupBatch, markStale, closeExplain } from "../render.js";
 import { drawModel, markModelStale } from "./draw.js";
@@ -131,7 +132,7 @@ async function firstOpen() {
     ...models.map((m) => {
       const o = new Option(
         m.installed
-          ? `${m.name} — ${m.layers} layers × ${m.heads} heads (${m.kind})`
+          ? `${m.name} — ${count(m.layers, "layer")} × ${count(m.heads, "head")} (${m.kind})`
           : `${m.name} (not installed here)`,
         m.name,
       );
