@@ -14,6 +14,7 @@ import {
   alibiSlope,
   attentionFactor,
   pairScalings,
+  keyPositions,
   positionOf,
   relativePosition,
   ropeAngles,
@@ -104,7 +105,7 @@ export function ropeOf(ctx, i, j) {
   const theta = ropeFrequencies(settings, n);
   const gain = attentionFactor(settings);
   const qPos = positionOf(ctx.request, "positions", i, ctx.batch),
-    kPos = positionOf(ctx.request, "context_positions", j, ctx.batch);
+    kPos = positionOf(ctx.request, keyPositions(ctx.request), j, ctx.batch);
   const qAngles = ropeAngles(settings, theta, qPos),
     kAngles = ropeAngles(settings, theta, kPos);
   return {

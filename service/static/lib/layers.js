@@ -11,6 +11,7 @@ import {
   attentionFactor,
   pairFeatures,
   pairScalings,
+  keyPositions,
   positionOf,
   ropeAngles,
   ropeFrequencies,
@@ -142,7 +143,7 @@ function rotateCell(ctx, name, r, t) {
   const n = sequenceLength(ctx.request, pick(ctx, "q_rotated").length); // the queries' n
   const theta = ropeFrequencies(settings, n);
   const gain = attentionFactor(settings);
-  const field = side === "q" ? "positions" : "context_positions";
+  const field = side === "q" ? "positions" : keyPositions(ctx.request);
   const pos = positionOf(ctx.request, field, r, ctx.batch);
   const angles = ropeAngles(settings, theta, pos);
   const width = turnedWidth(settings);

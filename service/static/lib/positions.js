@@ -14,10 +14,23 @@ export function positionOf(request, field, r, batch) {
   return Array.isArray(pos) ? pos[r] : r;
 }
 
+/** The field holding the keys' positions: `context_positions`; without it, in self-attention
+ * (the keys are the queries' own tokens: no context, no direct q/k/v, no past), the queries'
+ * `positions`, as the service defaults them (a token has one position).
+ * @param {any} request
+ * @returns {"positions" | "context_positions"} */
+export function keyPositions(request) {
+  if (request.context_positions != null) return "context_positions";
+  const direct = request.q != null && request.k != null && request.v != null;
+  const own = request.context == null && request.past == null && !direct;
+  return own ? "positions" : "context_positions";
+}
+
 /** The relative position p'_j − p_i of key j seen from query i (negative for earlier keys). */
 export function relativePosition(request, i, j, batch) {
   return (
-    positionOf(request, "context_positions", j, batch) - positionOf(request, "positions", i, batch)
+    positionOf(request, keyPositions(request), j, batch) -
+    positionOf(request, "positions", i, batch)
   );
 }
 
