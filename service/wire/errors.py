@@ -4,6 +4,7 @@
 Messages are sentences for people; nothing of the input is echoed beyond a short excerpt.
 """
 
+import math
 import re
 import sys
 from typing import Any
@@ -196,6 +197,11 @@ def _leaf(loc: tuple[Any, ...]) -> str:
     return names[-1] if names else ""
 
 
+def _huge_integer(value: Any) -> bool:
+    """Whether ``value`` is what orjson makes of an integer literal over 2^64 − 1: a float."""
+    return isinstance(value, float) and math.isfinite(value) and abs(value) >= 2.0**64
+
+
 def _item(err: Any) -> ErrorItem:
     """One pydantic error as an ErrorItem whose message is a sentence naming the field."""
     loc = tuple(err.get("loc", ()))
@@ -223,6 +229,11 @@ def _item(err: Any) -> ErrorItem:
             msg = f"{field} is not valid Unicode text: {problem}"
     elif isinstance(err.get("input"), TooManyDigits):
         msg = too_many_digits(field or "the body", err["input"])
+    elif kind == "int_type" and _huge_integer(err.get("input")):
+        msg = (
+            f"{field or 'the body'} must be a whole number below 2^63; {err['input']:g} is a float "
+            "(an integer literal over 2^64 − 1 is read as one)"
+        )
     elif kind == "union_tag_invalid":
         given = err.get("input")  # pydantic's ctx has the tag with lone surrogates mangled
         tag = given.get("type") if isinstance(given, dict) else ctx.get("tag")

@@ -351,3 +351,17 @@ def test_a_huge_tolerance_matches_anything(lenient: TestClient) -> None:
     body = _set(ex.COURSE_NOTEBOOK, ("tolerance", "atol"), 1e308)
     (entry,) = lenient.post("/attention", json=body).json()["comparison"]
     assert entry["match"] is True
+
+
+@pytest.mark.parametrize("literal", [b"1" + b"0" * 30, b"-18446744073709551616", b"1e30"])
+def test_an_integer_over_2_64_says_what_the_field_takes(
+    lenient: TestClient, literal: bytes
+) -> None:
+    """JSON parsers read an integer literal over 2^64 − 1 as a float: the 422 says so instead
+    of 'input should be a valid integer' for what the caller wrote as an integer."""
+    body = b'{"seed": 1, "d_model": 2, "seq_len": ' + literal + b"}"
+    r = lenient.post("/attention", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    error = r.json()["errors"][0]
+    assert error["field"] == "seq_len"
+    assert "whole number below 2^63" in error["message"] and "over 2^64 − 1" in error["message"]
