@@ -67,9 +67,11 @@ def _configured(req: MultiheadRequest) -> MultiheadRequest:
         where = ".".join(str(p) for p in first["loc"])
         field = _field_of(where, implied.taken)
         key = implied.taken.get(field, "").split(" (")[0]
-        raise FieldError(f"config.{key}" if key else "config",
-                         f"config gives {field or where} that the service cannot take (from "
-                         f"{key or 'the config'}): {first['msg']}") from None  # fmt: skip
+        raise FieldError(
+            f"config.{key}" if key else "config",
+            f"config gives {field or where} that the service cannot take (from "
+            f"{key or 'the config'}): {first['msg']}",
+        ) from None
     update = {name: getattr(parsed, name) for name in chosen}
     if "mask" in chosen and req.mask:  # a key must be allowed by both
         update["mask"] = [*(parsed.mask or []), *req.mask]
