@@ -24,10 +24,10 @@ from service.trace.compute import Check, run_attention, run_multihead
 from service.trace.limits import check_limits
 from service.trace.plan import plan_attention, plan_multihead
 from service.trace.responses import AttentionResponse, MaskResponse, MultiheadResponse
-from service.trace.rows.fold import folded
 from service.trace.rules import attention_shapes, multihead_shapes
 from service.trace.shapes import Endpoint, Shapes
 from service.wire import examples
+from service.wire.fold import folded
 from service.wire.schemas.requests import (
     AttentionRequest,
     InputFields,

@@ -410,7 +410,7 @@ VARIANTS: tuple[Variant, ...] = (
         check=_check_gate,
         steps=_gate_steps,
     ),
-    # the values are the keys' projection (folded into the weights by service.trace.rows.fold);
+    # the values are the keys' projection (folded into the weights by service.wire.fold);
     # the step of V says so
     Variant(field="k_eq_v", given=_k_eq_v_given),
     Variant(

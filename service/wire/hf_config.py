@@ -11,10 +11,10 @@ Choices where the contract is silent:
 - A key left out takes the default of its ``model_type``'s 5.23 configuration class (DeepSeek's
   ``rope_interleave`` true, Gemma 2's ``query_pre_attn_scalar`` 256, Mistral's
   ``sliding_window`` 4096 …), ``taken`` saying ``"<key> (absent: <model_type>'s default)"``; a
-  key given as null stays null. Only the verified model types are read (config_keys.VERIFIED;
+  key given as null stays null. Only the verified model types are read (hf_config_keys.VERIFIED;
   a multimodal gemma3/gemma4/llama4 as its text model type); any other, or none, is a
   ConfigError naming ``model_type``. Every key is applied, judged inert, or refused
-  (config_keys.KEYS); every number read is range-checked (sizes 1 … 2³¹ − 1).
+  (hf_config_keys.KEYS); every number read is range-checked (sizes 1 … 2³¹ − 1).
 - ``head_dim`` (else hidden_size // num_attention_heads) goes as ``d_k`` (the service checks it
   against ``q_proj.weight``), ``num_key_value_heads`` as ``num_kv_heads`` only when given; with
   MLA neither, and ``mla.eps`` stays 1e-6 (DeepSeek's latent norms ignore ``rms_norm_eps``).
@@ -42,8 +42,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.trace.rows import config_keys as ck
-from service.trace.rows.config_keys import KEYS, VERIFIED, ConfigError, model_type_of, unread_keys
+from service.wire import hf_config_keys as ck
+from service.wire.hf_config_keys import KEYS, VERIFIED, ConfigError, model_type_of, unread_keys
 
 _ANY, _POSITIVE, _NON_NEGATIVE, _SHARE = ck.ANY, ck.POSITIVE, ck.NON_NEGATIVE, ck.SHARE
 _DEFAULTS, _int, _num, _mapping = ck.DEFAULTS, ck.as_size, ck.as_number, ck.as_mapping
@@ -55,7 +55,7 @@ __all__ = ["ConfigError", "FromConfig", "from_config"]
 class FromConfig:
     fields: dict[str, Any]  # request fields the config implies for that layer (JSON-shaped)
     taken: dict[str, str]  # {request field: the config key it came from}
-    # the config's other keys, judged not to change this layer (config_keys.KEYS)
+    # the config's other keys, judged not to change this layer (hf_config_keys.KEYS)
     unread: list[str] = field(default_factory=list)
 
 
@@ -125,7 +125,7 @@ class _Config:
         return value
 
     def reads(self, key: str) -> bool:
-        """Whether the service applies ``key`` for this model type (config_keys.KEYS)."""
+        """Whether the service applies ``key`` for this model type (hf_config_keys.KEYS)."""
         row = KEYS.get(key)
         return row is not None and (row.reads == "*" or self.model_type in row.reads.split())
 

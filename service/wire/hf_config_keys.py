@@ -73,7 +73,7 @@ _OFF = (None, False)
 
 # one row per key (keys as rows); a key missing here is unjudged
 KEYS: dict[str, Key] = {
-    # ---- read: the layer's sizes, rope, masks and variants (service.trace.rows.config)
+    # ---- read: the layer's sizes, rope, masks and variants (service.wire.hf_config)
     **{
         k: _READ
         for k in _words("""
@@ -219,8 +219,8 @@ _GEMMA4_ROPE = {
         "rope_theta": 1_000_000.0,
     },
 }
-# the transformers 5.23 configuration classes' defaults for the keys config.py reads, per
-# family (config.py's _FAMILIES)
+# the transformers 5.23 configuration classes' defaults for the keys hf_config.py reads, per
+# family (hf_config.py's _FAMILIES)
 DEFAULTS: dict[str, dict[str, Any]] = {
     "": {"rope_theta": 10_000.0},
     "mistral": {"sliding_window": 4096},
