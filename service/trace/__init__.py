@@ -9,7 +9,7 @@ and declares the compute endpoints from :data:`ENDPOINTS`, the one table of what
 ``admit`` is cheap and runs wherever the body is parsed (in a parser process for large bodies,
 see service.http.parser); ``run`` allocates, so it runs once the memory budget has admitted the
 numbers ``admit`` counted. Both call the pipeline's stages by name, so a reader follows a
-request from here: :func:`admit` → ``rows.fold.folded`` (/multihead) → ``rules.*_shapes`` →
+request from here: :func:`admit` → ``wire.fold.folded`` (/multihead) → ``rules.*_shapes`` →
 ``comparison.check_expected`` → ``outputs.check_include`` → ``limits.check_limits``;
 :func:`run` → ``plan.plan_*`` → ``compute.run_*``.
 """
@@ -27,10 +27,10 @@ from service.trace.compute import Check, run_attention, run_multihead
 from service.trace.limits import check_limits
 from service.trace.plan import plan_attention, plan_multihead
 from service.trace.responses import AttentionResponse, MaskResponse, MultiheadResponse
-from service.trace.rows.fold import folded
 from service.trace.rules import attention_shapes, multihead_shapes
 from service.trace.shapes import Endpoint, Shapes
 from service.wire import examples
+from service.wire.fold import folded
 from service.wire.schemas.requests import (
     AttentionRequest,
     InputFields,

@@ -21,7 +21,7 @@ from service.core.positions import position_bias
 from service.core.softmax import OnlineSoftmax, online_softmax, rows_by_item
 from service.core.types import Array
 from service.core.variants import Variants
-from service.trace import returned, steps
+from service.trace import outputs, steps
 from service.trace.comparison import compare, state_of
 from service.trace.decode import replay
 from service.trace.plan import AttentionPlan, MultiheadPlan, Plan
@@ -124,7 +124,7 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
             plan, trace, variants, x_in=plan.x, context=plan.context, projections=plan.projections
         )
         values |= _compared(plan, _head_state(trace), mask, setup, check)
-    return returned.body(plan.shapes, plan.include, values, _arrays(trace))
+    return outputs.body(plan.shapes, plan.include, values, _arrays(trace))
 
 
 def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
@@ -207,7 +207,7 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
             "block_output": trace.output,
         }
         values |= _compared(plan, _head_state(trace.heads) | block, mask, setup, check)
-    return returned.body(s, plan.include, values, per_head)
+    return outputs.body(s, plan.include, values, per_head)
 
 
 def _latent_dims(s: Shapes) -> LatentDims:

@@ -4,16 +4,17 @@ response models (and so /docs) and the explorer's drawings all derive from :data
 
 Adding an output is one row here plus its computation: a field of the engine's trace (for a
 ``head`` row: of :class:`service.core.attention.AttentionTrace`) or a value handed to
-:func:`service.trace.returned.body` by :mod:`service.trace.compute`.
+:func:`body` by :mod:`service.trace.compute`. :func:`body` builds the response from the table:
+the outputs a request returns (present, and asked for by ``include``), in table order, looked
+up once per distinct shapes and include.
 """
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import Literal
+from typing import Any, Literal
 
-from service.core.latent import LatentDims
 from service.trace.shapes import Endpoint, Shapes, by_shapes
 from service.wire.errors import FieldError
 
@@ -39,6 +40,8 @@ Kind = Literal[
     "blocks",  # online_softmax: one entry per key block
 ]
 ShapeOf = Callable[[Shapes], tuple[int, ...]]
+Presence = Callable[[Shapes], bool]
+HeatMap = Literal["scores", "weights", "mask"]
 BOTH: frozenset[Endpoint] = frozenset({"attention", "multihead"})
 ATTENTION: frozenset[Endpoint] = frozenset({"attention"})
 MULTIHEAD: frozenset[Endpoint] = frozenset({"multihead"})
@@ -50,7 +53,7 @@ class View:
     or a table whose rows are the queries, the keys or plain indices."""
 
     title: str
-    map: Literal["scores", "weights", "mask"] | None = None
+    map: HeatMap | None = None
     rows: Literal["queries", "keys", "index"] = "queries"
     each_head: bool = False  # on /multihead, drawn for every head
     chain: bool = False  # one of the scores in turn (scaled, capped, biased, masked): each made
@@ -62,11 +65,6 @@ def _everywhere(shapes: Shapes) -> bool:
     return True
 
 
-def _on(variant: str) -> Callable[[Shapes], bool]:
-    """Present when the variant is on (service.trace.rows.variants)."""
-    return lambda shapes: variant in shapes.on
-
-
 @dataclass(frozen=True)
 class Output:
     """One name a response may carry."""
@@ -76,7 +74,7 @@ class Output:
     doc: str
     shape: ShapeOf | None = None  # per sequence and head; None: not counted as numbers
     endpoints: frozenset[Endpoint] = BOTH
-    present: Callable[[Shapes], bool] = _everywhere
+    present: Presence = _everywhere
     head: bool = False  # one per head: top level on /attention, inside heads[i] on /multihead
     always: bool = False  # returned whatever include says
     batched: bool = True  # gains a leading B when the request is batched
@@ -88,209 +86,628 @@ class Output:
         return self.always and self.present is _everywhere
 
 
-def _lat(s: Shapes) -> LatentDims:
-    """The MLA sizes of a request whose mla is on."""
-    assert s.latent is not None
-    return s.latent
+# ---------------------------------------------------------------- sizes, rows and presence
 
 
-def _cache_shape(d: str, per_head: bool) -> ShapeOf:
-    """A cache's shape: ([h_kv,] P + L, d_k or d_v)."""
-    return lambda s: (s.num_kv_heads,) * per_head + (s.ctx_len, s.d_k if d == "d_k" else s.d_v)
+@dataclass(frozen=True)
+class Dim:
+    """A size of the request, read from its shapes: an attribute of :class:`Shapes` (a dotted
+    path for the MLA sizes, ``latent.kv_lora_rank``) or the product of several (``H * D_V``).
+    A size the request leaves out (d_model in direct mode, q_lora_rank without a query latent)
+    counts 0."""
+
+    names: tuple[str, ...]
+
+    def __call__(self, shapes: Shapes) -> int:
+        return math.prod(_size(shapes, name) for name in self.names)
+
+    def __mul__(self, other: "Dim") -> "Dim":
+        return Dim(self.names + other.names)
 
 
-_ONLINE = ("the softmax a block of keys at a time (with online_softmax): per block "
-           '{"keys": [start, end], "m": [L], "l": [L], "o": [L][d_v]}, the running max, sum and '
-           "output; the last o is output")  # fmt: skip
+def _size(shapes: Shapes, path: str) -> int:
+    """One attribute of the shapes, following a dotted path; None counts 0."""
+    value: Any = shapes
+    for part in path.split("."):
+        assert value is not None, f"{path}: the request has no {part.split('.')[0]}'s parent"
+        value = getattr(value, part)
+    return int(value or 0)
+
+
+def _dim(name: str) -> Dim:
+    return Dim((name,))
+
+
+L = _dim("seq_len")  # the queries
+S = _dim("ctx_len")  # the keys (with past: P + L, the cache and the new tokens)
+S_NEW = _dim("new_keys")  # the keys this request computes (with past: the L new tokens')
+D_MODEL = _dim("d_model")
+D_K = _dim("d_k")
+D_V = _dim("d_v")
+D_OUT = _dim("d_out")
+H = _dim("num_heads")
+H_KV = _dim("num_kv_heads")
+Q_LORA = _dim("latent.q_lora_rank")  # mla: the queries' latent
+KV_LORA = _dim("latent.kv_lora_rank")  # mla: the keys' and values' latent
+ROPE_DIM = _dim("latent.qk_rope_head_dim")  # mla: the rotated features of a query or key
+NOPE_DIM = _dim("latent.qk_nope_head_dim")  # mla: the features without RoPE
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An output's shape per sequence and head, in sizes of the request, and what its first
+    axis is when the explorer draws it as a table: the queries, the keys or plain indices."""
+
+    rows: Literal["queries", "keys", "index"]
+    dims: tuple[Dim | int, ...]
+
+    def __call__(self, shapes: Shapes) -> tuple[int, ...]:
+        return tuple(d if isinstance(d, int) else d(shapes) for d in self.dims)
+
+
+def queries(*dims: Dim | int) -> Layout:
+    """A row per query: [L][dims…]."""
+    return Layout("queries", (L, *dims))
+
+
+def keys(*dims: Dim | int) -> Layout:
+    """A row per key this request computes: [S][dims…] (with past: the new tokens')."""
+    return Layout("keys", (S_NEW, *dims))
+
+
+def context(*dims: Dim | int) -> Layout:
+    """A row per key of the whole context, a cache's included: [P + L][dims…]."""
+    return Layout("keys", (S, *dims))
+
+
+def index(*dims: Dim | int) -> Layout:
+    """Rows that are plain indices: [dims…]."""
+    return Layout("index", dims)
 
 
 def _online(s: Shapes) -> tuple[int, ...]:
-    """Per block: m, l and o for every row."""
+    """online_softmax, per block: m, l and o for every row."""
     return (-(-s.ctx_len // (s.online_block or 1)), s.seq_len, 2 + s.d_v)
 
 
-def _ls(s: Shapes) -> tuple[int, ...]:
-    return (s.seq_len, s.ctx_len)
+@dataclass(frozen=True)
+class On:
+    """Present when the variant is on (service.trace.rows.variants)."""
 
+    variant: str
+
+    def __call__(self, shapes: Shapes) -> bool:
+        return self.variant in shapes.on
+
+
+@dataclass(frozen=True)
+class Generated:
+    """Present when the service drew the array (x or a weight) for this request."""
+
+    name: str
+
+    def __call__(self, shapes: Shapes) -> bool:
+        return self.name in shapes.generated
+
+
+def _positional(s: Shapes) -> bool:
+    return s.positional
+
+
+def _q_latent(s: Shapes) -> bool:
+    """mla with q_lora_rank: the queries have a latent of their own."""
+    return s.latent is not None and s.latent.q_lora_rank is not None
+
+
+def _past(s: Shapes) -> bool:
+    return s.past_len > 0
+
+
+def _masked(s: Shapes) -> bool:
+    return s.masked
+
+
+def _online_traced(s: Shapes) -> bool:
+    return s.online_block is not None
+
+
+def _residual(s: Shapes) -> bool:
+    return s.residual
+
+
+def _layer_norm(s: Shapes) -> bool:
+    return s.layer_norm
+
+
+def _warned(s: Shapes) -> bool:
+    return bool(s.warnings)
+
+
+def _comparing(s: Shapes) -> bool:
+    return s.comparing
+
+
+def _checking_decode(s: Shapes) -> bool:
+    return s.check_decode
+
+
+def _presence(on: str | None, when: Presence | None) -> Presence:
+    """A row's presence: with a variant (``on``), by a rule (``when``), or in every response."""
+    assert on is None or when is None, "a row is present on a variant or by a rule, not both"
+    return On(on) if on is not None else when or _everywhere
+
+
+def _view(
+    title: str | None, rows_by: ShapeOf | None, heatmap: HeatMap | None, each: bool, chain: bool
+) -> View | None:
+    """How a row with a title is drawn; its table's rows are its layout's."""
+    if title is None:
+        return None
+    assert isinstance(rows_by, Layout), f"{title}: a drawn output has a layout"
+    return View(title, heatmap, rows_by.rows, each, chain)
+
+
+# ------------------------------------------------------------ the kinds of rows, one each
+
+
+def head(
+    name: str,
+    doc: str,
+    *,
+    rows_by: ShapeOf,
+    kind: Kind = "matrix",
+    endpoints: frozenset[Endpoint] = BOTH,
+    on: str | None = None,
+    when: Presence | None = None,
+    title: str | None = None,
+    heatmap: HeatMap | None = None,
+    each_head: bool = True,
+    chain: bool = False,
+) -> Output:
+    """An array each head computes: top level on /attention, inside ``heads[i]`` on
+    /multihead; with a ``title``, drawn (for every head unless ``each_head`` is false)."""
+    view = _view(title, rows_by, heatmap, each_head, chain)
+    return Output(name, kind, doc, rows_by, endpoints, _presence(on, when), head=True, view=view)
+
+
+def array(
+    name: str,
+    doc: str,
+    *,
+    rows_by: ShapeOf | None,
+    kind: Kind = "matrix",
+    endpoints: frozenset[Endpoint] = BOTH,
+    on: str | None = None,
+    when: Presence | None = None,
+    title: str | None = None,
+    heatmap: HeatMap | None = None,
+    batched: bool = True,
+) -> Output:
+    """An array at the top of the response, one for every head (on /multihead: the block's);
+    with a ``title``, drawn once."""
+    view = _view(title, rows_by, heatmap, False, False)
+    presence = _presence(on, when)
+    return Output(name, kind, doc, rows_by, endpoints, presence, batched=batched, view=view)
+
+
+def block(
+    name: str,
+    doc: str,
+    *,
+    rows_by: ShapeOf | None,
+    kind: Kind = "matrix",
+    on: str | None = None,
+    when: Presence | None = None,
+    title: str | None = None,
+    heatmap: HeatMap | None = None,
+) -> Output:
+    """An array of /multihead's block outside its heads: its input, latents, cache, concat and
+    what follows; with a ``title``, drawn once."""
+    view = _view(title, rows_by, heatmap, False, False)
+    return Output(name, kind, doc, rows_by, MULTIHEAD, _presence(on, when), view=view)
+
+
+def value(
+    name: str,
+    doc: str,
+    *,
+    kind: Kind,
+    endpoints: frozenset[Endpoint] = BOTH,
+    on: str | None = None,
+    when: Presence | None = None,
+    always: bool = False,
+) -> Output:
+    """Not an array of the batch: a size, the conventions, labels, what was done and what was
+    found; one for the whole request (``always``: returned whatever include says)."""
+    presence = _presence(on, when)
+    return Output(name, kind, doc, None, endpoints, presence, always=always, batched=False)
+
+
+def drawn(name: str, doc: str, *, rows_by: Layout) -> Output:
+    """An array the service generated (x, a weight), returned so the answer can be reproduced."""
+    view = View(f"{name} (generated)", rows=rows_by.rows)
+    return Output(name, "weight", doc, rows_by, present=Generated(name), batched=False, view=view)
+
+
+_ONLINE = (
+    "the softmax a block of keys at a time (with online_softmax): per block "
+    '{"keys": [start, end], "m": [L], "l": [L], "o": [L][d_v]}, the running max, sum and '
+    "output; the last o is output"
+)
 
 OUTPUTS: tuple[Output, ...] = (
     # The rows of arrays are in the order of the steps that make them: the steps' list, the
     # comparison's order and the explorer's chain of scores all follow it.
     # the multi-head block's input
-    Output("x_in", "matrix", "x after positional encoding (when one is applied)",
-           lambda s: (s.seq_len, s.d_model or 0), endpoints=MULTIHEAD,
-           present=lambda s: s.positional, view=View("x after positional encoding")),
+    block(
+        "x_in",
+        "x after positional encoding (when one is applied)",
+        rows_by=queries(D_MODEL),
+        when=_positional,
+        title="x after positional encoding",
+    ),
     # one attention: top level on /attention, per head on /multihead
-    Output("q", "matrix", "queries [L][d_k]", lambda s: (s.seq_len, s.d_k), head=True,
-           view=View("Q", rows="queries", each_head=True)),
-    Output("k", "matrix", "keys [S][d_k] (with past: the new tokens')", lambda s: (s.new_keys, s.d_k), head=True,
-           view=View("K", rows="keys", each_head=True)),
-    Output("v", "matrix", "values [S][d_v] (with past: the new tokens')", lambda s: (s.new_keys, s.d_v), head=True,
-           view=View("V", rows="keys", each_head=True)),
-    Output("q_normed", "matrix", "qk_norm(Q) [L][d_k] (when qk_norm is on)",
-           lambda s: (s.seq_len, s.d_k), present=_on("qk_norm"), head=True,
-           view=View("Q after qk_norm", rows="queries", each_head=True)),
-    Output("k_normed", "matrix", "qk_norm(K) [S][d_k] (when qk_norm is on)",
-           lambda s: (s.new_keys, s.d_k), present=_on("qk_norm"), head=True,
-           view=View("K after qk_norm", rows="keys", each_head=True)),
+    head("q", "queries [L][d_k]", rows_by=queries(D_K), title="Q"),
+    head("k", "keys [S][d_k] (with past: the new tokens')", rows_by=keys(D_K), title="K"),
+    head("v", "values [S][d_v] (with past: the new tokens')", rows_by=keys(D_V), title="V"),
+    head(
+        "q_normed",
+        "qk_norm(Q) [L][d_k] (when qk_norm is on)",
+        rows_by=queries(D_K),
+        on="qk_norm",
+        title="Q after qk_norm",
+    ),
+    head(
+        "k_normed",
+        "qk_norm(K) [S][d_k] (when qk_norm is on)",
+        rows_by=keys(D_K),
+        on="qk_norm",
+        title="K after qk_norm",
+    ),
     # multi-head latent attention (DeepSeek): the latents, then each head's parts of Q and K
-    Output("c_q", "matrix", "the queries' latent [L][q_lora_rank], after q_a_layernorm (mla "
-           "with q_lora_rank)", lambda s: (s.seq_len, _lat(s).q_lora_rank or 0),
-           endpoints=MULTIHEAD, present=lambda s: s.latent is not None and
-           s.latent.q_lora_rank is not None, view=View("C_q  query latent")),
-    Output("c_kv", "matrix", "the keys' and values' latent [S][kv_lora_rank], what a cache "
-           "holds with k_rope (mla)", lambda s: (s.ctx_len, _lat(s).kv_lora_rank),
-           endpoints=MULTIHEAD, present=_on("mla"), view=View("C_kv  key/value latent",
-           rows="keys")),
-    Output("k_rope", "matrix", "the rotated key features [S][qk_rope_head_dim], one per "
-           "token, shared by every head (mla)", lambda s: (s.ctx_len, _lat(s).qk_rope_head_dim),
-           endpoints=MULTIHEAD, present=_on("mla"), view=View("k_rope  shared key", rows="keys")),
-    Output("q_nope", "matrix", "the query features without RoPE [L][qk_nope_head_dim] (mla)",
-           lambda s: (s.seq_len, _lat(s).qk_nope_head_dim), present=_on("mla"), head=True,
-           endpoints=MULTIHEAD, view=View("q_nope", rows="queries", each_head=True)),
-    Output("q_rope", "matrix", "the rotated query features [L][qk_rope_head_dim] (mla)",
-           lambda s: (s.seq_len, _lat(s).qk_rope_head_dim), present=_on("mla"), head=True,
-           endpoints=MULTIHEAD, view=View("q_rope (rotated)", rows="queries", each_head=True)),
-    Output("k_nope", "matrix", "the key features without RoPE [S][qk_nope_head_dim] (mla)",
-           lambda s: (s.ctx_len, _lat(s).qk_nope_head_dim), present=_on("mla"), head=True,
-           endpoints=MULTIHEAD, view=View("k_nope", rows="keys", each_head=True)),
-    Output("q_rotated", "matrix", "RoPE(Q) [L][d_k], what the scores use (when rope is on)",
-           lambda s: (s.seq_len, s.d_k), present=_on("rope"), head=True,
-           view=View("Q rotated (RoPE)", rows="queries", each_head=True)),
-    Output("k_rotated", "matrix", "RoPE(K) [S][d_k] (when rope is on)",
-           lambda s: (s.new_keys, s.d_k), present=_on("rope"), head=True,
-           view=View("K rotated (RoPE)", rows="keys", each_head=True)),
-    Output("q_tempered", "matrix", "the queries times their temperature [L][d_k] (when "
-           "temperature is on)", lambda s: (s.seq_len, s.d_k), present=_on("temperature"),
-           head=True, view=View("Q × temperature", rows="queries", each_head=True)),
-    Output("v_normed", "matrix", "rms_norm(V) [S][d_v], what the output uses (when v_norm is "
-           "on)", lambda s: (s.new_keys, s.d_v), present=_on("v_norm"), head=True,
-           view=View("V after v_norm", rows="keys", each_head=True)),
+    block(
+        "c_q",
+        "the queries' latent [L][q_lora_rank], after q_a_layernorm (mla with q_lora_rank)",
+        rows_by=queries(Q_LORA),
+        when=_q_latent,
+        title="C_q  query latent",
+    ),
+    block(
+        "c_kv",
+        "the keys' and values' latent [S][kv_lora_rank], what a cache holds with k_rope (mla)",
+        rows_by=context(KV_LORA),
+        on="mla",
+        title="C_kv  key/value latent",
+    ),
+    block(
+        "k_rope",
+        "the rotated key features [S][qk_rope_head_dim], one per token, shared by every head (mla)",
+        rows_by=context(ROPE_DIM),
+        on="mla",
+        title="k_rope  shared key",
+    ),
+    head(
+        "q_nope",
+        "the query features without RoPE [L][qk_nope_head_dim] (mla)",
+        rows_by=queries(NOPE_DIM),
+        endpoints=MULTIHEAD,
+        on="mla",
+        title="q_nope",
+    ),
+    head(
+        "q_rope",
+        "the rotated query features [L][qk_rope_head_dim] (mla)",
+        rows_by=queries(ROPE_DIM),
+        endpoints=MULTIHEAD,
+        on="mla",
+        title="q_rope (rotated)",
+    ),
+    head(
+        "k_nope",
+        "the key features without RoPE [S][qk_nope_head_dim] (mla)",
+        rows_by=context(NOPE_DIM),
+        endpoints=MULTIHEAD,
+        on="mla",
+        title="k_nope",
+    ),
+    head(
+        "q_rotated",
+        "RoPE(Q) [L][d_k], what the scores use (when rope is on)",
+        rows_by=queries(D_K),
+        on="rope",
+        title="Q rotated (RoPE)",
+    ),
+    head(
+        "k_rotated",
+        "RoPE(K) [S][d_k] (when rope is on)",
+        rows_by=keys(D_K),
+        on="rope",
+        title="K rotated (RoPE)",
+    ),
+    head(
+        "q_tempered",
+        "the queries times their temperature [L][d_k] (when temperature is on)",
+        rows_by=queries(D_K),
+        on="temperature",
+        title="Q × temperature",
+    ),
+    head(
+        "v_normed",
+        "rms_norm(V) [S][d_v], what the output uses (when v_norm is on)",
+        rows_by=keys(D_V),
+        on="v_norm",
+        title="V after v_norm",
+    ),
     # a decode step's cache after this step: the cached keys, then the new ones normed and rotated
-    *(Output(name, "matrix", f"the cache's {what} after this step [P + L][{d}]: past.{name[-1]} "
-             f"then the new tokens' (with past)", _cache_shape(d, per_head=False),
-             endpoints=ATTENTION, present=lambda s: s.past_len > 0)
-      for name, what, d in (("present_k", "keys", "d_k"), ("present_v", "values", "d_v"))),
-    *(Output(name, "stack", f"the cache's {what} after this step [h_kv][P + L][{d}]: past."
-             f"{name[-1]} then the new tokens' (with past)",
-             _cache_shape(d, per_head=True), endpoints=MULTIHEAD,
-             present=lambda s: s.past_len > 0)
-      for name, what, d in (("present_k", "keys", "d_k"), ("present_v", "values", "d_v"))),
-    Output("scores", "matrix", "Q Kᵀ [L][S]", _ls, head=True, view=View("scores  Q Kᵀ", "scores")),
-    Output("scaled_scores", "matrix", "Q Kᵀ · scale [L][S]", _ls, head=True,
-           view=View("scaled scores", "scores", each_head=True, chain=True)),
-    Output("capped_scores", "matrix", "c · tanh(scaled_scores / c) [L][S] (when softcap is on)",
-           _ls, present=_on("softcap"), head=True,
-           view=View("capped scores  c·tanh(s/c)", "scores", each_head=True, chain=True)),
-    Output("position_bias", "matrix", "the ALiBi or T5 bias [L][S] (when one is on)", _ls,
-           present=_on("position_bias"), head=True,
-           view=View("position bias", "scores", each_head=True)),
-    Output("biased_scores", "matrix", "the scores so far plus position_bias [L][S]", _ls,
-           present=_on("position_bias"), head=True,
-           view=View("scores + position bias", "scores", each_head=True, chain=True)),
+    array(
+        "present_k",
+        "the cache's keys after this step [P + L][d_k]: past.k then the new tokens' (with past)",
+        rows_by=context(D_K),
+        endpoints=ATTENTION,
+        when=_past,
+    ),
+    array(
+        "present_v",
+        "the cache's values after this step [P + L][d_v]: past.v then the new tokens' (with past)",
+        rows_by=context(D_V),
+        endpoints=ATTENTION,
+        when=_past,
+    ),
+    block(
+        "present_k",
+        "the cache's keys after this step [h_kv][P + L][d_k]: past.k then the new tokens' (with past)",
+        rows_by=index(H_KV, S, D_K),
+        kind="stack",
+        when=_past,
+    ),
+    block(
+        "present_v",
+        "the cache's values after this step [h_kv][P + L][d_v]: past.v then the new tokens' (with past)",
+        rows_by=index(H_KV, S, D_V),
+        kind="stack",
+        when=_past,
+    ),
+    head(
+        "scores",
+        "Q Kᵀ [L][S]",
+        rows_by=queries(S),
+        title="scores  Q Kᵀ",
+        heatmap="scores",
+        each_head=False,
+    ),
+    head(
+        "scaled_scores",
+        "Q Kᵀ · scale [L][S]",
+        rows_by=queries(S),
+        title="scaled scores",
+        heatmap="scores",
+        chain=True,
+    ),
+    head(
+        "capped_scores",
+        "c · tanh(scaled_scores / c) [L][S] (when softcap is on)",
+        rows_by=queries(S),
+        on="softcap",
+        title="capped scores  c·tanh(s/c)",
+        heatmap="scores",
+        chain=True,
+    ),
+    head(
+        "position_bias",
+        "the ALiBi or T5 bias [L][S] (when one is on)",
+        rows_by=queries(S),
+        on="position_bias",
+        title="position bias",
+        heatmap="scores",
+    ),
+    head(
+        "biased_scores",
+        "the scores so far plus position_bias [L][S]",
+        rows_by=queries(S),
+        on="position_bias",
+        title="scores + position bias",
+        heatmap="scores",
+        chain=True,
+    ),
     # the combined mask: top level (one for every head), made before it is added
-    Output("mask", "bool", "the combined mask [L][S], true = may attend", _ls,
-           present=lambda s: s.masked, view=View("mask (1 = may attend)", "mask")),
-    Output("additive_mask", "nullable",
-           "0 where allowed, null (−∞) where masked, plus additive values", _ls,
-           present=lambda s: s.masked),
-    Output("masked_scores", "nullable",
-           "the scores so far plus the mask; null where masked (only when a mask applies)", _ls,
-           present=lambda s: s.masked, head=True,
-           view=View("masked scores", "scores", each_head=True, chain=True)),
-    Output("sink_weights", "vector", "the weight each query row gives the sink [L] (when "
-           "sinks are on); its weights sum to 1 − this", lambda s: (s.seq_len,),
-           present=_on("sinks"), head=True),
-    Output("weights", "matrix", "row softmax of the final scores [L][S]", _ls,
-           head=True, view=View("weights  softmax", "weights", each_head=True)),
+    array(
+        "mask",
+        "the combined mask [L][S], true = may attend",
+        rows_by=queries(S),
+        kind="bool",
+        when=_masked,
+        title="mask (1 = may attend)",
+        heatmap="mask",
+    ),
+    array(
+        "additive_mask",
+        "0 where allowed, null (−∞) where masked, plus additive values",
+        rows_by=queries(S),
+        kind="nullable",
+        when=_masked,
+    ),
+    head(
+        "masked_scores",
+        "the scores so far plus the mask; null where masked (only when a mask applies)",
+        rows_by=queries(S),
+        kind="nullable",
+        when=_masked,
+        title="masked scores",
+        heatmap="scores",
+        chain=True,
+    ),
+    head(
+        "sink_weights",
+        "the weight each query row gives the sink [L] (when sinks are on); its weights sum to 1 − this",
+        rows_by=queries(),
+        kind="vector",
+        on="sinks",
+    ),
+    head(
+        "weights",
+        "row softmax of the final scores [L][S]",
+        rows_by=queries(S),
+        title="weights  softmax",
+        heatmap="weights",
+    ),
     # FlashAttention's computation of the same weights V, a block of keys at a time
-    Output("online_softmax", "blocks", _ONLINE, _online, endpoints=ATTENTION,
-           present=lambda s: s.online_block is not None, batched=False),  # the batch inside
-    Output("online_softmax", "blocks", _ONLINE, _online, endpoints=MULTIHEAD, head=True,
-           present=lambda s: s.online_block is not None),
-    Output("output", "matrix", "weights V [L][d_v]", lambda s: (s.seq_len, s.d_v), head=True,
-           view=View("output")),
+    array(
+        "online_softmax",
+        _ONLINE,
+        rows_by=_online,
+        kind="blocks",
+        endpoints=ATTENTION,
+        when=_online_traced,
+        batched=False,
+    ),  # the batch inside
+    head(
+        "online_softmax",
+        _ONLINE,
+        rows_by=_online,
+        kind="blocks",
+        endpoints=MULTIHEAD,
+        when=_online_traced,
+    ),
+    head("output", "weights V [L][d_v]", rows_by=queries(D_V), title="output", each_head=False),
     # the multi-head block
-    Output("average_weights", "matrix",
-           "mean of the heads' weights (nn.MultiheadAttention average_attn_weights=True)", _ls,
-           endpoints=MULTIHEAD, view=View("average weights (all heads)", "weights")),
-    Output("weights", "stack",
-           "every head's weights stacked [h][L][S] (nn.MultiheadAttention "
-           "average_attn_weights=False)", lambda s: (s.num_heads, s.seq_len, s.ctx_len),
-           endpoints=MULTIHEAD),
-    Output("heads", "heads", "h per-head traces", endpoints=MULTIHEAD),
-    Output("concat", "matrix", "the heads' outputs side by side [L][h·d_v]",
-           lambda s: (s.seq_len, s.num_heads * s.d_v), endpoints=MULTIHEAD, view=View("concat")),
-    Output("gate", "matrix", "sigmoid(x W_gᵀ + b_g) [L][h·d_v] (when gate is on)",
-           lambda s: (s.seq_len, s.num_heads * s.d_v), endpoints=MULTIHEAD,
-           present=_on("gate"), view=View("gate  sigmoid(x W_gᵀ)")),
-    Output("gated", "matrix", "concat · gate [L][h·d_v] (when gate is on)",
-           lambda s: (s.seq_len, s.num_heads * s.d_v), endpoints=MULTIHEAD,
-           present=_on("gate"), view=View("gated concat")),
-    Output("projected", "matrix", "(gated) concat W_o + b_o [L][d_out]",
-           lambda s: (s.seq_len, s.d_out), endpoints=MULTIHEAD, view=View("concat · W_o")),
-    Output("residual", "matrix", "x_in + projected (when asked)",
-           lambda s: (s.seq_len, s.d_out), endpoints=MULTIHEAD, present=lambda s: s.residual,
-           view=View("residual")),
-    Output("layer_norm", "matrix", "layer norm of the residual, or of projected (when asked)",
-           lambda s: (s.seq_len, s.d_out), endpoints=MULTIHEAD, present=lambda s: s.layer_norm,
-           view=View("layer norm")),
-    Output("output", "matrix", "the final result: the last of projected, residual, layer_norm",
-           lambda s: (s.seq_len, s.d_out), endpoints=MULTIHEAD, view=View("output")),
+    block(
+        "average_weights",
+        "mean of the heads' weights (nn.MultiheadAttention average_attn_weights=True)",
+        rows_by=queries(S),
+        title="average weights (all heads)",
+        heatmap="weights",
+    ),
+    block(
+        "weights",
+        "every head's weights stacked [h][L][S] (nn.MultiheadAttention average_attn_weights=False)",
+        rows_by=index(H, L, S),
+        kind="stack",
+    ),
+    block("heads", "h per-head traces", rows_by=None, kind="heads"),
+    block(
+        "concat",
+        "the heads' outputs side by side [L][h·d_v]",
+        rows_by=queries(H * D_V),
+        title="concat",
+    ),
+    block(
+        "gate",
+        "sigmoid(x W_gᵀ + b_g) [L][h·d_v] (when gate is on)",
+        rows_by=queries(H * D_V),
+        on="gate",
+        title="gate  sigmoid(x W_gᵀ)",
+    ),
+    block(
+        "gated",
+        "concat · gate [L][h·d_v] (when gate is on)",
+        rows_by=queries(H * D_V),
+        on="gate",
+        title="gated concat",
+    ),
+    block(
+        "projected",
+        "(gated) concat W_o + b_o [L][d_out]",
+        rows_by=queries(D_OUT),
+        title="concat · W_o",
+    ),
+    block(
+        "residual",
+        "x_in + projected (when asked)",
+        rows_by=queries(D_OUT),
+        when=_residual,
+        title="residual",
+    ),
+    block(
+        "layer_norm",
+        "layer norm of the residual, or of projected (when asked)",
+        rows_by=queries(D_OUT),
+        when=_layer_norm,
+        title="layer norm",
+    ),
+    block(
+        "output",
+        "the final result: the last of projected, residual, layer_norm",
+        rows_by=queries(D_OUT),
+        title="output",
+    ),
     # sizes and conventions, always returned
-    Output("scale", "float", "the factor applied to Q Kᵀ", always=True, batched=False),
-    Output("num_heads", "int", "h", endpoints=MULTIHEAD, always=True, batched=False),
-    Output("num_kv_heads", "int", "key/value heads (h unless grouped-query attention)",
-           endpoints=MULTIHEAD, always=True, batched=False),
-    Output("mla_cache_numbers", "int", "what a cache holds per token with mla: kv_lora_rank + "
-           "qk_rope_head_dim (against h·(d_k + d_v) without)", endpoints=MULTIHEAD,
-           present=_on("mla"), batched=False),
-    Output("d_k", "int", "width of queries and keys (per head in /multihead)", always=True,
-           batched=False),
-    Output("d_v", "int", "width of values (per head in /multihead)", always=True, batched=False),
-    Output("tokens", "labels", "labels of the L queries, when known", batched=False),
-    Output("context_tokens", "labels", "labels of the S keys, when known", batched=False),
-    Output("conventions", "conventions", "the conventions this answer was computed with",
-           always=True, batched=False),
+    value("scale", "the factor applied to Q Kᵀ", kind="float", always=True),
+    value("num_heads", "h", kind="int", endpoints=MULTIHEAD, always=True),
+    value(
+        "num_kv_heads",
+        "key/value heads (h unless grouped-query attention)",
+        kind="int",
+        endpoints=MULTIHEAD,
+        always=True,
+    ),
+    value(
+        "mla_cache_numbers",
+        "what a cache holds per token with mla: kv_lora_rank + qk_rope_head_dim (against h·(d_k + d_v) without)",
+        kind="int",
+        endpoints=MULTIHEAD,
+        on="mla",
+    ),
+    value("d_k", "width of queries and keys (per head in /multihead)", kind="int", always=True),
+    value("d_v", "width of values (per head in /multihead)", kind="int", always=True),
+    value("tokens", "labels of the L queries, when known", kind="labels"),
+    value("context_tokens", "labels of the S keys, when known", kind="labels"),
+    value(
+        "conventions",
+        "the conventions this answer was computed with",
+        kind="conventions",
+        always=True,
+    ),
     # for reading
-    Output("summary", "summary",
-           "per query row: top key, its weight and the entropy (per batch item when batched; "
-           "over average_weights in /multihead)", lambda s: (s.seq_len, 3)),
-    Output("steps", "steps", "every operation performed, in order", batched=False),
-    Output("warnings", "warnings", "what looks wrong without expected numbers, e.g. a boolean "
-           "mask whose polarity looks inverted (only when there is something)",
-           present=lambda s: bool(s.warnings), always=True, batched=False),
+    array(
+        "summary",
+        "per query row: top key, its weight and the entropy (per batch item when batched; over average_weights in /multihead)",
+        rows_by=queries(3),
+        kind="summary",
+    ),
+    value("steps", "every operation performed, in order", kind="steps"),
+    value(
+        "warnings",
+        "what looks wrong without expected numbers, e.g. a boolean mask whose polarity looks inverted (only when there is something)",
+        kind="warnings",
+        when=_warned,
+        always=True,
+    ),
     # compare with your numbers (when expected is given)
-    Output("comparison", "comparison",
-           "your expected arrays against the service's, in the order of the steps: whether "
-           "each matches, the largest difference and where, and for the first difference the "
-           "mistake that reproduces it", present=lambda s: s.comparing, always=True,
-           batched=False),
-    Output("decode_check", "check", "the sequence at once against a token at a time with a "
-           "growing cache: {max_abs_diff, steps} (with check_decode)",
-           present=lambda s: s.check_decode, always=True, batched=False),
-    Output("first_mismatch", "name", "the earliest compared name that differs, or null",
-           present=lambda s: s.comparing, always=True, batched=False),
+    value(
+        "comparison",
+        "your expected arrays against the service's, in the order of the steps: whether each matches, the largest difference and where, and for the first difference the mistake that reproduces it",
+        kind="comparison",
+        when=_comparing,
+        always=True,
+    ),
+    value(
+        "decode_check",
+        "the sequence at once against a token at a time with a growing cache: {max_abs_diff, steps} (with check_decode)",
+        kind="check",
+        when=_checking_decode,
+        always=True,
+    ),
+    value(
+        "first_mismatch",
+        "the earliest compared name that differs, or null",
+        kind="name",
+        when=_comparing,
+        always=True,
+    ),
     # the mask's consequence
-    Output("fully_masked_rows", "rows",
-           "query rows with no key allowed (per batch item when batched)",
-           present=lambda s: s.masked),
+    array(
+        "fully_masked_rows",
+        "query rows with no key allowed (per batch item when batched)",
+        rows_by=None,
+        kind="rows",
+        when=_masked,
+    ),
     # generated arrays, so the user can reproduce them
-    Output("x", "weight", "generated x [L][d_model], when it was generated",
-           lambda s: (s.seq_len, s.d_model or 0), present=lambda s: "x" in s.generated,
-           batched=False, view=View("x (generated)", rows="index")),
-    Output("w_q", "weight", "generated w_q (in_out), when generated",
-           lambda s: (s.d_model or 0, s.num_heads * s.d_k), present=lambda s: "w_q" in s.generated,
-           batched=False, view=View("w_q (generated)", rows="index")),
-    Output("w_k", "weight", "generated w_k (in_out), when generated",
-           lambda s: (s.d_model or 0, s.num_kv_heads * s.d_k),
-           present=lambda s: "w_k" in s.generated, batched=False,
-           view=View("w_k (generated)", rows="index")),
-    Output("w_v", "weight", "generated w_v (in_out), when generated",
-           lambda s: (s.d_model or 0, s.num_kv_heads * s.d_v),
-           present=lambda s: "w_v" in s.generated, batched=False,
-           view=View("w_v (generated)", rows="index")),
-)  # fmt: skip
+    drawn("x", "generated x [L][d_model], when it was generated", rows_by=index(L, D_MODEL)),
+    drawn("w_q", "generated w_q (in_out), when generated", rows_by=index(D_MODEL, H * D_K)),
+    drawn("w_k", "generated w_k (in_out), when generated", rows_by=index(D_MODEL, H_KV * D_K)),
+    drawn("w_v", "generated w_v (in_out), when generated", rows_by=index(D_MODEL, H_KV * D_V)),
+)
 
 
 _POSITIONS = {id(out): i for i, out in enumerate(OUTPUTS)}
@@ -413,3 +830,52 @@ def step_shape(shapes: Shapes, name: str) -> list[int]:
     if out.head and shapes.endpoint == "multihead":
         lead.append(shapes.num_heads)
     return lead + list(out.shape(shapes))
+
+
+# ------------------------------------------------------------------ the response body
+
+
+def body(
+    shapes: Shapes,
+    include: frozenset[str] | None,
+    values: Mapping[str, Any],
+    per_head: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The response body: every present output that ``include`` asks for, in table order.
+
+    ``per_head`` holds the head rows' arrays with a leading batch axis (and on /multihead a
+    heads axis after it); ``values`` the others, batched where their row says so. A value may
+    be a function, called only when the output is returned. The batch axis of an unbatched
+    request is dropped here (views, no copies).
+    """
+    unbatch = shapes.batch is None
+    answer: dict[str, Any] = {}
+    for out in _returned(shapes, include):
+        if out.kind == "heads":
+            rows = _present(shapes, True)
+            answer[out.name] = [
+                {o.name: per_head[o.name][0 if unbatch else slice(None), i] for o in rows}
+                for i in range(shapes.num_heads)
+            ]
+            continue
+        value = per_head[out.name] if out.head else values[out.name]
+        value = value() if callable(value) else value
+        answer[out.name] = value[0] if unbatch and out.batched else value
+    return answer
+
+
+@by_shapes
+def _returned(shapes: Shapes, include: frozenset[str] | None) -> tuple[Output, ...]:
+    """The top-level outputs a response carries, in table order: present, and asked for."""
+    return tuple(
+        out
+        for out in _present(shapes, False)
+        if out.always or include is None or out.name in include
+    )
+
+
+@by_shapes
+def _present(shapes: Shapes, heads: bool) -> tuple[Output, ...]:
+    """The rows present in a request of these shapes: at the top, or inside each head."""
+    rows = in_heads(shapes.endpoint) if heads else top_level(shapes.endpoint)
+    return tuple(out for out in rows if out.present(shapes))

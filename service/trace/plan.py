@@ -3,7 +3,7 @@ runs: generated arrays drawn once, every weight converted once into the engine's
 layout, masks turned into engine specs."""
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar, assert_never
 
 import numpy as np
@@ -23,7 +23,7 @@ from service.core.variants import Variants
 from service.trace.checks import lengths, options
 from service.trace.outputs import drawn_shape
 from service.trace.rows.latent import latent_weights
-from service.trace.rows.variants import VARIANTS
+from service.trace.rows.variants import engine_settings
 from service.trace.rows.weight_forms import BY_NAME, given_or_drawn, in_out
 from service.trace.shapes import Shapes
 from service.wire.schemas.expected_fields import Expected
@@ -201,14 +201,9 @@ def _plan(
     **rest: Any,
 ) -> P:
     """A plan of class ``cls``: the fields every plan has, from the request, plus ``rest``."""
-    settings = {
-        k: v for row in VARIANTS if row.field in shapes.on for k, v in row.settings(req).items()
-    }
-    bias = settings.pop("bias", None)
+    given, bias = engine_settings(req, shapes.on)
     positions = _positions(req.positions)
-    variants = Variants(
-        **settings, positions=positions, context_positions=_key_positions(req, positions)
-    )
+    variants = replace(given, positions=positions, context_positions=_key_positions(req, positions))
     alignments = [m.alignment for m in req.mask or [] if isinstance(m, CausalMask)]
     specs = [_mask_spec(m) for m in req.mask or []]
     past = None

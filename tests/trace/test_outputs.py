@@ -9,10 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.trace import outputs
-from service.trace.rows.fold import folded
 from service.trace.rules import attention_shapes, multihead_shapes
 from service.trace.shapes import Shapes
 from service.wire import examples as ex
+from service.wire.fold import folded
 from service.wire.schemas.requests import AttentionRequest, MaskRequest, MultiheadRequest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -10,8 +10,8 @@ outputs table, its request field (service.wire.schemas.variant_fields) and its m
 (docs/development.md, "Adding a variant").
 """
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -35,19 +35,32 @@ from service.wire.schemas.variant_fields import (
 )
 
 
-@dataclass(frozen=True)
+def _none(req: Req, shapes: Shapes) -> None:
+    """Nothing to check beyond the field's own validation."""
+
+
+def _no_settings(req: Req) -> Variants:
+    """Nothing for the engine: the variant is a weight form, or says only its steps."""
+    return Variants()
+
+
+def _no_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
+    return {}
+
+
+@dataclass(frozen=True, kw_only=True)
 class Variant:
     """One variant: the name it is on under (Shapes.on), the outputs it adds, and what the
     rules, the plan and the steps do with it."""
 
     field: str  # the request field that turns it on (position_bias: alibi or relative_bias)
-    outputs: tuple[str, ...]  # rows of the outputs table it adds
+    outputs: tuple[str, ...] = ()  # rows of the outputs table it adds
     given: Callable[[Req], bool]  # whether the request turns it on
-    check: Callable[[Req, Shapes], None]  # against the shapes (d_k per head, n heads)
-    # the engine's settings: fields of service.core.attention.Variants, or "bias" (the
-    # position bias settings, computed into an array with the attention)
-    settings: Callable[[Req], Mapping[str, Any]]
-    steps: Callable[[Variants, PositionBias | None, Shapes], Formulas]  # its steps' formulas
+    check: Callable[[Req, Shapes], None] = _none  # against the shapes (d_k per head, n heads)
+    settings: Callable[[Req], Variants] = _no_settings  # its part of the engine's variants
+    bias: Callable[[Req], PositionBias] | None = None  # a position bias, computed with the
+    # attention (service.core.positions)
+    steps: Callable[[Variants, PositionBias | None, Shapes], Formulas] = _no_steps  # formulas
     uses_positions: bool = False  # reads positions / context_positions
 
 
@@ -99,16 +112,16 @@ def _check_qk_norm(req: Req, shapes: Shapes) -> None:
             )
 
 
-def _qk_norm_settings(req: Req) -> dict[str, QKNorm]:
+def _qk_norm_settings(req: Req) -> Variants:
     o = options(req.qk_norm, QKNormOptions) or QKNormOptions()  # q_norm.weight alone: rms
     q_w, k_w = o.q_weight, o.k_weight
     if isinstance(req, MultiheadRequest):
         q_w = req.q_norm_weight if req.q_norm_weight is not None else q_w
         k_w = req.k_norm_weight if req.k_norm_weight is not None else k_w
-    return {
-        "q_norm": QKNorm(o.type, o.eps, q_w, o.zero_centered, o.after_rope),
-        "k_norm": QKNorm(o.type, o.eps, k_w, o.zero_centered, o.after_rope),
-    }
+    return Variants(
+        q_norm=QKNorm(o.type, o.eps, q_w, o.zero_centered, o.after_rope),
+        k_norm=QKNorm(o.type, o.eps, k_w, o.zero_centered, o.after_rope),
+    )
 
 
 def _qk_norm(n: QKNorm, x: str) -> str:
@@ -133,9 +146,15 @@ def _qk_norm_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formula
 # ------------------------------------------------------------- temperature, v_norm, gate
 
 
-def _temperature_settings(req: Req) -> dict[str, Temperature]:
+def _temperature_given(req: Req) -> bool:
+    return req.temperature is not None
+
+
+def _temperature_settings(req: Req) -> Variants:
     assert req.temperature is not None
-    return {"temperature": Temperature(req.temperature.floor_scale, req.temperature.attn_scale)}
+    return Variants(
+        temperature=Temperature(req.temperature.floor_scale, req.temperature.attn_scale)
+    )
 
 
 def _temperature_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
@@ -150,15 +169,35 @@ def _temperature_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> For
     }
 
 
-def _v_norm_settings(req: Req) -> dict[str, QKNorm]:
+def _v_norm_given(req: Req) -> bool:
+    return options(req.v_norm, VNormOptions) is not None
+
+
+def _v_norm_settings(req: Req) -> Variants:
     o = options(req.v_norm, VNormOptions)
     assert o is not None
-    return {"v_norm": QKNorm(o.type, o.eps)}
+    return Variants(v_norm=QKNorm(o.type, o.eps))
 
 
 def _v_norm_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
     assert v.v_norm is not None
     return {"v_normed": "V_n = " + _qk_norm(v.v_norm, "V").replace("d_k", "d_v") + " (Gemma 4)"}
+
+
+def _rope_given(req: Req) -> bool:
+    return options(req.rope, RopeOptions) is not None
+
+
+def _rope_settings(req: Req) -> Variants:
+    return Variants(rope=rope_settings(req)["rope"])
+
+
+def _mla_given(req: Req) -> bool:
+    return isinstance(req, MultiheadRequest) and req.mla is not None
+
+
+def _k_eq_v_given(req: Req) -> bool:
+    return isinstance(req, MultiheadRequest) and req.k_eq_v
 
 
 def _gate_given(req: Req) -> bool:
@@ -195,11 +234,23 @@ def _gate_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
 # ------------------------------------------------------------------------- soft-capping
 
 
+def _softcap_given(req: Req) -> bool:
+    return req.softcap is not None
+
+
+def _softcap_settings(req: Req) -> Variants:
+    return Variants(softcap=req.softcap)
+
+
 def _softcap_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
     return {"capped_scores": f"c · tanh(scaled_scores / c), c = {v.softcap:g}"}
 
 
 # ----------------------------------------------------------- position bias: ALiBi or T5
+
+
+def _bias_given(req: Req) -> bool:
+    return options(req.alibi, AlibiOptions) is not None or req.relative_bias is not None
 
 
 def _check_position_bias(req: Req, shapes: Shapes) -> None:
@@ -229,19 +280,21 @@ def _check_relative_bias(table: Array, n: int, req: Req) -> None:
     assert req.relative_bias is not None
     with engine_rule("relative_bias"):
         positions.t5_bucket(
-            np.zeros(1, dtype=np.int64), req.relative_bias.bidirectional, table.shape[0],
+            np.zeros(1, dtype=np.int64),
+            req.relative_bias.bidirectional,
+            table.shape[0],
             req.relative_bias.max_distance,
-        )  # fmt: skip
+        )
 
 
-def _bias_settings(req: Req) -> dict[str, PositionBias]:
+def _bias(req: Req) -> PositionBias:
     if req.relative_bias is not None:
         b = req.relative_bias
         table = b.table if b.table.ndim == 2 else b.table[:, None]  # (num_buckets, n)
-        return {"bias": RelativeBias(table, b.bidirectional, b.max_distance)}
+        return RelativeBias(table, b.bidirectional, b.max_distance)
     alibi = options(req.alibi, AlibiOptions)
     assert alibi is not None
-    return {"bias": Alibi(alibi.slopes, alibi.symmetric)}
+    return Alibi(alibi.slopes, alibi.symmetric)
 
 
 def _bias_words(bias: PositionBias | None, h: int) -> str:
@@ -275,6 +328,14 @@ def _bias_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
 # -------------------------------------------------------------------------------- sinks
 
 
+def _sinks_given(req: Req) -> bool:
+    return req.sinks is not None
+
+
+def _sinks_settings(req: Req) -> Variants:
+    return Variants(sinks=req.sinks)
+
+
 def _check_sinks(req: Req, shapes: Shapes) -> None:
     """/multihead's sinks: one per head (on /attention the field is one number)."""
     n = shapes.num_heads
@@ -300,35 +361,95 @@ def _sinks_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
 # ---------------------------------------------------------------------------- the table
 
 
-def _none(req: Req, shapes: Shapes) -> None:
-    """Nothing to check beyond the field's own validation."""
-
-
 VARIANTS: tuple[Variant, ...] = (
-    Variant("qk_norm", ("q_normed", "k_normed"), _qk_norm_given, _check_qk_norm,
-            _qk_norm_settings, _qk_norm_steps),
-    Variant("rope", ("q_rotated", "k_rotated"), lambda req: options(req.rope, RopeOptions) is not None,
-            check_rope, rope_settings, rope_steps, uses_positions=True),
+    Variant(
+        field="qk_norm",
+        outputs=("q_normed", "k_normed"),
+        given=_qk_norm_given,
+        check=_check_qk_norm,
+        settings=_qk_norm_settings,
+        steps=_qk_norm_steps,
+    ),
+    Variant(
+        field="rope",
+        outputs=("q_rotated", "k_rotated"),
+        given=_rope_given,
+        check=check_rope,
+        settings=_rope_settings,
+        steps=rope_steps,
+        uses_positions=True,
+    ),
     # DeepSeek's multi-head latent attention: its projections are a weight form of their own
     # (service.trace.rows.latent); the row checks what goes with it and says the latents' steps
-    Variant("mla", ("c_q", "c_kv", "k_rope", "q_nope", "q_rope", "k_nope", "mla_cache_numbers"),
-            lambda req: isinstance(req, MultiheadRequest) and req.mla is not None, check_latent,
-            lambda req: {}, latent_steps),
-    Variant("temperature", ("q_tempered",), lambda req: req.temperature is not None, _none,
-            _temperature_settings,
-            _temperature_steps, uses_positions=True),
-    Variant("v_norm", ("v_normed",), lambda req: options(req.v_norm, VNormOptions) is not None,
-            _none, _v_norm_settings, _v_norm_steps),
-    Variant("gate", ("gate", "gated"), _gate_given, _check_gate, lambda req: {}, _gate_steps),
-    # the values are the keys' projection (folded into the weights by service.trace.rows.fold);
+    Variant(
+        field="mla",
+        outputs=("c_q", "c_kv", "k_rope", "q_nope", "q_rope", "k_nope", "mla_cache_numbers"),
+        given=_mla_given,
+        check=check_latent,
+        steps=latent_steps,
+    ),
+    Variant(
+        field="temperature",
+        outputs=("q_tempered",),
+        given=_temperature_given,
+        settings=_temperature_settings,
+        steps=_temperature_steps,
+        uses_positions=True,
+    ),
+    Variant(
+        field="v_norm",
+        outputs=("v_normed",),
+        given=_v_norm_given,
+        settings=_v_norm_settings,
+        steps=_v_norm_steps,
+    ),
+    Variant(
+        field="gate",
+        outputs=("gate", "gated"),
+        given=_gate_given,
+        check=_check_gate,
+        steps=_gate_steps,
+    ),
+    # the values are the keys' projection (folded into the weights by service.wire.fold);
     # the step of V says so
-    Variant("k_eq_v", (), lambda req: isinstance(req, MultiheadRequest) and req.k_eq_v, _none,
-            lambda req: {}, lambda v, bias, s: {}),
-    Variant("softcap", ("capped_scores",), lambda req: req.softcap is not None, _none,
-            lambda req: {"softcap": req.softcap}, _softcap_steps),
-    Variant("position_bias", ("position_bias", "biased_scores"),
-            lambda req: options(req.alibi, AlibiOptions) is not None or req.relative_bias is not None,
-            _check_position_bias, _bias_settings, _bias_steps, uses_positions=True),
-    Variant("sinks", ("sink_weights",), lambda req: req.sinks is not None, _check_sinks,
-            lambda req: {"sinks": req.sinks}, _sinks_steps),
-)  # fmt: skip
+    Variant(field="k_eq_v", given=_k_eq_v_given),
+    Variant(
+        field="softcap",
+        outputs=("capped_scores",),
+        given=_softcap_given,
+        settings=_softcap_settings,
+        steps=_softcap_steps,
+    ),
+    Variant(
+        field="position_bias",
+        outputs=("position_bias", "biased_scores"),
+        given=_bias_given,
+        check=_check_position_bias,
+        bias=_bias,
+        steps=_bias_steps,
+        uses_positions=True,
+    ),
+    Variant(
+        field="sinks",
+        outputs=("sink_weights",),
+        given=_sinks_given,
+        check=_check_sinks,
+        settings=_sinks_settings,
+        steps=_sinks_steps,
+    ),
+)
+
+
+def engine_settings(req: Req, on: frozenset[str]) -> tuple[Variants, PositionBias | None]:
+    """The engine's settings of the variants that are on: their parts of :class:`Variants`
+    together (the positions are the plan's to add) and the position bias, if one is on."""
+    rows = [row for row in VARIANTS if row.field in on]
+    given: dict[str, Any] = {}
+    for row in rows:
+        part = row.settings(req)
+        for f in fields(part):
+            if getattr(part, f.name) is not None:
+                assert f.name not in given, f"{f.name} set by two variants"
+                given[f.name] = getattr(part, f.name)
+    biases = [row.bias(req) for row in rows if row.bias is not None]
+    return Variants(**given), biases[0] if biases else None

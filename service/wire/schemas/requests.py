@@ -227,9 +227,9 @@ class MultiheadRequest(VariantFields, InputFields):
     """POST /multihead: multi-head attention with optional positional encoding, W_o, residual
     and layer norm."""
 
-    # {field: config key, or "request"} once config is read (service.trace.rows.fold)
+    # {field: config key, or "request"} once config is read (service.wire.fold)
     _config_taken: dict[str, str] | None = PrivateAttr(default=None)
-    # the config's keys judged not to change the layer (service.trace.rows.config_keys)
+    # the config's keys judged not to change the layer (service.wire.hf_config_keys)
     _config_keys: list[str] | None = PrivateAttr(default=None)
     config: dict[str, Any] | None = Field(
         None,

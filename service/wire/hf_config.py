@@ -11,10 +11,10 @@ Choices where the contract is silent:
 - A key left out takes the default of its ``model_type``'s 5.23 configuration class (DeepSeek's
   ``rope_interleave`` true, Gemma 2's ``query_pre_attn_scalar`` 256, Mistral's
   ``sliding_window`` 4096 …), ``taken`` saying ``"<key> (absent: <model_type>'s default)"``; a
-  key given as null stays null. Only the verified model types are read (config_keys.VERIFIED;
+  key given as null stays null. Only the verified model types are read (hf_config_keys.VERIFIED;
   a multimodal gemma3/gemma4/llama4 as its text model type); any other, or none, is a
   ConfigError naming ``model_type``. Every key is applied, judged inert, or refused
-  (config_keys.KEYS); every number read is range-checked (sizes 1 … 2³¹ − 1).
+  (hf_config_keys.KEYS); every number read is range-checked (sizes 1 … 2³¹ − 1).
 - ``head_dim`` (else hidden_size // num_attention_heads) goes as ``d_k`` (the service checks it
   against ``q_proj.weight``), ``num_key_value_heads`` as ``num_kv_heads`` only when given; with
   MLA neither, and ``mla.eps`` stays 1e-6 (DeepSeek's latent norms ignore ``rms_norm_eps``).
@@ -42,8 +42,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.trace.rows import config_keys as ck
-from service.trace.rows.config_keys import KEYS, VERIFIED, ConfigError, model_type_of, unread_keys
+from service.wire import hf_config_keys as ck
+from service.wire.hf_config_keys import KEYS, VERIFIED, ConfigError, model_type_of, unread_keys
 
 _ANY, _POSITIVE, _NON_NEGATIVE, _SHARE = ck.ANY, ck.POSITIVE, ck.NON_NEGATIVE, ck.SHARE
 _DEFAULTS, _int, _num, _mapping = ck.DEFAULTS, ck.as_size, ck.as_number, ck.as_mapping
@@ -55,15 +55,19 @@ __all__ = ["ConfigError", "FromConfig", "from_config"]
 class FromConfig:
     fields: dict[str, Any]  # request fields the config implies for that layer (JSON-shaped)
     taken: dict[str, str]  # {request field: the config key it came from}
-    # the config's other keys, judged not to change this layer (config_keys.KEYS)
+    # the config's other keys, judged not to change this layer (hf_config_keys.KEYS)
     unread: list[str] = field(default_factory=list)
 
 
 # model type -> the family whose defaults and rules it takes (the verified types only)
-_FAMILIES = {t: family for family, types in {
-    "qwen": "qwen2 qwen2_moe", "gemma3": "gemma3_text", "gemma4": "gemma4_text",
-    "deepseek": "deepseek_v2 deepseek_v3", "llama4": "llama4_text",
-}.items() for t in types.split()}  # fmt: skip
+_TYPES_OF_FAMILY = {
+    "qwen": "qwen2 qwen2_moe",
+    "gemma3": "gemma3_text",
+    "gemma4": "gemma4_text",
+    "deepseek": "deepseek_v2 deepseek_v3",
+    "llama4": "llama4_text",
+}
+_FAMILIES = {t: family for family, types in _TYPES_OF_FAMILY.items() for t in types.split()}
 _FAMILIES |= {t: t for t in VERIFIED if t not in _FAMILIES}
 # families whose every layer slides when sliding_window is set (their masks ignore layer_types)
 _EVERY_LAYER_SLIDES = ("mistral", "mixtral", "phimoe", "starcoder2", "phi3", "qwen3_moe")
@@ -89,9 +93,14 @@ class _Config:
         self.taken: dict[str, str] = {}
         per_layer = self.c.get("per_layer_config")  # 5.23's to_dict: {"05": {"head_dim": …}}
         entries = per_layer.items() if isinstance(per_layer, Mapping) else ()
-        self.own: tuple[Mapping[str, Any], str] = next(((v, f"{self.prefix}per_layer_config.{k}.")
-            for k, v in entries if str(k).isdigit() and int(k) == layer and isinstance(v, Mapping)),
-            ({}, ""))  # fmt: skip
+        self.own: tuple[Mapping[str, Any], str] = next(
+            (
+                (v, f"{self.prefix}per_layer_config.{k}.")
+                for k, v in entries
+                if str(k).isdigit() and int(k) == layer and isinstance(v, Mapping)
+            ),
+            ({}, ""),
+        )
 
     def get(self, key: str) -> tuple[Any, str]:
         """The key's value and where it came from (None, "" when neither given nor defaulted)."""
@@ -116,7 +125,7 @@ class _Config:
         return value
 
     def reads(self, key: str) -> bool:
-        """Whether the service applies ``key`` for this model type (config_keys.KEYS)."""
+        """Whether the service applies ``key`` for this model type (hf_config_keys.KEYS)."""
         row = KEYS.get(key)
         return row is not None and (row.reads == "*" or self.model_type in row.reads.split())
 
@@ -142,8 +151,10 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
     mla = _mla(c)
     glob = c.family == "gemma4" and kind == "full_attention" and "per_layer_config" not in c.c
     head_dim, hd_src = _head_dim(c, fields["num_heads"], glob)
-    kv, kv_src = c.first(*["num_global_key_value_heads"] * bool(glob and c.value(
-        "attention_k_eq_v")), "num_key_value_heads")  # fmt: skip
+    kv, kv_src = c.first(
+        *["num_global_key_value_heads"] * bool(glob and c.value("attention_k_eq_v")),
+        "num_key_value_heads",
+    )
     if mla is None:
         if kv is not None:
             fields["num_kv_heads"] = c.take("num_kv_heads", kv_src, _int(kv, _key(kv_src)))
@@ -168,8 +179,11 @@ def _layer_type(c: _Config, layer: int) -> tuple[str, str]:
     if fam in ("gemma2", "gpt_oss"):
         return _KINDS[bool((layer + 1) % 2)], why + "every other layer slides, from layer 0"
     if fam in ("gemma3", "gemma4"):
-        pattern, p_src = (c.first("sliding_window_pattern", "_sliding_window_pattern")
-                          if fam == "gemma3" else (6, why + "5:1"))  # fmt: skip
+        pattern, p_src = (
+            c.first("sliding_window_pattern", "_sliding_window_pattern")
+            if fam == "gemma3"
+            else (6, why + "5:1")
+        )
         n_layers, n_src = c.get("num_hidden_layers")
         last = fam == "gemma4" and n_layers is not None and layer == _int(n_layers, _key(n_src)) - 1
         return _KINDS[bool((layer + 1) % _int(pattern, _key(p_src))) and not last], p_src
@@ -218,8 +232,11 @@ def _head_dim(c: _Config, heads: int, glob: bool) -> tuple[int, str]:
     if hidden is None:
         raise ConfigError("config.head_dim", "the config has neither head_dim nor hidden_size")
     if _int(hidden, _key(src)) < heads:
-        raise ConfigError(f"config.{_key(src)}", f"{_key(src)} {hidden} is less than "
-                          f"num_attention_heads {heads}: a head needs at least one feature")  # fmt: skip
+        raise ConfigError(
+            f"config.{_key(src)}",
+            f"{_key(src)} {hidden} is less than "
+            f"num_attention_heads {heads}: a head needs at least one feature",
+        )
     return hidden // heads, f"{src} / num_attention_heads"
 
 
@@ -242,8 +259,10 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
     if c.family == "phi3" and rope_type in ("su", "yarn"):  # Phi-3's old names for LongRoPE
         rope_type = "longrope"
     if rope_type not in _SCALINGS:
-        raise ConfigError(f"config.{_key(kind_src)}", f"rope_type {rope_type!r}: the service "
-                          f"has {', '.join(_SCALINGS)}")  # fmt: skip
+        raise ConfigError(
+            f"config.{_key(kind_src)}",
+            f"rope_type {rope_type!r}: the service has {', '.join(_SCALINGS)}",
+        )
     theta, t_src = p.get("rope_theta") or c.get("rope_theta")
     base = _num(theta, _key(t_src) or "rope_theta", _POSITIVE)
     rope: dict[str, Any] = {"base": c.take("rope.base", t_src, base)}
@@ -254,8 +273,9 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
             raise ConfigError(f"config.{_key(s_src)}", "a proportional rope takes no factor")
         share = 1.0 if factor is None else _num(factor, _key(f_src), _SHARE)
         rope["style"] = c.take("rope.style", kind_src, "proportional")
-        rope["rotary_dim"] = c.take("rope.rotary_dim", f_src or kind_src,
-                                    2 * int(share * head_dim // 2))  # fmt: skip
+        rope["rotary_dim"] = c.take(
+            "rope.rotary_dim", f_src or kind_src, 2 * int(share * head_dim // 2)
+        )
         return rope
     if mla or c.family == "llama4":
         on, i_src = c.get("rope_interleave") if mla else (True, f"model_type {c.model_type}")
@@ -283,14 +303,23 @@ def _rope_entry(c: _Config, kind: str) -> Entry | None:
             legacy = _mapping(c.c["rope_scaling"], f"{pre}rope_scaling")
             p |= {k: (v, f"{pre}rope_scaling.{k}") for k, v in legacy.items()}
         if "rope_theta" not in p:
-            key, default = ("rope_theta", 1e6) if kind == "full_attention" else (
-                "rope_local_base_freq", 1e4)  # fmt: skip
-            p["rope_theta"] = (c.c[key], pre + key) if key in c.c else (
-                default, f"{pre}{key} (absent: {c.model_type}'s default)")  # fmt: skip
+            key, default = (
+                ("rope_theta", 1e6) if kind == "full_attention" else ("rope_local_base_freq", 1e4)
+            )
+            p["rope_theta"] = (
+                (c.c[key], pre + key)
+                if key in c.c
+                else (default, f"{pre}{key} (absent: {c.model_type}'s default)")
+            )
         return p
     scaling, params = c.c.get("rope_scaling"), c.c.get("rope_parameters")
-    chosen, src = ((scaling, pre + "rope_scaling") if scaling else (params, pre + "rope_parameters")
-                   if params else c.get("rope_parameters"))  # fmt: skip
+    chosen, src = (
+        (scaling, pre + "rope_scaling")
+        if scaling
+        else (params, pre + "rope_parameters")
+        if params
+        else c.get("rope_parameters")
+    )
     chosen = _mapping(chosen or {}, _key(src))  # (scaling over parameters; else the default)
     if any(str(k).endswith("_attention") for k in chosen):  # one entry per layer type
         if kind not in chosen:
@@ -314,8 +343,9 @@ def _scaling(c: _Config, rope_type: str, type_src: str, p: Entry) -> dict[str, A
 
     def put(field: str, value: Any, src: str, number: bool = True) -> None:
         where = _key(src)
-        out[field] = c.take(f"rope.scaling.{field}", src,
-                            _num(value, where) if number else _int(value, where))  # fmt: skip
+        out[field] = c.take(
+            f"rope.scaling.{field}", src, _num(value, where) if number else _int(value, where)
+        )
 
     def copy(*keys: str, truthy: bool = False) -> None:
         for key in keys:
@@ -326,8 +356,10 @@ def _scaling(c: _Config, rope_type: str, type_src: str, p: Entry) -> dict[str, A
     def max_position() -> tuple[Any, str]:
         value, src = c.get("max_position_embeddings")
         if value is None:
-            raise ConfigError("config.max_position_embeddings",
-                              f"a {rope_type} rope needs max_position_embeddings")  # fmt: skip
+            raise ConfigError(
+                "config.max_position_embeddings",
+                f"a {rope_type} rope needs max_position_embeddings",
+            )
         return value, src
 
     if rope_type == "dynamic":  # transformers' dynamic NTK counts from max_position_embeddings
@@ -395,8 +427,10 @@ def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
         c.taken["temperature"] = c.get("attn_temperature_tuning")[1]
         got = {key: c.get(key) for key in ("floor_scale", "attn_scale")}
         bounds = {"floor_scale": _POSITIVE, "attn_scale": _ANY}
-        out["temperature"] = {k: c.take(f"temperature.{k}", s, _num(v, _key(s), bounds[k]))
-                              for k, (v, s) in got.items()}  # fmt: skip
+        out["temperature"] = {
+            k: c.take(f"temperature.{k}", s, _num(v, _key(s), bounds[k]))
+            for k, (v, s) in got.items()
+        }
     if fam == "qwen3_next":  # q_proj holds each head's query and output gate
         out["gate"] = c.take("gate", why, True)
     cap, cap_src = c.get("attn_logit_softcapping")
@@ -413,8 +447,10 @@ def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
 def _mask(c: _Config, kind: str, kind_src: str, layer: int) -> list[dict[str, Any]]:
     """The causal mask of a decoder, the window of a sliding layer, or a chunked layer's mask."""
     if c.value("use_bidirectional_attention") in (True, "all"):
-        raise ConfigError(f"config.{c.prefix}use_bidirectional_attention", "bidirectional "
-                          "attention: not the decoder masks the service builds from a config")  # fmt: skip
+        raise ConfigError(
+            f"config.{c.prefix}use_bidirectional_attention",
+            "bidirectional attention: not the decoder masks the service builds from a config",
+        )
     if kind == "chunked_attention":
         size, src = c.get("attention_chunk_size")
         if size is None:
@@ -423,8 +459,11 @@ def _mask(c: _Config, kind: str, kind_src: str, layer: int) -> list[dict[str, An
         size = c.take("mask.chunked.size", src, _int(size, _key(src)))
         return [{"type": "chunked", "size": size}]
     if kind not in ("full_attention", "sliding_attention"):
-        raise ConfigError("layer", f"layer {layer} is a {kind} layer ({kind_src}): /multihead "
-                          "computes softmax attention layers only")  # fmt: skip
+        raise ConfigError(
+            "layer",
+            f"layer {layer} is a {kind} layer ({kind_src}): /multihead "
+            "computes softmax attention layers only",
+        )
     mask: list[dict[str, Any]] = [{"type": "causal"}]
     c.taken["mask.causal"] = f"model_type {c.model_type or '?'} (a decoder)"
     window, w_src = c.get("sliding_window")

@@ -2,7 +2,7 @@
 rules, the plan and the engine see one form of each:
 
 - ``config`` (a Hugging Face config.json) and ``layer``: the fields that layer implies
-  (:func:`service.trace.rows.config.from_config`), where the request gives none of its own; a
+  (:func:`service.wire.hf_config.from_config`), where the request gives none of its own; a
   mask from the config and one from the request both apply. Where each came from is kept for
   ``conventions.config``.
 - ``k_eq_v: true`` (Gemma 4's full-attention layers): the values' projection is the keys', so
@@ -15,11 +15,10 @@ rules, the plan and the engine see one form of each:
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
+from pydantic import AliasChoices, ValidationError
 
-from service.trace.checks import DOTTED
-from service.trace.rows.config import ConfigError, from_config
 from service.wire.errors import FieldError
+from service.wire.hf_config import ConfigError, from_config
 from service.wire.schemas.requests import GateOptions, MultiheadRequest
 
 # the fields that give the values, by the field that gives the keys in the same form
@@ -67,9 +66,11 @@ def _configured(req: MultiheadRequest) -> MultiheadRequest:
         where = ".".join(str(p) for p in first["loc"])
         field = _field_of(where, implied.taken)
         key = implied.taken.get(field, "").split(" (")[0]
-        raise FieldError(f"config.{key}" if key else "config",
-                         f"config gives {field or where} that the service cannot take (from "
-                         f"{key or 'the config'}): {first['msg']}") from None  # fmt: skip
+        raise FieldError(
+            f"config.{key}" if key else "config",
+            f"config gives {field or where} that the service cannot take (from "
+            f"{key or 'the config'}): {first['msg']}",
+        ) from None
     update = {name: getattr(parsed, name) for name in chosen}
     if "mask" in chosen and req.mask:  # a key must be allowed by both
         update["mask"] = [*(parsed.mask or []), *req.mask]
@@ -93,10 +94,18 @@ def _field_of(where: str, taken: dict[str, str]) -> str:
     return max((f for f in taken if within(f)), key=lambda f: f.count("."), default="")
 
 
+def _spelled(name: str) -> str:
+    """A field as the caller writes it: a state dict's dotted name (``v_proj.weight``) where
+    the schema reads it under one, else the field's own name."""
+    alias = MultiheadRequest.model_fields[name].validation_alias
+    first = alias.choices[0] if isinstance(alias, AliasChoices) else None
+    return first if isinstance(first, str) else name
+
+
 def _values_are_keys(req: MultiheadRequest) -> dict[str, Any]:
     for name in ("v_proj_weight", "v_proj_bias", "w_v", "b_v", "v", "in_proj_weight", "heads"):
         if getattr(req, name) is not None:
-            label = DOTTED.get(name, name)
+            label = _spelled(name)
             raise FieldError(
                 label,
                 f"k_eq_v says the values are the keys, so {label} does not apply: leave it out "

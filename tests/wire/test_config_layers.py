@@ -34,8 +34,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 import service.main
-from service.trace.rows.config import from_config
-from service.trace.rows.config_keys import COMPOSITE, KEYS, VERIFIED
+from service.wire.hf_config import from_config
+from service.wire.hf_config_keys import COMPOSITE, KEYS, VERIFIED
 
 if os.environ.get("REQUIRE_TORCH"):  # CI sets it: a missing torch must fail, not skip
     import torch

@@ -37,10 +37,14 @@ VERIFIED = _words("""
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 
 _ALL = "*"
-_SLIDING = "mistral mixtral ministral qwen2 qwen2_moe qwen3 qwen3_moe gemma2 gemma3_text " \
-    "gemma4_text starcoder2 smollm3 gpt_oss phimoe phi3"  # fmt: skip
-_LAYER_TYPES = "ministral qwen2 qwen2_moe qwen3 qwen3_next gemma2 gemma3_text gemma4_text " \
-    "smollm3 gpt_oss llama4_text"  # fmt: skip
+_SLIDING = (
+    "mistral mixtral ministral qwen2 qwen2_moe qwen3 qwen3_moe gemma2 gemma3_text gemma4_text "
+    "starcoder2 smollm3 gpt_oss phimoe phi3"
+)
+_LAYER_TYPES = (
+    "ministral qwen2 qwen2_moe qwen3 qwen3_next gemma2 gemma3_text gemma4_text smollm3 gpt_oss "
+    "llama4_text"
+)
 _QK_NORM = "qwen3 qwen3_moe qwen3_next gemma3_text gemma4_text llama4_text"
 _MLA = "deepseek_v2 deepseek_v3"
 _GEMMAS = "gemma gemma2 gemma3_text gemma4_text"
@@ -68,17 +72,20 @@ _INERT = Key(inert=_ALL)
 _OFF = (None, False)
 
 # one row per key (keys as rows); a key missing here is unjudged
-# fmt: off
 KEYS: dict[str, Key] = {
-    # ---- read: the layer's sizes, rope, masks and variants (service.trace.rows.config)
-    "model_type": _READ, "text_config": _READ, "num_attention_heads": _READ, "num_key_value_heads": _READ,
-    "head_dim": _READ, "hidden_size": _READ, "num_hidden_layers": _READ,
-    "rope_theta": _READ, "rope_scaling": _READ, "rope_parameters": _READ,
-    "partial_rotary_factor": _READ, "max_position_embeddings": _READ,
-    "original_max_position_embeddings": _READ,
+    # ---- read: the layer's sizes, rope, masks and variants (service.wire.hf_config)
+    **{
+        k: _READ
+        for k in _words("""
+            model_type text_config num_attention_heads num_key_value_heads head_dim hidden_size
+            num_hidden_layers rope_theta rope_scaling rope_parameters partial_rotary_factor
+            max_position_embeddings original_max_position_embeddings
+        """)
+    },
     "sliding_window": Key(reads=_SLIDING, why="a sliding-window mask"),
-    "use_sliding_window": Key(reads="qwen2 qwen2_moe qwen3 qwen3_moe smollm3", neutral=_OFF,
-                              why="a sliding-window mask"),
+    "use_sliding_window": Key(
+        reads="qwen2 qwen2_moe qwen3 qwen3_moe smollm3", neutral=_OFF, why="a sliding-window mask"
+    ),
     "max_window_layers": Key(reads="qwen2 qwen2_moe qwen3", inert=_ALL),
     "layer_types": Key(reads=_LAYER_TYPES, inert=_ALL),  # the others' masks ignore it
     "sliding_window_pattern": Key(reads="gemma3_text", inert=_ALL),
@@ -87,42 +94,50 @@ KEYS: dict[str, Key] = {
     "rms_norm_eps": Key(reads=_QK_NORM, inert=_ALL),  # elsewhere the block's norms only
     "use_qk_norm": Key(reads="llama4_text", neutral=_OFF, why="q/k norms"),
     "query_pre_attn_scalar": Key(reads="gemma2 gemma3_text", why="the scale"),
-    "attn_logit_softcapping": Key(reads="gemma2", inert="gemma3_text gemma4_text",
-                                  why="a tanh cap on the scores"),
+    "attn_logit_softcapping": Key(
+        reads="gemma2", inert="gemma3_text gemma4_text", why="a tanh cap on the scores"
+    ),
     "use_bidirectional_attention": Key(reads=_GEMMAS, neutral=_OFF, why="no causal mask"),
     "per_layer_config": Key(reads="gemma4_text"),
     "global_head_dim": Key(reads="gemma4_text", why="the full layers' head size"),
     "num_global_key_value_heads": Key(reads="gemma4_text", why="the full layers' kv heads"),
     "attention_k_eq_v": Key(reads="gemma4_text", neutral=_OFF, why="values from the keys"),
-    "num_kv_shared_layers": Key(neutral=(None, 0), why="the last layers reuse an earlier "
-                                "layer's keys and values"),
+    "num_kv_shared_layers": Key(
+        neutral=(None, 0), why="the last layers reuse an earlier layer's keys and values"
+    ),
     "full_attention_interval": Key(reads="qwen3_next", why="which layers attend"),
     "no_rope_layers": Key(reads="smollm3 llama4_text", why="layers without RoPE"),
     "no_rope_layer_interval": Key(reads="smollm3 llama4_text", why="layers without RoPE"),
     "attention_chunk_size": Key(reads="llama4_text", why="a chunked mask"),
-    "attn_temperature_tuning": Key(reads="llama4_text", neutral=_OFF,
-                                   why="a temperature on the queries"),
+    "attn_temperature_tuning": Key(
+        reads="llama4_text", neutral=_OFF, why="a temperature on the queries"
+    ),
     "floor_scale": Key(reads="llama4_text", inert=_ALL),
     "attn_scale": Key(reads="llama4_text", inert=_ALL),
     "rope_interleave": Key(reads="deepseek_v3", why="the interleaved rotation"),
-    **{k: Key(reads=_MLA, why="multi-head latent attention") for k in (
-        "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")},
+    **{
+        k: Key(reads=_MLA, why="multi-head latent attention")
+        for k in _words("q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim")
+    },
     # ---- biases: the state dict brings them, as it brings gpt-oss's sinks
-    "attention_bias": _INERT, "qkv_bias": _INERT, "use_bias": _INERT,
-    "attention_out_bias": _INERT,
+    **{k: _INERT for k in _words("attention_bias qkv_bias use_bias attention_out_bias")},
     # ---- change attention in other families; not applied by the service
     "clip_qkv": Key(why="q, k, v clamped to ±clip_qkv"),
     "attention_multiplier": Key(why="the scale (Granite)"),
     "qk_layernorm": Key(neutral=_OFF, why="q/k LayerNorms"),
-    "rotary_dim": Key(why="a partial rotation"), "rotary_pct": Key(why="a partial rotation"),
+    "rotary_dim": Key(why="a partial rotation"),
+    "rotary_pct": Key(why="a partial rotation"),
     "rotary_emb_base": Key(why="the RoPE base"),
     "position_embedding_type": Key(why="the position encoding"),
-    "alibi": Key(neutral=_OFF, why="ALiBi"), "use_alibi": Key(neutral=_OFF, why="ALiBi"),
+    "alibi": Key(neutral=_OFF, why="ALiBi"),
+    "use_alibi": Key(neutral=_OFF, why="ALiBi"),
     "use_logn_attn": Key(neutral=_OFF, why="log-n query scaling"),
     "scale_attn_by_inverse_layer_idx": Key(neutral=_OFF, why="the scale"),
     "llama_4_scaling_beta": Key(why="a position-dependent query scale"),
     # ---- never the attention layer's numbers
-    **{k: _INERT for k in _words("""
+    **{
+        k: _INERT
+        for k in _words("""
         _name_or_path architectures transformers_version dtype torch_dtype auto_map
         output_hidden_states output_attentions return_dict chunk_size_feed_forward
         is_encoder_decoder id2label label2id problem_type use_cache tie_word_embeddings
@@ -144,9 +159,9 @@ KEYS: dict[str, Key] = {
         interpolate_factor vision_config audio_config mm_tokens_per_image
         boi_token_index eoi_token_index image_token_index boi_token_id eoi_token_id
         image_token_id video_token_id boa_token_id eoa_token_index audio_token_id
-    """)},
+    """)
+    },
 }
-# fmt: on
 
 
 def _holds(types: str, model_type: str) -> bool:
@@ -165,56 +180,112 @@ def unread_keys(config: Mapping[str, Any], model_type: str, prefix: str = "") ->
         row, value, name = KEYS.get(str(key)), config[key], f"{prefix}{key}"
         if row is None:
             if not _neutral(value, _OFF):
-                raise ConfigError(f"config.{name}", f"{name} is not a key the service knows for model_type "
-                                 f"{model_type}: it cannot tell whether it changes the attention"
-                                 " layer. Leave it out if the model's attention does not use it,"
-                                 f" or state the layer's fields without config")  # fmt: skip
+                raise ConfigError(
+                    f"config.{name}",
+                    f"{name} is not a key the service knows for model_type "
+                    f"{model_type}: it cannot tell whether it changes the attention"
+                    " layer. Leave it out if the model's attention does not use it,"
+                    f" or state the layer's fields without config",
+                )
         elif _holds(row.reads, model_type):
             continue
         elif _holds(row.inert, model_type) or _neutral(value, row.neutral):
             inert.append(name)
         else:
-            raise ConfigError(f"config.{name}", f"{name} ({value!r}) is not supported for model_type "
-                             f"{model_type}: it changes the attention layer ({row.why}) and "
-                             "the service does not apply it there. State the layer's fields "
-                             "without config, or leave the key out if the model does not use "
-                             "it")  # fmt: skip
+            raise ConfigError(
+                f"config.{name}",
+                f"{name} ({value!r}) is not supported for model_type "
+                f"{model_type}: it changes the attention layer ({row.why}) and "
+                "the service does not apply it there. State the layer's fields "
+                "without config, or leave the key out if the model does not use "
+                "it",
+            )
     return sorted(inert)
 
 
-_GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                 "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
-_GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                                   "rope_theta": 1_000_000.0}}  # fmt: skip
-# the transformers 5.23 configuration classes' defaults for the keys config.py reads, per
-# family (config.py's _FAMILIES)
+_GPT_OSS_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
+_GEMMA4_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+    "full_attention": {
+        "rope_type": "proportional",
+        "partial_rotary_factor": 0.25,
+        "rope_theta": 1_000_000.0,
+    },
+}
+# the transformers 5.23 configuration classes' defaults for the keys hf_config.py reads, per
+# family (hf_config.py's _FAMILIES)
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "": {"rope_theta": 10_000.0}, "mistral": {"sliding_window": 4096},
+    "": {"rope_theta": 10_000.0},
+    "mistral": {"sliding_window": 4096},
     "qwen": {"use_sliding_window": False, "max_window_layers": 28},
-    "qwen3": {"head_dim": 128, "use_sliding_window": False, "max_window_layers": 28,
-              "rms_norm_eps": 1e-6},
+    "qwen3": {
+        "head_dim": 128,
+        "use_sliding_window": False,
+        "max_window_layers": 28,
+        "rms_norm_eps": 1e-6,
+    },
     "qwen3_moe": {"use_sliding_window": False, "sliding_window": 4096, "rms_norm_eps": 1e-6},
-    "mixtral": {"rope_theta": 1e6}, "phimoe": {"rope_theta": 1e6},
-    "ministral": {"sliding_window": 4096}, "gemma": {"head_dim": 256},
+    "mixtral": {"rope_theta": 1e6},
+    "phimoe": {"rope_theta": 1e6},
+    "ministral": {"sliding_window": 4096},
+    "gemma": {"head_dim": 256},
     "smollm3": {"rope_theta": 2e6, "use_sliding_window": False, "no_rope_layer_interval": 4},
     "nemotron": {"partial_rotary_factor": 0.5},
-    "gemma2": {"head_dim": 256, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
-               "sliding_window": 4096},
-    "gemma3": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-               "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
-               "rms_norm_eps": 1e-6},
-    "gemma4": {"head_dim": 256, "sliding_window": 512, "global_head_dim": 512,
-               "rms_norm_eps": 1e-6, "rope_parameters": _GEMMA4_ROPE},
-    "gpt_oss": {"head_dim": 64, "sliding_window": 128, "rope_theta": 150_000.0,
-                "rope_parameters": _GPT_OSS_ROPE},
-    "phi3": {"original_max_position_embeddings": 4096}, "deepseek": {"rope_interleave": True},
-    "qwen3_next": {"head_dim": 256, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6,
-                   "full_attention_interval": 4},
-    "llama4": {"head_dim": 128, "rope_theta": 500_000.0, "rms_norm_eps": 1e-5, "use_qk_norm": True,
-               "attention_chunk_size": 8192, "no_rope_layer_interval": 4,
-               "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1},
-}  # fmt: skip
+    "gemma2": {
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "attn_logit_softcapping": 50.0,
+        "sliding_window": 4096,
+    },
+    "gemma3": {
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+        "rms_norm_eps": 1e-6,
+    },
+    "gemma4": {
+        "head_dim": 256,
+        "sliding_window": 512,
+        "global_head_dim": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": _GEMMA4_ROPE,
+    },
+    "gpt_oss": {
+        "head_dim": 64,
+        "sliding_window": 128,
+        "rope_theta": 150_000.0,
+        "rope_parameters": _GPT_OSS_ROPE,
+    },
+    "phi3": {"original_max_position_embeddings": 4096},
+    "deepseek": {"rope_interleave": True},
+    "qwen3_next": {
+        "head_dim": 256,
+        "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-6,
+        "full_attention_interval": 4,
+    },
+    "llama4": {
+        "head_dim": 128,
+        "rope_theta": 500_000.0,
+        "rms_norm_eps": 1e-5,
+        "use_qk_norm": True,
+        "attention_chunk_size": 8192,
+        "no_rope_layer_interval": 4,
+        "attn_temperature_tuning": True,
+        "floor_scale": 8192,
+        "attn_scale": 0.1,
+    },
+}
 
 
 INT_MAX = 2**31 - 1  # sizes, windows and positions beyond it are no model's
@@ -225,14 +296,17 @@ def as_size(value: Any, where: str, least: int = 1) -> int:
     if isinstance(value, float) and value.is_integer() and abs(value) <= INT_MAX + 1:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= INT_MAX:
-        raise ConfigError(f"config.{where}", f"{where} is {shown(value)}: it takes an integer "
-                          f"from {least} to {INT_MAX}")  # fmt: skip
+        raise ConfigError(
+            f"config.{where}",
+            f"{where} is {shown(value)}: it takes an integer from {least} to {INT_MAX}",
+        )
     return value
 
 
 # what a number read from a config may be: (lowest, highest, the lowest itself allowed)
-POSITIVE, NON_NEGATIVE, ANY = (0.0, math.inf, False), (0.0, math.inf, True), (
-    -math.inf, math.inf, True)  # fmt: skip
+POSITIVE = (0.0, math.inf, False)
+NON_NEGATIVE = (0.0, math.inf, True)
+ANY = (-math.inf, math.inf, True)
 SHARE = (0.0, 1.0, False)
 
 
@@ -244,8 +318,11 @@ def as_number(value: Any, where: str, bounds: tuple[float, float, bool] = ANY) -
         number = float(value) if abs(value) < 1e308 else math.inf  # 10**400: no float
     above = low <= number if low_in else low < number
     if not (math.isfinite(number) and above and number <= high):
-        wanted = {POSITIVE: "a number > 0", NON_NEGATIVE: "a number ≥ 0",
-                 SHARE: "a number > 0 and ≤ 1"}.get(bounds, "a number below 1e308 in size")  # fmt: skip
+        wanted = {
+            POSITIVE: "a number > 0",
+            NON_NEGATIVE: "a number ≥ 0",
+            SHARE: "a number > 0 and ≤ 1",
+        }.get(bounds, "a number below 1e308 in size")
         raise ConfigError(f"config.{where}", f"{where} is {shown(value)}: it takes {wanted}")
     return number
 
@@ -258,13 +335,15 @@ def shown(value: Any) -> str:
 
 def as_mapping(value: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise ConfigError(f"config.{where}", f"{where} is {shown(value)}: it takes an object "
-                          "of rope parameters ({\"rope_type\": …, \"rope_theta\": …})")  # fmt: skip
+        raise ConfigError(
+            f"config.{where}",
+            f"{where} is {shown(value)}: it takes an object "
+            'of rope parameters ({"rope_type": …, "rope_theta": …})',
+        )
     return value
 
 
-_KNOWN = ", ".join(VERIFIED) + " (and " + ", ".join(
-    f"{t} with its text_config" for t in COMPOSITE) + ")"  # fmt: skip
+_KNOWN = f"{', '.join(VERIFIED)} (and {', '.join(f'{t} with its text_config' for t in COMPOSITE)})"
 
 
 def model_type_of(raw: Mapping[str, Any], text: Mapping[str, Any] | None) -> str:
@@ -274,14 +353,20 @@ def model_type_of(raw: Mapping[str, Any], text: Mapping[str, Any] | None) -> str
     inner = None if text is None else text.get("model_type")
     for where, value in (("model_type", top), ("text_config.model_type", inner)):
         if value is None and where == "model_type" and inner is None:
-            raise ConfigError("config.model_type", "config has no model_type: it must say "
-                              f"which family the layer is ({_KNOWN}); or state the layer's "
-                              "fields yourself and leave config out")  # fmt: skip
-        if value is not None and (not isinstance(value, str) or (
-                value not in VERIFIED and value not in COMPOSITE)):  # fmt: skip
-            raise ConfigError(f"config.{where}", f"model_type {shown(value)} is not a family "
-                              "the service reproduces exactly from its config; it knows "
-                              f"{_KNOWN}. State the layer's fields yourself (num_heads, "
-                              "num_kv_heads, d_k, rope, mask, scale …) and leave config out")  # fmt: skip
+            raise ConfigError(
+                "config.model_type",
+                "config has no model_type: it must say "
+                f"which family the layer is ({_KNOWN}); or state the layer's "
+                "fields yourself and leave config out",
+            )
+        known = isinstance(value, str) and (value in VERIFIED or value in COMPOSITE)
+        if value is not None and not known:
+            raise ConfigError(
+                f"config.{where}",
+                f"model_type {shown(value)} is not a family "
+                "the service reproduces exactly from its config; it knows "
+                f"{_KNOWN}. State the layer's fields yourself (num_heads, "
+                "num_kv_heads, d_k, rope, mask, scale …) and leave config out",
+            )
     chosen = str(inner if inner is not None else top)
     return COMPOSITE.get(chosen, chosen)  # gemma3 → gemma3_text …

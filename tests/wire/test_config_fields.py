@@ -1,4 +1,4 @@
-"""service.trace.rows.config: a Hugging Face config.json and a layer index → /multihead fields.
+"""service.wire.hf_config: a Hugging Face config.json and a layer index → /multihead fields.
 
 Two kinds of test:
 - each family's config written in from the public fields of a real config.json (nothing is
@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import service.main
-from service.trace.rows.config import ConfigError, from_config
+from service.wire.hf_config import ConfigError, from_config
 
 # ---- real configs (public config.json fields) ------------------------------------------------
 
