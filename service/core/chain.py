@@ -19,7 +19,8 @@ NumPy only, no I/O.
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Literal
 
@@ -36,7 +37,7 @@ from service.core.variants import temperature_factors as temperature
 Slot = Literal["q", "k", "v", "scores", "weights", "out"]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: built for every head run, and frozen's init costs 2×
 class Setup:
     """What the head's steps read besides the arrays: the variants (positions already those
     of a decode step), the scale, the mask and its policies, the cache."""
@@ -87,10 +88,10 @@ class Step:
     run: Run
     on: Callable[[Setup], bool] = _always
     into: Slot | None = None
+    advances: Slot = field(init=False)  # into, else reads: the slot whose latest form it makes
 
-    @property
-    def advances(self) -> Slot:
-        return self.reads if self.into is None else self.into
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "advances", self.reads if self.into is None else self.into)
 
 
 # ---- the queries, keys and values -------------------------------------------------------
@@ -282,11 +283,12 @@ def run(
     """``state`` with ``steps[start:stop]`` that are on under ``setup`` run in order, each
     reading its slot's latest form and advancing it; a step named in ``trial`` runs the
     computation given there instead."""
-    for step in steps[start:stop]:
+    made, latest = state.made, state.latest
+    for step in steps[start:stop] if start or stop is not None else steps:
         if step.on(setup):
             compute = trial.get(step.name, step.run) if trial else step.run
-            state.made[step.name] = compute(state[step.reads], state, setup)
-            state.latest[step.advances] = step.name
+            made[step.name] = compute(made[latest[step.reads]], state, setup)
+            latest[step.advances] = step.name
     return state
 
 
@@ -307,7 +309,8 @@ def slot_of(name: str) -> Slot | None:
     return _ADVANCES.get(name)
 
 
-def made_from(name: str, present: Sequence[str], slot: Slot | None = None) -> str:
+@lru_cache(maxsize=1024)  # a few chains, asked several times by every answer
+def made_from(name: str, present: tuple[str, ...], slot: Slot | None = None) -> str:
     """The name the step ``name`` read from its slot (or from ``slot``: the keys the scores
     read), given the names ``present`` in the order they were made (:func:`made`): the latest
     form of that slot made before it, or the latest of all when ``name`` was not made (what it

@@ -1,14 +1,15 @@
 """The words of a response: each step with its formula and shape, and the conventions used.
 Shapes come from the outputs table (:func:`service.trace.outputs.step_shape`)."""
 
+from functools import lru_cache
 from typing import Any
 
-from service.core import chain
 from service.trace.outputs import CHAIN, latest, step_order, step_shape
 from service.trace.plan import AttentionPlan, MultiheadPlan, Plan
+from service.trace.rows.rope import made as chain_names
 from service.trace.rows.rope import symbol
 from service.trace.rows.variants import VARIANTS
-from service.trace.shapes import Shapes
+from service.trace.shapes import Endpoint, Shapes
 
 Step = dict[str, Any]
 
@@ -99,15 +100,20 @@ def _attention(plan: Plan, scale: float) -> dict[str, str]:
 
 def _in_order(plan: Plan, formulas: dict[str, str]) -> list[Step]:
     """The steps in the order of the outputs table (per-head rows for the heads' steps), the
-    head's own in the order its chain made them (:func:`service.core.chain.made`: a norm after
-    RoPE comes after it)."""
-    shapes = plan.shapes
-    order: dict[str, float] = dict(step_order(shapes.endpoint))
-    made = [n for n in chain.made(chain.HEAD, chain.Setup(plan.variants)) if n in formulas]
-    places = sorted(order[n] for n in made)  # the chain's places in the table, its order within
-    order |= dict(zip(made, places, strict=True))
+    head's own in the order its chain made them (a norm after RoPE comes after it)."""
+    order = _order(plan.shapes.endpoint, chain_names(plan.variants))
     ordered = sorted(formulas, key=order.__getitem__)
-    return [_step(shapes, name, formulas[name]) for name in ordered]
+    return [_step(plan.shapes, name, formulas[name]) for name in ordered]
+
+
+@lru_cache(maxsize=256)
+def _order(endpoint: Endpoint, made: tuple[str, ...]) -> dict[str, int]:
+    """Each step's place: the table's, the names the head's chain ``made``
+    (:func:`service.core.chain.made`) taking the table's places of those names in their own
+    order."""
+    order = dict(step_order(endpoint))
+    rows = [n for n in made if n in order]  # the steps this endpoint's table has
+    return order | dict(zip(rows, sorted(order[n] for n in rows), strict=True))
 
 
 def _online(plan: Plan, steps: list[Step]) -> list[Step]:
