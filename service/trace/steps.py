@@ -4,9 +4,9 @@ Shapes come from the outputs table (:func:`service.trace.outputs.step_shape`).""
 from functools import lru_cache
 from typing import Any
 
+from service.core import chain
 from service.trace.outputs import CHAIN, latest, step_order, step_shape
 from service.trace.plan import AttentionPlan, MultiheadPlan, Plan
-from service.trace.rows.rope import made as chain_names
 from service.trace.rows.rope import symbol
 from service.trace.rows.variants import VARIANTS
 from service.trace.shapes import Endpoint, Shapes
@@ -101,7 +101,7 @@ def _attention(plan: Plan, scale: float) -> dict[str, str]:
 def _in_order(plan: Plan, formulas: dict[str, str]) -> list[Step]:
     """The steps in the order of the outputs table (per-head rows for the heads' steps), the
     head's own in the order its chain made them (a norm after RoPE comes after it)."""
-    order = _order(plan.shapes.endpoint, chain_names(plan.variants))
+    order = _order(plan.shapes.endpoint, chain.made_with(plan.variants))
     ordered = sorted(formulas, key=order.__getitem__)
     return [_step(plan.shapes, name, formulas[name]) for name in ordered]
 

@@ -168,26 +168,11 @@ _SYMBOLS = {
 }
 
 
-_last: list[tuple[Variants, tuple[str, ...]]] = []  # the last variants asked, and their names
-
-
-def made(v: Variants) -> tuple[str, ...]:
-    """The names the head's chain makes with the variants ``v``, in order
-    (:func:`service.core.chain.made`; a decode step's cache aside); kept for the last ``v``
-    asked, as one answer asks several times (2-3 µs each, a small answer takes ~110 µs)."""
-    last = _last[-1] if _last else None
-    if last is not None and last[0] is v:  # frozen: the same object, the same names
-        return last[1]
-    names = chain.made(chain.HEAD, chain.Setup(v))
-    _last[:] = [(v, names)]
-    return names
-
-
 def symbol(s: Shapes, v: Variants, step: str, side: Slot) -> str:
     """The queries' (``side`` "q"), keys' ("k") or values' ("v") symbol as the step ``step``
     reads them (:func:`service.core.chain.made_from`): the form before it, or the last one for
     a later step (the scores); on a decode step the new tokens' form."""
-    return _SYMBOLS[chain.made_from(step, made(v), slot=side)]
+    return _SYMBOLS[chain.made_from(step, chain.made_with(v), slot=side)]
 
 
 def rope_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
