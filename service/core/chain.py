@@ -317,7 +317,7 @@ def made_with(variants: Variants, masked: bool = False) -> tuple[str, ...]:
 
 _PROJECTIONS: dict[str, Slot] = {"q": "q", "k": "k", "v": "v"}
 _ADVANCES: dict[str, Slot] = _PROJECTIONS | {step.name: step.advances for step in HEAD}
-_READS: dict[str, Slot] = {step.name: step.reads for step in HEAD}
+READS: dict[str, Slot] = {step.name: step.reads for step in HEAD}  # each step's slot
 ORDER: tuple[str, ...] = tuple(dict.fromkeys(("q", "k", "v", *(s.name for s in HEAD))))
 
 
@@ -332,6 +332,6 @@ def made_from(name: str, present: tuple[str, ...], slot: Slot | None = None) -> 
     read), given the names ``present`` in the order they were made (:func:`made`): the latest
     form of that slot made before it, or the latest of all when ``name`` was not made (what it
     would read)."""
-    wanted = _READS[name] if slot is None else slot
+    wanted = READS[name] if slot is None else slot
     before = present[: present.index(name)] if name in present else present
     return next(n for n in reversed(before) if _ADVANCES.get(n) == wanted)
