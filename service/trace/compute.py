@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from service.core import masks
+from service.core import chain, masks
 from service.core.attention import (
     AttentionTrace,
     Past,
@@ -219,9 +219,9 @@ def _online(plan: Plan, trace: AttentionTrace) -> OnlineSoftmax:
     """The trace's softmax and weights V again, a block of keys at a time: the final scores
     (−∞ masked), the values the output read, the sink where there is one."""
     assert plan.shapes.online_block is not None
-    latest = (trace.masked_scores, trace.biased_scores, trace.capped_scores)  # the chain, back
-    logits = next((a for a in latest if a is not None), trace.scaled_scores)  # (..., L, S)
-    v = next(a for a in (trace.present_v, trace.v_normed, trace.v) if a is not None)
+    present = tuple(name for name in chain.ORDER if getattr(trace, name) is not None)
+    logits = getattr(trace, chain.made_from("weights", present))  # (..., L, S) the final scores
+    v = getattr(trace, chain.made_from("output", present, slot="v"))  # (..., S, d_v)
     sinks = plan.variants.sinks
     sink = None
     if sinks is not None:  # one number, or one per head: (h,) -> (1, h, 1) against (B, h, L)

@@ -1,13 +1,15 @@
 """The words of a response: each step with its formula and shape, and the conventions used.
 Shapes come from the outputs table (:func:`service.trace.outputs.step_shape`)."""
 
+from functools import lru_cache
 from typing import Any
 
+from service.core import chain
 from service.trace.outputs import CHAIN, latest, step_order, step_shape
 from service.trace.plan import AttentionPlan, MultiheadPlan, Plan
-from service.trace.rows.rope import applied, symbol
+from service.trace.rows.rope import symbol
 from service.trace.rows.variants import VARIANTS
-from service.trace.shapes import Shapes
+from service.trace.shapes import Endpoint, Shapes
 
 Step = dict[str, Any]
 
@@ -69,7 +71,7 @@ def _attention(plan: Plan, scale: float) -> dict[str, str]:
         "scaled_scores": f"{q} {k}ᵀ · scale, " + (default if plan.scale is None else given),
         "weights": f"softmax of {latest(s, 'weights', CHAIN)} over keys: exp(s − max(s)) / "
         "Σ exp(s − max(s)), row by row",
-        "output": "weights V_n" if "v_norm" in s.on else "weights V",
+        "output": f"weights {symbol(s, plan.variants, 'output', 'v')}",
     }
     if s.masked:
         formulas["masked_scores"] = (
@@ -85,7 +87,7 @@ def _attention(plan: Plan, scale: float) -> dict[str, str]:
         formulas |= {
             "present_k": f"[past.k | {k_new}]: the cache's {p} keys, then the {n} new tokens' "
             f"(positions {p}…{p + n - 1} unless given), as a Hugging Face cache stores them",
-            "present_v": f"[past.v | {'V_n' if 'v_norm' in s.on else 'V'}]: the cache's {p} "
+            "present_v": f"[past.v | {symbol(s, plan.variants, 'present_v', 'v')}]: the cache's {p} "
             f"values, then the {n} new",
             "scores": f"{q} present_kᵀ: the {n} new queries against all {p + n} keys",
             "masked_scores": formulas.get("masked_scores", "")
@@ -98,16 +100,20 @@ def _attention(plan: Plan, scale: float) -> dict[str, str]:
 
 def _in_order(plan: Plan, formulas: dict[str, str]) -> list[Step]:
     """The steps in the order of the outputs table (per-head rows for the heads' steps), the
-    queries' and keys' forms in the order they were made (a norm after RoPE comes after it)."""
-    shapes = plan.shapes
-    order: dict[str, float] = dict(step_order(shapes.endpoint))
-    after = plan.variants.q_norm is not None and plan.variants.q_norm.after_rope
-    for j, side in enumerate("qk" if after else ""):
-        forms = applied(shapes, plan.variants, side)
-        for i, name in enumerate(forms[1:]):  # after the projections, q's form before k's
-            order[name] = order["v"] + (i + 1) / 10 + (j + 1) / 100
+    head's own in the order its chain made them (a norm after RoPE comes after it)."""
+    order = _order(plan.shapes.endpoint, chain.made_with(plan.variants))
     ordered = sorted(formulas, key=order.__getitem__)
-    return [_step(shapes, name, formulas[name]) for name in ordered]
+    return [_step(plan.shapes, name, formulas[name]) for name in ordered]
+
+
+@lru_cache(maxsize=256)
+def _order(endpoint: Endpoint, made: tuple[str, ...]) -> dict[str, int]:
+    """Each step's place: the table's, the names the head's chain ``made``
+    (:func:`service.core.chain.made`) taking the table's places of those names in their own
+    order."""
+    order = dict(step_order(endpoint))
+    rows = [n for n in made if n in order]  # the steps this endpoint's table has
+    return order | dict(zip(rows, sorted(order[n] for n in rows), strict=True))
 
 
 def _online(plan: Plan, steps: list[Step]) -> list[Step]:

@@ -11,7 +11,7 @@ from typing import Literal
 
 import numpy as np
 
-from service.core import masks
+from service.core import chain, masks
 from service.core.attention import Past, Projections, project, transposed
 from service.core.multihead import (
     LayerNorm,
@@ -180,8 +180,8 @@ def _after_rope(s: Setup) -> bool:
 
 def _rotated(name: Literal["q", "k"]) -> Compute:
     def compute(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-        before = (name,) if _after_rope(s) else (f"{name}_normed", name)
-        return {f"{name}_rotated": _turned(_latest(st, before), name, s, t)}  # (..., n, d_k)
+        made = f"{name}_rotated"
+        return {made: _turned(_read(st, s, made), name, s, t)}  # (..., n, d_k)
 
     return compute
 
@@ -190,7 +190,7 @@ def _tempered(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
     v = s.variants
     assert v.temperature is not None
     positions = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
-    q = _latest(st, _forms("q", s)[1:])  # (..., L, d_k)
+    q = _read(st, s, "q_tempered")  # (..., L, d_k)
     return {"q_tempered": q * temperature_factors(positions, v.temperature)[:, None]}
 
 
@@ -199,11 +199,12 @@ def _v_normed(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
     return {"v_normed": qk_norm(st["v"], s.variants.v_norm)}
 
 
-def _forms(side: Literal["q", "k"], s: Setup) -> tuple[str, ...]:
-    """The queries' (keys') forms, latest first: what the next step reads."""
-    made = ("normed", "rotated") if _after_rope(s) else ("rotated", "normed")
-    tempered = ("q_tempered",) if side == "q" else ()
-    return (*tempered, *(f"{side}_{m}" for m in made), side)
+def _read(st: State, s: Setup, step: str, slot: chain.Slot | None = None) -> Array:
+    """What the head's step ``step`` reads from its slot (or from ``slot``): the latest form
+    made before it in the chain (:func:`service.core.chain.made_from`), among those this
+    computation holds."""
+    made = chain.made_with(s.variants, masked=bool(s.mask_specs))  # a decode's cache aside
+    return st[chain.made_from(step, tuple(n for n in made if n in st), slot)]
 
 
 def _latest(st: State, names: tuple[str, ...]) -> Array:
@@ -212,8 +213,8 @@ def _latest(st: State, names: tuple[str, ...]) -> Array:
 
 
 def _scores(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    q = _latest(st, _forms("q", s))  # (..., L, d_k)
-    k = _latest(st, _forms("k", s))  # (..., S, d_k); with a cache the L new keys
+    q = _read(st, s, "scores")  # (..., L, d_k)
+    k = _read(st, s, "scores", "k")  # (..., S, d_k); with a cache the L new keys
     if s.past is not None:  # a decode step: the cached keys, then the new (P + L keys)
         k = np.concatenate([s.past.k, k], axis=-2)
     if "q_k_swapped" in t.mistakes:
@@ -240,7 +241,7 @@ def _capped(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
 
 
 def _biased(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    return {"biased_scores": _latest(st, ("capped_scores", "scaled_scores")) + st["position_bias"]}
+    return {"biased_scores": _read(st, s, "biased_scores") + st["position_bias"]}
 
 
 def _mask(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
@@ -278,14 +279,14 @@ def _heads_axis(st: State, s: Setup, name: str) -> Array:
 
 
 def _masked(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    logits = _latest(st, ("biased_scores", "capped_scores", "scaled_scores"))  # (..., L, S)
+    logits = _read(st, s, "masked_scores")  # (..., L, S)
     if "mask_after_softmax" in t.mistakes:
         return {"masked_scores": logits}  # the mask waits for the weights
     return {"masked_scores": logits + _heads_axis(st, s, "additive_mask")}
 
 
 def _weights(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    logits = _latest(st, ("masked_scores", "biased_scores", "capped_scores", "scaled_scores"))
+    logits = _read(st, s, "weights")  # (..., L, S) the scores so far
     over_queries = "softmax_over_queries" in t.mistakes
     sink_weights = None
     if over_queries:
@@ -321,7 +322,7 @@ def _softmax(logits: Array, rows: RowPolicy) -> Array:
 
 
 def _output(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    v = _latest(st, ("v_normed", "v"))  # (..., S, d_v); with a cache the L new values
+    v = _read(st, s, "output", "v")  # (..., S, d_v); with a cache the L new values
     if s.past is not None:
         v = np.concatenate([s.past.v, v], axis=-2)  # (..., P + L, d_v)
     return {"output": st["weights"] @ v}  # (..., L, d_v)

@@ -1,7 +1,7 @@
 """RoPE as a variant's row (API.md, "Position and score variants" and its scalings): its checks
 against the shapes, the engine's settings (each scaling's options as the core's class), its
-step in words; and the symbols of the queries and keys as each step reads them (Q, Q_n, Q_r,
-Q_t), in the order the variants make them. The row itself is in
+step in words; and the symbols of the queries, keys and values as each step reads them (Q,
+Q_n, Q_r, Q_t, V, V_n), asked of the core's chain. The row itself is in
 :data:`service.trace.rows.variants.VARIANTS`."""
 
 from collections.abc import Callable
@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from service.core import chain
+from service.core.chain import Slot
 from service.core.positions import PositionBias, Rope, sequence_length
 from service.core.rope_scaling import (
     DynamicScaling,
@@ -152,34 +154,25 @@ def _key_at(v: Variants) -> str:
     return "0…S−1"
 
 
-# the symbol of the queries (keys) as each step leaves them
-_SYMBOLS = {"q": "Q", "q_normed": "Q_n", "q_rotated": "Q_r", "q_tempered": "Q_t", "k": "K",
-            "k_normed": "K_n", "k_rotated": "K_r"}  # fmt: skip
+# the symbol of each form of the queries, keys and values (the names the head's chain makes)
+_SYMBOLS = {
+    "q": "Q",
+    "q_normed": "Q_n",
+    "q_rotated": "Q_r",
+    "q_tempered": "Q_t",
+    "k": "K",
+    "k_normed": "K_n",
+    "k_rotated": "K_r",
+    "v": "V",
+    "v_normed": "V_n",
+}
 
 
-def applied(s: Shapes, v: Variants, side: str) -> tuple[str, ...]:
-    """The forms the queries (``side`` "q") or keys ("k") take, in the order they are made:
-    the projection, then the norm, RoPE, the norm after RoPE (Llama 4), the temperature."""
-    after = v.q_norm is not None and v.q_norm.after_rope
-    norm = ("qk_norm" in s.on, f"{side}_normed")
-    return tuple(
-        name
-        for on, name in (
-            (True, side),
-            (norm[0] and not after, norm[1]),
-            ("rope" in s.on, f"{side}_rotated"),
-            (norm[0] and after, norm[1]),
-            ("temperature" in s.on and side == "q", "q_tempered"),
-        )
-        if on
-    )
-
-
-def symbol(s: Shapes, v: Variants, step: str, side: str) -> str:
-    """The queries' (``side`` "q") or keys' ("k") symbol as the step ``step`` reads them: the
-    form before it, or the last one for a later step (the scores)."""
-    forms = applied(s, v, side)
-    return _SYMBOLS[forms[forms.index(step) - 1] if step in forms else forms[-1]]
+def symbol(s: Shapes, v: Variants, step: str, side: Slot) -> str:
+    """The queries' (``side`` "q"), keys' ("k") or values' ("v") symbol as the step ``step``
+    reads them (:func:`service.core.chain.made_from`): the form before it, or the last one for
+    a later step (the scores); on a decode step the new tokens' form."""
+    return _SYMBOLS[chain.made_from(step, chain.made_with(v), slot=side)]
 
 
 def rope_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:

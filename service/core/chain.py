@@ -1,0 +1,337 @@
+"""The chain of one attention head, written once: :data:`HEAD`, its steps in order.
+
+Each :class:`Step` names the intermediate it makes and the slot it reads and advances (``q``,
+``k``, ``v``: the latest form of the queries, keys, values; ``scores``: the scores so far;
+``weights``; ``out``), and when it is on. :func:`run` runs the steps that are on, in order,
+over a :class:`State` (every intermediate by name, and each slot's latest name); the engine
+(:func:`service.core.attention.scaled_dot_product_attention`) runs them with the guards on,
+and :func:`made_from` answers what a step read, for every reader of the chain (the trace's
+symbols and the order of its steps). The contract fixes the order (API.md, "Position and
+score variants"): QK-norm of Q and K (Qwen3, Gemma 3), RoPE (Su et al. 2021), the norm after
+RoPE instead (Llama 4's ``Llama4TextL2Norm``), the queries' temperature (Llama 4), the values'
+norm (Gemma 4), the cache (transformers' ``Cache.update``), then the scores Q Kᵀ (Vaswani et
+al. 2017), scaled, soft-capped (Gemma 2), biased (ALiBi, T5), masked, the softmax (with a sink,
+gpt-oss) and the weights times the values.
+
+Shapes use paper names: L queries, S keys, d_k query/key width, d_v value width, with any
+leading batch axes (``...``): ``(B, L, ·)`` on /attention, ``(B, h, L, ·)`` per head.
+NumPy only, no I/O.
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from types import MappingProxyType
+from typing import Literal
+from weakref import ref
+
+import numpy as np
+
+from service.core.errors import AttentionInputError, FullyMaskedRowsError, require_finite
+from service.core.linear import Past, transposed
+from service.core.positions import rope, sequence_length
+from service.core.softmax import fully_masked, rows_by_item, softmax
+from service.core.types import Array, BoolArray, FullyMaskedPolicy, IntArray
+from service.core.variants import Variants, qk_norm, softcap, softmax_with_sink
+from service.core.variants import temperature_factors as temperature
+
+Slot = Literal["q", "k", "v", "scores", "weights", "out"]
+
+
+@dataclass(slots=True)  # not frozen: built for every head run, and frozen's init costs 2×
+class Setup:
+    """What the head's steps read besides the arrays: the variants (positions already those
+    of a decode step), the scale, the mask and its policies, the cache."""
+
+    variants: Variants
+    scale: float = 1.0
+    additive: Array | None = None  # broadcastable to (..., L, S): 0, −∞ masked, or a bias
+    padded_queries: BoolArray | None = None  # broadcastable to (..., L)
+    fully_masked_policy: FullyMaskedPolicy = "zero"
+    past: Past | None = None  # a decode step's cache: (..., P, d_k), (..., P, d_v)
+
+
+@dataclass
+class State:
+    """The intermediates made so far, by name in the order made, and the name of each slot's
+    latest form (``state["q"]``: the queries as the next step reads them)."""
+
+    made: dict[str, Array]
+    latest: dict[Slot, str]
+    fully_masked_rows: BoolArray | None = None  # (..., L) set by the softmax
+
+    def __getitem__(self, slot: Slot) -> Array:
+        return self.made[self.latest[slot]]
+
+
+def start(q: Array, k: Array, v: Array) -> State:
+    """The state before the first step: the projections, each its own slot's first form."""
+    return State({"q": q, "k": k, "v": v}, {"q": "q", "k": "k", "v": "v"})
+
+
+Run = Callable[[Array, State, Setup], Array]  # (what the step reads, the state, the setup)
+Trial = Mapping[str, Run]  # a step's name → the computation put in its place
+NONE: Trial = MappingProxyType({})
+
+
+def _always(s: Setup) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step: the intermediate it makes (``name``), the slot it reads and advances
+    (``reads``; ``into`` when it makes another slot's first form, as the scores from the
+    queries), how (``run``) and when (``on``)."""
+
+    name: str
+    reads: Slot
+    run: Run
+    on: Callable[[Setup], bool] = _always
+    into: Slot | None = None
+    advances: Slot = field(init=False)  # into, else reads: the slot whose latest form it makes
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "advances", self.reads if self.into is None else self.into)
+
+
+# ---- the queries, keys and values -------------------------------------------------------
+
+
+def _positions(st: State, s: Setup) -> IntArray:
+    """The queries' positions: as given, else 0 … L − 1."""
+    given = s.variants.positions
+    return np.arange(st.made["q"].shape[-2]) if given is None else given  # (L,)
+
+
+def _normed(side: Literal["q", "k"]) -> Run:
+    def run(x: Array, st: State, s: Setup) -> Array:
+        settings = s.variants.q_norm if side == "q" else s.variants.k_norm
+        assert settings is not None
+        return qk_norm(x, settings)  # (..., n, d_k)  per vector (Zhang & Sennrich 2019)
+
+    return run
+
+
+def _rotated_q(x: Array, st: State, s: Setup) -> Array:
+    assert s.variants.rope is not None
+    at = _positions(st, s)  # (L,)
+    return rope(x, at, s.variants.rope, sequence_length(at))  # (..., L, d_k)
+
+
+def _rotated_k(x: Array, st: State, s: Setup) -> Array:
+    """The keys at ``context_positions`` (0 … S − 1 unless given); the scalings that depend on
+    the length take the queries'."""
+    assert s.variants.rope is not None
+    given = s.variants.context_positions
+    at = np.arange(x.shape[-2]) if given is None else given  # (S,)
+    return rope(x, at, s.variants.rope, sequence_length(_positions(st, s)))  # (..., S, d_k)
+
+
+def _tempered(x: Array, st: State, s: Setup) -> Array:
+    assert s.variants.temperature is not None
+    return x * temperature(_positions(st, s), s.variants.temperature)[:, None]  # (..., L, d_k)
+
+
+def _v_normed(x: Array, st: State, s: Setup) -> Array:
+    assert s.variants.v_norm is not None
+    return qk_norm(x, s.variants.v_norm)  # (..., S, d_v)
+
+
+def _cached(side: Literal["k", "v"]) -> Run:
+    """The cache as transformers updates it: the new keys (values) normed and rotated, then
+    appended to the P cached ones."""
+
+    def run(x: Array, st: State, s: Setup) -> Array:
+        assert s.past is not None
+        return np.concatenate([s.past.k if side == "k" else s.past.v, x], axis=-2)  # (..., P+L, ·)
+
+    return run
+
+
+def _qk_norm_before(s: Setup) -> bool:
+    n = s.variants.q_norm
+    return n is not None and s.variants.k_norm is not None and not n.after_rope
+
+
+def _qk_norm_after(s: Setup) -> bool:
+    n = s.variants.q_norm
+    return n is not None and s.variants.k_norm is not None and n.after_rope
+
+
+# ---- the scores --------------------------------------------------------------------------
+
+
+def _scores(q: Array, st: State, s: Setup) -> Array:
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused when scaled
+        return q @ transposed(st["k"])  # (..., L, S)
+
+
+def _scaled(scores: Array, st: State, s: Setup) -> Array:
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+        scaled = scores * s.scale  # (..., L, S)
+    require_finite(scaled, "the scaled scores Q Kᵀ · scale")  # −∞ must not pass for a mask
+    return scaled
+
+
+def _capped(scores: Array, st: State, s: Setup) -> Array:
+    assert s.variants.softcap is not None
+    return softcap(scores, s.variants.softcap)  # (..., L, S)
+
+
+def _biased(scores: Array, st: State, s: Setup) -> Array:
+    """The scores so far plus the position bias (kept as ``position_bias``)."""
+    assert s.variants.position_bias is not None
+    bias = st.made["position_bias"] = np.broadcast_to(s.variants.position_bias, scores.shape)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+        biased = scores + bias  # (..., L, S)
+    require_finite(biased, "the scores plus the position bias")
+    return biased
+
+
+def _masked(scores: Array, st: State, s: Setup) -> Array:
+    """The scores so far + M, refusing sums that overflow (finite + finite reaching ±∞)."""
+    assert s.additive is not None
+    with np.errstate(over="ignore", invalid="ignore"):
+        masked = scores + s.additive  # (..., L, S)
+    if not (np.isfinite(masked) | np.isneginf(s.additive)).all():
+        raise AttentionInputError(
+            "the masked scores (scaled scores plus the additive mask) overflowed float64; "
+            "use smaller additive values or inputs"
+        )
+    return masked
+
+
+# ---- the weights and the output -----------------------------------------------------------
+
+
+def _weights(logits: Array, st: State, s: Setup) -> Array:
+    """The row softmax; with sinks, one more key with no value (its share kept as
+    ``sink_weights``), and a row with every key masked gives the sink all its weight whatever
+    the policy says (flagged all the same: the flags describe the mask). Without sinks, rows
+    where every key is masked get 0, 1/S or raise :class:`FullyMaskedRowsError`; padded query
+    rows get 0 and never count as such."""
+    sinks, padded = s.variants.sinks, s.padded_queries
+    sunk = None if sinks is None else softmax_with_sink(logits, sinks)
+    if sunk is not None:
+        empty = sunk.fully_masked_rows  # (..., L)
+    elif s.additive is None:  # only a mask makes a score −∞ (the others are refused)
+        empty = np.zeros(logits.shape[:-1], dtype=bool)  # (..., L)
+    else:
+        empty = fully_masked(logits)  # (..., L)
+    if padded is not None:
+        empty &= ~padded
+    st.fully_masked_rows = empty
+    if sunk is not None:  # fully masked rows go to the sink: no policy applies
+        weights = sunk.weights  # (..., L, S)
+    elif s.fully_masked_policy == "error" and empty.any():
+        raise FullyMaskedRowsError(rows_by_item(empty))
+    else:
+        weights = softmax(logits, "uniform" if s.fully_masked_policy == "uniform" else "zero")
+    if padded is not None and padded.any():
+        weights[np.broadcast_to(padded[..., None], weights.shape)] = 0.0
+    if sunk is not None:  # a padded row attends to nothing, the sink included
+        sunk_weights = sunk.sink_weights  # (..., L)
+        if padded is not None and padded.any():
+            sunk_weights = np.where(padded, 0.0, sunk_weights)
+        st.made["sink_weights"] = sunk_weights
+    return weights
+
+
+def _output(weights: Array, st: State, s: Setup) -> Array:
+    v = st["v"]  # (..., S, d_v): the values as the last step left them
+    require_finite(v, "V")
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+        output = weights @ v  # (..., L, d_v)
+    require_finite(output, "the output (weights V)")
+    return output
+
+
+HEAD: tuple[Step, ...] = (
+    Step("q_normed", reads="q", run=_normed("q"), on=_qk_norm_before),
+    Step("k_normed", reads="k", run=_normed("k"), on=_qk_norm_before),
+    Step("q_rotated", reads="q", run=_rotated_q, on=lambda s: s.variants.rope is not None),
+    Step("k_rotated", reads="k", run=_rotated_k, on=lambda s: s.variants.rope is not None),
+    Step("q_normed", reads="q", run=_normed("q"), on=_qk_norm_after),
+    Step("k_normed", reads="k", run=_normed("k"), on=_qk_norm_after),
+    Step("q_tempered", reads="q", run=_tempered, on=lambda s: s.variants.temperature is not None),
+    Step("v_normed", reads="v", run=_v_normed, on=lambda s: s.variants.v_norm is not None),
+    Step("present_k", reads="k", run=_cached("k"), on=lambda s: s.past is not None),
+    Step("present_v", reads="v", run=_cached("v"), on=lambda s: s.past is not None),
+    Step("scores", reads="q", into="scores", run=_scores),
+    Step("scaled_scores", reads="scores", run=_scaled),
+    Step("capped_scores", reads="scores", run=_capped, on=lambda s: s.variants.softcap is not None),
+    Step(
+        "biased_scores",
+        reads="scores",
+        run=_biased,
+        on=lambda s: s.variants.position_bias is not None,
+    ),
+    Step("masked_scores", reads="scores", run=_masked, on=lambda s: s.additive is not None),
+    Step("weights", reads="scores", into="weights", run=_weights),
+    Step("output", reads="weights", into="out", run=_output),
+)
+
+
+def run(
+    steps: Sequence[Step],
+    state: State,
+    setup: Setup,
+    trial: Trial = NONE,
+    start: int = 0,
+    stop: int | None = None,
+) -> State:
+    """``state`` with ``steps[start:stop]`` that are on under ``setup`` run in order, each
+    reading its slot's latest form and advancing it; a step named in ``trial`` runs the
+    computation given there instead."""
+    made, latest = state.made, state.latest
+    for step in steps[start:stop] if start or stop is not None else steps:
+        if step.on(setup):
+            compute = trial.get(step.name, step.run) if trial else step.run
+            made[step.name] = compute(made[latest[step.reads]], state, setup)
+            latest[step.advances] = step.name
+    return state
+
+
+def made(steps: Sequence[Step], setup: Setup) -> tuple[str, ...]:
+    """The names the steps that are on under ``setup`` make, in order, after the projections
+    (``q``, ``k``, ``v``): the ``present`` :func:`made_from` reads."""
+    return ("q", "k", "v", *(step.name for step in steps if step.on(setup)))
+
+
+# the variants asked last (weakly: their arrays are the request's), a mask or not, their names
+_made: list[tuple[ref[Variants], bool, tuple[str, ...]]] = []
+
+
+def made_with(variants: Variants, masked: bool = False) -> tuple[str, ...]:
+    """:func:`made` of :data:`HEAD` with ``variants`` (a mask or not, no cache), kept for the two
+    asked last: an answer asks several times, and made costs ~2 µs where a small answer
+    takes ~110 µs."""
+    for asked, mask, names in _made:
+        if asked() is variants and mask == masked:  # frozen: the same object, the same names
+            return names
+    names = made(HEAD, Setup(variants, additive=np.zeros(()) if masked else None))
+    _made[:] = [*_made[-1:], (ref(variants), masked, names)]
+    return names
+
+
+_PROJECTIONS: dict[str, Slot] = {"q": "q", "k": "k", "v": "v"}
+_ADVANCES: dict[str, Slot] = _PROJECTIONS | {step.name: step.advances for step in HEAD}
+READS: dict[str, Slot] = {step.name: step.reads for step in HEAD}  # each step's slot
+ORDER: tuple[str, ...] = tuple(dict.fromkeys(("q", "k", "v", *(s.name for s in HEAD))))
+
+
+def slot_of(name: str) -> Slot | None:
+    """The slot the step ``name`` advances (None for a name the head's chain does not make)."""
+    return _ADVANCES.get(name)
+
+
+@lru_cache(maxsize=1024)  # a few chains, asked several times by every answer
+def made_from(name: str, present: tuple[str, ...], slot: Slot | None = None) -> str:
+    """The name the step ``name`` read from its slot (or from ``slot``: the keys the scores
+    read), given the names ``present`` in the order they were made (:func:`made`): the latest
+    form of that slot made before it, or the latest of all when ``name`` was not made (what it
+    would read)."""
+    wanted = READS[name] if slot is None else slot
+    before = present[: present.index(name)] if name in present else present
+    return next(n for n in reversed(before) if _ADVANCES.get(n) == wanted)
