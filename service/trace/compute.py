@@ -17,7 +17,13 @@ from service.core.attention import (
 from service.core.diagnosis.stages import Setup
 from service.core.latent import LatentDims, latent_attention
 from service.core.multihead import MultiheadTrace, attend_heads, multihead_attention
-from service.core.positions import position_bias
+from service.core.positions import (
+    Alibi,
+    alibi_slopes,
+    position_bias,
+    rope_frequencies,
+    sequence_length,
+)
 from service.core.softmax import OnlineSoftmax, online_softmax, rows_by_item
 from service.core.types import Array
 from service.core.variants import Variants
@@ -51,6 +57,38 @@ def _variants(plan: Plan) -> Variants:
     return replace(v, position_bias=bias)
 
 
+def _positions_used(plan: Plan) -> dict[str, Any]:
+    """The numbers the position variants used, returned as outputs so that a cell can be
+    explained from the answer: the queries' and keys' positions (the defaults of
+    :func:`queries_and_keys` and :func:`_variants`), θ_i after the scaling and the factor on cos
+    and sin (:func:`service.core.positions.rope`), each head's ALiBi slope. Only the present
+    ones are read (service.trace.outputs)."""
+    s, v = plan.shapes, plan.variants
+    p = s.past_len
+    queries = np.arange(p, p + s.seq_len) if v.positions is None else v.positions  # (L,)
+    if p:  # the cache's keys, then the new tokens' at the queries' positions
+        keys = np.concatenate((np.arange(p), queries))  # (P + L,)
+    else:
+        keys = np.arange(s.ctx_len) if v.context_positions is None else v.context_positions
+    values: dict[str, Any] = {"query_positions": queries, "key_positions": keys}  # (S,)
+    if v.rope is not None:
+        r = v.rope.rotary_dim or s.d_k
+        if s.latent is not None:  # mla: the rope features of each query and key
+            r = s.latent.qk_rope_head_dim
+        scaling = v.rope.scaling
+        if v.rope.style == "proportional":  # d_k/2 pairs, the first r/2 turned
+            turned = rope_frequencies(s.d_k, v.rope.base)[: r // 2]
+            theta = np.concatenate((turned, np.zeros(s.d_k // 2 - r // 2)))  # (d_k/2,)
+        else:
+            theta = rope_frequencies(r, v.rope.base, scaling, sequence_length(queries))  # (r/2,)
+        gain = 1.0 if scaling is None else scaling.attention_factor
+        values |= {"rope_frequencies": theta, "rope_gain": gain}
+    if isinstance(plan.bias, Alibi):
+        given = plan.bias.slopes
+        values["alibi_slopes"] = alibi_slopes(s.num_heads) if given is None else given  # (h,)
+    return values
+
+
 def _common(plan: Plan, trace: AttentionTrace, mask: masks.CombinedMask | None) -> dict[str, Any]:
     """The values both endpoints return besides their arrays."""
     s = plan.shapes
@@ -63,6 +101,7 @@ def _common(plan: Plan, trace: AttentionTrace, mask: masks.CombinedMask | None) 
         "conventions": steps.conventions(plan),
         "warnings": list(s.warnings),
         **plan.generated,
+        **_positions_used(plan),
     }
     if mask is not None:
         values |= {

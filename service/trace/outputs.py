@@ -38,6 +38,8 @@ Kind = Literal[
     "warnings",
     "check",  # decode_check: {max_abs_diff, steps}
     "blocks",  # online_softmax: one entry per key block
+    "numbers",  # a short list of floats for the whole request (θ_i, slopes), never batched
+    "integers",  # a short list of integers for the whole request (positions), never batched
 ]
 ShapeOf = Callable[[Shapes], tuple[int, ...]]
 Presence = Callable[[Shapes], bool]
@@ -229,6 +231,16 @@ def _comparing(s: Shapes) -> bool:
 
 def _checking_decode(s: Shapes) -> bool:
     return s.check_decode
+
+
+@dataclass(frozen=True)
+class AnyOn:
+    """Present when any of these variants is on: the positions, which several read."""
+
+    variants: frozenset[str]
+
+    def __call__(self, shapes: Shapes) -> bool:
+        return bool(self.variants & shapes.on)
 
 
 def _presence(on: str | None, when: Presence | None) -> Presence:
@@ -629,6 +641,50 @@ OUTPUTS: tuple[Output, ...] = (
         "the final result: the last of projected, residual, layer_norm",
         rows_by=queries(D_OUT),
         title="output",
+    ),
+    # the numbers the position variants used, so a cell can be explained from the answer (few:
+    # returned whatever include says)
+    value(
+        "query_positions",
+        "the queries' positions [L] that RoPE, the position bias and the temperature used: "
+        "positions as given, else 0 … L−1 (with past: P … P + L − 1); linear scaling divides "
+        "them before the angles, which take p / factor",
+        kind="integers",
+        when=AnyOn(frozenset({"rope", "temperature", "position_bias"})),
+        always=True,
+    ),
+    value(
+        "key_positions",
+        "the keys' positions [S] that RoPE and the position bias used: context_positions as "
+        "given; in self-attention the queries' positions; else 0 … S−1 (with past: the cache's "
+        "0 … P − 1, then the new tokens' at the queries' positions)",
+        kind="integers",
+        when=AnyOn(frozenset({"rope", "position_bias"})),
+        always=True,
+    ),
+    value(
+        "rope_frequencies",
+        "θ_i [r/2] as the rotation used them, after the scaling, for the queries' sequence length "
+        "(n = the largest query position + 1); [d_k/2] with the proportional style (0: a pair "
+        "left unturned); [qk_rope_head_dim/2] with mla (when rope is on)",
+        kind="numbers",
+        on="rope",
+        always=True,
+    ),
+    value(
+        "rope_gain",
+        "the factor multiplying cos and sin: the scaling's attention factor, 1 without one (when "
+        "rope is on)",
+        kind="float",
+        on="rope",
+        always=True,
+    ),
+    value(
+        "alibi_slopes",
+        "each head's ALiBi slope [h] (given, or the paper's) (when alibi is on)",
+        kind="numbers",
+        on="alibi",
+        always=True,
     ),
     # sizes and conventions, always returned
     value("scale", "the factor applied to Q Kᵀ", kind="float", always=True),

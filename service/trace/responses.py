@@ -160,6 +160,8 @@ TYPES: dict[Kind, Any] = {
     "warnings": list[Warning],
     "check": DecodeCheck,
     "blocks": list[OnlineBlock],
+    "numbers": list[float],
+    "integers": list[int],
 }  # and "heads", once HeadTrace is built below
 
 

@@ -240,8 +240,22 @@ ROPE_LLAMA3_BANDS: dict[str, Any] = {
     "positions": [100, 101], "context_positions": [3, 100],
 }  # fmt: skip
 
+# a decode step: the new token after a cache of 3 sits at position 3, its key too (the answer's
+# query_positions and key_positions say so; the request names no position)
+ROPE_DECODE: dict[str, Any] = {
+    "q": _rows(1, 8, 12), "k": _rows(1, 8, 13), "v": _rows(1, 2, 14), "rope": {"base": 100},
+    "past": {"k": _rows(3, 8, 15), "v": _rows(3, 2, 16)},
+}  # fmt: skip
+
+# the same without factor: the service's default (8, as its schema says) slows the long ones
+ROPE_LLAMA3_DEFAULT_FACTOR: dict[str, Any] = {
+    **ROPE_LLAMA3_BANDS,
+    "rope": {"base": 10, "scaling": {"type": "llama3", "original_max_position": 32}},
+}
+
 ROPE_CASES = [
     ("llama_layer_gqa", "multihead", ex.LLAMA_LAYER),
+    ("decode_step_after_a_cache", "attention", ROPE_DECODE),
     ("llama3_every_band", "attention", ROPE_LLAMA3_BANDS),
     ("interleaved_linear_qk_norm_positions", "attention", ROPE_ODD),
     *ROPE_SCALED,
@@ -437,6 +451,9 @@ SCALED_WORDS: list[tuple[str, str, dict[str, Any], int | None, list[str], list[s
     ("llama3", "attention", ROPE_LLAMA3_BANDS, None,
      ["0 with 4", "kept (short wavelength)", "blended: ", "slowed: θ/8 (long wavelength)"],
      ["llama3 scaling: wavelengths over 32/1 slowed by 8"]),
+    ("llama3_default_factor", "attention", ROPE_LLAMA3_DEFAULT_FACTOR, None,
+     ["kept (short wavelength)", "blended: ", "slowed: θ/8 (long wavelength)"],
+     ["slowed by 8"]),
     ("linear", "attention", ROPE_ODD, None, ["0 with 1", "θ kept; positions ÷ 2"],
      ["positions divided by 2 (linear scaling)"]),
     ("proportional", "attention", ROPE_PROPORTIONAL, None,

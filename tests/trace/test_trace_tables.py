@@ -68,7 +68,7 @@ def test_the_rules_record_the_variants_a_request_turns_on_in_the_tables_order() 
         {"x": X, "num_heads": 2, "w_q": W_Q, "w_k": W_K, "w_v": W_V, **EVERY_VARIANT}
     )
     shapes = rules.multihead_shapes(req)
-    assert shapes.on == {"qk_norm", "rope", "softcap", "position_bias", "sinks"}
+    assert shapes.on == {"qk_norm", "rope", "softcap", "position_bias", "alibi", "sinks"}
     alone = MultiheadRequest.model_validate(
         {"x": X, "num_heads": 2, "w_q": W_Q, "w_k": W_K, "w_v": W_V, "relative_bias": {"table": [[0.0, 1.0]] * 4}}
     )  # fmt: skip

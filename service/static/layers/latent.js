@@ -13,14 +13,13 @@
 import { pick } from "../lib/pick.js";
 import { normOf } from "../lib/layers.js";
 import {
-  attentionFactor,
+  anglePosition,
   pairScalings,
-  positionOf,
+  queryPosition,
   ropeAngles,
-  ropeFrequencies,
   ropeSettings,
+  ropeUsed,
   scalingNote,
-  sequenceLength,
 } from "../lib/positions.js";
 
 export const LATENT_NAMES = new Set(["c_q", "c_kv", "k_rope", "q_rope"]);
@@ -132,11 +131,11 @@ function ropeFeature(ctx, pe, row, j) {
     dk: r,
   };
   const style = settings.style;
-  const n = sequenceLength(ctx.request, xRows(ctx).length); // keys at the queries' positions
-  const theta = ropeFrequencies(settings, n);
-  const pos = positionOf(ctx.request, "positions", row, ctx.batch);
+  const used = ropeUsed(ctx); // θ_i over the rope features, as the service turned them
+  if (used === undefined) throw new Error("the answer has no rope_frequencies");
+  const { theta, gain, n } = used;
+  const pos = queryPosition(ctx, row); // keys at the queries' positions (self-attention)
   const angles = ropeAngles(settings, theta, pos);
-  const gain = attentionFactor(settings);
   const half = r / 2;
   const pair = j % half;
   const first = j < half;
@@ -146,18 +145,17 @@ function ropeFeature(ctx, pe, row, j) {
     s = Math.sin(phi) * gain;
   const a = pe[f],
     b = pe[g];
-  const linearScaling = settings.scaling && settings.scaling.type === "linear";
   return {
     kind: "latent-rope",
     settings,
     pe,
     pos,
-    at: linearScaling ? pos / settings.scaling.factor : pos,
+    at: anglePosition(settings, pos),
     n,
     theta,
     angles,
-    scaled: pairScalings(settings, n),
-    scalingNote: scalingNote(settings, n),
+    scaled: pairScalings(settings, theta, n),
+    scalingNote: scalingNote(settings, n, gain),
     gain,
     pair,
     first,

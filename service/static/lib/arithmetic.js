@@ -2,7 +2,7 @@
 // The arithmetic of a cell's explanation (explain.js draws it), a leaf: the clicked cell computed
 // again from the step before, in float64 as the service does (dot products, scale, softcap,
 // position bias, mask, softmax with a sink, the weighted sum of V), with RoPE's and ALiBi's
-// numbers (positions.js); the cells of today's layers (norms, a rotated feature, the temperature,
+// numbers as the answer carries them (positions.js); the cells of today's layers (norms, a rotated feature, the temperature,
 // the gate) are layers.js's. The steps' order is the schema's (schema.js: scoreChain), so the
 // OpenAPI document is loaded before this module is ready.
 import { loadSpec } from "./state.js";
@@ -12,17 +12,15 @@ import { LAYER_NAMES, formBefore, heldForms, lastForm, layerCell } from "./layer
 import {
   alibiBias,
   alibiSlope,
-  attentionFactor,
+  keyRowPosition,
   pairScalings,
-  keyPositions,
-  positionOf,
+  queryPosition,
   relativePosition,
   ropeAngles,
-  ropeFrequencies,
   ropeSettings,
+  ropeUsed,
   rotate,
   scalingNote,
-  sequenceLength,
 } from "./positions.js";
 
 await loadSpec(); // the chain of score maps is read from it (stepFrom)
@@ -100,20 +98,20 @@ export function ropeOf(ctx, i, j) {
   const q = pick(ctx, before[0]),
     k = pick(ctx, before[1]);
   if (q === undefined || k === undefined) return undefined;
+  const used = ropeUsed(ctx);
+  if (used === undefined) return undefined;
   const settings = ropeSettings(ctx.request, q[i].length);
-  const n = sequenceLength(ctx.request, q.length);
-  const theta = ropeFrequencies(settings, n);
-  const gain = attentionFactor(settings);
-  const qPos = positionOf(ctx.request, "positions", i, ctx.batch),
-    kPos = positionOf(ctx.request, keyPositions(ctx.request), j, ctx.batch);
+  const { theta, gain, n } = used; // as the service turned the rows (rope_frequencies, rope_gain)
+  const qPos = queryPosition(ctx, i),
+    kPos = keyRowPosition(ctx, j, k.length);
   const qAngles = ropeAngles(settings, theta, qPos),
     kAngles = ropeAngles(settings, theta, kPos);
   return {
     settings,
     n,
     theta,
-    scaled: pairScalings(settings, n),
-    scalingNote: scalingNote(settings, n),
+    scaled: pairScalings(settings, theta, n),
+    scalingNote: scalingNote(settings, n, gain),
     gain,
     qPos,
     kPos,
@@ -132,8 +130,9 @@ export function alibiOf(ctx, i, j) {
   if (!ctx.request.alibi) return undefined;
   const h = ctx.head ?? 0,
     n = Number(ctx.data.num_heads ?? 1);
-  const slope = alibiSlope(ctx.request, h, n);
-  return { slope, head: h, n, ...alibiBias(ctx.request, slope, i, j, ctx.batch) };
+  if (!Array.isArray(ctx.data.alibi_slopes)) return undefined;
+  const slope = alibiSlope(ctx, h);
+  return { slope, head: h, n, ...alibiBias(ctx, slope, i, j) };
 }
 
 /** The step `name` was computed from: {prev, m} (m its matrix), from the score maps held. */
@@ -181,7 +180,7 @@ export function recompute(ctx) {
     // ALiBi's, recomputed; T5's is looked up in its learned table
     const a = alibiOf(ctx, i, j);
     if (a) return { name, kind: "alibi", alibi: a, terms: [], total: a.bias, service };
-    const distance = relativePosition(ctx.request, i, j, ctx.batch);
+    const distance = relativePosition(ctx, i, j);
     return { name, kind: "t5", distance, terms: [], total: service, service, lookedUp: true };
   }
   if (name === "scaled_scores") {

@@ -1,23 +1,22 @@
 // @ts-check
 // The arithmetic of the cells of today's layers, a leaf (layers/explain.js draws it): a cell of
 // q_normed or k_normed (qk_norm, before RoPE or after it, weights w or 1 + w), v_normed (Gemma 4's
-// weightless RMS norm), q_rotated or k_rotated (RoPE with its scaling, lib/positions.js),
+// weightless RMS norm), q_rotated or k_rotated (RoPE with the answer's θ_i and gain, lib/positions.js),
 // q_tempered (Llama 4's temperature) and /multihead's gate and gated (Qwen3-Next), each computed
 // again from the step before in float64 as the service does (service/core/variants.py,
 // attention.py's queries_and_keys, multihead.py). And the order the queries and keys take their
 // forms in (service/trace/rows/rope.py's `applied`), which the scores read the last of.
 import { pick } from "./pick.js";
 import {
-  attentionFactor,
+  anglePosition,
+  keyRowPosition,
   pairFeatures,
   pairScalings,
-  keyPositions,
-  positionOf,
+  queryPosition,
   ropeAngles,
-  ropeFrequencies,
   ropeSettings,
+  ropeUsed,
   scalingNote,
-  sequenceLength,
   turnedWidth,
 } from "./positions.js";
 
@@ -139,20 +138,22 @@ function rotateCell(ctx, name, r, t) {
   const side = name[0];
   const from = formBefore(ctx, name);
   const x = pick(ctx, from)[r];
+  const used = ropeUsed(ctx);
+  if (used === undefined) return undefined;
   const settings = ropeSettings(ctx.request, x.length);
-  const n = sequenceLength(ctx.request, pick(ctx, "q_rotated").length); // the queries' n
-  const theta = ropeFrequencies(settings, n);
-  const gain = attentionFactor(settings);
-  const field = side === "q" ? "positions" : keyPositions(ctx.request);
-  const pos = positionOf(ctx.request, field, r, ctx.batch);
+  const { theta, gain, n } = used; // as the service turned the rows (rope_frequencies, rope_gain)
+  const rows = pick(ctx, from).length;
+  const pos = side === "q" ? queryPosition(ctx, r) : keyRowPosition(ctx, r, rows);
   const angles = ropeAngles(settings, theta, pos);
   const width = turnedWidth(settings);
   const pairs = theta.map((_, k) => pairFeatures(settings.style, width, k));
   const pair = pairs.findIndex(([f, g]) => f === t || g === t);
-  const linear = settings.scaling && settings.scaling.type === "linear";
-  const at = linear ? pos / settings.scaling.factor : pos; // the position the angles take
+  const at = anglePosition(settings, pos); // the position the angles take
   const base = { kind: "rotate", from, side, settings, n, pos, at, theta, angles, pairs, gain };
-  const about = { scaled: pairScalings(settings, n), scalingNote: scalingNote(settings, n) };
+  const about = {
+    scaled: pairScalings(settings, theta, n),
+    scalingNote: scalingNote(settings, n, gain),
+  };
   if (pair < 0) return { ...base, ...about, pair, a: x[t], total: x[t] }; // past rotary_dim
   const [f, g] = pairs[pair];
   const phi = angles[pair];
@@ -192,7 +193,7 @@ export function temperatureOf(request, p) {
 function temperCell(ctx, name, r, t) {
   const from = formBefore(ctx, name);
   const before = pick(ctx, from)[r][t];
-  const temp = temperatureOf(ctx.request, positionOf(ctx.request, "positions", r, ctx.batch));
+  const temp = temperatureOf(ctx.request, queryPosition(ctx, r));
   return { kind: "temper", from, before, ...temp, total: before * temp.factor };
 }
 

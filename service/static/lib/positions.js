@@ -1,37 +1,34 @@
 // @ts-check
-// The position variants as the explanations recompute them from a request (API 2.6): RoPE's
-// frequencies, angles and rotation, and ALiBi's slopes and bias. The page's own arithmetic, in
-// float64 as the service's; a browser test checks it against the service's q_rotated, k_rotated
-// and position_bias. RoPE follows service/core/positions.py and rope_scaling.py function by
-// function (each names its own and the transformers function it follows).
+// The position variants as a cell's explanation reads them from the answer (API 2.6, 3.2): the
+// positions the service used (query_positions, key_positions), RoPE's θ_i after the scaling
+// (rope_frequencies) and the factor on cos and sin (rope_gain), each head's ALiBi slope
+// (alibi_slopes). The page keeps only one cell's arithmetic: the angle p·θ_i, the pair turned
+// with the gain, the bias slope · distance. What a scaling did to each θ_i is said in words by
+// setting the answer's θ_i beside base^(−2i/r), with the request's factor: the scalings are not
+// computed here (they are the service's, service/core/rope_scaling.py).
 import { formatNumber } from "./format.js";
+import { state } from "./state.js";
 
-/** The rows' positions: `positions` for queries, `context_positions` for keys (each 0 … n−1 when
- * absent, each [B][n] when batched). */
-export function positionOf(request, field, r, batch) {
-  let pos = request[field];
-  if (Array.isArray(pos) && Array.isArray(pos[0])) pos = pos[batch ?? 0];
-  return Array.isArray(pos) ? pos[r] : r;
+/** The position of query i, as the service used it (the answer's query_positions). */
+export function queryPosition(ctx, i) {
+  return Number(ctx.data.query_positions[i]);
 }
 
-/** The field holding the keys' positions: `context_positions`; without it, in self-attention
- * (the keys are the queries' own tokens: no context, no direct q/k/v, no past), the queries'
- * `positions`, as the service defaults them (a token has one position).
- * @param {any} request
- * @returns {"positions" | "context_positions"} */
-export function keyPositions(request) {
-  if (request.context_positions != null) return "context_positions";
-  const direct = request.q != null && request.k != null && request.v != null;
-  const own = request.context == null && request.past == null && !direct;
-  return own ? "positions" : "context_positions";
+/** The position of key j of all S keys (with a cache, its keys first): key_positions[j]. */
+export function keyPosition(ctx, j) {
+  return Number(ctx.data.key_positions[j]);
+}
+
+/** The position of row j of `rows` keys this request computed (k, k_rotated: with a cache, the
+ * new tokens', the last of key_positions). */
+export function keyRowPosition(ctx, j, rows) {
+  const all = ctx.data.key_positions;
+  return Number(all[all.length - rows + j]);
 }
 
 /** The relative position p'_j − p_i of key j seen from query i (negative for earlier keys). */
-export function relativePosition(request, i, j, batch) {
-  return (
-    positionOf(request, keyPositions(request), j, batch) -
-    positionOf(request, "positions", i, batch)
-  );
+export function relativePosition(ctx, i, j) {
+  return keyPosition(ctx, j) - queryPosition(ctx, i);
 }
 
 /**
@@ -43,7 +40,7 @@ export function relativePosition(request, i, j, batch) {
  * @property {any} scaling the request's `rope.scaling` object ({type, …}), or null
  */
 
-/** RoPE's settings with their defaults: `true` or {base, style, rotary_dim, scaling}.
+/** RoPE's settings as the request gives them: `true` or {base, style, rotary_dim, scaling}.
  * @param {any} request
  * @param {number} dk
  * @returns {RopeSettings} */
@@ -58,242 +55,97 @@ export function ropeSettings(request, dk) {
   };
 }
 
-/** n = the largest query position + 1 (1 when there are none): the sequence's length, which
- * dynamic NTK and LongRoPE scale by, the keys taking the queries' (positions.sequence_length).
- * `L` is the number of queries, at 0 … L−1 when the request gives no `positions`.
- * @param {any} request
- * @param {number} L
- * @returns {number} */
-export function sequenceLength(request, L) {
-  const pos = request.positions;
-  if (!Array.isArray(pos)) return Math.max(L, 1); // 0 … L−1
-  return pos.length ? Math.max(...pos) + 1 : 1;
-}
-
-/** (r/2): θ_i = base^(−2i/r), computed as transformers does, 1 / base^(2i/r)
- * (rope_scaling.default_frequencies; transformers' _compute_default_rope_parameters).
- * @param {number} rotaryDim
- * @param {number} base
- * @returns {number[]} */
-export function defaultFrequencies(rotaryDim, base) {
-  return Array.from({ length: rotaryDim / 2 }, (_, i) => 1 / base ** ((2 * i) / rotaryDim));
-}
-
-// ---- the scalings (service/core/rope_scaling.py, one function each), float64 as the service
-
-const LLAMA3 = { factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position: 8192 };
-const YARN = { beta_fast: 32, beta_slow: 1, truncate: true };
-
-/** LLaMA 3.1's bands (Llama3Scaling; transformers' _compute_llama3_parameters): with λ_i = 2π/θ_i,
- * θ_i kept when λ_i < M/high_freq_factor, ÷ factor when λ_i > M/low_freq_factor, and blended
- * (1 − s)·θ_i/factor + s·θ_i between. {theta, band, s} per pair.
- * @param {any} scaling
- * @param {number[]} theta
- * @returns {{theta: number, band: string, s: number}[]} */
-export function llama3Bands(scaling, theta) {
-  const {
-    factor,
-    low_freq_factor: low,
-    high_freq_factor: high,
-    original_max_position: old,
-  } = { ...LLAMA3, ...scaling };
-  return theta.map((t) => {
-    const wavelen = (2 * Math.PI) / t;
-    const s = (old / wavelen - low) / (high - low);
-    if (wavelen > old / low) return { theta: t / factor, band: "slowed", s };
-    if (wavelen < old / high) return { theta: t, band: "kept", s };
-    return { theta: ((1 - s) * t) / factor + s * t, band: "blended", s };
-  });
-}
-
-/** YaRN's ramp (YarnScaling._ramp; transformers' _compute_yarn_parameters: find_correction_range,
- * linear_ramp_factor): each pair's extrapolation share `kept` (1 kept … 0 interpolated) and the
- * ramp's ends, the pair indices turning beta_fast and beta_slow times over the original context.
- * @param {any} scaling
- * @param {number} rotaryDim
- * @param {number} base
- * @returns {{kept: number[], low: number, high: number}} */
-export function yarnRamp(scaling, rotaryDim, base) {
-  const { beta_fast, beta_slow, truncate } = { ...YARN, ...scaling };
-  const correction = (rotations) => {
-    const turns = scaling.original_max_position / (rotations * 2 * Math.PI);
-    return (rotaryDim * Math.log(turns)) / (2 * Math.log(base));
+/** What the rotation used, from the answer: θ_i after the scaling, the factor on cos and sin,
+ * and n = the largest query position + 1 (the length the scalings read); undefined when the
+ * answer does not carry them.
+ * @returns {{theta: number[], gain: number, n: number} | undefined} */
+export function ropeUsed(ctx) {
+  const { rope_frequencies: theta, rope_gain: gain, query_positions: p } = ctx.data;
+  if (!Array.isArray(theta) || !Array.isArray(p)) return undefined;
+  return {
+    theta: theta.map(Number),
+    gain: Number(gain ?? 1),
+    n: p.length ? Math.max(...p) + 1 : 1,
   };
-  let low = correction(beta_fast),
-    high = correction(beta_slow);
-  if (truncate) [low, high] = [Math.floor(low), Math.ceil(high)];
-  [low, high] = [Math.max(low, 0), Math.min(high, rotaryDim - 1)];
-  if (low === high) high += 0.001; // as transformers: no division by zero
-  const kept = Array.from(
-    { length: Math.floor(rotaryDim / 2) },
-    (_, i) => 1 - Math.min(Math.max((i - low) / (high - low), 0), 1),
+}
+
+/** A scaling field's value, or its default as the service's schema gives it (factor 8 for
+ * llama3). */
+function scalingField(scaling, field) {
+  if (scaling[field] !== undefined && scaling[field] !== null) return scaling[field];
+  const schemas = state.spec ? state.spec.components.schemas : {};
+  const name = Object.keys(schemas).find(
+    (k) => k.endsWith("ScalingOptions") && typeOf(schemas[k]) === scaling.type,
   );
-  return { kept, low, high };
+  return name ? schemas[name].properties[field]?.default : undefined;
 }
 
-/** YaRN's θ_i (YarnScaling.frequencies): θ_i/factor·(1 − kept_i) + θ_i·kept_i.
- * @param {any} scaling
- * @param {number} rotaryDim
- * @param {number} base
- * @returns {number[]} */
-export function yarnFrequencies(scaling, rotaryDim, base) {
-  const { kept } = yarnRamp(scaling, rotaryDim, base);
-  return defaultFrequencies(rotaryDim, base).map(
-    (t, i) => (t / scaling.factor) * (1 - kept[i]) + t * kept[i],
-  );
+/** The `type` a scaling's schema names (a literal: const, or an enum of one). */
+function typeOf(schema) {
+  const t = schema.properties && schema.properties.type;
+  return t ? (t.const ?? (t.enum || [])[0]) : undefined;
 }
 
-/** YaRN's mscale (transformers' get_mscale): 1 for scale ≤ 1, else 0.1·mscale·ln(scale) + 1.
- * @param {number} scale
- * @param {number} [mscale]
- * @returns {number} */
-function yarnMscale(scale, mscale = 1) {
-  return scale <= 1 ? 1 : 0.1 * mscale * Math.log(scale) + 1;
-}
+const CLOSE = 1e-12; // a ratio this near 1 or 1/factor is that one (the page's pow and NumPy's)
 
-/** Dynamic NTK's base (DynamicScaling.grown_base; transformers' _compute_dynamic_ntk_parameters):
- * base·(f·n/M − (f − 1))^(r/(r − 2)) with n raised to M when shorter (then: the base itself).
- * @param {any} scaling
- * @param {number} rotaryDim
- * @param {number} base
- * @param {number} n
- * @returns {number} */
-export function dynamicBase(scaling, rotaryDim, base, n) {
-  const { factor, original_max_position: m } = scaling;
-  const length = Math.max(n, m);
-  return base * ((factor * length) / m - (factor - 1)) ** (rotaryDim / (rotaryDim - 2));
-}
-
-/** LongRoPE's per-pair factors (LongRopeScaling._factors; transformers'
- * _compute_longrope_parameters): long_factor when n > original_max_position, else short_factor.
- * @param {any} scaling
- * @param {number} n
- * @returns {{factors: number[], name: string}} */
-export function longropeFactors(scaling, n) {
-  const name = n > scaling.original_max_position ? "long_factor" : "short_factor";
-  return { factors: scaling[name], name };
-}
-
-/** LongRoPE's θ_i (LongRopeScaling.frequencies): 1 / (factor_i · base^(2i/r)).
- * @param {any} scaling
- * @param {number} rotaryDim
- * @param {number} base
- * @param {number} n
- * @returns {number[]} */
-export function longropeFrequencies(scaling, rotaryDim, base, n) {
-  const { factors } = longropeFactors(scaling, n);
-  return factors.map((f, i) => 1 / (f * base ** ((2 * i) / rotaryDim)));
-}
-
-/** The factor multiplying cos and sin (Scaling.attention_factor): YaRN's (given, else
- * mscale(f, mscale)/mscale(f, mscale_all_dim) when both are set, else 0.1·ln f + 1), LongRoPE's
- * (given, else √(1 + ln f / ln M), f = factor or max_position/M, 1 when f ≤ 1); 1 otherwise.
- * @param {RopeSettings} settings
- * @returns {number} */
-export function attentionFactor({ scaling }) {
-  if (!scaling) return 1;
-  if (scaling.type === "yarn") {
-    if (scaling.attention_factor != null) return scaling.attention_factor;
-    if (scaling.mscale && scaling.mscale_all_dim)
-      return (
-        yarnMscale(scaling.factor, scaling.mscale) /
-        yarnMscale(scaling.factor, scaling.mscale_all_dim)
-      );
-    return yarnMscale(scaling.factor);
-  }
-  if (scaling.type === "longrope") {
-    if (scaling.attention_factor != null) return scaling.attention_factor;
-    const m = scaling.original_max_position;
-    const f = scaling.factor ?? (scaling.max_position || m) / m;
-    return f <= 1 ? 1 : Math.sqrt(1 + Math.log(f) / Math.log(m));
-  }
-  return 1;
-}
-
-/** Proportional RoPE's θ (Gemma 4; positions.rope's "proportional" branch, transformers'
- * _compute_proportional_rope_parameters): d_k/2 pairs, θ_i = base^(−2i/d_k) for i < r/2, 0 (the
- * pair unturned) for the others.
- * @param {RopeSettings} settings
- * @returns {number[]} */
-export function proportionalFrequencies({ base, rotaryDim, dk }) {
-  const turned = defaultFrequencies(dk, base).slice(0, Math.floor(rotaryDim / 2));
-  return [...turned, ...Array(dk / 2 - turned.length).fill(0)];
-}
-
-/** Each pair's θ_i for a sequence of length n (positions.rope_frequencies, and the proportional
- * style's): base^(−2i/r) as the scaling changes it (linear scaling turns the positions instead).
- * @param {RopeSettings} settings
- * @param {number} [n]
- * @returns {number[]} */
-export function ropeFrequencies(settings, n = 1) {
-  const { base, rotaryDim: r, scaling } = settings;
-  if (settings.style === "proportional") return proportionalFrequencies(settings);
-  const type = scaling ? scaling.type : null;
-  if (type === "llama3")
-    return llama3Bands(scaling, defaultFrequencies(r, base)).map((b) => b.theta);
-  if (type === "yarn") return yarnFrequencies(scaling, r, base);
-  if (type === "dynamic") return defaultFrequencies(r, dynamicBase(scaling, r, base, n));
-  if (type === "longrope") return longropeFrequencies(scaling, r, base, n);
-  return defaultFrequencies(r, base);
+/** The words for pair i of a scaling that mixes θ_i/f and θ_i (yarn, llama3): from the ratio
+ * ρ = θ'_i / θ_i of the answer's θ to base^(−2i/r), the share s of θ_i: ρ = (1 − s)/f + s. */
+function mixWords(type, i, ratio, f) {
+  const g = (x) => formatNumber(x, 6, true);
+  const yarn = type === "yarn";
+  const who = yarn ? `θ_${i} ` : "";
+  if (Math.abs(ratio - 1) <= CLOSE) return yarn ? `${who}kept` : "kept (short wavelength)";
+  if (Math.abs(ratio * f - 1) <= CLOSE)
+    return yarn ? `${who}interpolated: θ/${g(f)}` : `slowed: θ/${g(f)} (long wavelength)`;
+  const s = (ratio - 1 / f) / (1 - 1 / f);
+  return `${who}blended: ${g(1 - s)} of θ/${g(f)} + ${g(s)} of θ`;
 }
 
 /** What the scaling (or the proportional style) did to each pair's θ_i, in words: "kept",
  * "interpolated: θ/32", "blended: …", "base raised to …", "÷ long_factor[5] = 1.25", … ("" when
- * nothing changes it).
+ * nothing changes it); from the answer's θ (`theta`) beside base^(−2i/r), and n.
  * @param {RopeSettings} settings
+ * @param {number[]} theta
  * @param {number} n
  * @returns {string[]} */
-export function pairScalings(settings, n) {
-  const { base, rotaryDim: r, scaling } = settings;
+export function pairScalings(settings, theta, n) {
+  const { base, scaling } = settings;
   const g = (x) => formatNumber(x, 6, true);
   if (settings.style === "proportional")
-    return proportionalFrequencies(settings).map((_, i) =>
-      i < r / 2 ? `turned: ${g(base)}^(−2·${i}/${settings.dk})` : "unturned (θ = 0)",
+    return theta.map((t, i) =>
+      t === 0 ? "unturned (θ = 0)" : `turned: ${g(base)}^(−2·${i}/${settings.dk})`,
     );
-  const pairs = Array.from({ length: r / 2 }, (_, i) => i);
+  const r = 2 * theta.length;
+  const plain = theta.map((_, i) => 1 / base ** ((2 * i) / r)); // base^(−2i/r), unscaled
   const type = scaling ? scaling.type : null;
-  if (type === "linear") return pairs.map(() => `θ kept; positions ÷ ${g(scaling.factor)}`);
-  if (type === "llama3") {
-    const factor = scaling.factor ?? LLAMA3.factor;
-    return llama3Bands(scaling, defaultFrequencies(r, base)).map((b) =>
-      b.band === "kept"
-        ? "kept (short wavelength)"
-        : b.band === "slowed"
-          ? `slowed: θ/${g(factor)} (long wavelength)`
-          : `blended: ${g(1 - b.s)} of θ/${g(factor)} + ${g(b.s)} of θ`,
-    );
-  }
-  if (type === "yarn") {
-    const { kept } = yarnRamp(scaling, r, base);
-    return kept.map((k, i) =>
-      k === 1
-        ? `θ_${i} kept`
-        : k === 0
-          ? `θ_${i} interpolated: θ/${g(scaling.factor)}`
-          : `θ_${i} blended: ${g(1 - k)} of θ/${g(scaling.factor)} + ${g(k)} of θ`,
-    );
+  if (type === "linear") return theta.map(() => `θ kept; positions ÷ ${g(scaling.factor)}`);
+  if (type === "llama3" || type === "yarn") {
+    const f = Number(scalingField(scaling, "factor"));
+    return theta.map((t, i) => mixWords(type, i, t / plain[i], f));
   }
   if (type === "dynamic") {
     const m = scaling.original_max_position;
+    const grown = theta.length > 1 ? (1 / theta[1]) ** (r / 2) : base; // θ_1 = base'^(−2/r)
     const said =
       n > m
-        ? `dynamic NTK: base raised to ${formatNumber(dynamicBase(scaling, r, base, n), 8, true)} (n = ${n} > ${m})`
+        ? `dynamic NTK: base raised to ${formatNumber(grown, 8, true)} (n = ${n} > ${m})`
         : `unchanged: n = ${n} ≤ ${m}`;
-    return pairs.map(() => said);
+    return theta.map(() => said);
   }
   if (type === "longrope") {
-    const { factors, name } = longropeFactors(scaling, n);
-    return factors.map((f, i) => `θ ÷ ${name}[${i}] = ${g(f)}`);
+    const name = n > scaling.original_max_position ? "long_factor" : "short_factor";
+    return theta.map((t, i) => `θ ÷ ${name}[${i}] = ${g(plain[i] / t)}`);
   }
-  return pairs.map(() => "");
+  return theta.map(() => "");
 }
 
 /** One sentence on the scaling for the note above the pairs: n where it matters, and the factor
- * on cos and sin when it is not 1 ("" without scaling).
+ * on cos and sin (the answer's rope_gain) when it is not 1 ("" without scaling).
  * @param {RopeSettings} settings
  * @param {number} n
+ * @param {number} gain
  * @returns {string} */
-export function scalingNote(settings, n) {
+export function scalingNote(settings, n, gain) {
   const { scaling } = settings;
   if (!scaling) return "";
   const parts = [];
@@ -301,22 +153,24 @@ export function scalingNote(settings, n) {
     parts.push(
       `n = ${n} (the largest query position + 1, keys too) against original_max_position ${scaling.original_max_position}`,
     );
-  const gain = attentionFactor(settings);
   if (gain !== 1)
     parts.push(`cos and sin × ${formatNumber(gain, 6, true)} (${scaling.type}'s attention factor)`);
   return parts.length ? `${scaling.type} scaling: ${parts.join("; ")}.` : "";
 }
 
-/** The angle p·θ_i of each pair for a token at position p (p/factor with linear scaling:
- * LinearScaling.positions, then positions.rope_angles).
+/** The angle p·θ_i of each pair for a token at position p (p/factor with linear scaling, as
+ * query_positions says the angles take it).
  * @param {RopeSettings} settings
  * @param {number[]} theta
  * @param {number} p
  * @returns {number[]} */
 export function ropeAngles(settings, theta, p) {
-  const scaled =
-    settings.scaling && settings.scaling.type === "linear" ? p / settings.scaling.factor : p;
-  return theta.map((t) => scaled * t);
+  return theta.map((t) => anglePosition(settings, p) * t);
+}
+
+/** The position the angles take: p, or p/factor with linear scaling. */
+export function anglePosition(settings, p) {
+  return settings.scaling && settings.scaling.type === "linear" ? p / settings.scaling.factor : p;
 }
 
 /** The features RoPE turns in pairs: rotary_dim, or all of d_k with the proportional style.
@@ -337,8 +191,7 @@ export function pairFeatures(style, width, i) {
 }
 
 /** `x` turned pair by pair (positions.rope): (a, b) → (a·c − b·s, b·c + a·s) with c = cos φ · gain
- * and s = sin φ · gain (gain: the scaling's attention factor); features past the turned width
- * unchanged.
+ * and s = sin φ · gain (gain: the answer's rope_gain); features past the turned width unchanged.
  * @param {number[]} x
  * @param {number[]} angles
  * @param {RopeSettings} settings
@@ -359,17 +212,14 @@ export function rotate(x, angles, settings, gain = 1) {
   return out;
 }
 
-/** The ALiBi slope of head h (0-based) of n (Press et al. 2022, the paper's rule for n not a
- * power of two), or the request's own `alibi.slopes[h]`. */
-export function alibiSlope(request, h, n) {
-  if (request.alibi && Array.isArray(request.alibi.slopes)) return request.alibi.slopes[h];
-  const p = 2 ** Math.floor(Math.log2(n)); // the largest power of two ≤ n
-  return h < p ? 2 ** ((-8 * (h + 1)) / p) : 2 ** ((-8 * (2 * (h - p) + 1)) / (2 * p));
+/** The ALiBi slope of head h (0-based): the answer's alibi_slopes[h]. */
+export function alibiSlope(ctx, h) {
+  return Number(ctx.data.alibi_slopes[h]);
 }
 
 /** ALiBi's bias of query i and key j: slope · (p'_j − p_i), or −slope · |p'_j − p_i| when symmetric. */
-export function alibiBias(request, slope, i, j, batch) {
-  const distance = relativePosition(request, i, j, batch);
-  const symmetric = !!(request.alibi && request.alibi.symmetric);
+export function alibiBias(ctx, slope, i, j) {
+  const distance = relativePosition(ctx, i, j);
+  const symmetric = !!(ctx.request.alibi && ctx.request.alibi.symmetric);
   return { distance, symmetric, bias: slope * (symmetric ? -Math.abs(distance) : distance) };
 }

@@ -287,6 +287,10 @@ def _check_relative_bias(table: Array, n: int, req: Req) -> None:
         )
 
 
+def _alibi_given(req: Req) -> bool:
+    return options(req.alibi, AlibiOptions) is not None
+
+
 def _bias(req: Req) -> PositionBias:
     if req.relative_bias is not None:
         b = req.relative_bias
@@ -360,6 +364,8 @@ def _sinks_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
 
 # ---------------------------------------------------------------------------- the table
 
+_POSITIONS = ("query_positions", "key_positions")  # the outputs of the variants that read them
+
 
 VARIANTS: tuple[Variant, ...] = (
     Variant(
@@ -372,7 +378,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         field="rope",
-        outputs=("q_rotated", "k_rotated"),
+        outputs=("q_rotated", "k_rotated", *_POSITIONS, "rope_frequencies", "rope_gain"),
         given=_rope_given,
         check=check_rope,
         settings=_rope_settings,
@@ -390,7 +396,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         field="temperature",
-        outputs=("q_tempered",),
+        outputs=("q_tempered", "query_positions"),
         given=_temperature_given,
         settings=_temperature_settings,
         steps=_temperature_steps,
@@ -422,13 +428,15 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         field="position_bias",
-        outputs=("position_bias", "biased_scores"),
+        outputs=("position_bias", "biased_scores", *_POSITIONS),
         given=_bias_given,
         check=_check_position_bias,
         bias=_bias,
         steps=_bias_steps,
         uses_positions=True,
     ),
+    # ALiBi's slopes, returned beside its bias (the position_bias row computes and says it)
+    Variant(field="alibi", outputs=("alibi_slopes",), given=_alibi_given),
     Variant(
         field="sinks",
         outputs=("sink_weights",),
