@@ -25,7 +25,7 @@ from service.core.positions import (
     sequence_length,
 )
 from service.core.softmax import OnlineSoftmax, online_softmax, rows_by_item
-from service.core.types import Array
+from service.core.types import Array, IntArray
 from service.core.variants import Variants
 from service.trace import outputs, steps
 from service.trace.comparison import compare, state_of
@@ -49,12 +49,26 @@ def _variants(plan: Plan) -> Variants:
     v = plan.variants
     if plan.bias is None:
         return v
-    s = plan.shapes
-    new = np.arange(s.past_len, s.past_len + s.seq_len)  # (L,) after a cache of P
-    p = new if v.positions is None else v.positions  # (L,)
-    p_ctx = np.arange(s.ctx_len) if v.context_positions is None else v.context_positions  # (S,)
-    bias = position_bias(plan.bias, s.num_heads, p, p_ctx)  # (h, L, S)
+    queries, keys = _positions(plan)  # (L,), (S,)
+    bias = position_bias(plan.bias, plan.shapes.num_heads, queries, keys)  # (h, L, S)
     return replace(v, position_bias=bias)
+
+
+def _positions(plan: Plan) -> tuple[IntArray, IntArray]:
+    """The queries' positions (L,) and the keys' (S,) as every position variant takes them:
+    as given; else the queries at 0 … L − 1, after a cache of P at P … P + L − 1; the keys at
+    ``context_positions`` (the queries' own in self-attention: service.trace.plan), else, after
+    a cache, the cache's 0 … P − 1 then the new tokens' at the queries' positions (RoPE turns
+    them there; service.trace.rules refuses new tokens that do not follow the cache when a
+    position bias needs the cache's positions), else 0 … S − 1."""
+    s, v = plan.shapes, plan.variants
+    p = s.past_len
+    queries = np.arange(p, p + s.seq_len) if v.positions is None else v.positions  # (L,)
+    if v.context_positions is not None:
+        return queries, v.context_positions
+    if p:  # the cache's keys, then the new tokens'
+        return queries, np.concatenate((np.arange(p), queries))  # (P + L,)
+    return queries, np.arange(s.ctx_len)
 
 
 def _positions_used(plan: Plan) -> dict[str, Any]:
@@ -64,13 +78,8 @@ def _positions_used(plan: Plan) -> dict[str, Any]:
     and sin (:func:`service.core.positions.rope`), each head's ALiBi slope. Only the present
     ones are read (service.trace.outputs)."""
     s, v = plan.shapes, plan.variants
-    p = s.past_len
-    queries = np.arange(p, p + s.seq_len) if v.positions is None else v.positions  # (L,)
-    if p:  # the cache's keys, then the new tokens' at the queries' positions
-        keys = np.concatenate((np.arange(p), queries))  # (P + L,)
-    else:
-        keys = np.arange(s.ctx_len) if v.context_positions is None else v.context_positions
-    values: dict[str, Any] = {"query_positions": queries, "key_positions": keys}  # (S,)
+    queries, keys = _positions(plan)  # (L,), (S,)
+    values: dict[str, Any] = {"query_positions": queries, "key_positions": keys}
     if v.rope is not None:
         r = v.rope.rotary_dim or s.d_k
         if s.latent is not None:  # mla: the rope features of each query and key

@@ -430,6 +430,8 @@ def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> 
             )
         if len(given) != size:
             raise FieldError(name, f"{name} has {len(given)} entries but there are {size} {what}")
+    if shapes.past_len:
+        _check_decode_positions(req, shapes, any(v.field == "position_bias" for v in on))
     if req.key_padding_mask is not None:
         check_key_padding(req.key_padding_mask, shapes)
     check_ranges(req, shapes, {v.field for v in on})
@@ -442,3 +444,37 @@ def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> 
         check_decode=req.check_decode,
         online_block=None if req.online_softmax is None else req.online_softmax.block_size,
     )
+
+
+def _check_decode_positions(
+    req: AttentionRequest | MultiheadRequest, shapes: Shapes, biased: bool
+) -> None:
+    """A decode step's keys are the cache's P, then the new tokens, at the queries' positions
+    (RoPE turns them there). ``context_positions`` must say so for the new tokens; without it,
+    a position bias (ALiBi, T5) measures to the cache's keys at 0 … P − 1, which holds only
+    when the new tokens follow the cache (their positions start at P)."""
+    p, given = shapes.past_len, req.positions
+    queries = list(range(p, p + shapes.seq_len)) if given is None else list(given)
+    if req.context_positions is not None:
+        if list(req.context_positions[p:]) != queries:
+            raise FieldError(
+                "context_positions",
+                f"context_positions' last {shapes.seq_len} entries are the new tokens' keys, at "
+                f"the queries' positions {_excerpt_list(queries)}; they are "
+                f"{_excerpt_list(list(req.context_positions[p:]))}",
+            )
+        return
+    if biased and given is not None and given[0] != p:
+        raise FieldError(
+            "positions",
+            f"positions start at {given[0]}, not right after the cache's {p} keys, and the position "
+            "bias measures the distance to each cached key: give context_positions, the cache's "
+            f"keys' positions then the new tokens' ({p} + {shapes.seq_len} entries; e.g. "
+            f"{given[0] - p} … {given[0] - 1} for a cache of the tokens just before them)",
+        )
+
+
+def _excerpt_list(values: list[int], most: int = 6) -> str:
+    """[a, b, …] with at most ``most`` entries shown."""
+    shown = ", ".join(str(v) for v in values[:most])
+    return f"[{shown}{', …' if len(values) > most else ''}]"

@@ -295,3 +295,48 @@ def test_one_new_token_rotated_at_0_with_a_cache_is_decode_position_offset(
     assert ["rope_missing"] in found["alternatives"]
     assert "rope_missing" in row["message"]
     assert row["diagnosis_complete"] is True
+
+
+def _alibi_decode(**positions: Any) -> dict[str, Any]:
+    """/attention's last query of four tokens as a decode step after a cache of three, ALiBi
+    on (direct q, k, v; the cache's keys as they are: ALiBi turns nothing)."""
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.normal(size=(4, 2)) for _ in range(3))
+    return {"q": q[3:].tolist(), "k": k[3:].tolist(), "v": v[3:].tolist(),
+            "past": {"k": k[:3].tolist(), "v": v[:3].tolist()},
+            "alibi": {"slopes": [0.5]}, **positions}  # fmt: skip
+
+
+def test_a_decode_step_with_a_position_bias_measures_to_the_keys_where_the_prefill_did(
+    client: TestClient,
+) -> None:
+    """Issue 39's review of the page's positions: the bias of a decode step measured to keys at
+    0 … P + L − 1 while RoPE turned the new key at the queries' position. Now the keys are the
+    cache's then the new tokens' at the queries' positions: the step's weights equal the last
+    row of the same four tokens computed at once, at the same positions (NumPy, written here:
+    ALiBi's bias slope · (j − i) for key j ≤ query i, the paper's form)."""
+    rng = np.random.default_rng(11)
+    q, k, _ = (rng.normal(size=(4, 2)) for _ in range(3))
+    at = np.array([7, 8, 9, 10])
+    for body, query in (
+        (_alibi_decode(), np.arange(4)),  # positions 3 after 0, 1, 2
+        (_alibi_decode(positions=[10], context_positions=at.tolist()), at),
+    ):
+        got = client.post("/attention", json=body).json()
+        scores = q[3] @ k.T / np.sqrt(2) + 0.5 * (query - query[3])  # (4,)
+        expected = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+        np.testing.assert_allclose(got["weights"][0], expected, rtol=1e-12, atol=1e-15)
+        assert got["key_positions"] == query.tolist()
+
+
+def test_new_tokens_that_do_not_follow_the_cache_need_its_positions_for_a_bias(
+    client: TestClient,
+) -> None:
+    r = client.post("/attention", json=_alibi_decode(positions=[10]))
+    assert r.status_code == 422
+    error = r.json()["errors"][0]
+    assert error["field"] == "positions" and "context_positions" in error["message"]
+    r = client.post(
+        "/attention", json=_alibi_decode(positions=[10], context_positions=[7, 8, 9, 3])
+    )
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "context_positions"
