@@ -351,6 +351,27 @@ OUTPUTS: tuple[Output, ...] = (
     head("k", "keys [S][d_k] (with past: the new tokens')", rows_by=keys(D_K), title="K"),
     head("v", "values [S][d_v] (with past: the new tokens')", rows_by=keys(D_V), title="V"),
     head(
+        "q_clipped",
+        "Q clamped to [−clip_qkv, clip_qkv] [L][d_k] (when clip_qkv is on)",
+        rows_by=queries(D_K),
+        on="clip_qkv",
+        title="Q clipped (clip_qkv)",
+    ),
+    head(
+        "k_clipped",
+        "K clamped to [−clip_qkv, clip_qkv] [S][d_k] (when clip_qkv is on)",
+        rows_by=keys(D_K),
+        on="clip_qkv",
+        title="K clipped (clip_qkv)",
+    ),
+    head(
+        "v_clipped",
+        "V clamped to [−clip_qkv, clip_qkv] [S][d_v] (when clip_qkv is on)",
+        rows_by=keys(D_V),
+        on="clip_qkv",
+        title="V clipped (clip_qkv)",
+    ),
+    head(
         "q_normed",
         "qk_norm(Q) [L][d_k] (when qk_norm is on)",
         rows_by=queries(D_K),
