@@ -12,6 +12,7 @@ up once per distinct shapes and include.
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from difflib import get_close_matches
 from functools import cache
 from typing import Any, Literal
 
@@ -809,8 +810,23 @@ def check_include(endpoint: Endpoint, include: list[str] | None) -> None:
         if name not in names:
             raise FieldError(
                 "include",
-                f'include names "{name[:40]}", which is not an output; choose from {", ".join(names)}',
+                f'include names "{name[:40]}", which is not an output; {_choices(name, names)}',
             )
+
+
+def _choices(name: str, names: tuple[str, ...], room: int = 240) -> str:
+    """The names closest to a misspelt one, then as many of all the names as fit in ``room``
+    characters (an error stays short however many outputs the table grows)."""
+    close = get_close_matches(name[:40], names, n=2)
+    quoted = " or ".join(f'"{c}"' for c in close)
+    hint = f"did you mean {quoted}? " if close else ""
+    shown: list[str] = []
+    for n in names:
+        if len(", ".join([*shown, n])) > room:
+            break
+        shown.append(n)
+    more = "" if len(shown) == len(names) else f", … ({len(names)} in all; /docs lists them)"
+    return f"{hint}choose from {', '.join(shown)}{more}"
 
 
 def _count(out: Output, shapes: Shapes) -> int:
