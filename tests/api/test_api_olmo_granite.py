@@ -166,3 +166,13 @@ def test_the_rules_name_the_field(
     assert r.status_code == 422, r.text
     err = r.json()["errors"][0]
     assert err["field"] == field and words in err["message"], err
+
+
+def test_clip_qkv_is_refused_with_mla(client: TestClient) -> None:
+    """MLA's q and k come from latents (and turn in part): no MLA model clamps them."""
+    from service.wire.examples import DEEPSEEK_MLA
+
+    r = client.post("/multihead", json={**DEEPSEEK_MLA, "clip_qkv": 1.0})
+    assert r.status_code == 422, r.text
+    err = r.json()["errors"][0]
+    assert err["field"] == "clip_qkv" and "MLA" in err["message"], err
