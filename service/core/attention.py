@@ -50,6 +50,9 @@ class AttentionTrace:
     scale: float
     fully_masked_rows: BoolArray  # (..., L)  query rows that could attend to no key
     # the variants (service.core.variants), None when off
+    q_clipped: Array | None = None  # (..., L, d_k)  Q clamped to ±clip_qkv (OLMo)
+    k_clipped: Array | None = None  # (..., S, d_k)
+    v_clipped: Array | None = None  # (..., S, d_v)
     q_normed: Array | None = None  # (..., L, d_k)  qk_norm(Q)
     k_normed: Array | None = None  # (..., S, d_k)  qk_norm(K)
     q_rotated: Array | None = None  # (..., L, d_k)  RoPE(Q), what the scores use
@@ -88,7 +91,7 @@ def scaled_dot_product_attention(
     masked.
 
     It runs the head's steps (:data:`service.core.chain.HEAD`) with these guards. ``variants``
-    adds, in this order (API.md, "Position and score variants"): QK-norm of Q and K, RoPE at
+    adds, in this order (API.md, "Position and score variants"): Q, K and V clipped, QK-norm of Q and K, RoPE at
     ``positions``/``context_positions``, the queries' temperature, the values' norm,
     soft-capping of the scaled scores, a position bias, then (after the mask) the sinks, which join each row's softmax as one more
     key with no value; a row with every key masked then gives all its weight to the sink,

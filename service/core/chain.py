@@ -7,7 +7,7 @@ over a :class:`State` (every intermediate by name, and each slot's latest name);
 (:func:`service.core.attention.scaled_dot_product_attention`) runs them with the guards on,
 and :func:`made_from` answers what a step read, for every reader of the chain (the trace's
 symbols and the order of its steps). The contract fixes the order (API.md, "Position and
-score variants"): QK-norm of Q and K (Qwen3, Gemma 3), RoPE (Su et al. 2021), the norm after
+score variants"): q, k and v clipped right after the projections (OLMo's ``clip_qkv``), QK-norm of Q and K (Qwen3, Gemma 3), RoPE (Su et al. 2021), the norm after
 RoPE instead (Llama 4's ``Llama4TextL2Norm``), the queries' temperature (Llama 4), the values'
 norm (Gemma 4), the cache (transformers' ``Cache.update``), then the scores Q Kᵀ (Vaswani et
 al. 2017), scaled, soft-capped (Gemma 2), biased (ALiBi, T5), masked, the softmax (with a sink,
@@ -32,7 +32,7 @@ from service.core.linear import Past, transposed
 from service.core.positions import rope, sequence_length
 from service.core.softmax import fully_masked, rows_by_item, softmax
 from service.core.types import Array, BoolArray, FullyMaskedPolicy, IntArray
-from service.core.variants import Variants, qk_norm, softcap, softmax_with_sink
+from service.core.variants import Variants, clip, qk_norm, softcap, softmax_with_sink
 from service.core.variants import temperature_factors as temperature
 
 Slot = Literal["q", "k", "v", "scores", "weights", "out"]
@@ -102,6 +102,15 @@ def _positions(st: State, s: Setup) -> IntArray:
     """The queries' positions: as given, else 0 … L − 1."""
     given = s.variants.positions
     return np.arange(st.made["q"].shape[-2]) if given is None else given  # (L,)
+
+
+def _clipped(x: Array, st: State, s: Setup) -> Array:
+    assert s.variants.clip_qkv is not None
+    return clip(x, s.variants.clip_qkv)  # (..., n, ·)  OLMo: each projection clamped
+
+
+def _clipping(s: Setup) -> bool:
+    return s.variants.clip_qkv is not None
 
 
 def _normed(side: Literal["q", "k"]) -> Run:
@@ -248,6 +257,9 @@ def _output(weights: Array, st: State, s: Setup) -> Array:
 
 
 HEAD: tuple[Step, ...] = (
+    Step("q_clipped", reads="q", run=_clipped, on=_clipping),
+    Step("k_clipped", reads="k", run=_clipped, on=_clipping),
+    Step("v_clipped", reads="v", run=_clipped, on=_clipping),
     Step("q_normed", reads="q", run=_normed("q"), on=_qk_norm_before),
     Step("k_normed", reads="k", run=_normed("k"), on=_qk_norm_before),
     Step("q_rotated", reads="q", run=_rotated_q, on=lambda s: s.variants.rope is not None),

@@ -1,9 +1,9 @@
 """The variants of modern attention: their settings (:class:`Variants`, in the order they
-apply) and their math: QK-norm, the queries' temperature, logit soft-capping, sinks and the
-output gate.
+apply) and their math: clipping, QK-norm, the queries' temperature, logit soft-capping, sinks
+and the output gate.
 
-They act between the projections and the weights, in the order the contract fixes:
-``qk_norm`` on Q and K (Qwen3; after RoPE for Llama 4), ``temperature_factors`` on Q (Llama
+They act between the projections and the weights, in the order the contract fixes: ``clip``
+on Q, K and V right after the projections (OLMo's ``clip_qkv``), ``qk_norm`` on Q and K (Qwen3; after RoPE for Llama 4), ``temperature_factors`` on Q (Llama
 4), a weightless ``qk_norm`` on V (Gemma 4), then the scores, then ``softcap`` on the scaled
 scores (Gemma 2), then position bias and mask, then ``softmax_with_sink`` in place of the plain
 softmax (gpt-oss); ``sigmoid`` gates the heads' concatenation (Qwen3-Next). Shapes use paper names: L queries, S keys, d_k query/key width, h heads;
@@ -51,6 +51,16 @@ class SinkSoftmax:
     weights: Array  # (..., L, S)  rows sum to 1 − sink_weights
     sink_weights: Array  # (..., L)  the weight the sink takes in each row
     fully_masked_rows: BoolArray  # (..., L)  rows whose every key is masked (all to the sink)
+
+
+def clip(x: Array, c: float) -> Array:
+    """``x`` clamped to [−c, c] elementwise: OLMo's ``clip_qkv`` (transformers
+    ``OlmoAttention.forward``: ``query_states.clamp_(min=-clip_qkv, max=clip_qkv)``, and the
+    same for the keys and values, right after the projections, before the heads are split).
+    ``x (..., n, d)``: queries, keys or values; ``c`` a finite number > 0. Shaped like ``x``."""
+    if not (np.isfinite(c) and c > 0):
+        raise AttentionInputError(f"clip_qkv must be a finite number > 0, not {c}")
+    return np.clip(x, -c, c)  # (..., n, d)
 
 
 def qk_norm(x: Array, settings: QKNorm) -> Array:
@@ -185,10 +195,12 @@ def softmax_with_sink(scores: Array, sink: float | Array) -> SinkSoftmax:
 @dataclass(frozen=True)
 class Variants:
     """The variants of modern attention, in the order they apply (each None when off):
-    QK-norm (before RoPE, or after it when ``after_rope``), RoPE, the queries' temperature, the
+    clipping (OLMo), QK-norm (before RoPE, or after it when ``after_rope``), RoPE, the queries' temperature, the
     values' norm, soft-capping, a position bias (ALiBi or T5, computed from the positions by
-    service.core.positions), sinks."""
+    service.core.positions), sinks; and the scale a layer sets itself (Granite's
+    ``attention_multiplier``: the plan's scale, here for the words and the diagnosis)."""
 
+    clip_qkv: float | None = None  # OLMo: q, k, v clamped to ±clip_qkv after the projections
     q_norm: QKNorm | None = None
     k_norm: QKNorm | None = None
     rope: Rope | None = None
@@ -199,3 +211,4 @@ class Variants:
     softcap: float | None = None
     position_bias: Array | None = None  # broadcastable to (..., L, S)
     sinks: float | Array | None = None  # one number, or one per head (h,)
+    attention_multiplier: float | None = None  # Granite: the scale, in place of 1/√d_k

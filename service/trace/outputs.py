@@ -12,6 +12,7 @@ up once per distinct shapes and include.
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from difflib import get_close_matches
 from functools import cache
 from typing import Any, Literal
 
@@ -362,6 +363,27 @@ OUTPUTS: tuple[Output, ...] = (
     head("q", "queries [L][d_k]", rows_by=queries(D_K), title="Q"),
     head("k", "keys [S][d_k] (with past: the new tokens')", rows_by=keys(D_K), title="K"),
     head("v", "values [S][d_v] (with past: the new tokens')", rows_by=keys(D_V), title="V"),
+    head(
+        "q_clipped",
+        "Q clamped to [−clip_qkv, clip_qkv] [L][d_k] (when clip_qkv is on)",
+        rows_by=queries(D_K),
+        on="clip_qkv",
+        title="Q clipped (clip_qkv)",
+    ),
+    head(
+        "k_clipped",
+        "K clamped to [−clip_qkv, clip_qkv] [S][d_k] (when clip_qkv is on)",
+        rows_by=keys(D_K),
+        on="clip_qkv",
+        title="K clipped (clip_qkv)",
+    ),
+    head(
+        "v_clipped",
+        "V clamped to [−clip_qkv, clip_qkv] [S][d_v] (when clip_qkv is on)",
+        rows_by=keys(D_V),
+        on="clip_qkv",
+        title="V clipped (clip_qkv)",
+    ),
     head(
         "q_normed",
         "qk_norm(Q) [L][d_k] (when qk_norm is on)",
@@ -844,8 +866,23 @@ def check_include(endpoint: Endpoint, include: list[str] | None) -> None:
         if name not in names:
             raise FieldError(
                 "include",
-                f'include names "{name[:40]}", which is not an output; choose from {", ".join(names)}',
+                f'include names "{name[:40]}", which is not an output; {_choices(name, names)}',
             )
+
+
+def _choices(name: str, names: tuple[str, ...], room: int = 240) -> str:
+    """The names closest to a misspelt one, then as many of all the names as fit in ``room``
+    characters (an error stays short however many outputs the table grows)."""
+    close = get_close_matches(name[:40], names, n=2)
+    quoted = " or ".join(f'"{c}"' for c in close)
+    hint = f"did you mean {quoted}? " if close else ""
+    shown: list[str] = []
+    for n in names:
+        if len(", ".join([*shown, n])) > room:
+            break
+        shown.append(n)
+    more = "" if len(shown) == len(names) else f", … ({len(names)} in all; /docs lists them)"
+    return f"{hint}choose from {', '.join(shown)}{more}"
 
 
 def _count(out: Output, shapes: Shapes) -> int:

@@ -50,7 +50,7 @@ class Plan:
 
     shapes: Shapes
     mask_specs: tuple[masks.MaskSpec, ...]
-    scale: float | None  # None: 1/√d_k
+    scale: float | None  # None: 1/√d_k; given, or a variant's (attention_multiplier)
     fully_masked_rows: FullyMaskedPolicy
     generated: Mapping[str, Array]  # drawn arrays by name, in draw order
     seed: int | None
@@ -216,7 +216,7 @@ def _plan(
     return cls(
         shapes=shapes,
         mask_specs=tuple(specs),
-        scale=req.scale,
+        scale=req.scale if given.attention_multiplier is None else given.attention_multiplier,
         fully_masked_rows=req.fully_masked_rows,
         generated=generated,
         seed=req.seed,

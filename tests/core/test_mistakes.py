@@ -26,7 +26,7 @@ from service.core.variants import Variants
 TIGHT = Tolerance(atol=1e-12, rtol=0.0)
 Array = np.ndarray[Any, np.dtype[np.float64]]
 
-# the contract's two tables, in order
+# the contract's two tables, in order, then the third edition's codes the service knows
 CONTRACT = (
     "softmax_over_queries", "scale_after_softmax", "scale_missing", "scale_by_d_k",
     "weights_transposed", "q_k_swapped", "mask_inverted", "causal_diagonal_masked",
@@ -34,6 +34,7 @@ CONTRACT = (
     "rope_style_swapped", "scale_by_model_dim", "scale_inverted", "mask_after_softmax",
     "mask_missing", "window_off_by_one", "heads_merged_without_transpose", "batch_as_sequence",
     "rope_missing", "rope_base_wrong", "decode_position_offset", "float32_arithmetic",
+    "scale_from_config_ignored", "clip_missing",
 )  # fmt: skip
 
 

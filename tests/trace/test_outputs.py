@@ -12,6 +12,7 @@ from service.trace import outputs
 from service.trace.rules import attention_shapes, multihead_shapes
 from service.trace.shapes import Shapes
 from service.wire import examples as ex
+from service.wire.errors import FieldError
 from service.wire.fold import folded
 from service.wire.schemas.requests import AttentionRequest, MaskRequest, MultiheadRequest
 
@@ -86,3 +87,11 @@ def test_include_accepts_exactly_the_tables_names(client: TestClient, endpoint: 
     always = {o.name for o in outputs.OUTPUTS if o.always}
     for name in always:
         assert client.post(endpoint, json={**body, "include": [name]}).status_code == 422, name
+
+
+@pytest.mark.parametrize("endpoint", ["attention", "multihead"])
+def test_a_misspelt_include_gets_a_short_422_with_the_closest_name(endpoint: str) -> None:
+    with pytest.raises(FieldError) as e:
+        outputs.check_include(endpoint, ["wieghts"])  # type: ignore[arg-type]
+    message = e.value.items[0].message
+    assert 'did you mean "weights"' in message and len(message) < 400, message

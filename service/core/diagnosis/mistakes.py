@@ -162,6 +162,36 @@ def _decode_offset(seen: Seen) -> str:
     )
 
 
+def _own_scale(s: Setup) -> bool:
+    """Whether the scale is not 1/√d_k: the layer (or the request) sets its own."""
+    return bool(abs(s.scale * np.sqrt(s.d_k) - 1.0) > 1e-12)
+
+
+def _config_scale(seen: Seen) -> str:
+    s = seen.setup
+    m = s.variants.attention_multiplier
+    own = (
+        f"attention_multiplier = {m:.4g} (Granite)"
+        if m is not None
+        else "1/√d_k · mscale² of its YaRN scaling (MLA)"
+        if s.latent
+        else f"scale = {s.scale:.4g}"
+    )
+    return (
+        f"the scores were scaled by 1/√d_k = {1 / np.sqrt(s.d_k):.4g} where the layer sets its "
+        f"own scale, {own}: read the layer's scaling (transformers' self.scaling), not the "
+        "default"
+    )
+
+
+def _clip(seen: Seen) -> str:
+    c = seen.setup.variants.clip_qkv
+    return (
+        f"q, k and v were never clamped to ±{c:g} (clip_qkv, as OLMo clamps each projection "
+        "right after computing it): your numbers are what they give unclipped"
+    )
+
+
 def _token_by_token(s: Setup) -> bool:
     """Whether the steps before the scores work token by token (batch_as_sequence)."""
     v = s.variants
@@ -375,13 +405,17 @@ TABLE: tuple[Mistake, ...] = (
         likely=lambda s: s.past is not None,
     ),
     Mistake(FLOAT32, lambda s, p: True, _float32),
+    # the third edition's (API.md, "Compare, third edition")
+    Mistake("scale_from_config_ignored", lambda s, p: _own_scale(s), _config_scale),
+    Mistake("clip_missing", lambda s, p: "q_clipped" in p, _clip),
 )
 MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
 BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE}
 
 _SCALES = frozenset(
-    {"scale_after_softmax", "scale_missing", "scale_by_d_k", "scale_by_model_dim", "scale_inverted"}
-)
+    {"scale_after_softmax", "scale_missing", "scale_by_d_k", "scale_by_model_dim", "scale_inverted",
+     "scale_from_config_ignored"}
+)  # fmt: skip
 _MASKS = ("mask_inverted", "causal_diagonal_masked", "mask_after_softmax", "window_off_by_one")
 # Ways of doing the same thing, or mistakes that exclude each other: a pair inside one of
 # these sets is never tried.

@@ -25,6 +25,7 @@ from service.core.softmax import softmax
 from service.core.types import Array, FullyMaskedPolicy, RopeStyle
 from service.core.variants import (
     Variants,
+    clip,
     qk_norm,
     sigmoid,
     softcap,
@@ -138,11 +139,25 @@ def _merge_interleaved(t: Array) -> Array:
     return t.transpose(0, 2, 3, 1).reshape(b, n, d * h)
 
 
+def _clipped(name: Literal["q", "k", "v"]) -> Compute:
+    """OLMo's clamp of a projection to ±clip_qkv; left out under ``clip_missing``."""
+
+    def compute(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
+        c = s.variants.clip_qkv
+        assert c is not None
+        x = st[name]  # (..., n, ·) the projection
+        return {f"{name}_clipped": x if "clip_missing" in t.mistakes else clip(x, c)}
+
+    return compute
+
+
 def _normed(name: Literal["q", "k"]) -> Compute:
     def compute(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
         settings = s.variants.q_norm if name == "q" else s.variants.k_norm
         assert settings is not None
-        x = _turned(st[name], name, s, t) if _after_rope(s) else st[name]  # Llama 4: rotated
+        after = _after_rope(s)  # Llama 4: the norm turns the form RoPE reads itself
+        x = _read(st, s, f"{name}_rotated" if after else f"{name}_normed")  # q, or q_clipped
+        x = _turned(x, name, s, t) if after else x
         return {f"{name}_normed": qk_norm(x, settings)}
 
     return compute
@@ -196,7 +211,7 @@ def _tempered(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
 
 def _v_normed(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
     assert s.variants.v_norm is not None
-    return {"v_normed": qk_norm(st["v"], s.variants.v_norm)}
+    return {"v_normed": qk_norm(_read(st, s, "v_normed"), s.variants.v_norm)}
 
 
 def _read(st: State, s: Setup, step: str, slot: chain.Slot | None = None) -> Array:
@@ -232,6 +247,8 @@ def _scaled(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
         return {"scaled_scores": scores / np.sqrt(float(t.way("scale_by_model_dim")))}
     if "scale_inverted" in t.mistakes:  # · √d_k where / √d_k was meant
         return {"scaled_scores": scores / s.scale}
+    if "scale_from_config_ignored" in t.mistakes:  # 1/√d_k where the layer sets its own
+        return {"scaled_scores": scores / np.sqrt(s.d_k)}
     return {"scaled_scores": scores * s.scale}
 
 
@@ -387,12 +404,16 @@ _ROPE = frozenset(
 )
 _ROPE_WAYS = frozenset({"rope_base_wrong", "decode_position_offset"})
 _SCALE = frozenset(
-    {"scale_missing", "scale_by_d_k", "scale_after_softmax", "scale_by_model_dim", "scale_inverted"}
-)
+    {"scale_missing", "scale_by_d_k", "scale_after_softmax", "scale_by_model_dim", "scale_inverted",
+     "scale_from_config_ignored"}
+)  # fmt: skip
 STAGES: tuple[Stage, ...] = (
     Stage(("q",), _projected("q"), frozenset({"weights_transposed", "heads_interleaved"})),
     Stage(("k",), _projected("k"), frozenset({"weights_transposed", "heads_interleaved"})),
     Stage(("v",), _projected("v"), frozenset({"weights_transposed", "heads_interleaved"})),
+    Stage(("q_clipped",), _clipped("q"), frozenset({"clip_missing"})),
+    Stage(("k_clipped",), _clipped("k"), frozenset({"clip_missing"})),
+    Stage(("v_clipped",), _clipped("v"), frozenset({"clip_missing"})),
     # with after_rope (Llama 4) the norm turns the vectors itself: RoPE's mistakes change it
     Stage(("q_normed",), _normed("q"), _ROPE, ways=_ROPE_WAYS),
     Stage(("k_normed",), _normed("k"), _ROPE, ways=_ROPE_WAYS),

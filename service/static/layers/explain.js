@@ -1,6 +1,7 @@
 // @ts-check
 // The explanations of the cells of today's layers (explain.js calls these for the kinds
-// lib/layers.js computes): a cell of q_normed, k_normed or v_normed (the vector's RMS or mean and
+// lib/layers.js computes): a cell of q_clipped, k_clipped or v_clipped (the number and the clamp's
+// bounds), of q_normed, k_normed or v_normed (the vector's RMS or mean and
 // variance, eps, the weight w or 1 + w), of q_rotated or k_rotated (the feature's pair, its θ and
 // what the scaling did to every pair's θ, the angle), of q_tempered (the temperature at the
 // query's position, with the floor and the log), and /multihead's gate (the sigmoid of x's row
@@ -12,6 +13,7 @@ import { el, fmt, table } from "../lib/explain-parts.js";
 import { count } from "../lib/format.js";
 
 export const LAYER_KINDS = new Set([
+  "clip",
   "norm",
   "rotate",
   "temper",
@@ -34,7 +36,7 @@ export function layerBefore(r) {
 /** Whose vector the cell belongs to: "query 2 “cat”, feature 1", or null without tokens. */
 export function layerWho(r, ctx) {
   const { i, j, name } = ctx;
-  const keys = name[0] === "k" || name === "v_normed" || name === "c_kv";
+  const keys = name[0] === "k" || name[0] === "v" || name === "c_kv";
   const labels = keys ? ctx.data.context_tokens || ctx.data.tokens : ctx.data.tokens;
   const token = Array.isArray(labels) && labels[i] !== undefined ? ` “${labels[i]}”` : "";
   const row = `${keys ? "key" : "query"} ${i}${token}`;
@@ -54,7 +56,15 @@ export function explainLayer(box, r, ctx) {
   if (r.kind === "norm") normLines(box, r, name, i, j, f, note);
   else if (r.kind.startsWith("latent-")) latentLines(box, r, ctx, f, note);
   else if (r.kind === "rotate") rotateLines(box, r, name, i, j, f, note);
-  else if (r.kind === "temper") {
+  else if (r.kind === "clip") {
+    f(`${name}[${i}][${j}] = min(max(${r.from}[${i}][${j}], −c), c), c = clip_qkv = ${fmt(r.c)}`);
+    f(`= min(max(${fmt(r.before)}, ${fmt(-r.c)}), ${fmt(r.c)})`);
+    note(
+      Math.abs(r.before) > r.c
+        ? `${fmt(r.before)} lies beyond ±${fmt(r.c)}, so the clamp sets it to ${fmt(r.total)}: OLMo clamps every number of q, k and v right after the projections.`
+        : `${fmt(r.before)} lies within ±${fmt(r.c)}, so the clamp leaves it: OLMo clamps every number of q, k and v right after the projections.`,
+    );
+  } else if (r.kind === "temper") {
     f(
       `${name}[${i}][${j}] = ${r.from}[${i}][${j}] · τ(p), τ(p) = log(⌊(p + 1)/floor_scale⌋ + 1) · attn_scale + 1`,
     );

@@ -7,6 +7,7 @@
 // o = (o·ℓ_old·exp(m − m_new) + Σ_j exp(s_j − m_new) v_j) / ℓ. The view is layers/blocks.js.
 import { NEG_INF, num, pick } from "../lib/pick.js";
 import { scoreChain } from "../lib/schema.js";
+import { lastForm } from "../lib/layers.js";
 
 /** @typedef {{keys: number[], m: (number | null)[], l: number[], o: number[][]}} Block */
 
@@ -46,7 +47,7 @@ export function finalScores(ctx) {
 }
 
 /** The values the output read: the cache after a decode step (present_v; on /multihead the
- * head's key/value group), the normalised values (v_normed), or V. */
+ * head's key/value group), or V as the last step left it (v_clipped, v_normed). */
 export function valuesOf(ctx) {
   const { data, head } = ctx;
   if (data.present_v !== undefined && data.present_v !== null) {
@@ -58,7 +59,7 @@ export function valuesOf(ctx) {
     }
     return { name: "present_v", v: pick({ ...ctx, head: group }, "present_v") };
   }
-  const name = pick(ctx, "v_normed") !== undefined ? "v_normed" : "v";
+  const name = lastForm(ctx, "v"); // V as the last step left it (v_clipped, v_normed)
   return { name, v: pick(ctx, name) };
 }
 

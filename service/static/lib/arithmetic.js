@@ -275,7 +275,7 @@ export function recompute(ctx) {
   }
   if (name === "output") {
     const w = pick(ctx, "weights");
-    const vName = pick(ctx, "v_normed") !== undefined ? "v_normed" : "v"; // weights V_n (v_norm)
+    const vName = lastForm(ctx, "v"); // weights V as the last step left them (V_c, V_n)
     const v = pick(ctx, vName);
     if (w === undefined || v === undefined) return null;
     const { terms, total } = outputTerms(w[i], v, j);

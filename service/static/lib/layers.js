@@ -1,7 +1,8 @@
 // @ts-check
 // The arithmetic of the cells of today's layers, a leaf (layers/explain.js draws it): a cell of
-// q_normed or k_normed (qk_norm, before RoPE or after it, weights w or 1 + w), v_normed (Gemma 4's
-// weightless RMS norm), q_rotated or k_rotated (RoPE with the answer's θ_i and gain, lib/positions.js),
+// q_clipped, k_clipped or v_clipped (OLMo's clip_qkv), q_normed or k_normed (qk_norm, before
+// RoPE or after it, weights w or 1 + w), v_normed (Gemma 4's weightless RMS norm), q_rotated or
+// k_rotated (RoPE with the answer's θ_i and gain, lib/positions.js),
 // q_tempered (Llama 4's temperature) and /multihead's gate and gated (Qwen3-Next), each computed
 // again from the step before in float64 as the service does (service/core/variants.py,
 // attention.py's queries_and_keys, multihead.py). And the order the queries and keys take their
@@ -21,6 +22,9 @@ import {
 } from "./positions.js";
 
 export const LAYER_NAMES = new Set([
+  "q_clipped",
+  "k_clipped",
+  "v_clipped",
   "q_normed",
   "k_normed",
   "q_rotated",
@@ -40,11 +44,13 @@ export function qkNormOptions(request) {
   return o && typeof o === "object" ? o : o ? {} : null;
 }
 
-/** The forms the queries (`side` "q") or keys ("k") take, in the order they are made: the
- * projection, the norm, RoPE, the norm after RoPE (Llama 4's after_rope), the temperature. */
+/** The forms the queries (`side` "q"), keys ("k") or values ("v") take, in the order they are
+ * made (service/core/chain.py's HEAD): the projection, the clamp (clip_qkv), the norm, RoPE, the
+ * norm after RoPE (Llama 4's after_rope), the temperature; the values' clamp, then v_norm. */
 export function formsOf(request, side) {
+  if (side === "v") return ["v", "v_clipped", "v_normed"];
   const after = !!(qkNormOptions(request) || {}).after_rope;
-  const forms = [side, after ? "" : `${side}_normed`, `${side}_rotated`];
+  const forms = [side, `${side}_clipped`, after ? "" : `${side}_normed`, `${side}_rotated`];
   forms.push(after ? `${side}_normed` : "", side === "q" ? "q_tempered" : "");
   return forms.filter(Boolean);
 }
@@ -111,10 +117,10 @@ export function normWeight(request, side) {
 
 function normCell(ctx, name, r, t) {
   if (name === "v_normed") {
-    const v = pick(ctx, "v");
+    const from = formBefore(ctx, name); // v, or v_clipped
     const o =
       ctx.request.v_norm && typeof ctx.request.v_norm === "object" ? ctx.request.v_norm : {};
-    return { kind: "norm", from: "v", ...normOf(v[r], t, { eps: o.eps ?? DEFAULT_EPS }) };
+    return { kind: "norm", from, ...normOf(pick(ctx, from)[r], t, { eps: o.eps ?? DEFAULT_EPS }) };
   }
   const from = formBefore(ctx, name);
   const o = qkNormOptions(ctx.request) || {};
@@ -176,6 +182,17 @@ function rotateCell(ctx, name, r, t) {
     s,
     total: first ? a * c - b * s : b * c + a * s,
   };
+}
+
+// ---- OLMo's clip_qkv
+
+/** Cell [r][t] of q_clipped, k_clipped or v_clipped: the projection's number clamped to
+ * [−c, c] (service/core/variants.py clip; transformers' OlmoAttention clamp_). */
+function clipCell(ctx, name, r, t) {
+  const from = formBefore(ctx, name);
+  const before = pick(ctx, from)[r][t];
+  const c = Number(ctx.request.clip_qkv);
+  return { kind: "clip", from, before, c, total: Math.min(Math.max(before, -c), c) };
 }
 
 // ---- Llama 4's temperature
@@ -267,5 +284,6 @@ export function layerCell(ctx, name, i, j) {
     return normCell(ctx, name, i, j);
   if (name === "q_rotated" || name === "k_rotated") return rotateCell(ctx, name, i, j);
   if (name === "q_tempered") return temperCell(ctx, name, i, j);
+  if (name.endsWith("_clipped")) return clipCell(ctx, name, i, j);
   return gateCell(ctx, name, i, j);
 }

@@ -157,13 +157,16 @@ def _key_at(v: Variants) -> str:
 # the symbol of each form of the queries, keys and values (the names the head's chain makes)
 _SYMBOLS = {
     "q": "Q",
+    "q_clipped": "Q_c",
     "q_normed": "Q_n",
     "q_rotated": "Q_r",
     "q_tempered": "Q_t",
     "k": "K",
+    "k_clipped": "K_c",
     "k_normed": "K_n",
     "k_rotated": "K_r",
     "v": "V",
+    "v_clipped": "V_c",
     "v_normed": "V_n",
 }
 

@@ -1,7 +1,7 @@
 """The variants of modern attention as rows (API.md, "Position and score variants"), in the
-order they apply: QK-norm, RoPE (its row's parts in :mod:`service.trace.rows.rope`), the
-temperature, the values' norm, the output gate, k_eq_v, soft-capping, a position bias (ALiBi or
-T5), sinks. Each row
+order they apply: clipping (OLMo), QK-norm, RoPE (its row's parts in
+:mod:`service.trace.rows.rope`), the temperature, the values' norm, the output gate, k_eq_v,
+the layer's own scale (Granite), soft-capping, a position bias (ALiBi or T5), sinks. Each row
 says when a request turns it on, checks it against the shapes (the rules, before anything is
 drawn), gives the engine its settings (the plan) and says its steps in words. The rules, the
 plan and the steps loop over :data:`VARIANTS`; the outputs table shows a variant's rows when it
@@ -72,6 +72,35 @@ def _numbers(a: Array, limit: int = 8) -> str:
     """A short list of numbers for a formula: [0.25, 0.0625, …] (at most ``limit``)."""
     shown = ", ".join(f"{v:.6g}" for v in a.ravel()[:limit])
     return f"[{shown}{', …' if a.size > limit else ''}]"
+
+
+# ---------------------------------------------------------------------------- clip_qkv
+
+
+def _clip_given(req: Req) -> bool:
+    return req.clip_qkv is not None
+
+
+def _check_clip(req: Req, shapes: Shapes) -> None:
+    if _mla_given(req):
+        raise FieldError(
+            "clip_qkv",
+            "clip_qkv clamps q, k and v right after their projections; MLA's come from latents "
+            "and no MLA model clips them",
+        )
+
+
+def _clip_settings(req: Req) -> Variants:
+    return Variants(clip_qkv=req.clip_qkv)
+
+
+def _clip_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
+    c = v.clip_qkv
+    return {
+        f"{side}_clipped": f"{side.upper()}_c = clamp({side.upper()}, −{c:g}, {c:g}): every "
+        f"number beyond ±clip_qkv set to ±{c:g}, right after the projection (OLMo)"
+        for side in "qkv"
+    }
 
 
 # ------------------------------------------------------------------------------ QK-norm
@@ -231,6 +260,36 @@ def _gate_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
     }
 
 
+# ------------------------------------------------------------------ the layer's own scale
+
+
+def _multiplier_given(req: Req) -> bool:
+    return req.attention_multiplier is not None
+
+
+def _check_multiplier(req: Req, shapes: Shapes) -> None:
+    if req.scale is not None:
+        raise FieldError(
+            "attention_multiplier",
+            "give scale or attention_multiplier, not both: attention_multiplier is the scale "
+            "(Granite's name for it)",
+        )
+
+
+def _multiplier_settings(req: Req) -> Variants:
+    return Variants(attention_multiplier=req.attention_multiplier)
+
+
+def _multiplier_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
+    q, k = symbol(s, v, "scores", "q"), symbol(s, v, "scores", "k")
+    m = v.attention_multiplier
+    assert m is not None
+    return {
+        "scaled_scores": f"{q} {k}ᵀ · scale, scale = attention_multiplier = {m:.10g}, the "
+        f"layer's own (Granite), not 1/√d_k = {s.d_k**-0.5:.10g}"
+    }
+
+
 # ------------------------------------------------------------------------- soft-capping
 
 
@@ -369,6 +428,14 @@ _POSITIONS = ("query_positions", "key_positions")  # the outputs of the variants
 
 VARIANTS: tuple[Variant, ...] = (
     Variant(
+        field="clip_qkv",
+        outputs=("q_clipped", "k_clipped", "v_clipped"),
+        given=_clip_given,
+        check=_check_clip,
+        settings=_clip_settings,
+        steps=_clip_steps,
+    ),
+    Variant(
         field="qk_norm",
         outputs=("q_normed", "k_normed"),
         given=_qk_norm_given,
@@ -419,6 +486,14 @@ VARIANTS: tuple[Variant, ...] = (
     # the values are the keys' projection (folded into the weights by service.wire.fold);
     # the step of V says so
     Variant(field="k_eq_v", given=_k_eq_v_given),
+    # Granite's scale: the plan takes it as the scale; the row says so in the scaled scores' step
+    Variant(
+        field="attention_multiplier",
+        given=_multiplier_given,
+        check=_check_multiplier,
+        settings=_multiplier_settings,
+        steps=_multiplier_steps,
+    ),
     Variant(
         field="softcap",
         outputs=("capped_scores",),

@@ -1,6 +1,6 @@
 """The position and score variants as a request writes them (API.md, "Position and score
-variants" and "Today's layers"): qk_norm, rope, v_norm, temperature, softcap, alibi,
-relative_bias, sinks, positions. Fields and their
+variants" and "Today's layers"): clip_qkv, qk_norm, rope, v_norm, temperature,
+attention_multiplier, softcap, alibi, relative_bias, sinks, positions. Fields and their
 docs only; :mod:`service.trace.rules` checks them against the request's shapes."""
 
 from typing import Annotated, Any, Literal
@@ -223,10 +223,17 @@ Position = Annotated[Int, Field(ge=-MAX_POSITION, le=MAX_POSITION)]
 
 class VariantFields(BaseModel):
     """The variants every compute endpoint accepts (API.md, "Position and score variants"),
-    applied in this order: qk_norm, rope (qk_norm after it when after_rope), temperature, v_norm,
-    scores, softcap, alibi or relative_bias, mask, sinks."""
+    applied in this order: clip_qkv, qk_norm, rope (qk_norm after it when after_rope),
+    temperature, v_norm, scores (scaled by attention_multiplier when given), softcap, alibi or
+    relative_bias, mask, sinks."""
 
     model_config = STRICT
+    clip_qkv: FiniteFloat | None = Field(
+        None,
+        gt=0,
+        description="c: clamp every number of Q, K and V to [−c, c] right after the projections "
+        "(OLMo, OLMoE, DBRX: config clip_qkv); returns q_clipped, k_clipped, v_clipped",
+    )
     qk_norm: QKNormSetting = Field(
         False,
         description='true or {"type": "rms" | "layer", "eps", "q_weight", "k_weight", '
@@ -251,6 +258,12 @@ class VariantFields(BaseModel):
         description='true or {"base", "style", "rotary_dim", "scaling"}: rotary position '
         "embedding of queries and keys; returns q_rotated, k_rotated",
         json_schema_extra=any_of,
+    )
+    attention_multiplier: FiniteFloat | None = Field(
+        None,
+        gt=0,
+        description="the scale the layer sets itself, in place of 1/sqrt(d_k): scaled_scores = "
+        "Q Kᵀ · attention_multiplier (Granite: config attention_multiplier); not with scale",
     )
     softcap: FiniteFloat | None = Field(
         None, gt=0, description="c: capped_scores = c · tanh(scaled_scores / c) (Gemma 2)"
