@@ -98,6 +98,9 @@ def _positions_used(plan: Plan) -> dict[str, Any]:
     return values
 
 
+POSITIONED = frozenset({"rope", "temperature", "position_bias"})  # the variants that read positions
+
+
 def _common(plan: Plan, trace: AttentionTrace, mask: masks.CombinedMask | None) -> dict[str, Any]:
     """The values both endpoints return besides their arrays."""
     s = plan.shapes
@@ -110,7 +113,7 @@ def _common(plan: Plan, trace: AttentionTrace, mask: masks.CombinedMask | None) 
         "conventions": steps.conventions(plan),
         "warnings": list(s.warnings),
         **plan.generated,
-        **_positions_used(plan),
+        **(_positions_used(plan) if s.on & POSITIONED else {}),
     }
     if mask is not None:
         values |= {

@@ -165,6 +165,8 @@ def check_ranges(req: AttentionRequest | MultiheadRequest, shapes: Shapes, on: s
     """RoPE's frequencies, angles and attention factor, the temperature's factors and ALiBi's
     largest bias, from the settings and the positions alone (no data: the scores' own overflow
     stays the core's to refuse)."""
+    if "rope" not in on and req.temperature is None and req.alibi is None:
+        return  # nothing that reads the positions (most small requests)
     queries, keys = _query_positions(req, shapes), _key_positions(req, shapes)
     if "rope" in on:
         rope = rope_settings(req)["rope"]

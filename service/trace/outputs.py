@@ -11,9 +11,10 @@ up once per distinct shapes and include.
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from difflib import get_close_matches
 from functools import cache
+from operator import attrgetter
 from typing import Any, Literal
 
 from service.trace.shapes import Endpoint, Shapes, by_shapes
@@ -100,21 +101,20 @@ class Dim:
     counts 0."""
 
     names: tuple[str, ...]
+    # each name's reader (operator.attrgetter follows a dotted path), made once: a small answer
+    # reads about 40 sizes for its steps' shapes
+    readers: tuple[Callable[[Shapes], Any], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "readers", tuple(attrgetter(name) for name in self.names))
 
     def __call__(self, shapes: Shapes) -> int:
-        return math.prod(_size(shapes, name) for name in self.names)
+        if len(self.readers) == 1:
+            return int(self.readers[0](shapes) or 0)
+        return math.prod(int(read(shapes) or 0) for read in self.readers)
 
     def __mul__(self, other: "Dim") -> "Dim":
         return Dim(self.names + other.names)
-
-
-def _size(shapes: Shapes, path: str) -> int:
-    """One attribute of the shapes, following a dotted path; None counts 0."""
-    value: Any = shapes
-    for part in path.split("."):
-        assert value is not None, f"{path}: the request has no {part.split('.')[0]}'s parent"
-        value = getattr(value, part)
-    return int(value or 0)
 
 
 def _dim(name: str) -> Dim:
@@ -915,8 +915,39 @@ def drawn_shape(shapes: Shapes, name: str) -> tuple[int, ...]:
     return out.shape(shapes)
 
 
+# what an output's shape reads of the shapes (its sizes, its batch, the endpoint), in one call
+_SIZES = attrgetter(
+    "endpoint",
+    "batch",
+    "seq_len",
+    "ctx_len",
+    "new_keys",
+    "d_model",
+    "d_k",
+    "d_v",
+    "d_out",
+    "num_heads",
+    "num_kv_heads",
+    "latent",
+)
+_STEP_SHAPES: dict[tuple[Any, ...], list[int]] = {}  # (sizes, name) -> shape, up to 4,096
+
+
 def step_shape(shapes: Shapes, name: str) -> list[int]:
-    """The shape a step named after an output produces, with B (and h on /multihead) in front."""
+    """The shape a step named after an output produces, with B (and h on /multihead) in front;
+    kept by the sizes it reads (a tuple of a dozen numbers hashes in well under a µs, where the
+    whole shapes' hash and equality cost several: an answer asks one per step). Shared: not to
+    be changed."""
+    key = (_SIZES(shapes), name)
+    shape = _STEP_SHAPES.get(key)
+    if shape is None:
+        if len(_STEP_SHAPES) >= 4096:
+            _STEP_SHAPES.clear()
+        shape = _STEP_SHAPES[key] = _step_shape(shapes, name)
+    return shape
+
+
+def _step_shape(shapes: Shapes, name: str) -> list[int]:
     out = _by_name(shapes.endpoint)[name]
     assert out.shape is not None
     lead = [shapes.batch] if shapes.batch is not None and out.batched else []
