@@ -124,6 +124,23 @@ def sequence_length(positions: IntArray) -> int:
     return int(positions.max()) + 1 if positions.size else 1
 
 
+def rope_theta(settings: Rope, d_k: int, length: int) -> Array:
+    """θ_i the rotation of a head of width ``d_k`` takes, for a sequence of ``length``:
+    :func:`rope_frequencies` of the ``rotary_dim`` turned features with the scaling, ``(r/2,)``;
+    ``"proportional"`` (Gemma 4): θ_i = base^(−2i/d_k) for the first r/2 of the head's d_k/2
+    pairs and 0 (unturned) for the others, ``(d_k/2,)``."""
+    r = d_k if settings.rotary_dim is None else settings.rotary_dim
+    if settings.style == "proportional":
+        turned = rope_frequencies(d_k, settings.base, None)[: r // 2]  # (r/2,) over d_k
+        return np.concatenate((turned, np.zeros(d_k // 2 - r // 2)))  # (d_k/2,)
+    return rope_frequencies(r, settings.base, settings.scaling, length)  # (r/2,)
+
+
+def rope_gain(settings: Rope) -> float:
+    """The factor on cos and sin: the scaling's attention factor (YaRN, LongRoPE), else 1."""
+    return 1.0 if settings.scaling is None else settings.scaling.attention_factor
+
+
 def rope(x: Array, positions: IntArray, settings: Rope, length: int | None = None) -> Array:
     """Rotate ``x (..., n, d_k)`` by its tokens' ``positions (n,)``; returns ``(..., n, d_k)``.
 
@@ -149,13 +166,10 @@ def rope(x: Array, positions: IntArray, settings: Rope, length: int | None = Non
     if settings.style == "proportional":
         if d_k % 2:
             raise AttentionInputError(f"proportional rope needs an even d_k, got {d_k}")
-        turned = rope_frequencies(d_k, settings.base, None)[: r // 2]  # (r/2,) over d_k
-        theta = np.concatenate((turned, np.zeros(d_k // 2 - r // 2)))  # (d_k/2,)
-        r = d_k
-    else:
-        theta = rope_frequencies(r, settings.base, settings.scaling, size)  # (r/2,)
+        r = d_k  # every pair of the head, the unturned ones with θ = 0
+    theta = rope_theta(settings, d_k, size)  # (r/2,)
     angles = rope_angles(positions, theta, settings.scaling)  # (n, r/2)
-    gain = 1.0 if settings.scaling is None else settings.scaling.attention_factor
+    gain = rope_gain(settings)
     if settings.style == "interleaved":
         cos = np.repeat(np.cos(angles), 2, axis=-1) * gain  # (n, r): a_0, a_0, a_1, a_1, …
         sin = np.repeat(np.sin(angles), 2, axis=-1) * gain  # (n, r)

@@ -21,7 +21,8 @@ from service.core.positions import (
     Alibi,
     alibi_slopes,
     position_bias,
-    rope_frequencies,
+    rope_gain,
+    rope_theta,
     sequence_length,
 )
 from service.core.softmax import OnlineSoftmax, online_softmax, rows_by_item
@@ -73,25 +74,17 @@ def _positions(plan: Plan) -> tuple[IntArray, IntArray]:
 
 def _positions_used(plan: Plan) -> dict[str, Any]:
     """The numbers the position variants used, returned as outputs so that a cell can be
-    explained from the answer: the queries' and keys' positions (the defaults of
-    :func:`queries_and_keys` and :func:`_variants`), θ_i after the scaling and the factor on cos
-    and sin (:func:`service.core.positions.rope`), each head's ALiBi slope. Only the present
+    explained from the answer: the queries' and keys' positions (:func:`_positions`), θ_i
+    after the scaling and the factor on cos and sin (the core's :func:`rope_theta` and
+    :func:`rope_gain`, which the rotation takes), each head's ALiBi slope. Only the present
     ones are read (service.trace.outputs)."""
     s, v = plan.shapes, plan.variants
     queries, keys = _positions(plan)  # (L,), (S,)
     values: dict[str, Any] = {"query_positions": queries, "key_positions": keys}
     if v.rope is not None:
-        r = v.rope.rotary_dim or s.d_k
-        if s.latent is not None:  # mla: the rope features of each query and key
-            r = s.latent.qk_rope_head_dim
-        scaling = v.rope.scaling
-        if v.rope.style == "proportional":  # d_k/2 pairs, the first r/2 turned
-            turned = rope_frequencies(s.d_k, v.rope.base)[: r // 2]
-            theta = np.concatenate((turned, np.zeros(s.d_k // 2 - r // 2)))  # (d_k/2,)
-        else:
-            theta = rope_frequencies(r, v.rope.base, scaling, sequence_length(queries))  # (r/2,)
-        gain = 1.0 if scaling is None else scaling.attention_factor
-        values |= {"rope_frequencies": theta, "rope_gain": gain}
+        width = s.d_k if s.latent is None else s.latent.qk_rope_head_dim  # mla: its rope part
+        theta = rope_theta(v.rope, width, sequence_length(queries))  # (r/2,)
+        values |= {"rope_frequencies": theta, "rope_gain": rope_gain(v.rope)}
     if isinstance(plan.bias, Alibi):
         given = plan.bias.slopes
         values["alibi_slopes"] = alibi_slopes(s.num_heads) if given is None else given  # (h,)

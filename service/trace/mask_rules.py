@@ -167,7 +167,7 @@ def check_ranges(req: AttentionRequest | MultiheadRequest, shapes: Shapes, on: s
     stays the core's to refuse)."""
     if "rope" not in on and req.temperature is None and req.alibi is None:
         return  # nothing that reads the positions (most small requests)
-    queries, keys = _query_positions(req, shapes), _key_positions(req, shapes)
+    queries, keys = query_positions(req, shapes), _key_positions(req, shapes)
     if "rope" in on:
         rope = rope_settings(req)["rope"]
         field = "rope.scaling" if rope.scaling is not None else "rope.base"
@@ -205,7 +205,7 @@ def _top(p: IntArray) -> int:
     return int(p.max()) if p.size else 0
 
 
-def _query_positions(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> IntArray:
+def query_positions(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> IntArray:
     """(L,) the queries' positions: as given, else P … P + L − 1 (P = 0 without a cache)."""
     if req.positions is not None:
         return np.asarray(req.positions, dtype=np.int64)

@@ -17,6 +17,7 @@ from service.trace.mask_rules import (
     check_ranges,
     mask_warnings,
     num_masks,
+    query_positions,
 )
 from service.trace.rows.latent import latent_dims
 from service.trace.rows.variants import VARIANTS
@@ -454,7 +455,7 @@ def _check_decode_positions(
     a position bias (ALiBi, T5) measures to the cache's keys at 0 … P − 1, which holds only
     when the new tokens follow the cache (their positions start at P)."""
     p, given = shapes.past_len, req.positions
-    queries = list(range(p, p + shapes.seq_len)) if given is None else list(given)
+    queries = query_positions(req, shapes).tolist()  # (L,) as given, else P … P + L − 1
     if req.context_positions is not None:
         if list(req.context_positions[p:]) != queries:
             raise FieldError(

@@ -5,7 +5,7 @@
 // k_rotated (RoPE with the answer's θ_i and gain, lib/positions.js),
 // q_tempered (Llama 4's temperature) and /multihead's gate and gated (Qwen3-Next), each computed
 // again from the step before in float64 as the service does (service/core/variants.py,
-// attention.py's queries_and_keys, multihead.py). And the order the queries and keys take their
+// chain.py's head steps, multihead.py). And the order the queries and keys take their
 // forms in (service/trace/rows/rope.py's `applied`), which the scores read the last of.
 import { pick } from "./pick.js";
 import {
