@@ -49,6 +49,7 @@ class Setup:
     padded_queries: BoolArray | None = None  # broadcastable to (..., L)
     fully_masked_policy: FullyMaskedPolicy = "zero"
     past: Past | None = None  # a decode step's cache: (..., P, d_k), (..., P, d_v)
+    refuse: bool = True  # refuse sums that overflow (the engine); False: keep ±∞, NaN (a trial)
 
 
 @dataclass
@@ -179,7 +180,8 @@ def _scores(q: Array, st: State, s: Setup) -> Array:
 def _scaled(scores: Array, st: State, s: Setup) -> Array:
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
         scaled = scores * s.scale  # (..., L, S)
-    require_finite(scaled, "the scaled scores Q Kᵀ · scale")  # −∞ must not pass for a mask
+    if s.refuse:
+        require_finite(scaled, "the scaled scores Q Kᵀ · scale")  # −∞ must not pass for a mask
     return scaled
 
 
@@ -194,7 +196,8 @@ def _biased(scores: Array, st: State, s: Setup) -> Array:
     bias = st.made["position_bias"] = np.broadcast_to(s.variants.position_bias, scores.shape)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
         biased = scores + bias  # (..., L, S)
-    require_finite(biased, "the scores plus the position bias")
+    if s.refuse:
+        require_finite(biased, "the scores plus the position bias")
     return biased
 
 
@@ -203,7 +206,7 @@ def _masked(scores: Array, st: State, s: Setup) -> Array:
     assert s.additive is not None
     with np.errstate(over="ignore", invalid="ignore"):
         masked = scores + s.additive  # (..., L, S)
-    if not (np.isfinite(masked) | np.isneginf(s.additive)).all():
+    if s.refuse and not (np.isfinite(masked) | np.isneginf(s.additive)).all():
         raise AttentionInputError(
             "the masked scores (scaled scores plus the additive mask) overflowed float64; "
             "use smaller additive values or inputs"
@@ -249,10 +252,12 @@ def _weights(logits: Array, st: State, s: Setup) -> Array:
 
 def _output(weights: Array, st: State, s: Setup) -> Array:
     v = st["v"]  # (..., S, d_v): the values as the last step left them
-    require_finite(v, "V")
+    if s.refuse:
+        require_finite(v, "V")
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
         output = weights @ v  # (..., L, d_v)
-    require_finite(output, "the output (weights V)")
+    if s.refuse:
+        require_finite(output, "the output (weights V)")
     return output
 
 
@@ -311,22 +316,30 @@ def made(steps: Sequence[Step], setup: Setup) -> tuple[str, ...]:
     return ("q", "k", "v", *(step.name for step in steps if step.on(setup)))
 
 
-# the variants asked last (weakly: their arrays are the request's), a mask or not, their names
-_made: list[tuple[ref[Variants], bool, tuple[str, ...]]] = []
+# the variants asked last (weakly: their arrays are the request's), a mask or not, a cache or
+# not, their names
+_made: list[tuple[ref[Variants], bool, bool, tuple[str, ...]]] = []
+_NO_PAST = Past(np.zeros((0, 0)), np.zeros((0, 0)))  # a cache's presence, for made_with
 
 
-def made_with(variants: Variants, masked: bool = False) -> tuple[str, ...]:
-    """:func:`made` of :data:`HEAD` with ``variants`` (a mask or not, no cache), kept for the two
-    asked last: an answer asks several times, and made costs ~2 µs where a small answer
-    takes ~110 µs."""
-    for asked, mask, names in _made:
-        if asked() is variants and mask == masked:  # frozen: the same object, the same names
+def made_with(variants: Variants, masked: bool = False, cached: bool = False) -> tuple[str, ...]:
+    """:func:`made` of :data:`HEAD` with ``variants`` (a mask or not, a cache or not), kept for
+    the two asked last: an answer asks several times, and made costs ~2 µs where a small
+    answer takes ~110 µs."""
+    for asked, mask, cache, names in _made:
+        if asked() is variants and (mask, cache) == (masked, cached):  # frozen: the same names
             return names
-    names = made(HEAD, Setup(variants, additive=np.zeros(()) if masked else None))
-    _made[:] = [*_made[-1:], (ref(variants), masked, names)]
+    past = _NO_PAST if cached else None
+    names = made(HEAD, Setup(variants, additive=np.zeros(()) if masked else None, past=past))
+    _made[:] = [*_made[-1:], (ref(variants), masked, cached, names)]
     return names
 
 
+CACHED: tuple[str, ...] = tuple(
+    name
+    for name in made(HEAD, Setup(Variants(), past=_NO_PAST))
+    if name not in made(HEAD, Setup(Variants()))
+)  # the steps a decode step's cache adds: the keys and values after it
 _PROJECTIONS: dict[str, Slot] = {"q": "q", "k": "k", "v": "v"}
 _ADVANCES: dict[str, Slot] = _PROJECTIONS | {step.name: step.advances for step in HEAD}
 READS: dict[str, Slot] = {step.name: step.reads for step in HEAD}  # each step's slot

@@ -344,7 +344,7 @@ def test_the_worst_case_is_cut_short_within_its_budget_and_says_so(
     assert bound / 2 < counted.numbers <= run.spent <= bound
     sets = [list(g) for _, g in groupby(trials(applicable(setup, frozenset(base)), "zero", ways(setup)),
                                         key=lambda t: t.mistakes)]  # fmt: skip
-    uncut = sum(set_cost(base, given, variants, target.name) for variants in sets)
+    uncut = sum(set_cost(base, given, setup, variants, target.name) for variants in sets)
     assert uncut > 1.5 * bound  # what the whole search would have computed
 
 

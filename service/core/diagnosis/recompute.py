@@ -6,6 +6,7 @@ what that costs. NumPy only, no I/O."""
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from weakref import ref
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from service.core.diagnosis.stages import (
     State,
     Trial,
     Unfit,
+    heads_setup,
 )
 from service.core.errors import AttentionInputError
 from service.core.types import Array
@@ -23,24 +25,40 @@ from service.core.types import Array
 Given = Mapping[str, tuple[int, ...] | None]  # the caller's arrays: all heads (None) or some
 
 
-def _recomputed(base: State, given: Given, trial: Trial, target: str) -> list[Stage]:
+def _recomputed(base: State, given: Given, s: Setup, trial: Trial, target: str) -> list[Stage]:
     """The stages :func:`recompute` runs for ``trial``: from the first step the mistakes change
     or the first after an array the caller gave, whichever comes first, to the target's; only
     those this computation has, a stage that reads no earlier step (the mask) only when the
     mistakes change it, and one that no later step reads only when it is the target. Empty
     when the mistakes leave the target alone."""
-    last = next(i for i, stage in enumerate(STAGES) if target in stage.names)
-    changed = [i for i, stage in enumerate(STAGES) if stage.mistakes & trial.mistakes]
+    on = _on(s)  # e.g. QK-norm before RoPE, or after
+    last = next(i for i, stage in enumerate(on) if target in stage.names)
+    changed = [i for i, stage in enumerate(on) if stage.mistakes & trial.mistakes]
     if not changed or changed[0] > last:
         return []
-    after_given = [i + 1 for i, stage in enumerate(STAGES) if set(stage.names) & set(given)]
+    after_given = [i + 1 for i, stage in enumerate(on) if set(stage.names) & set(given)]
     return [
         stage
-        for stage in STAGES[min([changed[0], *after_given]) : last + 1]
+        for stage in on[min([changed[0], *after_given]) : last + 1]
         if any(n in base for n in stage.names)  # a step this computation has
         and (stage.reads or stage.mistakes & trial.mistakes)  # else the base's is the same
         and (stage.feeds or target in stage.names)  # else nothing on the way reads it
     ]
+
+
+_asked: list[tuple[ref[Setup], tuple[Stage, ...], tuple[Stage, ...]]] = []  # the last setup
+
+
+def _on(s: Setup) -> tuple[Stage, ...]:
+    """The stages of :data:`STAGES` this computation has on, kept for the setup asked last: a
+    diagnosis asks for every set of mistakes it tries."""
+    for asked, of, stages in _asked:
+        if asked() is s and of is STAGES:
+            return stages
+    head = heads_setup(s)
+    stages = tuple(stage for stage in STAGES if stage.on(head))
+    _asked[:] = [(ref(s), STAGES, stages)]
+    return stages
 
 
 def _shared(stages: list[Stage], variants: Sequence[Trial]) -> int:
@@ -59,11 +77,11 @@ def _shared(stages: list[Stage], variants: Sequence[Trial]) -> int:
     )
 
 
-def set_cost(base: State, given: Given, variants: Sequence[Trial], target: str) -> int:
+def set_cost(base: State, given: Given, s: Setup, variants: Sequence[Trial], target: str) -> int:
     """The numbers recomputing one set of mistakes with all its variants makes
     (:func:`recomputations`): the arrays of the stages they share once, of the others once per
     variant, each as large as the base's (0 when no stage runs)."""
-    stages = _recomputed(base, given, variants[0], target)
+    stages = _recomputed(base, given, s, variants[0], target)
     k = _shared(stages, variants)
 
     def size(part: list[Stage]) -> int:
@@ -83,7 +101,7 @@ def recomputations(
     """The ``target`` array recomputed under each variant of one set of mistakes (as
     :func:`recompute`; those that cannot happen here left out), the stages before the first
     one the variants differ in run once for all. ``check`` is called before each part."""
-    stages = _recomputed(base, given, variants[0], target)
+    stages = _recomputed(base, given, s, variants[0], target)
     if not stages:
         return
     k = _shared(stages, variants)
@@ -112,7 +130,7 @@ def recompute(
     change or the first after an array the caller gave (``given``: a name's heads, or None
     for all of it), whichever comes first; the caller's arrays stay theirs, except the
     target. None when the mistakes cannot happen here or leave the target alone."""
-    stages = _recomputed(base, given, trial, target)
+    stages = _recomputed(base, given, s, trial, target)
     world, seen = _world(base, s, trial)
     st = _run(dict(world), stages, world, given, seen, trial, target) if stages else None
     return None if st is None else _back(st[target], s, trial)

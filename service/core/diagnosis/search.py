@@ -34,7 +34,15 @@ from service.core.diagnosis.mistakes import (
     ways,
 )
 from service.core.diagnosis.recompute import Given, recomputations, set_cost
-from service.core.diagnosis.stages import MASK_MISTAKES, RowPolicy, Setup, State, Trial, Way
+from service.core.diagnosis.stages import (
+    MASK_MISTAKES,
+    RowPolicy,
+    Setup,
+    State,
+    Trial,
+    Way,
+    per_query_head,
+)
 from service.core.types import Array, FullyMaskedPolicy
 
 EXACT_RELATIVE = 1e-12  # a reproduction this close (× the array's largest number) is exact
@@ -259,6 +267,7 @@ def search(
     service's, and in full (a pass over the target, counted too) only when it agrees there.
     ``check`` is called between recomputations (it raises when the client has gone).
     """
+    base = per_query_head(base, s)
     codes = applicable(s, frozenset(base))
     how = ways(s)
     tried_sets = trials(codes, s.fully_masked_policy, how)
@@ -277,7 +286,7 @@ def search(
     for variants in sets:
         if found and len(variants[0].mistakes) > min(len(d.mistakes) for d in found):
             break
-        cost = set_cost(base, given, variants, target.name)
+        cost = set_cost(base, given, s, variants, target.name)
         if budget is not None and spent + cost > budget:
             complete = settled  # once settled, no later set changes the answer
             break

@@ -1,8 +1,10 @@
 """The steps of attention as a caller with a mistake computes them, for the diagnosis
 (:mod:`service.core.diagnosis.search`): :data:`STAGES`, in the engine's order, each naming the
 arrays it makes, the mistakes that change it and how it makes them under a :class:`Trial`
-(a set of mistakes, and how each was made where there are several ways). Running them is
-:mod:`service.core.diagnosis.recompute`'s. Engine shapes: ``(B, L, ·)`` on /attention, ``(B, h, L, ·)``
+(a set of mistakes, and how each was made where there are several ways). The head's steps are
+the engine's own (:data:`service.core.chain.HEAD`), run as they are or with a mistake put in
+their place (:data:`CHANGES`); the projections, the mask and the block around the heads are
+stated here. Running them is :mod:`service.core.diagnosis.recompute`'s. Engine shapes: ``(B, L, ·)`` on /attention, ``(B, h, L, ·)``
 per head on /multihead, ``(B, L, ·)`` for the block. NumPy only, no I/O."""
 
 from collections.abc import Callable, Mapping
@@ -20,18 +22,9 @@ from service.core.multihead import (
     merge_heads,
     split_heads,
 )
-from service.core.positions import rope, sequence_length
 from service.core.softmax import softmax
 from service.core.types import Array, FullyMaskedPolicy, RopeStyle
-from service.core.variants import (
-    Variants,
-    clip,
-    qk_norm,
-    sigmoid,
-    softcap,
-    softmax_with_sink,
-    temperature_factors,
-)
+from service.core.variants import Variants, sigmoid
 
 # change which keys a query may see (and so may leave a query row with none)
 MASK_MISTAKES = frozenset({"mask_inverted", "causal_diagonal_masked", "window_off_by_one"})
@@ -64,6 +57,10 @@ class Setup:
     past: Past | None = None  # a decode step's cache, per head as the stages run: (B, h, P, ·)
 
 
+def _always(s: chain.Setup) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class Trial:
     """One recomputation: a set of mistakes, what its fully masked rows hold, and how each
@@ -89,7 +86,8 @@ class Stage:
     request's mask settings alone) is recomputed only under its own mistakes. ``feeds``:
     whether later steps read it; one that does not (average_weights) is recomputed only when
     it is the array to explain. ``ways``: the mistakes whose way of being made it reads
-    (variants of a trial share the stages before the first that reads a way they differ in)."""
+    (variants of a trial share the stages before the first that reads a way they differ in).
+    ``on``: whether this computation has the step (a head's step with its variant on)."""
 
     names: tuple[str, ...]
     compute: Compute
@@ -97,6 +95,7 @@ class Stage:
     reads: bool = True
     feeds: bool = True
     ways: frozenset[str] = frozenset()
+    on: Callable[[chain.Setup], bool] = _always
 
 
 class Unfit(Exception):
@@ -139,126 +138,212 @@ def _merge_interleaved(t: Array) -> Array:
     return t.transpose(0, 2, 3, 1).reshape(b, n, d * h)
 
 
-def _clipped(name: Literal["q", "k", "v"]) -> Compute:
-    """OLMo's clamp of a projection to ±clip_qkv; left out under ``clip_missing``."""
-
-    def compute(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-        c = s.variants.clip_qkv
-        assert c is not None
-        x = st[name]  # (..., n, ·) the projection
-        return {f"{name}_clipped": x if "clip_missing" in t.mistakes else clip(x, c)}
-
-    return compute
+# ---- the head's steps: the chain's own, with the mistakes put into them --------------------
 
 
-def _normed(name: Literal["q", "k"]) -> Compute:
-    def compute(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-        settings = s.variants.q_norm if name == "q" else s.variants.k_norm
-        assert settings is not None
-        after = _after_rope(s)  # Llama 4: the norm turns the form RoPE reads itself
-        x = _read(st, s, f"{name}_rotated" if after else f"{name}_normed")  # q, or q_clipped
-        x = _turned(x, name, s, t) if after else x
-        return {f"{name}_normed": qk_norm(x, settings)}
+@dataclass(frozen=True)
+class Change:
+    """How mistakes change one step of the head's chain (:data:`service.core.chain.HEAD`):
+    ``run`` gives what the step computes under a trial (the step's own ``run`` when the trial
+    has none of ``mistakes``); ``ways``: the mistakes whose way of
+    being made it reads; ``also``: the other names the step makes (the sinks' weights)."""
 
-    return compute
+    mistakes: frozenset[str]
+    run: Callable[[chain.Step, Setup, Trial], chain.Run]
+    ways: frozenset[str] = frozenset()
+    also: tuple[str, ...] = ()
 
 
-def _turned(x: Array, name: Literal["q", "k"], s: Setup, t: Trial) -> Array:
-    """``x (..., n, d_k)`` rotated as the caller with the trial's RoPE mistakes did."""
-    v = s.variants
-    assert v.rope is not None
+def _unclipped(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
+    """OLMo's clamp to ±clip_qkv, left out under ``clip_missing``."""
+    return (lambda x, st, hs: x) if "clip_missing" in t.mistakes else step.run
+
+
+def _turned(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
+    """RoPE as the caller with the trial's mistakes turned the vectors: never, in the other
+    style, with another base, or at positions from 0 (or one off) in a decode step."""
     if s.latent:
         raise Unfit  # MLA turns only its rope features: its Q and K stay as computed
-    settings = v.rope
+    if not t.mistakes & _ROPE:
+        return step.run
     if "rope_missing" in t.mistakes:
-        return x  # never rotated
+        return lambda x, st, hs: x  # never rotated
+    v = s.variants
+    assert v.rope is not None
+    settings = v.rope
     if "rope_style_swapped" in t.mistakes:
         other: RopeStyle = "interleaved" if settings.style == "half" else "half"
         settings = replace(settings, style=other)
     if "rope_base_wrong" in t.mistakes:
         settings = replace(settings, base=float(t.way("rope_base_wrong")))
-    given = v.positions if name == "q" else v.context_positions
-    n = s.seq_len if name == "q" else s.ctx_len
-    positions = np.arange(n) if given is None else given  # (n,)
-    queries = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
-    if "decode_position_offset" in t.mistakes:  # the new tokens at 0 … L − 1, or one off
-        way = t.way("decode_position_offset")
-        shift = -positions[0] if way == "from_zero" else int(way)
-        positions, queries = positions + shift, queries + shift
-    return rope(x, positions, settings, sequence_length(queries))
+
+    def run(x: Array, st: chain.State, hs: chain.Setup) -> Array:
+        queries = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
+        keys = np.arange(s.ctx_len) if v.context_positions is None else v.context_positions
+        if "decode_position_offset" in t.mistakes:  # the new tokens at 0 … L − 1, or one off
+            way = t.way("decode_position_offset")
+            own = queries if step.reads == "q" else keys  # (n,) the positions it turns
+            shift = -own[0] if way == "from_zero" else int(way)
+            queries, keys = queries + shift, keys + shift
+        turned = replace(v, rope=settings, positions=queries, context_positions=keys)
+        return step.run(x, st, replace(hs, variants=turned))  # (..., n, d_k)
+
+    return run
 
 
-def _after_rope(s: Setup) -> bool:
-    """Whether QK-norm follows RoPE (Llama 4)."""
-    return s.variants.q_norm is not None and s.variants.q_norm.after_rope
+def _swapped_scores(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
+    """K Qᵀ (..., S, L) where Q Kᵀ was meant; with a cache K is all P + L keys."""
+    if "q_k_swapped" not in t.mistakes:
+        return step.run
+    return lambda q, st, hs: st["k"] @ transposed(q)
 
 
-def _rotated(name: Literal["q", "k"]) -> Compute:
+def _mis_scaled(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
+    if t.mistakes & {"scale_missing", "scale_after_softmax"}:
+        return lambda scores, st, hs: scores
+    if "scale_by_d_k" in t.mistakes:
+        return lambda scores, st, hs: scores / s.d_k
+    if "scale_by_model_dim" in t.mistakes:  # √d_model (or √(h·d_k)) where √d_k was meant
+        root = np.sqrt(float(t.way("scale_by_model_dim")))
+        return lambda scores, st, hs: scores / root
+    if "scale_inverted" in t.mistakes:  # · √d_k where / √d_k was meant
+        return lambda scores, st, hs: scores / s.scale
+    if "scale_from_config_ignored" in t.mistakes:  # 1/√d_k where the layer sets its own
+        return lambda scores, st, hs: scores / np.sqrt(s.d_k)
+    return step.run
+
+
+def _unmasked(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
+    """The mask left for the weights under ``mask_after_softmax``."""
+    return (lambda logits, st, hs: logits) if "mask_after_softmax" in t.mistakes else step.run
+
+
+def _weighted(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
+    """The softmax as the caller computed it: over the queries, its fully masked rows NaN, the
+    scale or the mask applied after it (renormalised or not); padded rows 0 all the same."""
+
+    def run(logits: Array, st: chain.State, hs: chain.Setup) -> Array:
+        if "softmax_over_queries" in t.mistakes:
+            down = _softmax(np.swapaxes(logits, -1, -2), t.rows)  # (..., S, L), over queries
+            weights = np.ascontiguousarray(np.swapaxes(down, -1, -2))  # matmul's fast path
+        else:
+            weights = step.run(logits, st, hs)  # (..., L, S), the sink's share in st
+            empty = st.fully_masked_rows  # (..., L)
+            if t.rows == "nan" and s.variants.sinks is None and empty is not None and empty.any():
+                weights[empty] = np.nan
+        if "scale_after_softmax" in t.mistakes:
+            weights = weights * s.scale
+        if "mask_after_softmax" in t.mistakes:
+            weights = weights * _heads_axis(st.made, s, "mask")  # masked weights zeroed
+            if t.way("mask_after_softmax") == "renormalised":  # a row with no key left: 0/0
+                weights = weights / weights.sum(axis=-1, keepdims=True)
+        padded = hs.padded_queries  # (..., L)
+        if weights is not st.made.get("weights") and padded is not None and padded.any():
+            weights = np.where(padded[..., None], 0.0, weights)  # again after the mistakes
+        return weights
+
+    return run
+
+
+def _softmax(logits: Array, rows: RowPolicy) -> Array:
+    """Softmax over the last axis; a fully masked row holds 0, 1/S or NaN."""
+    weights = softmax(logits, "uniform" if rows == "uniform" else "zero")
+    if rows == "nan":
+        empty = np.asarray(np.isneginf(logits).all(axis=-1))  # (..., L)
+        weights[empty] = np.nan
+    return weights
+
+
+_ROPE = frozenset(
+    {"rope_style_swapped", "rope_missing", "rope_base_wrong", "decode_position_offset"}
+)
+_ROPE_WAYS = frozenset({"rope_base_wrong", "decode_position_offset"})
+_SCALE = frozenset(
+    {
+        "scale_missing",
+        "scale_by_d_k",
+        "scale_after_softmax",
+        "scale_by_model_dim",
+        "scale_inverted",
+        "scale_from_config_ignored",
+    }
+)
+_CLIP = Change(frozenset({"clip_missing"}), _unclipped)
+_RoPE = Change(_ROPE, _turned, ways=_ROPE_WAYS)
+CHANGES: dict[str, Change] = {
+    "q_clipped": _CLIP,
+    "k_clipped": _CLIP,
+    "v_clipped": _CLIP,
+    "q_rotated": _RoPE,
+    "k_rotated": _RoPE,
+    # batch_as_sequence swaps the world (recompute's), the scores on are recomputed in it
+    "scores": Change(frozenset({"q_k_swapped", "batch_as_sequence"}), _swapped_scores),
+    "scaled_scores": Change(_SCALE, _mis_scaled, ways=frozenset({"scale_by_model_dim"})),
+    "masked_scores": Change(frozenset({"mask_after_softmax"}), _unmasked),
+    "weights": Change(
+        frozenset({"softmax_over_queries", "scale_after_softmax"}),
+        _weighted,
+        ways=frozenset({"mask_after_softmax"}),
+        also=("sink_weights",),
+    ),
+}
+"""The head's steps the mistakes change, by the name of the step (every other step of the
+chain is recomputed as the engine computes it)."""
+
+
+def _head(step: chain.Step) -> "Stage":
+    """The diagnosis's stage for one step of the head's chain: the step's own computation, or
+    the one its :data:`CHANGES` row puts in its place, over the diagnosis's arrays."""
+    change = CHANGES.get(step.name)
+
     def compute(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-        made = f"{name}_rotated"
-        return {made: _turned(_read(st, s, made), name, s, t)}  # (..., n, d_k)
+        present = _present(st, s)
+        made = dict(st)  # what the step adds (the sinks' share) stays out of st until kept
+        view = chain.State(
+            made, {slot: chain.made_from(step.name, present, slot) for slot in _SLOTS}
+        )
+        run = step.run if change is None else change.run(step, s, t)
+        out = run(made[chain.made_from(step.name, present)], view, _chain_setup(st, s, t))
+        also = () if change is None else change.also
+        return {step.name: out} | {n: made[n] for n in also if made.get(n) is not st.get(n)}
 
-    return compute
+    return Stage(
+        (step.name, *(() if change is None else change.also)),
+        compute,
+        frozenset() if change is None else change.mistakes,
+        ways=frozenset() if change is None else change.ways,
+        on=step.on,
+    )
 
 
-def _tempered(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    v = s.variants
-    assert v.temperature is not None
-    positions = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
-    q = _read(st, s, "q_tempered")  # (..., L, d_k)
-    return {"q_tempered": q * temperature_factors(positions, v.temperature)[:, None]}
+_SLOTS: tuple[chain.Slot, ...] = ("q", "k", "v")  # those the steps read through the state
 
 
-def _v_normed(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    assert s.variants.v_norm is not None
-    return {"v_normed": qk_norm(_read(st, s, "v_normed"), s.variants.v_norm)}
+def _present(st: State, s: Setup) -> tuple[str, ...]:
+    """The names of the head's chain this computation holds, in the order made."""
+    made = chain.made_with(s.variants, masked=bool(s.mask_specs), cached=s.past is not None)
+    return tuple(n for n in made if n in st)
+
+
+def _chain_setup(st: State, s: Setup, t: Trial) -> chain.Setup:
+    """The chain's setup for one of the trial's steps: the trial's mask (its additive values and
+    padded rows, as its mask stage made them), its rows' policy, nothing refused."""
+    additive = _heads_axis(st, s, "additive_mask") if "additive_mask" in st else None
+    padded = _heads_axis(st, s, "padded_queries").astype(bool) if "padded_queries" in st else None
+    policy: FullyMaskedPolicy = "uniform" if t.rows == "uniform" else "zero"
+    return chain.Setup(s.variants, s.scale, additive, padded, policy, s.past, refuse=False)
 
 
 def _read(st: State, s: Setup, step: str, slot: chain.Slot | None = None) -> Array:
     """What the head's step ``step`` reads from its slot (or from ``slot``): the latest form
     made before it in the chain (:func:`service.core.chain.made_from`), among those this
     computation holds."""
-    made = chain.made_with(s.variants, masked=bool(s.mask_specs))  # a decode's cache aside
-    return st[chain.made_from(step, tuple(n for n in made if n in st), slot)]
+    return st[chain.made_from(step, _present(st, s), slot)]
 
 
 def _latest(st: State, names: tuple[str, ...]) -> Array:
     """The first of ``names`` the state holds: the latest form of an array."""
     return next(st[n] for n in names if n in st)
-
-
-def _scores(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    q = _read(st, s, "scores")  # (..., L, d_k)
-    k = _read(st, s, "scores", "k")  # (..., S, d_k); with a cache the L new keys
-    if s.past is not None:  # a decode step: the cached keys, then the new (P + L keys)
-        k = np.concatenate([s.past.k, k], axis=-2)
-    if "q_k_swapped" in t.mistakes:
-        q, k = k, q
-    return {"scores": q @ transposed(k)}  # (..., L, S); K Qᵀ (..., S, L) when swapped
-
-
-def _scaled(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    scores = st["scores"]
-    if t.mistakes & {"scale_missing", "scale_after_softmax"}:
-        return {"scaled_scores": scores}
-    if "scale_by_d_k" in t.mistakes:
-        return {"scaled_scores": scores / s.d_k}
-    if "scale_by_model_dim" in t.mistakes:  # √d_model (or √(h·d_k)) where √d_k was meant
-        return {"scaled_scores": scores / np.sqrt(float(t.way("scale_by_model_dim")))}
-    if "scale_inverted" in t.mistakes:  # · √d_k where / √d_k was meant
-        return {"scaled_scores": scores / s.scale}
-    if "scale_from_config_ignored" in t.mistakes:  # 1/√d_k where the layer sets its own
-        return {"scaled_scores": scores / np.sqrt(s.d_k)}
-    return {"scaled_scores": scores * s.scale}
-
-
-def _capped(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    assert s.variants.softcap is not None
-    return {"capped_scores": softcap(st["scaled_scores"], s.variants.softcap)}
-
-
-def _biased(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    return {"biased_scores": _read(st, s, "biased_scores") + st["position_bias"]}
 
 
 def _mask(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
@@ -293,56 +378,6 @@ def _mistaken_spec(spec: masks.MaskSpec, s: Setup, t: Trial) -> masks.MaskSpec:
 def _heads_axis(st: State, s: Setup, name: str) -> Array:
     """A (B, L, ·) mask array with a heads axis on /multihead: (B, 1, L, ·)."""
     return st[name] if s.num_heads is None else st[name][:, None]
-
-
-def _masked(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    logits = _read(st, s, "masked_scores")  # (..., L, S)
-    if "mask_after_softmax" in t.mistakes:
-        return {"masked_scores": logits}  # the mask waits for the weights
-    return {"masked_scores": logits + _heads_axis(st, s, "additive_mask")}
-
-
-def _weights(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    logits = _read(st, s, "weights")  # (..., L, S) the scores so far
-    over_queries = "softmax_over_queries" in t.mistakes
-    sink_weights = None
-    if over_queries:
-        down = _softmax(np.swapaxes(logits, -1, -2), t.rows)  # (..., S, L), over the queries
-        weights = np.ascontiguousarray(np.swapaxes(down, -1, -2))  # matmul's fast path
-    elif s.variants.sinks is not None:
-        sunk = softmax_with_sink(logits, s.variants.sinks)
-        weights, sink_weights = sunk.weights, sunk.sink_weights
-    else:
-        weights = _softmax(logits, t.rows)  # (..., L, S)
-    if "scale_after_softmax" in t.mistakes:
-        weights = weights * s.scale
-    if "mask_after_softmax" in t.mistakes:
-        weights = weights * _heads_axis(st, s, "mask")  # masked weights zeroed, (..., L, S)
-        if t.way("mask_after_softmax") == "renormalised":  # a row with no key left: 0/0
-            weights = weights / weights.sum(axis=-1, keepdims=True)
-    padded = _heads_axis(st, s, "padded_queries").astype(bool) if "padded_queries" in st else None
-    if padded is not None and padded.any():  # (..., L); none: no pass over the weights
-        weights = np.where(padded[..., None], 0.0, weights)
-        if sink_weights is not None:  # a padded row gives the sink nothing either
-            sink_weights = np.where(padded, 0.0, sink_weights)
-    out = {"weights": weights}
-    return out if sink_weights is None else out | {"sink_weights": sink_weights}
-
-
-def _softmax(logits: Array, rows: RowPolicy) -> Array:
-    """Softmax over the last axis; a fully masked row holds 0, 1/S or NaN."""
-    weights = softmax(logits, "uniform" if rows == "uniform" else "zero")
-    if rows == "nan":
-        empty = np.asarray(np.isneginf(logits).all(axis=-1))  # (..., L)
-        weights[empty] = np.nan
-    return weights
-
-
-def _output(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    v = _read(st, s, "output", "v")  # (..., S, d_v); with a cache the L new values
-    if s.past is not None:
-        v = np.concatenate([s.past.v, v], axis=-2)  # (..., P + L, d_v)
-    return {"output": st["weights"] @ v}  # (..., L, d_v)
 
 
 def _average(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
@@ -399,47 +434,19 @@ def _block_output(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
     return {"block_output": _latest(st, ("layer_norm", "residual", "projected"))}
 
 
-_ROPE = frozenset(
-    {"rope_style_swapped", "rope_missing", "rope_base_wrong", "decode_position_offset"}
-)
-_ROPE_WAYS = frozenset({"rope_base_wrong", "decode_position_offset"})
-_SCALE = frozenset(
-    {"scale_missing", "scale_by_d_k", "scale_after_softmax", "scale_by_model_dim", "scale_inverted",
-     "scale_from_config_ignored"}
-)  # fmt: skip
-STAGES: tuple[Stage, ...] = (
+_PROJECTIONS = (
     Stage(("q",), _projected("q"), frozenset({"weights_transposed", "heads_interleaved"})),
     Stage(("k",), _projected("k"), frozenset({"weights_transposed", "heads_interleaved"})),
     Stage(("v",), _projected("v"), frozenset({"weights_transposed", "heads_interleaved"})),
-    Stage(("q_clipped",), _clipped("q"), frozenset({"clip_missing"})),
-    Stage(("k_clipped",), _clipped("k"), frozenset({"clip_missing"})),
-    Stage(("v_clipped",), _clipped("v"), frozenset({"clip_missing"})),
-    # with after_rope (Llama 4) the norm turns the vectors itself: RoPE's mistakes change it
-    Stage(("q_normed",), _normed("q"), _ROPE, ways=_ROPE_WAYS),
-    Stage(("k_normed",), _normed("k"), _ROPE, ways=_ROPE_WAYS),
-    Stage(("q_rotated",), _rotated("q"), _ROPE, ways=_ROPE_WAYS),
-    Stage(("k_rotated",), _rotated("k"), _ROPE, ways=_ROPE_WAYS),
-    Stage(("q_tempered",), _tempered),
-    Stage(("v_normed",), _v_normed),
-    Stage(("scores",), _scores, frozenset({"q_k_swapped", "batch_as_sequence"})),
-    Stage(("scaled_scores",), _scaled, _SCALE, ways=frozenset({"scale_by_model_dim"})),
-    Stage(("capped_scores",), _capped),
-    Stage(("biased_scores",), _biased),
-    Stage(
-        ("mask", "additive_mask", "padded_queries"),
-        _mask,
-        MASK_MISTAKES | {"mask_missing"},
-        reads=False,
-        ways=frozenset({"window_off_by_one"}),
-    ),
-    Stage(("masked_scores",), _masked, frozenset({"mask_after_softmax"})),
-    Stage(
-        ("weights", "sink_weights"),
-        _weights,
-        frozenset({"softmax_over_queries", "scale_after_softmax"}),
-        ways=frozenset({"mask_after_softmax"}),
-    ),
-    Stage(("output",), _output),
+)
+_MASK = Stage(
+    ("mask", "additive_mask", "padded_queries"),
+    _mask,
+    MASK_MISTAKES | {"mask_missing"},
+    reads=False,
+    ways=frozenset({"window_off_by_one"}),
+)
+_BLOCK = (
     Stage(("average_weights",), _average, feeds=False),
     Stage(
         ("concat",),
@@ -458,4 +465,38 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(("block_output",), _block_output),
 )
-ORDER: tuple[str, ...] = tuple(name for stage in STAGES for name in stage.names)
+_HEAD = tuple(_head(step) for step in chain.HEAD)
+_MASKED_AT = next(i for i, stage in enumerate(_HEAD) if stage.names[0] == "masked_scores")
+STAGES: tuple[Stage, ...] = (
+    *_PROJECTIONS,
+    *_HEAD[:_MASKED_AT],
+    _MASK,
+    *_HEAD[_MASKED_AT:],
+    *_BLOCK,
+)
+"""Every step in the engine's order: the projections, the head's chain (the mask made just
+before the scores take it), the block around the heads."""
+ORDER: tuple[str, ...] = tuple(
+    dict.fromkeys(n for stage in STAGES for n in stage.names if n not in chain.CACHED)
+)
+"""The names the diagnosis may explain (a decode step's cache is compared, not explained: the
+answer holds it per key/value head, the stages per query head)."""
+
+
+def per_query_head(base: State, s: Setup) -> State:
+    """``base`` with a decode step's cache after it (``present_k``, ``present_v``) made again as
+    the stages hold it, per query head (the answer keeps one per key/value head)."""
+    if s.past is None:
+        return base
+    base, plain = dict(base), Trial(frozenset(), "zero")
+    for stage in _HEAD:
+        if stage.names[0] in chain.CACHED and stage.names[0] in base:
+            base |= stage.compute(base, s, plain)
+    return base
+
+
+def heads_setup(s: Setup) -> chain.Setup:
+    """The chain's setup that says which of the head's steps this computation has (QK-norm
+    before RoPE or after it, a mask or not, a cache or not)."""
+    additive = np.zeros(()) if s.mask_specs else None  # a mask's presence
+    return chain.Setup(s.variants, s.scale, additive, past=s.past, refuse=False)
