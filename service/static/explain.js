@@ -161,6 +161,10 @@ export function explainCell(ctx) {
     f(
       `scaled_scores[${i}][${j}] = scores[${i}][${j}] · scale = ${fmt(r.before)} · ${fmt(r.scale)}`,
     );
+    if (typeof ctx.request.attention_multiplier === "number")
+      note(
+        `scale = attention_multiplier = ${fmt(ctx.request.attention_multiplier)}: Granite's own scale, in place of 1/√d_k.`,
+      );
   } else if (r.kind === "cap") {
     f(
       `capped_scores[${i}][${j}] = c · tanh(scaled_scores[${i}][${j}] / c) = ${fmt(r.cap)} · tanh(${fmt(r.before)} / ${fmt(r.cap)})`,

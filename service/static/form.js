@@ -30,6 +30,8 @@ export const TEXT_IDS = [
   "num_kv_heads",
   "positional_matrix",
   "w_o",
+  "clip_qkv",
+  "attention_multiplier",
   "softcap",
   "rope_base",
   "rope_rotary_dim",
@@ -279,9 +281,10 @@ export function fillVariants(ex) {
     $("alibi_symmetric").checked = alibi !== true && !!alibi.symmetric;
     delete ex.alibi;
   }
-  if (typeof ex.softcap === "number") {
-    $("softcap").value = ex.softcap;
-    delete ex.softcap;
+  // the numbers that turn a variant on (blank, or null in a request, is off)
+  for (const id of ["clip_qkv", "attention_multiplier", "softcap"]) {
+    if (typeof ex[id] === "number") $(id).value = String(ex[id]);
+    if (typeof ex[id] === "number" || ex[id] === null) delete ex[id];
   }
   if (
     typeof ex.sinks === "number" ||

@@ -77,6 +77,8 @@ export function buildBody() {
   if (masks.length) body.mask = masks.length === 1 ? masks[0] : masks;
 
   // position and score variants (API 2.6): only what is set; defaults alone send `true`
+  const clip = numberOrUndefined("clip_qkv"); // OLMo's clamp, right after the projections
+  if (clip !== undefined) body.clip_qkv = clip;
   layersBody(body, ep); // qk_norm, v_norm, temperature; /multihead's k_eq_v and gate
   if ($("rope").checked) {
     const rope = {};
@@ -87,6 +89,8 @@ export function buildBody() {
     if (dim !== undefined) rope.rotary_dim = dim;
     body.rope = Object.keys(rope).length ? rope : true;
   }
+  const multiplier = numberOrUndefined("attention_multiplier"); // Granite's scale
+  if (multiplier !== undefined) body.attention_multiplier = multiplier;
   const softcap = numberOrUndefined("softcap");
   if (softcap !== undefined) body.softcap = softcap;
   if ($("alibi").checked) body.alibi = $("alibi_symmetric").checked ? { symmetric: true } : true;
