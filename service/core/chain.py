@@ -27,6 +27,7 @@ from weakref import ref
 
 import numpy as np
 
+from service.core.block import LayerNorm, layer_norm, merge_heads
 from service.core.errors import AttentionInputError, FullyMaskedRowsError, require_finite
 from service.core.linear import Past, transposed
 from service.core.positions import rope, sequence_length
@@ -35,13 +36,14 @@ from service.core.types import Array, BoolArray, FullyMaskedPolicy, IntArray
 from service.core.variants import Variants, clip, qk_norm, softcap, softmax_with_sink
 from service.core.variants import temperature_factors as temperature
 
-Slot = Literal["q", "k", "v", "scores", "weights", "out"]
+Slot = Literal["q", "k", "v", "scores", "weights", "out", "block"]
 
 
 @dataclass(slots=True)  # not frozen: built for every head run, and frozen's init costs 2×
 class Setup:
-    """What the head's steps read besides the arrays: the variants (positions already those
-    of a decode step), the scale, the mask and its policies, the cache."""
+    """What the steps read besides the arrays: the variants (positions already those of a
+    decode step), the scale, the mask and its policies, the cache; for the block around the
+    heads (:data:`BLOCK`), its weights, the gate, the block's input and its norm."""
 
     variants: Variants
     scale: float = 1.0
@@ -50,6 +52,12 @@ class Setup:
     fully_masked_policy: FullyMaskedPolicy = "zero"
     past: Past | None = None  # a decode step's cache: (..., P, d_k), (..., P, d_v)
     refuse: bool = True  # refuse sums that overflow (the engine); False: keep ±∞, NaN (a trial)
+    w_o: Array | None = None  # (h·d_v, d_out); None: the identity
+    b_o: Array | None = None  # (d_out,)
+    gate: Array | None = None  # (B, L, h·d_v) Qwen3-Next's sigmoid(x W_g + b_g)
+    x_in: Array | None = None  # (B, L, d_model) what the residual adds
+    residual: bool = False
+    norm: LayerNorm | None = None
 
 
 @dataclass
@@ -261,6 +269,43 @@ def _output(weights: Array, st: State, s: Setup) -> Array:
     return output
 
 
+# ---- the block around the heads -------------------------------------------------------------
+
+
+def _concat(out: Array, st: State, s: Setup) -> Array:
+    return merge_heads(out)  # (B, h, L, d_v) -> (B, L, h·d_v)
+
+
+def _gated(x: Array, st: State, s: Setup) -> Array:
+    assert s.gate is not None
+    return x * s.gate  # (B, L, h·d_v)  Qwen3-Next: attn_output * sigmoid(gate)
+
+
+def _projected(x: Array, st: State, s: Setup) -> Array:
+    """The concatenated (or gated) heads times W_o (the identity when there is none), plus b_o."""
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+        projected = x if s.w_o is None else x @ s.w_o  # (B, L, d_out)
+        if s.b_o is not None:
+            projected = projected + s.b_o
+    if s.refuse:
+        require_finite(projected, "the projected heads (concat W_o)")
+    return projected
+
+
+def _residual(x: Array, st: State, s: Setup) -> Array:
+    assert s.x_in is not None, "the residual needs the block's input"
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+        res = s.x_in + x  # (B, L, d_model)
+    if s.refuse:
+        require_finite(res, "the residual x + projected")
+    return res
+
+
+def _normed_block(x: Array, st: State, s: Setup) -> Array:
+    assert s.norm is not None
+    return layer_norm(x, s.norm)  # (B, L, d_out)
+
+
 HEAD: tuple[Step, ...] = (
     Step("q_clipped", reads="q", run=_clipped, on=_clipping),
     Step("k_clipped", reads="k", run=_clipped, on=_clipping),
@@ -288,6 +333,15 @@ HEAD: tuple[Step, ...] = (
     Step("weights", reads="scores", into="weights", run=_weights),
     Step("output", reads="weights", into="out", run=_output),
 )
+BLOCK: tuple[Step, ...] = (
+    Step("concat", reads="out", into="block", run=_concat),
+    Step("gated", reads="block", run=_gated, on=lambda s: s.gate is not None),
+    Step("projected", reads="block", run=_projected),
+    Step("residual", reads="block", run=_residual, on=lambda s: s.residual),
+    Step("layer_norm", reads="block", run=_normed_block, on=lambda s: s.norm is not None),
+)
+"""The block after the heads (Vaswani et al. 2017, §3.2.2; the gate of Qwen3-Next): the heads'
+outputs side by side, gated, times W_o, plus the block's input, layer-normed."""
 
 
 def run(
@@ -341,8 +395,8 @@ CACHED: tuple[str, ...] = tuple(
     if name not in made(HEAD, Setup(Variants()))
 )  # the steps a decode step's cache adds: the keys and values after it
 _PROJECTIONS: dict[str, Slot] = {"q": "q", "k": "k", "v": "v"}
-_ADVANCES: dict[str, Slot] = _PROJECTIONS | {step.name: step.advances for step in HEAD}
-READS: dict[str, Slot] = {step.name: step.reads for step in HEAD}  # each step's slot
+_ADVANCES: dict[str, Slot] = _PROJECTIONS | {step.name: step.advances for step in HEAD + BLOCK}
+READS: dict[str, Slot] = {step.name: step.reads for step in HEAD + BLOCK}  # each step's slot
 ORDER: tuple[str, ...] = tuple(dict.fromkeys(("q", "k", "v", *(s.name for s in HEAD))))
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from service.core import chain
 from service.core.attention import (
     AttentionTrace,
     Past,
@@ -15,20 +16,23 @@ from service.core.attention import (
     project_qkv,
     scaled_dot_product_attention,
 )
+from service.core.block import LayerNorm, layer_norm, merge_heads, split_heads
 from service.core.errors import require_finite
 from service.core.masks import CombinedMask
-from service.core.types import Array, FullyMaskedPolicy, NormOver
+from service.core.types import Array, FullyMaskedPolicy
 from service.core.variants import Variants, sigmoid
 
-
-@dataclass(frozen=True)
-class LayerNorm:
-    """Layer norm settings: per token (``features``, the standard) or over the whole matrix."""
-
-    eps: float = 1e-5
-    gamma: Array | None = None  # (d_model,)
-    beta: Array | None = None  # (d_model,)
-    over: NormOver = "features"
+__all__ = [  # the block's pieces live in service.core.block; imported from here as before
+    "LayerNorm",
+    "MultiheadTrace",
+    "MultiheadWeights",
+    "attend_heads",
+    "layer_norm",
+    "merge_heads",
+    "multihead_attention",
+    "sinusoidal_encoding",
+    "split_heads",
+]
 
 
 @dataclass(frozen=True)
@@ -67,38 +71,6 @@ def sinusoidal_encoding(seq_len: int, d_model: int) -> Array:
     pe[:, 0::2] = np.sin(angle)
     pe[:, 1::2] = np.cos(angle[:, : d_model // 2])
     return pe
-
-
-def layer_norm(x: Array, norm: LayerNorm, ddof: int = 0) -> Array:
-    """Normalise ``x (B, L, d)`` to zero mean and unit (biased) variance, then γ·x + β.
-
-    ``features`` normalises each token over its d features (``torch.nn.LayerNorm(d)``);
-    ``all`` normalises each sequence over all its L·d numbers. ``ddof`` 1 divides the
-    variance by n − 1 instead (a mistake :mod:`service.core.diagnosis.search` recognises).
-    """
-    axes: tuple[int, ...] = (-1,) if norm.over == "features" else (-2, -1)
-    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
-        mean = x.mean(axis=axes, keepdims=True)
-        var = x.var(axis=axes, keepdims=True, ddof=ddof)  # biased (ddof 0), as torch
-    require_finite(var, "the variance in layer norm")  # ∞ would silently give 0 for every value
-    out = (x - mean) / np.sqrt(var + norm.eps)  # (B, L, d)
-    if norm.gamma is not None:
-        out *= norm.gamma
-    if norm.beta is not None:
-        out += norm.beta
-    return out  # type: ignore[no-any-return]
-
-
-def split_heads(t: Array, num_heads: int) -> Array:
-    """(B, n, h·d) -> (B, h, n, d): head i takes columns i·d … (i+1)·d − 1."""
-    b, n, width = t.shape
-    return t.reshape(b, n, num_heads, width // num_heads).transpose(0, 2, 1, 3)
-
-
-def merge_heads(t: Array) -> Array:
-    """(B, h, n, d) -> (B, n, h·d), the inverse of :func:`split_heads`."""
-    b, h, n, d = t.shape
-    return t.transpose(0, 2, 1, 3).reshape(b, n, h * d)
 
 
 def multihead_attention(
@@ -206,32 +178,21 @@ def attend_heads(
         heads = replace(
             heads, present_k=heads.present_k[:, ::group], present_v=heads.present_v[:, ::group]
         )
-    concat = merge_heads(heads.output)  # (B, L, h·d_v)
-    gated = None if gate is None else concat * gate  # (B, L, h·d_v)
-    block_in = concat if gated is None else gated
-    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused below
-        projected = block_in if w_o is None else block_in @ w_o  # (B, L, d_out)
-        if b_o is not None:
-            projected = projected + b_o
-        res = None
-        if residual:
-            assert x_in is not None, "the residual needs the block's input"
-            res = x_in + projected  # (B, L, d_model)
-    require_finite(projected, "the projected heads (concat W_o)")
-    if res is not None:
-        require_finite(res, "the residual x + projected")
-    normed = layer_norm(projected if res is None else res, norm) if norm is not None else None
-    output = normed if normed is not None else res if res is not None else projected
+    block = chain.Setup(
+        Variants(), w_o=w_o, b_o=b_o, gate=gate, x_in=x_in, residual=residual, norm=norm
+    )
+    st = chain.run(chain.BLOCK, chain.State({"output": heads.output}, {"out": "output"}), block)
+    output = st["block"]  # (B, L, d_out)  the last of projected, residual, layer norm
     require_finite(output, "the multi-head output")
     return MultiheadTrace(
         x_in=x_in,
         heads=heads,
         average_weights=heads.weights.mean(axis=1),  # (B, L, S)
-        concat=concat,
+        concat=st.made["concat"],
         gate=gate,
-        gated=gated,
-        projected=projected,
-        residual=res,
-        layer_norm=normed,
+        gated=st.made.get("gated"),
+        projected=st.made["projected"],
+        residual=st.made.get("residual"),
+        layer_norm=st.made.get("layer_norm"),
         output=output,
     )

@@ -19,7 +19,6 @@ from service.core.multihead import (
     LayerNorm,
     MultiheadWeights,
     layer_norm,
-    merge_heads,
     split_heads,
 )
 from service.core.softmax import softmax
@@ -268,6 +267,49 @@ _SCALE = frozenset(
         "scale_from_config_ignored",
     }
 )
+
+
+def _mis_merged(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
+    """The heads put side by side without moving the head axis back, or as every h-th column."""
+    if "heads_merged_without_transpose" in t.mistakes:
+
+        def unmoved(out: Array, st: chain.State, hs: chain.Setup) -> Array:
+            b, h, n, d = out.shape
+            return out.reshape(b, n, h * d)  # the head axis never moved back
+
+        return unmoved
+    if "heads_interleaved" in t.mistakes and t.way("heads_interleaved") == "interleaved":
+        return lambda out, st, hs: _merge_interleaved(out)  # (B, L, h·d_v)
+    return step.run
+
+
+def _mis_projected(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
+    """X Wᵀ where X W was meant (a square W_o only)."""
+    if "weights_transposed" not in t.mistakes or s.w_o is None:
+        return step.run
+    w_o = s.w_o
+    if w_o.shape[0] != w_o.shape[1]:
+        raise Unfit
+    return lambda x, st, hs: step.run(x, st, replace(hs, w_o=w_o.T))
+
+
+def _mis_normed(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
+    """Layer norm over the other axes (per token where over all was meant, or the reverse), or
+    with the unbiased variance (n − 1)."""
+    if not t.mistakes & _LAYER_NORM:
+        return step.run
+
+    def run(x: Array, st: chain.State, hs: chain.Setup) -> Array:
+        norm = hs.norm
+        assert norm is not None
+        if t.mistakes & {"layer_norm_over_all", "layer_norm_per_token"}:
+            norm = replace(norm, over="all" if norm.over == "features" else "features")
+        return layer_norm(x, norm, ddof=1 if "unbiased_variance" in t.mistakes else 0)
+
+    return run
+
+
+_LAYER_NORM = frozenset({"layer_norm_over_all", "layer_norm_per_token", "unbiased_variance"})
 _CLIP = Change(frozenset({"clip_missing"}), _unclipped)
 _RoPE = Change(_ROPE, _turned, ways=_ROPE_WAYS)
 CHANGES: dict[str, Change] = {
@@ -286,14 +328,21 @@ CHANGES: dict[str, Change] = {
         ways=frozenset({"mask_after_softmax"}),
         also=("sink_weights",),
     ),
+    "concat": Change(
+        frozenset({"heads_interleaved", "heads_merged_without_transpose"}),
+        _mis_merged,
+        ways=frozenset({"heads_interleaved"}),
+    ),
+    "projected": Change(frozenset({"weights_transposed"}), _mis_projected),
+    "layer_norm": Change(_LAYER_NORM, _mis_normed),
 }
-"""The head's steps the mistakes change, by the name of the step (every other step of the
-chain is recomputed as the engine computes it)."""
+"""The chain's steps the mistakes change, by the name of the step (every other step is
+recomputed as the engine computes it)."""
 
 
-def _head(step: chain.Step) -> "Stage":
-    """The diagnosis's stage for one step of the head's chain: the step's own computation, or
-    the one its :data:`CHANGES` row puts in its place, over the diagnosis's arrays."""
+def _chained(step: chain.Step, on: Callable[[chain.Setup], bool] = _always) -> "Stage":
+    """The diagnosis's stage for one step of the chain: the step's own computation, or the one
+    its :data:`CHANGES` row puts in its place, over the diagnosis's arrays."""
     change = CHANGES.get(step.name)
 
     def compute(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
@@ -312,17 +361,18 @@ def _head(step: chain.Step) -> "Stage":
         compute,
         frozenset() if change is None else change.mistakes,
         ways=frozenset() if change is None else change.ways,
-        on=step.on,
+        on=on,
     )
 
 
 _SLOTS: tuple[chain.Slot, ...] = ("q", "k", "v")  # those the steps read through the state
+_BLOCK_NAMES = tuple(step.name for step in chain.BLOCK)
 
 
 def _present(st: State, s: Setup) -> tuple[str, ...]:
     """The names of the head's chain this computation holds, in the order made."""
     made = chain.made_with(s.variants, masked=bool(s.mask_specs), cached=s.past is not None)
-    return tuple(n for n in made if n in st)
+    return tuple(n for n in (*made, *_BLOCK_NAMES) if n in st)
 
 
 def _chain_setup(st: State, s: Setup, t: Trial) -> chain.Setup:
@@ -331,7 +381,10 @@ def _chain_setup(st: State, s: Setup, t: Trial) -> chain.Setup:
     additive = _heads_axis(st, s, "additive_mask") if "additive_mask" in st else None
     padded = _heads_axis(st, s, "padded_queries").astype(bool) if "padded_queries" in st else None
     policy: FullyMaskedPolicy = "uniform" if t.rows == "uniform" else "zero"
-    return chain.Setup(s.variants, s.scale, additive, padded, policy, s.past, refuse=False)
+    return chain.Setup(
+        s.variants, s.scale, additive, padded, policy, s.past, refuse=False, w_o=s.w_o,
+        b_o=s.b_o, gate=st.get("gate"), x_in=s.x_in, residual=s.residual, norm=s.norm,
+    )  # fmt: skip
 
 
 def _read(st: State, s: Setup, step: str, slot: chain.Slot | None = None) -> Array:
@@ -384,50 +437,11 @@ def _average(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
     return {"average_weights": st["weights"].mean(axis=1)}  # (B, L, S)
 
 
-def _concat(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    output = st["output"]  # (B, h, L, d_v)
-    if "heads_merged_without_transpose" in t.mistakes:
-        b, h, n, d = output.shape
-        return {"concat": output.reshape(b, n, h * d)}  # the head axis never moved back
-    interleaved = "heads_interleaved" in t.mistakes and t.way("heads_interleaved") == "interleaved"
-    merge = _merge_interleaved if interleaved else merge_heads
-    return {"concat": merge(output)}  # (B, L, h·d_v)
-
-
 def _gate(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
     p = s.projections
     if not isinstance(p, MultiheadWeights) or p.w_g is None or s.x_in is None:
         raise Unfit  # the gate is the service's own: nothing to recompute
     return {"gate": sigmoid(project(s.x_in, p.w_g, p.b_g))}  # (B, L, h·d_v)
-
-
-def _gated(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    return {"gated": st["concat"] * st["gate"]}  # (B, L, h·d_v)
-
-
-def _block_projected(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    out, w_o = _latest(st, ("gated", "concat")), s.w_o
-    if w_o is not None:
-        if "weights_transposed" in t.mistakes:
-            if w_o.shape[0] != w_o.shape[1]:
-                raise Unfit
-            w_o = w_o.T
-        out = out @ w_o  # (B, L, d_out)
-    return {"projected": out if s.b_o is None else out + s.b_o}
-
-
-def _residual(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    assert s.x_in is not None
-    return {"residual": s.x_in + st["projected"]}
-
-
-def _layer_norm(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
-    assert s.norm is not None
-    norm = s.norm
-    if t.mistakes & {"layer_norm_over_all", "layer_norm_per_token"}:
-        norm = replace(norm, over="all" if norm.over == "features" else "features")
-    ddof = 1 if "unbiased_variance" in t.mistakes else 0
-    return {"layer_norm": layer_norm(_latest(st, ("residual", "projected")), norm, ddof=ddof)}
 
 
 def _block_output(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
@@ -446,36 +460,25 @@ _MASK = Stage(
     reads=False,
     ways=frozenset({"window_off_by_one"}),
 )
-_BLOCK = (
-    Stage(("average_weights",), _average, feeds=False),
-    Stage(
-        ("concat",),
-        _concat,
-        frozenset({"heads_interleaved", "heads_merged_without_transpose"}),
-        ways=frozenset({"heads_interleaved"}),
-    ),
-    Stage(("gate",), _gate, reads=False),
-    Stage(("gated",), _gated),
-    Stage(("projected",), _block_projected, frozenset({"weights_transposed"})),
-    Stage(("residual",), _residual),
-    Stage(
-        ("layer_norm",),
-        _layer_norm,
-        frozenset({"layer_norm_over_all", "layer_norm_per_token", "unbiased_variance"}),
-    ),
-    Stage(("block_output",), _block_output),
-)
-_HEAD = tuple(_head(step) for step in chain.HEAD)
+_HEAD = tuple(_chained(step, step.on) for step in chain.HEAD)
 _MASKED_AT = next(i for i, stage in enumerate(_HEAD) if stage.names[0] == "masked_scores")
+# the block's steps are on where the computation holds their arrays (recompute's filter)
+_BLOCK = tuple(_chained(step) for step in chain.BLOCK)
+_GATED_AT = next(i for i, stage in enumerate(_BLOCK) if stage.names[0] == "gated")
 STAGES: tuple[Stage, ...] = (
     *_PROJECTIONS,
     *_HEAD[:_MASKED_AT],
     _MASK,
     *_HEAD[_MASKED_AT:],
-    *_BLOCK,
+    Stage(("average_weights",), _average, feeds=False),
+    *_BLOCK[:_GATED_AT],
+    Stage(("gate",), _gate, reads=False),
+    *_BLOCK[_GATED_AT:],
+    Stage(("block_output",), _block_output),
 )
 """Every step in the engine's order: the projections, the head's chain (the mask made just
-before the scores take it), the block around the heads."""
+before the scores take it), the block around the heads (the gate made just before it
+applies)."""
 ORDER: tuple[str, ...] = tuple(
     dict.fromkeys(n for stage in STAGES for n in stage.names if n not in chain.CACHED)
 )
