@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.core import masks
-from service.core.diagnosis.stages import RowPolicy, Setup, Way
+from service.core.diagnosis.stages import CHANGES, RowPolicy, Setup, Way
 
 FLOAT32 = "float32_arithmetic"  # no recomputation: a difference of float32's size
 FLOAT32_RELATIVE = 1e-5  # ... is at most this times the largest number of the array
@@ -42,6 +42,13 @@ class Mistake:
     sentence: Callable[[Seen], str]
     ways: Callable[[Setup], tuple[Way, ...]] = lambda s: ()
     likely: Callable[[Setup], bool] = lambda s: False
+
+
+def _changes_a_step(code: str) -> Callable[[Setup, frozenset[str]], bool]:
+    """``tried`` for a mistake in a step of a variant: whether this computation has a step the
+    mistake changes (:data:`~service.core.diagnosis.stages.CHANGES`)."""
+    steps = frozenset(name for name, change in CHANGES.items() if code in change.mistakes)
+    return lambda s, present: not steps.isdisjoint(present)
 
 
 def _scale(s: Setup) -> str:
@@ -319,7 +326,7 @@ TABLE: tuple[Mistake, ...] = (
     ),
     Mistake(
         "rope_style_swapped",
-        lambda s, p: "q_rotated" in p,
+        _changes_a_step("rope_style_swapped"),
         lambda e: (
             f'the rotary embedding paired the features "{_style(e.setup)[1]}" where '
             f'"{_style(e.setup)[0]}" was meant; if your model rotates that way, set rope.style to '
@@ -378,7 +385,7 @@ TABLE: tuple[Mistake, ...] = (
     ),
     Mistake(
         "rope_missing",
-        lambda s, p: "q_rotated" in p,
+        _changes_a_step("rope_missing"),
         lambda e: (
             "the queries and keys were never rotated: the request asks for RoPE, and "
             "your numbers are what they give without it"
@@ -386,7 +393,7 @@ TABLE: tuple[Mistake, ...] = (
     ),
     Mistake(
         "rope_base_wrong",
-        lambda s, p: "q_rotated" in p,
+        _changes_a_step("rope_base_wrong"),
         lambda e: (
             f"the rotary embedding used base {int(e.ways['rope_base_wrong'])} where "
             f"{int(e.setup.variants.rope.base) if e.setup.variants.rope else 10000} was asked "
@@ -397,7 +404,7 @@ TABLE: tuple[Mistake, ...] = (
     ),
     Mistake(
         "decode_position_offset",
-        lambda s, p: s.past is not None and "q_rotated" in p,
+        lambda s, p: s.past is not None and _changes_a_step("decode_position_offset")(s, p),
         _decode_offset,
         lambda s: ("from_zero", 1.0, -1.0),
         # a cache says a decode step: a new token at 0 is one that forgot it, not RoPE left
@@ -407,7 +414,7 @@ TABLE: tuple[Mistake, ...] = (
     Mistake(FLOAT32, lambda s, p: True, _float32),
     # the third edition's (API.md, "Compare, third edition")
     Mistake("scale_from_config_ignored", lambda s, p: _own_scale(s), _config_scale),
-    Mistake("clip_missing", lambda s, p: "q_clipped" in p, _clip),
+    Mistake("clip_missing", _changes_a_step("clip_missing"), _clip),
 )
 MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
 BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE}
