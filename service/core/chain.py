@@ -91,13 +91,15 @@ def _always(s: Setup) -> bool:
 class Step:
     """One step: the intermediate it makes (``name``), the slot it reads and advances
     (``reads``; ``into`` when it makes another slot's first form, as the scores from the
-    queries), how (``run``) and when (``on``)."""
+    queries), how (``run``) and when (``on``); ``symbol``: how formulas write a form of the
+    queries, keys or values it makes (Q_r for the rotated queries)."""
 
     name: str
     reads: Slot
     run: Run
     on: Callable[[Setup], bool] = _always
     into: Slot | None = None
+    symbol: str | None = None
     advances: Slot = field(init=False)  # into, else reads: the slot whose latest form it makes
 
     def __post_init__(self) -> None:
@@ -165,6 +167,18 @@ def _cached(side: Literal["k", "v"]) -> Run:
         return np.concatenate([s.past.k if side == "k" else s.past.v, x], axis=-2)  # (..., P+L, ·)
 
     return run
+
+
+def _rotating(s: Setup) -> bool:
+    return s.variants.rope is not None
+
+
+def _tempering(s: Setup) -> bool:
+    return s.variants.temperature is not None
+
+
+def _v_norming(s: Setup) -> bool:
+    return s.variants.v_norm is not None
 
 
 def _qk_norm_before(s: Setup) -> bool:
@@ -307,17 +321,17 @@ def _normed_block(x: Array, st: State, s: Setup) -> Array:
 
 
 HEAD: tuple[Step, ...] = (
-    Step("q_clipped", reads="q", run=_clipped, on=_clipping),
-    Step("k_clipped", reads="k", run=_clipped, on=_clipping),
-    Step("v_clipped", reads="v", run=_clipped, on=_clipping),
-    Step("q_normed", reads="q", run=_normed("q"), on=_qk_norm_before),
-    Step("k_normed", reads="k", run=_normed("k"), on=_qk_norm_before),
-    Step("q_rotated", reads="q", run=_rotated_q, on=lambda s: s.variants.rope is not None),
-    Step("k_rotated", reads="k", run=_rotated_k, on=lambda s: s.variants.rope is not None),
-    Step("q_normed", reads="q", run=_normed("q"), on=_qk_norm_after),
-    Step("k_normed", reads="k", run=_normed("k"), on=_qk_norm_after),
-    Step("q_tempered", reads="q", run=_tempered, on=lambda s: s.variants.temperature is not None),
-    Step("v_normed", reads="v", run=_v_normed, on=lambda s: s.variants.v_norm is not None),
+    Step("q_clipped", reads="q", symbol="Q_c", run=_clipped, on=_clipping),
+    Step("k_clipped", reads="k", symbol="K_c", run=_clipped, on=_clipping),
+    Step("v_clipped", reads="v", symbol="V_c", run=_clipped, on=_clipping),
+    Step("q_normed", reads="q", symbol="Q_n", run=_normed("q"), on=_qk_norm_before),
+    Step("k_normed", reads="k", symbol="K_n", run=_normed("k"), on=_qk_norm_before),
+    Step("q_rotated", reads="q", symbol="Q_r", run=_rotated_q, on=_rotating),
+    Step("k_rotated", reads="k", symbol="K_r", run=_rotated_k, on=_rotating),
+    Step("q_normed", reads="q", symbol="Q_n", run=_normed("q"), on=_qk_norm_after),
+    Step("k_normed", reads="k", symbol="K_n", run=_normed("k"), on=_qk_norm_after),
+    Step("q_tempered", reads="q", symbol="Q_t", run=_tempered, on=_tempering),
+    Step("v_normed", reads="v", symbol="V_n", run=_v_normed, on=_v_norming),
     Step("present_k", reads="k", run=_cached("k"), on=lambda s: s.past is not None),
     Step("present_v", reads="v", run=_cached("v"), on=lambda s: s.past is not None),
     Step("scores", reads="q", into="scores", run=_scores),
@@ -395,6 +409,9 @@ CACHED: tuple[str, ...] = tuple(
     if name not in made(HEAD, Setup(Variants()))
 )  # the steps a decode step's cache adds: the keys and values after it
 _PROJECTIONS: dict[str, Slot] = {"q": "q", "k": "k", "v": "v"}
+SYMBOLS: dict[str, str] = {"q": "Q", "k": "K", "v": "V"} | {
+    step.name: step.symbol for step in HEAD if step.symbol is not None
+}  # each form of the queries, keys and values as formulas write it
 _ADVANCES: dict[str, Slot] = _PROJECTIONS | {step.name: step.advances for step in HEAD + BLOCK}
 READS: dict[str, Slot] = {step.name: step.reads for step in HEAD + BLOCK}  # each step's slot
 ORDER: tuple[str, ...] = tuple(dict.fromkeys(("q", "k", "v", *(s.name for s in HEAD))))

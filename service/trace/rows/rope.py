@@ -154,28 +154,11 @@ def _key_at(v: Variants) -> str:
     return "0…S−1"
 
 
-# the symbol of each form of the queries, keys and values (the names the head's chain makes)
-_SYMBOLS = {
-    "q": "Q",
-    "q_clipped": "Q_c",
-    "q_normed": "Q_n",
-    "q_rotated": "Q_r",
-    "q_tempered": "Q_t",
-    "k": "K",
-    "k_clipped": "K_c",
-    "k_normed": "K_n",
-    "k_rotated": "K_r",
-    "v": "V",
-    "v_clipped": "V_c",
-    "v_normed": "V_n",
-}
-
-
 def symbol(s: Shapes, v: Variants, step: str, side: Slot) -> str:
     """The queries' (``side`` "q"), keys' ("k") or values' ("v") symbol as the step ``step``
     reads them (:func:`service.core.chain.made_from`): the form before it, or the last one for
     a later step (the scores); on a decode step the new tokens' form."""
-    return _SYMBOLS[chain.made_from(step, chain.made_with(v), slot=side)]
+    return chain.SYMBOLS[chain.made_from(step, chain.made_with(v), slot=side)]
 
 
 def rope_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
