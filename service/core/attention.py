@@ -6,6 +6,7 @@ function accepts any number of leading batch axes (``...``): ``(B, L, d)`` for a
 other layouts before calling in here.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -37,34 +38,55 @@ __all__ = [  # the linear parts live in service.core.linear; imported from here 
 
 @dataclass(frozen=True)
 class AttentionTrace:
-    """Every intermediate of one scaled dot-product attention, in order of computation."""
+    """Every intermediate of one scaled dot-product attention, by the name of the step of
+    :data:`service.core.chain.HEAD` that made it, in order of computation (``made``): q, k, v
+    ``(..., L|S, d)``, the variants' forms of them, the scores ``(..., L, S)`` and their
+    scaled, capped, biased and masked forms, the weights and the output ``(..., L, d_v)``,
+    and what a step keeps besides (:attr:`service.core.chain.Step.also`: the position bias,
+    the sinks' weights). A step that was off is absent: ``trace.q_rotated`` is None then."""
 
-    q: Array  # (..., L, d_k)
-    k: Array  # (..., S, d_k)
-    v: Array  # (..., S, d_v)
-    scores: Array  # (..., L, S)  Q Kᵀ
-    scaled_scores: Array  # (..., L, S)  Q Kᵀ · scale
-    masked_scores: Array | None  # (..., L, S)  scaled + additive mask, −∞ where masked
-    weights: Array  # (..., L, S)  row softmax
-    output: Array  # (..., L, d_v)  weights V
+    made: Mapping[str, Array]
     scale: float
     fully_masked_rows: BoolArray  # (..., L)  query rows that could attend to no key
-    # the variants (service.core.variants), None when off
-    q_clipped: Array | None = None  # (..., L, d_k)  Q clamped to ±clip_qkv (OLMo)
-    k_clipped: Array | None = None  # (..., S, d_k)
-    v_clipped: Array | None = None  # (..., S, d_v)
-    q_normed: Array | None = None  # (..., L, d_k)  qk_norm(Q)
-    k_normed: Array | None = None  # (..., S, d_k)  qk_norm(K)
-    q_rotated: Array | None = None  # (..., L, d_k)  RoPE(Q), what the scores use
-    k_rotated: Array | None = None  # (..., S, d_k)  RoPE(K)
-    q_tempered: Array | None = None  # (..., L, d_k)  the queries times their temperature
-    v_normed: Array | None = None  # (..., S, d_v)  rms_norm(V), what weights @ V uses
-    present_k: Array | None = None  # (..., P + L, d_k)  the cache after this step (with past)
-    present_v: Array | None = None  # (..., P + L, d_v)
-    capped_scores: Array | None = None  # (..., L, S)  c · tanh(scaled / c)
-    position_bias: Array | None = None  # (..., L, S)  ALiBi or T5 bias
-    biased_scores: Array | None = None  # (..., L, S)  the scores so far + position_bias
-    sink_weights: Array | None = None  # (..., L)  the weight each row gives the sink
+
+    def __getattr__(self, name: str) -> Array | None:
+        """An intermediate by its step's name (None when that step was off)."""
+        if name in chain.NAMES:
+            return self.made.get(name)
+        raise AttributeError(name)
+
+    @property
+    def q(self) -> Array:
+        return self.made["q"]  # (..., L, d_k)
+
+    @property
+    def k(self) -> Array:
+        return self.made["k"]  # (..., S, d_k)
+
+    @property
+    def v(self) -> Array:
+        return self.made["v"]  # (..., S, d_v)
+
+    @property
+    def scores(self) -> Array:
+        return self.made["scores"]  # (..., L, S)  Q Kᵀ
+
+    @property
+    def scaled_scores(self) -> Array:
+        return self.made["scaled_scores"]  # (..., L, S)  Q Kᵀ · scale
+
+    @property
+    def weights(self) -> Array:
+        return self.made["weights"]  # (..., L, S)  row softmax
+
+    @property
+    def output(self) -> Array:
+        return self.made["output"]  # (..., L, d_v)  weights V
+
+    def with_arrays(self, **arrays: Array) -> "AttentionTrace":
+        """This trace with some intermediates in another form (the cache per key/value head,
+        MLA's Q and K as it computes them)."""
+        return replace(self, made={**self.made, **arrays})
 
 
 def scaled_dot_product_attention(
@@ -112,14 +134,7 @@ def scaled_dot_product_attention(
     setup = chain.Setup(var, scale, additive, padded_queries, fully_masked_policy, past)
     st = chain.run(chain.HEAD, chain.start(q, k, v), setup)
     assert st.fully_masked_rows is not None  # the softmax always runs
-    return AttentionTrace(
-        **_NONE | st.made,  # type: ignore[arg-type]  # the chain's names are the fields
-        scale=scale,
-        fully_masked_rows=st.fully_masked_rows,
-    )
-
-
-_NONE: dict[str, None] = {"masked_scores": None}  # the one field without a default
+    return AttentionTrace(st.made, scale, st.fully_masked_rows)
 
 
 ENTROPY_BLOCK = 1 << 15  # weights per block of rows: the temporaries stay small (≈ 0.5 MB)

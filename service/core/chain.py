@@ -92,7 +92,8 @@ class Step:
     """One step: the intermediate it makes (``name``), the slot it reads and advances
     (``reads``; ``into`` when it makes another slot's first form, as the scores from the
     queries), how (``run``) and when (``on``); ``symbol``: how formulas write a form of the
-    queries, keys or values it makes (Q_r for the rotated queries)."""
+    queries, keys or values it makes (Q_r for the rotated queries); ``also``: what else it
+    keeps in the state (the position bias it added, the sinks' share)."""
 
     name: str
     reads: Slot
@@ -100,6 +101,7 @@ class Step:
     on: Callable[[Setup], bool] = _always
     into: Slot | None = None
     symbol: str | None = None
+    also: tuple[str, ...] = ()
     advances: Slot = field(init=False)  # into, else reads: the slot whose latest form it makes
 
     def __post_init__(self) -> None:
@@ -342,9 +344,10 @@ HEAD: tuple[Step, ...] = (
         reads="scores",
         run=_biased,
         on=lambda s: s.variants.position_bias is not None,
+        also=("position_bias",),
     ),
     Step("masked_scores", reads="scores", run=_masked, on=lambda s: s.additive is not None),
-    Step("weights", reads="scores", into="weights", run=_weights),
+    Step("weights", reads="scores", into="weights", run=_weights, also=("sink_weights",)),
     Step("output", reads="weights", into="out", run=_output),
 )
 BLOCK: tuple[Step, ...] = (
@@ -415,6 +418,7 @@ SYMBOLS: dict[str, str] = {"q": "Q", "k": "K", "v": "V"} | {
 _ADVANCES: dict[str, Slot] = _PROJECTIONS | {step.name: step.advances for step in HEAD + BLOCK}
 READS: dict[str, Slot] = {step.name: step.reads for step in HEAD + BLOCK}  # each step's slot
 ORDER: tuple[str, ...] = tuple(dict.fromkeys(("q", "k", "v", *(s.name for s in HEAD))))
+NAMES: frozenset[str] = frozenset(ORDER).union(*(s.also for s in HEAD))  # all a head keeps
 
 
 def slot_of(name: str) -> Slot | None:

@@ -137,8 +137,7 @@ def latent_attention(
         fully_masked_policy=fully_masked_policy,
         variants=replace(variants or Variants(), rope=None),
     )  # fmt: skip
-    heads = replace(
-        block.heads,
+    heads = block.heads.with_arrays(
         q=q,  # (B, h, L, nope + r)  before RoPE
         k=np.concatenate([k_nope, k_pass], axis=-1),  # (B, h, S, nope + r)
         q_rotated=q_rotated,

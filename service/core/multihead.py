@@ -3,7 +3,7 @@ layer norm, keeping every intermediate. Weights arrive in ``in_out`` layout (``X
 API converts PyTorch's ``out_in``, packed and per-head forms before calling in here.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -175,8 +175,8 @@ def attend_heads(
     )
     if heads.present_k is not None and heads.present_v is not None and h_kv != h:
         group = h // h_kv  # the cache keeps one copy per key/value head: (B, h_kv, P + L, ·)
-        heads = replace(
-            heads, present_k=heads.present_k[:, ::group], present_v=heads.present_v[:, ::group]
+        heads = heads.with_arrays(
+            present_k=heads.present_k[:, ::group], present_v=heads.present_v[:, ::group]
         )
     block = chain.Setup(
         Variants(), w_o=w_o, b_o=b_o, gate=gate, x_in=x_in, residual=residual, norm=norm

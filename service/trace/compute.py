@@ -2,7 +2,7 @@
 between the large steps: it raises when the client has gone, so its work stops there."""
 
 from collections.abc import Callable
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -117,12 +117,12 @@ def _common(plan: Plan, trace: AttentionTrace, mask: masks.CombinedMask | None) 
     return values
 
 
-_TRACE_FIELDS = tuple(f.name for f in fields(AttentionTrace))
-
-
 def _arrays(trace: AttentionTrace) -> dict[str, Any]:
-    """The trace's fields by name: the values of the table's head rows."""
-    return {name: getattr(trace, name) for name in _TRACE_FIELDS}
+    """The trace's intermediates by name (None for a step that was off), its scale and row
+    flags: the values of the table's head rows."""
+    made = trace.made
+    arrays: dict[str, Any] = {name: made.get(name) for name in chain.NAMES}
+    return arrays | {"scale": trace.scale, "fully_masked_rows": trace.fully_masked_rows}
 
 
 Check = Callable[[], None]

@@ -7,7 +7,7 @@ import numpy.typing as npt
 import pytest
 
 from service.core import chain
-from service.core.attention import AttentionTrace, scaled_dot_product_attention
+from service.core.attention import scaled_dot_product_attention
 from service.core.positions import Rope
 from service.core.variants import QKNorm, Variants
 
@@ -78,8 +78,10 @@ def test_a_run_split_in_two_is_the_whole_run() -> None:
     np.testing.assert_allclose(whole.made["output"], softmax(capped) @ V, rtol=1e-12)
 
 
-def test_every_name_the_chain_makes_is_a_field_of_the_engines_trace() -> None:
-    fields = set(AttentionTrace.__dataclass_fields__)
-    assert set(chain.ORDER) <= fields
+def test_every_name_the_chain_makes_is_read_from_the_engines_trace_by_name() -> None:
     trace = scaled_dot_product_attention(Q, K, V, variants=Variants(softcap=2.0))
+    assert set(chain.ORDER) <= chain.NAMES and {"position_bias", "sink_weights"} <= chain.NAMES
+    assert all(getattr(trace, name) is trace.made.get(name) for name in chain.NAMES)
     assert trace.capped_scores is not None and trace.q_rotated is None
+    with pytest.raises(AttributeError):
+        trace.no_such_step  # noqa: B018  # a name no step makes is an error, not None
