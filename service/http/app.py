@@ -14,6 +14,7 @@ from starlette.types import ASGIApp
 
 from service import __version__, logs
 from service.config import Settings, get_settings
+from service.core.chain import HEAD
 from service.http import metrics, models, ops
 from service.http.auth import documents_api_key
 from service.http.budget import Budget, worker_budget
@@ -33,6 +34,14 @@ causal alignment `upper_left` by default; masked scores are `null` in JSON (âˆ’â
 Every response echoes them under `conventions`. Use the examples in each endpoint's
 "Try it out".
 """
+
+
+def chain_table() -> list[dict[str, str]]:
+    """The steps of one head in order (service.core.chain's HEAD), each with the slot it reads
+    and the slot whose latest form it makes: the OpenAPI document's ``x-chain``, which the page
+    reads for the order of an answer's forms. A step stated twice (q_normed before RoPE, or
+    after it) is listed twice; an answer's ``steps`` say which one ran."""
+    return [{"name": s.name, "reads": s.reads, "advances": s.advances} for s in HEAD]
 
 
 @asynccontextmanager
@@ -59,6 +68,7 @@ def _document_request_models(app: FastAPI) -> None:
                 model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(model_schema.pop("$defs", {}))
                 components[model.__name__] = model_schema
+            schema["x-chain"] = chain_table()
             app.openapi_schema = schema
         return app.openapi_schema
 

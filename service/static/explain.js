@@ -24,7 +24,7 @@ export { fmt };
 
 // the arithmetic (lib/arithmetic.js), as this module has always offered it to its callers
 export {
-  EXPLAINED,
+  explains,
   num,
   pick,
   scoreInputs,

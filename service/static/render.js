@@ -9,7 +9,7 @@ import { responseViews, firstMap, isBatched, axesOf } from "./lib/schema.js";
 import { table } from "./lib/table.js";
 import { heatmap, smallMapsGrid } from "./heatmap.js";
 import { headsPanel, foldedTables, collapsed } from "./heads.js";
-import { LAYER_NAMES } from "./lib/layers.js";
+import { explains } from "./lib/layers.js";
 
 /** @typedef {import("./lib/schema.js").View} View */
 /**
@@ -36,25 +36,8 @@ export function setupBatch(ep, data) {
 
 // ---- the cell-explanation hook (explain.js) ---------------------------------------------------
 
-// The outputs whose cells explain themselves: a click or Enter on a cell calls explainCell(ctx).
-const EXPLAINED_MAPS = new Set([
-  "scores",
-  "scaled_scores",
-  "capped_scores",
-  "position_bias",
-  "biased_scores",
-  "masked_scores",
-  "weights",
-]);
-const EXPLAINED_TABLES = new Set([
-  "output",
-  ...LAYER_NAMES, // today's layers (lib/layers.js): each from the step before it
-  // DeepSeek's MLA (layers/latent.js): the latents, the shared rope key, each head's rope queries
-  "c_q",
-  "c_kv",
-  "k_rope",
-  "q_rope",
-]);
+// The outputs whose cells explain themselves (lib/layers.js: explains): a click or Enter on a
+// cell calls explainCell(ctx).
 
 let explainer = null; // the module, loaded on the first click (a page without it still works)
 export async function explain(ctx) {
@@ -107,8 +90,7 @@ function cellHook(item, ep, b, batched) {
   const parts = item.label.split(".");
   const name = parts.at(-1);
   const head = parts[0] === "heads" ? Number(parts[1]) : null;
-  const wanted = item.view.map ? EXPLAINED_MAPS.has(name) : EXPLAINED_TABLES.has(name);
-  if (!wanted) return null;
+  if (!explains(name)) return null;
   return (i, j) => {
     const r = state.lastResult;
     explain({

@@ -9,10 +9,11 @@ import math
 import re
 from typing import Any
 
+import numpy as np
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser.support import js_number, open_explorer, run_example, run_form
+from tests.browser.support import js_number, open_explorer, post_json, run_example, run_form
 
 pytestmark = pytest.mark.e2e
 
@@ -367,3 +368,108 @@ def test_every_new_cell_recomputed_by_the_page_is_the_services(
     assert len(seen) >= 5, seen
     bad = [r for r in rows if r[4] is None or abs(r[4] - r[5]) > 1e-12 * max(1.0, abs(r[5]))]
     assert bad == [], bad[:10]
+
+
+# ---- the order of the forms is the answer's (its steps, placed by openapi.json's x-chain) ----
+
+# qk_norm before RoPE (Qwen3) or after it (Llama 4): the same arrays, half RoPE at base 10000
+ORDER: dict[str, Any] = {
+    "tokens": ["x", "y", "z"], "q": _rows(3, 4, 21), "k": _rows(3, 4, 22), "v": _rows(3, 2, 23),
+    "rope": True,
+}  # fmt: skip
+
+
+def _rope_half(x: np.ndarray) -> np.ndarray:
+    """RoPE (Su et al. 2021) as rotate_half: feature t with t + d/2, angle p · 10000^(−2t/d)."""
+    half = x.shape[1] // 2
+    angle = np.arange(x.shape[0])[:, None] * 10000.0 ** (-2 * np.arange(half) / x.shape[1])
+    a, b = x[:, :half], x[:, half:]
+    return np.concatenate([a * np.cos(angle) - b * np.sin(angle),
+                           b * np.cos(angle) + a * np.sin(angle)], axis=1)  # fmt: skip
+
+
+def _rms(x: np.ndarray) -> np.ndarray:
+    """Each row over its mean square, eps 1e-6, no weight."""
+    return x / np.sqrt((x**2).mean(axis=1, keepdims=True) + 1e-6)  # type: ignore[no-any-return]
+
+
+def _forms(after_rope: bool) -> dict[str, np.ndarray]:
+    """q's and k's forms in NumPy: normed then rotated, or (after_rope) rotated then normed."""
+    out: dict[str, np.ndarray] = {}
+    for side in ("q", "k"):
+        x = np.array(ORDER[side], dtype=float)
+        if after_rope:
+            out[f"{side}_rotated"] = _rope_half(x)
+            out[f"{side}_normed"] = _rms(out[f"{side}_rotated"])
+        else:
+            out[f"{side}_normed"] = _rms(x)
+            out[f"{side}_rotated"] = _rope_half(out[f"{side}_normed"])
+    return out
+
+
+@pytest.mark.parametrize("after_rope", [True, False], ids=["after_rope", "before_rope"])
+def test_a_cell_is_explained_from_the_form_the_answer_made_before_it(
+    page: Any, server: str, after_rope: bool
+) -> None:
+    """qk_norm after RoPE (Llama 4): q_normed is explained from q_rotated and the scores read
+    q_normed; before it (Qwen3): q_rotated is explained from q_normed and the scores read
+    q_rotated. The numbers are NumPy's, from the request's arrays."""
+    request = {**ORDER, "qk_norm": {"after_rope": True} if after_rope else {"type": "rms"}}
+    open_explorer(page, server)
+    page.select_option("#endpoint", "attention")
+    page.evaluate("async (ex) => (await import('/static/form.js')).fillForm(ex)", request)
+    body, data = run_form(page, "attention")
+    sent = body["qk_norm"]
+    assert (isinstance(sent, dict) and sent.get("after_rope", False)) == after_rope, body
+    forms = _forms(after_rope)
+    first, last = ("q_rotated", "q_normed") if after_rope else ("q_normed", "q_rotated")
+    steps = [s["name"] for s in data["steps"]]
+    assert steps.index(first) < steps.index(last)
+    panel = _explain(page, last, 2, 1)
+    text = panel.inner_text()
+    if after_rope:  # the norm of the rotated row, each of its features in the table
+        assert "q_normed[2][1] = q_rotated[2][1] / √(mean_u q_rotated[2][u]² + eps)" in text
+        cells = panel.locator("table.explain-terms tr td:nth-child(2)").all_inner_texts()
+        assert cells == [_fmt6(x) for x in forms["q_rotated"][2]]
+    else:  # feature 1 turns with feature 3 of the normed row
+        assert "q_rotated[2][1] = q_normed[2][1] · cos φ − q_normed[2][3] · sin φ" in text
+        assert f"= {_fmt6(forms['q_normed'][2][1])} · " in text
+    _says_the_services_number(panel, forms[last][2][1])
+    panel.locator("button.explain-back").click()  # the form before it, explained in turn
+    expect(panel.locator(".explain-title")).to_have_text(f"{first}[2][1]")
+    _says_the_services_number(panel, forms[first][2][1])
+    page.locator('figure[data-name="scores"] rect.cell[data-row="2"][data-col="0"]').click()
+    expect(panel.locator(".explain-title")).to_have_text("scores[2][0]")
+    k_last = last.replace("q_", "k_")
+    assert f"{last}[2][t] · {k_last}[0][t]" in panel.inner_text()
+    _says_the_services_number(panel, float(forms[last][2] @ forms[k_last][0]))
+
+
+ORDER_OF = """async ({data, request}) => {
+  const m = await import('/static/explain.js');
+  const ctx = {endpoint: 'attention', data, request, head: null, batch: null, i: 2, j: 1};
+  const r = m.recompute({...ctx, name: 'q_normed'});
+  return [r.from, r.total, m.scoreInputs(ctx).qName];
+}"""
+
+
+def test_the_order_is_the_answers_steps_else_the_requests_after_rope(
+    page: Any, server: str
+) -> None:
+    """A request that does not say where the norm went (a /model trace's is the model's name)
+    still explains a Llama 4 answer's q_normed from q_rotated: its steps say so; an answer
+    without steps takes the place the request's qk_norm.after_rope gives."""
+    open_explorer(page, server)
+    after = {**ORDER, "qk_norm": {"after_rope": True}}
+    data = post_json(server, "attention", after)
+    silent = {**ORDER, "qk_norm": True}
+    want = _forms(True)["q_normed"][2][1]
+    for request, answer, made_from, scored in (
+        (silent, data, "q_rotated", "q_normed"),  # the answer's steps
+        (after, {**data, "steps": None}, "q_rotated", "q_normed"),  # no steps: after_rope
+        (silent, {**data, "steps": None}, "q", "q_rotated"),  # neither: the norm before RoPE
+    ):
+        got = page.evaluate(ORDER_OF, {"data": answer, "request": request})
+        assert got[0] == made_from and got[2] == scored, (request, got)
+        if made_from == "q_rotated":
+            assert got[1] == pytest.approx(want, rel=1e-12, abs=1e-12)

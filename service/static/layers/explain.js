@@ -11,6 +11,7 @@
 // explanation `box`; explain.js adds the total beside the service's number and the way back.
 import { el, fmt, table } from "../lib/explain-parts.js";
 import { count } from "../lib/format.js";
+import { layerNames } from "../lib/layers.js";
 
 export const LAYER_KINDS = new Set([
   "clip",
@@ -24,13 +25,12 @@ export const LAYER_KINDS = new Set([
   "latent-pass",
 ]);
 
-// the forms a "how … was computed" button may walk back to (the ones explained)
-const WALKS_TO = new Set(["q_normed", "k_normed", "q_rotated", "k_rotated", "gate"]);
-
-/** The cell the explained one was computed from, cell for cell, or null. */
+/** The cell the explained one was computed from, cell for cell, or null: a "how … was
+ * computed" button walks back to a form that is one of today's layers (lib/layers.js), not to a
+ * projection or MLA's parts. */
 export function layerBefore(r) {
   const from = r.kind === "gated" ? "gate" : r.from;
-  return WALKS_TO.has(from) ? from : null;
+  return layerNames().has(from) ? from : null;
 }
 
 /** Whose vector the cell belongs to: "query 2 “cat”, feature 1", or null without tokens. */

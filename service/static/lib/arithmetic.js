@@ -2,13 +2,14 @@
 // The arithmetic of a cell's explanation (explain.js draws it), a leaf: the clicked cell computed
 // again from the step before, in float64 as the service does (dot products, scale, softcap,
 // position bias, mask, softmax with a sink, the weighted sum of V), with RoPE's and ALiBi's
-// numbers as the answer carries them (positions.js); the cells of today's layers (norms, a rotated feature, the temperature,
-// the gate) are layers.js's. The steps' order is the schema's (schema.js: scoreChain), so the
-// OpenAPI document is loaded before this module is ready.
+// numbers as the answer carries them (positions.js); the cells of today's layers (norms, a
+// rotated feature, the temperature, the gate) are layers.js's. The steps' order is the OpenAPI
+// document's (schema.js: scoreChain, and x-chain for the forms of q, k and v), so the document
+// is loaded before this module is ready.
 import { loadSpec } from "./state.js";
 import { scoreChain } from "./schema.js";
 import { NEG_INF, num, pick } from "./pick.js";
-import { LAYER_NAMES, formBefore, heldForms, lastForm, layerCell } from "./layers.js";
+import { explains, formBefore, heldForms, lastForm, layerCell, layerNames } from "./layers.js";
 import {
   alibiBias,
   alibiSlope,
@@ -23,25 +24,15 @@ import {
   scalingNote,
 } from "./positions.js";
 
-await loadSpec(); // the chain of score maps is read from it (stepFrom)
-
-export const EXPLAINED = new Set([
-  "scores",
-  "scaled_scores",
-  "capped_scores",
-  "biased_scores",
-  "masked_scores",
-  "weights",
-  "output",
-  "position_bias",
-  ...LAYER_NAMES, // today's layers (lib/layers.js)
-]);
+await loadSpec(); // the chains (of score maps: stepFrom; of a head's forms: lib/layers.js)
 
 // a response's arrays for the clicked cell (lib/pick.js), as this module has always offered them
 export { NEG_INF, num, pick };
+// which outputs' cells explain themselves (lib/layers.js, where they are listed once)
+export { explains };
 
-/** The q and k a score was computed from: the last form each took (q, q_normed, q_rotated,
- * q_tempered: lib/layers.js), and every form the queries took, in order. */
+/** The q and k a score was computed from: the last form each took (lib/layers.js), and every
+ * form the queries took, in order. */
 export function scoreInputs(ctx) {
   const qName = lastForm(ctx, "q"),
     kName = lastForm(ctx, "k");
@@ -156,7 +147,7 @@ function sinkLogit(ctx) {
 /** Recompute the clicked cell: {name, formula, terms, total, service, ...}; null if not explained. */
 export function recompute(ctx) {
   const { name, i, j } = ctx;
-  if (!EXPLAINED.has(name)) return null;
+  if (!explains(name)) return null;
   if (
     ctx.endpoint === "multihead" &&
     name === "output" &&
@@ -166,7 +157,10 @@ export function recompute(ctx) {
   const here = pick(ctx, name);
   if (here === undefined) return null;
   const service = here[i][j];
-  if (LAYER_NAMES.has(name)) return { name, ...layerCell(ctx, name, i, j), service };
+  if (layerNames().has(name)) {
+    const cell = layerCell(ctx, name, i, j);
+    return cell === undefined ? null : { name, ...cell, service };
+  }
   if (name === "scores") {
     const inp = scoreInputs(ctx);
     if (!inp) return null;

@@ -1,13 +1,15 @@
 // @ts-check
-// The arithmetic of the cells of today's layers, a leaf (layers/explain.js draws it): a cell of
-// q_clipped, k_clipped or v_clipped (OLMo's clip_qkv), q_normed or k_normed (qk_norm, before
-// RoPE or after it, weights w or 1 + w), v_normed (Gemma 4's weightless RMS norm), q_rotated or
-// k_rotated (RoPE with the answer's θ_i and gain, lib/positions.js),
-// q_tempered (Llama 4's temperature) and /multihead's gate and gated (Qwen3-Next), each computed
-// again from the step before in float64 as the service does (service/core/variants.py,
-// chain.py's head steps, multihead.py). And the order the queries and keys take their
-// forms in (service/trace/rows/rope.py's `applied`), which the scores read the last of.
+// Today's layers, a leaf (layers/explain.js draws them): the order of the forms the queries, keys
+// and values take, read from the service (the answer's steps, placed by the OpenAPI document's
+// x-chain: service/core/chain.py's HEAD), which the scores and the output read the last of; the
+// outputs whose cells a click explains, listed once; and the arithmetic of a cell of each
+// layer (the clamp of OLMo's clip_qkv, qk_norm's norm before RoPE or after it with weights w or
+// 1 + w, Gemma 4's weightless v_norm, RoPE with the answer's θ_i and gain (lib/positions.js),
+// Llama 4's temperature, and /multihead's gate and gated (Qwen3-Next)), each computed again from
+// the form before it in float64 as the service does (service/core/variants.py, chain.py's head
+// steps, multihead.py).
 import { pick } from "./pick.js";
+import { chainSteps } from "./schema.js";
 import {
   anglePosition,
   keyRowPosition,
@@ -21,22 +23,33 @@ import {
   turnedWidth,
 } from "./positions.js";
 
-export const LAYER_NAMES = new Set([
-  "q_clipped",
-  "k_clipped",
-  "v_clipped",
-  "q_normed",
-  "k_normed",
-  "q_rotated",
-  "k_rotated",
-  "q_tempered",
-  "v_normed",
-  "gate",
-  "gated",
-]);
-
 const DEFAULT_EPS = 1e-6; // qk_norm's and v_norm's (variant_fields.py)
 const TEMPERATURE = { floor_scale: 8192, attn_scale: 0.1 }; // TemperatureOptions' defaults
+
+// ---- the chain's order (x-chain) and the cells a click explains
+
+const SIDES = new Set(["q", "k", "v"]); // the slots of the queries, keys and values
+// a decode step's cache: the keys and values appended to the cached ones, read by the scores and
+// the output as the answer's present_k and present_v (layers/online.js), not a form explained
+const CACHE = new Set(["present_k", "present_v"]);
+// /multihead's output gate (Qwen3-Next): made after the heads, so not a step of one head's chain
+const GATE = ["gate", "gated"];
+// the score maps, the weights and the output (lib/arithmetic.js), and DeepSeek's MLA
+// (layers/latent.js): the latents, the shared rope key, each head's rope queries
+const EXPLAINED_OUTPUTS = [
+  "scores",
+  "scaled_scores",
+  "capped_scores",
+  "position_bias",
+  "biased_scores",
+  "masked_scores",
+  "weights",
+  "output",
+  "c_q",
+  "c_kv",
+  "k_rope",
+  "q_rope",
+];
 
 /** The request's qk_norm as an object ({} for `true`), or null when it is off. */
 export function qkNormOptions(request) {
@@ -44,20 +57,35 @@ export function qkNormOptions(request) {
   return o && typeof o === "object" ? o : o ? {} : null;
 }
 
-/** The forms the queries (`side` "q"), keys ("k") or values ("v") take, in the order they are
- * made (service/core/chain.py's HEAD): the projection, the clamp (clip_qkv), the norm, RoPE, the
- * norm after RoPE (Llama 4's after_rope), the temperature; the values' clamp, then v_norm. */
-export function formsOf(request, side) {
-  if (side === "v") return ["v", "v_clipped", "v_normed"];
-  const after = !!(qkNormOptions(request) || {}).after_rope;
-  const forms = [side, `${side}_clipped`, after ? "" : `${side}_normed`, `${side}_rotated`];
-  forms.push(after ? `${side}_normed` : "", side === "q" ? "q_tempered" : "");
-  return forms.filter(Boolean);
+/** The slot (q, k, v, scores, weights, out) whose latest form the step `name` makes, by the
+ * chain; undefined for a name the chain does not make (a projection, the gate). */
+export function slotOf(name) {
+  const step = chainSteps().find((s) => s.name === name);
+  return step && step.advances;
+}
+
+/** The names of the steps made, in order: the answer's steps, or (an answer without them) the
+ * chain's, a step the chain states at two places (qk_norm, before RoPE or after it) taken where
+ * the request's qk_norm.after_rope puts it. */
+function stepsMade(ctx) {
+  const steps = ctx.data && ctx.data.steps;
+  if (Array.isArray(steps)) return steps.map((s) => s.name);
+  const after = !!(qkNormOptions(ctx.request) || {}).after_rope;
+  const names = chainSteps().map((s) => s.name);
+  return names.filter((n, at) => (after ? names.lastIndexOf(n) : names.indexOf(n)) === at);
+}
+
+/** The forms the queries (`side` "q"), keys ("k") or values ("v") took in ctx's answer, in the
+ * order they were made: the projection, then each step made that advances that side (the
+ * cache aside). */
+export function formsOf(ctx, side) {
+  const made = stepsMade(ctx).filter((n) => slotOf(n) === side && !CACHE.has(n));
+  return [side, ...made];
 }
 
 /** The forms ctx's answer holds for its head and batch item, in order. */
 export function heldForms(ctx, side) {
-  return formsOf(ctx.request, side).filter((n) => pick(ctx, n) !== undefined);
+  return formsOf(ctx, side).filter((n) => pick(ctx, n) !== undefined);
 }
 
 /** The form the scores use: the last one made. */
@@ -67,9 +95,28 @@ export function lastForm(ctx, side) {
 
 /** The form `name` (q_normed, k_rotated, q_tempered, …) was made from. */
 export function formBefore(ctx, name) {
-  const forms = heldForms(ctx, name[0]);
+  const forms = heldForms(ctx, slotOf(name));
   const at = forms.indexOf(name);
   return at > 0 ? forms[at - 1] : undefined;
+}
+
+let layersOf = { steps: /** @type {any} */ (null), names: new Set() };
+/** Today's layers: the chain's steps that advance the queries, keys or values (the cache
+ * aside), and /multihead's gate and gated; each cell explained from the form before it.
+ * @returns {Set<string>} */
+export function layerNames() {
+  const steps = chainSteps();
+  if (layersOf.steps !== steps) {
+    const names = steps.filter((s) => SIDES.has(s.advances) && !CACHE.has(s.name));
+    layersOf = { steps, names: new Set([...names.map((s) => s.name), ...GATE]) };
+  }
+  return layersOf.names;
+}
+
+/** Whether a click on a cell of output `name` explains it: the score maps, the weights, the
+ * output, MLA's latents and today's layers. */
+export function explains(name) {
+  return EXPLAINED_OUTPUTS.includes(name) || layerNames().has(name);
 }
 
 // ---- the norms
@@ -127,7 +174,7 @@ function normCell(ctx, name, r, t) {
   const settings = {
     type: o.type ?? "rms",
     eps: o.eps ?? DEFAULT_EPS,
-    weight: normWeight(ctx.request, name[0]),
+    weight: normWeight(ctx.request, slotOf(name)),
     zeroCentered: !!o.zero_centered,
   };
   return {
@@ -141,7 +188,7 @@ function normCell(ctx, name, r, t) {
 // ---- RoPE, one feature
 
 function rotateCell(ctx, name, r, t) {
-  const side = name[0];
+  const side = slotOf(name);
   const from = formBefore(ctx, name);
   const x = pick(ctx, from)[r];
   const used = ropeUsed(ctx);
@@ -277,13 +324,25 @@ function gateCell(ctx, name, i, c) {
   };
 }
 
-/** Cell [i][j] of one of LAYER_NAMES computed again: {kind, total, …} (a shape per kind).
+// each layer's arithmetic, by the name of the form it makes
+const CELLS = {
+  q_clipped: clipCell,
+  k_clipped: clipCell,
+  v_clipped: clipCell,
+  q_normed: normCell,
+  k_normed: normCell,
+  v_normed: normCell,
+  q_rotated: rotateCell,
+  k_rotated: rotateCell,
+  q_tempered: temperCell,
+  gate: gateCell,
+  gated: gateCell,
+};
+
+/** Cell [i][j] of one of today's layers (layerNames) computed again: {kind, total, …} (a shape
+ * per kind), or undefined for a layer whose arithmetic the page does not know.
  * @returns {any} */
 export function layerCell(ctx, name, i, j) {
-  if (name === "q_normed" || name === "k_normed" || name === "v_normed")
-    return normCell(ctx, name, i, j);
-  if (name === "q_rotated" || name === "k_rotated") return rotateCell(ctx, name, i, j);
-  if (name === "q_tempered") return temperCell(ctx, name, i, j);
-  if (name.endsWith("_clipped")) return clipCell(ctx, name, i, j);
-  return gateCell(ctx, name, i, j);
+  const cell = CELLS[name];
+  return cell && cell(ctx, name, i, j);
 }

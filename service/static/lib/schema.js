@@ -1,7 +1,8 @@
 // @ts-check
 // What the service's OpenAPI document (state.spec) says of its answers, a leaf: the x-view of
 // each drawable output (title, map, rows, each_head, chain), the chain of score maps in the
-// order of the steps, and the floor under which a compared score counts as masked.
+// order of the steps, the steps of one head (x-chain), and the floor under which a compared
+// score counts as masked.
 import { state } from "./state.js";
 import { isStack } from "./format.js";
 
@@ -112,4 +113,18 @@ export function scoreChain(ep) {
  * it): the schema's Compared component carries it as x-masked-floor. */
 export function maskedFloor() {
   return state.spec.components.schemas.Compared["x-masked-floor"];
+}
+
+/**
+ * One step of a head's chain: the intermediate it makes, the slot it reads and the slot whose
+ * latest form it makes (q, k, v, scores, weights, out).
+ * @typedef {{name: string, reads: string, advances: string}} ChainStep
+ */
+
+/** The steps of one head in the order the service runs them (the document's x-chain: the
+ * service's HEAD, service/core/chain.py), a step stated twice where it can run at two places
+ * (qk_norm before RoPE or after it); [] before the document is loaded.
+ * @returns {ChainStep[]} */
+export function chainSteps() {
+  return (state.spec && state.spec["x-chain"]) || [];
 }
