@@ -89,13 +89,16 @@ def _always(s: Setup) -> bool:
 
 @dataclass(frozen=True)
 class Step:
-    """One step: the intermediate it makes (``name``), the slot it reads and advances
+    """One step: the intermediate it makes (``name``), what it does (``kind``: ``rotate`` for
+    RoPE on the queries and on the keys alike, ``clip``, ``norm``, ``scale``, ``softmax``, …:
+    what a mistake or an explanation of a cell is written for), the slot it reads and advances
     (``reads``; ``into`` when it makes another slot's first form, as the scores from the
     queries), how (``run``) and when (``on``); ``symbol``: how formulas write a form of the
     queries, keys or values it makes (Q_r for the rotated queries); ``also``: what else it
     keeps in the state (the position bias it added, the sinks' share)."""
 
     name: str
+    kind: str
     reads: Slot
     run: Run
     on: Callable[[Setup], bool] = _always
@@ -169,6 +172,34 @@ def _cached(side: Literal["k", "v"]) -> Run:
         return np.concatenate([s.past.k if side == "k" else s.past.v, x], axis=-2)  # (..., P+L, ·)
 
     return run
+
+
+def _caching(s: Setup) -> bool:
+    return s.past is not None
+
+
+def _capping(s: Setup) -> bool:
+    return s.variants.softcap is not None
+
+
+def _biasing(s: Setup) -> bool:
+    return s.variants.position_bias is not None
+
+
+def _masking(s: Setup) -> bool:
+    return s.additive is not None
+
+
+def _gating(s: Setup) -> bool:
+    return s.gate is not None
+
+
+def _adding(s: Setup) -> bool:
+    return s.residual
+
+
+def _layer_norming(s: Setup) -> bool:
+    return s.norm is not None
 
 
 def _rotating(s: Setup) -> bool:
@@ -322,40 +353,35 @@ def _normed_block(x: Array, st: State, s: Setup) -> Array:
     return layer_norm(x, s.norm)  # (B, L, d_out)
 
 
+_BIAS, _SINK = ("position_bias",), ("sink_weights",)  # what the bias and the softmax keep besides
 HEAD: tuple[Step, ...] = (
-    Step("q_clipped", reads="q", symbol="Q_c", run=_clipped, on=_clipping),
-    Step("k_clipped", reads="k", symbol="K_c", run=_clipped, on=_clipping),
-    Step("v_clipped", reads="v", symbol="V_c", run=_clipped, on=_clipping),
-    Step("q_normed", reads="q", symbol="Q_n", run=_normed("q"), on=_qk_norm_before),
-    Step("k_normed", reads="k", symbol="K_n", run=_normed("k"), on=_qk_norm_before),
-    Step("q_rotated", reads="q", symbol="Q_r", run=_rotated_q, on=_rotating),
-    Step("k_rotated", reads="k", symbol="K_r", run=_rotated_k, on=_rotating),
-    Step("q_normed", reads="q", symbol="Q_n", run=_normed("q"), on=_qk_norm_after),
-    Step("k_normed", reads="k", symbol="K_n", run=_normed("k"), on=_qk_norm_after),
-    Step("q_tempered", reads="q", symbol="Q_t", run=_tempered, on=_tempering),
-    Step("v_normed", reads="v", symbol="V_n", run=_v_normed, on=_v_norming),
-    Step("present_k", reads="k", run=_cached("k"), on=lambda s: s.past is not None),
-    Step("present_v", reads="v", run=_cached("v"), on=lambda s: s.past is not None),
-    Step("scores", reads="q", into="scores", run=_scores),
-    Step("scaled_scores", reads="scores", run=_scaled),
-    Step("capped_scores", reads="scores", run=_capped, on=lambda s: s.variants.softcap is not None),
-    Step(
-        "biased_scores",
-        reads="scores",
-        run=_biased,
-        on=lambda s: s.variants.position_bias is not None,
-        also=("position_bias",),
-    ),
-    Step("masked_scores", reads="scores", run=_masked, on=lambda s: s.additive is not None),
-    Step("weights", reads="scores", into="weights", run=_weights, also=("sink_weights",)),
-    Step("output", reads="weights", into="out", run=_output),
+    Step("q_clipped", "clip", reads="q", symbol="Q_c", run=_clipped, on=_clipping),
+    Step("k_clipped", "clip", reads="k", symbol="K_c", run=_clipped, on=_clipping),
+    Step("v_clipped", "clip", reads="v", symbol="V_c", run=_clipped, on=_clipping),
+    Step("q_normed", "norm", reads="q", symbol="Q_n", run=_normed("q"), on=_qk_norm_before),
+    Step("k_normed", "norm", reads="k", symbol="K_n", run=_normed("k"), on=_qk_norm_before),
+    Step("q_rotated", "rotate", reads="q", symbol="Q_r", run=_rotated_q, on=_rotating),
+    Step("k_rotated", "rotate", reads="k", symbol="K_r", run=_rotated_k, on=_rotating),
+    Step("q_normed", "norm", reads="q", symbol="Q_n", run=_normed("q"), on=_qk_norm_after),
+    Step("k_normed", "norm", reads="k", symbol="K_n", run=_normed("k"), on=_qk_norm_after),
+    Step("q_tempered", "temper", reads="q", symbol="Q_t", run=_tempered, on=_tempering),
+    Step("v_normed", "norm", reads="v", symbol="V_n", run=_v_normed, on=_v_norming),
+    Step("present_k", "cache", reads="k", run=_cached("k"), on=_caching),
+    Step("present_v", "cache", reads="v", run=_cached("v"), on=_caching),
+    Step("scores", "scores", reads="q", into="scores", run=_scores),
+    Step("scaled_scores", "scale", reads="scores", run=_scaled),
+    Step("capped_scores", "softcap", reads="scores", run=_capped, on=_capping),
+    Step("biased_scores", "bias", reads="scores", run=_biased, on=_biasing, also=_BIAS),
+    Step("masked_scores", "mask", reads="scores", run=_masked, on=_masking),
+    Step("weights", "softmax", reads="scores", into="weights", run=_weights, also=_SINK),
+    Step("output", "output", reads="weights", into="out", run=_output),
 )
 BLOCK: tuple[Step, ...] = (
-    Step("concat", reads="out", into="block", run=_concat),
-    Step("gated", reads="block", run=_gated, on=lambda s: s.gate is not None),
-    Step("projected", reads="block", run=_projected),
-    Step("residual", reads="block", run=_residual, on=lambda s: s.residual),
-    Step("layer_norm", reads="block", run=_normed_block, on=lambda s: s.norm is not None),
+    Step("concat", "concat", reads="out", into="block", run=_concat),
+    Step("gated", "gated", reads="block", run=_gated, on=_gating),
+    Step("projected", "project", reads="block", run=_projected),
+    Step("residual", "residual", reads="block", run=_residual, on=_adding),
+    Step("layer_norm", "layer_norm", reads="block", run=_normed_block, on=_layer_norming),
 )
 """The block after the heads (Vaswani et al. 2017, §3.2.2; the gate of Qwen3-Next): the heads'
 outputs side by side, gated, times W_o, plus the block's input, layer-normed."""

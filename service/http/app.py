@@ -14,7 +14,7 @@ from starlette.types import ASGIApp
 
 from service import __version__, logs
 from service.config import Settings, get_settings
-from service.core.chain import HEAD
+from service.core.chain import BLOCK, HEAD
 from service.http import metrics, models, ops
 from service.http.auth import documents_api_key
 from service.http.budget import Budget, worker_budget
@@ -37,11 +37,16 @@ Every response echoes them under `conventions`. Use the examples in each endpoin
 
 
 def chain_table() -> list[dict[str, str]]:
-    """The steps of one head in order (service.core.chain's HEAD), each with the slot it reads
-    and the slot whose latest form it makes: the OpenAPI document's ``x-chain``, which the page
-    reads for the order of an answer's forms. A step stated twice (q_normed before RoPE, or
-    after it) is listed twice; an answer's ``steps`` say which one ran."""
-    return [{"name": s.name, "reads": s.reads, "advances": s.advances} for s in HEAD]
+    """The steps of one head in order (service.core.chain's HEAD), then the block's after the
+    heads (BLOCK), each with its kind (what it does: ``rotate``, ``norm``, ``clip``, …), the
+    slot it reads and the slot whose latest form it makes: the OpenAPI document's ``x-chain``,
+    which the page reads for the order of an answer's forms and the arithmetic of a cell. A
+    step stated twice (q_normed before RoPE, or after it) is listed twice; an answer's
+    ``steps`` say which one ran."""
+    return [
+        {"name": s.name, "kind": s.kind, "reads": s.reads, "advances": s.advances}
+        for s in HEAD + BLOCK
+    ]
 
 
 @asynccontextmanager

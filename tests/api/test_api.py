@@ -408,26 +408,44 @@ def test_a_huge_bad_input_gives_a_short_error(client: TestClient) -> None:
 
 
 def test_openapi_states_the_chain_of_one_head_in_order(client: TestClient) -> None:
-    """x-chain: HEAD's steps in order, each with the slot it reads and advances; q_normed twice
-    (before RoPE, and after it), as the page needs to place an answer's forms."""
-    from service.core.chain import HEAD
+    """x-chain: HEAD's steps in order, then the block's, each with its kind and the slot it
+    reads and advances; q_normed twice (before RoPE, and after it), as the page needs to place
+    an answer's forms and to pick a cell's arithmetic."""
+    from service.core.chain import BLOCK, HEAD
 
     chain = client.get("/openapi.json").json()["x-chain"]
-    assert chain == [{"name": s.name, "reads": s.reads, "advances": s.advances} for s in HEAD]
+    assert chain == [
+        {"name": s.name, "kind": s.kind, "reads": s.reads, "advances": s.advances}
+        for s in HEAD + BLOCK
+    ]
     names = [row["name"] for row in chain]
     row = {r["name"]: r for r in chain}
     assert names.index("q_clipped") < names.index("q_rotated") < names.index("q_tempered")
     first, last = (n for n, name in enumerate(names) if name == "q_normed")  # exactly two
     assert first < names.index("q_rotated") < last
-    assert row["q_rotated"] == {"name": "q_rotated", "reads": "q", "advances": "q"}
+    assert row["q_rotated"] == {
+        "name": "q_rotated",
+        "kind": "rotate",
+        "reads": "q",
+        "advances": "q",
+    }
+    assert row["k_rotated"]["kind"] == "rotate" and row["v_normed"]["kind"] == "norm"
     assert row["v_normed"]["advances"] == "v" and row["k_clipped"]["advances"] == "k"
     assert row["masked_scores"] == {
         "name": "masked_scores",
+        "kind": "mask",
         "reads": "scores",
         "advances": "scores",
     }
-    assert row["scores"] == {"name": "scores", "reads": "q", "advances": "scores"}
-    assert row["output"] == {"name": "output", "reads": "weights", "advances": "out"}
+    assert row["scores"] == {"name": "scores", "kind": "scores", "reads": "q", "advances": "scores"}
+    assert row["output"] == {
+        "name": "output",
+        "kind": "output",
+        "reads": "weights",
+        "advances": "out",
+    }
+    assert row["gated"] == {"name": "gated", "kind": "gated", "reads": "block", "advances": "block"}
+    assert names.index("output") < names.index("concat") < names.index("gated")
 
 
 def test_real_answers_match_the_documented_response_schemas(client: TestClient) -> None:

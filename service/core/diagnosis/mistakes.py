@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.core import masks
+from service.core import chain, masks
 from service.core.diagnosis.stages import CHANGES, RowPolicy, Setup, Way
 
 FLOAT32 = "float32_arithmetic"  # no recomputation: a difference of float32's size
@@ -47,7 +47,8 @@ class Mistake:
 def _changes_a_step(code: str) -> Callable[[Setup, frozenset[str]], bool]:
     """``tried`` for a mistake in a step of a variant: whether this computation has a step the
     mistake changes (:data:`~service.core.diagnosis.stages.CHANGES`)."""
-    steps = frozenset(name for name, change in CHANGES.items() if code in change.mistakes)
+    kinds = {kind for kind, change in CHANGES.items() if code in change.mistakes}
+    steps = frozenset(step.name for step in chain.HEAD + chain.BLOCK if step.kind in kinds)
     return lambda s, present: not steps.isdisjoint(present)
 
 

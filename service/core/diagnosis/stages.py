@@ -310,19 +310,14 @@ def _mis_normed(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
 
 
 _LAYER_NORM = frozenset({"layer_norm_over_all", "layer_norm_per_token", "unbiased_variance"})
-_CLIP = Change(frozenset({"clip_missing"}), _unclipped)
-_RoPE = Change(_ROPE, _turned, ways=_ROPE_WAYS)
 CHANGES: dict[str, Change] = {
-    "q_clipped": _CLIP,
-    "k_clipped": _CLIP,
-    "v_clipped": _CLIP,
-    "q_rotated": _RoPE,
-    "k_rotated": _RoPE,
+    "clip": Change(frozenset({"clip_missing"}), _unclipped),
+    "rotate": Change(_ROPE, _turned, ways=_ROPE_WAYS),
     # batch_as_sequence swaps the world (recompute's), the scores on are recomputed in it
     "scores": Change(frozenset({"q_k_swapped", "batch_as_sequence"}), _swapped_scores),
-    "scaled_scores": Change(_SCALE, _mis_scaled, ways=frozenset({"scale_by_model_dim"})),
-    "masked_scores": Change(frozenset({"mask_after_softmax"}), _unmasked),
-    "weights": Change(
+    "scale": Change(_SCALE, _mis_scaled, ways=frozenset({"scale_by_model_dim"})),
+    "mask": Change(frozenset({"mask_after_softmax"}), _unmasked),
+    "softmax": Change(
         frozenset({"softmax_over_queries", "scale_after_softmax"}),
         _weighted,
         ways=frozenset({"mask_after_softmax"}),
@@ -333,17 +328,18 @@ CHANGES: dict[str, Change] = {
         _mis_merged,
         ways=frozenset({"heads_interleaved"}),
     ),
-    "projected": Change(frozenset({"weights_transposed"}), _mis_projected),
+    "project": Change(frozenset({"weights_transposed"}), _mis_projected),
     "layer_norm": Change(_LAYER_NORM, _mis_normed),
 }
-"""The chain's steps the mistakes change, by the name of the step (every other step is
-recomputed as the engine computes it)."""
+"""How the mistakes change the chain's steps, by the kind of step (:attr:`chain.Step.kind`: RoPE
+on the queries and on the keys alike); every other step is recomputed as the engine computes
+it."""
 
 
 def _chained(step: chain.Step, on: Callable[[chain.Setup], bool] = _always) -> "Stage":
     """The diagnosis's stage for one step of the chain: the step's own computation, or the one
     its :data:`CHANGES` row puts in its place, over the diagnosis's arrays."""
-    change = CHANGES.get(step.name)
+    change = CHANGES.get(step.kind)
 
     def compute(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
         present = _present(st, s)
@@ -461,10 +457,10 @@ _MASK = Stage(
     ways=frozenset({"window_off_by_one"}),
 )
 _HEAD = tuple(_chained(step, step.on) for step in chain.HEAD)
-_MASKED_AT = next(i for i, stage in enumerate(_HEAD) if stage.names[0] == "masked_scores")
+_MASKED_AT = next(i for i, step in enumerate(chain.HEAD) if step.kind == "mask")
 # the block's steps are on where the computation holds their arrays (recompute's filter)
 _BLOCK = tuple(_chained(step) for step in chain.BLOCK)
-_GATED_AT = next(i for i, stage in enumerate(_BLOCK) if stage.names[0] == "gated")
+_GATED_AT = next(i for i, step in enumerate(chain.BLOCK) if step.kind == "gated")
 STAGES: tuple[Stage, ...] = (
     *_PROJECTIONS,
     *_HEAD[:_MASKED_AT],
