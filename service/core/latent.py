@@ -133,10 +133,16 @@ def latent_attention(
     if scale is None:  # 1/√(nope + r), times YaRN's gain as DeepseekV3Attention.scaling
         scale = default_scale(nope + r) * softmax_gain(settings)
     block = attend_heads(
-        q_rotated, k_rotated, v, w_o=w.w_o, b_o=w.b_o, mask=mask, scale=scale,
+        q_rotated,
+        k_rotated,
+        v,
+        w_o=w.w_o,
+        b_o=w.b_o,
+        mask=mask,
+        scale=scale,
         fully_masked_policy=fully_masked_policy,
         variants=replace(variants or Variants(), rope=None),
-    )  # fmt: skip
+    )
     heads = block.heads.with_arrays(
         q=q,  # (B, h, L, nope + r)  before RoPE
         k=np.concatenate([k_nope, k_pass], axis=-1),  # (B, h, S, nope + r)

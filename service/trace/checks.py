@@ -16,9 +16,24 @@ from service.wire.schemas.requests import InputFields
 
 M = TypeVar("M", bound=BaseModel)
 # a state dict's field names as the caller writes them (q_proj.weight), for messages
-DOTTED = {f"{n}_{p}": f"{n}.{p}" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm",
-          "k_norm", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa",
-          "kv_a_layernorm", "kv_b_proj") for p in ("weight", "bias")}  # fmt: skip
+DOTTED = {
+    f"{n}_{p}": f"{n}.{p}"
+    for n in (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "q_norm",
+        "k_norm",
+        "q_a_proj",
+        "q_a_layernorm",
+        "q_b_proj",
+        "kv_a_proj_with_mqa",
+        "kv_a_layernorm",
+        "kv_b_proj",
+    )
+    for p in ("weight", "bias")
+}
 
 
 def weight_out(req: InputFields, name: str, w: Array, width: int, source: str | None = None) -> int:

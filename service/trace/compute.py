@@ -156,8 +156,9 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
 
         def step(rows: slice, cache: Past) -> tuple[Array, Past]:
             at = _decode_step(plan, rows, cache.length)
-            one = _attend(at, q[:, rows], k[:, rows], v[:, rows], _combined_mask(at),
-                          _variants(at), cache)  # fmt: skip
+            one = _attend(
+                at, q[:, rows], k[:, rows], v[:, rows], _combined_mask(at), _variants(at), cache
+            )
             assert one.present_k is not None and one.present_v is not None
             return one.output, Past(one.present_k, one.present_v)
 
@@ -181,10 +182,17 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
     if plan.latent is not None:
         assert plan.x is not None and variants.rope is not None
         latent = latent_attention(
-            plan.x, plan.latent, _latent_dims(s), num_heads=s.num_heads, settings=variants.rope,
-            positions=variants.positions, mask=mask, scale=plan.scale,
-            fully_masked_policy=plan.fully_masked_rows, variants=variants,
-        )  # fmt: skip
+            plan.x,
+            plan.latent,
+            _latent_dims(s),
+            num_heads=s.num_heads,
+            settings=variants.rope,
+            positions=variants.positions,
+            mask=mask,
+            scale=plan.scale,
+            fully_masked_policy=plan.fully_masked_rows,
+            variants=variants,
+        )
         trace = latent.block
     else:
         trace = _multihead(plan, plan.x, plan.heads, plan.positional, mask, variants, plan.past)
@@ -213,11 +221,16 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
         def step(rows: slice, cache: Past) -> tuple[Array, Past]:
             at = _decode_step(plan, rows, cache.length)
             one = _multihead(
-                at, None if x is None else x[:, rows],
-                None if heads is None else (heads[0][:, :, rows], heads[1][:, :, rows],
-                                            heads[2][:, :, rows]),
-                None if pe is None else pe[rows], _combined_mask(at), _variants(at), cache,
-            )  # fmt: skip
+                at,
+                None if x is None else x[:, rows],
+                None
+                if heads is None
+                else (heads[0][:, :, rows], heads[1][:, :, rows], heads[2][:, :, rows]),
+                None if pe is None else pe[rows],
+                _combined_mask(at),
+                _variants(at),
+                cache,
+            )
             p_k, p_v = one.heads.present_k, one.heads.present_v
             assert p_k is not None and p_v is not None
             return one.output, Past(p_k, p_v)
@@ -229,16 +242,29 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
     if s.online_block is not None:
         per_head["online_softmax"] = _online(plan, trace.heads)
     if latent is not None:
-        values |= {"c_q": latent.c_q, "c_kv": latent.c_kv, "k_rope": latent.k_rope,
-                   "mla_cache_numbers": _latent_dims(s).cache_numbers}  # fmt: skip
+        values |= {
+            "c_q": latent.c_q,
+            "c_kv": latent.c_kv,
+            "k_rope": latent.k_rope,
+            "mla_cache_numbers": _latent_dims(s).cache_numbers,
+        }
         per_head |= {"q_nope": latent.q_nope, "q_rope": latent.q_rope, "k_nope": latent.k_nope}
     if plan.expected is not None:
         setup = _setup(
-            plan, trace.heads, variants, x_in=trace.x_in, context=plan.context,
-            projections=plan.weights, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
-            w_o=plan.w_o, b_o=plan.b_o, residual=plan.residual, norm=plan.norm,
+            plan,
+            trace.heads,
+            variants,
+            x_in=trace.x_in,
+            context=plan.context,
+            projections=plan.weights,
+            num_heads=s.num_heads,
+            num_kv_heads=s.num_kv_heads,
+            w_o=plan.w_o,
+            b_o=plan.b_o,
+            residual=plan.residual,
+            norm=plan.norm,
             latent=plan.latent is not None,
-        )  # fmt: skip
+        )
         block = {
             "x_in": trace.x_in,
             "average_weights": trace.average_weights,
@@ -285,10 +311,16 @@ def _attend(
 ) -> AttentionTrace:
     """The engine on /attention's q (B, L, d_k), k, v (B, S, ·), with a cache when given."""
     return scaled_dot_product_attention(
-        q, k, v, scale=plan.scale, additive=None if mask is None else mask.additive,
+        q,
+        k,
+        v,
+        scale=plan.scale,
+        additive=None if mask is None else mask.additive,
         padded_queries=None if mask is None else mask.padded_queries,
-        fully_masked_policy=plan.fully_masked_rows, variants=variants, past=past,
-    )  # fmt: skip
+        fully_masked_policy=plan.fully_masked_rows,
+        variants=variants,
+        past=past,
+    )
 
 
 def _multihead(
@@ -305,17 +337,34 @@ def _multihead(
     if heads is not None:
         q, k, v = heads  # (B, h, L, d_k), (B, h_kv, S, d_k), (B, h_kv, S, d_v)
         return attend_heads(
-            q, k, v, w_o=plan.w_o, b_o=plan.b_o, mask=mask, scale=plan.scale,
-            fully_masked_policy=plan.fully_masked_rows, norm=plan.norm, variants=variants,
+            q,
+            k,
+            v,
+            w_o=plan.w_o,
+            b_o=plan.b_o,
+            mask=mask,
+            scale=plan.scale,
+            fully_masked_policy=plan.fully_masked_rows,
+            norm=plan.norm,
+            variants=variants,
             past=past,
-        )  # fmt: skip
+        )
     assert x is not None and plan.weights is not None
     return multihead_attention(
-        x, plan.weights, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
-        context=plan.context, positional=positional, mask=mask, scale=plan.scale,
-        fully_masked_policy=plan.fully_masked_rows, residual=plan.residual, norm=plan.norm,
-        variants=variants, past=past,
-    )  # fmt: skip
+        x,
+        plan.weights,
+        num_heads=s.num_heads,
+        num_kv_heads=s.num_kv_heads,
+        context=plan.context,
+        positional=positional,
+        mask=mask,
+        scale=plan.scale,
+        fully_masked_policy=plan.fully_masked_rows,
+        residual=plan.residual,
+        norm=plan.norm,
+        variants=variants,
+        past=past,
+    )
 
 
 P = TypeVar("P", AttentionPlan, MultiheadPlan)
@@ -327,12 +376,19 @@ def _decode_step(plan: P, rows: slice, cached: int) -> P:
     v = plan.variants
     every = np.arange(plan.shapes.seq_len) if v.positions is None else v.positions  # (L,)
     at = every[rows]  # (1,)
-    shapes = replace(plan.shapes, seq_len=1, ctx_len=cached + 1, past_len=cached,
-                     num_masks=plan.shapes.num_masks + 1)  # fmt: skip
+    shapes = replace(
+        plan.shapes,
+        seq_len=1,
+        ctx_len=cached + 1,
+        past_len=cached,
+        num_masks=plan.shapes.num_masks + 1,
+    )
     return replace(
-        plan, shapes=shapes, mask_specs=(*plan.mask_specs, masks.Causal()),
+        plan,
+        shapes=shapes,
+        mask_specs=(*plan.mask_specs, masks.Causal()),
         variants=replace(v, positions=at, context_positions=every[: cached + 1]),
-    )  # fmt: skip
+    )
 
 
 def _head_state(trace: AttentionTrace) -> dict[str, Array | None]:
@@ -350,10 +406,17 @@ def _setup(plan: Plan, trace: AttentionTrace, variants: Variants, **block: Any) 
         if s.endpoint == "multihead":
             past = past.repeated(s.num_heads // s.num_kv_heads)
     return Setup(
-        scale=trace.scale, d_k=s.d_k, fully_masked_policy=plan.fully_masked_rows,
-        variants=variants, mask_specs=plan.mask_specs, batch=s.batch or 1,
-        seq_len=s.seq_len, ctx_len=s.ctx_len, past=past, **block,
-    )  # fmt: skip
+        scale=trace.scale,
+        d_k=s.d_k,
+        fully_masked_policy=plan.fully_masked_rows,
+        variants=variants,
+        mask_specs=plan.mask_specs,
+        batch=s.batch or 1,
+        seq_len=s.seq_len,
+        ctx_len=s.ctx_len,
+        past=past,
+        **block,
+    )
 
 
 def _compared(

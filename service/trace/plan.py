@@ -124,10 +124,21 @@ def plan_multihead(req: MultiheadRequest, shapes: Shapes) -> MultiheadPlan:
     w_o, b_o = _output_projection(req)
     if req.q is not None and req.k is not None and req.v is not None:
         return _plan(
-            MultiheadPlan, req, shapes, generated, x=None, context=None, weights=None,
-            heads=(_batched(req.q, 4), _batched(req.k, 4), _batched(req.v, 4)), w_o=w_o, b_o=b_o,
-            positional=None, positional_given=False, residual=False, norm=_norm(req),
-        )  # fmt: skip
+            MultiheadPlan,
+            req,
+            shapes,
+            generated,
+            x=None,
+            context=None,
+            weights=None,
+            heads=(_batched(req.q, 4), _batched(req.k, 4), _batched(req.v, 4)),
+            w_o=w_o,
+            b_o=b_o,
+            positional=None,
+            positional_given=False,
+            residual=False,
+            norm=_norm(req),
+        )
     latent = shapes.form == "latent"
     pe = req.positional_encoding
     positional = (
@@ -289,6 +300,14 @@ def _multihead_weights(
     p = BY_NAME[shapes.form].convert(req, generated)
     gate = req.gate if isinstance(req.gate, GateOptions) else None  # gate: true is folded
     return MultiheadWeights(
-        p.w_q, p.w_k, p.w_v, p.b_q, p.b_k, p.b_v, w_o=w_o, b_o=b_o,
-        w_g=None if gate is None else gate.w.T, b_g=None if gate is None else gate.b,
-    )  # fmt: skip
+        p.w_q,
+        p.w_k,
+        p.w_v,
+        p.b_q,
+        p.b_k,
+        p.b_v,
+        w_o=w_o,
+        b_o=b_o,
+        w_g=None if gate is None else gate.w.T,
+        b_g=None if gate is None else gate.b,
+    )

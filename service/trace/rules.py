@@ -32,12 +32,42 @@ from service.wire.schemas.requests import (
     MultiheadRequest,
 )
 
-_PROJECTION_FIELDS = ("x", "context", "w_q", "w_k", "w_v", "b_q", "b_k", "b_v", "seed", "d_model",
-                      "d_k", "d_v")  # fmt: skip
-_MULTIHEAD_INPUTS = ("x", "context", "seed", "d_model", "w_q", "w_k", "w_v", "b_q", "b_k", "b_v",
-                     "heads", "in_proj_weight", "in_proj_bias", "q_proj_weight", "k_proj_weight",
-                     "v_proj_weight", "q_proj_bias", "k_proj_bias", "v_proj_bias",
-                     "positional_encoding")  # fmt: skip
+_PROJECTION_FIELDS = (
+    "x",
+    "context",
+    "w_q",
+    "w_k",
+    "w_v",
+    "b_q",
+    "b_k",
+    "b_v",
+    "seed",
+    "d_model",
+    "d_k",
+    "d_v",
+)
+_MULTIHEAD_INPUTS = (
+    "x",
+    "context",
+    "seed",
+    "d_model",
+    "w_q",
+    "w_k",
+    "w_v",
+    "b_q",
+    "b_k",
+    "b_v",
+    "heads",
+    "in_proj_weight",
+    "in_proj_bias",
+    "q_proj_weight",
+    "k_proj_weight",
+    "v_proj_weight",
+    "q_proj_bias",
+    "k_proj_bias",
+    "v_proj_bias",
+    "positional_encoding",
+)
 
 
 def attention_shapes(req: AttentionRequest) -> Shapes:

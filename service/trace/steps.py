@@ -128,16 +128,22 @@ def _online(plan: Plan, steps: list[Step]) -> list[Step]:
     blocks = []
     for start in range(0, s.ctx_len, size):
         end = min(start + size, s.ctx_len)
-        first = "m = max_j s_j, ℓ = Σ_j exp(s_j − m), o = Σ_j exp(s_j − m) v_j / ℓ" if not start else (
-            "m_new = max(m, max_j s_j), ℓ = ℓ·exp(m − m_new) + Σ_j exp(s_j − m_new), "
-            "o = (o·ℓ·exp(m − m_new) + Σ_j exp(s_j − m_new) v_j) / ℓ_new"
-        )  # fmt: skip
+        first = (
+            "m = max_j s_j, ℓ = Σ_j exp(s_j − m), o = Σ_j exp(s_j − m) v_j / ℓ"
+            if not start
+            else (
+                "m_new = max(m, max_j s_j), ℓ = ℓ·exp(m − m_new) + Σ_j exp(s_j − m_new), "
+                "o = (o·ℓ·exp(m − m_new) + Σ_j exp(s_j − m_new) v_j) / ℓ_new"
+            )
+        )
         last = "; this is the last block: o = weights V" if end == s.ctx_len else ""
-        blocks.append({
-            "name": f"online_softmax keys {start}…{end - 1}",
-            "formula": f"FlashAttention's softmax over keys {start}…{end - 1}, each row: {first}{last}",
-            "shape": [*lead, s.seq_len],
-        })  # fmt: skip
+        blocks.append(
+            {
+                "name": f"online_softmax keys {start}…{end - 1}",
+                "formula": f"FlashAttention's softmax over keys {start}…{end - 1}, each row: {first}{last}",
+                "shape": [*lead, s.seq_len],
+            }
+        )
     at = next(i for i, step in enumerate(steps) if step["name"] == "output") + 1
     return steps[:at] + blocks + steps[at:]
 

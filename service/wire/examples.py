@@ -129,8 +129,16 @@ QWEN3_NEXT_GATED: dict[str, Any] = {
     "x": _X4,
     "num_heads": 1,
     # head 0's 4 query rows, then its 4 gate rows (Qwen3-Next's q_proj: (…, h, 2·head_dim))
-    "q_proj.weight": [[1, 0, 0.5, 0], [0, 1, 0, 0.5], [0.5, 0, 1, 0], [0, 0.5, 0, 1],
-                      [2, 0, 0, 0], [0, -2, 0, 0], [0, 0, 1, 1], [1, 1, -1, 0]],
+    "q_proj.weight": [
+        [1, 0, 0.5, 0],
+        [0, 1, 0, 0.5],
+        [0.5, 0, 1, 0],
+        [0, 0.5, 0, 1],
+        [2, 0, 0, 0],
+        [0, -2, 0, 0],
+        [0, 0, 1, 1],
+        [1, 1, -1, 0],
+    ],
     "k_proj.weight": [[1, 0.5, 0, 0], [0, 0, 1, 0.5], [0.5, 0, 0, 1], [0, 1, 0.5, 0]],
     "v_proj.weight": [[1, 0, 0, 0.5], [0, 1, 0.5, 0], [0, 0, 1, 0], [0.5, 0, 0, 1]],
     "o_proj.weight": [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0.5, 0.5, 0.5, 0.5]],
@@ -142,7 +150,7 @@ QWEN3_NEXT_GATED: dict[str, Any] = {
     "mask": {"type": "causal"},
     "include": ["concat", "gate", "gated", "output", "steps"],
     "decimals": 4,
-}  # fmt: skip
+}
 LLAMA4_CHUNKED: dict[str, Any] = {
     "tokens": ["the", "cat", "sat", "down"],
     "x": _X4,
@@ -179,33 +187,59 @@ DEEPSEEK_MLA: dict[str, Any] = {
     "num_heads": 2,
     "q_a_proj.weight": [[1, 0, 0.5, 0], [0, 1, 0, 0.5], [0.5, 0, 1, 0]],
     "q_a_layernorm.weight": [1, 0.5, 1.5],
-    "q_b_proj.weight": [[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0], [0, 1, 1], [1, 0, 1],
-                        [0.5, 0, 0], [0, 0.5, 0]],
+    "q_b_proj.weight": [
+        [1, 0, 0],
+        [0, 1, 0],
+        [0, 0, 1],
+        [1, 1, 0],
+        [0, 1, 1],
+        [1, 0, 1],
+        [0.5, 0, 0],
+        [0, 0.5, 0],
+    ],
     "kv_a_proj_with_mqa.weight": [[1, 0.5, 0, 0], [0, 0, 1, 0.5], [0.5, 0, 0, 1], [0, 1, 0.5, 0]],
     "kv_a_layernorm.weight": [1, 2],
     "kv_b_proj.weight": [[1, 0], [0, 1], [1, 1], [0.5, -0.5], [1, -1], [0, 2]],
     "o_proj.weight": [[1, 0], [0, 1], [1, 1], [0.5, 0.5]],
-    "mla": {"q_lora_rank": 3, "kv_lora_rank": 2, "qk_nope_head_dim": 2, "qk_rope_head_dim": 2,
-            "v_head_dim": 1},
+    "mla": {
+        "q_lora_rank": 3,
+        "kv_lora_rank": 2,
+        "qk_nope_head_dim": 2,
+        "qk_rope_head_dim": 2,
+        "v_head_dim": 1,
+    },
     "rope": {"base": 10000, "style": "interleaved"},
     "mask": {"type": "causal"},
     "include": ["c_q", "c_kv", "k_rope", "heads", "output", "mla_cache_numbers", "steps"],
     "decimals": 4,
-}  # fmt: skip
+}
 YARN_PAST_THE_CONTEXT: dict[str, Any] = {
     "tokens": ["far", "into", "the", "text"],
     "q": [[1, 0, 0.5, 0, 1, 0, 0.5, 0]] * 4,
-    "k": [[0, 1, 0, 0.5, 0, 1, 0, 0.5], [1, 1, 0, 0, 1, 1, 0, 0], [0.5, 0, 1, 0, 0.5, 0, 1, 0],
-          [0, 0, 1, 1, 0, 0, 1, 1]],
+    "k": [
+        [0, 1, 0, 0.5, 0, 1, 0, 0.5],
+        [1, 1, 0, 0, 1, 1, 0, 0],
+        [0.5, 0, 1, 0, 0.5, 0, 1, 0],
+        [0, 0, 1, 1, 0, 0, 1, 1],
+    ],
     "v": [[1, 0], [0, 1], [0.5, 0.5], [2, -1]],
-    "rope": {"base": 150000, "scaling": {"type": "yarn", "factor": 32, "original_max_position": 4096,
-                                         "beta_fast": 32, "beta_slow": 1, "truncate": False}},
+    "rope": {
+        "base": 150000,
+        "scaling": {
+            "type": "yarn",
+            "factor": 32,
+            "original_max_position": 4096,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "truncate": False,
+        },
+    },
     "positions": [9000, 9001, 9002, 9003],
     "context_positions": [9000, 9001, 9002, 9003],
     "mask": {"type": "causal"},
     "include": ["q_rotated", "weights", "steps"],
     "decimals": 4,
-}  # fmt: skip
+}
 
 # ---- compare with your numbers (API.md, "Compare with your numbers")
 # A course notebook's weights as it printed them (np.set_printoptions(precision=4)), from

@@ -75,7 +75,7 @@ def decode_request(
     text = meta.get("json")
     problem = None if text is None else lone_surrogate(text)
     if problem:
-        raise BodyError(f'__metadata__["json"] is not valid Unicode text: {problem}', "safetensors")  # fmt: skip
+        raise BodyError(f'__metadata__["json"] is not valid Unicode text: {problem}', "safetensors")
     fields = read_json(text.encode()) if text is not None else {}
     if not isinstance(fields, dict):
         raise BodyError('__metadata__["json"] must hold a JSON object', "safetensors")
@@ -91,7 +91,9 @@ def _header(raw: bytes) -> tuple[dict[str, Any], memoryview]:
     stops as soon as it holds more objects than MAX_TENSORS allows (413), and refuses a name
     given twice in one object (400): JSON readers keep the last, which would hide a tensor."""
     if len(raw) < 8:
-        raise BodyError(f"it has {len(raw)} bytes, fewer than the 8 of the header's length", "safetensors")  # fmt: skip
+        raise BodyError(
+            f"it has {len(raw)} bytes, fewer than the 8 of the header's length", "safetensors"
+        )
     (length,) = struct.unpack("<Q", raw[:8])
     if length > len(raw) - 8:
         raise BodyError(
@@ -102,7 +104,10 @@ def _header(raw: bytes) -> tuple[dict[str, Any], memoryview]:
     try:
         text = str(memoryview(raw)[8 : 8 + length], "utf-8")
     except UnicodeDecodeError as err:
-        raise BodyError(f"the header is not UTF-8 text ({err.reason} at byte {err.start:,} of it)", "safetensors") from None  # fmt: skip
+        raise BodyError(
+            f"the header is not UTF-8 text ({err.reason} at byte {err.start:,} of it)",
+            "safetensors",
+        ) from None
     objects = 0
 
     def made(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -117,7 +122,10 @@ def _header(raw: bytes) -> tuple[dict[str, Any], memoryview]:
         if len(out) != len(pairs):
             counted = Counter(k for k, _ in pairs)
             twice = next(k for k, _ in pairs if counted[k] > 1)
-            raise BodyError(f'the header gives "{excerpt(twice, 60)}" twice in one object (each tensor needs a name of its own, and one dtype, shape and data_offsets)', "safetensors")  # fmt: skip
+            raise BodyError(
+                f'the header gives "{excerpt(twice, 60)}" twice in one object (each tensor needs a name of its own, and one dtype, shape and data_offsets)',
+                "safetensors",
+            )
         return out
 
     try:
@@ -159,10 +167,15 @@ def _entries(header: dict[str, Any], size: int) -> list[Entry]:
     at = 0
     for name, *_, begin, end in sorted(entries, key=lambda e: (e[3], e[4])):
         if begin != at:
-            raise _invalid(name, f'tensor "{excerpt(name, 60)}" starts at byte {begin:,} of the data, but the one before ends at {at:,} (tensors must follow each other with no gap or overlap)')  # fmt: skip
+            raise _invalid(
+                name,
+                f'tensor "{excerpt(name, 60)}" starts at byte {begin:,} of the data, but the one before ends at {at:,} (tensors must follow each other with no gap or overlap)',
+            )
         at = end
     if at != size:
-        raise BodyError(f"the tensors end at byte {at:,} of the data, but it has {size:,} bytes", "safetensors")  # fmt: skip
+        raise BodyError(
+            f"the tensors end at byte {at:,} of the data, but it has {size:,} bytes", "safetensors"
+        )
     return entries
 
 
@@ -170,7 +183,9 @@ def _entry(name: str, info: Any, size: int) -> Entry:
     """One tensor's header entry, checked on its own (see :func:`_entries`)."""
     where = f'tensor "{excerpt(name, 60)}"'
     if len(name) > MAX_NAME:
-        raise BodyError(f"{where} has a name of {len(name)} characters; at most {MAX_NAME}", "safetensors")  # fmt: skip
+        raise BodyError(
+            f"{where} has a name of {len(name)} characters; at most {MAX_NAME}", "safetensors"
+        )
     if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
         raise _invalid(name, f"{where} must have exactly dtype, shape and data_offsets")
     dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
@@ -180,18 +195,28 @@ def _entry(name: str, info: Any, size: int) -> Entry:
         problem = _not_sizes(value, length)
         if problem:
             what = "a list of sizes" if length is None else "two byte offsets"
-            raise _invalid(name, f"{where}: its {key} must be {what}, whole numbers from 0 to 2^64 − 1 ({problem})")  # fmt: skip
+            raise _invalid(
+                name,
+                f"{where}: its {key} must be {what}, whole numbers from 0 to 2^64 − 1 ({problem})",
+            )
     begin, end = offsets
     if begin > end:
-        raise _invalid(name, f"{where}'s data_offsets [{begin:,}, {end:,}] end before they begin")  # fmt: skip
+        raise _invalid(name, f"{where}'s data_offsets [{begin:,}, {end:,}] end before they begin")
     if end > size:
-        raise _invalid(name, f"{where} ends at byte {end:,} of the data, but the data has {size:,} bytes")  # fmt: skip
+        raise _invalid(
+            name, f"{where} ends at byte {end:,} of the data, but the data has {size:,} bytes"
+        )
     shown = _json_name(name)
     if len(shape) > MAX_DIMS:
-        raise FieldError(shown, f"{shown} is a tensor of {len(shape)} dimensions; at most {MAX_DIMS}")  # fmt: skip
+        raise FieldError(
+            shown, f"{shown} is a tensor of {len(shape)} dimensions; at most {MAX_DIMS}"
+        )
     numbers = math.prod(n for n in shape if n)
     if numbers > MAX_NUMBERS:
-        raise FieldError(shown, f"{shown} is shaped {_shape(shape)}, more numbers than a tensor may hold (its dimensions multiplied, zeros left out, at most {MAX_NUMBERS:,})")  # fmt: skip
+        raise FieldError(
+            shown,
+            f"{shown} is shaped {_shape(shape)}, more numbers than a tensor may hold (its dimensions multiplied, zeros left out, at most {MAX_NUMBERS:,})",
+        )
     if dtype not in _READ:
         raise FieldError(
             shown,
@@ -200,7 +225,10 @@ def _entry(name: str, info: Any, size: int) -> Entry:
         )
     expected = math.prod(shape) * np.dtype(_READ[dtype]).itemsize
     if end - begin != expected:
-        raise _invalid(name, f"{where} is {dtype} shaped {_shape(shape)}, which takes {expected:,} bytes, but its data_offsets span {end - begin:,}")  # fmt: skip
+        raise _invalid(
+            name,
+            f"{where} is {dtype} shaped {_shape(shape)}, which takes {expected:,} bytes, but its data_offsets span {end - begin:,}",
+        )
     return name, dtype, shape, begin, end
 
 
@@ -299,7 +327,9 @@ class _Tree:
         if name in self.top or "." not in name:
             parts = [name]
         elif name.split(".", 1)[0] not in self.top:  # e.g. q_proj.weight sent to /attention
-            raise FieldError(shown, f"{shown} is not a field of this endpoint (check the spelling; see /docs)")  # fmt: skip
+            raise FieldError(
+                shown, f"{shown} is not a field of this endpoint (check the spelling; see /docs)"
+            )
         else:
             parts = name.split(".")
             if len(parts) > MAX_SEGMENTS or "" in parts:
@@ -318,7 +348,9 @@ class _Tree:
             if last:
                 self._set(node, key, value, shown)
             else:
-                node[key] = _container(node[key] if isinstance(node, list) else node.get(key), parts[i + 1], shown)  # fmt: skip
+                node[key] = _container(
+                    node[key] if isinstance(node, list) else node.get(key), parts[i + 1], shown
+                )
                 node = node[key]
 
     def _list_index(self, node: list[Any], part: str, shown: str) -> int:
@@ -336,7 +368,10 @@ class _Tree:
                 if end < MAX_INDEX
                 else f"a list here has at most {MAX_INDEX} items"
             )
-            raise FieldError(shown, f'tensor "{shown}": {excerpt(part, 12)} is not an index of a list here (0 to {end - 1}: {reason})')  # fmt: skip
+            raise FieldError(
+                shown,
+                f'tensor "{shown}": {excerpt(part, 12)} is not an index of a list here (0 to {end - 1}: {reason})',
+            )
         return index
 
     def _set(self, node: Any, key: Any, value: Any, shown: str) -> None:
@@ -345,7 +380,7 @@ class _Tree:
             raise FieldError(shown, f"{shown} is given twice: by two tensor names")
         existing = node[key] if isinstance(node, list) else node.get(key)
         if existing is not None and not (isinstance(existing, dict) and not existing):
-            raise FieldError(shown, f"{shown} is given twice: as a tensor and in the JSON metadata")  # fmt: skip
+            raise FieldError(shown, f"{shown} is given twice: as a tensor and in the JSON metadata")
         node[key] = value
         self.placed.add((id(node), key))
 
@@ -357,4 +392,6 @@ def _container(value: Any, next_part: str, shown: str) -> Any:
         return [] if _index(next_part) is not None else {}
     if isinstance(value, dict | list):
         return value
-    raise FieldError(shown, f'tensor "{shown}" goes inside a field that the JSON gives as a plain value')  # fmt: skip
+    raise FieldError(
+        shown, f'tensor "{shown}" goes inside a field that the JSON gives as a plain value'
+    )

@@ -421,9 +421,15 @@ MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
 BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE}
 
 _SCALES = frozenset(
-    {"scale_after_softmax", "scale_missing", "scale_by_d_k", "scale_by_model_dim", "scale_inverted",
-     "scale_from_config_ignored"}
-)  # fmt: skip
+    {
+        "scale_after_softmax",
+        "scale_missing",
+        "scale_by_d_k",
+        "scale_by_model_dim",
+        "scale_inverted",
+        "scale_from_config_ignored",
+    }
+)
 _MASKS = ("mask_inverted", "causal_diagonal_masked", "mask_after_softmax", "window_off_by_one")
 # Ways of doing the same thing, or mistakes that exclude each other: a pair inside one of
 # these sets is never tried.

@@ -378,9 +378,20 @@ def _chain_setup(st: State, s: Setup, t: Trial) -> chain.Setup:
     padded = _heads_axis(st, s, "padded_queries").astype(bool) if "padded_queries" in st else None
     policy: FullyMaskedPolicy = "uniform" if t.rows == "uniform" else "zero"
     return chain.Setup(
-        s.variants, s.scale, additive, padded, policy, s.past, refuse=False, w_o=s.w_o,
-        b_o=s.b_o, gate=st.get("gate"), x_in=s.x_in, residual=s.residual, norm=s.norm,
-    )  # fmt: skip
+        s.variants,
+        s.scale,
+        additive,
+        padded,
+        policy,
+        s.past,
+        refuse=False,
+        w_o=s.w_o,
+        b_o=s.b_o,
+        gate=st.get("gate"),
+        x_in=s.x_in,
+        residual=s.residual,
+        norm=s.norm,
+    )
 
 
 def _read(st: State, s: Setup, step: str, slot: chain.Slot | None = None) -> Array:

@@ -15,10 +15,29 @@ from service.wire.schemas.requests import MultiheadRequest
 from service.wire.schemas.variant_fields import QKNormOptions, RopeOptions
 
 # what MLA does not read: another form's projections, and the parts no MLA layer has
-_NOT_WITH_MLA = ("w_q", "w_k", "w_v", "b_q", "b_k", "b_v", "k_proj_weight", "v_proj_weight",
-                 "q_proj_bias", "k_proj_bias", "v_proj_bias", "in_proj_weight", "in_proj_bias",
-                 "heads", "q", "k", "v", "context", "positional_encoding", "q_norm_weight",
-                 "k_norm_weight")  # fmt: skip
+_NOT_WITH_MLA = (
+    "w_q",
+    "w_k",
+    "w_v",
+    "b_q",
+    "b_k",
+    "b_v",
+    "k_proj_weight",
+    "v_proj_weight",
+    "q_proj_bias",
+    "k_proj_bias",
+    "v_proj_bias",
+    "in_proj_weight",
+    "in_proj_bias",
+    "heads",
+    "q",
+    "k",
+    "v",
+    "context",
+    "positional_encoding",
+    "q_norm_weight",
+    "k_norm_weight",
+)
 
 
 def _label(name: str) -> str:
@@ -54,11 +73,13 @@ def latent_dims(req: MultiheadRequest, d_model: int, h: int) -> LatentDims:
     for name in _NOT_WITH_MLA:
         if getattr(req, name) is not None:
             raise FieldError(
-                _label(name), f"{_label(name)} does not apply with mla: an MLA layer projects "
+                _label(name),
+                f"{_label(name)} does not apply with mla: an MLA layer projects "
                 "through its latents (q_a_proj/q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj)",
-            )  # fmt: skip
-    dims = LatentDims(m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim,
-                      m.v_head_dim)  # fmt: skip
+            )
+    dims = LatentDims(
+        m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+    )
     d_q = h * (dims.qk_nope_head_dim + dims.qk_rope_head_dim)
     if dims.q_lora_rank is None:
         if req.q_a_proj_weight is not None or req.q_b_proj_weight is not None:
@@ -73,8 +94,11 @@ def latent_dims(req: MultiheadRequest, d_model: int, h: int) -> LatentDims:
     else:
         r_q = dims.q_lora_rank
         if req.q_proj_weight is not None:
-            raise FieldError("q_proj.weight", "with mla.q_lora_rank the queries come from "
-                             "q_a_proj and q_b_proj, not q_proj.weight")  # fmt: skip
+            raise FieldError(
+                "q_proj.weight",
+                "with mla.q_lora_rank the queries come from "
+                "q_a_proj and q_b_proj, not q_proj.weight",
+            )
         _matrix(req, "q_a_proj_weight", r_q, d_model, "q_lora_rank rows from x")
         _vector(req, "q_a_layernorm_weight", r_q, "q_lora_rank")
         _matrix(
@@ -105,7 +129,7 @@ def latent_dims(req: MultiheadRequest, d_model: int, h: int) -> LatentDims:
     check_bias(
         req.kv_a_proj_with_mqa_bias, "kv_a_proj_with_mqa.bias", kv_a, "kv_a_proj_with_mqa.weight"
     )
-    return dims  # fmt: skip
+    return dims
 
 
 def latent_weights(req: MultiheadRequest, w_o: Array | None, b_o: Array | None) -> LatentWeights:
@@ -116,12 +140,18 @@ def latent_weights(req: MultiheadRequest, w_o: Array | None, b_o: Array | None) 
     w_q = req.q_proj_weight if m.q_lora_rank is None else req.q_b_proj_weight
     assert w_q is not None
     return LatentWeights(
-        w_q=w_q.T, w_kv_a=req.kv_a_proj_with_mqa_weight.T, kv_norm=req.kv_a_layernorm_weight,
+        w_q=w_q.T,
+        w_kv_a=req.kv_a_proj_with_mqa_weight.T,
+        kv_norm=req.kv_a_layernorm_weight,
         w_kv_b=req.kv_b_proj_weight.T,
         w_q_a=None if req.q_a_proj_weight is None else req.q_a_proj_weight.T,
-        q_norm=req.q_a_layernorm_weight, b_q_a=req.q_a_proj_bias,
-        b_kv_a=req.kv_a_proj_with_mqa_bias, w_o=w_o, b_o=b_o, eps=m.eps,
-    )  # fmt: skip
+        q_norm=req.q_a_layernorm_weight,
+        b_q_a=req.q_a_proj_bias,
+        b_kv_a=req.kv_a_proj_with_mqa_bias,
+        w_o=w_o,
+        b_o=b_o,
+        eps=m.eps,
+    )
 
 
 def check_latent(req: Req, shapes: Shapes) -> None:
@@ -132,12 +162,18 @@ def check_latent(req: Req, shapes: Shapes) -> None:
         raise FieldError("rope", "mla needs rope: its qk_rope_head_dim features turn")
     r = shapes.latent.qk_rope_head_dim
     if rope.rotary_dim is not None and rope.rotary_dim != r:
-        raise FieldError("rope.rotary_dim", f"with mla the rotated features are the "
-                         f"qk_rope_head_dim = {r}: leave rope.rotary_dim out")  # fmt: skip
+        raise FieldError(
+            "rope.rotary_dim",
+            f"with mla the rotated features are the "
+            f"qk_rope_head_dim = {r}: leave rope.rotary_dim out",
+        )
     if rope.style == "proportional" or r % 2:
         raise FieldError("rope", f"mla turns pairs of its {r} rope features, half or interleaved")
-    for name, on in (("qk_norm", options(req.qk_norm, QKNormOptions) is not None),
-                     ("gate", req.gate is not False), ("k_eq_v", req.k_eq_v)):  # fmt: skip
+    for name, on in (
+        ("qk_norm", options(req.qk_norm, QKNormOptions) is not None),
+        ("gate", req.gate is not False),
+        ("k_eq_v", req.k_eq_v),
+    ):
         if on:
             raise FieldError(name, f"{name} does not apply with mla: no MLA layer has it")
 
@@ -147,8 +183,12 @@ def latent_steps(v: Variants, bias: object, s: Shapes) -> Formulas:
     d = s.latent
     assert d is not None and v.rope is not None
     nope, r, h = d.qk_nope_head_dim, d.qk_rope_head_dim, s.num_heads
-    style = "interleaved pairs (2i, 2i + 1), returned as DeepSeek lays them (first members, " \
-        "then second members)" if v.rope.style == "interleaved" else "half style"  # fmt: skip
+    style = (
+        "interleaved pairs (2i, 2i + 1), returned as DeepSeek lays them (first members, "
+        "then second members)"
+        if v.rope.style == "interleaved"
+        else "half style"
+    )
     steps = {
         "c_kv": f"[C_kv | k_pe] = X W_kvaᵀ (kv_a_proj_with_mqa), C_kv = C_kv / √(mean(C_kv²) + "
         f"eps) · w (kv_a_layernorm): a cache holds C_kv and k_rope, {d.cache_numbers} numbers a "

@@ -70,9 +70,11 @@ def _padding_flags(value: Any, info: ValidationInfo) -> BoolArray:
 
 def _heads(value: Any, info: ValidationInfo) -> Array:
     return to_array(
-        value, _name(info), (3, 4), "heads [h][n][d] (rows of numbers per head) or a batch "
-        "[B][h][n][d]",
-    )  # fmt: skip
+        value,
+        _name(info),
+        (3, 4),
+        "heads [h][n][d] (rows of numbers per head) or a batch [B][h][n][d]",
+    )
 
 
 def _table(value: Any, info: ValidationInfo) -> Array:

@@ -89,9 +89,10 @@ class Llama3ScalingOptions(BaseModel):
     low_freq_factor: FiniteFloat = Field(1.0, gt=0, description="below high_freq_factor")
     high_freq_factor: FiniteFloat = Field(4.0, gt=0, description="above low_freq_factor")
     original_max_position: ContextLength = Field(
-        8192, description="the context the model was trained on "
+        8192,
+        description="the context the model was trained on "
         "(Hugging Face: original_max_position_embeddings)",
-    )  # fmt: skip
+    )
 
 
 class YarnScalingOptions(BaseModel):
@@ -275,9 +276,9 @@ class VariantFields(BaseModel):
         json_schema_extra=any_of,
     )
     relative_bias: RelativeBiasOptions | None = Field(
-        None, description="T5's bucketed relative position bias; returns position_bias, "
-        "biased_scores",
-    )  # fmt: skip
+        None,
+        description="T5's bucketed relative position bias; returns position_bias, biased_scores",
+    )
     online_softmax: OnlineSoftmaxOptions | None = Field(
         None,
         description='{"block_size": 4}: the softmax a block of keys at a time, as FlashAttention '
