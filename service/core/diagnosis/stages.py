@@ -137,15 +137,16 @@ def _merge_interleaved(t: Array) -> Array:
     return t.transpose(0, 2, 3, 1).reshape(b, n, d * h)
 
 
-# ---- the head's steps: the chain's own, with the mistakes put into them --------------------
+# ---- the chain's steps, with the mistakes put into them ----------------------------------
 
 
 @dataclass(frozen=True)
 class Change:
-    """How mistakes change one step of the head's chain (:data:`service.core.chain.HEAD`):
-    ``run`` gives what the step computes under a trial (the step's own ``run`` when the trial
-    has none of ``mistakes``); ``ways``: the mistakes whose way of
-    being made it reads; ``also``: the other names the step makes (the sinks' weights)."""
+    """How mistakes change one kind of step of the chain (:data:`service.core.chain.HEAD` and
+    ``BLOCK``): ``run`` gives what the step computes under a trial (the step's own ``run`` when
+    the trial has none of ``mistakes``); ``ways``: the mistakes whose way of being made it
+    reads; ``also``: the other names the step makes that the diagnosis explains (the sinks'
+    weights)."""
 
     mistakes: frozenset[str]
     run: Callable[[chain.Step, Setup, Trial], chain.Run]
@@ -237,8 +238,8 @@ def _weighted(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
             if t.way("mask_after_softmax") == "renormalised":  # a row with no key left: 0/0
                 weights = weights / weights.sum(axis=-1, keepdims=True)
         padded = hs.padded_queries  # (..., L)
-        if weights is not st.made.get("weights") and padded is not None and padded.any():
-            weights = np.where(padded[..., None], 0.0, weights)  # again after the mistakes
+        if padded is not None and padded.any():  # 0 again after the mistakes
+            weights = np.where(padded[..., None], 0.0, weights)
         return weights
 
     return run
