@@ -104,7 +104,9 @@ KEYS: dict[str, Key] = {
     "_sliding_window_pattern": Key(reads="gemma3_text", inert=_ALL),
     "rope_local_base_freq": Key(reads="gemma3_text", why="the sliding layers' RoPE base"),
     "rms_norm_eps": Key(reads=_QK_NORM, inert=_ALL),  # elsewhere the block's norms only
-    "use_qk_norm": Key(reads="llama4_text glm4_moe", neutral=_OFF, why="q/k norms"),
+    "use_qk_norm": Key(
+        reads="llama4_text glm4_moe", inert="cohere2", neutral=_OFF, why="q/k norms"
+    ),
     "query_pre_attn_scalar": Key(reads="gemma2 gemma3_text", why="the scale"),
     "attn_logit_softcapping": Key(
         reads="gemma2", inert="gemma3_text gemma4_text", why="a tanh cap on the scores"
@@ -138,15 +140,23 @@ KEYS: dict[str, Key] = {
     "attention_multiplier": Key(why="the scale (Granite)"),
     "qk_layernorm": Key(neutral=_OFF, why="q/k LayerNorms"),
     "rotary_dim": Key(why="a partial rotation"),
-    "rotary_pct": Key(why="a partial rotation"),
+    "rotary_pct": Key(inert="cohere2", why="a partial rotation"),
     "rotary_emb_base": Key(why="the RoPE base"),
-    "position_embedding_type": Key(why="the position encoding"),
+    "position_embedding_type": Key(inert="cohere2", why="the position encoding"),
     "alibi": Key(neutral=_OFF, why="ALiBi"),
     "use_alibi": Key(neutral=_OFF, why="ALiBi"),
     "use_logn_attn": Key(neutral=_OFF, why="log-n query scaling"),
     "scale_attn_by_inverse_layer_idx": Key(neutral=_OFF, why="the scale"),
     "llama_4_scaling_beta": Key(why="a position-dependent query scale"),
     "layer_norm_eps": Key(inert="cohere2", why="the q/k LayerNorms' eps (Cohere)"),
+    # ---- Cohere's own config.json keys that 5.23's Cohere2 modeling never reads
+    **{
+        k: Key(inert="cohere2", why="Cohere's layer layout")
+        for k in _words("""
+            layer_switch order_of_interleaved_layers use_parallel_block use_parallel_embedding
+            use_embedding_sharing use_gated_activation
+        """)
+    },
     # ---- never the attention layer's numbers (the families of the second batch)
     **{
         k: _INERT

@@ -412,8 +412,12 @@ TINY_2: dict[str, Any] = {
 
 def test_cohere2_head_dim_is_hidden_size_over_heads_and_its_pattern_without_layer_types() -> None:
     """Cohere2Config sets head_dim to hidden_size // heads whatever the config says; without
-    layer_types its legacy sliding_window_pattern (4) picks the full layers, which are NoPE."""
-    config = {**TINY_2, "model_type": "cohere2", "head_dim": 64, "sliding_window": 4}
+    layer_types its legacy sliding_window_pattern (4) picks the full layers, which are NoPE.
+    The keys of Cohere's own config.json that Cohere2's 5.23 modeling never reads are listed."""
+    unused = {"position_embedding_type": "rope_gptj", "rotary_pct": 1.0, "layer_switch": 4,
+              "order_of_interleaved_layers": "local_attn_first", "use_parallel_block": True,
+              "use_qk_norm": False}  # fmt: skip
+    config = {**TINY_2, "model_type": "cohere2", "head_dim": 64, "sliding_window": 4, **unused}
     sliding, full = from_config(config, 2), from_config(config, 3)
     assert sliding.fields["d_k"] == 8 and full.fields["d_k"] == 8
     assert sliding.taken["d_k"] == "hidden_size / num_attention_heads"
@@ -421,6 +425,7 @@ def test_cohere2_head_dim_is_hidden_size_over_heads_and_its_pattern_without_laye
     assert sliding.fields["mask"] == [CAUSAL, {"type": "window", "left": 3, "right": 0}]
     assert "rope" not in full.fields and full.fields["mask"] == [CAUSAL]
     assert "sliding_window_pattern" in sliding.taken["mask.window"]
+    assert set(unused) - {"use_qk_norm"} <= set(sliding.unread)
 
 
 def test_exaone4_without_a_window_rotates_every_layer() -> None:
