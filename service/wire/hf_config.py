@@ -30,6 +30,14 @@ Choices where the contract is silent:
   ``use_sliding_window``, layers ≥ ``max_window_layers``), else all when ``sliding_window`` is
   set. Mask: causal, plus the window; Llama 4's chunked layers: the chunked mask alone (causal
   within chunks, as docs/api.md's Llama 4 row).
+- Exaone 4 and Cohere 2 rotate their sliding layers only (their full layers are NoPE); with
+  ``sliding_window`` null every Exaone 4 layer rotates and no Cohere 2 layer does, and a
+  sliding layer is a ConfigError (transformers builds no mask for it). Cohere 2 turns
+  interleaved pairs and its ``head_dim`` is hidden_size // heads (its configuration class
+  overwrites the key). GLM-4-MoE's q/k norms only with ``use_qk_norm``; Apertus's and Exaone
+  4's always; their eps ``rms_norm_eps``. Qwen3.5 (dense and MoE) reads as Qwen3-Next (the
+  gate rows in ``q_proj``, (1 + w) norms); its M-RoPE is the plain rotation on text positions
+  (the three axes equal), the only positions a request has.
 - ``attn_logit_softcapping`` → ``softcap`` except Gemma 3/4 (their 5.23 attention ignores it);
   gpt-oss's sinks are weights (``sinks`` in the state dict), not config.
 - ConfigError: a layer out of range, a rope type the service lacks, a non-attention layer
@@ -66,12 +74,19 @@ _TYPES_OF_FAMILY = {
     "gemma4": "gemma4_text",
     "deepseek": "deepseek_v2 deepseek_v3",
     "llama4": "llama4_text",
+    "qwen3_next": "qwen3_next qwen3_5_text qwen3_5_moe_text",  # Qwen3.5's attention is Qwen3-Next's
 }
 _FAMILIES = {t: family for family, types in _TYPES_OF_FAMILY.items() for t in types.split()}
 _FAMILIES |= {t: t for t in VERIFIED if t not in _FAMILIES}
 # families whose every layer slides when sliding_window is set (their masks ignore layer_types)
 _EVERY_LAYER_SLIDES = ("mistral", "mixtral", "phimoe", "starcoder2", "phi3", "qwen3_moe")
 _KINDS = ("full_attention", "sliding_attention")  # indexed by "it slides"
+# families whose full layers skip RoPE (NoPE) while their sliding layers rotate: {family: whether
+# every layer rotates when sliding_window is null} (Exaone 4: all rotate; Cohere 2: none)
+_FULL_LAYERS_NOPE = {"exaone4": True, "cohere2": False}
+# families with q/k RMSNorms on every layer, and those where use_qk_norm decides
+_QK_NORMED = ("qwen3", "qwen3_moe", "gemma3", "gemma4", "qwen3_next", "apertus", "exaone4")
+_QK_NORM_FLAG = ("llama4", "glm4_moe")
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
 
 
@@ -178,10 +193,10 @@ def _layer_type(c: _Config, layer: int) -> tuple[str, str]:
         return str(types[layer]), f"{src}[{layer}]"
     if fam in ("gemma2", "gpt_oss"):
         return _KINDS[bool((layer + 1) % 2)], why + "every other layer slides, from layer 0"
-    if fam in ("gemma3", "gemma4"):
+    if fam in ("gemma3", "gemma4", *_FULL_LAYERS_NOPE):
         pattern, p_src = (
             c.first("sliding_window_pattern", "_sliding_window_pattern")
-            if fam == "gemma3"
+            if fam != "gemma4"
             else (6, why + "5:1")
         )
         n_layers, n_src = c.get("num_hidden_layers")
@@ -225,7 +240,9 @@ def _rope_layer(c: _Config, layer: int) -> tuple[bool, str]:
 
 
 def _head_dim(c: _Config, heads: int, glob: bool) -> tuple[int, str]:
-    value, src = c.first(*["global_head_dim"] * glob, "head_dim")
+    # Cohere2Config sets head_dim to hidden_size // num_attention_heads whatever the config says
+    own = ["head_dim"] * (c.family != "cohere2")
+    value, src = c.first(*["global_head_dim"] * glob, *own)
     if value is not None:
         return _int(value, _key(src)), src
     hidden, src = c.get("hidden_size")
@@ -251,7 +268,7 @@ def _mla(c: _Config) -> dict[str, Any] | None:
 
 def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[str, Any] | None:
     """The layer's ``rope`` field, or None on a layer without RoPE."""
-    p = _rope_entry(c, kind) if _rope_layer(c, layer)[0] else None
+    p = _rope_entry(c, kind) if _rope_layer(c, layer)[0] and _kind_rotates(c, kind) else None
     if p is None:
         return None
     kind_v, kind_src = p.get("rope_type") or p.get("type") or ("default", "")
@@ -277,7 +294,7 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
             "rope.rotary_dim", f_src or kind_src, 2 * int(share * head_dim // 2)
         )
         return rope
-    if mla or c.family == "llama4":
+    if mla or c.family in ("llama4", "cohere2"):  # Cohere 2: repeat_interleave'd frequencies
         on, i_src = c.get("rope_interleave") if mla else (True, f"model_type {c.model_type}")
         if on:
             rope["style"] = c.take("rope.style", i_src, "interleaved")
@@ -287,6 +304,16 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
     if rope_type != "default":
         rope["scaling"] = _scaling(c, rope_type, kind_src, p)
     return rope
+
+
+def _kind_rotates(c: _Config, kind: str) -> bool:
+    """Whether a layer of this kind rotates (Exaone 4, Cohere 2: RoPE on the sliding layers only,
+    a null sliding_window meaning every layer for Exaone 4, none for Cohere 2)."""
+    if c.family not in _FULL_LAYERS_NOPE:
+        return True
+    if c.value("sliding_window") is None:
+        return _FULL_LAYERS_NOPE[c.family]
+    return kind == "sliding_attention"
 
 
 Entry = dict[str, tuple[Any, str]]  # rope parameter -> (value, its config key)
@@ -407,9 +434,9 @@ def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
     eps, e_src = c.get("rms_norm_eps")
     why = f"model_type {c.model_type}"
     norm: dict[str, Any] = {"type": "rms"}
-    l2 = fam == "llama4" and rotates and c.value("use_qk_norm")
-    if fam in ("qwen3", "qwen3_moe", "gemma3", "gemma4", "qwen3_next") or l2:
-        c.taken["qk_norm"] = c.get("use_qk_norm")[1] if fam == "llama4" else why
+    flag = fam in _QK_NORM_FLAG and (rotates or fam != "llama4") and c.value("use_qk_norm")
+    if fam in _QK_NORMED or flag:
+        c.taken["qk_norm"] = c.get("use_qk_norm")[1] if fam in _QK_NORM_FLAG else why
         if eps is not None:
             norm["eps"] = c.take("qk_norm.eps", e_src, _num(eps, _key(e_src), _NON_NEGATIVE))
         if fam in ("gemma3", "qwen3_next"):  # their RMSNorms apply (1 + w)
@@ -467,6 +494,12 @@ def _mask(c: _Config, kind: str, kind_src: str, layer: int) -> list[dict[str, An
     mask: list[dict[str, Any]] = [{"type": "causal"}]
     c.taken["mask.causal"] = f"model_type {c.model_type or '?'} (a decoder)"
     window, w_src = c.get("sliding_window")
+    if kind == "sliding_attention" and window is None and c.family in _FULL_LAYERS_NOPE:
+        raise ConfigError(
+            f"config.{c.prefix}sliding_window",
+            f"layer {layer} is a sliding_attention layer ({kind_src}) but sliding_window is "
+            "null: transformers builds no mask for it",
+        )
     gated = c.reads("use_sliding_window") and c.value("use_sliding_window") == 0
     if kind == "sliding_attention" and window is not None and not gated:
         c.taken["mask.window"], c.taken["mask.window.left"] = kind_src, w_src

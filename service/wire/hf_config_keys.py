@@ -34,18 +34,30 @@ VERIFIED = _words("""
     gemma3_text gemma4_text starcoder2 smollm3 deepseek_v2 deepseek_v3 gpt_oss llama4_text
     phimoe nemotron seed_oss phi3
 """)
+VERIFIED += _words("glm4_moe apertus exaone4 cohere2 qwen3_5_text qwen3_5_moe_text")
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
+COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+# model types judged and left refused: what the request cannot express
+REFUSED = {
+    "ministral3": "its rope_parameters.llama_4_scaling_beta β multiplies the query at position p "
+    "by 1 + β·log(1 + ⌊p / original_max_position_embeddings⌋), after RoPE, on every layer; the "
+    "temperature field's ⌊(p + 1) / floor_scale⌋ is one position apart, and no field takes it",
+}
 
 _ALL = "*"
 _SLIDING = (
     "mistral mixtral ministral qwen2 qwen2_moe qwen3 qwen3_moe gemma2 gemma3_text gemma4_text "
     "starcoder2 smollm3 gpt_oss phimoe phi3"
 )
+_SLIDING += " exaone4 cohere2"
 _LAYER_TYPES = (
     "ministral qwen2 qwen2_moe qwen3 qwen3_next gemma2 gemma3_text gemma4_text smollm3 gpt_oss "
     "llama4_text"
 )
+_QWEN3_5 = "qwen3_5_text qwen3_5_moe_text"
+_LAYER_TYPES += f" exaone4 cohere2 {_QWEN3_5}"
 _QK_NORM = "qwen3 qwen3_moe qwen3_next gemma3_text gemma4_text llama4_text"
+_QK_NORM += f" glm4_moe apertus exaone4 {_QWEN3_5}"
 _MLA = "deepseek_v2 deepseek_v3"
 _GEMMAS = "gemma gemma2 gemma3_text gemma4_text"
 
@@ -88,11 +100,13 @@ KEYS: dict[str, Key] = {
     ),
     "max_window_layers": Key(reads="qwen2 qwen2_moe qwen3", inert=_ALL),
     "layer_types": Key(reads=_LAYER_TYPES, inert=_ALL),  # the others' masks ignore it
-    "sliding_window_pattern": Key(reads="gemma3_text", inert=_ALL),
+    "sliding_window_pattern": Key(reads="gemma3_text exaone4 cohere2", inert=_ALL),
     "_sliding_window_pattern": Key(reads="gemma3_text", inert=_ALL),
     "rope_local_base_freq": Key(reads="gemma3_text", why="the sliding layers' RoPE base"),
     "rms_norm_eps": Key(reads=_QK_NORM, inert=_ALL),  # elsewhere the block's norms only
-    "use_qk_norm": Key(reads="llama4_text", neutral=_OFF, why="q/k norms"),
+    "use_qk_norm": Key(
+        reads="llama4_text glm4_moe", inert="cohere2", neutral=_OFF, why="q/k norms"
+    ),
     "query_pre_attn_scalar": Key(reads="gemma2 gemma3_text", why="the scale"),
     "attn_logit_softcapping": Key(
         reads="gemma2", inert="gemma3_text gemma4_text", why="a tanh cap on the scores"
@@ -105,7 +119,7 @@ KEYS: dict[str, Key] = {
     "num_kv_shared_layers": Key(
         neutral=(None, 0), why="the last layers reuse an earlier layer's keys and values"
     ),
-    "full_attention_interval": Key(reads="qwen3_next", why="which layers attend"),
+    "full_attention_interval": Key(reads=f"qwen3_next {_QWEN3_5}", why="which layers attend"),
     "no_rope_layers": Key(reads="smollm3 llama4_text", why="layers without RoPE"),
     "no_rope_layer_interval": Key(reads="smollm3 llama4_text", why="layers without RoPE"),
     "attention_chunk_size": Key(reads="llama4_text", why="a chunked mask"),
@@ -126,14 +140,28 @@ KEYS: dict[str, Key] = {
     "attention_multiplier": Key(why="the scale (Granite)"),
     "qk_layernorm": Key(neutral=_OFF, why="q/k LayerNorms"),
     "rotary_dim": Key(why="a partial rotation"),
-    "rotary_pct": Key(why="a partial rotation"),
+    "rotary_pct": Key(inert="cohere2", why="a partial rotation"),
     "rotary_emb_base": Key(why="the RoPE base"),
-    "position_embedding_type": Key(why="the position encoding"),
+    "position_embedding_type": Key(inert="cohere2", why="the position encoding"),
     "alibi": Key(neutral=_OFF, why="ALiBi"),
     "use_alibi": Key(neutral=_OFF, why="ALiBi"),
     "use_logn_attn": Key(neutral=_OFF, why="log-n query scaling"),
     "scale_attn_by_inverse_layer_idx": Key(neutral=_OFF, why="the scale"),
     "llama_4_scaling_beta": Key(why="a position-dependent query scale"),
+    "layer_norm_eps": Key(inert="cohere2", why="the q/k LayerNorms' eps (Cohere)"),
+    # ---- Cohere's own config.json keys that 5.23's Cohere2 modeling never reads
+    **{
+        k: Key(inert="cohere2", why="Cohere's layer layout")
+        for k in _words("""
+            layer_switch order_of_interleaved_layers use_parallel_block use_parallel_embedding
+            use_embedding_sharing use_gated_activation
+        """)
+    },
+    # ---- never the attention layer's numbers (the families of the second batch)
+    **{
+        k: _INERT
+        for k in _words("logit_scale vision_start_token_id vision_end_token_id num_mtp_layers")
+    },
     # ---- never the attention layer's numbers
     **{
         k: _INERT
@@ -219,6 +247,14 @@ _GEMMA4_ROPE = {
         "rope_theta": 1_000_000.0,
     },
 }
+_APERTUS_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 12_000_000.0,
+    "factor": 8.0,
+    "original_max_position_embeddings": 8192,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+}
 # the transformers 5.23 configuration classes' defaults for the keys hf_config.py reads, per
 # family (hf_config.py's _FAMILIES)
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -274,6 +310,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "rms_norm_eps": 1e-6,
         "full_attention_interval": 4,
     },
+    "glm4_moe": {"rms_norm_eps": 1e-5, "partial_rotary_factor": 0.5, "use_qk_norm": False},
+    "apertus": {"rms_norm_eps": 1e-5, "rope_parameters": _APERTUS_ROPE},
+    "exaone4": {"rms_norm_eps": 1e-5, "sliding_window": 4096, "sliding_window_pattern": 4},
+    "cohere2": {"sliding_window": 4096, "sliding_window_pattern": 4},
     "llama4": {
         "head_dim": 128,
         "rope_theta": 500_000.0,
@@ -364,7 +404,8 @@ def model_type_of(raw: Mapping[str, Any], text: Mapping[str, Any] | None) -> str
             raise ConfigError(
                 f"config.{where}",
                 f"model_type {shown(value)} is not a family "
-                "the service reproduces exactly from its config; it knows "
+                "the service reproduces exactly from its config"
+                f"{f' ({REFUSED[value]})' if value in REFUSED else ''}; it knows "
                 f"{_KNOWN}. State the layer's fields yourself (num_heads, "
                 "num_kv_heads, d_k, rope, mask, scale …) and leave config out",
             )

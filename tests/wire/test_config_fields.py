@@ -402,6 +402,70 @@ def test_llama_4_rope_and_nope_layer() -> None:
     assert nope_layer.taken["temperature"] == "text_config.attn_temperature_tuning"
 
 
+# ---- the rules of the second batch's families that their tiny layers do not reach -------------
+
+TINY_2: dict[str, Any] = {
+    "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 4, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+}  # fmt: skip
+
+
+def test_cohere2_head_dim_is_hidden_size_over_heads_and_its_pattern_without_layer_types() -> None:
+    """Cohere2Config sets head_dim to hidden_size // heads whatever the config says; without
+    layer_types its legacy sliding_window_pattern (4) picks the full layers, which are NoPE.
+    The keys of Cohere's own config.json that Cohere2's 5.23 modeling never reads are listed."""
+    unused = {"position_embedding_type": "rope_gptj", "rotary_pct": 1.0, "layer_switch": 4,
+              "order_of_interleaved_layers": "local_attn_first", "use_parallel_block": True,
+              "use_qk_norm": False}  # fmt: skip
+    config = {**TINY_2, "model_type": "cohere2", "head_dim": 64, "sliding_window": 4, **unused}
+    sliding, full = from_config(config, 2), from_config(config, 3)
+    assert sliding.fields["d_k"] == 8 and full.fields["d_k"] == 8
+    assert sliding.taken["d_k"] == "hidden_size / num_attention_heads"
+    assert sliding.fields["rope"] == {"base": 10000.0, "style": "interleaved"}
+    assert sliding.fields["mask"] == [CAUSAL, {"type": "window", "left": 3, "right": 0}]
+    assert "rope" not in full.fields and full.fields["mask"] == [CAUSAL]
+    assert "sliding_window_pattern" in sliding.taken["mask.window"]
+    assert set(unused) - {"use_qk_norm"} <= set(sliding.unread)
+
+
+def test_exaone4_without_a_window_rotates_every_layer() -> None:
+    """EXAONE 4.0 1.2B's kind: sliding_window null, every layer full attention: each layer
+    rotates (Exaone4Attention: RoPE when sliding_window is None or the layer slides)."""
+    config = {**TINY_2, "model_type": "exaone4", "sliding_window": None,
+              "layer_types": ["full_attention"] * 4}  # fmt: skip
+    got = from_config(config, 3).fields
+    assert got["rope"] == {"base": 10000.0} and got["mask"] == [CAUSAL]
+    assert got["qk_norm"] == {"type": "rms", "eps": 1e-5}
+
+
+@pytest.mark.parametrize("model_type", ["exaone4", "cohere2"])
+def test_a_sliding_layer_without_a_window_is_a_config_error(model_type: str) -> None:
+    """transformers builds no mask for it (create_sliding_window_causal_mask raises)."""
+    config = {**TINY_2, "model_type": model_type, "sliding_window": None,
+              "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}  # fmt: skip
+    with pytest.raises(ConfigError, match="sliding_window is null") as e:
+        from_config(config, 0)
+    assert e.value.field == "config.sliding_window"
+
+
+def test_glm4_moe_qk_norm_only_with_use_qk_norm_and_partial_rotary_by_default() -> None:
+    """Glm4MoeConfig: use_qk_norm false and partial_rotary_factor 0.5 when absent."""
+    config = {**TINY_2, "model_type": "glm4_moe", "head_dim": 16}
+    off, on = from_config(config, 0), from_config({**config, "use_qk_norm": True}, 0)
+    assert "qk_norm" not in off.fields and on.fields["qk_norm"] == {"type": "rms", "eps": 1e-5}
+    assert off.fields["rope"] == {"base": 10000.0, "rotary_dim": 8}
+    assert off.taken["rope.rotary_dim"] == "partial_rotary_factor (absent: glm4_moe's default)"
+
+
+def test_apertus_without_rope_keys_takes_its_llama3_default() -> None:
+    """ApertusConfig's rope when neither rope_scaling nor rope_parameters is given: llama3 with
+    θ 1.2·10⁷, whatever the top-level rope_theta."""
+    got = from_config({**TINY_2, "model_type": "apertus"}, 0).fields
+    assert got["rope"] == {"base": 12000000.0, "scaling": {
+        "type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position": 8192}}  # fmt: skip
+
+
 def test_config_errors() -> None:
     with pytest.raises(ConfigError, match="layer 40 but the config has num_hidden_layers 32") as e:
         from_config(LLAMA_3_1_8B, 40)

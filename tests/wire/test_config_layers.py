@@ -52,12 +52,26 @@ from transformers import (  # noqa: E402
 )
 from transformers import masking_utils as hf_masks  # noqa: E402
 from transformers import modeling_rope_utils as hf_rope  # noqa: E402
+from transformers.models.apertus import modeling_apertus  # noqa: E402
+from transformers.models.apertus.configuration_apertus import ApertusConfig  # noqa: E402
+from transformers.models.cohere2 import modeling_cohere2  # noqa: E402
+from transformers.models.cohere2.configuration_cohere2 import Cohere2Config  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: E402
+from transformers.models.exaone4 import modeling_exaone4  # noqa: E402
+from transformers.models.exaone4.configuration_exaone4 import Exaone4Config  # noqa: E402
 from transformers.models.gemma3 import modeling_gemma3  # noqa: E402
 from transformers.models.gemma4 import modeling_gemma4  # noqa: E402
 from transformers.models.gemma4.configuration_gemma4 import Gemma4Config  # noqa: E402
+from transformers.models.glm4_moe import modeling_glm4_moe  # noqa: E402
+from transformers.models.glm4_moe.configuration_glm4_moe import Glm4MoeConfig  # noqa: E402
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
 from transformers.models.phi3 import modeling_phi3  # noqa: E402
+from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
+from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config  # noqa: E402
+from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe  # noqa: E402
+from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import (  # noqa: E402
+    Qwen3_5MoeConfig,
+)
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
 
 from harness.hf_reference import _widened, float64_torch_in  # noqa: E402
@@ -262,6 +276,130 @@ def llama4(layer: int) -> tuple[Any, Layer]:
     )  # fmt: skip
 
 
+def _decoder(
+    modeling: types.ModuleType,
+    attention: str,
+    rotary: str,
+    config: Any,
+    layer: int,
+    mask_fn: Callable[..., Any] = hf_masks.create_causal_mask,
+    zero_centered: bool = False,
+) -> Layer:
+    """A layer of a one-rotary decoder: the modeling module's attention and rotary classes by
+    name, eager, the mask its decoder model gives that layer."""
+    config._attn_implementation = "eager"
+    return Layer(  # the rotary class built in float64, as _run calls it
+        modeling, getattr(modeling, attention)(config, layer),
+        lambda x, pos: getattr(modeling, rotary)(config)(x, pos),
+        mask_fn, config, zero_centered=zero_centered,
+    )  # fmt: skip
+
+
+def glm4_moe(layer: int) -> tuple[Any, Layer]:
+    """As zai-org/GLM-4.5's: head_dim given apart from hidden_size / heads (12, not 8),
+    partial_rotary_factor 0.5 (6 of 12 features turn, half-split), use_qk_norm with
+    rms_norm_eps 1e-5, causal; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "glm4_moe", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 12, "num_hidden_layers": 2, "partial_rotary_factor": 0.5,
+        "use_qk_norm": True, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+        "moe_intermediate_size": 8, "n_routed_experts": 2, "num_experts_per_tok": 1, **NO_TOKENS,
+    }  # fmt: skip
+    config: Any = Glm4MoeConfig(**fields)
+    return config.to_dict(), _decoder(
+        modeling_glm4_moe, "Glm4MoeAttention", "Glm4MoeRotaryEmbedding", config, layer
+    )
+
+
+def apertus(layer: int) -> tuple[Any, Layer]:
+    """As swiss-ai/Apertus-8B's: q/k RMSNorms (rms_norm_eps 1e-5), llama3 rope in the legacy
+    ``rope_scaling`` (factor 8, low 1, high 4, original 8 so that it bites) with rope_theta
+    1.2·10⁷ at the top level, causal; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "apertus", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "rms_norm_eps": 1e-5, "rope_theta": 12000000.0,
+        "max_position_embeddings": 64, **NO_TOKENS,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+    }  # fmt: skip
+    config: Any = ApertusConfig(**fields)
+    return config.to_dict(), _decoder(
+        modeling_apertus, "ApertusAttention", "ApertusRotaryEmbedding", config, layer
+    )
+
+
+def exaone4(layer: int) -> tuple[Any, Layer]:
+    """As LGAI-EXAONE/EXAONE-4.0-32B's: layer_types sliding then full (window 4), q/k
+    RMSNorms (rms_norm_eps 1e-5), RoPE on the sliding layer only (the full one is NoPE);
+    GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "exaone4", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "sliding_window": 4, "rms_norm_eps": 1e-5,
+        "layer_types": ["sliding_attention", "full_attention"], "rope_theta": 1000000.0,
+        **NO_TOKENS,
+    }  # fmt: skip
+    config: Any = Exaone4Config(**fields)
+    mask_fn = _layer_type_mask(config, layer)
+    return config.to_dict(), _decoder(
+        modeling_exaone4, "Exaone4Attention", "Exaone4RotaryEmbedding", config, layer, mask_fn
+    )
+
+
+def cohere2(layer: int) -> tuple[Any, Layer]:
+    """As CohereLabs/c4ai-command-r7b-12-2024's: layer_types sliding then full (window 4),
+    interleaved RoPE (repeat_interleave'd frequencies, pairs (2i, 2i+1)) on the sliding layer
+    only, none on the full one; no q/k norms; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "cohere2", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "sliding_window": 4, "layer_norm_eps": 1e-5,
+        "layer_types": ["sliding_attention", "full_attention"], "rope_theta": 50000.0,
+        "logit_scale": 0.25, **NO_TOKENS,
+    }  # fmt: skip
+    config: Any = Cohere2Config(**fields)
+    mask_fn = _layer_type_mask(config, layer)
+    return config.to_dict(), _decoder(
+        modeling_cohere2, "Cohere2Attention", "Cohere2RotaryEmbedding", config, layer, mask_fn
+    )
+
+
+def _qwen3_5_text(moe: bool) -> dict[str, Any]:
+    """Qwen3.5's text config (its multimodal config's text_config), as Qwen/Qwen3.5-27B's:
+    layer_types three linear_attention layers then a full one, head_dim 16 with
+    partial_rotary_factor 0.25 (4 features turn), M-RoPE parameters (text positions: the
+    three axes equal), q_proj's rows holding each head's query and output gate; GQA 4/2."""
+    return {
+        **SIZES, "model_type": "qwen3_5_moe_text" if moe else "qwen3_5_text",
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "num_hidden_layers": 4, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "rms_norm_eps": 1e-6, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 8,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_value_head_dim": 8,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
+                            "partial_rotary_factor": 0.25, "mrope_interleaved": True,
+                            "mrope_section": [1, 1, 0]},
+        **({"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8,
+            "shared_expert_intermediate_size": 8} if moe else {}),
+        **NO_TOKENS,
+    }  # fmt: skip
+
+
+def qwen3_5(layer: int) -> tuple[Any, Layer]:
+    """Qwen3.5 (multimodal; its text_config): the full attention layer 3."""
+    whole = Qwen3_5Config(text_config=_qwen3_5_text(moe=False))
+    return whole.to_dict(), _decoder(
+        modeling_qwen3_5, "Qwen3_5Attention", "Qwen3_5TextRotaryEmbedding", whole.text_config,
+        layer, zero_centered=True,
+    )  # fmt: skip
+
+
+def qwen3_5_moe(layer: int) -> tuple[Any, Layer]:
+    """Qwen3.5-MoE (multimodal; its text_config), as Qwen/Qwen3.5-35B-A3B's: layer 3."""
+    whole = Qwen3_5MoeConfig(text_config=_qwen3_5_text(moe=True))
+    return whole.to_dict(), _decoder(
+        modeling_qwen3_5_moe, "Qwen3_5MoeAttention", "Qwen3_5MoeTextRotaryEmbedding",
+        whole.text_config, layer, zero_centered=True,
+    )  # fmt: skip
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -346,6 +484,29 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
     ("llama4-nope-temperature", llama4, 3, None,
      {"rope": None, "qk_norm": None, "temperature": {"floor_scale": 4.0, "attn_scale": 0.1},
       "mask": [CAUSAL]}),
+    # the second batch: q/k norms' eps, NoPE full layers, interleaved RoPE, Qwen3.5's gate
+    ("glm4_moe-qk_norm-partial", glm4_moe, 1, None,
+     {"d_k": 12, "rope": {"base": 1e6, "rotary_dim": 6}, "mask": [CAUSAL],
+      "qk_norm": {"type": "rms", "eps": 1e-5}}),
+    ("apertus-qk_norm-llama3", apertus, 1, None,
+     {"rope": {"base": 1.2e7, "scaling": {"type": "llama3", "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position": 8}},
+      "qk_norm": {"type": "rms", "eps": 1e-5}, "mask": [CAUSAL]}),
+    ("exaone4-sliding-rope", exaone4, 0, None,
+     {"rope": {"base": 1e6}, "qk_norm": {"type": "rms", "eps": 1e-5},
+      "mask": [CAUSAL, WINDOW]}),
+    ("exaone4-full-nope", exaone4, 1, None,
+     {"rope": None, "qk_norm": {"type": "rms", "eps": 1e-5}, "mask": [CAUSAL]}),
+    ("cohere2-sliding-interleaved", cohere2, 0, None,
+     {"rope": {"base": 50000.0, "style": "interleaved"}, "qk_norm": None,
+      "mask": [CAUSAL, WINDOW]}),
+    ("cohere2-full-nope", cohere2, 1, None, {"rope": None, "mask": [CAUSAL]}),
+    ("qwen3_5-full-gate", qwen3_5, 3, None,
+     {"d_k": 16, "rope": {"base": 1e7, "rotary_dim": 4}, "gate": True,
+      "qk_norm": {"type": "rms", "eps": 1e-6, "zero_centered": True}}),
+    ("qwen3_5_moe-full-gate", qwen3_5_moe, 3, None,
+     {"d_k": 16, "rope": {"base": 1e7, "rotary_dim": 4}, "gate": True,
+      "qk_norm": {"type": "rms", "eps": 1e-6, "zero_centered": True}}),
 ]  # fmt: skip
 
 

@@ -83,8 +83,8 @@ def test_every_key_of_the_config_is_either_applied_or_listed_as_not_mattering(
            hidden_size=D_MODEL),
      stock("Glm4Config", partial_rotary_factor=0.5), stock("Ernie4_5Config"),
      stock("GraniteConfig", attention_multiplier=0.0625), stock("OlmoConfig", clip_qkv=8.0),
-     stock("Cohere2Config"), stock("Exaone4Config"), stock("Gemma3nTextConfig"), MIMO],
-    ids=["opt", "glm4", "ernie4_5", "granite", "olmo", "cohere2", "exaone4", "gemma3n", "mimo"],
+     stock("Ministral3Config"), stock("Gemma3nTextConfig"), MIMO],
+    ids=["opt", "glm4", "ernie4_5", "granite", "olmo", "ministral3", "gemma3n", "mimo"],
 )  # fmt: skip
 def test_a_family_the_service_does_not_reproduce_is_a_422_naming_model_type(
     client: TestClient, config: dict[str, Any]
@@ -94,6 +94,18 @@ def test_a_family_the_service_does_not_reproduce_is_a_422_naming_model_type(
     assert repr(config["model_type"]) in error["message"]
     assert "llama, mistral" in error["message"]
     assert "leave config out" in error["message"]
+
+
+def test_ministral3_is_refused_naming_its_position_dependent_query_scale(
+    client: TestClient,
+) -> None:
+    """Ministral 3 multiplies each query by 1 + β·log(1 + ⌊p / original⌋) (its
+    llama_4_scaling_beta): Llama 4's temperature counts p + 1, so no request field is it."""
+    config = stock("Ministral3Config")
+    assert config["rope_parameters"]["llama_4_scaling_beta"] == 0.1
+    error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
+    assert error["field"] == "config.model_type", error
+    assert "llama_4_scaling_beta" in error["message"] and "⌊p / original" in error["message"]
 
 
 def test_a_config_without_model_type_is_a_422_saying_what_it_must_be(client: TestClient) -> None:
