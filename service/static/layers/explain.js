@@ -11,7 +11,7 @@
 // explanation `box`; explain.js adds the total beside the service's number and the way back.
 import { el, fmt, table } from "../lib/explain-parts.js";
 import { count } from "../lib/format.js";
-import { layerNames } from "../lib/layers.js";
+import { layerNames, slotOf } from "../lib/layers.js";
 
 export const LAYER_KINDS = new Set([
   "clip",
@@ -36,7 +36,8 @@ export function layerBefore(r) {
 /** Whose vector the cell belongs to: "query 2 “cat”, feature 1", or null without tokens. */
 export function layerWho(r, ctx) {
   const { i, j, name } = ctx;
-  const keys = name[0] === "k" || name[0] === "v" || name === "c_kv";
+  const side = slotOf(name) ?? r.side; // MLA's parts say their side
+  const keys = side === "k" || side === "v" || name === "c_kv";
   const labels = keys ? ctx.data.context_tokens || ctx.data.tokens : ctx.data.tokens;
   const token = Array.isArray(labels) && labels[i] !== undefined ? ` “${labels[i]}”` : "";
   const row = `${keys ? "key" : "query"} ${i}${token}`;
@@ -98,7 +99,7 @@ export function explainLayer(box, r, ctx) {
     );
   } else if (r.kind === "gated") {
     f(
-      `gated[${i}][${j}] = concat[${i}][${j}] · gate[${i}][${j}] = ${fmt(r.concat)} · ${fmt(r.gate)}`,
+      `${name}[${i}][${j}] = ${r.from}[${i}][${j}] · gate[${i}][${j}] = ${fmt(r.concat)} · ${fmt(r.gate)}`,
     );
     note("The gated concat, not the concat, goes through W_o: projected = gated · W_o.");
   }
@@ -129,9 +130,9 @@ function normLines(box, r, name, i, j, f, note) {
         ? `· (1 + w[${j}]) = 1 + ${fmt(r.w)} = ${fmt(r.factor)} (zero-centred weights, as Qwen3-Next stores them): ${fmt(r.normed)} · ${fmt(r.factor)}`
         : `· w[${j}] = ${fmt(r.factor)}: ${fmt(r.normed)} · ${fmt(r.factor)}`,
     );
-  if (name === "v_normed")
+  if (r.kind === "norm" && r.side === "v")
     note(
-      "v_norm (Gemma 4): each value vector over its d_v features, no weight; the output is weights · v_normed.",
+      `v_norm (Gemma 4): each value vector over its d_v features, no weight; the output is weights · ${name}.`,
     );
   else if (r.afterRope)
     note(
