@@ -1,11 +1,11 @@
 // @ts-check
 // The explanations of the cells of today's layers (explain.js calls these for the kinds
-// lib/layers.js computes): a cell of q_clipped, k_clipped or v_clipped (the number and the clamp's
-// bounds), of q_normed, k_normed or v_normed (the vector's RMS or mean and
-// variance, eps, the weight w or 1 + w), of q_rotated or k_rotated (the feature's pair, its θ and
-// what the scaling did to every pair's θ, the angle), of q_tempered (the temperature at the
-// query's position, with the floor and the log), and /multihead's gate (the sigmoid of x's row
-// dotted with W_g's row) and gated (concat · gate); and DeepSeek's MLA (layers/latent.js): c_q and
+// lib/layers.js computes, the kinds of x-chain's steps): a cell of a step of kind clip (the
+// number and the clamp's bounds), norm (the vector's RMS or mean and variance, eps, the weight
+// w or 1 + w), rotate (the feature's pair, its θ and what the scaling did to every pair's θ, the
+// angle), temper (the temperature at the query's position, with the floor and the log), and
+// /multihead's gate (the sigmoid of x's row dotted with W_g's row) and gated (concat · gate);
+// and DeepSeek's MLA (layers/latent.js): c_q and
 // c_kv (the latent row, its RMSNorm and weight), k_rope and q_rope (RoPE of the rope features in
 // DeepSeek's layout), the heads' [nope | rope] queries and keys. Each adds its lines to the
 // explanation `box`; explain.js adds the total beside the service's number and the way back.

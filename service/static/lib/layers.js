@@ -1,13 +1,14 @@
 // @ts-check
-// Today's layers, a leaf (layers/explain.js draws them): the order of the forms the queries, keys
-// and values take, read from the service (the answer's steps, placed by the OpenAPI document's
-// x-chain: service/core/chain.py's HEAD), which the scores and the output read the last of; the
-// outputs whose cells a click explains, listed once; and the arithmetic of a cell of each
-// layer (the clamp of OLMo's clip_qkv, qk_norm's norm before RoPE or after it with weights w or
-// 1 + w, Gemma 4's weightless v_norm, RoPE with the answer's θ_i and gain (lib/positions.js),
-// Llama 4's temperature, and /multihead's gate and gated (Qwen3-Next)), each computed again from
-// the form before it in float64 as the service does (service/core/variants.py, chain.py's head
-// steps, multihead.py).
+// Today's layers, a leaf (layers/explain.js draws them): what each step does and the slot it
+// advances (kindOf, slotOf: the OpenAPI document's x-chain, service/core/chain.py's HEAD and
+// BLOCK), the order of the forms the queries, keys, values and scores take (the answer's steps,
+// placed by x-chain), which the scores and the output read the last of; the outputs whose cells
+// a click explains; and the arithmetic of a cell of each layer by its step's kind (CELLS: the
+// clamp of OLMo's clip_qkv, qk_norm's norm before RoPE or after it with weights w or 1 + w,
+// Gemma 4's weightless v_norm, RoPE with the answer's θ_i and gain (lib/positions.js), Llama 4's
+// temperature, and /multihead's gated, with the gate it multiplies by (Qwen3-Next)), each
+// computed again from the form before it in float64 as the service does
+// (service/core/variants.py, chain.py's steps, multihead.py).
 import { pick } from "./pick.js";
 import { chainSteps } from "./schema.js";
 import {
@@ -97,7 +98,7 @@ export function lastForm(ctx, side) {
   return heldForms(ctx, side).at(-1);
 }
 
-/** The form the step `name` (q_normed, k_rotated, a map of the scores, …) was made from: the one
+/** The form the step `name` (a norm, a rotation, a map of the scores, …) was made from: the one
  * made right before it, by the answer's steps; an answer without steps, the one before it of
  * those it holds (a step that was off holds nothing). */
 export function formBefore(ctx, name) {
@@ -247,7 +248,7 @@ function rotateCell(ctx, name, r, t) {
 
 // ---- OLMo's clip_qkv
 
-/** Cell [r][t] of q_clipped, k_clipped or v_clipped: the projection's number clamped to
+/** Cell [r][t] of a form of kind clip (q's, k's, v's): the projection's number clamped to
  * [−c, c] (service/core/variants.py clip; transformers' OlmoAttention clamp_). */
 function clipCell(ctx, name, r, t) {
   const from = formBefore(ctx, name);
