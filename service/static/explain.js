@@ -113,14 +113,14 @@ export function explainCell(ctx) {
     const who = layerWho(r, ctx);
     if (who) box.append(el("p", "explain-who", who));
   } else if (
-    r.name !== "output" &&
+    r.kind !== "output" &&
     Array.isArray(tokens) &&
     tokens[i] !== undefined &&
     keys &&
     keys[j] !== undefined
   ) {
     box.append(el("p", "explain-who", `query ${i} “${tokens[i]}” → key ${j} “${keys[j]}”`));
-  } else if (r.name === "output" && Array.isArray(tokens) && tokens[i] !== undefined) {
+  } else if (r.kind === "output" && Array.isArray(tokens) && tokens[i] !== undefined) {
     box.append(
       el(
         "p",
