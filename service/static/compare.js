@@ -9,6 +9,7 @@
 import { $, state, button } from "./lib/state.js";
 import { parse, toWire, ParseError, NUMBER } from "./lib/paste.js";
 import { showErrors } from "./errors.js";
+import { SINK_WEIGHTS } from "./lib/layers.js";
 import { render, setupBatch } from "./render.js";
 import {
   apiName,
@@ -20,7 +21,7 @@ import {
 } from "./verdict.js";
 
 // drawn outputs that are inputs (generated) or not compared
-const NOT_COMPARED = new Set(["x", "w_q", "w_k", "w_v", "sink_weights"]);
+const NOT_COMPARED = new Set(["x", "w_q", "w_k", "w_v", SINK_WEIGHTS]);
 
 // ---- the boxes ----------------------------------------------------------------------------
 

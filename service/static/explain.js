@@ -12,7 +12,7 @@
  * here too; importing this module waits for the OpenAPI document (the steps' order is its).
  */
 
-import { recompute, NEG_INF } from "./lib/arithmetic.js";
+import { recompute, NEG_INF, kindOf } from "./lib/arithmetic.js";
 import { pairFeatures, turnedWidth } from "./lib/positions.js";
 import { el, fmt, table, totalLine } from "./lib/explain-parts.js";
 import { LAYER_KINDS, explainLayer, layerWho, layerBefore } from "./layers/explain.js";
@@ -113,14 +113,14 @@ export function explainCell(ctx) {
     const who = layerWho(r, ctx);
     if (who) box.append(el("p", "explain-who", who));
   } else if (
-    r.name !== "output" &&
+    r.kind !== "output" &&
     Array.isArray(tokens) &&
     tokens[i] !== undefined &&
     keys &&
     keys[j] !== undefined
   ) {
     box.append(el("p", "explain-who", `query ${i} “${tokens[i]}” → key ${j} “${keys[j]}”`));
-  } else if (r.name === "output" && Array.isArray(tokens) && tokens[i] !== undefined) {
+  } else if (r.kind === "output" && Array.isArray(tokens) && tokens[i] !== undefined) {
     box.append(
       el(
         "p",
@@ -131,7 +131,7 @@ export function explainCell(ctx) {
   }
   const f = (s) => box.append(el("p", "explain-formula", s));
   const note = (s) => box.append(el("p", "explain-note", s));
-  if (r.kind === "dot") {
+  if (r.kind === "scores") {
     f(
       `scores[${i}][${j}] = Σ_t ${r.qName}[${i}][t] · ${r.kName}[${j}][t], the query row ${i} dotted with the key row ${j}`,
     );
@@ -146,32 +146,30 @@ export function explainCell(ctx) {
         `With MLA only the last features of each head turned (q_rope, and k_rope shared by every head): click a cell of ${r.qName} or k_rope to see them.`,
       );
     else if (r.rope) ropeNote(box, r.rope, i, j);
-    else if (r.qName === "q_normed") {
+    else if (kindOf(r.qName) === "norm") {
       note(
-        r.forms.includes("q_rotated")
+        r.forms.some((n) => kindOf(n) === "rotate")
           ? "qk_norm is on, after RoPE: q and k were turned, then normalised, before the dot product."
           : "qk_norm is on: q and k were normalised before the dot product.",
       );
     }
-    if (r.forms.length > 2 || r.qName === "q_tempered")
+    if (r.forms.length > 2 || kindOf(r.qName) === "temper")
       note(
         `The queries went ${r.forms.join(" → ")} and the keys became ${r.kName}: click a cell of those tables to see each step.`,
       );
   } else if (r.kind === "scale") {
-    f(
-      `scaled_scores[${i}][${j}] = scores[${i}][${j}] · scale = ${fmt(r.before)} · ${fmt(r.scale)}`,
-    );
+    f(`${r.name}[${i}][${j}] = ${r.prev}[${i}][${j}] · scale = ${fmt(r.before)} · ${fmt(r.scale)}`);
     if (typeof ctx.request.attention_multiplier === "number")
       note(
         `scale = attention_multiplier = ${fmt(ctx.request.attention_multiplier)}: Granite's own scale, in place of 1/√d_k.`,
       );
-  } else if (r.kind === "cap") {
+  } else if (r.kind === "softcap") {
     f(
-      `capped_scores[${i}][${j}] = c · tanh(scaled_scores[${i}][${j}] / c) = ${fmt(r.cap)} · tanh(${fmt(r.before)} / ${fmt(r.cap)})`,
+      `${r.name}[${i}][${j}] = c · tanh(${r.prev}[${i}][${j}] / c) = ${fmt(r.cap)} · tanh(${fmt(r.before)} / ${fmt(r.cap)})`,
     );
   } else if (r.kind === "bias") {
     f(
-      `biased_scores[${i}][${j}] = ${r.prev}[${i}][${j}] + position_bias[${i}][${j}] = ${fmt(r.before)} + ${fmt(r.bias)}`,
+      `${r.name}[${i}][${j}] = ${r.prev}[${i}][${j}] + position_bias[${i}][${j}] = ${fmt(r.before)} + ${fmt(r.bias)}`,
     );
     if (r.alibi) alibiNote(note, r.alibi, i, j);
     else
@@ -194,12 +192,14 @@ export function explainCell(ctx) {
     alibiNote(note, r.alibi, i, j);
   } else if (r.kind === "mask") {
     f(
-      `masked_scores[${i}][${j}] = ${r.prev}[${i}][${j}] + additive mask[${i}][${j}] = ${fmt(r.before)} + ${fmt(r.entry)}`,
+      `${r.name}[${i}][${j}] = ${r.prev}[${i}][${j}] + additive mask[${i}][${j}] = ${fmt(r.before)} + ${fmt(r.entry)}`,
     );
     if (r.entry === NEG_INF)
       note("This key is masked for this query: −∞, so its weight will be 0.");
   } else if (r.kind === "softmax") {
-    f(`weights[${i}][${j}] = exp(m[${i}][${j}] − max) / Σ_k exp(m[${i}][k] − max), m = ${r.prev}`);
+    f(
+      `${r.name}[${i}][${j}] = exp(m[${i}][${j}] − max) / Σ_k exp(m[${i}][k] − max), m = ${r.prev}`,
+    );
     if (r.fullyMasked) {
       note(
         `Row ${i} is fully masked (every entry −∞): its weights are ${r.uniform ? '1/S each (fully_masked_rows: "uniform")' : "0"}.`,
@@ -230,10 +230,10 @@ export function explainCell(ctx) {
         `max = ${fmt(r.max)}, sum = ${fmt(r.sum)}, weights[${i}][${j}] = ${fmt(r.terms[j].exp)} / ${fmt(r.sum)}`,
       );
     }
-  } else if (r.kind === "weighted") {
+  } else if (r.kind === "output") {
     const v = r.vName;
     f(
-      `output[${i}][${j}] = Σ_k weights[${i}][k] · ${v}[k][${j}], the weighted sum of the ${v === "v" ? "V" : "normalised V"} rows`,
+      `${r.name}[${i}][${j}] = Σ_k weights[${i}][k] · ${v}[k][${j}], the weighted sum of the ${valuesSaid(r.vForms)} rows`,
     );
     box.append(
       table(
@@ -260,9 +260,20 @@ export function explainCell(ctx) {
 
 /** The map the cell was computed from, cell for cell (none for scores and output). */
 function stepBefore(r) {
-  if (r.kind === "scale") return "scores";
-  if (r.kind === "cap") return "scaled_scores";
-  if (r.kind === "bias" || r.kind === "mask" || r.kind === "softmax") return r.prev;
+  if (SCORES_READ.has(r.kind)) return r.prev;
   if (LAYER_KINDS.has(r.kind)) return layerBefore(r);
   return null;
+}
+
+// the kinds of step whose cell reads the same cell of the scores before it
+const SCORES_READ = new Set(["scale", "softcap", "bias", "mask", "softmax"]);
+
+// what a kind of step did to the values, in words
+const DONE_TO_V = { clip: "clipped", norm: "normalised" };
+
+/** The values the output read, in words: "V", or what the steps did to them ("clipped V",
+ * "clipped and normalised V"), from the forms V took (the projection first). */
+function valuesSaid(forms) {
+  const done = forms.slice(1).map((n) => DONE_TO_V[kindOf(n)] ?? n);
+  return done.length ? `${done.join(" and ")} V` : "V";
 }

@@ -9,7 +9,7 @@ import { responseViews, firstMap, isBatched, axesOf } from "./lib/schema.js";
 import { table } from "./lib/table.js";
 import { heatmap, smallMapsGrid } from "./heatmap.js";
 import { headsPanel, foldedTables, collapsed } from "./heads.js";
-import { explains } from "./lib/layers.js";
+import { SINK_WEIGHTS, explains, kindOf } from "./lib/layers.js";
 
 /** @typedef {import("./lib/schema.js").View} View */
 /**
@@ -21,7 +21,8 @@ import { explains } from "./lib/layers.js";
 
 // The service describes each drawable output in its OpenAPI document (lib/schema.js: the x-view
 // of each property of the endpoint's response schema; property order is drawing order). No output
-// name is listed for drawing (only SCALED_BY_SCALE below, which adds the scale to one title).
+// name is listed for drawing: the map of the step of kind "scale" (x-chain) shows the factor in
+// its title, a head's map of kind "mask" is folded.
 
 export function setupBatch(ep, data) {
   const pick = $("batch");
@@ -72,10 +73,7 @@ export function closeExplain() {
   $("explain-body").replaceChildren();
 }
 
-// The map whose values are Q Kᵀ times `scale`: its title at the top level shows the factor.
-export const SCALED_BY_SCALE = "scaled_scores";
 // A vector without x-view: the weight each query row gives the sink, drawn as a one-column table.
-export const SINK_WEIGHTS = "sink_weights";
 export function sinkColumn(obj) {
   const v = obj && obj[SINK_WEIGHTS];
   if (!Array.isArray(v) || !v.length) return null;
@@ -148,7 +146,7 @@ export function markStale(stale) {
 }
 
 /** Each head's outputs (/attention's: the answer's) in the order their steps were made: the
- * schema's, but qk_norm after RoPE (Llama 4's after_rope) makes q_normed after q_rotated, and
+ * schema's, but qk_norm after RoPE (Llama 4's after_rope) normalises the rotated queries, and
  * its tables follow. Items with a step trade places among themselves; the others keep theirs. */
 function inStepOrder(items, steps) {
   const at = new Map((steps || []).map((s, n) => [s.name, n]));
@@ -207,7 +205,7 @@ export function render() {
   for (const view of views) {
     if (!view.each) {
       const title =
-        view.name === SCALED_BY_SCALE && data.scale !== undefined
+        kindOf(view.name) === "scale" && data.scale !== undefined
           ? `${view.title}  · ${fmt(data.scale)}`
           : view.title;
       items.push({ key: view.name, label: view.name, title, view, m: matrix(data[view.name]) });
@@ -281,7 +279,7 @@ export function render() {
       if (head !== null) el.dataset.head = String(head);
       if (head !== null && view.name === "weights")
         grid.push(el); // heads side by side
-      else if (head !== null && view.name === "masked_scores")
+      else if (head !== null && kindOf(view.name) === "mask")
         folded.push(collapsed(title, el)); // the same numbers as the scores, with −∞: folded
       else if (key === "average_weights") average = el;
       else maps.push(el);

@@ -7,6 +7,7 @@
 import { $ } from "./lib/state.js";
 import { fmt, isMatrix, count } from "./lib/format.js";
 import { download, csvBlob } from "./lib/files.js";
+import { SINK_WEIGHTS } from "./lib/layers.js";
 
 const CHIPS_UP_TO = 64; // a button a query up to this many; above, only the index box
 const KEYS_LISTED = 32; // keys listed above this many: the largest sums (the CSV has every key)
@@ -54,7 +55,7 @@ export function columnTotals(w, picked) {
 // and /mask) or a head's index. `w` is undefined where the answer does not hold them.
 function weightsOf(data, source, pick) {
   if (!multihead(data))
-    return { w: pick(data.weights), sink: pick(data.sink_weights), what: "the weights" };
+    return { w: pick(data.weights), sink: pick(data[SINK_WEIGHTS]), what: "the weights" };
   if (source === "average")
     return {
       w: pick(data.average_weights),
@@ -68,7 +69,7 @@ function weightsOf(data, source, pick) {
     : Array.isArray(stacked)
       ? stacked[Number(source)]
       : undefined;
-  return { w, sink: head && pick(head.sink_weights), what: `head ${source}'s weights` };
+  return { w, sink: head && pick(head[SINK_WEIGHTS]), what: `head ${source}'s weights` };
 }
 
 // /multihead's answers say num_heads; /attention's and /mask's do not.

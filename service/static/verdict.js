@@ -9,7 +9,7 @@
 import { $, button } from "./lib/state.js";
 import { fmt, count } from "./lib/format.js";
 import { maskedFloor } from "./lib/schema.js";
-import { NEG_INF_NAMES, shapeOf } from "./lib/paste.js";
+import { nullIsNegInf, shapeOf } from "./lib/paste.js";
 import { heatmap } from "./heatmap.js";
 import { formFieldFor } from "./errors.js";
 
@@ -40,7 +40,7 @@ export function printedWords(entry) {
 
 // yours − ours, cell by cell; null where the difference is not a number (hatched)
 export function differenceMap(name, yours, ours) {
-  const nullYours = NEG_INF_NAMES.has(name) ? -Infinity : NaN;
+  const nullYours = nullIsNegInf(name) ? -Infinity : NaN;
   const floor = maskedFloor(); // a score at or below it counts as masked (masked_fill(-1e9))
   const real = (v, nullIs) =>
     v === null || v === undefined ? nullIs : typeof v === "boolean" ? Number(v) : v;

@@ -218,3 +218,54 @@ def test_a_request_with_both_fields_loads_back_into_their_boxes(
     assert loaded["body"] == request
     for box in ("#clip_qkv", "#attention_multiplier"):
         expect(page.locator(box)).to_be_visible()
+
+
+# ---- the output reads the values as the steps left them -----------------------------------------
+
+# one head of d 4 from projections (in_out): c = 1.5 bites some numbers of x · W_v and leaves others
+CLIPPED_V: dict[str, Any] = {
+    "tokens": ["the", "cat", "sat"], "x": _rows(3, 4, 60), "w_q": _rows(4, 4, 61),
+    "w_k": _rows(4, 4, 62), "w_v": _rows(4, 4, 63), "clip_qkv": C_FORM,
+}  # fmt: skip
+
+
+def _softmax(s: np.ndarray) -> np.ndarray:
+    e = np.exp(s - s.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("v_norm", "said"),
+    [(False, "clipped V"), (True, "clipped and normalised V")],
+    ids=["clip_qkv", "clip_qkv_and_v_norm"],
+)
+def test_the_output_says_what_the_steps_did_to_the_values(
+    page: Any, server: str, v_norm: bool, said: str
+) -> None:
+    """The output's explanation names the values it read by what was done to them: clipped
+    only (clip_qkv, no v_norm) is not "normalised"; with v_norm too both. The numbers are NumPy's,
+    from the request's arrays: OLMo's clamp, the RMS norm, softmax(Q Kᵀ / √d) V."""
+    request = {**CLIPPED_V, **({"v_norm": {"type": "rms"}} if v_norm else {})}
+    data = post_json(server, "attention", request)
+    x = np.array(request["x"], dtype=np.float64)
+    q, k, v = (np.clip(x @ np.array(request[w], dtype=np.float64), -C_FORM, C_FORM)
+               for w in ("w_q", "w_k", "w_v"))  # fmt: skip
+    assert (np.abs(x @ np.array(request["w_v"])) > C_FORM).any()  # the clamp bites V
+    if v_norm:
+        v = v / np.sqrt((v**2).mean(axis=1, keepdims=True) + 1e-6)
+    output = _softmax(q @ k.T / 2.0) @ v  # √d_k = 2
+    np.testing.assert_allclose(data["output"], output, rtol=1e-12, atol=1e-12)
+    v_name = "v_normed" if v_norm else "v_clipped"
+    open_explorer(page, server)
+    page.evaluate(DRAW, {"ep": "attention", "body": request, "data": data})
+    i, j = 2, 1
+    panel = _explain(page, "output", i, j)
+    text = panel.inner_text()
+    assert (
+        f"output[{i}][{j}] = Σ_k weights[{i}][k] · {v_name}[k][{j}], the weighted sum of the "
+        f"{said} rows"
+    ) in text
+    assert ("normalised" in text) == v_norm
+    cells = panel.locator("table.explain-terms tr td:nth-child(3)").all_inner_texts()
+    assert cells == [_fmt6(float(x)) for x in v[:, j]]
+    _says_the_services_number(panel, float(output[i, j]))

@@ -1,17 +1,17 @@
 // @ts-check
 // The explanations of the cells of today's layers (explain.js calls these for the kinds
-// lib/layers.js computes): a cell of q_clipped, k_clipped or v_clipped (the number and the clamp's
-// bounds), of q_normed, k_normed or v_normed (the vector's RMS or mean and
-// variance, eps, the weight w or 1 + w), of q_rotated or k_rotated (the feature's pair, its θ and
-// what the scaling did to every pair's θ, the angle), of q_tempered (the temperature at the
-// query's position, with the floor and the log), and /multihead's gate (the sigmoid of x's row
-// dotted with W_g's row) and gated (concat · gate); and DeepSeek's MLA (layers/latent.js): c_q and
+// lib/layers.js computes, the kinds of x-chain's steps): a cell of a step of kind clip (the
+// number and the clamp's bounds), norm (the vector's RMS or mean and variance, eps, the weight
+// w or 1 + w), rotate (the feature's pair, its θ and what the scaling did to every pair's θ, the
+// angle), temper (the temperature at the query's position, with the floor and the log), and
+// /multihead's gate (the sigmoid of x's row dotted with W_g's row) and gated (concat · gate);
+// and DeepSeek's MLA (layers/latent.js): c_q and
 // c_kv (the latent row, its RMSNorm and weight), k_rope and q_rope (RoPE of the rope features in
 // DeepSeek's layout), the heads' [nope | rope] queries and keys. Each adds its lines to the
 // explanation `box`; explain.js adds the total beside the service's number and the way back.
 import { el, fmt, table } from "../lib/explain-parts.js";
 import { count } from "../lib/format.js";
-import { layerNames } from "../lib/layers.js";
+import { layerNames, slotOf } from "../lib/layers.js";
 
 export const LAYER_KINDS = new Set([
   "clip",
@@ -36,7 +36,8 @@ export function layerBefore(r) {
 /** Whose vector the cell belongs to: "query 2 “cat”, feature 1", or null without tokens. */
 export function layerWho(r, ctx) {
   const { i, j, name } = ctx;
-  const keys = name[0] === "k" || name[0] === "v" || name === "c_kv";
+  const side = slotOf(name) ?? r.side; // MLA's parts say their side
+  const keys = side === "k" || side === "v" || name === "c_kv";
   const labels = keys ? ctx.data.context_tokens || ctx.data.tokens : ctx.data.tokens;
   const token = Array.isArray(labels) && labels[i] !== undefined ? ` “${labels[i]}”` : "";
   const row = `${keys ? "key" : "query"} ${i}${token}`;
@@ -98,7 +99,7 @@ export function explainLayer(box, r, ctx) {
     );
   } else if (r.kind === "gated") {
     f(
-      `gated[${i}][${j}] = concat[${i}][${j}] · gate[${i}][${j}] = ${fmt(r.concat)} · ${fmt(r.gate)}`,
+      `${name}[${i}][${j}] = ${r.from}[${i}][${j}] · gate[${i}][${j}] = ${fmt(r.concat)} · ${fmt(r.gate)}`,
     );
     note("The gated concat, not the concat, goes through W_o: projected = gated · W_o.");
   }
@@ -129,9 +130,9 @@ function normLines(box, r, name, i, j, f, note) {
         ? `· (1 + w[${j}]) = 1 + ${fmt(r.w)} = ${fmt(r.factor)} (zero-centred weights, as Qwen3-Next stores them): ${fmt(r.normed)} · ${fmt(r.factor)}`
         : `· w[${j}] = ${fmt(r.factor)}: ${fmt(r.normed)} · ${fmt(r.factor)}`,
     );
-  if (name === "v_normed")
+  if (r.kind === "norm" && r.side === "v")
     note(
-      "v_norm (Gemma 4): each value vector over its d_v features, no weight; the output is weights · v_normed.",
+      `v_norm (Gemma 4): each value vector over its d_v features, no weight; the output is weights · ${name}.`,
     );
   else if (r.afterRope)
     note(

@@ -9,9 +9,9 @@
 //   q_rope[i] = RoPE(the head's last qk_rope_head_dim features of c_q[i] W_qbᵀ (or x[i] W_qᵀ))
 // DeepSeek's interleaved layout turns pairs (2n, 2n + 1) and returns the pairs' first members,
 // then their second members; the half layout pairs (n, n + r/2) in place. With mla the heads'
-// q_rotated and k_rotated are [q_nope | q_rope] and [k_nope | k_rope].
+// rotated queries and keys are [q_nope | q_rope] and [k_nope | k_rope].
 import { pick } from "../lib/pick.js";
-import { normOf } from "../lib/layers.js";
+import { kindOf, normOf } from "../lib/layers.js";
 import {
   anglePosition,
   pairScalings,
@@ -23,7 +23,6 @@ import {
 } from "../lib/positions.js";
 
 export const LATENT_NAMES = new Set(["c_q", "c_kv", "k_rope", "q_rope"]);
-const JOINED = new Set(["q_rotated", "k_rotated"]); // [·_nope | ·_rope] with mla
 
 /** Whether ctx's answer is of an MLA layer. */
 export function isLatent(ctx) {
@@ -32,7 +31,8 @@ export function isLatent(ctx) {
 
 /** Whether ctx's cell is explained here rather than by lib/arithmetic.js. */
 export function latentExplains(ctx) {
-  return LATENT_NAMES.has(ctx.name) || (JOINED.has(ctx.name) && isLatent(ctx));
+  // the heads' rotated queries and keys are [·_nope | ·_rope] with mla
+  return LATENT_NAMES.has(ctx.name) || (kindOf(ctx.name) === "rotate" && isLatent(ctx));
 }
 
 /** A state dict entry under its dotted name, or with underscores. */
@@ -181,7 +181,7 @@ export function latentCell(ctx) {
   const d = dimsOf(ctx);
   const side = name[0] === "k" ? "k" : "q";
   let t = j;
-  if (JOINED.has(name)) {
+  if (kindOf(name) === "rotate") {
     if (j < d.nope) {
       // the features RoPE leaves: the head's q_nope or k_nope, as the service made them
       return {

@@ -6,7 +6,6 @@
 // the rescaling factor exp(m − m_new), ℓ = ℓ·exp(m − m_new) + Σ_j exp(s_j − m_new), and
 // o = (o·ℓ_old·exp(m − m_new) + Σ_j exp(s_j − m_new) v_j) / ℓ. The view is layers/blocks.js.
 import { NEG_INF, num, pick } from "../lib/pick.js";
-import { scoreChain } from "../lib/schema.js";
 import { lastForm } from "../lib/layers.js";
 
 /** @typedef {{keys: number[], m: (number | null)[], l: number[], o: number[][]}} Block */
@@ -35,19 +34,15 @@ export function blocksOf(ctx) {
   }));
 }
 
-/** The final scores the softmax read (the last of the chain the answer holds: masked_scores,
- * biased_scores, capped_scores or scaled_scores) and their name. */
+/** The final scores the softmax read (the last map of the scores the answer holds: masked,
+ * biased, capped or scaled) and their name. */
 export function finalScores(ctx) {
-  const chain = scoreChain(ctx.endpoint);
-  for (let k = chain.length - 1; k >= 0; k--) {
-    const m = pick(ctx, chain[k]);
-    if (m !== undefined) return { name: chain[k], m };
-  }
-  return undefined;
+  const name = lastForm(ctx, "scores");
+  return name === undefined ? undefined : { name, m: pick(ctx, name) };
 }
 
 /** The values the output read: the cache after a decode step (present_v; on /multihead the
- * head's key/value group), or V as the last step left it (v_clipped, v_normed). */
+ * head's key/value group), or V as the last step left it (clipped, normalised). */
 export function valuesOf(ctx) {
   const { data, head } = ctx;
   if (data.present_v !== undefined && data.present_v !== null) {
@@ -59,7 +54,7 @@ export function valuesOf(ctx) {
     }
     return { name: "present_v", v: pick({ ...ctx, head: group }, "present_v") };
   }
-  const name = lastForm(ctx, "v"); // V as the last step left it (v_clipped, v_normed)
+  const name = lastForm(ctx, "v"); // V as the last step left it
   return { name, v: pick(ctx, name) };
 }
 

@@ -3,13 +3,25 @@
 // again from the step before, in float64 as the service does (dot products, scale, softcap,
 // position bias, mask, softmax with a sink, the weighted sum of V), with RoPE's and ALiBi's
 // numbers as the answer carries them (positions.js); the cells of today's layers (norms, a
-// rotated feature, the temperature, the gate) are layers.js's. The steps' order is the OpenAPI
-// document's (schema.js: scoreChain, and x-chain for the forms of q, k and v), so the document
-// is loaded before this module is ready.
+// rotated feature, the temperature, the gate) are layers.js's. Which arithmetic a cell takes is
+// its step's kind, and the form it read the one made before it, by the OpenAPI document's
+// x-chain and the answer's steps (lib/layers.js), so the document is loaded before this module
+// is ready.
 import { loadSpec } from "./state.js";
-import { scoreChain } from "./schema.js";
 import { NEG_INF, num, pick } from "./pick.js";
-import { explains, formBefore, heldForms, lastForm, layerCell, layerNames } from "./layers.js";
+import {
+  explains,
+  formBefore,
+  formsOf,
+  heldForms,
+  kindOf,
+  lastForm,
+  layerCell,
+  layerNames,
+  slotOf,
+  POSITION_BIAS,
+  SINK_WEIGHTS,
+} from "./layers.js";
 import {
   alibiBias,
   alibiSlope,
@@ -24,12 +36,12 @@ import {
   scalingNote,
 } from "./positions.js";
 
-await loadSpec(); // the chains (of score maps: stepFrom; of a head's forms: lib/layers.js)
+await loadSpec(); // the chain (x-chain): each step's kind and slot (lib/layers.js)
 
 // a response's arrays for the clicked cell (lib/pick.js), as this module has always offered them
 export { NEG_INF, num, pick };
 // which outputs' cells explain themselves (lib/layers.js, where they are listed once)
-export { explains };
+export { explains, kindOf };
 
 /** The q and k a score was computed from: the last form each took (lib/layers.js), and every
  * form the queries took, in order. */
@@ -85,7 +97,11 @@ export function outputTerms(wRow, v, c) {
  * the angles, the factor on cos and sin (`gain`), and the rows before and after (the page's own
  * rotation of the rows the service rotated). */
 export function ropeOf(ctx, i, j) {
-  const before = [formBefore(ctx, "q_rotated") ?? "q", formBefore(ctx, "k_rotated") ?? "k"];
+  // the forms RoPE turned: the queries and keys before their step of kind "rotate"
+  const before = ["q", "k"].map((side) => {
+    const turned = formsOf(ctx, side).find((n) => kindOf(n) === "rotate");
+    return (turned && formBefore(ctx, turned)) ?? side;
+  });
   const q = pick(ctx, before[0]),
     k = pick(ctx, before[1]);
   if (q === undefined || k === undefined) return undefined;
@@ -126,17 +142,6 @@ export function alibiOf(ctx, i, j) {
   return { slope, head: h, n, ...alibiBias(ctx, slope, i, j) };
 }
 
-/** The step `name` was computed from: {prev, m} (m its matrix), from the score maps held. */
-function stepFrom(ctx, name) {
-  const steps = scoreChain(ctx.endpoint); // the schema's chain of score maps (schema.js)
-  const at = name === "weights" ? steps.length : steps.indexOf(name);
-  for (let k = at - 1; k >= 0; k--) {
-    const m = pick(ctx, steps[k]);
-    if (m !== undefined) return { prev: steps[k], m };
-  }
-  return { prev: steps[0], m: undefined };
-}
-
 function sinkLogit(ctx) {
   const s = ctx.request.sinks;
   if (s === undefined || s === null || s === false) return null;
@@ -144,13 +149,154 @@ function sinkLogit(ctx) {
   return Number(s);
 }
 
-/** Recompute the clicked cell: {name, formula, terms, total, service, ...}; null if not explained. */
+/** The map the step `name` read, {prev, m}: the scores as the step before left them (the
+ * answer's steps say which), or undefined when the answer does not hold it. */
+function scoresRead(ctx, name) {
+  const prev = slotOf(name) === "scores" ? formBefore(ctx, name) : lastForm(ctx, "scores");
+  const m = prev === undefined ? undefined : pick(ctx, prev);
+  return m === undefined ? undefined : { prev, m };
+}
+
+// ---- each step's arithmetic for cell (i, j), by the step's kind (x-chain); `service` the
+// answer's number there
+
+function dotCell(ctx, name, i, j, service) {
+  const inp = scoreInputs(ctx);
+  if (!inp) return null;
+  const { terms, total } = scoreTerms(inp.q[i], inp.k[j]);
+  const { qName, kName, forms } = inp;
+  const out = { name, kind: "scores", qName, kName, forms, terms, total, service };
+  if (kindOf(qName) === "rotate") out.rope = ropeOf(ctx, i, j);
+  return out;
+}
+
+function scaleCell(ctx, name, i, j, service) {
+  const read = scoresRead(ctx, name);
+  if (!read) return null;
+  const before = read.m[i][j];
+  const scale = Number(ctx.data.scale);
+  return {
+    name,
+    kind: "scale",
+    prev: read.prev,
+    before,
+    scale,
+    terms: [],
+    total: before * scale,
+    service,
+  };
+}
+
+function softcapCell(ctx, name, i, j, service) {
+  const read = scoresRead(ctx, name);
+  if (!read) return null;
+  const before = read.m[i][j];
+  const c = Number(ctx.request.softcap);
+  const total = c * Math.tanh(before / c);
+  return { name, kind: "softcap", prev: read.prev, before, cap: c, terms: [], total, service };
+}
+
+function biasCell(ctx, name, i, j, service) {
+  const read = scoresRead(ctx, name);
+  if (!read) return null;
+  const before = read.m[i][j];
+  const pb = pick(ctx, POSITION_BIAS);
+  const alibi = alibiOf(ctx, i, j);
+  const bias = alibi ? alibi.bias : pb !== undefined ? pb[i][j] : service - before;
+  return {
+    name,
+    kind: "bias",
+    prev: read.prev,
+    before,
+    bias,
+    alibi,
+    biasFromService: !alibi && pb !== undefined,
+    terms: [],
+    total: before + bias,
+    service,
+  };
+}
+
+function maskCell(ctx, name, i, j, service) {
+  const read = scoresRead(ctx, name);
+  if (!read) return null;
+  const before = read.m[i][j];
+  const am = pick(ctx, "additive_mask");
+  const entry = am !== undefined ? num(am[i][j]) : num(service) - before;
+  return {
+    name,
+    kind: "mask",
+    prev: read.prev,
+    before,
+    entry,
+    terms: [],
+    total: before + entry,
+    service: num(service),
+  };
+}
+
+function softmaxCell(ctx, name, i, j, service) {
+  const read = scoresRead(ctx, name);
+  if (!read) return null;
+  const row = read.m[i];
+  const sink = sinkLogit(ctx);
+  const uniform = ctx.request.fully_masked_rows === "uniform";
+  const sm = softmaxRow(row, sink, uniform ? "uniform" : "zero");
+  const terms = row.map((x, k) => ({ k, m: num(x), exp: sm.exps[k] }));
+  const sw = pick(ctx, SINK_WEIGHTS, 1);
+  return {
+    name,
+    kind: "softmax",
+    prev: read.prev,
+    row: row.map(num),
+    max: sm.max,
+    sink,
+    sinkExp: sm.sinkExp,
+    sinkWeight: Array.isArray(sw) ? sw[i] : undefined,
+    sum: sm.sum,
+    fullyMasked: sm.fullyMasked,
+    uniform,
+    terms,
+    total: sm.weights[j],
+    service,
+  };
+}
+
+function outputCell(ctx, name, i, j, service) {
+  const w = pick(ctx, lastForm(ctx, "weights"));
+  const vForms = heldForms(ctx, "v"); // weights V as the last step left them
+  const vName = vForms.at(-1);
+  const v = pick(ctx, vName);
+  if (w === undefined || v === undefined) return null;
+  const { terms, total } = outputTerms(w[i], v, j);
+  return { name, kind: "output", vName, vForms, terms, total, service };
+}
+
+const CELLS = {
+  scores: dotCell,
+  scale: scaleCell,
+  softcap: softcapCell,
+  bias: biasCell,
+  mask: maskCell,
+  softmax: softmaxCell,
+  output: outputCell,
+};
+
+/** The position bias of cell (i, j): ALiBi's recomputed, T5's looked up in its learned table. */
+function positionBiasCell(ctx, name, i, j, service) {
+  const a = alibiOf(ctx, i, j);
+  if (a) return { name, kind: "alibi", alibi: a, terms: [], total: a.bias, service };
+  const distance = relativePosition(ctx, i, j);
+  return { name, kind: "t5", distance, terms: [], total: service, service, lookedUp: true };
+}
+
+/** Recompute the clicked cell: {name, kind, terms, total, service, ...}; null if not explained. */
 export function recompute(ctx) {
   const { name, i, j } = ctx;
   if (!explains(name)) return null;
   if (
     ctx.endpoint === "multihead" &&
-    name === "output" &&
+    slotOf(name) === "out" &&
     (ctx.head === null || ctx.head === undefined)
   )
     return null;
@@ -161,119 +307,6 @@ export function recompute(ctx) {
     const cell = layerCell(ctx, name, i, j);
     return cell === undefined ? null : { name, ...cell, service };
   }
-  if (name === "scores") {
-    const inp = scoreInputs(ctx);
-    if (!inp) return null;
-    const { terms, total } = scoreTerms(inp.q[i], inp.k[j]);
-    const { qName, kName, forms } = inp;
-    const out = { name, kind: "dot", qName, kName, forms, terms, total, service };
-    if (inp.qName === "q_rotated") out.rope = ropeOf(ctx, i, j);
-    return out;
-  }
-  if (name === "position_bias") {
-    // ALiBi's, recomputed; T5's is looked up in its learned table
-    const a = alibiOf(ctx, i, j);
-    if (a) return { name, kind: "alibi", alibi: a, terms: [], total: a.bias, service };
-    const distance = relativePosition(ctx, i, j);
-    return { name, kind: "t5", distance, terms: [], total: service, service, lookedUp: true };
-  }
-  if (name === "scaled_scores") {
-    const s = pick(ctx, "scores");
-    const before = s === undefined ? undefined : s[i][j];
-    const scale = Number(ctx.data.scale);
-    return {
-      name,
-      kind: "scale",
-      before,
-      scale,
-      terms: [],
-      total: before === undefined ? undefined : before * scale,
-      service,
-    };
-  }
-  if (name === "capped_scores") {
-    const before = stepFrom(ctx, name).m[i][j];
-    const c = Number(ctx.request.softcap);
-    return {
-      name,
-      kind: "cap",
-      before,
-      cap: c,
-      terms: [],
-      total: c * Math.tanh(before / c),
-      service,
-    };
-  }
-  if (name === "biased_scores") {
-    const { prev, m } = stepFrom(ctx, name);
-    const before = m[i][j];
-    const pb = pick(ctx, "position_bias");
-    const alibi = alibiOf(ctx, i, j);
-    const bias = alibi ? alibi.bias : pb !== undefined ? pb[i][j] : service - before;
-    return {
-      name,
-      kind: "bias",
-      prev,
-      before,
-      bias,
-      alibi,
-      biasFromService: !alibi && pb !== undefined,
-      terms: [],
-      total: before + bias,
-      service,
-    };
-  }
-  if (name === "masked_scores") {
-    const { prev, m } = stepFrom(ctx, name);
-    const before = m[i][j];
-    const am = pick(ctx, "additive_mask");
-    const entry = am !== undefined ? num(am[i][j]) : num(service) - before;
-    return {
-      name,
-      kind: "mask",
-      prev,
-      before,
-      entry,
-      terms: [],
-      total: before + entry,
-      service: num(service),
-    };
-  }
-  if (name === "weights") {
-    const { prev, m } = stepFrom(ctx, name);
-    const row = m[i];
-    const sink = sinkLogit(ctx);
-    const sm = softmaxRow(
-      row,
-      sink,
-      ctx.request.fully_masked_rows === "uniform" ? "uniform" : "zero",
-    );
-    const terms = row.map((x, k) => ({ k, m: num(x), exp: sm.exps[k] }));
-    const sw = pick(ctx, "sink_weights", 1);
-    return {
-      name,
-      kind: "softmax",
-      prev,
-      row: row.map(num),
-      max: sm.max,
-      sink,
-      sinkExp: sm.sinkExp,
-      sinkWeight: Array.isArray(sw) ? sw[i] : undefined,
-      sum: sm.sum,
-      fullyMasked: sm.fullyMasked,
-      uniform: ctx.request.fully_masked_rows === "uniform",
-      terms,
-      total: sm.weights[j],
-      service,
-    };
-  }
-  if (name === "output") {
-    const w = pick(ctx, "weights");
-    const vName = lastForm(ctx, "v"); // weights V as the last step left them (V_c, V_n)
-    const v = pick(ctx, vName);
-    if (w === undefined || v === undefined) return null;
-    const { terms, total } = outputTerms(w[i], v, j);
-    return { name, kind: "weighted", vName, terms, total, service };
-  }
-  return null;
+  const cell = name === POSITION_BIAS ? positionBiasCell : CELLS[kindOf(name)];
+  return cell ? cell(ctx, name, i, j, service) : null;
 }

@@ -1,13 +1,14 @@
 // @ts-check
-// Today's layers, a leaf (layers/explain.js draws them): the order of the forms the queries, keys
-// and values take, read from the service (the answer's steps, placed by the OpenAPI document's
-// x-chain: service/core/chain.py's HEAD), which the scores and the output read the last of; the
-// outputs whose cells a click explains, listed once; and the arithmetic of a cell of each
-// layer (the clamp of OLMo's clip_qkv, qk_norm's norm before RoPE or after it with weights w or
-// 1 + w, Gemma 4's weightless v_norm, RoPE with the answer's θ_i and gain (lib/positions.js),
-// Llama 4's temperature, and /multihead's gate and gated (Qwen3-Next)), each computed again from
-// the form before it in float64 as the service does (service/core/variants.py, chain.py's head
-// steps, multihead.py).
+// Today's layers, a leaf (layers/explain.js draws them): what each step does and the slot it
+// advances (kindOf, slotOf: the OpenAPI document's x-chain, service/core/chain.py's HEAD and
+// BLOCK), the order of the forms the queries, keys, values and scores take (the answer's steps,
+// placed by x-chain), which the scores and the output read the last of; the outputs whose cells
+// a click explains; and the arithmetic of a cell of each layer by its step's kind (CELLS: the
+// clamp of OLMo's clip_qkv, qk_norm's norm before RoPE or after it with weights w or 1 + w,
+// Gemma 4's weightless v_norm, RoPE with the answer's θ_i and gain (lib/positions.js), Llama 4's
+// temperature, and /multihead's gated, with the gate it multiplies by (Qwen3-Next)), each
+// computed again from the form before it in float64 as the service does
+// (service/core/variants.py, chain.py's steps, multihead.py).
 import { pick } from "./pick.js";
 import { chainSteps } from "./schema.js";
 import {
@@ -29,27 +30,19 @@ const TEMPERATURE = { floor_scale: 8192, attn_scale: 0.1 }; // TemperatureOption
 // ---- the chain's order (x-chain) and the cells a click explains
 
 const SIDES = new Set(["q", "k", "v"]); // the slots of the queries, keys and values
-// a decode step's cache: the keys and values appended to the cached ones, read by the scores and
-// the output as the answer's present_k and present_v (layers/online.js), not a form explained
-const CACHE = new Set(["present_k", "present_v"]);
-// /multihead's output gate (Qwen3-Next): made after the heads, so not a step of one head's chain
-const GATE = ["gate", "gated"];
-// the score maps, the weights and the output (lib/arithmetic.js), and DeepSeek's MLA
-// (layers/latent.js): the latents, the shared rope key, each head's rope queries
-const EXPLAINED_OUTPUTS = [
-  "scores",
-  "scaled_scores",
-  "capped_scores",
-  "position_bias",
-  "biased_scores",
-  "masked_scores",
-  "weights",
-  "output",
-  "c_q",
-  "c_kv",
-  "k_rope",
-  "q_rope",
-];
+// the slots of the score maps, the weights and the output (lib/arithmetic.js explains their cells)
+const SCORED = new Set(["scores", "weights", "out"]);
+// /multihead's output gate (Qwen3-Next), sigmoid(x W_g + b_g): not a step of the chain but what
+// its step of kind "gated" multiplies the concat by
+const GATE = "gate";
+// what two steps keep besides the form they make (chain.py's Step.also, which x-chain does not
+// carry): the position bias the step of kind "bias" adds (T5's, ALiBi's), and the share of each
+// query's weight the sink takes in the softmax (gpt-oss)
+export const POSITION_BIAS = "position_bias";
+export const SINK_WEIGHTS = "sink_weights";
+// explained besides the chain's steps: the position bias, and DeepSeek's MLA (layers/latent.js):
+// the latents, the shared rope key, each head's rope queries
+const OTHER_EXPLAINED = [POSITION_BIAS, "c_q", "c_kv", "k_rope", "q_rope"];
 
 /** The request's qk_norm as an object ({} for `true`), or null when it is off. */
 export function qkNormOptions(request) {
@@ -57,11 +50,23 @@ export function qkNormOptions(request) {
   return o && typeof o === "object" ? o : o ? {} : null;
 }
 
-/** The slot (q, k, v, scores, weights, out) whose latest form the step `name` makes, by the
- * chain; undefined for a name the chain does not make (a projection, the gate). */
+/** The chain's step that makes `name` (x-chain), or undefined (a projection, the gate). */
+function stepOf(name) {
+  return chainSteps().find((s) => s.name === name);
+}
+
+/** The slot (q, k, v, scores, weights, out, block) whose latest form the step `name` makes, by
+ * the chain; undefined for a name the chain does not make (a projection, the gate). */
 export function slotOf(name) {
-  const step = chainSteps().find((s) => s.name === name);
+  const step = stepOf(name);
   return step && step.advances;
+}
+
+/** What the step `name` does (clip, norm, rotate, temper, cache, scale, softcap, bias, mask,
+ * softmax, output, gated, …), by the chain; undefined for a name the chain does not make. */
+export function kindOf(name) {
+  const step = stepOf(name);
+  return step && step.kind;
 }
 
 /** The names of the steps made, in order: the answer's steps, or (an answer without them) the
@@ -75,48 +80,56 @@ function stepsMade(ctx) {
   return names.filter((n, at) => (after ? names.lastIndexOf(n) : names.indexOf(n)) === at);
 }
 
-/** The forms the queries (`side` "q"), keys ("k") or values ("v") took in ctx's answer, in the
- * order they were made: the projection, then each step made that advances that side (the
- * cache aside). */
-export function formsOf(ctx, side) {
-  const made = stepsMade(ctx).filter((n) => slotOf(n) === side && !CACHE.has(n));
-  return [side, ...made];
+/** The forms of `slot` in ctx's answer, in the order they were made: for the queries ("q"), keys
+ * ("k") and values ("v") the projection, then each step made that advances the slot (the
+ * cache aside); for the scores each map of the chain of scores. */
+export function formsOf(ctx, slot) {
+  const made = stepsMade(ctx).filter((n) => slotOf(n) === slot && kindOf(n) !== "cache");
+  return SIDES.has(slot) ? [slot, ...made] : made;
 }
 
 /** The forms ctx's answer holds for its head and batch item, in order. */
-export function heldForms(ctx, side) {
-  return formsOf(ctx, side).filter((n) => pick(ctx, n) !== undefined);
+export function heldForms(ctx, slot) {
+  return formsOf(ctx, slot).filter((n) => pick(ctx, n) !== undefined);
 }
 
-/** The form the scores use: the last one made. */
+/** The form the next step reads (the scores read q's and k's, the output v's): the last made. */
 export function lastForm(ctx, side) {
   return heldForms(ctx, side).at(-1);
 }
 
-/** The form `name` (q_normed, k_rotated, q_tempered, …) was made from. */
+/** The form the step `name` (a norm, a rotation, a map of the scores, …) was made from: the one
+ * made right before it, by the answer's steps; an answer without steps, the one before it of
+ * those it holds (a step that was off holds nothing). */
 export function formBefore(ctx, name) {
-  const forms = heldForms(ctx, slotOf(name));
+  const slot = slotOf(name);
+  const forms = Array.isArray(ctx.data && ctx.data.steps)
+    ? formsOf(ctx, slot)
+    : heldForms(ctx, slot);
   const at = forms.indexOf(name);
   return at > 0 ? forms[at - 1] : undefined;
 }
 
 let layersOf = { steps: /** @type {any} */ (null), names: new Set() };
 /** Today's layers: the chain's steps that advance the queries, keys or values (the cache
- * aside), and /multihead's gate and gated; each cell explained from the form before it.
+ * aside) or whose arithmetic CELLS holds (/multihead's gated), and the gate; each cell explained
+ * from the form before it.
  * @returns {Set<string>} */
 export function layerNames() {
   const steps = chainSteps();
   if (layersOf.steps !== steps) {
-    const names = steps.filter((s) => SIDES.has(s.advances) && !CACHE.has(s.name));
-    layersOf = { steps, names: new Set([...names.map((s) => s.name), ...GATE]) };
+    const names = steps.filter(
+      (s) => (SIDES.has(s.advances) && s.kind !== "cache") || s.kind in CELLS,
+    );
+    layersOf = { steps, names: new Set([...names.map((s) => s.name), GATE]) };
   }
   return layersOf.names;
 }
 
-/** Whether a click on a cell of output `name` explains it: the score maps, the weights, the
- * output, MLA's latents and today's layers. */
+/** Whether a click on a cell of output `name` explains it: the chain's score maps, weights and
+ * output, the position bias, MLA's latents and today's layers. */
 export function explains(name) {
-  return EXPLAINED_OUTPUTS.includes(name) || layerNames().has(name);
+  return SCORED.has(slotOf(name)) || OTHER_EXPLAINED.includes(name) || layerNames().has(name);
 }
 
 // ---- the norms
@@ -163,23 +176,25 @@ export function normWeight(request, side) {
 }
 
 function normCell(ctx, name, r, t) {
-  if (name === "v_normed") {
-    const from = formBefore(ctx, name); // v, or v_clipped
+  const side = slotOf(name);
+  const from = formBefore(ctx, name); // the projection, or the form a step before made
+  if (side === "v") {
     const o =
       ctx.request.v_norm && typeof ctx.request.v_norm === "object" ? ctx.request.v_norm : {};
-    return { kind: "norm", from, ...normOf(pick(ctx, from)[r], t, { eps: o.eps ?? DEFAULT_EPS }) };
+    const settings = { eps: o.eps ?? DEFAULT_EPS };
+    return { kind: "norm", from, side, ...normOf(pick(ctx, from)[r], t, settings) };
   }
-  const from = formBefore(ctx, name);
   const o = qkNormOptions(ctx.request) || {};
   const settings = {
     type: o.type ?? "rms",
     eps: o.eps ?? DEFAULT_EPS,
-    weight: normWeight(ctx.request, slotOf(name)),
+    weight: normWeight(ctx.request, side),
     zeroCentered: !!o.zero_centered,
   };
   return {
     kind: "norm",
     from,
+    side,
     afterRope: !!o.after_rope,
     ...normOf(pick(ctx, from)[r], t, settings),
   };
@@ -233,7 +248,7 @@ function rotateCell(ctx, name, r, t) {
 
 // ---- OLMo's clip_qkv
 
-/** Cell [r][t] of q_clipped, k_clipped or v_clipped: the projection's number clamped to
+/** Cell [r][t] of a form of kind clip (q's, k's, v's): the projection's number clamped to
  * [−c, c] (service/core/variants.py clip; transformers' OlmoAttention clamp_). */
 function clipCell(ctx, name, r, t) {
   const from = formBefore(ctx, name);
@@ -296,12 +311,8 @@ function gateInput(ctx) {
   return { x, name: "x" };
 }
 
+/** Cell [i][c] of the gate: sigmoid(x[i] · W_g[c] + b_g[c]). */
 function gateCell(ctx, name, i, c) {
-  if (name === "gated") {
-    const concat = pick(ctx, "concat")[i][c],
-      gate = pick(ctx, "gate")[i][c];
-    return { kind: "gated", concat, gate, total: concat * gate };
-  }
   const weights = gateWeights(ctx);
   const { x, name: xName } = gateInput(ctx);
   const wRow = weights.w[c];
@@ -324,25 +335,27 @@ function gateCell(ctx, name, i, c) {
   };
 }
 
-// each layer's arithmetic, by the name of the form it makes
+/** Cell [i][c] of the step of kind "gated": the form before it (the concat) times the gate. */
+function gatedCell(ctx, name, i, c) {
+  const from = formBefore(ctx, name);
+  const before = pick(ctx, from)[i][c],
+    gate = pick(ctx, GATE)[i][c];
+  return { kind: "gated", from, concat: before, gate, total: before * gate };
+}
+
+// each layer's arithmetic, by the kind of the step that makes the form (x-chain)
 const CELLS = {
-  q_clipped: clipCell,
-  k_clipped: clipCell,
-  v_clipped: clipCell,
-  q_normed: normCell,
-  k_normed: normCell,
-  v_normed: normCell,
-  q_rotated: rotateCell,
-  k_rotated: rotateCell,
-  q_tempered: temperCell,
-  gate: gateCell,
-  gated: gateCell,
+  clip: clipCell,
+  norm: normCell,
+  rotate: rotateCell,
+  temper: temperCell,
+  gated: gatedCell,
 };
 
 /** Cell [i][j] of one of today's layers (layerNames) computed again: {kind, total, …} (a shape
  * per kind), or undefined for a layer whose arithmetic the page does not know.
  * @returns {any} */
 export function layerCell(ctx, name, i, j) {
-  const cell = CELLS[name];
+  const cell = name === GATE ? gateCell : CELLS[kindOf(name)];
   return cell && cell(ctx, name, i, j);
 }

@@ -1,11 +1,16 @@
 // @ts-check
 // "Compare with my numbers"' reading of a pasted array, a leaf: JSON rows, a NumPy or torch print,
 // or plain rows, read into nested arrays with errors said in words (ParseError), and the numbers
-// written as `expected` carries them. Imports only format.js (its counted words).
+// written as `expected` carries them. Imports format.js (its counted words) and layers.js (what
+// a step does).
 import { count } from "./format.js";
+import { kindOf } from "./layers.js";
 
-// null in `expected` is −∞ in these arrays and NaN elsewhere (API: "Compare with your numbers")
-export const NEG_INF_NAMES = new Set(["masked_scores", "additive_mask"]);
+/** Whether null in `expected` is −∞ in array `name` (and NaN elsewhere; API: "Compare with your
+ * numbers"): the scores of the step of kind "mask" (x-chain), and the additive mask. */
+export function nullIsNegInf(name) {
+  return kindOf(name) === "mask" || name === "additive_mask";
+}
 
 export class ParseError extends Error {}
 
@@ -156,7 +161,7 @@ export function shapeOf(value) {
 
 // The numbers as `expected` carries them: NaN as null, −∞ as null where null means −∞.
 export function toWire(name, value) {
-  const negInfIsNull = NEG_INF_NAMES.has(name);
+  const negInfIsNull = nullIsNegInf(name);
   const conv = (v) => {
     if (Array.isArray(v)) return v.map(conv);
     if (typeof v !== "number") return v;

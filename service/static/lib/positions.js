@@ -19,7 +19,7 @@ export function keyPosition(ctx, j) {
   return Number(ctx.data.key_positions[j]);
 }
 
-/** The position of row j of `rows` keys this request computed (k, k_rotated: with a cache, the
+/** The position of row j of `rows` keys this request computed (k, or as RoPE turned it: with a cache, the
  * new tokens', the last of key_positions). */
 export function keyRowPosition(ctx, j, rows) {
   const all = ctx.data.key_positions;

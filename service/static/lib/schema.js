@@ -1,8 +1,7 @@
 // @ts-check
 // What the service's OpenAPI document (state.spec) says of its answers, a leaf: the x-view of
-// each drawable output (title, map, rows, each_head, chain), the chain of score maps in the
-// order of the steps, the steps of one head (x-chain), and the floor under which a compared
-// score counts as masked.
+// each drawable output (title, map, rows, each_head, chain), the steps of one head and of the
+// block after the heads (x-chain), and the floor under which a compared score counts as masked.
 import { state } from "./state.js";
 import { isStack } from "./format.js";
 
@@ -82,33 +81,6 @@ export function axesOf(view) {
   return view.map ? ["queries", "keys"] : [ROW_NAMES[view.rows] || "rows", "features"];
 }
 
-// The score maps in the order of the steps: the outputs whose x-view says `chain: true`, in
-// schema order (the response's own, or its per-head items' on /multihead). Each is computed from
-// the last one before it that the answer holds (a variant that is off leaves its map out).
-const chainCache = new Map();
-/** @type {(ep: string) => string[]} */
-export function scoreChain(ep) {
-  if (!chainCache.has(ep)) {
-    const names = [];
-    const walk = (schema) => {
-      for (const [name, prop] of Object.entries((schema && schema.properties) || {})) {
-        const view = prop["x-view"];
-        if (view) {
-          if (view.chain && !names.includes(name)) names.push(name);
-          continue;
-        }
-        for (const alt of prop.anyOf || prop.oneOf || [prop])
-          if (alt.type === "array" && alt.items && alt.items.$ref) walk(resolveRef(alt.items.$ref));
-      }
-    };
-    const schema =
-      state.spec.paths[`/${ep}`].post.responses["200"].content["application/json"].schema;
-    walk(schema.$ref ? resolveRef(schema.$ref) : schema);
-    chainCache.set(ep, names);
-  }
-  return chainCache.get(ep);
-}
-
 /** The score at or below which a compared score counts as masked (as masked_fill(-1e9) leaves
  * it): the schema's Compared component carries it as x-masked-floor. */
 export function maskedFloor() {
@@ -116,14 +88,16 @@ export function maskedFloor() {
 }
 
 /**
- * One step of a head's chain: the intermediate it makes, the slot it reads and the slot whose
- * latest form it makes (q, k, v, scores, weights, out).
- * @typedef {{name: string, reads: string, advances: string}} ChainStep
+ * One step of the chain: the intermediate it makes, what it does (clip, norm, rotate, scale,
+ * softmax, gated, …), the slot it reads and the slot whose latest form it makes (q, k, v,
+ * scores, weights, out, block).
+ * @typedef {{name: string, kind: string, reads: string, advances: string}} ChainStep
  */
 
-/** The steps of one head in the order the service runs them (the document's x-chain: the
- * service's HEAD, service/core/chain.py), a step stated twice where it can run at two places
- * (qk_norm before RoPE or after it); [] before the document is loaded.
+/** The steps of one head, then those of the block after the heads, in the order the service
+ * runs them (the document's x-chain: the service's HEAD and BLOCK, service/core/chain.py), a
+ * step stated twice where it can run at two places (qk_norm before RoPE or after it); [] before
+ * the document is loaded.
  * @returns {ChainStep[]} */
 export function chainSteps() {
   return (state.spec && state.spec["x-chain"]) || [];
