@@ -73,6 +73,13 @@ _FAMILIES |= {t: t for t in VERIFIED if t not in _FAMILIES}
 _EVERY_LAYER_SLIDES = ("mistral", "mixtral", "phimoe", "starcoder2", "phi3", "qwen3_moe")
 _KINDS = ("full_attention", "sliding_attention")  # indexed by "it slides"
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
+# a family's own step, from the config key of the field's name where hf_config_keys.KEYS says
+# the type reads it: {key: what the layer does with it, when null is no layer ("" when null is
+# the step off: OlmoAttention clamps q, k, v to ±clip_qkv unless it is null)}
+_OWN_STEPS = {
+    "attention_multiplier": "GraniteAttention scales the scores by it (self.scaling)",
+    "clip_qkv": "",
+}
 
 
 def _key(source: str) -> str:
@@ -402,7 +409,8 @@ def _scaling(c: _Config, rope_type: str, type_src: str, p: Entry) -> dict[str, A
 
 
 def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
-    """qk_norm, v_norm, k_eq_v, temperature, gate, softcap and scale, as the family has them."""
+    """qk_norm, v_norm, k_eq_v, temperature, gate, attention_multiplier, clip_qkv, softcap and
+    scale, as the family has them."""
     fam, out = c.family, dict[str, Any]()
     eps, e_src = c.get("rms_norm_eps")
     why = f"model_type {c.model_type}"
@@ -433,6 +441,16 @@ def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
         }
     if fam == "qwen3_next":  # q_proj holds each head's query and output gate
         out["gate"] = c.take("gate", why, True)
+    for key, needed in _OWN_STEPS.items():
+        value, src = c.get(key) if c.reads(key) else (None, "")
+        if value is None and src and needed:
+            raise ConfigError(
+                f"config.{_key(src)}",
+                f"{_key(src)} is null: {needed}, so the layer has none and the service will "
+                "not guess one; send the layer's number",
+            )
+        if value is not None:
+            out[key] = c.take(key, src, _num(value, _key(src), _POSITIVE))
     cap, cap_src = c.get("attn_logit_softcapping")
     if cap is not None and fam not in ("gemma3", "gemma4"):
         out["softcap"] = c.take("softcap", cap_src, _num(cap, _key(cap_src), _POSITIVE))

@@ -34,6 +34,7 @@ VERIFIED = _words("""
     gemma3_text gemma4_text starcoder2 smollm3 deepseek_v2 deepseek_v3 gpt_oss llama4_text
     phimoe nemotron seed_oss phi3
 """)
+VERIFIED += _words("granite")
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 
 _ALL = "*"
@@ -48,6 +49,7 @@ _LAYER_TYPES = (
 _QK_NORM = "qwen3 qwen3_moe qwen3_next gemma3_text gemma4_text llama4_text"
 _MLA = "deepseek_v2 deepseek_v3"
 _GEMMAS = "gemma gemma2 gemma3_text gemma4_text"
+_GRANITES = "granite"  # attention_multiplier is their scale
 
 
 class ConfigError(ValueError):
@@ -123,7 +125,12 @@ KEYS: dict[str, Key] = {
     **{k: _INERT for k in _words("attention_bias qkv_bias use_bias attention_out_bias")},
     # ---- change attention in other families; not applied by the service
     "clip_qkv": Key(why="q, k, v clamped to ±clip_qkv"),
-    "attention_multiplier": Key(why="the scale (Granite)"),
+    "attention_multiplier": Key(reads=_GRANITES, why="the scale (Granite)"),
+    # Granite's multipliers outside the attention module (embeddings, residual, logits)
+    **{
+        k: Key(inert=_GRANITES)
+        for k in _words("embedding_multiplier residual_multiplier logits_scaling")
+    },
     "qk_layernorm": Key(neutral=_OFF, why="q/k LayerNorms"),
     "rotary_dim": Key(why="a partial rotation"),
     "rotary_pct": Key(why="a partial rotation"),
@@ -274,6 +281,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "rms_norm_eps": 1e-6,
         "full_attention_interval": 4,
     },
+    "granite": {"attention_multiplier": 1.0},
     "llama4": {
         "head_dim": 128,
         "rope_theta": 500_000.0,

@@ -425,7 +425,7 @@ GPT_OSS_YARN: dict[str, Any] = dict(GPT_OSS_20B["rope_scaling"])  # type: ignore
 def test_a_model_type_outside_the_verified_families_is_refused() -> None:
     """No family is read with another's (or generic) defaults: OPT has no RoPE, GLM-4 turns
     interleaved pairs … — each would have been a 200 with wrong numbers."""
-    for model_type in ("mine", "opt", "glm4", "granite", "gemma3n_text", "mimo", 7):
+    for model_type in ("mine", "opt", "glm4", "olmo2", "gemma3n_text", "mimo", 7):
         with pytest.raises(ConfigError, match=r"(?i)state the layer's fields yourself") as e:
             from_config({**LLAMA_3_1_8B, "model_type": model_type}, 0)
         assert e.value.field == "config.model_type"

@@ -56,6 +56,7 @@ from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: E402
 from transformers.models.gemma3 import modeling_gemma3  # noqa: E402
 from transformers.models.gemma4 import modeling_gemma4  # noqa: E402
 from transformers.models.gemma4.configuration_gemma4 import Gemma4Config  # noqa: E402
+from transformers.models.granite import modeling_granite  # noqa: E402
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
 from transformers.models.phi3 import modeling_phi3  # noqa: E402
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
@@ -262,6 +263,36 @@ def llama4(layer: int) -> tuple[Any, Layer]:
     )  # fmt: skip
 
 
+def _causal(
+    modeling: types.ModuleType, prefix: str, fields: dict[str, Any], layer: int
+) -> tuple[Any, Layer]:
+    """A decoder of one kind of layer (every layer causal, one RoPE): ``<prefix>Config`` from
+    ``fields``, its ``<prefix>Attention`` and ``<prefix>RotaryEmbedding``, the causal mask."""
+    config: Any = getattr(modeling, f"{prefix}Config")(**fields)
+    config._attn_implementation = "eager"
+
+    def rotary(x: Any, pos: Any) -> Any:
+        return getattr(modeling, f"{prefix}RotaryEmbedding")(config)(x, pos)
+
+    attn = getattr(modeling, f"{prefix}Attention")(config, layer)
+    return config.to_dict(), Layer(modeling, attn, rotary, hf_masks.create_causal_mask, config)
+
+
+def granite(layer: int) -> tuple[Any, Layer]:
+    """As ibm-granite/granite-3.3-8b-instruct's: attention_multiplier (0.0078125 there, for
+    head_dim 128; 0.3 here, not 8^-½) as the scale, residual/embedding multipliers and
+    logits_scaling outside the layer, rope_theta 10⁷ in rope_parameters, no head_dim (hidden
+    size ÷ heads = 8); GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "granite", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "attention_multiplier": 0.3, "embedding_multiplier": 12.0,
+        "residual_multiplier": 0.22, "logits_scaling": 16.0, "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0},
+        "attention_bias": False, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_granite, "Granite", fields, layer)
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -345,6 +376,9 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
       "mask": [{"type": "chunked", "size": 4}]}),
     ("llama4-nope-temperature", llama4, 3, None,
      {"rope": None, "qk_norm": None, "temperature": {"floor_scale": 4.0, "attn_scale": 0.1},
+      "mask": [CAUSAL]}),
+    ("granite-attention_multiplier", granite, 1, None,
+     {"d_k": 8, "attention_multiplier": 0.3, "scale": None, "rope": {"base": 1e7},
       "mask": [CAUSAL]}),
 ]  # fmt: skip
 

@@ -82,9 +82,9 @@ def test_every_key_of_the_config_is_either_applied_or_listed_as_not_mattering(
     [stock("OPTConfig", ffn_dim=16, word_embed_proj_dim=8, num_attention_heads=H,
            hidden_size=D_MODEL),
      stock("Glm4Config", partial_rotary_factor=0.5), stock("Ernie4_5Config"),
-     stock("GraniteConfig", attention_multiplier=0.0625), stock("OlmoConfig", clip_qkv=8.0),
+     stock("Olmo2Config"), stock("OlmoConfig", clip_qkv=8.0),
      stock("Cohere2Config"), stock("Exaone4Config"), stock("Gemma3nTextConfig"), MIMO],
-    ids=["opt", "glm4", "ernie4_5", "granite", "olmo", "cohere2", "exaone4", "gemma3n", "mimo"],
+    ids=["opt", "glm4", "ernie4_5", "olmo2", "olmo", "cohere2", "exaone4", "gemma3n", "mimo"],
 )  # fmt: skip
 def test_a_family_the_service_does_not_reproduce_is_a_422_naming_model_type(
     client: TestClient, config: dict[str, Any]
@@ -117,6 +117,17 @@ def test_a_key_that_changes_attention_unapplied_is_a_422_naming_it(
     error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
     assert error["field"] == f"config.{key}", error
     assert error["message"].startswith(f"{key} (") and "not supported" in error["message"]
+
+
+def test_a_granite_config_without_its_scale_is_a_422_naming_attention_multiplier(
+    client: TestClient,
+) -> None:
+    """GraniteAttention's scale is config.attention_multiplier: null leaves the layer without
+    one (transformers' GraniteConfig refuses it), not 1/√d_k."""
+    config = {**stock("GraniteConfig"), "attention_multiplier": None}
+    error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
+    assert error["field"] == "config.attention_multiplier", error
+    assert "null" in error["message"] and "scale" in error["message"]
 
 
 MISTRAL = stock("MistralConfig", sliding_window=2)
