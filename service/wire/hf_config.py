@@ -66,6 +66,7 @@ _TYPES_OF_FAMILY = {
     "gemma4": "gemma4_text",
     "deepseek": "deepseek_v2 deepseek_v3",
     "llama4": "llama4_text",
+    "granite": "granite granitemoe",
 }
 _FAMILIES = {t: family for family, types in _TYPES_OF_FAMILY.items() for t in types.split()}
 _FAMILIES |= {t: t for t in VERIFIED if t not in _FAMILIES}

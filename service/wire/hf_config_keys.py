@@ -34,7 +34,7 @@ VERIFIED = _words("""
     gemma3_text gemma4_text starcoder2 smollm3 deepseek_v2 deepseek_v3 gpt_oss llama4_text
     phimoe nemotron seed_oss phi3
 """)
-VERIFIED += _words("granite")
+VERIFIED += _words("granite granitemoe")
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 
 _ALL = "*"
@@ -49,7 +49,7 @@ _LAYER_TYPES = (
 _QK_NORM = "qwen3 qwen3_moe qwen3_next gemma3_text gemma4_text llama4_text"
 _MLA = "deepseek_v2 deepseek_v3"
 _GEMMAS = "gemma gemma2 gemma3_text gemma4_text"
-_GRANITES = "granite"  # attention_multiplier is their scale
+_GRANITES = "granite granitemoe"  # attention_multiplier is their scale
 
 
 class ConfigError(ValueError):

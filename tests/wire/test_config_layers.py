@@ -57,6 +57,7 @@ from transformers.models.gemma3 import modeling_gemma3  # noqa: E402
 from transformers.models.gemma4 import modeling_gemma4  # noqa: E402
 from transformers.models.gemma4.configuration_gemma4 import Gemma4Config  # noqa: E402
 from transformers.models.granite import modeling_granite  # noqa: E402
+from transformers.models.granitemoe import modeling_granitemoe  # noqa: E402
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
 from transformers.models.phi3 import modeling_phi3  # noqa: E402
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
@@ -293,6 +294,20 @@ def granite(layer: int) -> tuple[Any, Layer]:
     return _causal(modeling_granite, "Granite", fields, layer)
 
 
+def granitemoe(layer: int) -> tuple[Any, Layer]:
+    """As ibm-granite/granite-3.1-3b-a800m-instruct's (GraniteMoE): attention_multiplier (0.2
+    here) as the scale, the experts and multipliers outside the layer; head_dim 16 given
+    (the class reads it where given: not hidden size ÷ heads = 8); GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "granitemoe", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 2, "attention_multiplier": 0.2,
+        "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 6.0,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_granitemoe, "GraniteMoe", fields, layer)
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -380,6 +395,8 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
     ("granite-attention_multiplier", granite, 1, None,
      {"d_k": 8, "attention_multiplier": 0.3, "scale": None, "rope": {"base": 1e7},
       "mask": [CAUSAL]}),
+    ("granitemoe-attention_multiplier", granitemoe, 0, None,
+     {"d_k": 16, "attention_multiplier": 0.2, "rope": {"base": 10000.0}, "mask": [CAUSAL]}),
 ]  # fmt: skip
 
 
