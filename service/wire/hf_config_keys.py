@@ -34,7 +34,7 @@ VERIFIED = _words("""
     gemma3_text gemma4_text starcoder2 smollm3 deepseek_v2 deepseek_v3 gpt_oss llama4_text
     phimoe nemotron seed_oss phi3
 """)
-VERIFIED += _words("granite granitemoe")
+VERIFIED += _words("granite granitemoe olmo")
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 
 _ALL = "*"
@@ -124,7 +124,7 @@ KEYS: dict[str, Key] = {
     # ---- biases: the state dict brings them, as it brings gpt-oss's sinks
     **{k: _INERT for k in _words("attention_bias qkv_bias use_bias attention_out_bias")},
     # ---- change attention in other families; not applied by the service
-    "clip_qkv": Key(why="q, k, v clamped to ±clip_qkv"),
+    "clip_qkv": Key(reads="olmo", why="q, k, v clamped to ±clip_qkv"),
     "attention_multiplier": Key(reads=_GRANITES, why="the scale (Granite)"),
     # Granite's multipliers outside the attention module (embeddings, residual, logits)
     **{

@@ -59,6 +59,7 @@ from transformers.models.gemma4.configuration_gemma4 import Gemma4Config  # noqa
 from transformers.models.granite import modeling_granite  # noqa: E402
 from transformers.models.granitemoe import modeling_granitemoe  # noqa: E402
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
+from transformers.models.olmo import modeling_olmo  # noqa: E402
 from transformers.models.phi3 import modeling_phi3  # noqa: E402
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
 
@@ -308,6 +309,18 @@ def granitemoe(layer: int) -> tuple[Any, Layer]:
     return _causal(modeling_granitemoe, "GraniteMoe", fields, layer)
 
 
+def olmo(layer: int) -> tuple[Any, Layer]:
+    """As allenai/OLMo-7B-0424-hf's: clip_qkv (8.0 there; 0.5 here, so that it bites on
+    projections of size ≈ 1), rope_theta 10⁴, no head_dim, MHA (num_key_value_heads equal to
+    the heads)."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "olmo", "num_attention_heads": 4, "num_key_value_heads": 4,
+        "num_hidden_layers": 2, "clip_qkv": 0.5, "attention_bias": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_olmo, "Olmo", fields, layer)
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -397,6 +410,8 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
       "mask": [CAUSAL]}),
     ("granitemoe-attention_multiplier", granitemoe, 0, None,
      {"d_k": 16, "attention_multiplier": 0.2, "rope": {"base": 10000.0}, "mask": [CAUSAL]}),
+    ("olmo-clip_qkv", olmo, 1, None,
+     {"clip_qkv": 0.5, "num_kv_heads": 4, "rope": {"base": 10000.0}, "mask": [CAUSAL]}),
 ]  # fmt: skip
 
 
