@@ -73,6 +73,10 @@ _FAMILIES |= {t: t for t in VERIFIED if t not in _FAMILIES}
 # families whose every layer slides when sliding_window is set (their masks ignore layer_types)
 _EVERY_LAYER_SLIDES = ("mistral", "mixtral", "phimoe", "starcoder2", "phi3", "qwen3_moe")
 _KINDS = ("full_attention", "sliding_attention")  # indexed by "it slides"
+# families whose apply_rotary_pos_emb turns the pairs (2i, 2i + 1): Llama 4's complex pairs;
+# Helium's rotate_half of x[..., 0::2] and x[..., 1::2] with cos, sin repeat_interleave'd
+_INTERLEAVED = ("llama4",)
+_INTERLEAVED += ("helium",)
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
 # a family's own step, from the config key of the field's name where hf_config_keys.KEYS says
 # the type reads it: {key: what the layer does with it, when null is no layer ("" when null is
@@ -285,7 +289,7 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
             "rope.rotary_dim", f_src or kind_src, 2 * int(share * head_dim // 2)
         )
         return rope
-    if mla or c.family == "llama4":
+    if mla or c.family in _INTERLEAVED:
         on, i_src = c.get("rope_interleave") if mla else (True, f"model_type {c.model_type}")
         if on:
             rope["style"] = c.take("rope.style", i_src, "interleaved")

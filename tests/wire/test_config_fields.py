@@ -402,6 +402,16 @@ def test_llama_4_rope_and_nope_layer() -> None:
     assert nope_layer.taken["temperature"] == "text_config.attn_temperature_tuning"
 
 
+def test_the_new_families_defaults_where_their_config_json_leaves_a_key_out() -> None:
+    """Each family's transformers 5.23 default, said so in ``taken``: Helium's rope_theta 10⁵
+    and head_dim 128."""
+    bare = {"num_attention_heads": 4, "hidden_size": 64, "num_hidden_layers": 2}
+    got = from_config({**bare, "model_type": "helium"}, 1)
+    assert got.fields["rope"] == {"base": 1e5, "style": "interleaved"}
+    assert got.fields["d_k"] == 128 and got.taken["d_k"] == "head_dim (absent: helium's default)"
+    assert got.taken["rope.base"] == "rope_theta (absent: helium's default)"
+
+
 def test_config_errors() -> None:
     with pytest.raises(ConfigError, match="layer 40 but the config has num_hidden_layers 32") as e:
         from_config(LLAMA_3_1_8B, 40)

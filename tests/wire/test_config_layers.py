@@ -58,6 +58,7 @@ from transformers.models.gemma4 import modeling_gemma4  # noqa: E402
 from transformers.models.gemma4.configuration_gemma4 import Gemma4Config  # noqa: E402
 from transformers.models.granite import modeling_granite  # noqa: E402
 from transformers.models.granitemoe import modeling_granitemoe  # noqa: E402
+from transformers.models.helium import modeling_helium  # noqa: E402
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
 from transformers.models.olmo import modeling_olmo  # noqa: E402
 from transformers.models.phi3 import modeling_phi3  # noqa: E402
@@ -321,6 +322,18 @@ def olmo(layer: int) -> tuple[Any, Layer]:
     return _causal(modeling_olmo, "Olmo", fields, layer)
 
 
+def helium(layer: int) -> tuple[Any, Layer]:
+    """As kyutai/helium-1-preview-2b's: the interleaved rotation (pairs 2i, 2i + 1), head_dim
+    given (8 = hidden size ÷ heads: its o_proj maps hidden size to hidden size), rope_theta
+    left out (Helium's default 10⁵), rms_norm_eps 1e-8 of the block's norms; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "helium", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "num_hidden_layers": 2, "rms_norm_eps": 1e-8, "attention_bias": False,
+        "mlp_bias": False, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_helium, "Helium", fields, layer)
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -412,6 +425,8 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
      {"d_k": 16, "attention_multiplier": 0.2, "rope": {"base": 10000.0}, "mask": [CAUSAL]}),
     ("olmo-clip_qkv", olmo, 1, None,
      {"clip_qkv": 0.5, "num_kv_heads": 4, "rope": {"base": 10000.0}, "mask": [CAUSAL]}),
+    ("helium-interleaved", helium, 1, None,
+     {"rope": {"base": 100000.0, "style": "interleaved"}, "mask": [CAUSAL], "qk_norm": None}),
 ]  # fmt: skip
 
 
