@@ -74,9 +74,9 @@ _FAMILIES |= {t: t for t in VERIFIED if t not in _FAMILIES}
 _EVERY_LAYER_SLIDES = ("mistral", "mixtral", "phimoe", "starcoder2", "phi3", "qwen3_moe")
 _KINDS = ("full_attention", "sliding_attention")  # indexed by "it slides"
 # families whose apply_rotary_pos_emb turns the pairs (2i, 2i + 1): Llama 4's complex pairs;
-# Helium's rotate_half of x[..., 0::2] and x[..., 1::2] with cos, sin repeat_interleave'd
+# Helium's and ERNIE 4.5's rotate_half of x[..., 0::2], x[..., 1::2], cos and sin repeat_interleave'd
 _INTERLEAVED = ("llama4",)
-_INTERLEAVED += ("helium",)
+_INTERLEAVED += ("helium", "ernie4_5")
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
 # a family's own step, from the config key of the field's name where hf_config_keys.KEYS says
 # the type reads it: {key: what the layer does with it, when null is no layer ("" when null is

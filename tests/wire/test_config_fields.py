@@ -404,12 +404,15 @@ def test_llama_4_rope_and_nope_layer() -> None:
 
 def test_the_new_families_defaults_where_their_config_json_leaves_a_key_out() -> None:
     """Each family's transformers 5.23 default, said so in ``taken``: Helium's rope_theta 10⁵
-    and head_dim 128."""
+    and head_dim 128, ERNIE 4.5's rope_theta 5·10⁵."""
     bare = {"num_attention_heads": 4, "hidden_size": 64, "num_hidden_layers": 2}
     got = from_config({**bare, "model_type": "helium"}, 1)
     assert got.fields["rope"] == {"base": 1e5, "style": "interleaved"}
     assert got.fields["d_k"] == 128 and got.taken["d_k"] == "head_dim (absent: helium's default)"
     assert got.taken["rope.base"] == "rope_theta (absent: helium's default)"
+    ernie = from_config({**bare, "model_type": "ernie4_5", "head_dim": None}, 0)
+    assert ernie.fields["rope"] == {"base": 5e5, "style": "interleaved"}
+    assert ernie.fields["d_k"] == 16  # null: hidden size ÷ heads, as Ernie4_5Config sets it
 
 
 def test_config_errors() -> None:

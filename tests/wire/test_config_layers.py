@@ -53,6 +53,7 @@ from transformers import (  # noqa: E402
 from transformers import masking_utils as hf_masks  # noqa: E402
 from transformers import modeling_rope_utils as hf_rope  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: E402
+from transformers.models.ernie4_5 import modeling_ernie4_5  # noqa: E402
 from transformers.models.gemma3 import modeling_gemma3  # noqa: E402
 from transformers.models.gemma4 import modeling_gemma4  # noqa: E402
 from transformers.models.gemma4.configuration_gemma4 import Gemma4Config  # noqa: E402
@@ -334,6 +335,18 @@ def helium(layer: int) -> tuple[Any, Layer]:
     return _causal(modeling_helium, "Helium", fields, layer)
 
 
+def ernie4_5(layer: int) -> tuple[Any, Layer]:
+    """As baidu/ERNIE-4.5-0.3B-PT's: the interleaved rotation (pairs 2i, 2i + 1, in float32
+    there: its apply_rotary_pos_emb's ``.float()``), head_dim 16 given (not hidden size ÷
+    heads), rope_theta 5·10⁵, use_bias false (the state dict brings any bias); GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "ernie4_5", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 2, "rms_norm_eps": 1e-5, "use_bias": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_ernie4_5, "Ernie4_5", fields, layer)
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -427,6 +440,8 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
      {"clip_qkv": 0.5, "num_kv_heads": 4, "rope": {"base": 10000.0}, "mask": [CAUSAL]}),
     ("helium-interleaved", helium, 1, None,
      {"rope": {"base": 100000.0, "style": "interleaved"}, "mask": [CAUSAL], "qk_norm": None}),
+    ("ernie4_5-interleaved", ernie4_5, 0, None,
+     {"d_k": 16, "rope": {"base": 500000.0, "style": "interleaved"}, "mask": [CAUSAL]}),
 ]  # fmt: skip
 
 
