@@ -18,8 +18,9 @@ Choices where the contract is silent:
 - ``head_dim`` (else hidden_size // num_attention_heads) goes as ``d_k`` (the service checks it
   against ``q_proj.weight``), ``num_key_value_heads`` as ``num_kv_heads`` only when given; with
   MLA neither, and ``mla.eps`` stays 1e-6 (DeepSeek's latent norms ignore ``rms_norm_eps``).
-- ``rope.rotary_dim`` only with ``partial_rotary_factor``: int(head_dim · factor), rounded up
-  to even as transformers' ``arange(0, dim, 2)``; ``rope.style`` only when not ``half``. The
+- ``rope.rotary_dim`` only with ``partial_rotary_factor``: int(head_dim · factor); an odd one
+  is a ConfigError (transformers' ``arange(0, dim, 2)`` turns dim + 1 features at the
+  frequencies of dim, which no rotary_dim states); ``rope.style`` only when not ``half``. The
   rope: ``rope_scaling`` over ``rope_parameters``, the layer type's entry when nested,
   ``rope_theta``/``partial_rotary_factor`` from the top level when the entry lacks them; for
   llama3, yarn and longrope a top-level ``original_max_position_embeddings`` wins, else the
@@ -67,6 +68,7 @@ _TYPES_OF_FAMILY = {
     "deepseek": "deepseek_v2 deepseek_v3",
     "llama4": "llama4_text",
     "granite": "granite granitemoe",
+    "glm": "glm glm4",
 }
 _FAMILIES = {t: family for family, types in _TYPES_OF_FAMILY.items() for t in types.split()}
 _FAMILIES |= {t: t for t in VERIFIED if t not in _FAMILIES}
@@ -74,9 +76,10 @@ _FAMILIES |= {t: t for t in VERIFIED if t not in _FAMILIES}
 _EVERY_LAYER_SLIDES = ("mistral", "mixtral", "phimoe", "starcoder2", "phi3", "qwen3_moe")
 _KINDS = ("full_attention", "sliding_attention")  # indexed by "it slides"
 # families whose apply_rotary_pos_emb turns the pairs (2i, 2i + 1): Llama 4's complex pairs;
-# Helium's and ERNIE 4.5's rotate_half of x[..., 0::2], x[..., 1::2], cos and sin repeat_interleave'd
-_INTERLEAVED = ("llama4",)
-_INTERLEAVED += ("helium", "ernie4_5")
+# Helium's, ERNIE 4.5's, GLM's and GLM-4's rotate_half of x[..., 0::2], x[..., 1::2], cos and
+# sin repeat_interleave'd (GLM's on the first rotary_dim features)
+_INTERLEAVED: tuple[str, ...] = ("llama4",)
+_INTERLEAVED += ("helium", "ernie4_5", "glm", "glm4")
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
 # a family's own step, from the config key of the field's name where hf_config_keys.KEYS says
 # the type reads it: {key: what the layer does with it, when null is no layer ("" when null is
@@ -295,7 +298,14 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
             rope["style"] = c.take("rope.style", i_src, "interleaved")
     if factor is not None and not mla:
         dim = int(head_dim * _num(factor, _key(f_src), _SHARE))
-        rope["rotary_dim"] = c.take("rope.rotary_dim", f_src, dim + dim % 2)
+        if dim % 2:  # transformers turns dim + 1 features at base^(−2i/dim): no rotary_dim
+            raise ConfigError(
+                f"config.{_key(f_src)}",
+                f"head_dim {head_dim} · {_key(f_src)} {factor} = {dim} features, an odd "
+                f"number: transformers turns {dim + 1} of them with the frequencies of {dim} "
+                f"(base^(−2i/{dim})), which rope.rotary_dim cannot state",
+            )
+        rope["rotary_dim"] = c.take("rope.rotary_dim", f_src, dim)
     if rope_type != "default":
         rope["scaling"] = _scaling(c, rope_type, kind_src, p)
     return rope

@@ -34,7 +34,7 @@ VERIFIED = _words("""
     gemma3_text gemma4_text starcoder2 smollm3 deepseek_v2 deepseek_v3 gpt_oss llama4_text
     phimoe nemotron seed_oss phi3
 """)
-VERIFIED += _words("granite granitemoe olmo helium ernie4_5")
+VERIFIED += _words("granite granitemoe olmo helium ernie4_5 glm glm4")
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 
 _ALL = "*"
@@ -284,6 +284,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "granite": {"attention_multiplier": 1.0},
     "helium": {"head_dim": 128, "rope_theta": 100_000.0},
     "ernie4_5": {"head_dim": 128, "rope_theta": 500_000.0},
+    "glm": {"head_dim": 128, "partial_rotary_factor": 0.5},
     "llama4": {
         "head_dim": 128,
         "rope_theta": 500_000.0,

@@ -57,6 +57,8 @@ from transformers.models.ernie4_5 import modeling_ernie4_5  # noqa: E402
 from transformers.models.gemma3 import modeling_gemma3  # noqa: E402
 from transformers.models.gemma4 import modeling_gemma4  # noqa: E402
 from transformers.models.gemma4.configuration_gemma4 import Gemma4Config  # noqa: E402
+from transformers.models.glm import modeling_glm  # noqa: E402
+from transformers.models.glm4 import modeling_glm4  # noqa: E402
 from transformers.models.granite import modeling_granite  # noqa: E402
 from transformers.models.granitemoe import modeling_granitemoe  # noqa: E402
 from transformers.models.helium import modeling_helium  # noqa: E402
@@ -347,6 +349,31 @@ def ernie4_5(layer: int) -> tuple[Any, Layer]:
     return _causal(modeling_ernie4_5, "Ernie4_5", fields, layer)
 
 
+def glm(layer: int) -> tuple[Any, Layer]:
+    """As THUDM/glm-4-9b-chat-hf's (model_type glm): partial_rotary_factor left out (GLM's
+    default 0.5: the first 8 of head_dim 16 turn, in interleaved pairs), attention_bias true
+    (q, k, v biases in the state dict, none on o_proj), rope_theta 10⁴; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "glm", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 2, "attention_bias": True,
+        "rms_norm_eps": 1.5625e-07, "rope_theta": 10000.0, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_glm, "Glm", fields, layer)
+
+
+def glm4(layer: int) -> tuple[Any, Layer]:
+    """As THUDM/GLM-4-9B-0414's (model_type glm4): partial_rotary_factor 0.5 given, head_dim
+    12 (the first 6 of 12 turn, in interleaved pairs), attention_bias true, rope_theta 10⁴;
+    GQA 4/1."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "glm4", "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 12, "num_hidden_layers": 2, "attention_bias": True,
+        "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_glm4, "Glm4", fields, layer)
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -442,6 +469,11 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
      {"rope": {"base": 100000.0, "style": "interleaved"}, "mask": [CAUSAL], "qk_norm": None}),
     ("ernie4_5-interleaved", ernie4_5, 0, None,
      {"d_k": 16, "rope": {"base": 500000.0, "style": "interleaved"}, "mask": [CAUSAL]}),
+    ("glm-partial-interleaved", glm, 1, None,
+     {"rope": {"base": 10000.0, "style": "interleaved", "rotary_dim": 8}, "mask": [CAUSAL]}),
+    ("glm4-partial-interleaved", glm4, 0, None,
+     {"d_k": 12, "num_kv_heads": 1, "mask": [CAUSAL],
+      "rope": {"base": 10000.0, "style": "interleaved", "rotary_dim": 6}}),
 ]  # fmt: skip
 
 
