@@ -31,6 +31,9 @@ Choices where the contract is silent:
   ``use_sliding_window``, layers ≥ ``max_window_layers``), else all when ``sliding_window`` is
   set. Mask: causal, plus the window; Llama 4's chunked layers: the chunked mask alone (causal
   within chunks, as docs/api.md's Llama 4 row).
+- Granite's ``attention_multiplier`` → ``attention_multiplier`` (the scale; null a ConfigError),
+  OLMo's ``clip_qkv`` → ``clip_qkv``; Helium, ERNIE 4.5, GLM and GLM-4 rotate interleaved pairs
+  (``rope.style``), as Llama 4 does.
 - ``attn_logit_softcapping`` → ``softcap`` except Gemma 3/4 (their 5.23 attention ignores it);
   gpt-oss's sinks are weights (``sinks`` in the state dict), not config.
 - ConfigError: a layer out of range, a rope type the service lacks, a non-attention layer

@@ -123,7 +123,7 @@ KEYS: dict[str, Key] = {
     },
     # ---- biases: the state dict brings them, as it brings gpt-oss's sinks
     **{k: _INERT for k in _words("attention_bias qkv_bias use_bias attention_out_bias")},
-    # ---- change attention in other families; not applied by the service
+    # ---- change attention; applied only for the types in reads (OLMo's clamp, Granite's scale)
     "clip_qkv": Key(reads="olmo", why="q, k, v clamped to ±clip_qkv"),
     "attention_multiplier": Key(reads=_GRANITES, why="the scale (Granite)"),
     # Granite's multipliers outside the attention module (embeddings, residual, logits)
