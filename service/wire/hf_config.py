@@ -18,8 +18,9 @@ Choices where the contract is silent:
 - ``head_dim`` (else hidden_size // num_attention_heads) goes as ``d_k`` (the service checks it
   against ``q_proj.weight``), ``num_key_value_heads`` as ``num_kv_heads`` only when given; with
   MLA neither, and ``mla.eps`` stays 1e-6 (DeepSeek's latent norms ignore ``rms_norm_eps``).
-- ``rope.rotary_dim`` only with ``partial_rotary_factor``: int(head_dim · factor), rounded up
-  to even as transformers' ``arange(0, dim, 2)``; ``rope.style`` only when not ``half``. The
+- ``rope.rotary_dim`` only with ``partial_rotary_factor``: int(head_dim · factor); an odd one
+  is a ConfigError (transformers' ``arange(0, dim, 2)`` turns dim + 1 features at the
+  frequencies of dim, which no rotary_dim states); ``rope.style`` only when not ``half``. The
   rope: ``rope_scaling`` over ``rope_parameters``, the layer type's entry when nested,
   ``rope_theta``/``partial_rotary_factor`` from the top level when the entry lacks them; for
   llama3, yarn and longrope a top-level ``original_max_position_embeddings`` wins, else the
@@ -38,6 +39,9 @@ Choices where the contract is silent:
   4's always; their eps ``rms_norm_eps``. Qwen3.5 (dense and MoE) reads as Qwen3-Next (the
   gate rows in ``q_proj``, (1 + w) norms); its M-RoPE is the plain rotation on text positions
   (the three axes equal), the only positions a request has.
+- Granite's ``attention_multiplier`` → ``attention_multiplier`` (the scale; null a ConfigError),
+  OLMo's ``clip_qkv`` → ``clip_qkv``; Helium, ERNIE 4.5, GLM and GLM-4 rotate interleaved pairs
+  (``rope.style``), as Llama 4 does.
 - ``attn_logit_softcapping`` → ``softcap`` except Gemma 3/4 (their 5.23 attention ignores it);
   gpt-oss's sinks are weights (``sinks`` in the state dict), not config.
 - ConfigError: a layer out of range, a rope type the service lacks, a non-attention layer
@@ -75,6 +79,8 @@ _TYPES_OF_FAMILY = {
     "deepseek": "deepseek_v2 deepseek_v3",
     "llama4": "llama4_text",
     "qwen3_next": "qwen3_next qwen3_5_text qwen3_5_moe_text",  # Qwen3.5's attention is Qwen3-Next's
+    "granite": "granite granitemoe",
+    "glm": "glm glm4",
 }
 _FAMILIES = {t: family for family, types in _TYPES_OF_FAMILY.items() for t in types.split()}
 _FAMILIES |= {t: t for t in VERIFIED if t not in _FAMILIES}
@@ -87,7 +93,20 @@ _FULL_LAYERS_NOPE = {"exaone4": True, "cohere2": False}
 # families with q/k RMSNorms on every layer, and those where use_qk_norm decides
 _QK_NORMED = ("qwen3", "qwen3_moe", "gemma3", "gemma4", "qwen3_next", "apertus", "exaone4")
 _QK_NORM_FLAG = ("llama4", "glm4_moe")
+# families whose apply_rotary_pos_emb turns the pairs (2i, 2i + 1): Llama 4's complex pairs;
+# Helium's, ERNIE 4.5's, GLM's and GLM-4's rotate_half of x[..., 0::2], x[..., 1::2], cos and
+# sin repeat_interleave'd (GLM's on the first rotary_dim features)
+_INTERLEAVED: tuple[str, ...] = ("llama4",)
+_INTERLEAVED += ("helium", "ernie4_5", "glm", "glm4")
+_INTERLEAVED += ("cohere2",)  # Cohere 2: repeat_interleave'd frequencies
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
+# a family's own step, from the config key of the field's name where hf_config_keys.KEYS says
+# the type reads it: {key: what the layer does with it, when null is no layer ("" when null is
+# the step off: OlmoAttention clamps q, k, v to ±clip_qkv unless it is null)}
+_OWN_STEPS = {
+    "attention_multiplier": "GraniteAttention scales the scores by it (self.scaling)",
+    "clip_qkv": "",
+}
 
 
 def _key(source: str) -> str:
@@ -294,13 +313,20 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
             "rope.rotary_dim", f_src or kind_src, 2 * int(share * head_dim // 2)
         )
         return rope
-    if mla or c.family in ("llama4", "cohere2"):  # Cohere 2: repeat_interleave'd frequencies
+    if mla or c.family in _INTERLEAVED:
         on, i_src = c.get("rope_interleave") if mla else (True, f"model_type {c.model_type}")
         if on:
             rope["style"] = c.take("rope.style", i_src, "interleaved")
     if factor is not None and not mla:
         dim = int(head_dim * _num(factor, _key(f_src), _SHARE))
-        rope["rotary_dim"] = c.take("rope.rotary_dim", f_src, dim + dim % 2)
+        if dim % 2:  # transformers turns dim + 1 features at base^(−2i/dim): no rotary_dim
+            raise ConfigError(
+                f"config.{_key(f_src)}",
+                f"head_dim {head_dim} · {_key(f_src)} {factor} = {dim} features, an odd "
+                f"number: transformers turns {dim + 1} of them with the frequencies of {dim} "
+                f"(base^(−2i/{dim})), which rope.rotary_dim cannot state",
+            )
+        rope["rotary_dim"] = c.take("rope.rotary_dim", f_src, dim)
     if rope_type != "default":
         rope["scaling"] = _scaling(c, rope_type, kind_src, p)
     return rope
@@ -429,7 +455,8 @@ def _scaling(c: _Config, rope_type: str, type_src: str, p: Entry) -> dict[str, A
 
 
 def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
-    """qk_norm, v_norm, k_eq_v, temperature, gate, softcap and scale, as the family has them."""
+    """qk_norm, v_norm, k_eq_v, temperature, gate, attention_multiplier, clip_qkv, softcap and
+    scale, as the family has them."""
     fam, out = c.family, dict[str, Any]()
     eps, e_src = c.get("rms_norm_eps")
     why = f"model_type {c.model_type}"
@@ -460,6 +487,16 @@ def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
         }
     if fam == "qwen3_next":  # q_proj holds each head's query and output gate
         out["gate"] = c.take("gate", why, True)
+    for key, needed in _OWN_STEPS.items():
+        value, src = c.get(key) if c.reads(key) else (None, "")
+        if value is None and src and needed:
+            raise ConfigError(
+                f"config.{_key(src)}",
+                f"{_key(src)} is null: {needed}, so the layer has none and the service will "
+                "not guess one; send the layer's number",
+            )
+        if value is not None:
+            out[key] = c.take(key, src, _num(value, _key(src), _POSITIVE))
     cap, cap_src = c.get("attn_logit_softcapping")
     if cap is not None and fam not in ("gemma3", "gemma4"):
         out["softcap"] = c.take("softcap", cap_src, _num(cap, _key(cap_src), _POSITIVE))

@@ -35,6 +35,7 @@ VERIFIED = _words("""
     phimoe nemotron seed_oss phi3
 """)
 VERIFIED += _words("glm4_moe apertus exaone4 cohere2 qwen3_5_text qwen3_5_moe_text")
+VERIFIED += _words("granite granitemoe olmo helium ernie4_5 glm glm4")
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
@@ -60,6 +61,7 @@ _QK_NORM = "qwen3 qwen3_moe qwen3_next gemma3_text gemma4_text llama4_text"
 _QK_NORM += f" glm4_moe apertus exaone4 {_QWEN3_5}"
 _MLA = "deepseek_v2 deepseek_v3"
 _GEMMAS = "gemma gemma2 gemma3_text gemma4_text"
+_GRANITES = "granite granitemoe"  # attention_multiplier is their scale
 
 
 class ConfigError(ValueError):
@@ -135,9 +137,14 @@ KEYS: dict[str, Key] = {
     },
     # ---- biases: the state dict brings them, as it brings gpt-oss's sinks
     **{k: _INERT for k in _words("attention_bias qkv_bias use_bias attention_out_bias")},
-    # ---- change attention in other families; not applied by the service
-    "clip_qkv": Key(why="q, k, v clamped to ±clip_qkv"),
-    "attention_multiplier": Key(why="the scale (Granite)"),
+    # ---- change attention; applied only for the types in reads (OLMo's clamp, Granite's scale)
+    "clip_qkv": Key(reads="olmo", why="q, k, v clamped to ±clip_qkv"),
+    "attention_multiplier": Key(reads=_GRANITES, why="the scale (Granite)"),
+    # Granite's multipliers outside the attention module (embeddings, residual, logits)
+    **{
+        k: Key(inert=_GRANITES)
+        for k in _words("embedding_multiplier residual_multiplier logits_scaling")
+    },
     "qk_layernorm": Key(neutral=_OFF, why="q/k LayerNorms"),
     "rotary_dim": Key(why="a partial rotation"),
     "rotary_pct": Key(inert="cohere2", why="a partial rotation"),
@@ -314,6 +321,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "apertus": {"rms_norm_eps": 1e-5, "rope_parameters": _APERTUS_ROPE},
     "exaone4": {"rms_norm_eps": 1e-5, "sliding_window": 4096, "sliding_window_pattern": 4},
     "cohere2": {"sliding_window": 4096, "sliding_window_pattern": 4},
+    "granite": {"attention_multiplier": 1.0},
+    "helium": {"head_dim": 128, "rope_theta": 100_000.0},
+    "ernie4_5": {"head_dim": 128, "rope_theta": 500_000.0},
+    "glm": {"head_dim": 128, "partial_rotary_factor": 0.5},
     "llama4": {
         "head_dim": 128,
         "rope_theta": 500_000.0,

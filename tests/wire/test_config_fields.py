@@ -466,6 +466,27 @@ def test_apertus_without_rope_keys_takes_its_llama3_default() -> None:
         "original_max_position": 8192}}  # fmt: skip
 
 
+def test_the_new_families_defaults_where_their_config_json_leaves_a_key_out() -> None:
+    """Each family's transformers 5.23 default, said so in ``taken``: Helium's rope_theta 10⁵
+    and head_dim 128, ERNIE 4.5's rope_theta 5·10⁵, GLM's and GLM-4's partial_rotary_factor
+    0.5 (with head_dim 128)."""
+    bare = {"num_attention_heads": 4, "hidden_size": 64, "num_hidden_layers": 2}
+    got = from_config({**bare, "model_type": "helium"}, 1)
+    assert got.fields["rope"] == {"base": 1e5, "style": "interleaved"}
+    assert got.fields["d_k"] == 128 and got.taken["d_k"] == "head_dim (absent: helium's default)"
+    assert got.taken["rope.base"] == "rope_theta (absent: helium's default)"
+    ernie = from_config({**bare, "model_type": "ernie4_5", "head_dim": None}, 0)
+    assert ernie.fields["rope"] == {"base": 5e5, "style": "interleaved"}
+    assert ernie.fields["d_k"] == 16  # null: hidden size ÷ heads, as Ernie4_5Config sets it
+    for model_type in ("glm", "glm4"):  # half the head turns, in interleaved pairs
+        glm = from_config({**bare, "model_type": model_type}, 0)
+        assert glm.fields["rope"] == {"base": 1e4, "style": "interleaved", "rotary_dim": 64}
+        assert (
+            glm.taken["rope.rotary_dim"]
+            == f"partial_rotary_factor (absent: {model_type}'s default)"
+        )
+
+
 def test_config_errors() -> None:
     with pytest.raises(ConfigError, match="layer 40 but the config has num_hidden_layers 32") as e:
         from_config(LLAMA_3_1_8B, 40)
@@ -487,9 +508,9 @@ GPT_OSS_YARN: dict[str, Any] = dict(GPT_OSS_20B["rope_scaling"])  # type: ignore
 
 
 def test_a_model_type_outside_the_verified_families_is_refused() -> None:
-    """No family is read with another's (or generic) defaults: OPT has no RoPE, GLM-4 turns
-    interleaved pairs … — each would have been a 200 with wrong numbers."""
-    for model_type in ("mine", "opt", "glm4", "granite", "gemma3n_text", "mimo", 7):
+    """No family is read with another's (or generic) defaults: OPT has no RoPE, CodeGen turns
+    interleaved pairs of its rotary_dim, OLMo 2 norms the whole projection … — each would have been a 200 with wrong numbers."""
+    for model_type in ("mine", "opt", "codegen", "olmo2", "gemma3n_text", "mimo", 7):
         with pytest.raises(ConfigError, match=r"(?i)state the layer's fields yourself") as e:
             from_config({**LLAMA_3_1_8B, "model_type": model_type}, 0)
         assert e.value.field == "config.model_type"

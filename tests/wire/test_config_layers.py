@@ -57,14 +57,21 @@ from transformers.models.apertus.configuration_apertus import ApertusConfig  # n
 from transformers.models.cohere2 import modeling_cohere2  # noqa: E402
 from transformers.models.cohere2.configuration_cohere2 import Cohere2Config  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: E402
+from transformers.models.ernie4_5 import modeling_ernie4_5  # noqa: E402
 from transformers.models.exaone4 import modeling_exaone4  # noqa: E402
 from transformers.models.exaone4.configuration_exaone4 import Exaone4Config  # noqa: E402
 from transformers.models.gemma3 import modeling_gemma3  # noqa: E402
 from transformers.models.gemma4 import modeling_gemma4  # noqa: E402
 from transformers.models.gemma4.configuration_gemma4 import Gemma4Config  # noqa: E402
+from transformers.models.glm import modeling_glm  # noqa: E402
+from transformers.models.glm4 import modeling_glm4  # noqa: E402
 from transformers.models.glm4_moe import modeling_glm4_moe  # noqa: E402
 from transformers.models.glm4_moe.configuration_glm4_moe import Glm4MoeConfig  # noqa: E402
+from transformers.models.granite import modeling_granite  # noqa: E402
+from transformers.models.granitemoe import modeling_granitemoe  # noqa: E402
+from transformers.models.helium import modeling_helium  # noqa: E402
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
+from transformers.models.olmo import modeling_olmo  # noqa: E402
 from transformers.models.phi3 import modeling_phi3  # noqa: E402
 from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config  # noqa: E402
@@ -400,6 +407,111 @@ def qwen3_5_moe(layer: int) -> tuple[Any, Layer]:
     )  # fmt: skip
 
 
+def _causal(
+    modeling: types.ModuleType, prefix: str, fields: dict[str, Any], layer: int
+) -> tuple[Any, Layer]:
+    """A decoder of one kind of layer (every layer causal, one RoPE): ``<prefix>Config`` from
+    ``fields``, its ``<prefix>Attention`` and ``<prefix>RotaryEmbedding``, the causal mask."""
+    config: Any = getattr(modeling, f"{prefix}Config")(**fields)
+    config._attn_implementation = "eager"
+
+    def rotary(x: Any, pos: Any) -> Any:
+        return getattr(modeling, f"{prefix}RotaryEmbedding")(config)(x, pos)
+
+    attn = getattr(modeling, f"{prefix}Attention")(config, layer)
+    return config.to_dict(), Layer(modeling, attn, rotary, hf_masks.create_causal_mask, config)
+
+
+def granite(layer: int) -> tuple[Any, Layer]:
+    """As ibm-granite/granite-3.3-8b-instruct's: attention_multiplier (0.0078125 there, for
+    head_dim 128; 0.3 here, not 8^-½) as the scale, residual/embedding multipliers and
+    logits_scaling outside the layer, rope_theta 10⁷ in rope_parameters, no head_dim (hidden
+    size ÷ heads = 8); GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "granite", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "attention_multiplier": 0.3, "embedding_multiplier": 12.0,
+        "residual_multiplier": 0.22, "logits_scaling": 16.0, "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0},
+        "attention_bias": False, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_granite, "Granite", fields, layer)
+
+
+def granitemoe(layer: int) -> tuple[Any, Layer]:
+    """As ibm-granite/granite-3.1-3b-a800m-instruct's (GraniteMoE): attention_multiplier (0.2
+    here) as the scale, the experts and multipliers outside the layer; head_dim 16 given
+    (the class reads it where given: not hidden size ÷ heads = 8); GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "granitemoe", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 2, "attention_multiplier": 0.2,
+        "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 6.0,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_granitemoe, "GraniteMoe", fields, layer)
+
+
+def olmo(layer: int) -> tuple[Any, Layer]:
+    """As allenai/OLMo-7B-0424-hf's: clip_qkv (8.0 there; 0.5 here, so that it bites on
+    projections of size ≈ 1), rope_theta 10⁴, no head_dim, MHA (num_key_value_heads equal to
+    the heads)."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "olmo", "num_attention_heads": 4, "num_key_value_heads": 4,
+        "num_hidden_layers": 2, "clip_qkv": 0.5, "attention_bias": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_olmo, "Olmo", fields, layer)
+
+
+def helium(layer: int) -> tuple[Any, Layer]:
+    """As kyutai/helium-1-preview-2b's: the interleaved rotation (pairs 2i, 2i + 1), head_dim
+    given (8 = hidden size ÷ heads: its o_proj maps hidden size to hidden size), rope_theta
+    left out (Helium's default 10⁵), rms_norm_eps 1e-8 of the block's norms; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "helium", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "num_hidden_layers": 2, "rms_norm_eps": 1e-8, "attention_bias": False,
+        "mlp_bias": False, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_helium, "Helium", fields, layer)
+
+
+def ernie4_5(layer: int) -> tuple[Any, Layer]:
+    """As baidu/ERNIE-4.5-0.3B-PT's: the interleaved rotation (pairs 2i, 2i + 1, in float32
+    there: its apply_rotary_pos_emb's ``.float()``), head_dim 16 given (not hidden size ÷
+    heads), rope_theta 5·10⁵, use_bias false (the state dict brings any bias); GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "ernie4_5", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 2, "rms_norm_eps": 1e-5, "use_bias": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_ernie4_5, "Ernie4_5", fields, layer)
+
+
+def glm(layer: int) -> tuple[Any, Layer]:
+    """As THUDM/glm-4-9b-chat-hf's (model_type glm): partial_rotary_factor left out (GLM's
+    default 0.5: the first 8 of head_dim 16 turn, in interleaved pairs), attention_bias true
+    (q, k, v biases in the state dict, none on o_proj), rope_theta 10⁴; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "glm", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 2, "attention_bias": True,
+        "rms_norm_eps": 1.5625e-07, "rope_theta": 10000.0, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_glm, "Glm", fields, layer)
+
+
+def glm4(layer: int) -> tuple[Any, Layer]:
+    """As THUDM/GLM-4-9B-0414's (model_type glm4): partial_rotary_factor 0.5 given, head_dim
+    12 (the first 6 of 12 turn, in interleaved pairs), attention_bias true, rope_theta 10⁴;
+    GQA 4/1."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "glm4", "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 12, "num_hidden_layers": 2, "attention_bias": True,
+        "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_glm4, "Glm4", fields, layer)
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -507,6 +619,22 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
     ("qwen3_5_moe-full-gate", qwen3_5_moe, 3, None,
      {"d_k": 16, "rope": {"base": 1e7, "rotary_dim": 4}, "gate": True,
       "qk_norm": {"type": "rms", "eps": 1e-6, "zero_centered": True}}),
+    ("granite-attention_multiplier", granite, 1, None,
+     {"d_k": 8, "attention_multiplier": 0.3, "scale": None, "rope": {"base": 1e7},
+      "mask": [CAUSAL]}),
+    ("granitemoe-attention_multiplier", granitemoe, 0, None,
+     {"d_k": 16, "attention_multiplier": 0.2, "rope": {"base": 10000.0}, "mask": [CAUSAL]}),
+    ("olmo-clip_qkv", olmo, 1, None,
+     {"clip_qkv": 0.5, "num_kv_heads": 4, "rope": {"base": 10000.0}, "mask": [CAUSAL]}),
+    ("helium-interleaved", helium, 1, None,
+     {"rope": {"base": 100000.0, "style": "interleaved"}, "mask": [CAUSAL], "qk_norm": None}),
+    ("ernie4_5-interleaved", ernie4_5, 0, None,
+     {"d_k": 16, "rope": {"base": 500000.0, "style": "interleaved"}, "mask": [CAUSAL]}),
+    ("glm-partial-interleaved", glm, 1, None,
+     {"rope": {"base": 10000.0, "style": "interleaved", "rotary_dim": 8}, "mask": [CAUSAL]}),
+    ("glm4-partial-interleaved", glm4, 0, None,
+     {"d_k": 12, "num_kv_heads": 1, "mask": [CAUSAL],
+      "rope": {"base": 10000.0, "style": "interleaved", "rotary_dim": 6}}),
 ]  # fmt: skip
 
 
@@ -549,6 +677,7 @@ def test_service_with_config_equals_the_transformers_layer(
 # ---- every verified family's stock config is read, every key of it judged ------------------
 
 VERIFIED_TYPES = [*VERIFIED, *COMPOSITE]
+STOCK_AS_RELEASED: dict[str, dict[str, Any]] = {"glm4_moe": {"head_dim": 128}}
 
 
 @pytest.mark.torch
@@ -558,8 +687,13 @@ def test_a_stock_config_of_each_verified_family_is_read_and_each_key_judged(
 ) -> None:
     """``AutoConfig.for_model(t).to_dict()`` (every key transformers 5.23 writes) is read for
     layer 3 (a full-attention layer in Qwen3-Next) without a refusal; each of its keys is either
-    applied or listed as judged not to change the layer."""
-    cfg = transformers.AutoConfig.for_model(model_type).to_dict()
+    applied or listed as judged not to change the layer. GLM-4-MoE's stock defaults (hidden
+    size 4096 over 96 heads: head_dim 42, half of it 21 features) make an odd rotary count,
+    refused on its own (transformers turns 22 features at 21's frequencies): its real
+    config.json (GLM-4.5) gives head_dim 128, as here."""
+    cfg = transformers.AutoConfig.for_model(model_type).to_dict() | STOCK_AS_RELEASED.get(
+        model_type, {}
+    )
     got = from_config(cfg, 3)
     text = cfg.get("text_config") if "num_attention_heads" not in cfg else None
     for part, prefix in ((cfg, ""), (text or {}, "text_config.")):

@@ -81,10 +81,10 @@ def test_every_key_of_the_config_is_either_applied_or_listed_as_not_mattering(
     "config",
     [stock("OPTConfig", ffn_dim=16, word_embed_proj_dim=8, num_attention_heads=H,
            hidden_size=D_MODEL),
-     stock("Glm4Config", partial_rotary_factor=0.5), stock("Ernie4_5Config"),
-     stock("GraniteConfig", attention_multiplier=0.0625), stock("OlmoConfig", clip_qkv=8.0),
+     stock("CodeGenConfig"), stock("BloomConfig"),
+     stock("Olmo2Config"), stock("GPTNeoXConfig"),
      stock("Ministral3Config"), stock("Gemma3nTextConfig"), MIMO],
-    ids=["opt", "glm4", "ernie4_5", "granite", "olmo", "ministral3", "gemma3n", "mimo"],
+    ids=["opt", "codegen", "bloom", "olmo2", "gpt_neox", "ministral3", "gemma3n", "mimo"],
 )  # fmt: skip
 def test_a_family_the_service_does_not_reproduce_is_a_422_naming_model_type(
     client: TestClient, config: dict[str, Any]
@@ -129,6 +129,29 @@ def test_a_key_that_changes_attention_unapplied_is_a_422_naming_it(
     error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
     assert error["field"] == f"config.{key}", error
     assert error["message"].startswith(f"{key} (") and "not supported" in error["message"]
+
+
+def test_a_granite_config_without_its_scale_is_a_422_naming_attention_multiplier(
+    client: TestClient,
+) -> None:
+    """GraniteAttention's scale is config.attention_multiplier: null leaves the layer without
+    one (transformers' GraniteConfig refuses it), not 1/√d_k."""
+    config = {**stock("GraniteConfig"), "attention_multiplier": None}
+    error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
+    assert error["field"] == "config.attention_multiplier", error
+    assert "null" in error["message"] and "scale" in error["message"]
+
+
+def test_an_odd_number_of_turned_features_is_a_422_naming_partial_rotary_factor(
+    client: TestClient,
+) -> None:
+    """head_dim 4 · 0.75 = 3: transformers' rotary turns 4 features at the frequencies of 3
+    (``arange(0, 3, 2) / 3``), which no ``rope.rotary_dim`` states (4 would be 0.29 off in a
+    GLM-4 layer of head_dim 10, factor 0.75)."""
+    config = stock("Glm4Config", partial_rotary_factor=0.75)
+    error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
+    assert error["field"] == "config.rope_parameters.partial_rotary_factor", error
+    assert "odd" in error["message"] and "rotary_dim" in error["message"]
 
 
 MISTRAL = stock("MistralConfig", sliding_window=2)
