@@ -3,7 +3,8 @@ against transformers 5.23's own layer (``OlmoAttention``, ``GraniteAttention``: 
 random weights, float64 with their RoPE tables and softmax widened by
 :func:`harness.hf_reference._run_layer`), its state dict sent under its own names with the
 field stated, compared to 1e-12; the steps' words; the forms against formulas written here in
-NumPy; and the rules' 422s. A config of a verified family with either key stays refused
+NumPy; and the rules' 422s. OLMo's and Granite's own configs set the fields themselves
+(tests/wire/test_config_layers.py); a config of another family with either key is refused
 (tests/wire/test_config_refusals.py).
 """
 
