@@ -34,7 +34,7 @@ CONTRACT = (
     "rope_style_swapped", "scale_by_model_dim", "scale_inverted", "mask_after_softmax",
     "mask_missing", "window_off_by_one", "heads_merged_without_transpose", "batch_as_sequence",
     "rope_missing", "rope_base_wrong", "decode_position_offset", "float32_arithmetic",
-    "scale_from_config_ignored", "clip_missing",
+    "scale_from_config_ignored", "clip_missing", "window_missing",
 )  # fmt: skip
 
 
@@ -54,6 +54,8 @@ def test_pairs_of_one_family_are_never_tried() -> None:
         {"mask_missing", "mask_after_softmax"},
         {"mask_missing", "window_off_by_one"},
         {"heads_interleaved", "heads_merged_without_transpose"},
+        {"window_missing", "window_off_by_one"},
+        {"window_missing", "mask_missing"},
     ):
         assert frozenset(never) not in pairs
         assert any(frozenset(never) <= group for group in EXCLUSIVE)

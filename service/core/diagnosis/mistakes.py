@@ -132,6 +132,44 @@ def _window(seen: Seen) -> str:
     )
 
 
+def _banded(s: Setup) -> list[masks.Window | masks.Chunked]:
+    """The request's windows that bound a side (a window of ``right`` = 0 alone is the causal
+    mask) and its chunks: what window_missing leaves out."""
+    return [
+        m
+        for m in s.mask_specs
+        if isinstance(m, masks.Chunked)
+        or (isinstance(m, masks.Window) and (m.left is not None or m.right not in (None, 0)))
+    ]
+
+
+def _window_missing(seen: Seen) -> str:
+    band = _banded(seen.setup)[0]
+    if isinstance(band, masks.Chunked):
+        n = band.size
+        return (
+            f"the chunked attention (chunks of {n} positions, Llama 4's attention_chunk_size) "
+            "was never applied, only the causal part: each query saw every earlier key instead "
+            f"of the earlier keys of its own chunk (⌊i/{n}⌋ = ⌊j/{n}⌋). "
+            "scaled_dot_product_attention(is_causal=True) has no chunks: pass the chunked mask "
+            "(transformers' chunked_causal_mask_function) as attn_mask"
+        )
+    sides = [(side, n) for side, n in (("left", band.left), ("right", band.right)) if n]
+    asked = ", ".join(f"{side} = {n}" for side, n in sides)
+    if band.right != 0:
+        return (
+            f"the window ({asked}) was never applied: every query saw every key. Apply the "
+            f"band (i − left ≤ j ≤ i + right) to the scores before the softmax"
+        )
+    left = band.left
+    return (
+        f"the sliding window ({asked}: each query sees its own key and the {left} before it) "
+        "was never applied, only the causal part: every query saw every earlier key. "
+        "scaled_dot_product_attention(is_causal=True) has no window: pass the band "
+        f"(i − {left} ≤ j ≤ i) as attn_mask, or flash-attn's window_size = ({left}, 0)"
+    )
+
+
 def _float32(seen: Seen) -> str:
     return (
         "no mistake: your numbers agree with ours to float32's precision (the largest "
@@ -416,6 +454,7 @@ TABLE: tuple[Mistake, ...] = (
     # the third edition's (API.md, "Compare, third edition")
     Mistake("scale_from_config_ignored", lambda s, p: _own_scale(s), _config_scale),
     Mistake("clip_missing", _changes_a_step("clip_missing"), _clip),
+    Mistake("window_missing", lambda s, p: bool(_banded(s)), _window_missing),
 )
 MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
 BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE}
@@ -430,7 +469,13 @@ _SCALES = frozenset(
         "scale_from_config_ignored",
     }
 )
-_MASKS = ("mask_inverted", "causal_diagonal_masked", "mask_after_softmax", "window_off_by_one")
+_MASKS = (
+    "mask_inverted",
+    "causal_diagonal_masked",
+    "mask_after_softmax",
+    "window_off_by_one",
+    "window_missing",
+)
 # Ways of doing the same thing, or mistakes that exclude each other: a pair inside one of
 # these sets is never tried.
 EXCLUSIVE: tuple[frozenset[str], ...] = (
@@ -440,6 +485,7 @@ EXCLUSIVE: tuple[frozenset[str], ...] = (
     frozenset({"rope_missing", "rope_base_wrong"}),
     frozenset({"rope_missing", "decode_position_offset"}),
     frozenset({"heads_interleaved", "heads_merged_without_transpose"}),
+    frozenset({"window_missing", "window_off_by_one"}),  # one window: left out, or off by one
     *(frozenset({"mask_missing", m}) for m in _MASKS),
 )
 

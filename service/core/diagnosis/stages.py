@@ -422,12 +422,17 @@ def _mask(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
 def _mistaken_spec(spec: masks.MaskSpec, s: Setup, t: Trial) -> masks.MaskSpec:
     """A mask as the caller may have built it: a boolean one inverted, a causal one that also
     hides the diagonal, a window one key wider or narrower on each bounded side (the right
-    one only where it reaches past the query)."""
+    one only where it reaches past the query), a window or a chunk left out while its causal
+    part was kept (``F.scaled_dot_product_attention(is_causal=True)`` has no window)."""
     if isinstance(spec, masks.Boolean) and "mask_inverted" in t.mistakes:
         return masks.Boolean(~spec.matrix)
     if isinstance(spec, masks.Causal) and "causal_diagonal_masked" in t.mistakes:
         strict = masks.causal(s.seq_len, s.ctx_len, spec.alignment, diagonal=False)  # (L, S)
         return masks.Boolean(strict)
+    if isinstance(spec, masks.Window) and "window_missing" in t.mistakes:
+        return masks.Window(None, 0 if spec.right == 0 else None)  # the causal part kept
+    if isinstance(spec, masks.Chunked) and "window_missing" in t.mistakes:
+        return masks.Causal()  # every earlier key, not only those of the query's chunk
     if isinstance(spec, masks.Window) and "window_off_by_one" in t.mistakes:
         shift = int(t.way("window_off_by_one"))  # +1 or −1
         left = None if spec.left is None else max(spec.left + shift, 0)
@@ -464,7 +469,7 @@ _PROJECTIONS = (
 _MASK = Stage(
     ("mask", "additive_mask", "padded_queries"),
     _mask,
-    MASK_MISTAKES | {"mask_missing"},
+    MASK_MISTAKES | {"mask_missing", "window_missing"},
     reads=False,
     ways=frozenset({"window_off_by_one"}),
 )

@@ -1,0 +1,265 @@
+"""The third edition's new mistake codes (API.md, "Compare, third edition: never a false match";
+docs/api.md's table), each recognised alone and with a code of an earlier edition where real code
+makes both, through the ASGI app.
+
+Where each number comes from (never from the service's own functions: ``service`` is not
+imported here): the caller's arrays are made the way each mistake really happens, by torch or
+NumPy code written in this file — a port of a layer that calls
+``F.scaled_dot_product_attention`` (``port``), NumPy attention as a notebook writes it
+(``notebook``) — each builder checked against the right computation with its mistake removed
+(``test_builder_*``), so that only the mistake separates the caller's numbers from the right
+ones. The source of each mistake (a public issue, a tutorial, a library's documented
+behaviour) is named in its test's docstring. What the diagnosis must say is the contract's: the
+codes the builder's mistakes are, in the table's order.
+
+torch is required (the file skips without it, as the other live cross-checks do;
+``REQUIRE_TORCH`` makes that a failure).
+"""
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from fastapi.testclient import TestClient
+
+if os.environ.get("REQUIRE_TORCH"):  # CI sets it: a missing torch must fail, not skip
+    import torch
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (torch==2.13.0)")
+
+pytestmark = pytest.mark.torch
+
+Array = npt.NDArray[np.float64]
+Bool = npt.NDArray[np.bool_]
+Json = dict[str, Any]
+Tensor = Any  # torch.Tensor (torch comes through importorskip, so typed as a module)
+F64 = torch.float64
+F = torch.nn.functional
+TIGHT: Json = {"atol": 1e-10, "rtol": 0}  # float64 agreement
+
+
+# ---- HTTP and JSON -----------------------------------------------------------------------
+
+
+def js(a: Any) -> Any:
+    """An array (NumPy or torch) as JSON: nested lists, ±∞ and NaN as null."""
+    if hasattr(a, "detach"):
+        a = a.detach().numpy()
+    arr = np.asarray(a, dtype=np.float64)
+    out = arr.astype(object)
+    out[~np.isfinite(arr)] = None
+    return out.tolist()
+
+
+def answer(client: TestClient, path: str, body: Json) -> Json:
+    r = client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def diagnosed(client: TestClient, path: str, body: Json, name: str) -> Json:
+    """The diagnosis of ``name``, the first mismatch (every other entry has none)."""
+    got = answer(client, path, {"tolerance": TIGHT, **body})
+    assert got["first_mismatch"] == name, got["comparison"]
+    [e] = [e for e in got["comparison"] if e["name"] == name]
+    assert e["match"] is False and e["diagnosis"] is not None, e
+    assert e["diagnosis_complete"] is True, e
+    for other in got["comparison"]:
+        if other["name"] != name:
+            assert other["diagnosis"] is None, other
+    return e["diagnosis"]  # type: ignore[no-any-return]
+
+
+def matches(client: TestClient, path: str, body: Json) -> None:
+    """Right numbers match: no mismatch, no diagnosis (never a false match)."""
+    got = answer(client, path, {"tolerance": TIGHT, **body})
+    assert got["first_mismatch"] is None, got["comparison"]
+    assert all(e["match"] and e["diagnosis"] is None for e in got["comparison"])
+
+
+# ---- the builders: torch and NumPy written here ---------------------------------------------
+
+Attend = Callable[[Tensor, Tensor, Tensor], Tensor]  # (B, h, L, d) q, k, v -> (B, h, L, d_v)
+
+
+def rope(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
+    """RoPE as Llama's ``apply_rotary_pos_emb`` with ``rotate_half`` (feature i pairs with
+    i + d/2), its tables in float64: x (…, n, d) at ``positions`` (n,)."""
+    d = x.shape[-1]
+    inv = 1.0 / base ** (torch.arange(0, d, 2, dtype=F64) / d)  # (d/2,)
+    angle = positions.to(F64)[:, None] * inv[None, :]  # (n, d/2)
+    emb = torch.cat([angle, angle], dim=-1)  # (n, d)
+    half = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], dim=-1)
+    return x * emb.cos() + half * emb.sin()
+
+
+def sdpa(**kw: Any) -> Attend:
+    """``F.scaled_dot_product_attention`` with these keywords (is_causal, attn_mask, scale)."""
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def port(
+    x: Tensor,
+    w: dict[str, Tensor],
+    h: int,
+    attend: Attend,
+    *,
+    h_kv: int | None = None,
+    base: float | None = 10000.0,
+) -> dict[str, Tensor]:
+    """A Llama-style attention layer as ports write it: ``nn.Linear`` (out, in) weights ``w``
+    (q, k, v, o; ``o_bias`` optional), the heads split as ``view(B, L, h, d).transpose(1, 2)``,
+    RoPE at 0 … L − 1 (``base`` None: none), key/value heads repeated as transformers'
+    ``repeat_kv`` (each serves consecutive query heads), ``attend`` per head, the heads put back
+    with ``transpose(1, 2).reshape(B, L, h·d)`` and projected by W_o."""
+    b, n, _ = x.shape
+    h_kv = h if h_kv is None else h_kv
+
+    def heads(t: Tensor, count: int) -> Tensor:  # (B, L, count·d) -> (B, count, L, d)
+        return t.view(b, n, count, -1).transpose(1, 2)
+
+    q, k, v = heads(x @ w["q"].T, h), heads(x @ w["k"].T, h_kv), heads(x @ w["v"].T, h_kv)
+    if base is not None:
+        at = torch.arange(n)
+        q, k = rope(q, at, base), rope(k, at, base)
+    if (
+        h_kv != h
+    ):  # repeat_kv: (B, h_kv, L, d) -> (B, h, L, d), KV head j for heads j·g … j·g + g − 1
+        k = k[:, :, None].expand(b, h_kv, h // h_kv, n, -1).reshape(b, h, n, -1)
+        v = v[:, :, None].expand(b, h_kv, h // h_kv, n, -1).reshape(b, h, n, -1)
+    out = attend(q, k, v)  # (B, h, L, d_v)
+    concat = out.transpose(1, 2).reshape(b, n, -1)
+    return {"concat": concat, "output": F.linear(concat, w["o"], w.get("o_bias"))}
+
+
+def band(n: int, left: int) -> Tensor:
+    """A sliding window as transformers' ``sliding_window_causal`` mask with W = left + 1: key j
+    visible from query i when i − left ≤ j ≤ i (true = may attend, as attn_mask takes it)."""
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    return (j <= i) & (j >= i - left)
+
+
+def randn(*shape: int, seed: int) -> Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+
+
+def direct(q: Tensor, k: Tensor, v: Tensor) -> Json:
+    """A direct-mode request for one unbatched (1, n, d) Q, K, V."""
+    return {"q": js(q[0]), "k": js(k[0]), "v": js(v[0])}
+
+
+def weights_of(rows: int, cols: int, seed: int) -> Tensor:
+    """An nn.Linear-style (out, in) float64 weight, N(0, 1/in)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, cols, generator=g, dtype=F64) * cols**-0.5
+
+
+# A small Llama/Mistral-style layer: d_model 8, 2 heads of 4, L = 6 tokens
+L6, D8 = 6, 8
+X = randn(1, L6, D8, seed=31)
+W = {p: weights_of(8, 8, 40 + i) for i, p in enumerate("qkvo")}
+
+
+def layer_request(w: dict[str, Tensor], x: Tensor = X, **rest: Any) -> Json:
+    """The /multihead request for ``port``'s layer: the state dict's names, RoPE base 10⁴."""
+    names = {"q": "q_proj.weight", "k": "k_proj.weight", "v": "v_proj.weight"}
+    names |= {"o": "o_proj.weight", "o_bias": "o_proj.bias"}
+    return {
+        "x": js(x[0]),
+        "num_heads": 2,
+        "rope": {"base": 10000},
+        **{names[p]: js(t) for p, t in w.items()},
+        **rest,
+    }
+
+
+# ---- window_missing --------------------------------------------------------------------------
+
+SLIDING: Json = {"mask": [{"type": "causal"}, {"type": "window", "left": 2, "right": 0}]}
+
+
+def test_a_mistral_port_through_sdpa_is_causal_is_window_missing(client: TestClient) -> None:
+    """transformers #28980 (fixed by #30127): Mistral's SDPA path called
+    ``scaled_dot_product_attention(is_causal=True)`` and never applied ``sliding_window``; the
+    same port here, sliding_window W = 3 (left = W − 1 = 2)."""
+    theirs = port(X, W, 2, sdpa(is_causal=True))["output"]
+    body = layer_request(W, **SLIDING, expected={"output": js(theirs[0])})
+    d = diagnosed(client, "/multihead", body, "output")
+    assert d["mistakes"] == ["window_missing"], d
+    text = d["explanation"]
+    assert "left = 2" in text and "is_causal=True" in text and "window_size = (2, 0)" in text, text
+
+
+def test_a_llama4_chunked_layer_run_causal_is_window_missing(client: TestClient) -> None:
+    """Llama 4's chunked layers (transformers' ``chunked_causal_mask_function``,
+    attention_chunk_size) run as a plain causal layer, as a port through ``is_causal=True`` does:
+    query i sees every earlier key, not only those of its own chunk."""
+    q, k, v = (randn(1, L6, 4, seed=s) for s in (1, 2, 3))
+    theirs = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    body = {**direct(q, k, v), "mask": [{"type": "chunked", "size": 3}]}
+    body["expected"] = {"output": js(theirs[0])}
+    d = diagnosed(client, "/mask", body, "output")
+    assert d["mistakes"] == ["window_missing"], d
+    assert "chunks of 3 positions" in d["explanation"], d["explanation"]
+
+
+def test_a_gemma2_27b_port_without_window_and_with_the_head_scale_is_a_pair(
+    client: TestClient,
+) -> None:
+    """A Gemma 2 27B port through ``scaled_dot_product_attention(is_causal=True)``: no
+    sliding window (transformers #28980's SDPA path) and SDPA's default scale 1/√head_dim where
+    Gemma 2 27B scales by query_pre_attn_scalar^−½ = (hidden / heads)^−½ (keras-hub #1701): here
+    d_model 12, 2 heads of 4, so the layer's scale is 6^−½."""
+    x = randn(1, L6, 12, seed=33)
+    w = {p: weights_of(8, 12, 50 + i) for i, p in enumerate("qkv")} | {"o": weights_of(12, 8, 53)}
+    theirs = port(x, w, 2, sdpa(is_causal=True))["output"]
+    right = port(x, w, 2, sdpa(attn_mask=band(L6, 2), scale=6**-0.5))["output"]
+    body = layer_request(w, x, **SLIDING, scale=6**-0.5)
+    matches(client, "/multihead", {**body, "expected": {"output": js(right[0])}})
+    d = diagnosed(client, "/multihead", {**body, "expected": {"output": js(theirs[0])}}, "output")
+    assert d["mistakes"] == ["scale_from_config_ignored", "window_missing"], d
+
+
+def test_the_right_sliding_window_matches(client: TestClient) -> None:
+    """The band given to SDPA as attn_mask, as transformers #30127 does: no mismatch."""
+    right = port(X, W, 2, sdpa(attn_mask=band(L6, 2)))
+    expected = {"concat": js(right["concat"][0]), "output": js(right["output"][0])}
+    matches(client, "/multihead", layer_request(W, **SLIDING, expected=expected))
+
+
+def test_builder_port_is_the_right_layer_and_the_window_changes_it() -> None:
+    """``port`` with the window given is the float64 NumPy layer written out here; without it,
+    the numbers differ far beyond any tolerance."""
+    x, w = X[0].numpy(), {p: t.numpy() for p, t in W.items()}
+    right = port(X, W, 2, sdpa(attn_mask=band(L6, 2)))["output"][0].numpy()
+    np.testing.assert_allclose(right, numpy_layer(x, w, 2, band(L6, 2).numpy()), atol=1e-12)
+    causal_only = port(X, W, 2, sdpa(is_causal=True))["output"][0].numpy()
+    assert np.abs(causal_only - right).max() > 1e-3
+
+
+def numpy_layer(x: Array, w: dict[str, Array], h: int, allowed: Bool) -> Array:
+    """The same layer in NumPy: heads as contiguous column blocks, RoPE (half) at 0 … L − 1,
+    masked softmax with −∞, concat W_oᵀ."""
+    n = x.shape[0]
+
+    def split(m: Array) -> Array:  # (L, h·d) -> (h, L, d)
+        return m.reshape(n, h, -1).transpose(1, 0, 2)
+
+    q, k, v = split(x @ w["q"].T), split(x @ w["k"].T), split(x @ w["v"].T)
+    q, k = (rope(torch.tensor(t), torch.arange(n)).numpy() for t in (q, k))
+    s = np.where(allowed, q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1]), -np.inf)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    out = (e / e.sum(axis=-1, keepdims=True)) @ v  # (h, L, d)
+    return out.transpose(1, 0, 2).reshape(n, -1) @ w["o"].T  # type: ignore[no-any-return]
+
+
+def test_builder_rope_is_transformers_apply_rotary_pos_emb() -> None:
+    """``rope`` is Llama's rotation (``apply_rotary_pos_emb`` with float64 tables)."""
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    x = randn(1, 2, L6, 4, seed=9)
+    inv = 1.0 / 10000.0 ** (torch.arange(0, 4, 2, dtype=F64) / 4)
+    emb = torch.cat([torch.arange(L6, dtype=F64)[:, None] * inv] * 2, dim=-1)
+    theirs, _ = llama.apply_rotary_pos_emb(x, x, emb.cos()[None], emb.sin()[None])
+    np.testing.assert_allclose(rope(x, torch.arange(L6)).numpy(), theirs.numpy(), atol=1e-14)
