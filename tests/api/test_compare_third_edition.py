@@ -263,3 +263,105 @@ def test_builder_rope_is_transformers_apply_rotary_pos_emb() -> None:
     emb = torch.cat([torch.arange(L6, dtype=F64)[:, None] * inv] * 2, dim=-1)
     theirs, _ = llama.apply_rotary_pos_emb(x, x, emb.cos()[None], emb.sin()[None])
     np.testing.assert_allclose(rope(x, torch.arange(L6)).numpy(), theirs.numpy(), atol=1e-14)
+
+
+# ---- output_projection_missing ---------------------------------------------------------------
+
+
+class Head(torch.nn.Module):
+    """One head of "Let's build GPT" (karpathy/ng-video-lecture): key, query and value
+    ``nn.Linear(n_embd, head_size, bias=False)``, the causal ``tril`` mask filled with −∞, the
+    scores scaled by ``scale_by`` ** −½ (head_size in gpt.py; n_embd = C in the lecture's
+    notebook, before PR #6)."""
+
+    def __init__(self, n_embd: int, head_size: int, scale_by: int) -> None:
+        super().__init__()
+        self.key = torch.nn.Linear(n_embd, head_size, bias=False, dtype=F64)
+        self.query = torch.nn.Linear(n_embd, head_size, bias=False, dtype=F64)
+        self.value = torch.nn.Linear(n_embd, head_size, bias=False, dtype=F64)
+        self.scale_by = scale_by
+
+    def forward(self, x: Tensor) -> Tensor:
+        t = x.shape[1]
+        wei = self.query(x) @ self.key(x).transpose(-2, -1) * self.scale_by**-0.5
+        wei = wei.masked_fill(torch.tril(torch.ones(t, t)) == 0, float("-inf"))
+        return F.softmax(wei, dim=-1) @ self.value(x)
+
+
+class MultiHeadAttention(torch.nn.Module):
+    """The lecture's ``MultiHeadAttention``: the heads side by side, then ``self.proj`` — or,
+    as first written in the lecture (``project=False``), ``torch.cat([h(x) for h in
+    self.heads], dim=-1)`` returned as it is."""
+
+    def __init__(self, n_embd: int, num_heads: int, scale_by: int, project: bool) -> None:
+        super().__init__()
+        size = n_embd // num_heads
+        self.heads = torch.nn.ModuleList(Head(n_embd, size, scale_by) for _ in range(num_heads))
+        self.proj = torch.nn.Linear(n_embd, n_embd, dtype=F64)
+        self.project = project
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = torch.cat([h(x) for h in self.heads], dim=-1)
+        return self.proj(out) if self.project else out
+
+
+def lecture(scale_by: int, project: bool) -> tuple[Json, Tensor]:
+    """The layer (n_embd 8, 2 heads of 4, its weights seeded) as a causal /multihead request
+    with its projection and bias, and its output on X (1, 6, 8)."""
+    with torch.random.fork_rng():  # seeded here without touching the session's torch RNG
+        torch.manual_seed(8)
+        layer = MultiHeadAttention(D8, 2, scale_by, project).eval()
+    parts = (("q", "query"), ("k", "key"), ("v", "value"))
+    stacked = {p: torch.cat([getattr(h, name).weight for h in layer.heads]) for p, name in parts}
+    w = stacked | {"o": layer.proj.weight, "o_bias": layer.proj.bias}
+    with torch.no_grad():
+        out = layer(X)
+    request = layer_request({p: t.detach() for p, t in w.items()}, mask={"type": "causal"})
+    del request["rope"]  # the lecture's layer has learned positions before it, no RoPE
+    return request, out
+
+
+def test_the_lectures_heads_returned_without_proj_are_output_projection_missing(
+    client: TestClient,
+) -> None:
+    """ "Let's build GPT" (karpathy/ng-video-lecture): ``MultiHeadAttention.forward`` first
+    returns ``torch.cat([h(x) for h in self.heads], dim=-1)``; ``self.proj`` (with its bias)
+    comes later in the lecture. The request describes the layer with its projection."""
+    request, theirs = lecture(D8 // 2, project=False)
+    d = diagnosed(
+        client, "/multihead", {**request, "expected": {"output": js(theirs[0])}}, "output"
+    )
+    assert d["mistakes"] == ["output_projection_missing"], d
+    assert "concat W_o + b_o" in d["explanation"] and "o_proj" in d["explanation"], d
+
+
+def test_the_lectures_notebook_without_proj_and_scaled_by_n_embd_is_a_pair(
+    client: TestClient,
+) -> None:
+    """The lecture's notebook scaled the scores by C^−½ with C = n_embd (fixed by
+    karpathy/ng-video-lecture PR #6, "We should scale attention by head size") at the time its
+    MultiHeadAttention returned the heads without ``self.proj``: both at once."""
+    request, theirs = lecture(D8, project=False)
+    d = diagnosed(
+        client, "/multihead", {**request, "expected": {"output": js(theirs[0])}}, "output"
+    )
+    assert d["mistakes"] == ["scale_by_model_dim", "output_projection_missing"], d
+
+
+def test_the_lectures_layer_with_its_projection_matches(client: TestClient) -> None:
+    request, right = lecture(D8 // 2, project=True)
+    matches(client, "/multihead", {**request, "expected": {"output": js(right[0])}})
+
+
+def test_builder_the_lectures_layer_is_the_port_without_rope() -> None:
+    """The lecture's layer is ``port`` (no RoPE, SDPA causal) on its own weights; without the
+    projection it is ``port``'s concat."""
+    request, out = lecture(D8 // 2, project=True)
+    _, concat = lecture(D8 // 2, project=False)
+    names = {"q": "q_proj.weight", "k": "k_proj.weight", "v": "v_proj.weight"}
+    names |= {"o": "o_proj.weight", "o_bias": "o_proj.bias"}
+    w = {p: torch.tensor(request[n], dtype=F64) for p, n in names.items()}
+    ref = port(X, w, 2, sdpa(is_causal=True), base=None)
+    np.testing.assert_allclose(out.numpy(), ref["output"].numpy(), atol=1e-12)
+    np.testing.assert_allclose(concat.numpy(), ref["concat"].numpy(), atol=1e-12)
+    assert np.abs(concat.numpy() - out.numpy()).max() > 1e-2

@@ -35,6 +35,7 @@ CONTRACT = (
     "mask_missing", "window_off_by_one", "heads_merged_without_transpose", "batch_as_sequence",
     "rope_missing", "rope_base_wrong", "decode_position_offset", "float32_arithmetic",
     "scale_from_config_ignored", "clip_missing", "window_missing",
+    "output_projection_missing",
 )  # fmt: skip
 
 

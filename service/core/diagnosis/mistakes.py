@@ -170,6 +170,22 @@ def _window_missing(seen: Seen) -> str:
     )
 
 
+def _projects(s: Setup, present: frozenset[str]) -> bool:
+    """Whether the heads go through a square W_o (another shape is told by the shapes)."""
+    w_o = s.w_o
+    return w_o is not None and w_o.shape[0] == w_o.shape[1] and "projected" in present
+
+
+def _projection_missing(seen: Seen) -> str:
+    plus = "" if seen.setup.b_o is None else " + b_o"
+    return (
+        "the output projection was never applied: your numbers are the heads' outputs side by "
+        f"side (concat), where the layer's output is concat W_o{plus}. Pass the concatenated "
+        "heads through the output projection (self.o_proj, nn.MultiheadAttention's out_proj) "
+        "before returning them"
+    )
+
+
 def _float32(seen: Seen) -> str:
     return (
         "no mistake: your numbers agree with ours to float32's precision (the largest "
@@ -455,6 +471,7 @@ TABLE: tuple[Mistake, ...] = (
     Mistake("scale_from_config_ignored", lambda s, p: _own_scale(s), _config_scale),
     Mistake("clip_missing", _changes_a_step("clip_missing"), _clip),
     Mistake("window_missing", lambda s, p: bool(_banded(s)), _window_missing),
+    Mistake("output_projection_missing", _projects, _projection_missing),
 )
 MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
 BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE}

@@ -285,12 +285,15 @@ def _mis_merged(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
 
 
 def _mis_projected(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
-    """X Wᵀ where X W was meant (a square W_o only)."""
-    if "weights_transposed" not in t.mistakes or s.w_o is None:
+    """X Wᵀ where X W was meant, or W_o and b_o never applied (the concatenated heads as they
+    are); a square W_o only (else the shapes tell)."""
+    if not t.mistakes & {"weights_transposed", "output_projection_missing"} or s.w_o is None:
         return step.run
     w_o = s.w_o
     if w_o.shape[0] != w_o.shape[1]:
         raise Unfit
+    if "output_projection_missing" in t.mistakes:
+        return lambda x, st, hs: x  # (B, L, h·d_v): concat (or gated) as the output
     return lambda x, st, hs: step.run(x, st, replace(hs, w_o=w_o.T))
 
 
@@ -329,7 +332,9 @@ CHANGES: dict[str, Change] = {
         _mis_merged,
         ways=frozenset({"heads_interleaved"}),
     ),
-    "project": Change(frozenset({"weights_transposed"}), _mis_projected),
+    "project": Change(
+        frozenset({"weights_transposed", "output_projection_missing"}), _mis_projected
+    ),
     "layer_norm": Change(_LAYER_NORM, _mis_normed),
 }
 """How the mistakes change the chain's steps, by the kind of step (:attr:`chain.Step.kind`: RoPE
