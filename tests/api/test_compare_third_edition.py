@@ -108,12 +108,15 @@ def port(
     *,
     h_kv: int | None = None,
     base: float | None = 10000.0,
+    rotate: Callable[[Tensor, Tensor, float], Tensor] | None = None,
+    tile: bool = False,
 ) -> dict[str, Tensor]:
     """A Llama-style attention layer as ports write it: ``nn.Linear`` (out, in) weights ``w``
     (q, k, v, o; ``o_bias`` optional), the heads split as ``view(B, L, h, d).transpose(1, 2)``,
     RoPE at 0 … L − 1 (``base`` None: none), key/value heads repeated as transformers'
-    ``repeat_kv`` (each serves consecutive query heads), ``attend`` per head, the heads put back
-    with ``transpose(1, 2).reshape(B, L, h·d)`` and projected by W_o."""
+    ``repeat_kv`` (each serves consecutive query heads; ``tile``: ``k.repeat(1, g, 1, 1)``
+    instead), ``attend`` per head, the heads put back with ``transpose(1, 2).reshape(B, L, h·d)``
+    and projected by W_o. ``rotate``: another RoPE (Meta's interleaved one)."""
     b, n, _ = x.shape
     h_kv = h if h_kv is None else h_kv
 
@@ -122,16 +125,23 @@ def port(
 
     q, k, v = heads(x @ w["q"].T, h), heads(x @ w["k"].T, h_kv), heads(x @ w["v"].T, h_kv)
     if base is not None:
-        at = torch.arange(n)
-        q, k = rope(q, at, base), rope(k, at, base)
-    if (
-        h_kv != h
-    ):  # repeat_kv: (B, h_kv, L, d) -> (B, h, L, d), KV head j for heads j·g … j·g + g − 1
-        k = k[:, :, None].expand(b, h_kv, h // h_kv, n, -1).reshape(b, h, n, -1)
-        v = v[:, :, None].expand(b, h_kv, h // h_kv, n, -1).reshape(b, h, n, -1)
+        at, turn = torch.arange(n), rope if rotate is None else rotate
+        q, k = turn(q, at, base), turn(k, at, base)
+    if h_kv != h:
+        k, v = grouped(k, h // h_kv, tile), grouped(v, h // h_kv, tile)
     out = attend(q, k, v)  # (B, h, L, d_v)
     concat = out.transpose(1, 2).reshape(b, n, -1)
     return {"concat": concat, "output": F.linear(concat, w["o"], w.get("o_bias"))}
+
+
+def grouped(t: Tensor, g: int, tile: bool = False) -> Tensor:
+    """(B, h_kv, n, d) keys or values for h = g·h_kv query heads: transformers' ``repeat_kv``
+    (``expand`` then ``reshape``: key/value head j serves query heads j·g … j·g + g − 1), or with
+    ``tile`` a port's ``t.repeat(1, g, 1, 1)`` (query head i gets key/value head i mod h_kv)."""
+    if tile:
+        return t.repeat(1, g, 1, 1)
+    b, h_kv, n, d = t.shape
+    return t[:, :, None].expand(b, h_kv, g, n, d).reshape(b, h_kv * g, n, d)
 
 
 def band(n: int, left: int) -> Tensor:
@@ -365,3 +375,124 @@ def test_builder_the_lectures_layer_is_the_port_without_rope() -> None:
     np.testing.assert_allclose(out.numpy(), ref["output"].numpy(), atol=1e-12)
     np.testing.assert_allclose(concat.numpy(), ref["concat"].numpy(), atol=1e-12)
     assert np.abs(concat.numpy() - out.numpy()).max() > 1e-2
+
+
+# ---- kv_heads_repeated_wrong -----------------------------------------------------------------
+
+# A Llama-style layer with 8 query heads and 2 key/value heads of 4: d_model 16, L = 5
+H8, H_KV, L5 = 8, 2, 5
+X16 = randn(1, L5, 16, seed=61)
+W_GQA = {"q": weights_of(32, 16, 62), "k": weights_of(8, 16, 63), "v": weights_of(8, 16, 64)}
+W_GQA["o"] = weights_of(16, 32, 65)
+
+
+def gqa_request(x: Tensor = X16, **rest: Any) -> Json:
+    return {**layer_request(W_GQA, x, **rest), "num_heads": H8, "num_kv_heads": H_KV}
+
+
+def rope_meta(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
+    """Meta's reference Llama RoPE (llama/model.py ``apply_rotary_emb``): features (2i, 2i + 1)
+    as one complex number times ``polar(1, p·θ_i)``, in float64."""
+    d = x.shape[-1]
+    inv = 1.0 / base ** (torch.arange(0, d, 2, dtype=F64) / d)
+    angle = positions.to(F64)[:, None] * inv  # (n, d/2)
+    cis = torch.polar(torch.ones_like(angle), angle)
+    pairs = torch.view_as_complex(x.contiguous().reshape(*x.shape[:-1], d // 2, 2))
+    return torch.view_as_real(pairs * cis).flatten(-2)
+
+
+def test_a_llama_port_repeating_kv_heads_as_a_tile_is_kv_heads_repeated_wrong(
+    client: TestClient,
+) -> None:
+    """onnx/onnx PR #7274: ONNX's Attention op repeated the grouped key/value heads with Tile
+    ([head0, head1, head0, head1]) where torch uses repeat_interleave (apple/axlearn #842 is the
+    same confusion); here a Llama port with 8 heads and 2 KV heads writing
+    ``k.repeat(1, 4, 1, 1)`` for transformers' ``repeat_kv``."""
+    theirs = port(X16, W_GQA, H8, sdpa(is_causal=True), h_kv=H_KV, tile=True)["output"]
+    body = gqa_request(mask={"type": "causal"}, expected={"output": js(theirs[0])})
+    d = diagnosed(client, "/multihead", body, "output")
+    assert d["mistakes"] == ["kv_heads_repeated_wrong"], d
+    text = d["explanation"]
+    assert "k.repeat(1, 4, 1, 1)" in text and "repeat_interleave(4, dim=1)" in text, text
+
+
+def port_cache(x: Tensor, tile: bool, p: int = 3) -> dict[str, Any]:
+    """``port``'s GQA layer on x (1, n, 16) as a decode step: the cache of its first p tokens
+    per key/value head (keys rotated, as transformers' DynamicCache holds them), and the output
+    of the n − p new tokens attending to all n keys (lower-right causal)."""
+    b, n, _ = x.shape
+
+    def heads(t: Tensor, count: int) -> Tensor:
+        return t.view(b, n, count, -1).transpose(1, 2)
+
+    at = torch.arange(n)
+    k, v = rope(heads(x @ W_GQA["k"].T, H_KV), at), heads(x @ W_GQA["v"].T, H_KV)
+    q = rope(heads(x @ W_GQA["q"].T, H8), at)[:, :, p:]
+    kk, vv = grouped(k, H8 // H_KV, tile), grouped(v, H8 // H_KV, tile)
+    i, j = torch.arange(n - p)[:, None] + p, torch.arange(n)[None, :]
+    out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=j <= i)
+    concat = out.transpose(1, 2).reshape(b, n - p, -1)
+    past = {"k": js(k[0, :, :p]), "v": js(v[0, :, :p])}
+    return {"past": past, "output": concat @ W_GQA["o"].T}
+
+
+def test_a_decode_step_with_its_cache_tiled_is_kv_heads_repeated_wrong(client: TestClient) -> None:
+    """The same port decoding 2 new tokens after a cache of 3: the cache and the new keys tiled
+    alike; the same step with repeat_kv's layout matches."""
+    theirs, right = port_cache(X16, tile=True), port_cache(X16, tile=False)
+    body = gqa_request(X16[:, 3:], past=theirs["past"])
+    wrong = {**body, "expected": {"output": js(theirs["output"][0])}}
+    d = diagnosed(client, "/multihead", wrong, "output")
+    assert d["mistakes"] == ["kv_heads_repeated_wrong"], d
+    matches(client, "/multihead", {**body, "expected": {"output": js(right["output"][0])}})
+
+
+def test_a_port_of_metas_llama_on_hf_weights_tiling_kv_is_a_pair(client: TestClient) -> None:
+    """A port keeping Meta's reference ``apply_rotary_emb`` (interleaved pairs) on Hugging Face
+    weights (permuted for ``rotate_half`` by convert_llama_weights_to_hf) and writing
+    ``.repeat`` for ``repeat_kv``: rope_style_swapped and kv_heads_repeated_wrong at once."""
+    causal = sdpa(is_causal=True)
+    theirs = port(X16, W_GQA, H8, causal, h_kv=H_KV, tile=True, rotate=rope_meta)["output"]
+    body = gqa_request(mask={"type": "causal"}, expected={"output": js(theirs[0])})
+    d = diagnosed(client, "/multihead", body, "output")
+    assert d["mistakes"] == ["rope_style_swapped", "kv_heads_repeated_wrong"], d
+
+
+def test_the_right_grouped_query_layer_matches(client: TestClient) -> None:
+    """repeat_kv's layout, here through SDPA's own ``enable_gqa=True``: no mismatch."""
+    right = port(X16, W_GQA, H8, sdpa(is_causal=True, enable_gqa=True), h_kv=H_KV)
+    body = gqa_request(mask={"type": "causal"}, expected={"output": js(right["output"][0])})
+    matches(client, "/multihead", body)
+
+
+def test_builder_grouped_heads_and_metas_rope() -> None:
+    """``grouped`` is ``repeat_interleave`` (and SDPA's enable_gqa), its tile the other order;
+    ``rope_meta`` is ``rope`` on the features reordered (pairs (0, 1), (2, 3) become (0, 2),
+    (1, 3))."""
+    t = randn(1, H_KV, L5, 4, seed=66)
+    np.testing.assert_array_equal(grouped(t, 4).numpy(), t.repeat_interleave(4, dim=1).numpy())
+    tiled = grouped(t, 4, tile=True)
+    for i in range(H8):
+        np.testing.assert_array_equal(tiled[0, i].numpy(), t[0, i % H_KV].numpy())
+    q = randn(1, H8, L5, 4, seed=67)
+    with_gqa = F.scaled_dot_product_attention(q, t, t, is_causal=True, enable_gqa=True)
+    by_hand = F.scaled_dot_product_attention(q, grouped(t, 4), grouped(t, 4), is_causal=True)
+    np.testing.assert_allclose(with_gqa.numpy(), by_hand.numpy(), atol=1e-14)
+    x, at, order = randn(1, 2, L5, 4, seed=68), torch.arange(L5), [0, 2, 1, 3]
+    turned = rope_meta(x, at)[..., order].numpy()
+    np.testing.assert_allclose(turned, rope(x[..., order], at).numpy(), atol=1e-14)
+
+
+def test_numpy_heads_tiled_with_np_tile_are_kv_heads_repeated_wrong(client: TestClient) -> None:
+    """Q, K, V given per head (no projections) and the grouped heads spread with ``np.tile``,
+    as ONNX's NumPy reference Attention did before onnx/onnx PR #7274."""
+    rng = np.random.default_rng(69)
+    q, k, v = rng.normal(size=(4, 3, 2)), rng.normal(size=(2, 3, 2)), rng.normal(size=(2, 3, 2))
+    kt, vt = np.tile(k, (2, 1, 1)), np.tile(v, (2, 1, 1))  # (4, 3, 2): heads 0, 1, 0, 1
+    s = q @ kt.transpose(0, 2, 1) / np.sqrt(2)
+    w = np.exp(s - s.max(axis=-1, keepdims=True))
+    w /= w.sum(axis=-1, keepdims=True)
+    concat = (w @ vt).transpose(1, 0, 2).reshape(3, -1)  # (L, h·d_v), no W_o given
+    body = {"q": q.tolist(), "k": k.tolist(), "v": v.tolist(), "num_heads": 4}
+    d = diagnosed(client, "/multihead", {**body, "expected": {"output": concat.tolist()}}, "output")
+    assert d["mistakes"] == ["kv_heads_repeated_wrong"], d

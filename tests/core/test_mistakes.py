@@ -34,7 +34,7 @@ CONTRACT = (
     "rope_style_swapped", "scale_by_model_dim", "scale_inverted", "mask_after_softmax",
     "mask_missing", "window_off_by_one", "heads_merged_without_transpose", "batch_as_sequence",
     "rope_missing", "rope_base_wrong", "decode_position_offset", "float32_arithmetic",
-    "scale_from_config_ignored", "clip_missing", "window_missing",
+    "scale_from_config_ignored", "clip_missing", "kv_heads_repeated_wrong", "window_missing",
     "output_projection_missing",
 )  # fmt: skip
 

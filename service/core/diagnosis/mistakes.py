@@ -186,6 +186,26 @@ def _projection_missing(seen: Seen) -> str:
     )
 
 
+def _grouped(s: Setup, present: frozenset[str]) -> bool:
+    """Grouped-query attention with more than one key/value head (one: tile and interleave
+    agree)."""
+    h, h_kv = s.num_heads, s.num_kv_heads
+    return h is not None and h_kv is not None and 1 < h_kv < h and not s.latent
+
+
+def _kv_repeated(seen: Seen) -> str:
+    s = seen.setup
+    h, h_kv = s.num_heads or 0, s.num_kv_heads or 0
+    g = h // h_kv if h_kv else 0
+    return (
+        f"the {h_kv} key/value heads were repeated as a tile (k.repeat(1, {g}, 1, 1), "
+        f"np.tile: query head i used key/value head i mod {h_kv}) where each serves a block "
+        f"of {g} consecutive query heads (query head i uses key/value head ⌊i/{g}⌋): repeat "
+        f"them with repeat_interleave({g}, dim=1), as transformers' repeat_kv and "
+        "scaled_dot_product_attention(enable_gqa=True) do"
+    )
+
+
 def _float32(seen: Seen) -> str:
     return (
         "no mistake: your numbers agree with ours to float32's precision (the largest "
@@ -470,6 +490,7 @@ TABLE: tuple[Mistake, ...] = (
     # the third edition's (API.md, "Compare, third edition")
     Mistake("scale_from_config_ignored", lambda s, p: _own_scale(s), _config_scale),
     Mistake("clip_missing", _changes_a_step("clip_missing"), _clip),
+    Mistake("kv_heads_repeated_wrong", _grouped, _kv_repeated),
     Mistake("window_missing", lambda s, p: bool(_banded(s)), _window_missing),
     Mistake("output_projection_missing", _projects, _projection_missing),
 )

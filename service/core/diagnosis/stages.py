@@ -105,7 +105,13 @@ def _projected(name: Literal["q", "k", "v"]) -> Compute:
     def compute(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
         p = s.projections
         if p is None or s.x_in is None:
-            raise Unfit  # q, k, v were given: nothing to recompute
+            if (
+                name == "q"
+                or "kv_heads_repeated_wrong" not in t.mistakes
+                or t.mistakes & _PROJECTING
+            ):
+                raise Unfit  # q, k, v were given: nothing to recompute
+            return {name: _tiled(st[name], s)}  # k and v given: their heads regrouped
         w, b = {"q": (p.w_q, p.b_q), "k": (p.w_k, p.b_k), "v": (p.w_v, p.b_v)}[name]
         if "weights_transposed" in t.mistakes:
             if w.shape[0] != w.shape[1]:
@@ -120,9 +126,23 @@ def _projected(name: Literal["q", "k", "v"]) -> Compute:
         heads = split(out, h)  # (B, h_·, n, d)
         if h != s.num_heads:
             heads = np.repeat(heads, s.num_heads // h, axis=1)  # (B, h, n, d), GQA
+            if "kv_heads_repeated_wrong" in t.mistakes:
+                heads = _tiled(heads, s)
         return {name: heads}
 
     return compute
+
+
+_PROJECTING = frozenset({"weights_transposed", "heads_interleaved"})  # need the projections
+
+
+def _tiled(heads: Array, s: Setup) -> Array:
+    """Keys or values per query head, (B, h, n, d), as grouped-query attention repeats them
+    (``repeat_interleave``: key/value head j serves query heads j·g … j·g + g − 1), regrouped
+    as a tile (``Tensor.repeat``, ``np.tile``: query head i gets key/value head i mod h_kv)."""
+    assert s.num_heads is not None and s.num_kv_heads is not None
+    group = s.num_heads // s.num_kv_heads
+    return np.tile(heads[:, ::group], (1, group, 1, 1))  # (B, h, n, d)
 
 
 def _split_interleaved(t: Array, num_heads: int) -> Array:
@@ -383,13 +403,16 @@ def _chain_setup(st: State, s: Setup, t: Trial) -> chain.Setup:
     additive = _heads_axis(st, s, "additive_mask") if "additive_mask" in st else None
     padded = _heads_axis(st, s, "padded_queries").astype(bool) if "padded_queries" in st else None
     policy: FullyMaskedPolicy = "uniform" if t.rows == "uniform" else "zero"
+    past = s.past
+    if past is not None and "kv_heads_repeated_wrong" in t.mistakes:  # the cache tiled alike
+        past = Past(_tiled(past.k, s), _tiled(past.v, s))
     return chain.Setup(
         s.variants,
         s.scale,
         additive,
         padded,
         policy,
-        s.past,
+        past,
         refuse=False,
         w_o=s.w_o,
         b_o=s.b_o,
@@ -468,8 +491,8 @@ def _block_output(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
 
 _PROJECTIONS = (
     Stage(("q",), _projected("q"), frozenset({"weights_transposed", "heads_interleaved"})),
-    Stage(("k",), _projected("k"), frozenset({"weights_transposed", "heads_interleaved"})),
-    Stage(("v",), _projected("v"), frozenset({"weights_transposed", "heads_interleaved"})),
+    Stage(("k",), _projected("k"), _PROJECTING | {"kv_heads_repeated_wrong"}),
+    Stage(("v",), _projected("v"), _PROJECTING | {"kv_heads_repeated_wrong"}),
 )
 _MASK = Stage(
     ("mask", "additive_mask", "padded_queries"),
