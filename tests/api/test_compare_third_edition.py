@@ -496,3 +496,96 @@ def test_numpy_heads_tiled_with_np_tile_are_kv_heads_repeated_wrong(client: Test
     body = {"q": q.tolist(), "k": k.tolist(), "v": v.tolist(), "num_heads": 4}
     d = diagnosed(client, "/multihead", {**body, "expected": {"output": concat.tolist()}}, "output")
     assert d["mistakes"] == ["kv_heads_repeated_wrong"], d
+
+
+# ---- mask_not_infinite -----------------------------------------------------------------------
+
+QKV = [randn(2, L6, 4, seed=s) for s in (71, 72, 73)]  # a batch of two, d_k = d_v = 4
+LEFT_PADDED = torch.tensor([[True, True, False, False, False, False], [False] * L6])  # torch
+
+
+def filled(q: Tensor, k: Tensor, allowed: Tensor, fill: float, scale: float = 0.5) -> Tensor:
+    """Weights as ``scores.masked_fill(~allowed, fill)`` then ``softmax(dim=-1)`` make them."""
+    scores = q @ k.transpose(-2, -1) * scale
+    return F.softmax(scores.masked_fill(~allowed, fill), dim=-1)
+
+
+def causal_mask(n: int) -> Tensor:
+    return torch.ones(n, n, dtype=torch.bool).tril()
+
+
+def batched(q: Tensor, k: Tensor, v: Tensor) -> Json:
+    return {"q": js(q), "k": js(k), "v": js(v)}
+
+
+def test_a_tutorials_masked_fill_with_minus_epsilon_is_mask_not_infinite(
+    client: TestClient,
+) -> None:
+    """hyunwoongko/transformer (issue #10, fixed later): ``ScaleDotProductAttention`` filled the
+    masked scores with ``-e``, e = 1e-12 — 0 for the softmax — so every masked key kept
+    weight."""
+    q, k, v = (t[:1] for t in QKV)
+    theirs = filled(q, k, causal_mask(L6), -1e-12)
+    body = {**batched(q[0], k[0], v[0]), "mask": {"type": "causal"}}
+    d = diagnosed(client, "/mask", {**body, "expected": {"weights": js(theirs[0])}}, "weights")
+    assert d["mistakes"] == ["mask_not_infinite"], d
+    assert "set to 0 instead of −∞" in d["explanation"], d["explanation"]
+
+
+def test_transformers_finfo_min_on_a_left_padded_batch_is_mask_not_infinite(
+    client: TestClient,
+) -> None:
+    """transformers fills masked scores with ``torch.finfo(dtype).min`` (its
+    AttentionMaskConverter), not −∞: in a left-padded batch under the causal mask the first
+    rows of the padded item see no key at all and come out uniform (1/S) where −∞ leaves
+    them empty (zeros here)."""
+    q, k, v = QKV
+    allowed = causal_mask(L6) & ~LEFT_PADDED[:, None, :]  # (2, L, S)
+    theirs = filled(q, k, allowed, torch.finfo(torch.float32).min)
+    body = {**batched(q, k, v), "mask": {"type": "causal"}, "key_padding_mask": js(LEFT_PADDED)}
+    d = diagnosed(client, "/mask", {**body, "expected": {"weights": js(theirs)}}, "weights")
+    assert d["mistakes"] == ["mask_not_infinite"], d
+    assert "1/S each" in d["explanation"] and "fully_masked_rows" in d["explanation"], d
+    # asked for that policy, the same numbers are right
+    uniform = {**body, "fully_masked_rows": "uniform", "expected": {"weights": js(theirs)}}
+    matches(client, "/mask", uniform)
+
+
+def test_an_unscaled_lecture_cell_masked_with_tril_is_a_pair(client: TestClient) -> None:
+    """ "Let's build GPT"'s first self-attention cell computes ``wei = q @ k.transpose(-2, -1)``
+    before its note on scaling, and masks the future there; done with ``torch.tril(wei)`` (as
+    rasbt/LLMs-from-scratch #279 applies tril to the attention matrix directly) the masked
+    scores are 0: scale_missing and mask_not_infinite."""
+    q, k, v = (t[:1] for t in QKV)
+    wei = torch.tril(q @ k.transpose(-2, -1))
+    theirs = F.softmax(wei, dim=-1) @ v
+    body = {**batched(q[0], k[0], v[0]), "mask": {"type": "causal"}}
+    d = diagnosed(client, "/mask", {**body, "expected": {"output": js(theirs[0])}}, "output")
+    assert d["mistakes"] == ["scale_missing", "mask_not_infinite"], d
+
+
+def test_minus_infinity_and_a_fill_no_row_notices_match(client: TestClient) -> None:
+    """−∞ (``masked_fill(mask == 0, float('-inf'))``) is right; the Annotated Transformer's
+    −1e9 gives the same weights wherever a row keeps a key, and its masked scores count as
+    masked (at or below −1e9): neither is a mistake."""
+    q, k, v = (t[:1] for t in QKV)
+    body = {**batched(q[0], k[0], v[0]), "mask": {"type": "causal"}}
+    for fill in (float("-inf"), -1e9):
+        scores = (q @ k.transpose(-2, -1) * 0.5).masked_fill(~causal_mask(L6), fill)
+        weights = F.softmax(scores, dim=-1)
+        expected = {"masked_scores": js(scores[0]), "weights": js(weights[0])}
+        matches(client, "/mask", {**body, "expected": expected | {"output": js(weights @ v)[0]}})
+
+
+def test_builder_fills_differ_from_minus_infinity_only_as_said() -> None:
+    """A fill of −1e-12 is −∞ nowhere: masked keys keep weight; float32's lowest is −∞ in every
+    row that keeps a key, and uniform in a row that keeps none."""
+    q, k, _ = QKV
+    allowed = causal_mask(L6) & ~LEFT_PADDED[:, None, :]
+    right = filled(q, k, allowed, float("-inf")).nan_to_num(0.0)  # empty rows: 0/0 -> 0
+    assert (filled(q, k, allowed, -1e-12)[~allowed] > 1e-3).all()
+    lowest = filled(q, k, allowed, torch.finfo(torch.float32).min)
+    empty = ~allowed.any(dim=-1)  # (2, L): item 0's first two rows
+    assert empty.sum() == 2
+    np.testing.assert_allclose(lowest[~empty].numpy(), right[~empty].numpy(), atol=1e-15)
+    np.testing.assert_allclose(lowest[empty].numpy(), 1 / L6, atol=1e-15)

@@ -35,7 +35,7 @@ CONTRACT = (
     "mask_missing", "window_off_by_one", "heads_merged_without_transpose", "batch_as_sequence",
     "rope_missing", "rope_base_wrong", "decode_position_offset", "float32_arithmetic",
     "scale_from_config_ignored", "clip_missing", "kv_heads_repeated_wrong", "window_missing",
-    "output_projection_missing",
+    "output_projection_missing", "mask_not_infinite",
 )  # fmt: skip
 
 
@@ -57,6 +57,8 @@ def test_pairs_of_one_family_are_never_tried() -> None:
         {"heads_interleaved", "heads_merged_without_transpose"},
         {"window_missing", "window_off_by_one"},
         {"window_missing", "mask_missing"},
+        {"mask_not_infinite", "mask_missing"},
+        {"mask_not_infinite", "mask_after_softmax"},
     ):
         assert frozenset(never) not in pairs
         assert any(frozenset(never) <= group for group in EXCLUSIVE)

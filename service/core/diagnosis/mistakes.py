@@ -14,6 +14,9 @@ from service.core.diagnosis.stages import CHANGES, RowPolicy, Setup, Way
 FLOAT32 = "float32_arithmetic"  # no recomputation: a difference of float32's size
 FLOAT32_RELATIVE = 1e-5  # ... is at most this times the largest number of the array
 ROPE_BASES = (10_000.0, 500_000.0, 1_000_000.0)  # RoPE's, Llama 3's, Qwen's (rope_theta)
+# what masked scores are filled with instead of −∞: 0 (torch.tril(scores), scores * mask), the
+# Annotated Transformer's −1e9, transformers' torch.finfo(float32).min, fp16 code's −1e4
+MASK_FILLS: tuple[float, ...] = (0.0, -1e9, float(np.finfo(np.float32).min), -1e4)
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,25 @@ def _kv_repeated(seen: Seen) -> str:
         f"of {g} consecutive query heads (query head i uses key/value head ⌊i/{g}⌋): repeat "
         f"them with repeat_interleave({g}, dim=1), as transformers' repeat_kv and "
         "scaled_dot_product_attention(enable_gqa=True) do"
+    )
+
+
+def _fill(seen: Seen) -> str:
+    fill = float(seen.ways["mask_not_infinite"])
+    if fill == 0.0:
+        return (
+            "the masked scores were set to 0 instead of −∞ (torch.tril(scores) or scores * mask "
+            "zero them), so each masked key kept the weight exp(0 − max) in the softmax. Fill "
+            "them with −∞ before the softmax: scores.masked_fill(~mask, float('-inf'))"
+        )
+    shown = {-1e9: "-1e9", -1e4: "-1e4"}.get(fill, "torch.finfo(torch.float32).min")
+    return (
+        f"the masked scores were filled with {shown} instead of −∞ (a large negative fill gives "
+        "these numbers alike; −1e9, −1e4 and torch.finfo(torch.float32).min differ only where "
+        "the scores reach them): exp of it is 0 next to an allowed key, but a row whose every "
+        "key is masked shares its weight equally among them (1/S each) where −∞ leaves it "
+        "empty. Fill with float('-inf') and zero such rows, or ask for "
+        '"fully_masked_rows": "uniform" if your model means it'
     )
 
 
@@ -493,6 +515,7 @@ TABLE: tuple[Mistake, ...] = (
     Mistake("kv_heads_repeated_wrong", _grouped, _kv_repeated),
     Mistake("window_missing", lambda s, p: bool(_banded(s)), _window_missing),
     Mistake("output_projection_missing", _projects, _projection_missing),
+    Mistake("mask_not_infinite", _has_mask, _fill, lambda s: MASK_FILLS),
 )
 MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
 BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE}
@@ -513,6 +536,7 @@ _MASKS = (
     "mask_after_softmax",
     "window_off_by_one",
     "window_missing",
+    "mask_not_infinite",
 )
 # Ways of doing the same thing, or mistakes that exclude each other: a pair inside one of
 # these sets is never tried.
@@ -524,6 +548,7 @@ EXCLUSIVE: tuple[frozenset[str], ...] = (
     frozenset({"rope_missing", "decode_position_offset"}),
     frozenset({"heads_interleaved", "heads_merged_without_transpose"}),
     frozenset({"window_missing", "window_off_by_one"}),  # one window: left out, or off by one
+    frozenset({"mask_after_softmax", "mask_not_infinite"}),  # where the mask is applied, how
     *(frozenset({"mask_missing", m}) for m in _MASKS),
 )
 

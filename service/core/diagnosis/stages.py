@@ -234,8 +234,23 @@ def _mis_scaled(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
 
 
 def _unmasked(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
-    """The mask left for the weights under ``mask_after_softmax``."""
-    return (lambda logits, st, hs: logits) if "mask_after_softmax" in t.mistakes else step.run
+    """The mask left for the weights under ``mask_after_softmax``; under ``mask_not_infinite``
+    the masked scores filled with a finite number (``masked_fill(~mask, fill)``: 0 as
+    ``torch.tril(scores)`` or ``scores * mask`` leave them, −1e9, float32's lowest, −1e4),
+    the additive values elsewhere added as they are."""
+    if "mask_after_softmax" in t.mistakes:
+        return lambda logits, st, hs: logits
+    if "mask_not_infinite" not in t.mistakes:
+        return step.run
+    fill = float(t.way("mask_not_infinite"))
+
+    def run(scores: Array, st: chain.State, hs: chain.Setup) -> Array:
+        additive = hs.additive
+        assert additive is not None
+        masked = np.isneginf(additive)  # (B, ·, L, S)
+        return np.where(masked, fill, scores + np.where(masked, 0.0, additive))  # (..., L, S)
+
+    return run
 
 
 def _weighted(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
@@ -340,7 +355,11 @@ CHANGES: dict[str, Change] = {
     # batch_as_sequence swaps the world (recompute's), the scores on are recomputed in it
     "scores": Change(frozenset({"q_k_swapped", "batch_as_sequence"}), _swapped_scores),
     "scale": Change(_SCALE, _mis_scaled, ways=frozenset({"scale_by_model_dim"})),
-    "mask": Change(frozenset({"mask_after_softmax"}), _unmasked),
+    "mask": Change(
+        frozenset({"mask_after_softmax", "mask_not_infinite"}),
+        _unmasked,
+        ways=frozenset({"mask_not_infinite"}),
+    ),
     "softmax": Change(
         frozenset({"softmax_over_queries", "scale_after_softmax"}),
         _weighted,
