@@ -416,21 +416,39 @@ def test_a_llama_port_repeating_kv_heads_as_a_tile_is_kv_heads_repeated_wrong(
     assert "k.repeat(1, 4, 1, 1)" in text and "repeat_interleave(4, dim=1)" in text, text
 
 
-def port_cache(x: Tensor, tile: bool, p: int = 3) -> dict[str, Any]:
+def port_cache(
+    x: Tensor,
+    tile: bool = False,
+    p: int = 3,
+    *,
+    is_causal: bool = False,
+    from_zero: bool = False,
+    strict: bool = False,
+) -> dict[str, Any]:
     """``port``'s GQA layer on x (1, n, 16) as a decode step: the cache of its first p tokens
-    per key/value head (keys rotated, as transformers' DynamicCache holds them), and the output
-    of the n − p new tokens attending to all n keys (lower-right causal)."""
+    per key/value head (keys rotated at 0 … p − 1, as transformers' DynamicCache holds them),
+    and the output of the n − p new tokens attending to all n keys (lower-right causal: new
+    query i sees keys 0 … p + i). The port's mistakes: ``tile`` (``k.repeat``), ``is_causal``
+    (SDPA's is_causal=True: upper-left, query i sees keys 0 … i), ``from_zero`` (the new
+    tokens rotated at 0 … n − p − 1: position_ids = arange(L), the cache's length ignored),
+    ``strict`` (each new query's own key hidden too: j < p + i)."""
     b, n, _ = x.shape
 
     def heads(t: Tensor, count: int) -> Tensor:
         return t.view(b, n, count, -1).transpose(1, 2)
 
     at = torch.arange(n)
+    if from_zero:
+        at = torch.cat([torch.arange(p), torch.arange(n - p)])
     k, v = rope(heads(x @ W_GQA["k"].T, H_KV), at), heads(x @ W_GQA["v"].T, H_KV)
     q = rope(heads(x @ W_GQA["q"].T, H8), at)[:, :, p:]
     kk, vv = grouped(k, H8 // H_KV, tile), grouped(v, H8 // H_KV, tile)
-    i, j = torch.arange(n - p)[:, None] + p, torch.arange(n)[None, :]
-    out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=j <= i)
+    if is_causal:
+        out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True)
+    else:
+        i, j = torch.arange(n - p)[:, None] + p, torch.arange(n)[None, :]
+        allowed = j < i if strict else j <= i
+        out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=allowed)
     concat = out.transpose(1, 2).reshape(b, n - p, -1)
     past = {"k": js(k[0, :, :p]), "v": js(v[0, :, :p])}
     return {"past": past, "output": concat @ W_GQA["o"].T}
@@ -589,3 +607,98 @@ def test_builder_fills_differ_from_minus_infinity_only_as_said() -> None:
     assert empty.sum() == 2
     np.testing.assert_allclose(lowest[~empty].numpy(), right[~empty].numpy(), atol=1e-15)
     np.testing.assert_allclose(lowest[empty].numpy(), 1 / L6, atol=1e-15)
+
+
+# ---- causal_alignment_swapped ----------------------------------------------------------------
+
+L3, S5 = 3, 5
+Q3, K5, V5 = randn(1, L3, 4, seed=81), randn(1, S5, 4, seed=82), randn(1, S5, 4, seed=83)
+
+
+def aligned(alignment: str) -> Json:
+    return {**direct(Q3, K5, V5), "mask": {"type": "causal", "alignment": alignment}}
+
+
+def test_sdpa_is_causal_where_lower_right_was_asked_is_causal_alignment_swapped(
+    client: TestClient,
+) -> None:
+    """PyTorch's ``is_causal=True`` aligns the causal mask upper-left when L ≠ S
+    (torch.nn.attention.bias documents it; pytorch/pytorch #144858), where FlashAttention since
+    2.1 and a decode step align it lower-right: the same call where lower-right was meant."""
+    theirs = F.scaled_dot_product_attention(Q3, K5, V5, is_causal=True)
+    body = {**aligned("lower_right"), "expected": {"output": js(theirs[0])}}
+    d = diagnosed(client, "/mask", body, "output")
+    assert d["mistakes"] == ["causal_alignment_swapped"], d
+    assert "causal_lower_right" in d["explanation"] and "i + 2" in d["explanation"], d
+
+
+def test_a_lower_right_mask_where_upper_left_was_asked_is_causal_alignment_swapped(
+    client: TestClient,
+) -> None:
+    """The reverse: ``torch.nn.attention.bias.causal_lower_right`` (FlashAttention's
+    ``causal=True`` since 2.1) where the layer means upper-left."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    theirs = F.scaled_dot_product_attention(Q3, K5, V5, attn_mask=causal_lower_right(L3, S5))
+    body = {**aligned("upper_left"), "expected": {"output": js(theirs[0])}}
+    d = diagnosed(client, "/mask", body, "output")
+    assert d["mistakes"] == ["causal_alignment_swapped"], d
+    assert '"alignment": "lower_right"' in d["explanation"], d["explanation"]
+
+
+def test_a_decode_step_through_sdpa_is_causal_is_causal_alignment_swapped(
+    client: TestClient,
+) -> None:
+    """karpathy/nanochat PR #456 (and pytorch/pytorch #144858): with a KV cache, SDPA's
+    ``is_causal=True`` lets new query i see keys 0 … i only, not the cache before it; here 2
+    new tokens after a cache of 3."""
+    theirs = port_cache(X16, is_causal=True)
+    body = gqa_request(X16[:, 3:], past=theirs["past"])
+    wrong = {**body, "expected": {"output": js(theirs["output"][0])}}
+    d = diagnosed(client, "/multihead", wrong, "output")
+    assert d["mistakes"] == ["causal_alignment_swapped"], d
+    assert "cache's 3" in d["explanation"], d["explanation"]
+
+
+def test_a_decode_step_that_forgets_the_cache_offset_twice_is_a_pair(client: TestClient) -> None:
+    """A decode loop that ignores the cache's length everywhere (transformers'
+    ``cache_position``): position_ids = arange(L) for the new tokens' RoPE, and SDPA's
+    ``is_causal=True`` for the mask: decode_position_offset and causal_alignment_swapped."""
+    theirs = port_cache(X16, is_causal=True, from_zero=True)
+    body = gqa_request(X16[:, 3:], past=theirs["past"])
+    wrong = {**body, "expected": {"output": js(theirs["output"][0])}}
+    d = diagnosed(client, "/multihead", wrong, "output")
+    assert d["mistakes"] == ["decode_position_offset", "causal_alignment_swapped"], d
+
+
+def test_each_alignment_computed_as_asked_matches(client: TestClient) -> None:
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+    for alignment, bias in (("upper_left", causal_upper_left), ("lower_right", causal_lower_right)):
+        right = F.scaled_dot_product_attention(Q3, K5, V5, attn_mask=bias(L3, S5))
+        matches(client, "/mask", {**aligned(alignment), "expected": {"output": js(right[0])}})
+
+
+def test_builder_the_two_alignments_differ_and_is_causal_is_upper_left() -> None:
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+    upper = F.scaled_dot_product_attention(Q3, K5, V5, is_causal=True)
+    same = F.scaled_dot_product_attention(Q3, K5, V5, attn_mask=causal_upper_left(L3, S5))
+    lower = F.scaled_dot_product_attention(Q3, K5, V5, attn_mask=causal_lower_right(L3, S5))
+    np.testing.assert_allclose(upper.numpy(), same.numpy(), atol=1e-15)
+    assert np.abs(upper.numpy() - lower.numpy()).max() > 1e-2
+    i, j = np.indices((L3, S5))
+    assert (causal_lower_right(L3, S5)._materialize().numpy() == (j <= i + S5 - L3)).all()
+
+
+def test_a_decode_step_hiding_its_own_key_is_causal_diagonal_masked_after_the_cache(
+    client: TestClient,
+) -> None:
+    """The first edition's causal_diagonal_masked in a decode step: the strict mask counted from
+    the cache's end (new query i sees keys 0 … 3 + i − 1), as ``triu(ones, 0)`` offset by the
+    cache would make it; the diagnosis's causal mask keeps the cache's offset."""
+    theirs = port_cache(X16, strict=True)
+    body = gqa_request(X16[:, 3:], past=theirs["past"])
+    wrong = {**body, "expected": {"output": js(theirs["output"][0])}}
+    d = diagnosed(client, "/multihead", wrong, "output")
+    assert d["mistakes"] == ["causal_diagonal_masked"], d

@@ -35,7 +35,7 @@ CONTRACT = (
     "mask_missing", "window_off_by_one", "heads_merged_without_transpose", "batch_as_sequence",
     "rope_missing", "rope_base_wrong", "decode_position_offset", "float32_arithmetic",
     "scale_from_config_ignored", "clip_missing", "kv_heads_repeated_wrong", "window_missing",
-    "output_projection_missing", "mask_not_infinite",
+    "output_projection_missing", "causal_alignment_swapped", "mask_not_infinite",
 )  # fmt: skip
 
 

@@ -228,6 +228,44 @@ def _fill(seen: Seen) -> str:
     )
 
 
+def _misaligned(s: Setup, present: frozenset[str]) -> bool:
+    """A causal mask with L ≠ S (a decode step's included): the two alignments differ."""
+    return s.seq_len != s.ctx_len and any(isinstance(m, masks.Causal) for m in s.mask_specs)
+
+
+def _alignment(seen: Seen) -> str:
+    s = seen.setup
+    big, shift = s.seq_len, s.ctx_len - s.seq_len
+    causal = next(m for m in s.mask_specs if isinstance(m, masks.Causal))
+    if s.past is not None:
+        p = s.past.length
+        text = (
+            f"the decode step's causal mask was aligned upper-left from the first key "
+            f"(scaled_dot_product_attention's is_causal=True with {big} new "
+            f"quer{'y' if big == 1 else 'ies'} and {s.ctx_len} keys: query i saw keys 0 … i) "
+            f"where the new tokens come after the cache's {p}: query i sees keys 0 … {p} + i. "
+            "With a cache, pass is_causal=False for one new token, or a lower-right mask "
+            "(torch.nn.attention.bias.causal_lower_right(L, S)) for several"
+        )
+    elif causal.alignment == "lower_right":
+        text = (
+            "the causal mask was aligned upper-left (query i sees keys 0 … i, as "
+            "scaled_dot_product_attention's is_causal=True) where lower-right was asked (query "
+            f"i sees keys 0 … i + {shift}: the last query sees every key, as a decode step or "
+            "FlashAttention's causal=True): pass torch.nn.attention.bias.causal_lower_right(L, "
+            "S) as attn_mask"
+        )
+    else:
+        text = (
+            f"the causal mask was aligned lower-right (query i sees keys 0 … i + {shift}, as "
+            "FlashAttention's causal=True since 2.1 or causal_lower_right) where upper-left "
+            "was asked (query i sees keys 0 … i, as is_causal=True): if your model aligns it "
+            'so, set the causal mask\'s "alignment": "lower_right"; else mask with '
+            "tril(ones(L, S))"
+        )
+    return text + ("" if seen.rows == "zero" else f"; your fully masked rows hold {_rows(seen)}")
+
+
 def _float32(seen: Seen) -> str:
     return (
         "no mistake: your numbers agree with ours to float32's precision (the largest "
@@ -515,6 +553,7 @@ TABLE: tuple[Mistake, ...] = (
     Mistake("kv_heads_repeated_wrong", _grouped, _kv_repeated),
     Mistake("window_missing", lambda s, p: bool(_banded(s)), _window_missing),
     Mistake("output_projection_missing", _projects, _projection_missing),
+    Mistake("causal_alignment_swapped", _misaligned, _alignment),
     Mistake("mask_not_infinite", _has_mask, _fill, lambda s: MASK_FILLS),
 )
 MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order

@@ -22,11 +22,14 @@ from service.core.multihead import (
     split_heads,
 )
 from service.core.softmax import softmax
-from service.core.types import Array, FullyMaskedPolicy, RopeStyle
+from service.core.types import Alignment, Array, BoolArray, FullyMaskedPolicy, RopeStyle
 from service.core.variants import Variants, sigmoid
 
 # change which keys a query may see (and so may leave a query row with none)
-MASK_MISTAKES = frozenset({"mask_inverted", "causal_diagonal_masked", "window_off_by_one"})
+MASK_MISTAKES = frozenset(
+    {"mask_inverted", "causal_diagonal_masked", "window_off_by_one", "causal_alignment_swapped"}
+)
+_CAUSAL = frozenset({"causal_diagonal_masked", "causal_alignment_swapped"})
 RowPolicy = Literal["zero", "uniform", "nan"]  # what a fully masked row holds
 Way = str | float  # how a mistake with several ways was made (a base, a width, a shift)
 
@@ -473,9 +476,8 @@ def _mistaken_spec(spec: masks.MaskSpec, s: Setup, t: Trial) -> masks.MaskSpec:
     part was kept (``F.scaled_dot_product_attention(is_causal=True)`` has no window)."""
     if isinstance(spec, masks.Boolean) and "mask_inverted" in t.mistakes:
         return masks.Boolean(~spec.matrix)
-    if isinstance(spec, masks.Causal) and "causal_diagonal_masked" in t.mistakes:
-        strict = masks.causal(s.seq_len, s.ctx_len, spec.alignment, diagonal=False)  # (L, S)
-        return masks.Boolean(strict)
+    if isinstance(spec, masks.Causal) and t.mistakes & _CAUSAL:
+        return masks.Boolean(_mistaken_causal(spec, s, t))
     if isinstance(spec, masks.Window) and "window_missing" in t.mistakes:
         return masks.Window(None, 0 if spec.right == 0 else None)  # the causal part kept
     if isinstance(spec, masks.Chunked) and "window_missing" in t.mistakes:
@@ -486,6 +488,21 @@ def _mistaken_spec(spec: masks.MaskSpec, s: Setup, t: Trial) -> masks.MaskSpec:
         right = spec.right if not spec.right else max(spec.right + shift, 0)
         return masks.Window(left, right)
     return spec
+
+
+def _mistaken_causal(spec: masks.Causal, s: Setup, t: Trial) -> BoolArray:
+    """(L, S) a causal mask as the caller built it: hiding each query's own key too, or aligned
+    the other way when L ≠ S — upper-left (PyTorch's ``is_causal``: query i sees keys 0 … i)
+    where lower-right was meant (0 … i + S − L, the last query sees every key) or the reverse;
+    in a decode step (which counts its rows after the cache) upper-left from the first key,
+    the cache's offset dropped."""
+    alignment: Alignment = spec.alignment
+    offset = 0 if s.past is None else s.past.length
+    if "causal_alignment_swapped" in t.mistakes:
+        swapped: Alignment = "lower_right" if alignment == "upper_left" else "upper_left"
+        alignment, offset = ("upper_left" if s.past is not None else swapped), 0
+    diagonal = "causal_diagonal_masked" not in t.mistakes
+    return masks.causal(s.seq_len, s.ctx_len, alignment, diagonal=diagonal, row_offset=offset)
 
 
 def _heads_axis(st: State, s: Setup, name: str) -> Array:
