@@ -702,3 +702,50 @@ def test_a_decode_step_hiding_its_own_key_is_causal_diagonal_masked_after_the_ca
     wrong = {**body, "expected": {"output": js(theirs["output"][0])}}
     d = diagnosed(client, "/multihead", wrong, "output")
     assert d["mistakes"] == ["causal_diagonal_masked"], d
+
+
+# ---- softmax_over_batch ----------------------------------------------------------------------
+
+QB, KB, VB = randn(3, 4, 4, seed=91), randn(3, 4, 4, seed=92), randn(3, 4, 4, seed=93)
+
+
+def implicit_softmax(scores: Tensor) -> Tensor:
+    """``F.softmax(scores)`` without ``dim``, as old code calls it: for a 3-D tensor torch picks
+    dim 0 (``_get_softmax_dim``) and warns."""
+    with pytest.warns(UserWarning, match="Implicit dimension choice for softmax"):
+        return F.softmax(scores)
+
+
+def test_f_softmax_without_dim_on_batched_scores_is_softmax_over_batch(
+    client: TestClient,
+) -> None:
+    """pytorch/pytorch #5733 and its kin ("Implicit dimension choice for softmax has been
+    deprecated"): ``F.softmax(scores)`` of the [B][L][S] scores, no ``dim``, runs over axis 0,
+    the batch."""
+    weights = implicit_softmax(QB @ KB.transpose(1, 2) / 2.0)
+    body = {**batched(QB, KB, VB), "expected": {"weights": js(weights)}}
+    d = diagnosed(client, "/attention", body, "weights")
+    assert d["mistakes"] == ["softmax_over_batch"], d
+    assert "axis 0" in d["explanation"] and "dim=-1" in d["explanation"], d["explanation"]
+
+
+def test_unscaled_dot_attention_without_dim_is_a_pair(client: TestClient) -> None:
+    """Luong-style dot attention (``torch.bmm(q, k.transpose(1, 2))``, no scale) written with
+    ``F.softmax`` and no ``dim``, compared with scaled dot-product attention: scale_missing and
+    softmax_over_batch."""
+    out = implicit_softmax(torch.bmm(QB, KB.transpose(1, 2))) @ VB
+    body = {**batched(QB, KB, VB), "expected": {"output": js(out)}}
+    d = diagnosed(client, "/attention", body, "output")
+    assert d["mistakes"] == ["scale_missing", "softmax_over_batch"], d
+
+
+def test_the_softmax_over_the_keys_of_a_batch_matches(client: TestClient) -> None:
+    weights = F.softmax(QB @ KB.transpose(1, 2) / 2.0, dim=-1)
+    expected = {"weights": js(weights), "output": js(weights @ VB)}
+    matches(client, "/attention", {**batched(QB, KB, VB), "expected": expected})
+
+
+def test_builder_implicit_softmax_is_over_the_batch() -> None:
+    scores = QB @ KB.transpose(1, 2)
+    np.testing.assert_array_equal(implicit_softmax(scores).numpy(), F.softmax(scores, 0).numpy())
+    np.testing.assert_allclose(implicit_softmax(scores).sum(0).numpy(), 1.0, atol=1e-15)

@@ -35,7 +35,8 @@ CONTRACT = (
     "mask_missing", "window_off_by_one", "heads_merged_without_transpose", "batch_as_sequence",
     "rope_missing", "rope_base_wrong", "decode_position_offset", "float32_arithmetic",
     "scale_from_config_ignored", "clip_missing", "kv_heads_repeated_wrong", "window_missing",
-    "output_projection_missing", "causal_alignment_swapped", "mask_not_infinite",
+    "output_projection_missing", "softmax_over_batch", "causal_alignment_swapped",
+    "mask_not_infinite",
 )  # fmt: skip
 
 
@@ -59,6 +60,7 @@ def test_pairs_of_one_family_are_never_tried() -> None:
         {"window_missing", "mask_missing"},
         {"mask_not_infinite", "mask_missing"},
         {"mask_not_infinite", "mask_after_softmax"},
+        {"softmax_over_batch", "softmax_over_queries"},
     ):
         assert frozenset(never) not in pairs
         assert any(frozenset(never) <= group for group in EXCLUSIVE)

@@ -553,6 +553,16 @@ TABLE: tuple[Mistake, ...] = (
     Mistake("kv_heads_repeated_wrong", _grouped, _kv_repeated),
     Mistake("window_missing", lambda s, p: bool(_banded(s)), _window_missing),
     Mistake("output_projection_missing", _projects, _projection_missing),
+    Mistake(
+        "softmax_over_batch",
+        lambda s, p: s.batch > 1,
+        lambda e: (
+            f"the softmax ran over the batch (axis 0 of the [B][L][S] scores: the {e.setup.batch} "
+            "items' weights for each query and key sum to 1) instead of over the keys of each "
+            "row: F.softmax without dim picks dim 0 for a 3-D tensor (its deprecation warning "
+            "says so). Pass dim=-1"
+        ),
+    ),
     Mistake("causal_alignment_swapped", _misaligned, _alignment),
     Mistake("mask_not_infinite", _has_mask, _fill, lambda s: MASK_FILLS),
 )
@@ -588,6 +598,7 @@ EXCLUSIVE: tuple[frozenset[str], ...] = (
     frozenset({"heads_interleaved", "heads_merged_without_transpose"}),
     frozenset({"window_missing", "window_off_by_one"}),  # one window: left out, or off by one
     frozenset({"mask_after_softmax", "mask_not_infinite"}),  # where the mask is applied, how
+    frozenset({"softmax_over_queries", "softmax_over_batch"}),  # the softmax's one axis
     *(frozenset({"mask_missing", m}) for m in _MASKS),
 )
 

@@ -257,13 +257,17 @@ def _unmasked(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
 
 
 def _weighted(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
-    """The softmax as the caller computed it: over the queries, its fully masked rows NaN, the
+    """The softmax as the caller computed it: over the queries or over the batch (axis 0, as
+    ``F.softmax`` without ``dim`` takes it for a 3-D tensor), its fully masked rows NaN, the
     scale or the mask applied after it (renormalised or not); padded rows 0 all the same."""
 
     def run(logits: Array, st: chain.State, hs: chain.Setup) -> Array:
         if "softmax_over_queries" in t.mistakes:
             down = _softmax(np.swapaxes(logits, -1, -2), t.rows)  # (..., S, L), over queries
             weights = np.ascontiguousarray(np.swapaxes(down, -1, -2))  # matmul's fast path
+        elif "softmax_over_batch" in t.mistakes:
+            across = _softmax(np.moveaxis(logits, 0, -1), t.rows)  # (..., L, S, B), over items
+            weights = np.ascontiguousarray(np.moveaxis(across, -1, 0))
         else:
             weights = step.run(logits, st, hs)  # (..., L, S), the sink's share in st
             empty = st.fully_masked_rows  # (..., L)
@@ -364,7 +368,7 @@ CHANGES: dict[str, Change] = {
         ways=frozenset({"mask_not_infinite"}),
     ),
     "softmax": Change(
-        frozenset({"softmax_over_queries", "scale_after_softmax"}),
+        frozenset({"softmax_over_queries", "scale_after_softmax", "softmax_over_batch"}),
         _weighted,
         ways=frozenset({"mask_after_softmax"}),
         also=("sink_weights",),
