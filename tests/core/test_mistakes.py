@@ -107,6 +107,21 @@ def test_each_way_is_tried_and_every_combination_of_two() -> None:
     assert len(pair) == 4 and len(set(pair)) == 4
 
 
+def test_a_large_fill_is_tried_only_where_a_query_sees_no_key() -> None:
+    """mask_not_infinite: 0 always; −1e9 (as finfo.min, −1e4) only where the mask leaves a
+    query with no key, the one place a large fill's numbers differ from −∞'s."""
+    q = np.zeros((3, 4))
+    causal = setup_for(q, q, mask_specs=(masks.Causal(),))
+    assert ways(causal)["mask_not_infinite"] == (0.0,)
+    first_key_hidden = np.ones((3, 3), dtype=bool)
+    first_key_hidden[:, 0] = False  # row 0 of a causal mask then sees nothing
+    left_padded = setup_for(q, q, mask_specs=(masks.Causal(), masks.Boolean(first_key_hidden)))
+    assert ways(left_padded)["mask_not_infinite"] == (0.0, -1e9)
+    # a padded query row is not one that sees no key
+    padded = setup_for(q, q, mask_specs=(masks.Causal(), masks.Padding(None, (2,))))
+    assert ways(padded)["mask_not_infinite"] == (0.0,)
+
+
 # --- numbers as the mistakes make them, written out in NumPy ------------------------------------
 
 

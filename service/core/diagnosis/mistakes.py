@@ -14,9 +14,11 @@ from service.core.diagnosis.stages import CHANGES, RowPolicy, Setup, Way
 FLOAT32 = "float32_arithmetic"  # no recomputation: a difference of float32's size
 FLOAT32_RELATIVE = 1e-5  # ... is at most this times the largest number of the array
 ROPE_BASES = (10_000.0, 500_000.0, 1_000_000.0)  # RoPE's, Llama 3's, Qwen's (rope_theta)
-# what masked scores are filled with instead of −∞: 0 (torch.tril(scores), scores * mask), the
-# Annotated Transformer's −1e9, transformers' torch.finfo(float32).min, fp16 code's −1e4
-MASK_FILLS: tuple[float, ...] = (0.0, -1e9, float(np.finfo(np.float32).min), -1e4)
+# what masked scores are filled with instead of −∞: 0 (torch.tril(scores), scores * mask), or
+# a large negative number — the Annotated Transformer's −1e9, transformers' finfo(float32).min,
+# GPT-2's −1e4 give the same weights (exp of each is 0 next to an allowed key), and differ
+# from −∞ only in a row whose every key is masked
+ZERO_FILL, LARGE_FILL = 0.0, -1e9
 
 
 @dataclass(frozen=True)
@@ -217,15 +219,23 @@ def _fill(seen: Seen) -> str:
             "zero them), so each masked key kept the weight exp(0 − max) in the softmax. Fill "
             "them with −∞ before the softmax: scores.masked_fill(~mask, float('-inf'))"
         )
-    shown = {-1e9: "-1e9", -1e4: "-1e4"}.get(fill, "torch.finfo(torch.float32).min")
     return (
-        f"the masked scores were filled with {shown} instead of −∞ (a large negative fill gives "
-        "these numbers alike; −1e9, −1e4 and torch.finfo(torch.float32).min differ only where "
-        "the scores reach them): exp of it is 0 next to an allowed key, but a row whose every "
-        "key is masked shares its weight equally among them (1/S each) where −∞ leaves it "
-        "empty. Fill with float('-inf') and zero such rows, or ask for "
-        '"fully_masked_rows": "uniform" if your model means it'
+        "the masked scores were filled with a large finite number instead of −∞ (-1e9, "
+        "torch.finfo(torch.float32).min as transformers fills, GPT-2's -1e4): exp of it is 0 "
+        "next to an allowed key, but a row whose every key is masked shares its weight equally "
+        "among them (1/S each) where −∞ leaves it empty. Fill with float('-inf') and zero "
+        'such rows, or ask for "fully_masked_rows": "uniform" if your model means it'
     )
+
+
+def _fills(s: Setup) -> tuple[Way, ...]:
+    """The fills mask_not_infinite is tried with: 0, and a large one where the request's mask
+    leaves a query (not a padded one) with no key — the only place its numbers differ from
+    −∞'s (masked scores at or below −1e9 compare as masked)."""
+    cached = 0 if s.past is None else s.past.length
+    combined = masks.combine(list(s.mask_specs), s.batch, s.seq_len, s.ctx_len, cached)
+    empty = ~combined.allowed.any(axis=-1) & ~combined.padded_queries  # (B, L)
+    return (ZERO_FILL, LARGE_FILL) if empty.any() else (ZERO_FILL,)
 
 
 def _misaligned(s: Setup, present: frozenset[str]) -> bool:
@@ -564,7 +574,7 @@ TABLE: tuple[Mistake, ...] = (
         ),
     ),
     Mistake("causal_alignment_swapped", _misaligned, _alignment),
-    Mistake("mask_not_infinite", _has_mask, _fill, lambda s: MASK_FILLS),
+    Mistake("mask_not_infinite", _has_mask, _fill, _fills),
 )
 MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
 BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE}

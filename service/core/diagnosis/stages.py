@@ -239,7 +239,7 @@ def _mis_scaled(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
 def _unmasked(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
     """The mask left for the weights under ``mask_after_softmax``; under ``mask_not_infinite``
     the masked scores filled with a finite number (``masked_fill(~mask, fill)``: 0 as
-    ``torch.tril(scores)`` or ``scores * mask`` leave them, −1e9, float32's lowest, −1e4),
+    ``torch.tril(scores)`` or ``scores * mask`` leave them, or a large negative one),
     the additive values elsewhere added as they are."""
     if "mask_after_softmax" in t.mistakes:
         return lambda logits, st, hs: logits
