@@ -159,12 +159,15 @@ def _window_missing(seen: Seen) -> str:
             "scaled_dot_product_attention(is_causal=True) has no chunks: pass the chunked mask "
             "(transformers' chunked_causal_mask_function) as attn_mask"
         )
-    sides = [(side, n) for side, n in (("left", band.left), ("right", band.right)) if n]
-    asked = ", ".join(f"{side} = {n}" for side, n in sides)
+    sides = [] if band.left is None else [f"left = {band.left}"]
+    sides += [] if band.right in (None, 0) else [f"right = {band.right}"]
+    asked = ", ".join(sides)
     if band.right != 0:
+        causal = any(isinstance(m, masks.Causal) for m in seen.setup.mask_specs)
         return (
-            f"the window ({asked}) was never applied: every query saw every key. Apply the "
-            f"band (i − left ≤ j ≤ i + right) to the scores before the softmax"
+            f"the window ({asked}) was never applied: every query saw every "
+            f"{'earlier ' if causal else ''}key. Apply the band (i − left ≤ j ≤ i + right) to "
+            "the scores before the softmax"
         )
     left = band.left
     return (
