@@ -34,7 +34,9 @@ CONTRACT = (
     "rope_style_swapped", "scale_by_model_dim", "scale_inverted", "mask_after_softmax",
     "mask_missing", "window_off_by_one", "heads_merged_without_transpose", "batch_as_sequence",
     "rope_missing", "rope_base_wrong", "decode_position_offset", "float32_arithmetic",
-    "scale_from_config_ignored", "clip_missing",
+    "scale_from_config_ignored", "clip_missing", "kv_heads_repeated_wrong", "window_missing",
+    "output_projection_missing", "softmax_over_batch", "causal_alignment_swapped",
+    "mask_not_infinite",
 )  # fmt: skip
 
 
@@ -54,6 +56,11 @@ def test_pairs_of_one_family_are_never_tried() -> None:
         {"mask_missing", "mask_after_softmax"},
         {"mask_missing", "window_off_by_one"},
         {"heads_interleaved", "heads_merged_without_transpose"},
+        {"window_missing", "window_off_by_one"},
+        {"window_missing", "mask_missing"},
+        {"mask_not_infinite", "mask_missing"},
+        {"mask_not_infinite", "mask_after_softmax"},
+        {"softmax_over_batch", "softmax_over_queries"},
     ):
         assert frozenset(never) not in pairs
         assert any(frozenset(never) <= group for group in EXCLUSIVE)
@@ -98,6 +105,21 @@ def test_each_way_is_tried_and_every_combination_of_two() -> None:
         if len(t.mistakes) == 2
     ]
     assert len(pair) == 4 and len(set(pair)) == 4
+
+
+def test_a_large_fill_is_tried_only_where_a_query_sees_no_key() -> None:
+    """mask_not_infinite: 0 always; −1e9 (as finfo.min, −1e4) only where the mask leaves a
+    query with no key, the one place a large fill's numbers differ from −∞'s."""
+    q = np.zeros((3, 4))
+    causal = setup_for(q, q, mask_specs=(masks.Causal(),))
+    assert ways(causal)["mask_not_infinite"] == (0.0,)
+    first_key_hidden = np.ones((3, 3), dtype=bool)
+    first_key_hidden[:, 0] = False  # row 0 of a causal mask then sees nothing
+    left_padded = setup_for(q, q, mask_specs=(masks.Causal(), masks.Boolean(first_key_hidden)))
+    assert ways(left_padded)["mask_not_infinite"] == (0.0, -1e9)
+    # a padded query row is not one that sees no key
+    padded = setup_for(q, q, mask_specs=(masks.Causal(), masks.Padding(None, (2,))))
+    assert ways(padded)["mask_not_infinite"] == (0.0,)
 
 
 # --- numbers as the mistakes make them, written out in NumPy ------------------------------------

@@ -14,6 +14,11 @@ from service.core.diagnosis.stages import CHANGES, RowPolicy, Setup, Way
 FLOAT32 = "float32_arithmetic"  # no recomputation: a difference of float32's size
 FLOAT32_RELATIVE = 1e-5  # ... is at most this times the largest number of the array
 ROPE_BASES = (10_000.0, 500_000.0, 1_000_000.0)  # RoPE's, Llama 3's, Qwen's (rope_theta)
+# what masked scores are filled with instead of −∞: 0 (torch.tril(scores), scores * mask), or
+# a large negative number — the Annotated Transformer's −1e9, transformers' finfo(float32).min,
+# GPT-2's −1e4 give the same weights (exp of each is 0 next to an allowed key), and differ
+# from −∞ only in a row whose every key is masked
+ZERO_FILL, LARGE_FILL = 0.0, -1e9
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,148 @@ def _window(seen: Seen) -> str:
         f"{text}: Hugging Face's sliding_window = W keeps W keys including the query's own, "
         "which is left = W − 1 here, as flash-attention's window_size = (W − 1, 0)"
     )
+
+
+def _banded(s: Setup) -> list[masks.Window | masks.Chunked]:
+    """The request's windows that bound a side (a window of ``right`` = 0 alone is the causal
+    mask) and its chunks: what window_missing leaves out."""
+    return [
+        m
+        for m in s.mask_specs
+        if isinstance(m, masks.Chunked)
+        or (isinstance(m, masks.Window) and (m.left is not None or m.right not in (None, 0)))
+    ]
+
+
+def _window_missing(seen: Seen) -> str:
+    band = _banded(seen.setup)[0]
+    if isinstance(band, masks.Chunked):
+        n = band.size
+        return (
+            f"the chunked attention (chunks of {n} positions, Llama 4's attention_chunk_size) "
+            "was never applied, only the causal part: each query saw every earlier key instead "
+            f"of the earlier keys of its own chunk (⌊i/{n}⌋ = ⌊j/{n}⌋). "
+            "scaled_dot_product_attention(is_causal=True) has no chunks: pass the chunked mask "
+            "(transformers' chunked_causal_mask_function) as attn_mask"
+        )
+    sides = [] if band.left is None else [f"left = {band.left}"]
+    sides += [] if band.right in (None, 0) else [f"right = {band.right}"]
+    asked = ", ".join(sides)
+    if band.right != 0:
+        causal = any(isinstance(m, masks.Causal) for m in seen.setup.mask_specs)
+        return (
+            f"the window ({asked}) was never applied: every query saw every "
+            f"{'earlier ' if causal else ''}key. Apply the band (i − left ≤ j ≤ i + right) to "
+            "the scores before the softmax"
+        )
+    left = band.left
+    return (
+        f"the sliding window ({asked}: each query sees its own key and the {left} before it) "
+        "was never applied, only the causal part: every query saw every earlier key. "
+        "scaled_dot_product_attention(is_causal=True) has no window: pass the band "
+        f"(i − {left} ≤ j ≤ i) as attn_mask, or flash-attn's window_size = ({left}, 0)"
+    )
+
+
+def _projects(s: Setup, present: frozenset[str]) -> bool:
+    """Whether the heads go through a square W_o (another shape is told by the shapes)."""
+    w_o = s.w_o
+    return w_o is not None and w_o.shape[0] == w_o.shape[1] and "projected" in present
+
+
+def _projection_missing(seen: Seen) -> str:
+    plus = "" if seen.setup.b_o is None else " + b_o"
+    return (
+        "the output projection was never applied: your numbers are the heads' outputs side by "
+        f"side (concat), where the layer's output is concat W_o{plus}. Pass the concatenated "
+        "heads through the output projection (self.o_proj, nn.MultiheadAttention's out_proj) "
+        "before returning them"
+    )
+
+
+def _grouped(s: Setup, present: frozenset[str]) -> bool:
+    """Grouped-query attention with more than one key/value head (one: tile and interleave
+    agree)."""
+    h, h_kv = s.num_heads, s.num_kv_heads
+    return h is not None and h_kv is not None and 1 < h_kv < h and not s.latent
+
+
+def _kv_repeated(seen: Seen) -> str:
+    s = seen.setup
+    h, h_kv = s.num_heads or 0, s.num_kv_heads or 0
+    g = h // h_kv if h_kv else 0
+    return (
+        f"the {h_kv} key/value heads were repeated as a tile (k.repeat(1, {g}, 1, 1), "
+        f"np.tile: query head i used key/value head i mod {h_kv}) where each serves a block "
+        f"of {g} consecutive query heads (query head i uses key/value head ⌊i/{g}⌋): repeat "
+        f"them with repeat_interleave({g}, dim=1), as transformers' repeat_kv and "
+        "scaled_dot_product_attention(enable_gqa=True) do"
+    )
+
+
+def _fill(seen: Seen) -> str:
+    fill = float(seen.ways["mask_not_infinite"])
+    if fill == 0.0:
+        return (
+            "the masked scores were set to 0 instead of −∞ (torch.tril(scores) or scores * mask "
+            "zero them), so each masked key kept the weight exp(0 − max) in the softmax. Fill "
+            "them with −∞ before the softmax: scores.masked_fill(~mask, float('-inf'))"
+        )
+    return (
+        "the masked scores were filled with a large finite number instead of −∞ (-1e9, "
+        "torch.finfo(torch.float32).min as transformers fills, GPT-2's -1e4): exp of it is 0 "
+        "next to an allowed key, but a row whose every key is masked shares its weight equally "
+        "among them (1/S each) where −∞ leaves it empty. Fill with float('-inf') and zero "
+        'such rows, or ask for "fully_masked_rows": "uniform" if your model means it'
+    )
+
+
+def _fills(s: Setup) -> tuple[Way, ...]:
+    """The fills mask_not_infinite is tried with: 0, and a large one where the request's mask
+    leaves a query (not a padded one) with no key — the only place its numbers differ from
+    −∞'s (masked scores at or below −1e9 compare as masked)."""
+    cached = 0 if s.past is None else s.past.length
+    combined = masks.combine(list(s.mask_specs), s.batch, s.seq_len, s.ctx_len, cached)
+    empty = ~combined.allowed.any(axis=-1) & ~combined.padded_queries  # (B, L)
+    return (ZERO_FILL, LARGE_FILL) if empty.any() else (ZERO_FILL,)
+
+
+def _misaligned(s: Setup, present: frozenset[str]) -> bool:
+    """A causal mask with L ≠ S (a decode step's included): the two alignments differ."""
+    return s.seq_len != s.ctx_len and any(isinstance(m, masks.Causal) for m in s.mask_specs)
+
+
+def _alignment(seen: Seen) -> str:
+    s = seen.setup
+    big, shift = s.seq_len, s.ctx_len - s.seq_len
+    causal = next(m for m in s.mask_specs if isinstance(m, masks.Causal))
+    if s.past is not None:
+        p = s.past.length
+        text = (
+            f"the decode step's causal mask was aligned upper-left from the first key "
+            f"(scaled_dot_product_attention's is_causal=True with {big} new "
+            f"quer{'y' if big == 1 else 'ies'} and {s.ctx_len} keys: query i saw keys 0 … i) "
+            f"where the new tokens come after the cache's {p}: query i sees keys 0 … {p} + i. "
+            "With a cache, pass is_causal=False for one new token, or a lower-right mask "
+            "(torch.nn.attention.bias.causal_lower_right(L, S)) for several"
+        )
+    elif causal.alignment == "lower_right":
+        text = (
+            "the causal mask was aligned upper-left (query i sees keys 0 … i, as "
+            "scaled_dot_product_attention's is_causal=True) where lower-right was asked (query "
+            f"i sees keys 0 … i + {shift}: the last query sees every key, as a decode step or "
+            "FlashAttention's causal=True): pass torch.nn.attention.bias.causal_lower_right(L, "
+            "S) as attn_mask"
+        )
+    else:
+        text = (
+            f"the causal mask was aligned lower-right (query i sees keys 0 … i + {shift}, as "
+            "FlashAttention's causal=True since 2.1 or causal_lower_right) where upper-left "
+            "was asked (query i sees keys 0 … i, as is_causal=True): if your model aligns it "
+            'so, set the causal mask\'s "alignment": "lower_right"; else mask with '
+            "tril(ones(L, S))"
+        )
+    return text + ("" if seen.rows == "zero" else f"; your fully masked rows hold {_rows(seen)}")
 
 
 def _float32(seen: Seen) -> str:
@@ -416,6 +563,21 @@ TABLE: tuple[Mistake, ...] = (
     # the third edition's (API.md, "Compare, third edition")
     Mistake("scale_from_config_ignored", lambda s, p: _own_scale(s), _config_scale),
     Mistake("clip_missing", _changes_a_step("clip_missing"), _clip),
+    Mistake("kv_heads_repeated_wrong", _grouped, _kv_repeated),
+    Mistake("window_missing", lambda s, p: bool(_banded(s)), _window_missing),
+    Mistake("output_projection_missing", _projects, _projection_missing),
+    Mistake(
+        "softmax_over_batch",
+        lambda s, p: s.batch > 1,
+        lambda e: (
+            f"the softmax ran over the batch (axis 0 of the [B][L][S] scores: the {e.setup.batch} "
+            "items' weights for each query and key sum to 1) instead of over the keys of each "
+            "row: F.softmax without dim picks dim 0 for a 3-D tensor (its deprecation warning "
+            "says so). Pass dim=-1"
+        ),
+    ),
+    Mistake("causal_alignment_swapped", _misaligned, _alignment),
+    Mistake("mask_not_infinite", _has_mask, _fill, _fills),
 )
 MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
 BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE}
@@ -430,7 +592,14 @@ _SCALES = frozenset(
         "scale_from_config_ignored",
     }
 )
-_MASKS = ("mask_inverted", "causal_diagonal_masked", "mask_after_softmax", "window_off_by_one")
+_MASKS = (
+    "mask_inverted",
+    "causal_diagonal_masked",
+    "mask_after_softmax",
+    "window_off_by_one",
+    "window_missing",
+    "mask_not_infinite",
+)
 # Ways of doing the same thing, or mistakes that exclude each other: a pair inside one of
 # these sets is never tried.
 EXCLUSIVE: tuple[frozenset[str], ...] = (
@@ -440,6 +609,9 @@ EXCLUSIVE: tuple[frozenset[str], ...] = (
     frozenset({"rope_missing", "rope_base_wrong"}),
     frozenset({"rope_missing", "decode_position_offset"}),
     frozenset({"heads_interleaved", "heads_merged_without_transpose"}),
+    frozenset({"window_missing", "window_off_by_one"}),  # one window: left out, or off by one
+    frozenset({"mask_after_softmax", "mask_not_infinite"}),  # where the mask is applied, how
+    frozenset({"softmax_over_queries", "softmax_over_batch"}),  # the softmax's one axis
     *(frozenset({"mask_missing", m}) for m in _MASKS),
 )
 

@@ -22,11 +22,14 @@ from service.core.multihead import (
     split_heads,
 )
 from service.core.softmax import softmax
-from service.core.types import Array, FullyMaskedPolicy, RopeStyle
+from service.core.types import Alignment, Array, BoolArray, FullyMaskedPolicy, RopeStyle
 from service.core.variants import Variants, sigmoid
 
 # change which keys a query may see (and so may leave a query row with none)
-MASK_MISTAKES = frozenset({"mask_inverted", "causal_diagonal_masked", "window_off_by_one"})
+MASK_MISTAKES = frozenset(
+    {"mask_inverted", "causal_diagonal_masked", "window_off_by_one", "causal_alignment_swapped"}
+)
+_CAUSAL = frozenset({"causal_diagonal_masked", "causal_alignment_swapped"})
 RowPolicy = Literal["zero", "uniform", "nan"]  # what a fully masked row holds
 Way = str | float  # how a mistake with several ways was made (a base, a width, a shift)
 
@@ -105,7 +108,13 @@ def _projected(name: Literal["q", "k", "v"]) -> Compute:
     def compute(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
         p = s.projections
         if p is None or s.x_in is None:
-            raise Unfit  # q, k, v were given: nothing to recompute
+            if (
+                name == "q"
+                or "kv_heads_repeated_wrong" not in t.mistakes
+                or t.mistakes & _PROJECTING
+            ):
+                raise Unfit  # q, k, v were given: nothing to recompute
+            return {name: _tiled(st[name], s)}  # k and v given: their heads regrouped
         w, b = {"q": (p.w_q, p.b_q), "k": (p.w_k, p.b_k), "v": (p.w_v, p.b_v)}[name]
         if "weights_transposed" in t.mistakes:
             if w.shape[0] != w.shape[1]:
@@ -120,9 +129,23 @@ def _projected(name: Literal["q", "k", "v"]) -> Compute:
         heads = split(out, h)  # (B, h_·, n, d)
         if h != s.num_heads:
             heads = np.repeat(heads, s.num_heads // h, axis=1)  # (B, h, n, d), GQA
+            if "kv_heads_repeated_wrong" in t.mistakes:
+                heads = _tiled(heads, s)
         return {name: heads}
 
     return compute
+
+
+_PROJECTING = frozenset({"weights_transposed", "heads_interleaved"})  # need the projections
+
+
+def _tiled(heads: Array, s: Setup) -> Array:
+    """Keys or values per query head, (B, h, n, d), as grouped-query attention repeats them
+    (``repeat_interleave``: key/value head j serves query heads j·g … j·g + g − 1), regrouped
+    as a tile (``Tensor.repeat``, ``np.tile``: query head i gets key/value head i mod h_kv)."""
+    assert s.num_heads is not None and s.num_kv_heads is not None
+    group = s.num_heads // s.num_kv_heads
+    return np.tile(heads[:, ::group], (1, group, 1, 1))  # (B, h, n, d)
 
 
 def _split_interleaved(t: Array, num_heads: int) -> Array:
@@ -214,18 +237,37 @@ def _mis_scaled(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
 
 
 def _unmasked(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
-    """The mask left for the weights under ``mask_after_softmax``."""
-    return (lambda logits, st, hs: logits) if "mask_after_softmax" in t.mistakes else step.run
+    """The mask left for the weights under ``mask_after_softmax``; under ``mask_not_infinite``
+    the masked scores filled with a finite number (``masked_fill(~mask, fill)``: 0 as
+    ``torch.tril(scores)`` or ``scores * mask`` leave them, or a large negative one),
+    the additive values elsewhere added as they are."""
+    if "mask_after_softmax" in t.mistakes:
+        return lambda logits, st, hs: logits
+    if "mask_not_infinite" not in t.mistakes:
+        return step.run
+    fill = float(t.way("mask_not_infinite"))
+
+    def run(scores: Array, st: chain.State, hs: chain.Setup) -> Array:
+        additive = hs.additive
+        assert additive is not None
+        masked = np.isneginf(additive)  # (B, ·, L, S)
+        return np.where(masked, fill, scores + np.where(masked, 0.0, additive))  # (..., L, S)
+
+    return run
 
 
 def _weighted(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
-    """The softmax as the caller computed it: over the queries, its fully masked rows NaN, the
+    """The softmax as the caller computed it: over the queries or over the batch (axis 0, as
+    ``F.softmax`` without ``dim`` takes it for a 3-D tensor), its fully masked rows NaN, the
     scale or the mask applied after it (renormalised or not); padded rows 0 all the same."""
 
     def run(logits: Array, st: chain.State, hs: chain.Setup) -> Array:
         if "softmax_over_queries" in t.mistakes:
             down = _softmax(np.swapaxes(logits, -1, -2), t.rows)  # (..., S, L), over queries
             weights = np.ascontiguousarray(np.swapaxes(down, -1, -2))  # matmul's fast path
+        elif "softmax_over_batch" in t.mistakes:
+            across = _softmax(np.moveaxis(logits, 0, -1), t.rows)  # (..., L, S, B), over items
+            weights = np.ascontiguousarray(np.moveaxis(across, -1, 0))
         else:
             weights = step.run(logits, st, hs)  # (..., L, S), the sink's share in st
             empty = st.fully_masked_rows  # (..., L)
@@ -285,12 +327,15 @@ def _mis_merged(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
 
 
 def _mis_projected(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
-    """X Wᵀ where X W was meant (a square W_o only)."""
-    if "weights_transposed" not in t.mistakes or s.w_o is None:
+    """X Wᵀ where X W was meant, or W_o and b_o never applied (the concatenated heads as they
+    are); a square W_o only (else the shapes tell)."""
+    if not t.mistakes & {"weights_transposed", "output_projection_missing"} or s.w_o is None:
         return step.run
     w_o = s.w_o
     if w_o.shape[0] != w_o.shape[1]:
         raise Unfit
+    if "output_projection_missing" in t.mistakes:
+        return lambda x, st, hs: x  # (B, L, h·d_v): concat (or gated) as the output
     return lambda x, st, hs: step.run(x, st, replace(hs, w_o=w_o.T))
 
 
@@ -317,9 +362,13 @@ CHANGES: dict[str, Change] = {
     # batch_as_sequence swaps the world (recompute's), the scores on are recomputed in it
     "scores": Change(frozenset({"q_k_swapped", "batch_as_sequence"}), _swapped_scores),
     "scale": Change(_SCALE, _mis_scaled, ways=frozenset({"scale_by_model_dim"})),
-    "mask": Change(frozenset({"mask_after_softmax"}), _unmasked),
+    "mask": Change(
+        frozenset({"mask_after_softmax", "mask_not_infinite"}),
+        _unmasked,
+        ways=frozenset({"mask_not_infinite"}),
+    ),
     "softmax": Change(
-        frozenset({"softmax_over_queries", "scale_after_softmax"}),
+        frozenset({"softmax_over_queries", "scale_after_softmax", "softmax_over_batch"}),
         _weighted,
         ways=frozenset({"mask_after_softmax"}),
         also=("sink_weights",),
@@ -329,7 +378,9 @@ CHANGES: dict[str, Change] = {
         _mis_merged,
         ways=frozenset({"heads_interleaved"}),
     ),
-    "project": Change(frozenset({"weights_transposed"}), _mis_projected),
+    "project": Change(
+        frozenset({"weights_transposed", "output_projection_missing"}), _mis_projected
+    ),
     "layer_norm": Change(_LAYER_NORM, _mis_normed),
 }
 """How the mistakes change the chain's steps, by the kind of step (:attr:`chain.Step.kind`: RoPE
@@ -378,13 +429,16 @@ def _chain_setup(st: State, s: Setup, t: Trial) -> chain.Setup:
     additive = _heads_axis(st, s, "additive_mask") if "additive_mask" in st else None
     padded = _heads_axis(st, s, "padded_queries").astype(bool) if "padded_queries" in st else None
     policy: FullyMaskedPolicy = "uniform" if t.rows == "uniform" else "zero"
+    past = s.past
+    if past is not None and "kv_heads_repeated_wrong" in t.mistakes:  # the cache tiled alike
+        past = Past(_tiled(past.k, s), _tiled(past.v, s))
     return chain.Setup(
         s.variants,
         s.scale,
         additive,
         padded,
         policy,
-        s.past,
+        past,
         refuse=False,
         w_o=s.w_o,
         b_o=s.b_o,
@@ -422,18 +476,37 @@ def _mask(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
 def _mistaken_spec(spec: masks.MaskSpec, s: Setup, t: Trial) -> masks.MaskSpec:
     """A mask as the caller may have built it: a boolean one inverted, a causal one that also
     hides the diagonal, a window one key wider or narrower on each bounded side (the right
-    one only where it reaches past the query)."""
+    one only where it reaches past the query), a window or a chunk left out while its causal
+    part was kept (``F.scaled_dot_product_attention(is_causal=True)`` has no window)."""
     if isinstance(spec, masks.Boolean) and "mask_inverted" in t.mistakes:
         return masks.Boolean(~spec.matrix)
-    if isinstance(spec, masks.Causal) and "causal_diagonal_masked" in t.mistakes:
-        strict = masks.causal(s.seq_len, s.ctx_len, spec.alignment, diagonal=False)  # (L, S)
-        return masks.Boolean(strict)
+    if isinstance(spec, masks.Causal) and t.mistakes & _CAUSAL:
+        return masks.Boolean(_mistaken_causal(spec, s, t))
+    if isinstance(spec, masks.Window) and "window_missing" in t.mistakes:
+        return masks.Window(None, 0 if spec.right == 0 else None)  # the causal part kept
+    if isinstance(spec, masks.Chunked) and "window_missing" in t.mistakes:
+        return masks.Causal()  # every earlier key, not only those of the query's chunk
     if isinstance(spec, masks.Window) and "window_off_by_one" in t.mistakes:
         shift = int(t.way("window_off_by_one"))  # +1 or −1
         left = None if spec.left is None else max(spec.left + shift, 0)
         right = spec.right if not spec.right else max(spec.right + shift, 0)
         return masks.Window(left, right)
     return spec
+
+
+def _mistaken_causal(spec: masks.Causal, s: Setup, t: Trial) -> BoolArray:
+    """(L, S) a causal mask as the caller built it: hiding each query's own key too, or aligned
+    the other way when L ≠ S — upper-left (PyTorch's ``is_causal``: query i sees keys 0 … i)
+    where lower-right was meant (0 … i + S − L, the last query sees every key) or the reverse;
+    in a decode step (which counts its rows after the cache) upper-left from the first key,
+    the cache's offset dropped."""
+    alignment: Alignment = spec.alignment
+    offset = 0 if s.past is None else s.past.length
+    if "causal_alignment_swapped" in t.mistakes:
+        swapped: Alignment = "lower_right" if alignment == "upper_left" else "upper_left"
+        alignment, offset = ("upper_left" if s.past is not None else swapped), 0
+    diagonal = "causal_diagonal_masked" not in t.mistakes
+    return masks.causal(s.seq_len, s.ctx_len, alignment, diagonal=diagonal, row_offset=offset)
 
 
 def _heads_axis(st: State, s: Setup, name: str) -> Array:
@@ -458,13 +531,13 @@ def _block_output(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
 
 _PROJECTIONS = (
     Stage(("q",), _projected("q"), frozenset({"weights_transposed", "heads_interleaved"})),
-    Stage(("k",), _projected("k"), frozenset({"weights_transposed", "heads_interleaved"})),
-    Stage(("v",), _projected("v"), frozenset({"weights_transposed", "heads_interleaved"})),
+    Stage(("k",), _projected("k"), _PROJECTING | {"kv_heads_repeated_wrong"}),
+    Stage(("v",), _projected("v"), _PROJECTING | {"kv_heads_repeated_wrong"}),
 )
 _MASK = Stage(
     ("mask", "additive_mask", "padded_queries"),
     _mask,
-    MASK_MISTAKES | {"mask_missing"},
+    MASK_MISTAKES | {"mask_missing", "window_missing"},
     reads=False,
     ways=frozenset({"window_off_by_one"}),
 )
