@@ -31,7 +31,7 @@ from service.core.block import LayerNorm, layer_norm, merge_heads
 from service.core.errors import AttentionInputError, FullyMaskedRowsError, require_finite
 from service.core.linear import Past, transposed
 from service.core.positions import rope, sequence_length
-from service.core.softmax import fully_masked, rows_by_item, softmax
+from service.core.softmax import rows_by_item, softmax_rows
 from service.core.types import Array, BoolArray, FullyMaskedPolicy, IntArray
 from service.core.variants import Variants, clip, qk_norm, softcap, softmax_with_sink
 from service.core.variants import temperature_factors as temperature
@@ -279,25 +279,21 @@ def _weights(logits: Array, st: State, s: Setup) -> Array:
     where every key is masked get 0, 1/S or raise :class:`FullyMaskedRowsError`; padded query
     rows get 0 and never count as such."""
     sinks, padded = s.variants.sinks, s.padded_queries
-    sunk = None if sinks is None else softmax_with_sink(logits, sinks)
-    if sunk is not None:
-        empty = sunk.fully_masked_rows  # (..., L)
-    elif s.additive is None:  # only a mask makes a score −∞ (the others are refused)
-        empty = np.zeros(logits.shape[:-1], dtype=bool)  # (..., L)
+    if sinks is not None:  # fully masked rows go to the sink: no policy applies
+        sunk = softmax_with_sink(logits, sinks)
+        weights, empty = sunk.weights, sunk.fully_masked_rows  # (..., L, S), (..., L)
     else:
-        empty = fully_masked(logits)  # (..., L)
+        weights, empty = softmax_rows(
+            logits, "uniform" if s.fully_masked_policy == "uniform" else "zero"
+        )
     if padded is not None:
         empty &= ~padded
     st.fully_masked_rows = empty
-    if sunk is not None:  # fully masked rows go to the sink: no policy applies
-        weights = sunk.weights  # (..., L, S)
-    elif s.fully_masked_policy == "error" and empty.any():
+    if sinks is None and s.fully_masked_policy == "error" and empty.any():
         raise FullyMaskedRowsError(rows_by_item(empty))
-    else:
-        weights = softmax(logits, "uniform" if s.fully_masked_policy == "uniform" else "zero")
     if padded is not None and padded.any():
         weights[np.broadcast_to(padded[..., None], weights.shape)] = 0.0
-    if sunk is not None:  # a padded row attends to nothing, the sink included
+    if sinks is not None:  # a padded row attends to nothing, the sink included
         sunk_weights = sunk.sink_weights  # (..., L)
         if padded is not None and padded.any():
             sunk_weights = np.where(padded, 0.0, sunk_weights)

@@ -33,6 +33,14 @@ def softmax(masked_scores: Array, empty_rows: Literal["zero", "uniform"] = "zero
     Keras) or 1/S (``"uniform"``: JAX). The caller refuses +∞ and NaN before this point
     (:func:`service.core.attention.scaled_dot_product_attention`).
     """
+    return softmax_rows(masked_scores, empty_rows)[0]
+
+
+def softmax_rows(
+    masked_scores: Array, empty_rows: Literal["zero", "uniform"] = "zero"
+) -> tuple[Array, BoolArray]:
+    """:func:`softmax`, and which query rows had every key masked ``(..., L)`` (their maximum is
+    −∞: :func:`fully_masked` without another pass over the scores)."""
     row_max = masked_scores.max(axis=-1, keepdims=True)  # (..., L, 1), −∞ on fully masked rows
     empty = np.isneginf(row_max)  # (..., L, 1)
     weights = masked_scores - np.where(empty, 0.0, row_max)  # (..., L, S), −∞ stays −∞
@@ -41,7 +49,7 @@ def softmax(masked_scores: Array, empty_rows: Literal["zero", "uniform"] = "zero
     np.divide(weights, np.where(empty, 1.0, denom), out=weights)
     if empty_rows == "uniform" and empty.any():
         weights[np.broadcast_to(empty, weights.shape)] = 1.0 / weights.shape[-1]
-    return weights
+    return weights, empty[..., 0]
 
 
 @dataclass(frozen=True)
