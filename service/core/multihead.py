@@ -3,6 +3,7 @@ layer norm, keeping every intermediate. Weights arrive in ``in_out`` layout (``X
 API converts PyTorch's ``out_in``, packed and per-head forms before calling in here.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ from service.core.types import Array, FullyMaskedPolicy
 from service.core.variants import Variants, sigmoid
 
 __all__ = [  # the block's pieces live in service.core.block; imported from here as before
+    "BLOCK_NAMES",
     "LayerNorm",
     "MultiheadTrace",
     "MultiheadWeights",
@@ -48,18 +50,34 @@ class MultiheadWeights(Projections):
 
 @dataclass(frozen=True)
 class MultiheadTrace:
-    """Every intermediate of a multi-head attention block."""
+    """Every intermediate of a multi-head attention block: the heads' (``heads``), and the
+    block's after them by the name of the step of :data:`service.core.chain.BLOCK` that made
+    it (``block``: concat ``(B, L, h·d_v)``, gated, projected ``(B, L, d_out)``, residual,
+    layer_norm), with the gate they read ``(B, L, h·d_v)`` (sigmoid(x_in W_g + b_g)) when there
+    is one. A step that was off is absent: ``trace.residual`` is None then."""
 
     x_in: Array | None  # (B, L, d_model)  x after positional encoding; None: direct heads
     heads: AttentionTrace  # arrays shaped (B, h, L, ·)
     average_weights: Array  # (B, L, S)  mean of the heads' weights
-    concat: Array  # (B, L, h·d_v)
-    gate: Array | None  # (B, L, h·d_v)  sigmoid(x_in W_g + b_g), when gated
-    gated: Array | None  # (B, L, h·d_v)  concat · gate
-    projected: Array  # (B, L, d_out)  (gated or) concat W_o + b_o
-    residual: Array | None  # (B, L, d_model)  x_in + projected
-    layer_norm: Array | None  # (B, L, d_out)
+    block: Mapping[str, Array]
     output: Array  # (B, L, d_out)  the last of projected / residual / layer_norm
+
+    def __getattr__(self, name: str) -> Array | None:
+        """A block intermediate by its step's name, or the gate (None when it was off)."""
+        if name in BLOCK_NAMES:
+            return self.block.get(name)
+        raise AttributeError(name)
+
+    @property
+    def concat(self) -> Array:
+        return self.block["concat"]  # (B, L, h·d_v)
+
+    @property
+    def projected(self) -> Array:
+        return self.block["projected"]  # (B, L, d_out)  (gated or) concat W_o + b_o
+
+
+BLOCK_NAMES = frozenset({"gate", *(step.name for step in chain.BLOCK)})  # all a block keeps
 
 
 def sinusoidal_encoding(seq_len: int, d_model: int) -> Array:
@@ -184,15 +202,11 @@ def attend_heads(
     st = chain.run(chain.BLOCK, chain.State({"output": heads.output}, {"out": "output"}), block)
     output = st["block"]  # (B, L, d_out)  the last of projected, residual, layer norm
     require_finite(output, "the multi-head output")
+    made = {name: a for name, a in st.made.items() if name != "output"}  # the heads' aside
     return MultiheadTrace(
         x_in=x_in,
         heads=heads,
         average_weights=heads.weights.mean(axis=1),  # (B, L, S)
-        concat=st.made["concat"],
-        gate=gate,
-        gated=st.made.get("gated"),
-        projected=st.made["projected"],
-        residual=st.made.get("residual"),
-        layer_norm=st.made.get("layer_norm"),
+        block=made if gate is None else {"gate": gate, **made},
         output=output,
     )

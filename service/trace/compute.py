@@ -16,7 +16,12 @@ from service.core.attention import (
 )
 from service.core.diagnosis.stages import Setup
 from service.core.latent import LatentDims, latent_attention
-from service.core.multihead import MultiheadTrace, attend_heads, multihead_attention
+from service.core.multihead import (
+    BLOCK_NAMES,
+    MultiheadTrace,
+    attend_heads,
+    multihead_attention,
+)
 from service.core.positions import (
     Alibi,
     alibi_slopes,
@@ -203,12 +208,7 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
         "average_weights": trace.average_weights,
         "weights": trace.heads.weights,  # (B, h, L, S)
         "x_in": trace.x_in,
-        "concat": trace.concat,
-        "gate": trace.gate,
-        "gated": trace.gated,
-        "projected": trace.projected,
-        "residual": trace.residual,
-        "layer_norm": trace.layer_norm,
+        **_block(trace),
         "output": trace.output,
         "summary": lambda: _summary(plan, trace.average_weights),
         "steps": lambda: steps.multihead_steps(plan, trace.heads.scale),
@@ -268,16 +268,17 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
         block = {
             "x_in": trace.x_in,
             "average_weights": trace.average_weights,
-            "concat": trace.concat,
-            "gate": trace.gate,
-            "gated": trace.gated,
-            "projected": trace.projected,
-            "residual": trace.residual,
-            "layer_norm": trace.layer_norm,
+            **_block(trace),
             "block_output": trace.output,
         }
         values |= _compared(plan, _head_state(trace.heads) | block, mask, setup, check)
     return outputs.body(s, plan.include, values, per_head)
+
+
+def _block(trace: MultiheadTrace) -> dict[str, Array | None]:
+    """The block's intermediates by name (None for a step that was off): the values of the
+    table's block rows."""
+    return {name: trace.block.get(name) for name in BLOCK_NAMES}
 
 
 def _latent_dims(s: Shapes) -> LatentDims:
