@@ -42,6 +42,8 @@ Choices where the contract is silent:
 - Granite's ``attention_multiplier`` → ``attention_multiplier`` (the scale; null a ConfigError),
   OLMo's ``clip_qkv`` → ``clip_qkv``; Helium, ERNIE 4.5, GLM and GLM-4 rotate interleaved pairs
   (``rope.style``), as Llama 4 does.
+- OPT has no RoPE (its learned positions join the embeddings before the first layer) and its
+  head_dim is hidden_size // heads whatever the config says (OPTAttention's embed_dim // heads).
 - ``attn_logit_softcapping`` → ``softcap`` except Gemma 3/4 (their 5.23 attention ignores it);
   gpt-oss's sinks are weights (``sinks`` in the state dict), not config.
 - ConfigError: a layer out of range, a rope type the service lacks, a non-attention layer
@@ -99,6 +101,12 @@ _QK_NORM_FLAG = ("llama4", "glm4_moe")
 _INTERLEAVED: tuple[str, ...] = ("llama4",)
 _INTERLEAVED += ("helium", "ernie4_5", "glm", "glm4")
 _INTERLEAVED += ("cohere2",)  # Cohere 2: repeat_interleave'd frequencies
+# families without RoPE: OPT's learned positions are added to the embeddings, outside the layer
+_NO_ROPE = ("opt",)
+# families whose head_dim is hidden_size // num_attention_heads whatever the config says
+# (Cohere2Config overwrites the key; OPTAttention's head_dim is embed_dim // num_heads)
+_HEAD_DIM_OF_HIDDEN: tuple[str, ...] = ("cohere2",)
+_HEAD_DIM_OF_HIDDEN += ("opt",)
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
 # a family's own step, from the config key of the field's name where hf_config_keys.KEYS says
 # the type reads it: {key: what the layer does with it, when null is no layer ("" when null is
@@ -259,8 +267,7 @@ def _rope_layer(c: _Config, layer: int) -> tuple[bool, str]:
 
 
 def _head_dim(c: _Config, heads: int, glob: bool) -> tuple[int, str]:
-    # Cohere2Config sets head_dim to hidden_size // num_attention_heads whatever the config says
-    own = ["head_dim"] * (c.family != "cohere2")
+    own = ["head_dim"] * (c.family not in _HEAD_DIM_OF_HIDDEN)
     value, src = c.first(*["global_head_dim"] * glob, *own)
     if value is not None:
         return _int(value, _key(src)), src
@@ -287,7 +294,8 @@ def _mla(c: _Config) -> dict[str, Any] | None:
 
 def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[str, Any] | None:
     """The layer's ``rope`` field, or None on a layer without RoPE."""
-    p = _rope_entry(c, kind) if _rope_layer(c, layer)[0] and _kind_rotates(c, kind) else None
+    rotates = _rope_layer(c, layer)[0] and _kind_rotates(c, kind) and c.family not in _NO_ROPE
+    p = _rope_entry(c, kind) if rotates else None
     if p is None:
         return None
     kind_v, kind_src = p.get("rope_type") or p.get("type") or ("default", "")

@@ -36,6 +36,7 @@ VERIFIED = _words("""
 """)
 VERIFIED += _words("glm4_moe apertus exaone4 cohere2 qwen3_5_text qwen3_5_moe_text")
 VERIFIED += _words("granite granitemoe olmo helium ernie4_5 glm glm4")
+VERIFIED += _words("opt")
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
@@ -169,6 +170,16 @@ KEYS: dict[str, Key] = {
         k: _INERT
         for k in _words("logit_scale vision_start_token_id vision_end_token_id num_mtp_layers")
     },
+    # ---- OPT's block around the layer: its learned positions join x before the first layer,
+    # its LayerNorms (before or after the block), the MLP; enable_bias: the state dict's biases
+    **{
+        k: Key(inert="opt")
+        for k in _words("""
+            do_layer_norm_before _remove_final_layer_norm word_embed_proj_dim ffn_dim
+            layer_norm_elementwise_affine activation_function enable_bias
+        """)
+    },
+    **{k: _INERT for k in _words("dropout layerdrop init_std")},  # training only
     # ---- never the attention layer's numbers
     **{
         k: _INERT

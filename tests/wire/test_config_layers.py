@@ -72,6 +72,8 @@ from transformers.models.granitemoe import modeling_granitemoe  # noqa: E402
 from transformers.models.helium import modeling_helium  # noqa: E402
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
 from transformers.models.olmo import modeling_olmo  # noqa: E402
+from transformers.models.opt import modeling_opt  # noqa: E402
+from transformers.models.opt.configuration_opt import OPTConfig  # noqa: E402
 from transformers.models.phi3 import modeling_phi3  # noqa: E402
 from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config  # noqa: E402
@@ -95,7 +97,8 @@ class Layer:
 
     modeling: types.ModuleType
     attn: Any  # the torch module
-    rotary: Callable[[Any, Any], Any]  # (x, position_ids) -> position_embeddings, built anew
+    # (x, position_ids) -> position_embeddings, built anew; None: no RoPE (OPT)
+    rotary: Callable[[Any, Any], Any] | None
     mask_fn: Callable[..., Any]  # a masking_utils create_* function
     config: Any  # the (text) config object the layer was built from
     zero_centered: bool = False  # its q/k norms store w for (1 + w)
@@ -512,6 +515,24 @@ def glm4(layer: int) -> tuple[Any, Layer]:
     return _causal(modeling_glm4, "Glm4", fields, layer)
 
 
+def opt(layer: int) -> tuple[Any, Layer]:
+    """As facebook/opt-125m's: no RoPE (its learned positions join the embeddings before the
+    first layer), the queries scaled by head_dim^-½ right after q_proj (bias included),
+    out_proj, enable_bias (q, k, v and out_proj biases in the state dict), do_layer_norm_before
+    and ffn_dim of the block around the layer; a head_dim key, which OPTAttention ignores
+    (hidden size ÷ heads = 8); 4 heads, no kv heads key."""
+    fields: dict[str, Any] = {
+        "hidden_size": 32, "ffn_dim": 16, "vocab_size": 16, "model_type": "opt",
+        "num_attention_heads": 4, "num_hidden_layers": 2, "enable_bias": True,
+        "do_layer_norm_before": True, "word_embed_proj_dim": 32, "head_dim": 16,
+        "max_position_embeddings": 64, "dropout": 0.1, **NO_TOKENS,
+    }  # fmt: skip
+    config: Any = OPTConfig(**fields)
+    config._attn_implementation = "eager"
+    attn = modeling_opt.OPTAttention(config, layer)
+    return config.to_dict(), Layer(modeling_opt, attn, None, hf_masks.create_causal_mask, config)
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -532,13 +553,13 @@ def _run(layer: Layer, x: np.ndarray, positions: list[int]) -> np.ndarray:
     with float64_torch_in(layer.modeling, hf_rope), _widened(), torch.no_grad():
         mask = layer.mask_fn(config=layer.config, inputs_embeds=xs, attention_mask=None,
                              past_key_values=None, position_ids=pos)  # fmt: skip
-        emb = layer.rotary(xs, pos)
-        first = emb if isinstance(emb, torch.Tensor) else emb[0]
-        assert first.dtype in (torch.float64, torch.complex128)
-        out, _ = layer.attn(
-            hidden_states=xs, position_embeddings=emb, attention_mask=mask,
-            **layer.forward_kwargs,
-        )  # fmt: skip
+        rotary: dict[str, Any] = {}
+        if layer.rotary is not None:
+            emb = layer.rotary(xs, pos)
+            first = emb if isinstance(emb, torch.Tensor) else emb[0]
+            assert first.dtype in (torch.float64, torch.complex128)
+            rotary["position_embeddings"] = emb
+        out, _ = layer.attn(hidden_states=xs, attention_mask=mask, **rotary, **layer.forward_kwargs)
     result: np.ndarray = out[0].numpy()
     return result
 
@@ -635,6 +656,9 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
     ("glm4-partial-interleaved", glm4, 0, None,
      {"d_k": 12, "num_kv_heads": 1, "mask": [CAUSAL],
       "rope": {"base": 10000.0, "style": "interleaved", "rotary_dim": 6}}),
+    # the third batch: no RoPE (OPT), partial half-split RoPE with a dense/o_proj (Phi, StableLM)
+    ("opt-no_rope", opt, 1, None,
+     {"d_k": 8, "rope": None, "num_kv_heads": None, "qk_norm": None, "mask": [CAUSAL]}),
 ]  # fmt: skip
 
 
