@@ -44,6 +44,8 @@ Choices where the contract is silent:
   (``rope.style``), as Llama 4 does.
 - OPT has no RoPE (its learned positions join the embeddings before the first layer) and its
   head_dim is hidden_size // heads whatever the config says (OPTAttention's embed_dim // heads).
+- Phi's partial_rotary_factor defaults to 0.5; its qk_layernorm (a LayerNorm with a bias per
+  head vector) and StableLM's (one LayerNorm weight per head) are refused (hf_config_keys).
 - ``attn_logit_softcapping`` → ``softcap`` except Gemma 3/4 (their 5.23 attention ignores it);
   gpt-oss's sinks are weights (``sinks`` in the state dict), not config.
 - ConfigError: a layer out of range, a rope type the service lacks, a non-attention layer

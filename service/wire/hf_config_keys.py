@@ -37,6 +37,7 @@ VERIFIED = _words("""
 VERIFIED += _words("glm4_moe apertus exaone4 cohere2 qwen3_5_text qwen3_5_moe_text")
 VERIFIED += _words("granite granitemoe olmo helium ernie4_5 glm glm4")
 VERIFIED += _words("opt")
+VERIFIED += _words("phi")
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
@@ -146,7 +147,12 @@ KEYS: dict[str, Key] = {
         k: Key(inert=_GRANITES)
         for k in _words("embedding_multiplier residual_multiplier logits_scaling")
     },
-    "qk_layernorm": Key(neutral=_OFF, why="q/k LayerNorms"),
+    "qk_layernorm": Key(
+        neutral=_OFF,
+        why="q/k LayerNorms over each head's features: Phi's with a weight and a bias, "
+        "StableLM's with a weight per head; qk_norm's layer norm has one weight [d_k] and no "
+        "bias, so no request field states them",
+    ),
     "rotary_dim": Key(why="a partial rotation"),
     "rotary_pct": Key(inert="cohere2", why="a partial rotation"),
     "rotary_emb_base": Key(why="the RoPE base"),
@@ -156,7 +162,8 @@ KEYS: dict[str, Key] = {
     "use_logn_attn": Key(neutral=_OFF, why="log-n query scaling"),
     "scale_attn_by_inverse_layer_idx": Key(neutral=_OFF, why="the scale"),
     "llama_4_scaling_beta": Key(why="a position-dependent query scale"),
-    "layer_norm_eps": Key(inert="cohere2", why="the q/k LayerNorms' eps (Cohere)"),
+    # the block's LayerNorms (and the q/k LayerNorms of qk_layernorm, refused on its own)
+    "layer_norm_eps": Key(inert="cohere2 phi stablelm", why="the q/k LayerNorms' eps (Cohere)"),
     # ---- Cohere's own config.json keys that 5.23's Cohere2 modeling never reads
     **{
         k: Key(inert="cohere2", why="Cohere's layer layout")
@@ -334,6 +341,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "cohere2": {"sliding_window": 4096, "sliding_window_pattern": 4},
     "granite": {"attention_multiplier": 1.0},
     "helium": {"head_dim": 128, "rope_theta": 100_000.0},
+    "phi": {"partial_rotary_factor": 0.5},
     "ernie4_5": {"head_dim": 128, "rope_theta": 500_000.0},
     "glm": {"head_dim": 128, "partial_rotary_factor": 0.5},
     "llama4": {

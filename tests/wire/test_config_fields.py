@@ -685,3 +685,13 @@ def test_service_with_config_fields_equals_the_transformers_layer(
     got = np.asarray(response.json()["output"])
     assert got.shape == expected.shape
     assert np.abs(got - expected).max() <= 1e-12 * max(1.0, np.abs(expected).max())
+
+
+def test_phi_takes_half_the_head_when_partial_rotary_factor_is_left_out() -> None:
+    """PhiConfig's default partial_rotary_factor 0.5 (phi-1's config.json has none): head_dim
+    80 → 40 features turn, half-split, said so in ``taken``."""
+    bare = {"model_type": "phi", "num_attention_heads": 32, "hidden_size": 2560,
+            "num_hidden_layers": 32, "rope_theta": 10000.0, "qk_layernorm": False}  # fmt: skip
+    got = from_config(bare, 0)
+    assert got.fields["rope"] == {"base": 1e4, "rotary_dim": 40}
+    assert got.taken["rope.rotary_dim"] == "partial_rotary_factor (absent: phi's default)"

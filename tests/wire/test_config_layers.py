@@ -74,6 +74,7 @@ from transformers.models.llama4 import modeling_llama4  # noqa: E402
 from transformers.models.olmo import modeling_olmo  # noqa: E402
 from transformers.models.opt import modeling_opt  # noqa: E402
 from transformers.models.opt.configuration_opt import OPTConfig  # noqa: E402
+from transformers.models.phi import modeling_phi  # noqa: E402
 from transformers.models.phi3 import modeling_phi3  # noqa: E402
 from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config  # noqa: E402
@@ -533,6 +534,20 @@ def opt(layer: int) -> tuple[Any, Layer]:
     return config.to_dict(), Layer(modeling_opt, attn, None, hf_masks.create_causal_mask, config)
 
 
+def phi(layer: int) -> tuple[Any, Layer]:
+    """As microsoft/phi-2's config.json: partial_rotary_factor and rope_theta at the top level
+    (0.4 there; 0.75 here: 6 of head_dim 8 turn, half-split), qk_layernorm false, q, k, v and
+    dense biases (always there: the state dict brings them), the output projection named
+    ``dense``, layer_norm_eps of the block's norms, resid_pdrop; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "phi", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "partial_rotary_factor": 0.75, "rope_theta": 10000.0,
+        "qk_layernorm": False, "layer_norm_eps": 1e-5, "resid_pdrop": 0.1,
+        "max_position_embeddings": 64, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_phi, "Phi", fields, layer)
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -659,6 +674,9 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
     # the third batch: no RoPE (OPT), partial half-split RoPE with a dense/o_proj (Phi, StableLM)
     ("opt-no_rope", opt, 1, None,
      {"d_k": 8, "rope": None, "num_kv_heads": None, "qk_norm": None, "mask": [CAUSAL]}),
+    ("phi-partial-dense", phi, 1, None,
+     {"d_k": 8, "rope": {"base": 10000.0, "rotary_dim": 6}, "qk_norm": None,
+      "mask": [CAUSAL]}),
 ]  # fmt: skip
 
 

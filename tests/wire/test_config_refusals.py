@@ -180,3 +180,22 @@ def test_a_number_out_of_its_keys_range_is_a_422_naming_the_key_in_words(
     error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
     assert error["field"] == f"config.{field}", error
     assert "Error" not in error["message"] and "invalid literal" not in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("name", "what"),
+    [("PhiConfig", "with a weight and a bias")],
+    ids=["phi"],
+)
+def test_qk_layernorm_true_is_a_422_saying_qk_norm_cannot_state_it(
+    client: TestClient, name: str, what: str
+) -> None:
+    """Phi's q/k LayerNorms have a bias, StableLM's one LayerNorm per head: qk_norm's layer
+    norm (one weight [d_k], no bias) is neither, so the config is refused, naming the key;
+    with qk_layernorm false the same config is answered."""
+    answered = post(client, "/multihead", layer_body(stock(name, qk_layernorm=False)))
+    assert "qk_norm" not in answered["conventions"]["config"]
+    error = post(client, "/multihead", layer_body(stock(name, qk_layernorm=True)), status=422)
+    first = error["errors"][0]
+    assert first["field"] == "config.qk_layernorm", first
+    assert what in first["message"] and "no bias" in first["message"], first

@@ -407,13 +407,14 @@ class MultiheadRequest(VariantFields, InputFields):
     )
     o_proj_weight: Matrix | None = Field(
         None,
-        validation_alias=_named("o_proj.weight", "o_proj_weight"),
-        description="Hugging Face o_proj.weight [d_out][h·d_v], always out_in",
+        validation_alias=_named("o_proj.weight", "o_proj_weight", "dense.weight"),
+        description="Hugging Face o_proj.weight [d_out][h·d_v], always out_in (Phi names it "
+        "dense.weight: read as o_proj.weight, and named so in errors)",
     )
     o_proj_bias: Vector | None = Field(
         None,
-        validation_alias=_named("o_proj.bias", "o_proj_bias"),
-        description="Hugging Face o_proj.bias [d_out]",
+        validation_alias=_named("o_proj.bias", "o_proj_bias", "dense.bias"),
+        description="Hugging Face o_proj.bias [d_out] (Phi's dense.bias)",
     )
     positional_encoding: Positional | None = Field(
         None,
