@@ -44,7 +44,8 @@ Choices where the contract is silent:
   (``rope.style``), as Llama 4 does.
 - OPT has no RoPE (its learned positions join the embeddings before the first layer) and its
   head_dim is hidden_size // heads whatever the config says (OPTAttention's embed_dim // heads).
-- Phi's partial_rotary_factor defaults to 0.5; its qk_layernorm (a LayerNorm with a bias per
+- StableLM's head_dim is hidden_size // heads (as OPT's), its partial_rotary_factor 0.25 when
+  absent. Phi's partial_rotary_factor defaults to 0.5; its qk_layernorm (a LayerNorm with a bias per
   head vector) and StableLM's (one LayerNorm weight per head) are refused (hf_config_keys).
 - ``attn_logit_softcapping`` → ``softcap`` except Gemma 3/4 (their 5.23 attention ignores it);
   gpt-oss's sinks are weights (``sinks`` in the state dict), not config.
@@ -109,6 +110,7 @@ _NO_ROPE = ("opt",)
 # (Cohere2Config overwrites the key; OPTAttention's head_dim is embed_dim // num_heads)
 _HEAD_DIM_OF_HIDDEN: tuple[str, ...] = ("cohere2",)
 _HEAD_DIM_OF_HIDDEN += ("opt",)
+_HEAD_DIM_OF_HIDDEN += ("stablelm",)  # StableLmAttention: hidden_size // num_heads
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
 # a family's own step, from the config key of the field's name where hf_config_keys.KEYS says
 # the type reads it: {key: what the layer does with it, when null is no layer ("" when null is

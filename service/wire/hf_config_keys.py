@@ -38,6 +38,7 @@ VERIFIED += _words("glm4_moe apertus exaone4 cohere2 qwen3_5_text qwen3_5_moe_te
 VERIFIED += _words("granite granitemoe olmo helium ernie4_5 glm glm4")
 VERIFIED += _words("opt")
 VERIFIED += _words("phi")
+VERIFIED += _words("stablelm")
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
@@ -187,6 +188,9 @@ KEYS: dict[str, Key] = {
         """)
     },
     **{k: _INERT for k in _words("dropout layerdrop init_std")},  # training only
+    # StableLM: its q, k, v biases come with the state dict; the parallel residual is the block's
+    "use_qkv_bias": Key(inert="stablelm"),
+    "use_parallel_residual": Key(inert="stablelm"),
     # ---- never the attention layer's numbers
     **{
         k: _INERT
@@ -342,6 +346,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "granite": {"attention_multiplier": 1.0},
     "helium": {"head_dim": 128, "rope_theta": 100_000.0},
     "phi": {"partial_rotary_factor": 0.5},
+    "stablelm": {"partial_rotary_factor": 0.25},
     "ernie4_5": {"head_dim": 128, "rope_theta": 500_000.0},
     "glm": {"head_dim": 128, "partial_rotary_factor": 0.5},
     "llama4": {

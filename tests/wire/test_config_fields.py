@@ -695,3 +695,14 @@ def test_phi_takes_half_the_head_when_partial_rotary_factor_is_left_out() -> Non
     got = from_config(bare, 0)
     assert got.fields["rope"] == {"base": 1e4, "rotary_dim": 40}
     assert got.taken["rope.rotary_dim"] == "partial_rotary_factor (absent: phi's default)"
+
+
+def test_stablelm_takes_a_quarter_of_the_head_and_hidden_size_over_heads() -> None:
+    """StableLmConfig's default partial_rotary_factor 0.25 where the config.json has none,
+    and StableLmAttention's head_dim hidden_size // heads (a head_dim key is not read)."""
+    bare = {"model_type": "stablelm", "num_attention_heads": 32, "hidden_size": 2048,
+            "num_hidden_layers": 24, "rope_theta": 10000.0, "head_dim": 128}  # fmt: skip
+    got = from_config(bare, 0)
+    assert got.fields["d_k"] == 64 and got.taken["d_k"] == "hidden_size / num_attention_heads"
+    assert got.fields["rope"] == {"base": 1e4, "rotary_dim": 16}
+    assert got.taken["rope.rotary_dim"] == "partial_rotary_factor (absent: stablelm's default)"

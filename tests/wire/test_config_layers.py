@@ -83,6 +83,7 @@ from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import (  # noqa:
     Qwen3_5MoeConfig,
 )
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
+from transformers.models.stablelm import modeling_stablelm  # noqa: E402
 
 from harness.hf_reference import _widened, float64_torch_in  # noqa: E402
 
@@ -548,6 +549,22 @@ def phi(layer: int) -> tuple[Any, Layer]:
     return _causal(modeling_phi, "Phi", fields, layer)
 
 
+def stablelm(layer: int) -> tuple[Any, Layer]:
+    """As stabilityai/stablelm-2-1_6b's: use_qkv_bias (q, k, v biases in the state dict; none
+    on o_proj), partial_rotary_factor (0.25 there; 0.5 here: 4 of head_dim 8 turn,
+    half-split), qk_layernorm false, use_parallel_residual and layer_norm_eps of the block;
+    head_dim hidden size ÷ heads; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "stablelm", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "use_qkv_bias": True, "qk_layernorm": False,
+        "use_parallel_residual": True, "layer_norm_eps": 1e-5, "max_position_embeddings": 64,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.5},
+        **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_stablelm, "StableLm", fields, layer)
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -676,6 +693,9 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
      {"d_k": 8, "rope": None, "num_kv_heads": None, "qk_norm": None, "mask": [CAUSAL]}),
     ("phi-partial-dense", phi, 1, None,
      {"d_k": 8, "rope": {"base": 10000.0, "rotary_dim": 6}, "qk_norm": None,
+      "mask": [CAUSAL]}),
+    ("stablelm-partial-qkv_bias", stablelm, 0, None,
+     {"d_k": 8, "rope": {"base": 10000.0, "rotary_dim": 4}, "qk_norm": None,
       "mask": [CAUSAL]}),
 ]  # fmt: skip
 

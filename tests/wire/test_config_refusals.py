@@ -184,8 +184,8 @@ def test_a_number_out_of_its_keys_range_is_a_422_naming_the_key_in_words(
 
 @pytest.mark.parametrize(
     ("name", "what"),
-    [("PhiConfig", "with a weight and a bias")],
-    ids=["phi"],
+    [("PhiConfig", "with a weight and a bias"), ("StableLmConfig", "a weight per head")],
+    ids=["phi", "stablelm"],
 )
 def test_qk_layernorm_true_is_a_422_saying_qk_norm_cannot_state_it(
     client: TestClient, name: str, what: str
@@ -193,9 +193,12 @@ def test_qk_layernorm_true_is_a_422_saying_qk_norm_cannot_state_it(
     """Phi's q/k LayerNorms have a bias, StableLM's one LayerNorm per head: qk_norm's layer
     norm (one weight [d_k], no bias) is neither, so the config is refused, naming the key;
     with qk_layernorm false the same config is answered."""
-    answered = post(client, "/multihead", layer_body(stock(name, qk_layernorm=False)))
+    half = {"partial_rotary_factor": 0.5}  # 2 of head_dim 4 (StableLM's 0.25: 1, odd)
+    answered = post(client, "/multihead", layer_body(stock(name, qk_layernorm=False, **half)))
     assert "qk_norm" not in answered["conventions"]["config"]
-    error = post(client, "/multihead", layer_body(stock(name, qk_layernorm=True)), status=422)
+    error = post(
+        client, "/multihead", layer_body(stock(name, qk_layernorm=True, **half)), status=422
+    )
     first = error["errors"][0]
     assert first["field"] == "config.qk_layernorm", first
     assert what in first["message"] and "no bias" in first["message"], first
