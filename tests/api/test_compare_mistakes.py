@@ -80,14 +80,13 @@ TIGHT: Json = {"atol": 1e-12, "rtol": 0}  # float64 agreement; float32 numbers f
 E_NOTATION = r"\d(?:\.\d+)?e-\d+"  # a relative size as float32_arithmetic's explanation gives it
 
 
-ROPE_BASES = (10000, 500000, 1000000)  # the bases rope_base_wrong tries
-
-
 def bases_named(explanation: str) -> list[int]:
-    """The tried RoPE bases an explanation names, in order, each written as a plain integer
-    (not 5e5, not 500000.0; a sentence's full stop may follow)."""
-    alternatives = "|".join(str(b) for b in sorted(ROPE_BASES, reverse=True))
-    return [int(m) for m in re.findall(rf"(?<![\d.])({alternatives})(?!\d|\.\d|e)", explanation)]
+    """The RoPE bases an explanation names ("base N"), in order, each written as a person
+    writes it (20,000 or 20000; not 2e4, not 20000.0; a sentence's full stop may follow): the
+    base found comes first."""
+    number = r"(\d{1,3}(?:,\d{3})+|\d+)(?![\d,]\d|\.\d|e)"
+    found = re.findall(rf"\bbase {number}", explanation)
+    return [int(m.replace(",", "")) for m in found]
 
 
 # ---- HTTP and JSON -----------------------------------------------------------------------

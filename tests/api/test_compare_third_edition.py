@@ -749,3 +749,69 @@ def test_builder_implicit_softmax_is_over_the_batch() -> None:
     scores = QB @ KB.transpose(1, 2)
     np.testing.assert_array_equal(implicit_softmax(scores).numpy(), F.softmax(scores, 0).numpy())
     np.testing.assert_allclose(implicit_softmax(scores).sum(0).numpy(), 1.0, atol=1e-15)
+
+
+# ---- rope_base_wrong for any base: fitted from the numbers ----------------------------------
+
+# A layer with heads wide enough for the base to show: d_model 16, 2 heads of 8, L = 8 tokens
+X8 = randn(1, 8, 16, seed=61)
+W16 = {p: weights_of(16, 16, 70 + i) for i, p in enumerate("qkvo")}
+
+
+def test_a_starcoder2_base_in_a_llama_port_is_rope_base_wrong_named_100000(
+    client: TestClient,
+) -> None:
+    """A Llama port run with StarCoder2's rope_theta (100000, its config.json; also
+    DeepSeek-Coder's) where the request asks the Llama default of 10000: 100000 is none of the
+    common bases listed beforehand, so it is fitted from the numbers and named."""
+    theirs = port(X8, W16, 2, sdpa(is_causal=True), base=100_000.0)
+    body = layer_request(
+        W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
+    )
+    d = diagnosed(client, "/multihead", body, "output")
+    assert d["mistakes"] == ["rope_base_wrong"], d
+    assert "base 100,000 where 10,000 was asked" in d["explanation"], d["explanation"]
+
+
+def test_command_r_base_where_500000_was_asked_is_named_8000000(client: TestClient) -> None:
+    """Cohere's Command-R (rope_theta = 8000000 in its config.json) rotated with where the
+    request asks Llama 3's 500000: the weights of a causal head, fitted to 8,000,000."""
+    q, k, v = (randn(1, 1, 8, 8, seed=s) for s in (81, 82, 83))
+    at = torch.arange(8)
+    w = F.softmax(
+        (rope(q, at, 8e6) @ rope(k, at, 8e6).transpose(-1, -2) / 8**0.5).masked_fill(
+            ~torch.ones(8, 8, dtype=torch.bool).tril(), float("-inf")
+        ),
+        dim=-1,
+    )
+    body = direct(q[0], k[0], v[0]) | {
+        "rope": {"base": 500_000},
+        "mask": {"type": "causal"},
+        "expected": {"weights": js(w[0, 0])},
+    }
+    d = diagnosed(client, "/attention", body, "weights")
+    assert d["mistakes"] == ["rope_base_wrong"], d
+    assert "base 8,000,000 where 500,000 was asked" in d["explanation"], d["explanation"]
+
+
+def test_an_unscaled_notebook_with_base_20000_is_a_pair(client: TestClient) -> None:
+    """A notebook cell that leaves out the 1/√d_k (as "Attention is all you need" re-derivations
+    often do before adding it) and turns Q and K with a base of 20000 (a from-scratch RoPE
+    tutorial's constant where the model means 10000): the pair, the base fitted under the
+    other mistake."""
+    q, k, v = (randn(1, 1, 8, 8, seed=s) for s in (91, 92, 93))
+    at = torch.arange(8)
+    w = F.softmax(rope(q, at, 20_000.0) @ rope(k, at, 20_000.0).transpose(-1, -2), dim=-1)
+    body = direct(q[0], k[0], v[0]) | {"rope": {}, "expected": {"weights": js(w[0, 0])}}
+    d = diagnosed(client, "/attention", body, "weights")
+    assert d["mistakes"] == ["scale_missing", "rope_base_wrong"], d
+    assert "base 20,000 where 10,000 was asked" in d["explanation"], d["explanation"]
+
+
+def test_the_asked_base_matches(client: TestClient) -> None:
+    """The same numbers with the base the request asks: a match, nothing fitted."""
+    theirs = port(X8, W16, 2, sdpa(is_causal=True), base=100_000.0)
+    body = layer_request(
+        W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
+    )
+    matches(client, "/multihead", body | {"rope": {"base": 100_000}})

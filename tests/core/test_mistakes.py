@@ -19,7 +19,7 @@ from service.core.attention import scaled_dot_product_attention
 from service.core.diagnosis.mistakes import EXCLUSIVE, FLOAT32, MISTAKES, TABLE, applicable, ways
 from service.core.diagnosis.recompute import batch_as_sequence, swapped_back
 from service.core.diagnosis.search import Target, Tolerance, diagnose, float32_tolerance, trials
-from service.core.diagnosis.stages import Setup, State
+from service.core.diagnosis.stages import FIT, Setup, State
 from service.core.positions import Rope
 from service.core.variants import Variants
 
@@ -96,7 +96,7 @@ def test_each_way_is_tried_and_every_combination_of_two() -> None:
         x_in=np.zeros((1, 3, 16)),
     )
     how = ways(s)
-    assert how["rope_base_wrong"] == (10_000.0, 1_000_000.0)  # the asked base left out
+    assert how["rope_base_wrong"] == (10_000.0, 1_000_000.0, FIT)  # the asked base left out
     assert how["scale_by_model_dim"] == (16.0,)
     assert how["window_off_by_one"] == (1.0, -1.0)
     pair = [
@@ -104,7 +104,7 @@ def test_each_way_is_tried_and_every_combination_of_two() -> None:
         for t in trials(("mask_after_softmax", "rope_base_wrong"), "zero", how)
         if len(t.mistakes) == 2
     ]
-    assert len(pair) == 4 and len(set(pair)) == 4
+    assert len(pair) == 6 and len(set(pair)) == 6
 
 
 def test_a_large_fill_is_tried_only_where_a_query_sees_no_key() -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.core import chain, masks
-from service.core.diagnosis.stages import CHANGES, RowPolicy, Setup, Way
+from service.core.diagnosis.stages import CHANGES, FIT, RowPolicy, Setup, Way
 
 FLOAT32 = "float32_arithmetic"  # no recomputation: a difference of float32's size
 FLOAT32_RELATIVE = 1e-5  # ... is at most this times the largest number of the array
@@ -295,8 +295,29 @@ def _has_mask(s: Setup, present: frozenset[str]) -> bool:
 
 
 def _rope_bases(s: Setup) -> tuple[Way, ...]:
-    asked = s.variants.rope.base if s.variants.rope is not None else None
-    return tuple(b for b in ROPE_BASES if b != asked)
+    """The common bases, then one fitted to the caller's numbers (any base: 20000, 8·10⁶)
+    where the head turns a pair besides the first (whose frequency is 1 whatever the base)."""
+    rope = s.variants.rope
+    asked = rope.base if rope is not None else None
+    turned = s.d_k if rope is None or rope.rotary_dim is None else rope.rotary_dim
+    fit: tuple[Way, ...] = (FIT,) if turned >= 4 else ()
+    return (*(b for b in ROPE_BASES if b != asked), *fit)
+
+
+def _base(base: float) -> str:
+    """A base as a person writes it: 20,000; 1,000,000; 12,345.6789 where it is not whole."""
+    return f"{base:,.0f}" if base == round(base) else f"{base:,.6f}".rstrip("0")
+
+
+def _base_wrong(seen: Seen) -> str:
+    s, used = seen.setup, float(seen.ways["rope_base_wrong"])
+    asked = s.variants.rope.base if s.variants.rope is not None else 10_000.0
+    return (
+        f"the rotary embedding used base {_base(used)} where {_base(asked)} was asked "
+        "(rope.base, Hugging Face's rope_theta; 10,000 is the original RoPE's, 500,000 Llama "
+        "3's, 1,000,000 Qwen's): build the frequencies 1/base^(2i/d) from the model's "
+        "rope_theta"
+    )
 
 
 def _decode_offset(seen: Seen) -> str:
@@ -542,12 +563,7 @@ TABLE: tuple[Mistake, ...] = (
     Mistake(
         "rope_base_wrong",
         _changes_a_step("rope_base_wrong"),
-        lambda e: (
-            f"the rotary embedding used base {int(e.ways['rope_base_wrong'])} where "
-            f"{int(e.setup.variants.rope.base) if e.setup.variants.rope else 10000} was asked "
-            "(rope.base, Hugging Face's rope_theta; 10000 is the original RoPE's, 500000 Llama "
-            "3's, 1000000 Qwen's)"
-        ),
+        _base_wrong,
         _rope_bases,
     ),
     Mistake(

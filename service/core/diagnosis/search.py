@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from service.core.diagnosis.fit import fit_cost, fitted
 from service.core.diagnosis.mistakes import (
     EXCLUSIVE,
     FLOAT32,
@@ -287,10 +288,14 @@ def search(
         if found and len(variants[0].mistakes) > min(len(d.mistakes) for d in found):
             break
         cost = set_cost(base, given, s, variants, target.name)
+        cost += fit_cost(base, given, s, variants, target.name)  # a RoPE base, say
         if budget is not None and spent + cost > budget:
             complete = settled  # once settled, no later set changes the answer
             break
         spent, tried, size = spent + cost, tried + 1, len(variants[0].mistakes)
+        variants = fitted(base, given, s, variants, target.name, check, _distance(target, at))
+        if not variants:  # a fit that found nothing
+            continue
         for trial, made in recomputations(base, given, s, variants, target.name, check):
             mine = made if target.head is None else made[:, target.head]
             if mine.shape != target.yours.shape or not (
@@ -365,6 +370,21 @@ def _probes(where: tuple[int, ...], shape: tuple[int, ...]) -> Probes:
     spread = np.linspace(0, size - 1, num=min(PROBES, size)).astype(np.intp)  # (k,)
     flat = np.unique(np.append(spread, np.ravel_multi_index(where, shape)))  # (k',)
     return np.unravel_index(flat, shape)
+
+
+def _distance(target: Target, at: Probes | None) -> Callable[[Array], float]:
+    """How far a recomputation of the target is from the caller's array at the probes (∞
+    where the shapes differ): what a way fitted to the numbers minimises."""
+
+    def far(made: Array) -> float:
+        mine = made if target.head is None else made[:, target.head]
+        if mine.shape != target.yours.shape:
+            return np.inf
+        if at is None:
+            return difference(mine, target.yours, Tolerance()).max_abs_diff
+        return difference(mine[at], target.yours[at], Tolerance()).max_abs_diff
+
+    return far
 
 
 def _agrees(mine: Array, yours: Array, at: Probes | None, tol: Tolerance) -> bool:

@@ -32,6 +32,7 @@ MASK_MISTAKES = frozenset(
 _CAUSAL = frozenset({"causal_diagonal_masked", "causal_alignment_swapped"})
 RowPolicy = Literal["zero", "uniform", "nan"]  # what a fully masked row holds
 Way = str | float  # how a mistake with several ways was made (a base, a width, a shift)
+FIT: Way = "fit"  # a way found from the caller's numbers (:mod:`service.core.diagnosis.fit`)
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,10 @@ def _turned(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
         other: RopeStyle = "interleaved" if settings.style == "half" else "half"
         settings = replace(settings, style=other)
     if "rope_base_wrong" in t.mistakes:
-        settings = replace(settings, base=float(t.way("rope_base_wrong")))
+        base = t.way("rope_base_wrong")
+        if base == FIT:
+            raise Unfit  # a base still to be fitted (search's): none to rotate by
+        settings = replace(settings, base=float(base))
 
     def run(x: Array, st: chain.State, hs: chain.Setup) -> Array:
         queries = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)

@@ -1,0 +1,118 @@
+"""Ways of making a mistake found from the caller's numbers rather than listed beforehand: a
+RoPE base (``rope_base_wrong``) fitted by a 1-D search over log(base) that minimises the
+difference from the caller's array at the probes (:func:`service.core.diagnosis.search`'s),
+under the set's other mistakes. The fitted base is then tried like any listed one: it is named
+only when its recomputation reproduces the whole array to the tolerance. NumPy only, no I/O."""
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from service.core.diagnosis.recompute import Given, recomputations, set_cost
+from service.core.diagnosis.stages import FIT, Setup, State, Trial, Way
+from service.core.types import Array
+
+LOG_BASES = (np.log(10.0), np.log(1e9))  # the bases searched: 10 … 10⁹ (rope_theta's range)
+GRID = 25  # bases tried evenly in log(base) (a factor of ~2.2 apart), the best one refined
+STEPS = 32  # golden-section steps around it: log(base) to ~1e-6 of the bracket
+EVALUATIONS = GRID + STEPS
+_GOLDEN = (np.sqrt(5.0) - 1.0) / 2.0
+
+Probes = tuple[np.ndarray[Any, np.dtype[np.intp]], ...]
+
+
+def fitting(variants: Sequence[Trial]) -> list[Trial]:
+    """The variants of a set whose way is to be found from the numbers."""
+    return [t for t in variants if any(w == FIT for _, w in t.ways)]
+
+
+def fit_cost(base: State, given: Given, s: Setup, variants: Sequence[Trial], target: str) -> int:
+    """The numbers fitting every variant of ``variants`` that asks for a fit computes (known
+    beforehand: :data:`EVALUATIONS` recomputations each), and the one more base each tries
+    (a round base near the fit, besides the fit itself)."""
+    fits = fitting(variants)
+    if not fits:
+        return 0
+    one = set_cost(base, given, s, fits[:1], target)
+    return len(fits) * (EVALUATIONS + 1) * one
+
+
+def fitted(
+    base: State,
+    given: Given,
+    s: Setup,
+    variants: Sequence[Trial],
+    target: str,
+    check: Callable[[], None],
+    distance: Callable[[Array], float],
+) -> list[Trial]:
+    """``variants`` with each fit replaced by the bases found for it (the fitted base and the
+    roundest base this close to it, e.g. 20000 for 19999.9997); a fit that finds nothing is
+    left out. ``distance``: how far a recomputation is from the caller's array (at the
+    probes)."""
+    out: list[Trial] = []
+    for trial in variants:
+        code = next((c for c, w in trial.ways if w == FIT), None)
+        if code is None:
+            out.append(trial)
+            continue
+        found = _fit_base(base, given, s, trial, code, target, check, distance)
+        out += [_with(trial, code, b) for b in found]
+    return out
+
+
+def _with(trial: Trial, code: str, way: Way) -> Trial:
+    return replace(trial, ways=tuple((c, way if c == code else w) for c, w in trial.ways))
+
+
+def _fit_base(
+    base: State,
+    given: Given,
+    s: Setup,
+    trial: Trial,
+    code: str,
+    target: str,
+    check: Callable[[], None],
+    distance: Callable[[Array], float],
+) -> tuple[float, ...]:
+    """The base (or bases) the 1-D search over log(base) finds: the best of :data:`GRID` bases,
+    refined by golden section between its neighbours."""
+
+    def far(log_base: float) -> float:
+        way = _with(trial, code, float(np.exp(log_base)))
+        for _, made in recomputations(base, given, s, [way], target, check):
+            return distance(made)
+        return np.inf
+
+    grid = np.linspace(*LOG_BASES, GRID)  # (GRID,)
+    values = [far(float(g)) for g in grid]
+    best = int(np.argmin(values))
+    if not np.isfinite(values[best]):
+        return ()
+    lo, hi = float(grid[max(best - 1, 0)]), float(grid[min(best + 1, GRID - 1)])
+    a, b = hi - _GOLDEN * (hi - lo), lo + _GOLDEN * (hi - lo)
+    fa, fb = far(a), far(b)
+    for _ in range(STEPS - 2):
+        if fa <= fb:
+            hi, b, fb = b, a, fa
+            a = hi - _GOLDEN * (hi - lo)
+            fa = far(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + _GOLDEN * (hi - lo)
+            fb = far(b)
+    found = float(np.exp(a if fa <= fb else b))
+    return tuple(dict.fromkeys((_round(found), found)))
+
+
+def _round(x: float) -> float:
+    """The roundest number (fewest significant digits, up to 6) within 1% of ``x``: the base
+    a caller wrote, where printed numbers leave the fit only near it (tried besides the fit,
+    and named only if it reproduces the numbers)."""
+    for digits in range(1, 7):
+        r = float(f"{x:.{digits}g}")
+        if abs(r - x) <= 1e-2 * abs(x):
+            return r
+    return x
