@@ -815,3 +815,89 @@ def test_the_asked_base_matches(client: TestClient) -> None:
         W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
     )
     matches(client, "/multihead", body | {"rope": {"base": 100_000}})
+
+
+# ---- partial_rotary_wrong ---------------------------------------------------------------------
+
+
+def rope_partial(x: Tensor, positions: Tensor, base: float = 10000.0, r: int = 0) -> Tensor:
+    """Partial RoPE as transformers' GPT-NeoX and Phi layers do it: the first ``r`` features
+    (``rotary_ndims``) turned by ``rope`` with frequencies over r, the rest passed through
+    (``q_rot, q_pass = q[..., :r], q[..., r:]``)."""
+    return torch.cat([rope(x[..., :r], positions, base), x[..., r:]], dim=-1)
+
+
+def partial_port(r: int) -> dict[str, Tensor]:
+    """``port``'s layer (d_k 8) on X8, W16, causal, its RoPE turning the first ``r`` features."""
+
+    def turn(x: Tensor, at: Tensor, b: float) -> Tensor:
+        return rope_partial(x, at, b, r)
+
+    return port(X8, W16, 2, sdpa(is_causal=True), rotate=turn)
+
+
+def test_llamas_rotation_on_a_pythia_head_is_partial_rotary_wrong(client: TestClient) -> None:
+    """A port that copies Llama's ``apply_rotary_pos_emb`` (every feature turned) onto a
+    GPT-NeoX/Pythia head, whose config's rotary_pct = 0.25 turns only the first quarter (the
+    request's rotary_dim 2 of d_k 8): every feature rotated where 2 were meant."""
+    theirs = partial_port(8)
+    body = layer_request(
+        W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
+    )
+    body["rope"] = {"rotary_dim": 2}
+    d = diagnosed(client, "/multihead", body, "output")
+    assert d["mistakes"] == ["partial_rotary_wrong"], d
+    assert (
+        "every one of the head's 8 features was rotated where only the first 2" in d["explanation"]
+    )
+
+
+def test_a_chatglm_half_rotation_where_the_whole_head_turns_is_partial_rotary_wrong(
+    client: TestClient,
+) -> None:
+    """The reverse: a port keeping ChatGLM's (and Persimmon's) partial_rotary_factor = 0.5,
+    turning the first 4 of 8 features, for a Llama head that turns all of them."""
+    theirs = partial_port(4)
+    body = layer_request(
+        W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
+    )
+    d = diagnosed(client, "/multihead", body, "output")
+    assert d["mistakes"] == ["partial_rotary_wrong"], d
+    assert "only the first 4 of the head's 8 features were rotated" in d["explanation"]
+    assert "set rope.rotary_dim to 4" in d["explanation"]
+
+
+def test_an_unscaled_notebook_turning_a_whole_phi_head_is_a_pair(client: TestClient) -> None:
+    """A notebook cell that turns every feature of a head meant to turn half of them
+    (rotary_dim 4 of 8, Phi-1's partial_rotary_factor 0.5) and never scales the scores."""
+    q, k, v = (randn(1, 1, 8, 8, seed=s) for s in (101, 102, 103))
+    at = torch.arange(8)
+    w = F.softmax(rope(q, at) @ rope(k, at).transpose(-1, -2), dim=-1)
+    body = direct(q[0], k[0], v[0]) | {
+        "rope": {"rotary_dim": 4},
+        "expected": {"weights": js(w[0, 0])},
+    }
+    d = diagnosed(client, "/attention", body, "weights")
+    assert d["mistakes"] == ["scale_missing", "partial_rotary_wrong"], d
+
+
+def test_the_partial_rotation_asked_matches(client: TestClient) -> None:
+    """The first 2 of 8 features turned, as rotary_dim 2 asks: a match."""
+    theirs = partial_port(2)
+    body = layer_request(
+        W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
+    )
+    matches(client, "/multihead", body | {"rope": {"rotary_dim": 2}})
+
+
+def test_builder_rope_partial_is_gpt_neox_partial_rotation() -> None:
+    """``rope_partial`` is transformers' GPT-NeoX rotation of its first rotary_ndims features
+    (``apply_rotary_pos_emb`` on q[..., :r], float64 tables), the rest untouched."""
+    neox = pytest.importorskip("transformers.models.gpt_neox.modeling_gpt_neox")
+    x, r = randn(1, 2, L6, 8, seed=7), 4
+    inv = 1.0 / 10000.0 ** (torch.arange(0, r, 2, dtype=F64) / r)
+    emb = torch.cat([torch.arange(L6, dtype=F64)[:, None] * inv] * 2, dim=-1)
+    theirs, _ = neox.apply_rotary_pos_emb(x, x, emb.cos()[None], emb.sin()[None])
+    np.testing.assert_allclose(
+        rope_partial(x, torch.arange(L6), r=r).numpy(), theirs.numpy(), atol=1e-14
+    )

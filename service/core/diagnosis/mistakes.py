@@ -9,11 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.core import chain, masks
-from service.core.diagnosis.stages import CHANGES, FIT, RowPolicy, Setup, Way
+from service.core.diagnosis.stages import ALL, CHANGES, FIT, RowPolicy, Setup, Way
 
 FLOAT32 = "float32_arithmetic"  # no recomputation: a difference of float32's size
 FLOAT32_RELATIVE = 1e-5  # ... is at most this times the largest number of the array
 ROPE_BASES = (10_000.0, 500_000.0, 1_000_000.0)  # RoPE's, Llama 3's, Qwen's (rope_theta)
+# partial_rotary_factor of the models that turn part of each head: GPT-NeoX/Pythia's and
+# StableLM's rotary_pct 0.25, ChatGLM's and Persimmon's 0.5, Phi-2's 0.4
+PARTIAL_FACTORS = (0.25, 0.5, 0.4)
 # what masked scores are filled with instead of −∞: 0 (torch.tril(scores), scores * mask), or
 # a large negative number — the Annotated Transformer's −1e9, transformers' finfo(float32).min,
 # GPT-2's −1e4 give the same weights (exp of each is 0 next to an allowed key), and differ
@@ -320,6 +323,40 @@ def _base_wrong(seen: Seen) -> str:
     )
 
 
+def _partials(s: Setup) -> tuple[Way, ...]:
+    """How partial_rotary_wrong is tried: every feature turned where the request turns only
+    the first rotary_dim; where it turns the whole head, only the first r = int(factor·d_k)
+    of a common partial_rotary_factor (as transformers computes it: even, 0 < r < d_k)."""
+    rope = s.variants.rope
+    if rope is None or s.latent:
+        return ()
+    if rope.rotary_dim is not None and rope.rotary_dim < s.d_k:
+        return (ALL,)
+    dims = (int(f * s.d_k) for f in PARTIAL_FACTORS)
+    return tuple(float(r) for r in dict.fromkeys(dims) if 0 < r < s.d_k and r % 2 == 0)
+
+
+def _partial(seen: Seen) -> str:
+    s, way = seen.setup, seen.ways["partial_rotary_wrong"]
+    d_k, rope = s.d_k, s.variants.rope
+    if way == ALL:
+        r = rope.rotary_dim if rope is not None and rope.rotary_dim is not None else d_k
+        return (
+            f"every one of the head's {d_k} features was rotated where only the first {r} "
+            f"were meant (rope.rotary_dim = {r}, Hugging Face's partial_rotary_factor = "
+            f"{r / d_k:g}): rotate q[..., :{r}] and k[..., :{r}] with θ_i = base^(−2i/{r}) "
+            f"and pass the other {d_k - r} features through unchanged, as transformers' "
+            "GPT-NeoX and Phi layers split them"
+        )
+    r = int(way)
+    return (
+        f"only the first {r} of the head's {d_k} features were rotated (partial_rotary_factor "
+        f"= {r / d_k:g}, as GPT-NeoX's rotary_pct or Phi's partial_rotary_factor) where the "
+        f"request rotates the whole head: if your model turns part of each head, set "
+        f"rope.rotary_dim to {r}; else rotate all {d_k} features"
+    )
+
+
 def _decode_offset(seen: Seen) -> str:
     s, way = seen.setup, seen.ways["decode_position_offset"]
     p = s.variants.positions
@@ -594,6 +631,12 @@ TABLE: tuple[Mistake, ...] = (
     ),
     Mistake("causal_alignment_swapped", _misaligned, _alignment),
     Mistake("mask_not_infinite", _has_mask, _fill, _fills),
+    Mistake(
+        "partial_rotary_wrong",
+        lambda s, p: bool(_partials(s)) and _changes_a_step("partial_rotary_wrong")(s, p),
+        _partial,
+        _partials,
+    ),
 )
 MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
 BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE}
@@ -624,6 +667,7 @@ EXCLUSIVE: tuple[frozenset[str], ...] = (
     frozenset({"rope_missing", "rope_style_swapped"}),
     frozenset({"rope_missing", "rope_base_wrong"}),
     frozenset({"rope_missing", "decode_position_offset"}),
+    frozenset({"rope_missing", "partial_rotary_wrong"}),
     frozenset({"heads_interleaved", "heads_merged_without_transpose"}),
     frozenset({"window_missing", "window_off_by_one"}),  # one window: left out, or off by one
     frozenset({"mask_after_softmax", "mask_not_infinite"}),  # where the mask is applied, how

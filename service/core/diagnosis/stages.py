@@ -32,6 +32,7 @@ MASK_MISTAKES = frozenset(
 _CAUSAL = frozenset({"causal_diagonal_masked", "causal_alignment_swapped"})
 RowPolicy = Literal["zero", "uniform", "nan"]  # what a fully masked row holds
 Way = str | float  # how a mistake with several ways was made (a base, a width, a shift)
+ALL: Way = "all"  # partial_rotary_wrong: every feature of the head turned
 FIT: Way = "fit"  # a way found from the caller's numbers (:mod:`service.core.diagnosis.fit`)
 
 
@@ -185,7 +186,8 @@ def _unclipped(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
 
 def _turned(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
     """RoPE as the caller with the trial's mistakes turned the vectors: never, in the other
-    style, with another base, or at positions from 0 (or one off) in a decode step."""
+    style, with another base, at positions from 0 (or one off) in a decode step, or over
+    every feature where only the first rotary_dim were meant (or over the first r only)."""
     if s.latent:
         raise Unfit  # MLA turns only its rope features: its Q and K stay as computed
     if not t.mistakes & _ROPE:
@@ -198,6 +200,9 @@ def _turned(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
     if "rope_style_swapped" in t.mistakes:
         other: RopeStyle = "interleaved" if settings.style == "half" else "half"
         settings = replace(settings, style=other)
+    if "partial_rotary_wrong" in t.mistakes:  # every feature turned, or only the first r
+        turned = t.way("partial_rotary_wrong")
+        settings = replace(settings, rotary_dim=None if turned == ALL else int(turned))
     if "rope_base_wrong" in t.mistakes:
         base = t.way("rope_base_wrong")
         if base == FIT:
@@ -301,9 +306,15 @@ def _softmax(logits: Array, rows: RowPolicy) -> Array:
 
 
 _ROPE = frozenset(
-    {"rope_style_swapped", "rope_missing", "rope_base_wrong", "decode_position_offset"}
+    {
+        "rope_style_swapped",
+        "rope_missing",
+        "rope_base_wrong",
+        "decode_position_offset",
+        "partial_rotary_wrong",
+    }
 )
-_ROPE_WAYS = frozenset({"rope_base_wrong", "decode_position_offset"})
+_ROPE_WAYS = frozenset({"rope_base_wrong", "decode_position_offset", "partial_rotary_wrong"})
 _SCALE = frozenset(
     {
         "scale_missing",
