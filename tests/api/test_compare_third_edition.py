@@ -901,3 +901,103 @@ def test_builder_rope_partial_is_gpt_neox_partial_rotation() -> None:
     np.testing.assert_allclose(
         rope_partial(x, torch.arange(L6), r=r).numpy(), theirs.numpy(), atol=1e-14
     )
+
+
+# ---- rope_scaling_missing ---------------------------------------------------------------------
+
+YARN: Json = {"type": "yarn", "factor": 4, "original_max_position": 4}  # Qwen's long context
+YARN_HF: Json = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                 "original_max_position_embeddings": 4}  # fmt: skip
+LLAMA31: Json = {"type": "llama3", "factor": 8, "original_max_position": 4}
+LLAMA31_HF: Json = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 4}  # fmt: skip
+
+
+def hf_rope(params: Json, d: int, n: int) -> tuple[Tensor, float]:
+    """transformers' θ_i and attention factor for the scaling ``params`` (its
+    ``ROPE_INIT_FUNCTIONS``, in float64 as harness.hf_reference patches it): a head of ``d``."""
+    transformers = pytest.importorskip("transformers")
+    rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+    from harness.hf_reference import float64_torch_in
+
+    c = transformers.LlamaConfig(
+        hidden_size=2 * d, num_attention_heads=2, head_dim=d, max_position_embeddings=4096,
+        rope_parameters=params,
+    )  # fmt: skip
+    with float64_torch_in(rope_utils):
+        inv_freq, factor = rope_utils.ROPE_INIT_FUNCTIONS[params["rope_type"]](c, "cpu", n)
+    return inv_freq.to(F64), float(factor)
+
+
+def rope_scaled(x: Tensor, positions: Tensor, inv: Tensor, gain: float) -> Tensor:
+    """``rope`` with the frequencies ``inv`` (d/2,) and cos and sin × ``gain``, as
+    ``LlamaRotaryEmbedding`` applies a scaling's ``attention_scaling``."""
+    d = x.shape[-1]
+    angle = positions.to(F64)[:, None] * inv[None, :]  # (n, d/2)
+    emb = torch.cat([angle, angle], dim=-1)  # (n, d)
+    half = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], dim=-1)
+    return x * emb.cos() * gain + half * emb.sin() * gain
+
+
+def yarn_head(scaled: bool, scale: bool = True) -> tuple[Json, Tensor]:
+    """A head of 8 features over 8 tokens: the request asking YaRN and the weights as a cell
+    computes them, with the scaling (``scaled``) or RoPE's default frequencies."""
+    q, k, v = (randn(1, 1, 8, 8, seed=s) for s in (111, 112, 113))
+    at = torch.arange(8)
+    inv, gain = (
+        hf_rope(YARN_HF, 8, 8)
+        if scaled
+        else (1.0 / 10000.0 ** (torch.arange(0, 8, 2, dtype=F64) / 8), 1.0)
+    )
+    scores = rope_scaled(q, at, inv, gain) @ rope_scaled(k, at, inv, gain).transpose(-1, -2)
+    w = F.softmax(scores / (8**0.5 if scale else 1.0), dim=-1)
+    return direct(q[0], k[0], v[0]) | {"rope": {"scaling": YARN}}, w[0, 0]
+
+
+def test_yarn_left_out_of_a_cell_is_rope_scaling_missing(client: TestClient) -> None:
+    """A cell that builds RoPE's default table (``1/base^(2i/d)``, cos and sin × 1) for a model
+    whose config asks YaRN (Qwen2.5's long-context ``rope_scaling`` {"type": "yarn", "factor":
+    4}): the frequencies and YaRN's attention factor both left out."""
+    body, w = yarn_head(scaled=False)
+    d = diagnosed(client, "/attention", body | {"expected": {"weights": js(w)}}, "weights")
+    assert d["mistakes"] == ["rope_scaling_missing"], d
+    assert "yarn scaling" in d["explanation"] and "attention factor" in d["explanation"], d
+
+
+def test_an_unscaled_cell_without_yarn_is_a_pair(client: TestClient) -> None:
+    """The same cell also leaving out 1/√d_k."""
+    body, w = yarn_head(scaled=False, scale=False)
+    d = diagnosed(client, "/attention", body | {"expected": {"weights": js(w)}}, "weights")
+    assert d["mistakes"] == ["scale_missing", "rope_scaling_missing"], d
+
+
+def test_a_llama31_port_with_llama3s_rope_is_rope_scaling_missing(client: TestClient) -> None:
+    """A Llama 3 port run on Llama 3.1 weights, its RoPE built without the config's
+    rope_scaling {"rope_type": "llama3", "factor": 8} (as llama.cpp's first Llama 3.1 runs
+    did, before it read the rope scaling factors): base 500000 alone."""
+    theirs = port(X8, W16, 2, sdpa(is_causal=True), base=500_000.0)
+    body = layer_request(
+        W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
+    )
+    body["rope"] = {"base": 500_000, "scaling": LLAMA31}
+    d = diagnosed(client, "/multihead", body, "output")
+    assert d["mistakes"] == ["rope_scaling_missing"], d
+    assert "llama3 scaling" in d["explanation"], d
+
+
+def test_the_scalings_computed_as_transformers_does_match(client: TestClient) -> None:
+    """The cell with transformers' YaRN frequencies and attention factor, and the port with its
+    llama3 frequencies: both match."""
+    body, w = yarn_head(scaled=True)
+    matches(client, "/attention", body | {"expected": {"weights": js(w)}})
+    inv, gain = hf_rope(LLAMA31_HF, 8, L6 + 2)
+
+    def llama31(x: Tensor, at: Tensor, base: float) -> Tensor:
+        return rope_scaled(x, at, inv, gain)
+
+    theirs = port(X8, W16, 2, sdpa(is_causal=True), rotate=llama31)
+    body = layer_request(
+        W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
+    )
+    matches(client, "/multihead", body | {"rope": {"base": 500_000, "scaling": LLAMA31}})

@@ -36,7 +36,7 @@ CONTRACT = (
     "rope_missing", "rope_base_wrong", "decode_position_offset", "float32_arithmetic",
     "scale_from_config_ignored", "clip_missing", "kv_heads_repeated_wrong", "window_missing",
     "output_projection_missing", "softmax_over_batch", "causal_alignment_swapped",
-    "mask_not_infinite", "partial_rotary_wrong",
+    "mask_not_infinite", "partial_rotary_wrong", "rope_scaling_missing",
 )  # fmt: skip
 
 

@@ -10,6 +10,14 @@ import numpy as np
 
 from service.core import chain, masks
 from service.core.diagnosis.stages import ALL, CHANGES, FIT, RowPolicy, Setup, Way
+from service.core.rope_scaling import (
+    DynamicScaling,
+    LinearScaling,
+    Llama3Scaling,
+    LongRopeScaling,
+    Scaling,
+    YarnScaling,
+)
 
 FLOAT32 = "float32_arithmetic"  # no recomputation: a difference of float32's size
 FLOAT32_RELATIVE = 1e-5  # ... is at most this times the largest number of the array
@@ -357,6 +365,37 @@ def _partial(seen: Seen) -> str:
     )
 
 
+# each scaling's rope_type and what it does, in a learner's words
+_SCALINGS: dict[type[Scaling], tuple[str, str]] = {
+    LinearScaling: ("linear", "positions divided by its factor"),
+    Llama3Scaling: ("llama3", "Llama 3.1's long wavelengths slowed by its factor"),
+    YarnScaling: ("yarn", "YaRN's slowed frequencies"),
+    DynamicScaling: ("dynamic", "dynamic NTK's larger base past the original length"),
+    LongRopeScaling: ("longrope", "LongRoPE's per-pair factors"),
+}
+
+
+def _scaled(s: Setup, present: frozenset[str]) -> bool:
+    rope = s.variants.rope
+    scaled = rope is not None and rope.scaling is not None and not s.latent
+    return scaled and _changes_a_step("rope_scaling_missing")(s, present)
+
+
+def _scaling_missing(seen: Seen) -> str:
+    rope = seen.setup.variants.rope
+    assert rope is not None and rope.scaling is not None
+    kind, what = _SCALINGS.get(type(rope.scaling), ("its", "the scaled frequencies"))
+    gain = rope.scaling.attention_factor
+    factor = "" if gain == 1.0 else f", and its attention factor {gain:.6g} on cos and sin"
+    return (
+        f"the rotary embedding left out the request's {kind} scaling (rope.scaling: {what}"
+        f"{factor}): your numbers are RoPE's default frequencies 1/base^(2i/d). Build cos and "
+        f"sin as the model's rope_parameters (rope_scaling) say, as transformers' "
+        f'ROPE_INIT_FUNCTIONS["{kind}"] does'
+        + ("" if gain == 1.0 else ", the attention factor included")
+    )
+
+
 def _decode_offset(seen: Seen) -> str:
     s, way = seen.setup, seen.ways["decode_position_offset"]
     p = s.variants.positions
@@ -637,6 +676,7 @@ TABLE: tuple[Mistake, ...] = (
         _partial,
         _partials,
     ),
+    Mistake("rope_scaling_missing", _scaled, _scaling_missing),
 )
 MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
 BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE}
@@ -668,6 +708,7 @@ EXCLUSIVE: tuple[frozenset[str], ...] = (
     frozenset({"rope_missing", "rope_base_wrong"}),
     frozenset({"rope_missing", "decode_position_offset"}),
     frozenset({"rope_missing", "partial_rotary_wrong"}),
+    frozenset({"rope_missing", "rope_scaling_missing"}),
     frozenset({"heads_interleaved", "heads_merged_without_transpose"}),
     frozenset({"window_missing", "window_off_by_one"}),  # one window: left out, or off by one
     frozenset({"mask_after_softmax", "mask_not_infinite"}),  # where the mask is applied, how

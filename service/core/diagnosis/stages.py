@@ -187,7 +187,8 @@ def _unclipped(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
 def _turned(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
     """RoPE as the caller with the trial's mistakes turned the vectors: never, in the other
     style, with another base, at positions from 0 (or one off) in a decode step, or over
-    every feature where only the first rotary_dim were meant (or over the first r only)."""
+    every feature where only the first rotary_dim were meant (or over the first r only), or
+    without the request's scaling."""
     if s.latent:
         raise Unfit  # MLA turns only its rope features: its Q and K stay as computed
     if not t.mistakes & _ROPE:
@@ -200,6 +201,8 @@ def _turned(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
     if "rope_style_swapped" in t.mistakes:
         other: RopeStyle = "interleaved" if settings.style == "half" else "half"
         settings = replace(settings, style=other)
+    if "rope_scaling_missing" in t.mistakes:  # the default frequencies, cos and sin × 1
+        settings = replace(settings, scaling=None)
     if "partial_rotary_wrong" in t.mistakes:  # every feature turned, or only the first r
         turned = t.way("partial_rotary_wrong")
         settings = replace(settings, rotary_dim=None if turned == ALL else int(turned))
@@ -312,6 +315,7 @@ _ROPE = frozenset(
         "rope_base_wrong",
         "decode_position_offset",
         "partial_rotary_wrong",
+        "rope_scaling_missing",
     }
 )
 _ROPE_WAYS = frozenset({"rope_base_wrong", "decode_position_offset", "partial_rotary_wrong"})
