@@ -1,8 +1,9 @@
 """Ways of making a mistake found from the caller's numbers rather than listed beforehand: a
-RoPE base (``rope_base_wrong``) fitted by a 1-D search over log(base) that minimises the
-difference from the caller's array at the probes (:func:`service.core.diagnosis.search`'s),
-under the set's other mistakes. The fitted base is then tried like any listed one: it is named
-only when its recomputation reproduces the whole array to the tolerance. NumPy only, no I/O."""
+RoPE base (``rope_base_wrong``) fitted by a 1-D search over log(base), a decode step's position
+offset (``decode_position_offset``) by a scan over whole offsets, each minimising the difference
+from the caller's array at the probes (:func:`service.core.diagnosis.search`'s) under the set's
+other mistakes. What is fitted is then tried like any listed way: it is named only when its
+recomputation reproduces the whole array to the tolerance. NumPy only, no I/O."""
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -28,15 +29,38 @@ def fitting(variants: Sequence[Trial]) -> list[Trial]:
     return [t for t in variants if any(w == FIT for _, w in t.ways)]
 
 
+MAX_OFFSETS = 64  # whole offsets a decode step's positions are scanned over, nearest 0 first
+
+
+def offsets(s: Setup) -> tuple[int, ...]:
+    """The offsets δ a decode step's new tokens may have been rotated at (positions + δ),
+    besides those listed (0 … L − 1, one ahead, one behind): the nearest to 0 within ± the
+    cache and the new tokens, and the cache's length itself (a cache counted twice)."""
+    p = s.variants.positions
+    first = int(p[0]) if p is not None and p.size else 0
+    cached = 0 if s.past is None else s.past.length
+    reach = cached + s.seq_len
+    listed = {0, 1, -1, -first}
+    near = sorted(range(-reach, reach + 1), key=lambda d: (abs(d), d))
+    scan = [d for d in near if d not in listed and d >= -first][: MAX_OFFSETS - 1]
+    return tuple(dict.fromkeys([*scan, *([cached] if cached not in listed else [])]))
+
+
+def _evaluations(code: str, s: Setup) -> int:
+    """The recomputations fitting ``code`` takes, and the ways it then tries (the fit, and for
+    a base the roundest base near it)."""
+    return EVALUATIONS + 1 if code == "rope_base_wrong" else len(offsets(s))
+
+
 def fit_cost(base: State, given: Given, s: Setup, variants: Sequence[Trial], target: str) -> int:
-    """The numbers fitting every variant of ``variants`` that asks for a fit computes (known
-    beforehand: :data:`EVALUATIONS` recomputations each), and the one more base each tries
-    (a round base near the fit, besides the fit itself)."""
+    """The numbers fitting every variant of ``variants`` that asks for a fit computes, known
+    beforehand (:func:`_evaluations` recomputations each), besides the ways it then tries."""
     fits = fitting(variants)
     if not fits:
         return 0
     one = set_cost(base, given, s, fits[:1], target)
-    return len(fits) * (EVALUATIONS + 1) * one
+    codes = [next(c for c, w in t.ways if w == FIT) for t in fits]
+    return sum(_evaluations(code, s) for code in codes) * one
 
 
 def fitted(
@@ -58,7 +82,8 @@ def fitted(
         if code is None:
             out.append(trial)
             continue
-        found = _fit_base(base, given, s, trial, code, target, check, distance)
+        fit = _fit_base if code == "rope_base_wrong" else _fit_offset
+        found = fit(base, given, s, trial, code, target, check, distance)
         out += [_with(trial, code, b) for b in found]
     return out
 
@@ -105,6 +130,27 @@ def _fit_base(
             fb = far(b)
     found = float(np.exp(a if fa <= fb else b))
     return tuple(dict.fromkeys((_round(found), found)))
+
+
+def _fit_offset(
+    base: State,
+    given: Given,
+    s: Setup,
+    trial: Trial,
+    code: str,
+    target: str,
+    check: Callable[[], None],
+    distance: Callable[[Array], float],
+) -> tuple[float, ...]:
+    """The whole offset of :func:`offsets` whose recomputation is nearest the numbers."""
+    best, nearest = None, np.inf
+    for shift in offsets(s):
+        for _, made in recomputations(
+            base, given, s, [_with(trial, code, float(shift))], target, check
+        ):
+            if (far := distance(made)) < nearest:
+                best, nearest = float(shift), far
+    return () if best is None else (best,)
 
 
 def _round(x: float) -> float:

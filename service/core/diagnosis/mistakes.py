@@ -9,7 +9,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.core import chain, masks
-from service.core.diagnosis.stages import ALL, CHANGES, FIT, RowPolicy, Setup, Way
+from service.core.diagnosis.stages import (
+    ALL,
+    CHANGES,
+    FIT,
+    ONE_POSITION,
+    RowPolicy,
+    Setup,
+    Way,
+)
 from service.core.rope_scaling import (
     DynamicScaling,
     LinearScaling,
@@ -396,21 +404,45 @@ def _scaling_missing(seen: Seen) -> str:
     )
 
 
+def _decode_offsets(s: Setup) -> tuple[Way, ...]:
+    """From 0 (the common bug) first, one ahead or behind, every new token at one position
+    (several new tokens), then any whole offset fitted to the numbers."""
+    one: tuple[Way, ...] = (ONE_POSITION,) if s.seq_len > 1 else ()
+    return ("from_zero", 1.0, -1.0, *one, FIT)
+
+
 def _decode_offset(seen: Seen) -> str:
     s, way = seen.setup, seen.ways["decode_position_offset"]
     p = s.variants.positions
     first = int(p[0]) if p is not None else 0
-    wrong = "0" if way == "from_zero" else str(first + int(way))
     cached = 0 if s.past is None else s.past.length
+    after = (
+        f"after the cache's {cached} token{'' if cached == 1 else 's'} "
+        "(position_ids = cache length + arange(L), transformers' cache_position)"
+    )
+    if way == ONE_POSITION:
+        return (
+            f"the {s.seq_len} new tokens were all rotated at position {first} where they sit "
+            f"at {first} … {first + s.seq_len - 1}: in a decode step they come one after "
+            f"another {after}, not all at the cache's length"
+        )
+    shift = -first if way == "from_zero" else int(way)
     new, come = (
         ("the new token was", "it comes")
         if s.seq_len == 1
         else ("the new tokens were", "they come")
     )
+    why = (
+        ""
+        if way == "from_zero" or abs(shift) == 1
+        else "; the cache's length counted twice"
+        if shift == cached
+        else f"; positions {shift} too {'high' if shift > 0 else 'low'} (left padding "
+        "counted, or a position counter that jumped)"
+    )
     return (
-        f"{new} rotated from position {wrong} instead of {first}: in a decode step {come} "
-        f"after the cache's {cached} token{'' if cached == 1 else 's'} "
-        "(position_ids = cache length + arange(L), transformers' cache_position)"
+        f"{new} rotated from position {first + shift} instead of {first}: in a decode step "
+        f"{come} {after}{why}"
     )
 
 
@@ -646,7 +678,7 @@ TABLE: tuple[Mistake, ...] = (
         "decode_position_offset",
         lambda s, p: s.past is not None and _changes_a_step("decode_position_offset")(s, p),
         _decode_offset,
-        lambda s: ("from_zero", 1.0, -1.0),
+        _decode_offsets,
         # a cache says a decode step: a new token at 0 is one that forgot it, not RoPE left
         # out (the rotation at 0 turns nothing, so rope_missing reproduces it as well)
         likely=lambda s: s.past is not None,

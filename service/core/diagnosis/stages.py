@@ -33,6 +33,7 @@ _CAUSAL = frozenset({"causal_diagonal_masked", "causal_alignment_swapped"})
 RowPolicy = Literal["zero", "uniform", "nan"]  # what a fully masked row holds
 Way = str | float  # how a mistake with several ways was made (a base, a width, a shift)
 ALL: Way = "all"  # partial_rotary_wrong: every feature of the head turned
+ONE_POSITION: Way = "one_position"  # decode_position_offset: every new token at one position
 FIT: Way = "fit"  # a way found from the caller's numbers (:mod:`service.core.diagnosis.fit`)
 
 
@@ -206,20 +207,22 @@ def _turned(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
     if "partial_rotary_wrong" in t.mistakes:  # every feature turned, or only the first r
         turned = t.way("partial_rotary_wrong")
         settings = replace(settings, rotary_dim=None if turned == ALL else int(turned))
+    if FIT in (dict(t.ways).get("decode_position_offset"), dict(t.ways).get("rope_base_wrong")):
+        raise Unfit  # a way still to be fitted (search's): nothing to rotate by
     if "rope_base_wrong" in t.mistakes:
-        base = t.way("rope_base_wrong")
-        if base == FIT:
-            raise Unfit  # a base still to be fitted (search's): none to rotate by
-        settings = replace(settings, base=float(base))
+        settings = replace(settings, base=float(t.way("rope_base_wrong")))
 
     def run(x: Array, st: chain.State, hs: chain.Setup) -> Array:
         queries = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
         keys = np.arange(s.ctx_len) if v.context_positions is None else v.context_positions
-        if "decode_position_offset" in t.mistakes:  # the new tokens at 0 … L − 1, or one off
+        if "decode_position_offset" in t.mistakes:  # the new tokens at 0 … L − 1, or off
             way = t.way("decode_position_offset")
             own = queries if step.reads == "q" else keys  # (n,) the positions it turns
-            shift = -own[0] if way == "from_zero" else int(way)
-            queries, keys = queries + shift, keys + shift
+            if way == ONE_POSITION:  # every new token at the first one's position
+                queries, keys = np.full_like(queries, own[0]), np.full_like(keys, own[0])
+            else:
+                shift = -own[0] if way == "from_zero" else int(way)
+                queries, keys = queries + shift, keys + shift
         turned = replace(v, rope=settings, positions=queries, context_positions=keys)
         return step.run(x, st, replace(hs, variants=turned))  # (..., n, d_k)
 
