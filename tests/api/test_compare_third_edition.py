@@ -808,6 +808,19 @@ def test_an_unscaled_notebook_with_base_20000_is_a_pair(client: TestClient) -> N
     assert "base 20,000 where 10,000 was asked" in d["explanation"], d["explanation"]
 
 
+def test_a_base_no_one_rounds_is_fitted_to_float64_agreement(client: TestClient) -> None:
+    """Any base, not only a round one: a cell whose rope_theta was computed (10000·π, as a
+    from-scratch exercise might scale it) where 10000 was asked. The fitted base reproduces
+    the numbers to 1e-10 (the request's tolerance) and is named to its decimals."""
+    q, k, v = (randn(1, 1, 8, 8, seed=s) for s in (94, 95, 96))
+    at, theta = torch.arange(8), 10_000.0 * np.pi
+    w = F.softmax(rope(q, at, theta) @ rope(k, at, theta).transpose(-1, -2) / 8**0.5, dim=-1)
+    body = direct(q[0], k[0], v[0]) | {"rope": {}, "expected": {"weights": js(w[0, 0])}}
+    d = diagnosed(client, "/attention", body, "weights")
+    assert d["mistakes"] == ["rope_base_wrong"], d
+    assert "base 31,415.9" in d["explanation"], d["explanation"]
+
+
 def test_the_asked_base_matches(client: TestClient) -> None:
     """The same numbers with the base the request asks: a match, nothing fitted."""
     theirs = port(X8, W16, 2, sdpa(is_causal=True), base=100_000.0)

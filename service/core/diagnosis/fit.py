@@ -17,8 +17,9 @@ from service.core.types import Array
 
 LOG_BASES = (np.log(10.0), np.log(1e9))  # the bases searched: 10 … 10⁹ (rope_theta's range)
 GRID = 25  # bases tried evenly in log(base) (a factor of ~2.2 apart), the best one refined
-STEPS = 32  # golden-section steps around it: log(base) to ~1e-6 of the bracket
-EVALUATIONS = GRID + STEPS
+GOLDEN_STEPS = 14  # golden-section steps between its neighbours: into the smooth bottom
+PARABOLA_STEPS = 6  # then parabolic steps through the three nearest: to rounding's precision
+EVALUATIONS = GRID + GOLDEN_STEPS + PARABOLA_STEPS
 _GOLDEN = (np.sqrt(5.0) - 1.0) / 2.0
 
 Probes = tuple[np.ndarray[Any, np.dtype[np.intp]], ...]
@@ -103,13 +104,17 @@ def _fit_base(
     distance: Callable[[Array], float],
 ) -> tuple[float, ...]:
     """The base (or bases) the 1-D search over log(base) finds: the best of :data:`GRID` bases,
-    refined by golden section between its neighbours."""
+    refined by golden section between its neighbours, then by parabolic steps (``distance``
+    is a sum of squares: a parabola near its minimum)."""
+    seen: dict[float, float] = {}
 
     def far(log_base: float) -> float:
         way = _with(trial, code, float(np.exp(log_base)))
-        for _, made in recomputations(base, given, s, [way], target, check):
-            return distance(made)
-        return np.inf
+        seen[log_base] = next(
+            (distance(made) for _, made in recomputations(base, given, s, [way], target, check)),
+            np.inf,
+        )
+        return seen[log_base]
 
     grid = np.linspace(*LOG_BASES, GRID)  # (GRID,)
     values = [far(float(g)) for g in grid]
@@ -119,7 +124,7 @@ def _fit_base(
     lo, hi = float(grid[max(best - 1, 0)]), float(grid[min(best + 1, GRID - 1)])
     a, b = hi - _GOLDEN * (hi - lo), lo + _GOLDEN * (hi - lo)
     fa, fb = far(a), far(b)
-    for _ in range(STEPS - 2):
+    for _ in range(GOLDEN_STEPS - 2):
         if fa <= fb:
             hi, b, fb = b, a, fa
             a = hi - _GOLDEN * (hi - lo)
@@ -128,8 +133,23 @@ def _fit_base(
             lo, a, fa = a, b, fb
             b = lo + _GOLDEN * (hi - lo)
             fb = far(b)
-    found = float(np.exp(a if fa <= fb else b))
+    for _ in range(PARABOLA_STEPS):
+        vertex = _vertex(sorted(seen.items(), key=lambda p: p[1])[:3])
+        if vertex is None or vertex in seen or not lo <= vertex <= hi:
+            break
+        far(vertex)
+    found = float(np.exp(min(seen, key=lambda x: seen[x])))
     return tuple(dict.fromkeys((_round(found), found)))
+
+
+def _vertex(points: list[tuple[float, float]]) -> float | None:
+    """The x of the lowest point of the parabola through three (x, f) points (None: flat)."""
+    (x0, f0), (x1, f1), (x2, f2) = points
+    num = (x1 - x0) ** 2 * (f1 - f2) - (x1 - x2) ** 2 * (f1 - f0)
+    den = (x1 - x0) * (f1 - f2) - (x1 - x2) * (f1 - f0)
+    if not np.isfinite(num / den if den else np.nan) or den == 0:
+        return None
+    return float(x1 - 0.5 * num / den)
 
 
 def _fit_offset(
