@@ -353,6 +353,7 @@ def make_llama(rope_theta: float, seed: int) -> Llama:
 
 
 LLAMA_10000 = make_llama(10000.0, seed=5)
+LLAMA_20000 = make_llama(20000.0, seed=5)
 
 
 # ---- inputs ------------------------------------------------------------------------------
@@ -638,6 +639,18 @@ def single_cases() -> list[Case]:
             "weights",
             ["rope_base_wrong"],
             base_found=10000,
+        ),
+        # a stock layer built with a base none of the listed ones (20000) where the default
+        # was asked: fitted to the numbers, and the round base is named, not float32's fit of
+        # it (19,999.98…)
+        Case(
+            "rope_base_wrong-llama-layer_built_with_20000",
+            "/multihead",
+            LLAMA_20000.request(10000),
+            {"output": js(LLAMA_20000.run())},
+            "output",
+            ["rope_base_wrong"],
+            base_found=20000,
         ),
         Case(
             "rope_base_wrong-1000000_for_default-q_rotated",
