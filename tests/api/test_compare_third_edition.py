@@ -1014,3 +1014,23 @@ def test_the_scalings_computed_as_transformers_does_match(client: TestClient) ->
         W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
     )
     matches(client, "/multihead", body | {"rope": {"base": 500_000, "scaling": LLAMA31}})
+
+
+def test_yarns_attention_factor_left_out_is_rope_scaling_missing(client: TestClient) -> None:
+    """YaRN's frequencies applied but cos and sin not multiplied by its attention factor
+    (mscale = 0.1·ln(factor) + 1, transformers' ``attention_scaling`` in
+    ``LlamaRotaryEmbedding.forward``): a port that builds cos and sin from ``inv_freq`` alone,
+    as the default RoPE does, leaves it out."""
+    q, k, v = (randn(1, 1, 8, 8, seed=s) for s in (111, 112, 113))
+    at = torch.arange(8)
+    inv, gain = hf_rope(YARN_HF, 8, 8)
+    assert gain > 1.1  # what is left out
+    scores = rope_scaled(q, at, inv, 1.0) @ rope_scaled(k, at, inv, 1.0).transpose(-1, -2)
+    w = F.softmax(scores / 8**0.5, dim=-1)
+    body = direct(q[0], k[0], v[0]) | {
+        "rope": {"scaling": YARN},
+        "expected": {"weights": js(w[0, 0])},
+    }
+    d = diagnosed(client, "/attention", body, "weights")
+    assert d["mistakes"] == ["rope_scaling_missing"], d
+    assert f"left out its attention factor {gain:.6g} on cos and sin" in d["explanation"], d

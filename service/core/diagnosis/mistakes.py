@@ -13,6 +13,7 @@ from service.core.diagnosis.stages import (
     ALL,
     CHANGES,
     FIT,
+    GAIN,
     ONE_POSITION,
     RowPolicy,
     Setup,
@@ -389,11 +390,27 @@ def _scaled(s: Setup, present: frozenset[str]) -> bool:
     return scaled and _changes_a_step("rope_scaling_missing")(s, present)
 
 
+def _scaling_ways(s: Setup) -> tuple[Way, ...]:
+    """The scaling left out whole, and, where it has an attention factor (YaRN's mscale,
+    LongRoPE's), only that factor on cos and sin."""
+    rope = s.variants.rope
+    if rope is None or rope.scaling is None:
+        return ()
+    return ("scaling", GAIN) if rope.scaling.attention_factor != 1.0 else ("scaling",)
+
+
 def _scaling_missing(seen: Seen) -> str:
     rope = seen.setup.variants.rope
     assert rope is not None and rope.scaling is not None
     kind, what = _SCALINGS.get(type(rope.scaling), ("its", "the scaled frequencies"))
     gain = rope.scaling.attention_factor
+    if seen.ways["rope_scaling_missing"] == GAIN:
+        return (
+            f"the rotary embedding used the request's {kind} frequencies but left out its "
+            f"attention factor {gain:.6g} on cos and sin ({'YaRN' if kind == 'yarn' else kind}"
+            "'s mscale, transformers' attention_scaling: cos = emb.cos() · attention_scaling): "
+            "multiply cos and sin by it"
+        )
     factor = "" if gain == 1.0 else f", and its attention factor {gain:.6g} on cos and sin"
     return (
         f"the rotary embedding left out the request's {kind} scaling (rope.scaling: {what}"
@@ -708,7 +725,7 @@ TABLE: tuple[Mistake, ...] = (
         _partial,
         _partials,
     ),
-    Mistake("rope_scaling_missing", _scaled, _scaling_missing),
+    Mistake("rope_scaling_missing", _scaled, _scaling_missing, _scaling_ways),
 )
 MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
 BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE}

@@ -21,6 +21,7 @@ from service.core.multihead import (
     layer_norm,
     split_heads,
 )
+from service.core.rope_scaling import LongRopeScaling, YarnScaling
 from service.core.softmax import softmax
 from service.core.types import Alignment, Array, BoolArray, FullyMaskedPolicy, RopeStyle
 from service.core.variants import Variants, sigmoid
@@ -33,6 +34,7 @@ _CAUSAL = frozenset({"causal_diagonal_masked", "causal_alignment_swapped"})
 RowPolicy = Literal["zero", "uniform", "nan"]  # what a fully masked row holds
 Way = str | float  # how a mistake with several ways was made (a base, a width, a shift)
 ALL: Way = "all"  # partial_rotary_wrong: every feature of the head turned
+GAIN: Way = "attention_factor"  # rope_scaling_missing: only the scaling's factor on cos, sin
 ONE_POSITION: Way = "one_position"  # decode_position_offset: every new token at one position
 FIT: Way = "fit"  # a way found from the caller's numbers (:mod:`service.core.diagnosis.fit`)
 
@@ -189,7 +191,7 @@ def _turned(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
     """RoPE as the caller with the trial's mistakes turned the vectors: never, in the other
     style, with another base, at positions from 0 (or one off) in a decode step, or over
     every feature where only the first rotary_dim were meant (or over the first r only), or
-    without the request's scaling."""
+    without the request's scaling (or only without its attention factor on cos and sin)."""
     if s.latent:
         raise Unfit  # MLA turns only its rope features: its Q and K stay as computed
     if not t.mistakes & _ROPE:
@@ -203,7 +205,12 @@ def _turned(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
         other: RopeStyle = "interleaved" if settings.style == "half" else "half"
         settings = replace(settings, style=other)
     if "rope_scaling_missing" in t.mistakes:  # the default frequencies, cos and sin × 1
-        settings = replace(settings, scaling=None)
+        scaling = settings.scaling
+        if t.way("rope_scaling_missing") != GAIN:
+            scaling = None
+        elif isinstance(scaling, YarnScaling | LongRopeScaling):  # its frequencies, × 1
+            scaling = replace(scaling, given_attention_factor=1.0)
+        settings = replace(settings, scaling=scaling)
     if "partial_rotary_wrong" in t.mistakes:  # every feature turned, or only the first r
         turned = t.way("partial_rotary_wrong")
         settings = replace(settings, rotary_dim=None if turned == ALL else int(turned))
@@ -321,7 +328,9 @@ _ROPE = frozenset(
         "rope_scaling_missing",
     }
 )
-_ROPE_WAYS = frozenset({"rope_base_wrong", "decode_position_offset", "partial_rotary_wrong"})
+_ROPE_WAYS = frozenset(
+    {"rope_base_wrong", "decode_position_offset", "partial_rotary_wrong", "rope_scaling_missing"}
+)
 _SCALE = frozenset(
     {
         "scale_missing",
