@@ -21,6 +21,7 @@ from service.core.diagnosis.recompute import batch_as_sequence, swapped_back
 from service.core.diagnosis.search import Target, Tolerance, diagnose, float32_tolerance, trials
 from service.core.diagnosis.stages import FIT, Setup, State
 from service.core.positions import Rope
+from service.core.rope_scaling import LinearScaling, YarnScaling
 from service.core.variants import Variants
 
 TIGHT = Tolerance(atol=1e-12, rtol=0.0)
@@ -105,6 +106,33 @@ def test_each_way_is_tried_and_every_combination_of_two() -> None:
         if len(t.mistakes) == 2
     ]
     assert len(pair) == 6 and len(set(pair)) == 6
+
+
+def test_the_rope_mistakes_are_tried_only_where_their_ways_can_differ() -> None:
+    """partial_rotary_wrong: every feature where rotary_dim < d_k asks part, the first
+    int(f·d_k) (even, 0 < r < d_k) of 0.25, 0.5, 0.4 where the whole head turns, never for a
+    head of 2; rope_scaling_missing only with a scaling, its attention factor alone only where
+    it has one; rope_base_wrong fitted only where a pair besides the first turns."""
+    head8, head2 = np.zeros((3, 8)), np.zeros((3, 2))
+    whole = setup_for(head8, head8, variants=Variants(rope=Rope()))
+    part = setup_for(head8, head8, variants=Variants(rope=Rope(rotary_dim=2)))
+    tiny = setup_for(head2, head2, variants=Variants(rope=Rope()))
+    assert ways(whole)["partial_rotary_wrong"] == (2.0, 4.0)  # 0.4·8 = 3 is odd
+    assert ways(part)["partial_rotary_wrong"] == ("all",)
+    assert "partial_rotary_wrong" not in applicable(tiny, frozenset({"q_rotated"}))
+    assert ways(whole)["rope_base_wrong"][-1] == FIT and FIT not in ways(tiny)["rope_base_wrong"]
+    assert "rope_scaling_missing" not in applicable(whole, frozenset({"q_rotated"}))
+    linear = setup_for(
+        head8, head8, variants=Variants(rope=Rope(scaling=LinearScaling(factor=2.0)))
+    )
+    yarn = setup_for(
+        head8,
+        head8,
+        variants=Variants(rope=Rope(scaling=YarnScaling(factor=4.0, original_max_position=4))),
+    )
+    assert "rope_scaling_missing" in applicable(linear, frozenset({"q_rotated"}))
+    assert ways(linear)["rope_scaling_missing"] == ("scaling",)
+    assert ways(yarn)["rope_scaling_missing"] == ("scaling", "attention_factor")
 
 
 def test_a_large_fill_is_tried_only_where_a_query_sees_no_key() -> None:
