@@ -80,14 +80,13 @@ TIGHT: Json = {"atol": 1e-12, "rtol": 0}  # float64 agreement; float32 numbers f
 E_NOTATION = r"\d(?:\.\d+)?e-\d+"  # a relative size as float32_arithmetic's explanation gives it
 
 
-ROPE_BASES = (10000, 500000, 1000000)  # the bases rope_base_wrong tries
-
-
 def bases_named(explanation: str) -> list[int]:
-    """The tried RoPE bases an explanation names, in order, each written as a plain integer
-    (not 5e5, not 500000.0; a sentence's full stop may follow)."""
-    alternatives = "|".join(str(b) for b in sorted(ROPE_BASES, reverse=True))
-    return [int(m) for m in re.findall(rf"(?<![\d.])({alternatives})(?!\d|\.\d|e)", explanation)]
+    """The RoPE bases an explanation names ("base N"), in order, each written as a person
+    writes it (20,000 or 20000; not 2e4, not 20000.0; a sentence's full stop may follow): the
+    base found comes first."""
+    number = r"(\d{1,3}(?:,\d{3})+|\d+)(?![\d,]\d|\.\d|e)"
+    found = re.findall(rf"\bbase {number}", explanation)
+    return [int(m.replace(",", "")) for m in found]
 
 
 # ---- HTTP and JSON -----------------------------------------------------------------------
@@ -354,6 +353,7 @@ def make_llama(rope_theta: float, seed: int) -> Llama:
 
 
 LLAMA_10000 = make_llama(10000.0, seed=5)
+LLAMA_20000 = make_llama(20000.0, seed=5)
 
 
 # ---- inputs ------------------------------------------------------------------------------
@@ -639,6 +639,18 @@ def single_cases() -> list[Case]:
             "weights",
             ["rope_base_wrong"],
             base_found=10000,
+        ),
+        # a stock layer built with a base none of the listed ones (20000) where the default
+        # was asked: fitted to the numbers, and the round base is named, not float32's fit of
+        # it (19,999.98…)
+        Case(
+            "rope_base_wrong-llama-layer_built_with_20000",
+            "/multihead",
+            LLAMA_20000.request(10000),
+            {"output": js(LLAMA_20000.run())},
+            "output",
+            ["rope_base_wrong"],
+            base_found=20000,
         ),
         Case(
             "rope_base_wrong-1000000_for_default-q_rotated",

@@ -749,3 +749,288 @@ def test_builder_implicit_softmax_is_over_the_batch() -> None:
     scores = QB @ KB.transpose(1, 2)
     np.testing.assert_array_equal(implicit_softmax(scores).numpy(), F.softmax(scores, 0).numpy())
     np.testing.assert_allclose(implicit_softmax(scores).sum(0).numpy(), 1.0, atol=1e-15)
+
+
+# ---- rope_base_wrong for any base: fitted from the numbers ----------------------------------
+
+# A layer with heads wide enough for the base to show: d_model 16, 2 heads of 8, L = 8 tokens
+X8 = randn(1, 8, 16, seed=61)
+W16 = {p: weights_of(16, 16, 70 + i) for i, p in enumerate("qkvo")}
+
+
+def test_a_starcoder2_base_in_a_llama_port_is_rope_base_wrong_named_100000(
+    client: TestClient,
+) -> None:
+    """A Llama port run with StarCoder2's rope_theta (100000, its config.json; also
+    DeepSeek-Coder's) where the request asks the Llama default of 10000: 100000 is none of the
+    common bases listed beforehand, so it is fitted from the numbers and named."""
+    theirs = port(X8, W16, 2, sdpa(is_causal=True), base=100_000.0)
+    body = layer_request(
+        W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
+    )
+    d = diagnosed(client, "/multihead", body, "output")
+    assert d["mistakes"] == ["rope_base_wrong"], d
+    assert "base 100,000 where 10,000 was asked" in d["explanation"], d["explanation"]
+
+
+def test_command_r_base_where_500000_was_asked_is_named_8000000(client: TestClient) -> None:
+    """Cohere's Command-R (rope_theta = 8000000 in its config.json) rotated with where the
+    request asks Llama 3's 500000: the weights of a causal head, fitted to 8,000,000."""
+    q, k, v = (randn(1, 1, 8, 8, seed=s) for s in (81, 82, 83))
+    at = torch.arange(8)
+    w = F.softmax(
+        (rope(q, at, 8e6) @ rope(k, at, 8e6).transpose(-1, -2) / 8**0.5).masked_fill(
+            ~torch.ones(8, 8, dtype=torch.bool).tril(), float("-inf")
+        ),
+        dim=-1,
+    )
+    body = direct(q[0], k[0], v[0]) | {
+        "rope": {"base": 500_000},
+        "mask": {"type": "causal"},
+        "expected": {"weights": js(w[0, 0])},
+    }
+    d = diagnosed(client, "/attention", body, "weights")
+    assert d["mistakes"] == ["rope_base_wrong"], d
+    assert "base 8,000,000 where 500,000 was asked" in d["explanation"], d["explanation"]
+
+
+def test_an_unscaled_notebook_with_base_20000_is_a_pair(client: TestClient) -> None:
+    """A notebook cell that leaves out the 1/√d_k (as "Attention is all you need" re-derivations
+    often do before adding it) and turns Q and K with a base of 20000 (a from-scratch RoPE
+    tutorial's constant where the model means 10000): the pair, the base fitted under the
+    other mistake."""
+    q, k, v = (randn(1, 1, 8, 8, seed=s) for s in (91, 92, 93))
+    at = torch.arange(8)
+    w = F.softmax(rope(q, at, 20_000.0) @ rope(k, at, 20_000.0).transpose(-1, -2), dim=-1)
+    body = direct(q[0], k[0], v[0]) | {"rope": {}, "expected": {"weights": js(w[0, 0])}}
+    d = diagnosed(client, "/attention", body, "weights")
+    assert d["mistakes"] == ["scale_missing", "rope_base_wrong"], d
+    assert "base 20,000 where 10,000 was asked" in d["explanation"], d["explanation"]
+
+
+def test_a_base_no_one_rounds_is_fitted_to_float64_agreement(client: TestClient) -> None:
+    """Any base, not only a round one: a cell whose rope_theta was computed (10000·π, as a
+    from-scratch exercise might scale it) where 10000 was asked. The fitted base reproduces
+    the numbers to 1e-10 (the request's tolerance) and is named to its decimals."""
+    q, k, v = (randn(1, 1, 8, 8, seed=s) for s in (94, 95, 96))
+    at, theta = torch.arange(8), 10_000.0 * np.pi
+    w = F.softmax(rope(q, at, theta) @ rope(k, at, theta).transpose(-1, -2) / 8**0.5, dim=-1)
+    body = direct(q[0], k[0], v[0]) | {"rope": {}, "expected": {"weights": js(w[0, 0])}}
+    d = diagnosed(client, "/attention", body, "weights")
+    assert d["mistakes"] == ["rope_base_wrong"], d
+    assert "base 31,415.9" in d["explanation"], d["explanation"]
+
+
+def test_the_asked_base_matches(client: TestClient) -> None:
+    """The same numbers with the base the request asks: a match, nothing fitted."""
+    theirs = port(X8, W16, 2, sdpa(is_causal=True), base=100_000.0)
+    body = layer_request(
+        W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
+    )
+    matches(client, "/multihead", body | {"rope": {"base": 100_000}})
+
+
+# ---- partial_rotary_wrong ---------------------------------------------------------------------
+
+
+def rope_partial(x: Tensor, positions: Tensor, base: float = 10000.0, r: int = 0) -> Tensor:
+    """Partial RoPE as transformers' GPT-NeoX and Phi layers do it: the first ``r`` features
+    (``rotary_ndims``) turned by ``rope`` with frequencies over r, the rest passed through
+    (``q_rot, q_pass = q[..., :r], q[..., r:]``)."""
+    return torch.cat([rope(x[..., :r], positions, base), x[..., r:]], dim=-1)
+
+
+def partial_port(r: int) -> dict[str, Tensor]:
+    """``port``'s layer (d_k 8) on X8, W16, causal, its RoPE turning the first ``r`` features."""
+
+    def turn(x: Tensor, at: Tensor, b: float) -> Tensor:
+        return rope_partial(x, at, b, r)
+
+    return port(X8, W16, 2, sdpa(is_causal=True), rotate=turn)
+
+
+def test_llamas_rotation_on_a_pythia_head_is_partial_rotary_wrong(client: TestClient) -> None:
+    """A port that copies Llama's ``apply_rotary_pos_emb`` (every feature turned) onto a
+    GPT-NeoX/Pythia head, whose config's rotary_pct = 0.25 turns only the first quarter (the
+    request's rotary_dim 2 of d_k 8): every feature rotated where 2 were meant."""
+    theirs = partial_port(8)
+    body = layer_request(
+        W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
+    )
+    body["rope"] = {"rotary_dim": 2}
+    d = diagnosed(client, "/multihead", body, "output")
+    assert d["mistakes"] == ["partial_rotary_wrong"], d
+    assert (
+        "every one of the head's 8 features was rotated where only the first 2" in d["explanation"]
+    )
+
+
+def test_a_chatglm_half_rotation_where_the_whole_head_turns_is_partial_rotary_wrong(
+    client: TestClient,
+) -> None:
+    """The reverse: a port keeping ChatGLM's (and Persimmon's) partial_rotary_factor = 0.5,
+    turning the first 4 of 8 features, for a Llama head that turns all of them."""
+    theirs = partial_port(4)
+    body = layer_request(
+        W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
+    )
+    d = diagnosed(client, "/multihead", body, "output")
+    assert d["mistakes"] == ["partial_rotary_wrong"], d
+    assert "only the first 4 of the head's 8 features were rotated" in d["explanation"]
+    assert "set rope.rotary_dim to 4" in d["explanation"]
+
+
+def test_an_unscaled_notebook_turning_a_whole_phi_head_is_a_pair(client: TestClient) -> None:
+    """A notebook cell that turns every feature of a head meant to turn half of them
+    (rotary_dim 4 of 8, Phi-1's partial_rotary_factor 0.5) and never scales the scores."""
+    q, k, v = (randn(1, 1, 8, 8, seed=s) for s in (101, 102, 103))
+    at = torch.arange(8)
+    w = F.softmax(rope(q, at) @ rope(k, at).transpose(-1, -2), dim=-1)
+    body = direct(q[0], k[0], v[0]) | {
+        "rope": {"rotary_dim": 4},
+        "expected": {"weights": js(w[0, 0])},
+    }
+    d = diagnosed(client, "/attention", body, "weights")
+    assert d["mistakes"] == ["scale_missing", "partial_rotary_wrong"], d
+
+
+def test_the_partial_rotation_asked_matches(client: TestClient) -> None:
+    """The first 2 of 8 features turned, as rotary_dim 2 asks: a match."""
+    theirs = partial_port(2)
+    body = layer_request(
+        W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
+    )
+    matches(client, "/multihead", body | {"rope": {"rotary_dim": 2}})
+
+
+def test_builder_rope_partial_is_gpt_neox_partial_rotation() -> None:
+    """``rope_partial`` is transformers' GPT-NeoX rotation of its first rotary_ndims features
+    (``apply_rotary_pos_emb`` on q[..., :r], float64 tables), the rest untouched."""
+    neox = pytest.importorskip("transformers.models.gpt_neox.modeling_gpt_neox")
+    x, r = randn(1, 2, L6, 8, seed=7), 4
+    inv = 1.0 / 10000.0 ** (torch.arange(0, r, 2, dtype=F64) / r)
+    emb = torch.cat([torch.arange(L6, dtype=F64)[:, None] * inv] * 2, dim=-1)
+    theirs, _ = neox.apply_rotary_pos_emb(x, x, emb.cos()[None], emb.sin()[None])
+    np.testing.assert_allclose(
+        rope_partial(x, torch.arange(L6), r=r).numpy(), theirs.numpy(), atol=1e-14
+    )
+
+
+# ---- rope_scaling_missing ---------------------------------------------------------------------
+
+YARN: Json = {"type": "yarn", "factor": 4, "original_max_position": 4}  # Qwen's long context
+YARN_HF: Json = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                 "original_max_position_embeddings": 4}  # fmt: skip
+LLAMA31: Json = {"type": "llama3", "factor": 8, "original_max_position": 4}
+LLAMA31_HF: Json = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 4}  # fmt: skip
+
+
+def hf_rope(params: Json, d: int, n: int) -> tuple[Tensor, float]:
+    """transformers' θ_i and attention factor for the scaling ``params`` (its
+    ``ROPE_INIT_FUNCTIONS``, in float64 as harness.hf_reference patches it): a head of ``d``."""
+    transformers = pytest.importorskip("transformers")
+    rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+    from harness.hf_reference import float64_torch_in
+
+    c = transformers.LlamaConfig(
+        hidden_size=2 * d, num_attention_heads=2, head_dim=d, max_position_embeddings=4096,
+        rope_parameters=params,
+    )  # fmt: skip
+    with float64_torch_in(rope_utils):
+        inv_freq, factor = rope_utils.ROPE_INIT_FUNCTIONS[params["rope_type"]](c, "cpu", n)
+    return inv_freq.to(F64), float(factor)
+
+
+def rope_scaled(x: Tensor, positions: Tensor, inv: Tensor, gain: float) -> Tensor:
+    """``rope`` with the frequencies ``inv`` (d/2,) and cos and sin × ``gain``, as
+    ``LlamaRotaryEmbedding`` applies a scaling's ``attention_scaling``."""
+    d = x.shape[-1]
+    angle = positions.to(F64)[:, None] * inv[None, :]  # (n, d/2)
+    emb = torch.cat([angle, angle], dim=-1)  # (n, d)
+    half = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], dim=-1)
+    return x * emb.cos() * gain + half * emb.sin() * gain
+
+
+def yarn_head(scaled: bool, scale: bool = True) -> tuple[Json, Tensor]:
+    """A head of 8 features over 8 tokens: the request asking YaRN and the weights as a cell
+    computes them, with the scaling (``scaled``) or RoPE's default frequencies."""
+    q, k, v = (randn(1, 1, 8, 8, seed=s) for s in (111, 112, 113))
+    at = torch.arange(8)
+    inv, gain = (
+        hf_rope(YARN_HF, 8, 8)
+        if scaled
+        else (1.0 / 10000.0 ** (torch.arange(0, 8, 2, dtype=F64) / 8), 1.0)
+    )
+    scores = rope_scaled(q, at, inv, gain) @ rope_scaled(k, at, inv, gain).transpose(-1, -2)
+    w = F.softmax(scores / (8**0.5 if scale else 1.0), dim=-1)
+    return direct(q[0], k[0], v[0]) | {"rope": {"scaling": YARN}}, w[0, 0]
+
+
+def test_yarn_left_out_of_a_cell_is_rope_scaling_missing(client: TestClient) -> None:
+    """A cell that builds RoPE's default table (``1/base^(2i/d)``, cos and sin × 1) for a model
+    whose config asks YaRN (Qwen2.5's long-context ``rope_scaling`` {"type": "yarn", "factor":
+    4}): the frequencies and YaRN's attention factor both left out."""
+    body, w = yarn_head(scaled=False)
+    d = diagnosed(client, "/attention", body | {"expected": {"weights": js(w)}}, "weights")
+    assert d["mistakes"] == ["rope_scaling_missing"], d
+    assert "yarn scaling" in d["explanation"] and "attention factor" in d["explanation"], d
+
+
+def test_an_unscaled_cell_without_yarn_is_a_pair(client: TestClient) -> None:
+    """The same cell also leaving out 1/√d_k."""
+    body, w = yarn_head(scaled=False, scale=False)
+    d = diagnosed(client, "/attention", body | {"expected": {"weights": js(w)}}, "weights")
+    assert d["mistakes"] == ["scale_missing", "rope_scaling_missing"], d
+
+
+def test_a_llama31_port_with_llama3s_rope_is_rope_scaling_missing(client: TestClient) -> None:
+    """A Llama 3 port run on Llama 3.1 weights, its RoPE built without the config's
+    rope_scaling {"rope_type": "llama3", "factor": 8} (as llama.cpp's first Llama 3.1 runs
+    did, before it read the rope scaling factors): base 500000 alone."""
+    theirs = port(X8, W16, 2, sdpa(is_causal=True), base=500_000.0)
+    body = layer_request(
+        W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
+    )
+    body["rope"] = {"base": 500_000, "scaling": LLAMA31}
+    d = diagnosed(client, "/multihead", body, "output")
+    assert d["mistakes"] == ["rope_scaling_missing"], d
+    assert "llama3 scaling" in d["explanation"], d
+
+
+def test_the_scalings_computed_as_transformers_does_match(client: TestClient) -> None:
+    """The cell with transformers' YaRN frequencies and attention factor, and the port with its
+    llama3 frequencies: both match."""
+    body, w = yarn_head(scaled=True)
+    matches(client, "/attention", body | {"expected": {"weights": js(w)}})
+    inv, gain = hf_rope(LLAMA31_HF, 8, L6 + 2)
+
+    def llama31(x: Tensor, at: Tensor, base: float) -> Tensor:
+        return rope_scaled(x, at, inv, gain)
+
+    theirs = port(X8, W16, 2, sdpa(is_causal=True), rotate=llama31)
+    body = layer_request(
+        W16, X8, mask={"type": "causal"}, expected={"output": js(theirs["output"][0])}
+    )
+    matches(client, "/multihead", body | {"rope": {"base": 500_000, "scaling": LLAMA31}})
+
+
+def test_yarns_attention_factor_left_out_is_rope_scaling_missing(client: TestClient) -> None:
+    """YaRN's frequencies applied but cos and sin not multiplied by its attention factor
+    (mscale = 0.1·ln(factor) + 1, transformers' ``attention_scaling`` in
+    ``LlamaRotaryEmbedding.forward``): a port that builds cos and sin from ``inv_freq`` alone,
+    as the default RoPE does, leaves it out."""
+    q, k, v = (randn(1, 1, 8, 8, seed=s) for s in (111, 112, 113))
+    at = torch.arange(8)
+    inv, gain = hf_rope(YARN_HF, 8, 8)
+    assert gain > 1.1  # what is left out
+    scores = rope_scaled(q, at, inv, 1.0) @ rope_scaled(k, at, inv, 1.0).transpose(-1, -2)
+    w = F.softmax(scores / 8**0.5, dim=-1)
+    body = direct(q[0], k[0], v[0]) | {
+        "rope": {"scaling": YARN},
+        "expected": {"weights": js(w[0, 0])},
+    }
+    d = diagnosed(client, "/attention", body, "weights")
+    assert d["mistakes"] == ["rope_scaling_missing"], d
+    assert f"left out its attention factor {gain:.6g} on cos and sin" in d["explanation"], d

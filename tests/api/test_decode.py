@@ -340,3 +340,62 @@ def test_new_tokens_that_do_not_follow_the_cache_need_its_positions_for_a_bias(
         "/attention", json=_alibi_decode(positions=[10], context_positions=[7, 8, 9, 3])
     )
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "context_positions"
+
+
+def wrong_step(client: TestClient, at: list[int], scaling: float | None = None) -> dict[str, Any]:
+    """The LLaMA layer's decode step of 2 new tokens after a prefill of 5, its new tokens
+    rotated at ``at`` (``scaling``: the layer's own scale set instead, as a port that forgot
+    it): the comparison's one entry, for the output."""
+    layer, rotary, config = llama()
+    if scaling is not None:
+        layer.scaling = scaling
+    x = torch.randn(1, 7, 8, dtype=F64, generator=torch.Generator().manual_seed(21))
+    past_k, past_v, wrong, _ = decode(layer, rotary, config, modeling_llama, x, 5, positions=at)
+    body = body_of(layer, x[:, 5:], past_k, past_v, rope={"base": 10000.0}, include=["output"],
+                   mask={"type": "causal"}, expected={"output": wrong[0].tolist()})  # fmt: skip
+    r = client.post("/multihead", json=body)
+    assert r.status_code == 200, r.text
+    (row,) = r.json()["comparison"]
+    assert row["diagnosis_complete"] is True, row
+    return row  # type: ignore[no-any-return]
+
+
+def test_a_decode_step_counting_left_padding_is_offset_by_the_padding(client: TestClient) -> None:
+    """A batched generate loop whose positions count the 3 left-padding tokens of a short
+    prompt (cache_position used as position_ids, where transformers derives them from the
+    attention mask's cumsum for padded rows): the new tokens at 8, 9 where they sit at 5, 6.
+    The offset, 3, is none of those listed (0, ±1): it is fitted from the numbers."""
+    row = wrong_step(client, [8, 9])
+    found = row["diagnosis"]
+    assert found is not None and found["mistakes"] == ["decode_position_offset"], row
+    assert "the new tokens were rotated from position 8 instead of 5" in found["explanation"]
+    assert "3 too high (left padding counted" in found["explanation"]
+
+
+def test_a_decode_step_counting_the_cache_twice_says_so(client: TestClient) -> None:
+    """A loop that adds the cache length to positions that already count it: 10, 11 for 5, 6."""
+    found = wrong_step(client, [10, 11])["diagnosis"]
+    assert found is not None and found["mistakes"] == ["decode_position_offset"], found
+    assert "from position 10 instead of 5" in found["explanation"]
+    assert "the cache's length counted twice" in found["explanation"]
+
+
+def test_a_window_of_new_tokens_all_at_the_cache_length_is_decode_position_offset(
+    client: TestClient,
+) -> None:
+    """Speculative decoding or chunked prefill that gives every token of its window the cache
+    length as its position (position_ids = past_length, broadcast): 5, 5 for 5, 6."""
+    found = wrong_step(client, [5, 5])["diagnosis"]
+    assert found is not None and found["mistakes"] == ["decode_position_offset"], found
+    assert (
+        "the 2 new tokens were all rotated at position 5 where they sit at 5 … 6"
+        in found["explanation"]
+    )
+
+
+def test_an_unscaled_port_counting_left_padding_is_a_pair(client: TestClient) -> None:
+    """The padded loop's positions in a port that also forgot 1/√d_k (its scaling 1): both."""
+    found = wrong_step(client, [8, 9], scaling=1.0)["diagnosis"]
+    assert found is not None, found
+    assert found["mistakes"] == ["scale_missing", "decode_position_offset"], found
+    assert "from position 8 instead of 5" in found["explanation"]

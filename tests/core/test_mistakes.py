@@ -19,8 +19,9 @@ from service.core.attention import scaled_dot_product_attention
 from service.core.diagnosis.mistakes import EXCLUSIVE, FLOAT32, MISTAKES, TABLE, applicable, ways
 from service.core.diagnosis.recompute import batch_as_sequence, swapped_back
 from service.core.diagnosis.search import Target, Tolerance, diagnose, float32_tolerance, trials
-from service.core.diagnosis.stages import Setup, State
+from service.core.diagnosis.stages import FIT, Setup, State
 from service.core.positions import Rope
+from service.core.rope_scaling import LinearScaling, YarnScaling
 from service.core.variants import Variants
 
 TIGHT = Tolerance(atol=1e-12, rtol=0.0)
@@ -36,7 +37,7 @@ CONTRACT = (
     "rope_missing", "rope_base_wrong", "decode_position_offset", "float32_arithmetic",
     "scale_from_config_ignored", "clip_missing", "kv_heads_repeated_wrong", "window_missing",
     "output_projection_missing", "softmax_over_batch", "causal_alignment_swapped",
-    "mask_not_infinite",
+    "mask_not_infinite", "partial_rotary_wrong", "rope_scaling_missing",
 )  # fmt: skip
 
 
@@ -96,7 +97,7 @@ def test_each_way_is_tried_and_every_combination_of_two() -> None:
         x_in=np.zeros((1, 3, 16)),
     )
     how = ways(s)
-    assert how["rope_base_wrong"] == (10_000.0, 1_000_000.0)  # the asked base left out
+    assert how["rope_base_wrong"] == (10_000.0, 1_000_000.0, FIT)  # the asked base left out
     assert how["scale_by_model_dim"] == (16.0,)
     assert how["window_off_by_one"] == (1.0, -1.0)
     pair = [
@@ -104,7 +105,34 @@ def test_each_way_is_tried_and_every_combination_of_two() -> None:
         for t in trials(("mask_after_softmax", "rope_base_wrong"), "zero", how)
         if len(t.mistakes) == 2
     ]
-    assert len(pair) == 4 and len(set(pair)) == 4
+    assert len(pair) == 6 and len(set(pair)) == 6
+
+
+def test_the_rope_mistakes_are_tried_only_where_their_ways_can_differ() -> None:
+    """partial_rotary_wrong: every feature where rotary_dim < d_k asks part, the first
+    int(f·d_k) (even, 0 < r < d_k) of 0.25, 0.5, 0.4 where the whole head turns, never for a
+    head of 2; rope_scaling_missing only with a scaling, its attention factor alone only where
+    it has one; rope_base_wrong fitted only where a pair besides the first turns."""
+    head8, head2 = np.zeros((3, 8)), np.zeros((3, 2))
+    whole = setup_for(head8, head8, variants=Variants(rope=Rope()))
+    part = setup_for(head8, head8, variants=Variants(rope=Rope(rotary_dim=2)))
+    tiny = setup_for(head2, head2, variants=Variants(rope=Rope()))
+    assert ways(whole)["partial_rotary_wrong"] == (2.0, 4.0)  # 0.4·8 = 3 is odd
+    assert ways(part)["partial_rotary_wrong"] == ("all",)
+    assert "partial_rotary_wrong" not in applicable(tiny, frozenset({"q_rotated"}))
+    assert ways(whole)["rope_base_wrong"][-1] == FIT and FIT not in ways(tiny)["rope_base_wrong"]
+    assert "rope_scaling_missing" not in applicable(whole, frozenset({"q_rotated"}))
+    linear = setup_for(
+        head8, head8, variants=Variants(rope=Rope(scaling=LinearScaling(factor=2.0)))
+    )
+    yarn = setup_for(
+        head8,
+        head8,
+        variants=Variants(rope=Rope(scaling=YarnScaling(factor=4.0, original_max_position=4))),
+    )
+    assert "rope_scaling_missing" in applicable(linear, frozenset({"q_rotated"}))
+    assert ways(linear)["rope_scaling_missing"] == ("scaling",)
+    assert ways(yarn)["rope_scaling_missing"] == ("scaling", "attention_factor")
 
 
 def test_a_large_fill_is_tried_only_where_a_query_sees_no_key() -> None:

@@ -9,11 +9,31 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.core import chain, masks
-from service.core.diagnosis.stages import CHANGES, RowPolicy, Setup, Way
+from service.core.diagnosis.stages import (
+    ALL,
+    CHANGES,
+    FIT,
+    GAIN,
+    ONE_POSITION,
+    RowPolicy,
+    Setup,
+    Way,
+)
+from service.core.rope_scaling import (
+    DynamicScaling,
+    LinearScaling,
+    Llama3Scaling,
+    LongRopeScaling,
+    Scaling,
+    YarnScaling,
+)
 
 FLOAT32 = "float32_arithmetic"  # no recomputation: a difference of float32's size
 FLOAT32_RELATIVE = 1e-5  # ... is at most this times the largest number of the array
 ROPE_BASES = (10_000.0, 500_000.0, 1_000_000.0)  # RoPE's, Llama 3's, Qwen's (rope_theta)
+# partial_rotary_factor of the models that turn part of each head: GPT-NeoX/Pythia's and
+# StableLM's rotary_pct 0.25, ChatGLM's and Persimmon's 0.5, Phi-2's 0.4
+PARTIAL_FACTORS = (0.25, 0.5, 0.4)
 # what masked scores are filled with instead of −∞: 0 (torch.tril(scores), scores * mask), or
 # a large negative number — the Annotated Transformer's −1e9, transformers' finfo(float32).min,
 # GPT-2's −1e4 give the same weights (exp of each is 0 next to an allowed key), and differ
@@ -295,25 +315,151 @@ def _has_mask(s: Setup, present: frozenset[str]) -> bool:
 
 
 def _rope_bases(s: Setup) -> tuple[Way, ...]:
-    asked = s.variants.rope.base if s.variants.rope is not None else None
-    return tuple(b for b in ROPE_BASES if b != asked)
+    """The common bases, then one fitted to the caller's numbers (any base: 20000, 8·10⁶)
+    where the head turns a pair besides the first (whose frequency is 1 whatever the base)."""
+    rope = s.variants.rope
+    asked = rope.base if rope is not None else None
+    turned = s.d_k if rope is None or rope.rotary_dim is None else rope.rotary_dim
+    fit: tuple[Way, ...] = (FIT,) if turned >= 4 else ()
+    return (*(b for b in ROPE_BASES if b != asked), *fit)
+
+
+def _base(base: float) -> str:
+    """A base as a person writes it: 20,000; 1,000,000; 12,345.6789 where it is not whole."""
+    return f"{base:,.0f}" if base == round(base) else f"{base:,.6f}".rstrip("0")
+
+
+def _base_wrong(seen: Seen) -> str:
+    s, used = seen.setup, float(seen.ways["rope_base_wrong"])
+    asked = s.variants.rope.base if s.variants.rope is not None else 10_000.0
+    return (
+        f"the rotary embedding used base {_base(used)} where {_base(asked)} was asked "
+        "(rope.base, Hugging Face's rope_theta; 10,000 is the original RoPE's, 500,000 Llama "
+        "3's, 1,000,000 Qwen's): build the frequencies 1/base^(2i/d) from the model's "
+        "rope_theta"
+    )
+
+
+def _partials(s: Setup) -> tuple[Way, ...]:
+    """How partial_rotary_wrong is tried: every feature turned where the request turns only
+    the first rotary_dim; where it turns the whole head, only the first r = int(factor·d_k)
+    of a common partial_rotary_factor (as transformers computes it: even, 0 < r < d_k)."""
+    rope = s.variants.rope
+    if rope is None or s.latent:
+        return ()
+    if rope.rotary_dim is not None and rope.rotary_dim < s.d_k:
+        return (ALL,)
+    dims = (int(f * s.d_k) for f in PARTIAL_FACTORS)
+    return tuple(float(r) for r in dict.fromkeys(dims) if 0 < r < s.d_k and r % 2 == 0)
+
+
+def _partial(seen: Seen) -> str:
+    s, way = seen.setup, seen.ways["partial_rotary_wrong"]
+    d_k, rope = s.d_k, s.variants.rope
+    if way == ALL:
+        r = rope.rotary_dim if rope is not None and rope.rotary_dim is not None else d_k
+        return (
+            f"every one of the head's {d_k} features was rotated where only the first {r} "
+            f"were meant (rope.rotary_dim = {r}, Hugging Face's partial_rotary_factor = "
+            f"{r / d_k:g}): rotate q[..., :{r}] and k[..., :{r}] with θ_i = base^(−2i/{r}) "
+            f"and pass the other {d_k - r} features through unchanged, as transformers' "
+            "GPT-NeoX and Phi layers split them"
+        )
+    r = int(way)
+    return (
+        f"only the first {r} of the head's {d_k} features were rotated (partial_rotary_factor "
+        f"= {r / d_k:g}, as GPT-NeoX's rotary_pct or Phi's partial_rotary_factor) where the "
+        f"request rotates the whole head: if your model turns part of each head, set "
+        f"rope.rotary_dim to {r}; else rotate all {d_k} features"
+    )
+
+
+# each scaling's rope_type and what it does, in a learner's words
+_SCALINGS: dict[type[Scaling], tuple[str, str]] = {
+    LinearScaling: ("linear", "positions divided by its factor"),
+    Llama3Scaling: ("llama3", "Llama 3.1's long wavelengths slowed by its factor"),
+    YarnScaling: ("yarn", "YaRN's slowed frequencies"),
+    DynamicScaling: ("dynamic", "dynamic NTK's larger base past the original length"),
+    LongRopeScaling: ("longrope", "LongRoPE's per-pair factors"),
+}
+
+
+def _scaled(s: Setup, present: frozenset[str]) -> bool:
+    rope = s.variants.rope
+    scaled = rope is not None and rope.scaling is not None and not s.latent
+    return scaled and _changes_a_step("rope_scaling_missing")(s, present)
+
+
+def _scaling_ways(s: Setup) -> tuple[Way, ...]:
+    """The scaling left out whole, and, where it has an attention factor (YaRN's mscale,
+    LongRoPE's), only that factor on cos and sin."""
+    rope = s.variants.rope
+    if rope is None or rope.scaling is None:
+        return ()
+    return ("scaling", GAIN) if rope.scaling.attention_factor != 1.0 else ("scaling",)
+
+
+def _scaling_missing(seen: Seen) -> str:
+    rope = seen.setup.variants.rope
+    assert rope is not None and rope.scaling is not None
+    kind, what = _SCALINGS.get(type(rope.scaling), ("its", "the scaled frequencies"))
+    gain = rope.scaling.attention_factor
+    if seen.ways["rope_scaling_missing"] == GAIN:
+        return (
+            f"the rotary embedding used the request's {kind} frequencies but left out its "
+            f"attention factor {gain:.6g} on cos and sin ({'YaRN' if kind == 'yarn' else kind}"
+            "'s mscale, transformers' attention_scaling: cos = emb.cos() · attention_scaling): "
+            "multiply cos and sin by it"
+        )
+    factor = "" if gain == 1.0 else f", and its attention factor {gain:.6g} on cos and sin"
+    return (
+        f"the rotary embedding left out the request's {kind} scaling (rope.scaling: {what}"
+        f"{factor}): your numbers are RoPE's default frequencies 1/base^(2i/d). Build cos and "
+        f"sin as the model's rope_parameters (rope_scaling) say, as transformers' "
+        f'ROPE_INIT_FUNCTIONS["{kind}"] does'
+        + ("" if gain == 1.0 else ", the attention factor included")
+    )
+
+
+def _decode_offsets(s: Setup) -> tuple[Way, ...]:
+    """From 0 (the common bug) first, one ahead or behind, every new token at one position
+    (several new tokens), then any whole offset fitted to the numbers."""
+    one: tuple[Way, ...] = (ONE_POSITION,) if s.seq_len > 1 else ()
+    return ("from_zero", 1.0, -1.0, *one, FIT)
 
 
 def _decode_offset(seen: Seen) -> str:
     s, way = seen.setup, seen.ways["decode_position_offset"]
     p = s.variants.positions
     first = int(p[0]) if p is not None else 0
-    wrong = "0" if way == "from_zero" else str(first + int(way))
     cached = 0 if s.past is None else s.past.length
+    after = (
+        f"after the cache's {cached} token{'' if cached == 1 else 's'} "
+        "(position_ids = cache length + arange(L), transformers' cache_position)"
+    )
+    if way == ONE_POSITION:
+        return (
+            f"the {s.seq_len} new tokens were all rotated at position {first} where they sit "
+            f"at {first} … {first + s.seq_len - 1}: in a decode step they come one after "
+            f"another {after}, not all at the cache's length"
+        )
+    shift = -first if way == "from_zero" else int(way)
     new, come = (
         ("the new token was", "it comes")
         if s.seq_len == 1
         else ("the new tokens were", "they come")
     )
+    why = (
+        ""
+        if way == "from_zero" or abs(shift) == 1
+        else "; the cache's length counted twice"
+        if shift == cached
+        else f"; positions {shift} too {'high' if shift > 0 else 'low'} (left padding "
+        "counted, or a position counter that jumped)"
+    )
     return (
-        f"{new} rotated from position {wrong} instead of {first}: in a decode step {come} "
-        f"after the cache's {cached} token{'' if cached == 1 else 's'} "
-        "(position_ids = cache length + arange(L), transformers' cache_position)"
+        f"{new} rotated from position {first + shift} instead of {first}: in a decode step "
+        f"{come} {after}{why}"
     )
 
 
@@ -542,19 +688,14 @@ TABLE: tuple[Mistake, ...] = (
     Mistake(
         "rope_base_wrong",
         _changes_a_step("rope_base_wrong"),
-        lambda e: (
-            f"the rotary embedding used base {int(e.ways['rope_base_wrong'])} where "
-            f"{int(e.setup.variants.rope.base) if e.setup.variants.rope else 10000} was asked "
-            "(rope.base, Hugging Face's rope_theta; 10000 is the original RoPE's, 500000 Llama "
-            "3's, 1000000 Qwen's)"
-        ),
+        _base_wrong,
         _rope_bases,
     ),
     Mistake(
         "decode_position_offset",
         lambda s, p: s.past is not None and _changes_a_step("decode_position_offset")(s, p),
         _decode_offset,
-        lambda s: ("from_zero", 1.0, -1.0),
+        _decode_offsets,
         # a cache says a decode step: a new token at 0 is one that forgot it, not RoPE left
         # out (the rotation at 0 turns nothing, so rope_missing reproduces it as well)
         likely=lambda s: s.past is not None,
@@ -578,6 +719,13 @@ TABLE: tuple[Mistake, ...] = (
     ),
     Mistake("causal_alignment_swapped", _misaligned, _alignment),
     Mistake("mask_not_infinite", _has_mask, _fill, _fills),
+    Mistake(
+        "partial_rotary_wrong",
+        lambda s, p: bool(_partials(s)) and _changes_a_step("partial_rotary_wrong")(s, p),
+        _partial,
+        _partials,
+    ),
+    Mistake("rope_scaling_missing", _scaled, _scaling_missing, _scaling_ways),
 )
 MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
 BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE}
@@ -608,6 +756,8 @@ EXCLUSIVE: tuple[frozenset[str], ...] = (
     frozenset({"rope_missing", "rope_style_swapped"}),
     frozenset({"rope_missing", "rope_base_wrong"}),
     frozenset({"rope_missing", "decode_position_offset"}),
+    frozenset({"rope_missing", "partial_rotary_wrong"}),
+    frozenset({"rope_missing", "rope_scaling_missing"}),
     frozenset({"heads_interleaved", "heads_merged_without_transpose"}),
     frozenset({"window_missing", "window_off_by_one"}),  # one window: left out, or off by one
     frozenset({"mask_after_softmax", "mask_not_infinite"}),  # where the mask is applied, how

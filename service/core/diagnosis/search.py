@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from service.core.diagnosis.fit import fit_cost, fitted, fitting
 from service.core.diagnosis.mistakes import (
     EXCLUSIVE,
     FLOAT32,
@@ -35,6 +36,7 @@ from service.core.diagnosis.mistakes import (
 )
 from service.core.diagnosis.recompute import Given, recomputations, set_cost
 from service.core.diagnosis.stages import (
+    FIT,
     MASK_MISTAKES,
     RowPolicy,
     Setup,
@@ -206,7 +208,8 @@ def trials(
     """Each mistake alone, then each pair (never two that exclude each other); a set with a
     mask mistake is tried with fully masked rows of zeros, 1/S and NaN, as notebooks differ,
     and one with a mistake of several ways (``how``: code → its ways) each way (each
-    combination, for two)."""
+    combination, for two). A way fitted to the numbers (:data:`FIT`, far dearer than a listed
+    one) is tried after every listed way of the sets of its size, as sets of its own."""
     how = how or {}
     own: RowPolicy = "uniform" if policy == "uniform" else "zero"
     singles = [frozenset({c}) for c in codes]
@@ -215,14 +218,21 @@ def trials(
         for p in combinations(codes, 2)
         if not any(frozenset(p) <= group for group in EXCLUSIVE)
     ]
-    for mistakes in (*singles, *pairs):
-        rows: tuple[RowPolicy, ...] = (own,)
-        if mistakes & MASK_MISTAKES:
-            rows = (own, *(r for r in _ROW_POLICIES if r != own))
-        several = [c for c in MISTAKES if c in mistakes and c in how]
-        for r in rows:
-            for chosen in product(*(how[c] for c in several)):
-                yield Trial(mistakes, r, tuple(zip(several, chosen, strict=True)))
+    for size in (singles, pairs):
+        fitted: list[Trial] = []
+        for mistakes in size:
+            rows: tuple[RowPolicy, ...] = (own,)
+            if mistakes & MASK_MISTAKES:
+                rows = (own, *(r for r in _ROW_POLICIES if r != own))
+            several = [c for c in MISTAKES if c in mistakes and c in how]
+            for r in rows:
+                for chosen in product(*(how[c] for c in several)):
+                    trial = Trial(mistakes, r, tuple(zip(several, chosen, strict=True)))
+                    if FIT in chosen:
+                        fitted.append(trial)
+                    else:
+                        yield trial
+        yield from fitted
 
 
 @dataclass(frozen=True)
@@ -286,11 +296,20 @@ def search(
     for variants in sets:
         if found and len(variants[0].mistakes) > min(len(d.mistakes) for d in found):
             break
+        fits = bool(fitting(variants))  # a way still to be fitted: a RoPE base, say
+        if fits and (
+            settled or any(set(d.mistakes) - {FLOAT32} == variants[0].mistakes for d in found)
+        ):
+            continue  # fitted only where no listed way reproduced the numbers
         cost = set_cost(base, given, s, variants, target.name)
+        cost += fit_cost(base, given, s, variants, target.name)
         if budget is not None and spent + cost > budget:
             complete = settled  # once settled, no later set changes the answer
             break
         spent, tried, size = spent + cost, tried + 1, len(variants[0].mistakes)
+        variants = fitted(base, given, s, variants, target.name, check, _distance(target, at))
+        if not variants:  # a fit that found nothing
+            continue
         for trial, made in recomputations(base, given, s, variants, target.name, check):
             mine = made if target.head is None else made[:, target.head]
             if mine.shape != target.yours.shape or not (
@@ -306,6 +325,8 @@ def search(
             if diff.match:
                 ordered = tuple(c for c in MISTAKES if c in codes_)
                 found.append(Diagnosis(ordered, trial.rows, diff, trial.ways))
+                if fits:  # the roundest fitted way that reproduces them, not noise's fit
+                    break
         if any(d.difference.max_abs_diff <= exact for d in found if FLOAT32 not in d.mistakes):
             settled = True  # reproduced to rounding: no later set can do better; the other
             if size > 1:  # singles may do as well (alternatives), the many pairs are not tried
@@ -365,6 +386,23 @@ def _probes(where: tuple[int, ...], shape: tuple[int, ...]) -> Probes:
     spread = np.linspace(0, size - 1, num=min(PROBES, size)).astype(np.intp)  # (k,)
     flat = np.unique(np.append(spread, np.ravel_multi_index(where, shape)))  # (k',)
     return np.unravel_index(flat, shape)
+
+
+def _distance(target: Target, at: Probes | None) -> Callable[[Array], float]:
+    """How far a recomputation of the target is from the caller's array at the probes: the
+    sum of the squared differences where both are finite (∞ where the shapes differ), what a
+    way fitted to the numbers minimises (the fit is then verified in full)."""
+
+    def far(made: Array) -> float:
+        mine = made if target.head is None else made[:, target.head]
+        if mine.shape != target.yours.shape:
+            return np.inf
+        mine, yours = (mine, target.yours) if at is None else (mine[at], target.yours[at])
+        with np.errstate(invalid="ignore", over="ignore"):
+            both = np.isfinite(mine) & np.isfinite(yours)
+            return float(np.sum(np.where(both, mine - yours, 0.0) ** 2))
+
+    return far
 
 
 def _agrees(mine: Array, yours: Array, at: Probes | None, tol: Tolerance) -> bool:

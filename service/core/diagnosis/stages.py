@@ -21,6 +21,7 @@ from service.core.multihead import (
     layer_norm,
     split_heads,
 )
+from service.core.rope_scaling import LongRopeScaling, YarnScaling
 from service.core.softmax import softmax
 from service.core.types import Alignment, Array, BoolArray, FullyMaskedPolicy, RopeStyle
 from service.core.variants import Variants, sigmoid
@@ -32,6 +33,10 @@ MASK_MISTAKES = frozenset(
 _CAUSAL = frozenset({"causal_diagonal_masked", "causal_alignment_swapped"})
 RowPolicy = Literal["zero", "uniform", "nan"]  # what a fully masked row holds
 Way = str | float  # how a mistake with several ways was made (a base, a width, a shift)
+ALL: Way = "all"  # partial_rotary_wrong: every feature of the head turned
+GAIN: Way = "attention_factor"  # rope_scaling_missing: only the scaling's factor on cos, sin
+ONE_POSITION: Way = "one_position"  # decode_position_offset: every new token at one position
+FIT: Way = "fit"  # a way found from the caller's numbers (:mod:`service.core.diagnosis.fit`)
 
 
 @dataclass(frozen=True)
@@ -184,7 +189,9 @@ def _unclipped(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
 
 def _turned(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
     """RoPE as the caller with the trial's mistakes turned the vectors: never, in the other
-    style, with another base, or at positions from 0 (or one off) in a decode step."""
+    style, with another base, at positions from 0 (or one off) in a decode step, or over
+    every feature where only the first rotary_dim were meant (or over the first r only), or
+    without the request's scaling (or only without its attention factor on cos and sin)."""
     if s.latent:
         raise Unfit  # MLA turns only its rope features: its Q and K stay as computed
     if not t.mistakes & _ROPE:
@@ -197,17 +204,32 @@ def _turned(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
     if "rope_style_swapped" in t.mistakes:
         other: RopeStyle = "interleaved" if settings.style == "half" else "half"
         settings = replace(settings, style=other)
+    if "rope_scaling_missing" in t.mistakes:  # the default frequencies, cos and sin × 1
+        scaling = settings.scaling
+        if t.way("rope_scaling_missing") != GAIN:
+            scaling = None
+        elif isinstance(scaling, YarnScaling | LongRopeScaling):  # its frequencies, × 1
+            scaling = replace(scaling, given_attention_factor=1.0)
+        settings = replace(settings, scaling=scaling)
+    if "partial_rotary_wrong" in t.mistakes:  # every feature turned, or only the first r
+        turned = t.way("partial_rotary_wrong")
+        settings = replace(settings, rotary_dim=None if turned == ALL else int(turned))
+    if FIT in (dict(t.ways).get("decode_position_offset"), dict(t.ways).get("rope_base_wrong")):
+        raise Unfit  # a way still to be fitted (search's): nothing to rotate by
     if "rope_base_wrong" in t.mistakes:
         settings = replace(settings, base=float(t.way("rope_base_wrong")))
 
     def run(x: Array, st: chain.State, hs: chain.Setup) -> Array:
         queries = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
         keys = np.arange(s.ctx_len) if v.context_positions is None else v.context_positions
-        if "decode_position_offset" in t.mistakes:  # the new tokens at 0 … L − 1, or one off
+        if "decode_position_offset" in t.mistakes:  # the new tokens at 0 … L − 1, or off
             way = t.way("decode_position_offset")
             own = queries if step.reads == "q" else keys  # (n,) the positions it turns
-            shift = -own[0] if way == "from_zero" else int(way)
-            queries, keys = queries + shift, keys + shift
+            if way == ONE_POSITION:  # every new token at the first one's position
+                queries, keys = np.full_like(queries, own[0]), np.full_like(keys, own[0])
+            else:
+                shift = -own[0] if way == "from_zero" else int(way)
+                queries, keys = queries + shift, keys + shift
         turned = replace(v, rope=settings, positions=queries, context_positions=keys)
         return step.run(x, st, replace(hs, variants=turned))  # (..., n, d_k)
 
@@ -297,9 +319,18 @@ def _softmax(logits: Array, rows: RowPolicy) -> Array:
 
 
 _ROPE = frozenset(
-    {"rope_style_swapped", "rope_missing", "rope_base_wrong", "decode_position_offset"}
+    {
+        "rope_style_swapped",
+        "rope_missing",
+        "rope_base_wrong",
+        "decode_position_offset",
+        "partial_rotary_wrong",
+        "rope_scaling_missing",
+    }
 )
-_ROPE_WAYS = frozenset({"rope_base_wrong", "decode_position_offset"})
+_ROPE_WAYS = frozenset(
+    {"rope_base_wrong", "decode_position_offset", "partial_rotary_wrong", "rope_scaling_missing"}
+)
 _SCALE = frozenset(
     {
         "scale_missing",
