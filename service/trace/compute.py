@@ -290,9 +290,10 @@ def _online(plan: Plan, trace: AttentionTrace) -> OnlineSoftmax:
     """The trace's softmax and weights V again, a block of keys at a time: the final scores
     (−∞ masked), the values the output read, the sink where there is one."""
     assert plan.shapes.online_block is not None
-    present = tuple(name for name in chain.ORDER if getattr(trace, name) is not None)
-    logits = getattr(trace, chain.made_from("weights", present))  # (..., L, S) the final scores
-    v = getattr(trace, chain.made_from("output", present, slot="v"))  # (..., S, d_v)
+    made = trace.made
+    present = tuple(name for name in chain.ORDER if name in made)
+    logits = made[chain.made_from("weights", present)]  # (..., L, S) the final scores
+    v = made[chain.made_from("output", present, slot="v")]  # (..., S, d_v)
     sinks = plan.variants.sinks
     sink = None
     if sinks is not None:  # one number, or one per head: (h,) -> (1, h, 1) against (B, h, L)

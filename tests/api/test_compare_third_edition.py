@@ -29,6 +29,8 @@ if os.environ.get("REQUIRE_TORCH"):  # CI sets it: a missing torch must fail, no
     import torch
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (torch==2.13.0)")
 
+from tests.api.test_compare_mistakes import js, post  # noqa: E402
+
 pytestmark = pytest.mark.torch
 
 Array = npt.NDArray[np.float64]
@@ -43,25 +45,9 @@ TIGHT: Json = {"atol": 1e-10, "rtol": 0}  # float64 agreement
 # ---- HTTP and JSON -----------------------------------------------------------------------
 
 
-def js(a: Any) -> Any:
-    """An array (NumPy or torch) as JSON: nested lists, ±∞ and NaN as null."""
-    if hasattr(a, "detach"):
-        a = a.detach().numpy()
-    arr = np.asarray(a, dtype=np.float64)
-    out = arr.astype(object)
-    out[~np.isfinite(arr)] = None
-    return out.tolist()
-
-
-def answer(client: TestClient, path: str, body: Json) -> Json:
-    r = client.post(path, json=body)
-    assert r.status_code == 200, r.text
-    return r.json()  # type: ignore[no-any-return]
-
-
 def diagnosed(client: TestClient, path: str, body: Json, name: str) -> Json:
     """The diagnosis of ``name``, the first mismatch (every other entry has none)."""
-    got = answer(client, path, {"tolerance": TIGHT, **body})
+    got = post(client, path, {"tolerance": TIGHT, **body})
     assert got["first_mismatch"] == name, got["comparison"]
     [e] = [e for e in got["comparison"] if e["name"] == name]
     assert e["match"] is False and e["diagnosis"] is not None, e
@@ -74,7 +60,7 @@ def diagnosed(client: TestClient, path: str, body: Json, name: str) -> Json:
 
 def matches(client: TestClient, path: str, body: Json) -> None:
     """Right numbers match: no mismatch, no diagnosis (never a false match)."""
-    got = answer(client, path, {"tolerance": TIGHT, **body})
+    got = post(client, path, {"tolerance": TIGHT, **body})
     assert got["first_mismatch"] is None, got["comparison"]
     assert all(e["match"] and e["diagnosis"] is None for e in got["comparison"])
 

@@ -480,13 +480,6 @@ def _chain_setup(st: State, s: Setup, t: Trial) -> chain.Setup:
     )
 
 
-def _read(st: State, s: Setup, step: str, slot: chain.Slot | None = None) -> Array:
-    """What the head's step ``step`` reads from its slot (or from ``slot``): the latest form
-    made before it in the chain (:func:`service.core.chain.made_from`), among those this
-    computation holds."""
-    return st[chain.made_from(step, _present(st, s), slot)]
-
-
 def _latest(st: State, names: tuple[str, ...]) -> Array:
     """The first of ``names`` the state holds: the latest form of an array."""
     return next(st[n] for n in names if n in st)
