@@ -95,6 +95,8 @@ class MultiheadPlan(Plan):
     residual: bool
     norm: LayerNorm | None
     latent: LatentWeights | None = None  # mla: the latents' weights (weights is then None)
+    # a fused projection's unpacking (service.wire.fused.Unpacked): (formula, fused shape)
+    unpack: tuple[str, tuple[int, ...]] | None = None
 
 
 P = TypeVar("P", bound=Plan)
@@ -153,6 +155,7 @@ def plan_multihead(req: MultiheadRequest, shapes: Shapes) -> MultiheadPlan:
         context=None if req.context is None else _batched(req.context),
         weights=None if latent else _multihead_weights(req, shapes, generated, w_o, b_o),
         latent=latent_weights(req, w_o, b_o) if latent else None,
+        unpack=None if req._unpacked is None else (req._unpacked.formula, req._unpacked.shape),
         heads=None,
         w_o=w_o,
         b_o=b_o,

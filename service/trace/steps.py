@@ -210,4 +210,8 @@ def multihead_steps(plan: MultiheadPlan, scale: float) -> list[Step]:
         formulas["layer_norm"] = (
             f"(z − mean) / √(var + {plan.norm.eps:g}) · γ + β, mean and biased var over {over}"
         )
-    return _online(plan, _generation(plan) + _in_order(plan, formulas))
+    unpack = []
+    if plan.unpack is not None:  # a fused projection read as W_q, W_k, W_v (service.wire.fused)
+        formula, shape = plan.unpack
+        unpack = [{"name": "unpack", "formula": formula, "shape": list(shape)}]
+    return _online(plan, _generation(plan) + unpack + _in_order(plan, formulas))

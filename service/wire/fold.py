@@ -7,6 +7,10 @@ rules, the plan and the engine see one form of each:
   ``conventions.config``.
 - ``k_eq_v: true`` (Gemma 4's full-attention layers): the values' projection is the keys', so
   ``v_proj.weight``/``v_proj.bias`` (or ``w_v``/``b_v``, or per-head ``v``) become the keys'.
+- A fused projection (``qkv_proj.weight``, ``query_key_value.weight`` …, laid out as the
+  config's family or ``qkv_layout`` says): ``q_proj.weight``, ``k_proj.weight`` and
+  ``v_proj.weight`` (and biases), how they were read kept for the ``unpack`` step
+  (:mod:`service.wire.fused`).
 - ``gate: true`` (Qwen3-Next): ``q_proj.weight`` holds each head's query rows then its gate
   rows (``view(L, h, 2·d)`` then ``chunk(2)``), split into ``q_proj.weight`` and
   ``gate.w``; ``q_proj.bias`` likewise.
@@ -18,6 +22,7 @@ import numpy as np
 from pydantic import AliasChoices, ValidationError
 
 from service.wire.errors import FieldError
+from service.wire.fused import unpacked
 from service.wire.hf_config import ConfigError, from_config
 from service.wire.schemas.requests import GateOptions, MultiheadRequest
 
@@ -35,6 +40,11 @@ def folded(req: MultiheadRequest) -> MultiheadRequest:
     fields."""
     if req.config is not None:
         req = _configured(req)
+    if (fused := unpacked(req)) is not None:
+        fields, how = fused
+        taken, keys = req._config_taken, req._config_keys
+        req = req.model_copy(update=fields)
+        req._config_taken, req._config_keys, req._unpacked = taken, keys, how
     update = _values_are_keys(req) if req.k_eq_v else {}
     if req.gate is True:
         update |= _gate_rows(req)

@@ -111,6 +111,9 @@ _NO_ROPE = ("opt",)
 _HEAD_DIM_OF_HIDDEN: tuple[str, ...] = ("cohere2",)
 _HEAD_DIM_OF_HIDDEN += ("opt",)
 _HEAD_DIM_OF_HIDDEN += ("stablelm",)  # StableLmAttention: hidden_size // num_heads
+# how each family's module packs a fused projection (service.wire.fused.LAYOUTS), read when the
+# state dict holds one (Phi-3's qkv_proj: [q; k; v] rows)
+_QKV_LAYOUTS = {"phi3": "rows", "gpt_neox": "per_head"}
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
 # a family's own step, from the config key of the field's name where hf_config_keys.KEYS says
 # the type reads it: {key: what the layer does with it, when null is no layer ("" when null is
@@ -209,6 +212,8 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
     fields |= {"rope": rope} if rope is not None else {}
     fields |= _variants(c, kind, rope is not None) | {"mask": _mask(c, kind, kind_src, layer)}
     fields |= {"mla": mla} if mla is not None else {}
+    if (layout := _QKV_LAYOUTS.get(c.family)) is not None:
+        fields["qkv_layout"] = c.take("qkv_layout", f"model_type {c.model_type}", layout)
     return FromConfig(fields, c.taken, unread)
 
 

@@ -39,6 +39,7 @@ VERIFIED += _words("granite granitemoe olmo helium ernie4_5 glm glm4")
 VERIFIED += _words("opt")
 VERIFIED += _words("phi")
 VERIFIED += _words("stablelm")
+VERIFIED += _words("gpt_neox")  # its fused query_key_value: service.wire.fused
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
@@ -164,7 +165,12 @@ KEYS: dict[str, Key] = {
     "scale_attn_by_inverse_layer_idx": Key(neutral=_OFF, why="the scale"),
     "llama_4_scaling_beta": Key(why="a position-dependent query scale"),
     # the block's LayerNorms (and the q/k LayerNorms of qk_layernorm, refused on its own)
-    "layer_norm_eps": Key(inert="cohere2 phi stablelm", why="the q/k LayerNorms' eps (Cohere)"),
+    "layer_norm_eps": Key(
+        inert="cohere2 phi stablelm gpt_neox", why="the q/k LayerNorms' eps (Cohere)"
+    ),
+    "classifier_dropout": _INERT,  # a classification head's, in training
+    # GPTNeoXConfig writes is_decoder false, yet its every layer is causal (GPTNeoXModel's mask)
+    "is_decoder": Key(inert="gpt_neox", neutral=_OFF, why="whether the layer is causal"),
     # ---- Cohere's own config.json keys that 5.23's Cohere2 modeling never reads
     **{
         k: Key(inert="cohere2", why="Cohere's layer layout")
@@ -190,7 +196,7 @@ KEYS: dict[str, Key] = {
     **{k: _INERT for k in _words("dropout layerdrop init_std")},  # training only
     # StableLM: its q, k, v biases come with the state dict; the parallel residual is the block's
     "use_qkv_bias": Key(inert="stablelm"),
-    "use_parallel_residual": Key(inert="stablelm"),
+    "use_parallel_residual": Key(inert="stablelm gpt_neox"),
     # ---- never the attention layer's numbers
     **{
         k: _INERT

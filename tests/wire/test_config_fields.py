@@ -360,8 +360,9 @@ def test_phi_4_mini_longrope_and_partial_rotary() -> None:
             "type": "longrope", "short_factor": [1.0] * 48,
             "long_factor": [float(f) for f in PHI4_LONG_FACTOR], "original_max_position": 4096,
             "max_position": 131072}},
-        "mask": [CAUSAL, window(262144)],
+        "mask": [CAUSAL, window(262144)], "qkv_layout": "rows",
     }  # fmt: skip
+    assert got.taken["qkv_layout"] == "model_type phi3"  # its qkv_proj: [q; k; v] rows
     assert got.taken["rope.rotary_dim"] == "partial_rotary_factor"
     assert got.taken["rope.scaling.type"] == "rope_scaling.type"
     assert got.taken["rope.scaling.original_max_position"] == "original_max_position_embeddings"

@@ -15,9 +15,8 @@ the model's own rotary embedding class (per layer type for Gemma 3/4), the mask 
 transformers' mask function the decoder model picks for that layer type, all under
 harness.hf_reference's ``float64_torch_in`` (the modeling module and ``modeling_rope_utils``)
 and ``_widened`` (``Tensor.float()`` → double), as harness/hf_today.py and harness/hf_mla.py run
-them. The request carries the state dict under its own names (Phi-3's fused ``qkv_proj`` split
-into ``q_proj``/``k_proj``/``v_proj`` rows as its forward splits it; Qwen3-Next's ``q_proj``
-with its gate rows as it is) and, for Phi-3 past ``original_max_position_embeddings``,
+them. The request carries the state dict under its own names, as ``module.state_dict()`` gives it
+(Phi-3's fused ``qkv_proj`` and Qwen3-Next's ``q_proj`` with its gate rows as they are) and, for Phi-3 past ``original_max_position_embeddings``,
 ``positions``/``context_positions``; nothing else. Each case also checks the fields that
 show what it exercises (e.g. the Gemma 4 full layer's d_k 16 and one kv head, which 5.23's
 ``to_dict()`` writes under ``per_layer_config``, not as ``global_head_dim``).
@@ -75,6 +74,7 @@ from transformers.models.olmo import modeling_olmo  # noqa: E402
 from transformers.models.opt import modeling_opt  # noqa: E402
 from transformers.models.opt.configuration_opt import OPTConfig  # noqa: E402
 from transformers.models.phi import modeling_phi  # noqa: E402
+from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
 from transformers.models.phi3 import modeling_phi3  # noqa: E402
 from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config  # noqa: E402
@@ -568,6 +568,22 @@ def stablelm(layer: int) -> tuple[Any, Layer]:
 # ---- running a layer -----------------------------------------------------------------------
 
 
+def gpt_neox(layer: int) -> tuple[Any, Layer]:
+    """As EleutherAI/pythia-160m's (its config.json as GPTNeoXConfig writes it): the fused
+    ``query_key_value`` per head (each head's q, k, v rows in turn) with its bias, ``dense``,
+    rope_parameters' partial_rotary_factor (0.25 there; 0.5 here: 4 of head_dim 8 turn,
+    half-split), use_parallel_residual and layer_norm_eps of the block; head_dim hidden size
+    ÷ heads; no kv heads."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "gpt_neox", "num_attention_heads": 4, "num_hidden_layers": 2,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.5},
+        "use_parallel_residual": True, "layer_norm_eps": 1e-5, "attention_bias": True,
+        "max_position_embeddings": 64, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_gpt_neox, "GPTNeoX", fields, layer)
+
+
 def _fill(layer: Layer, seed: int) -> None:
     """Random weights: projections ~ N(0, 1/fan_in), norms' weights around 1 (or around 0 where
     they are applied as (1 + w))."""
@@ -597,17 +613,9 @@ def _run(layer: Layer, x: np.ndarray, positions: list[int]) -> np.ndarray:
 
 
 def _state(layer: Layer) -> dict[str, Any]:
-    """The state dict under its own names; Phi-3's fused qkv_proj split as its forward splits
-    it (rows [0, h·d) the queries', then h_kv·d the keys', the rest the values')."""
-    state = {k: v.numpy() for k, v in layer.attn.state_dict().items()}
-    if "qkv_proj.weight" in state:
-        qkv = state.pop("qkv_proj.weight")
-        q_rows = layer.config.num_attention_heads * layer.attn.head_dim
-        k_rows = layer.config.num_key_value_heads * layer.attn.head_dim
-        state["q_proj.weight"] = qkv[:q_rows]
-        state["k_proj.weight"] = qkv[q_rows : q_rows + k_rows]
-        state["v_proj.weight"] = qkv[q_rows + k_rows :]
-    return {k: v.tolist() for k, v in state.items()}
+    """The state dict under its own names, as ``module.state_dict()`` gives it (Phi-3's fused
+    qkv_proj too: the service unpacks it as the config's family packs it)."""
+    return {k: v.numpy().tolist() for k, v in layer.attn.state_dict().items()}
 
 
 Build = Callable[[int], tuple[Any, Layer]]
@@ -696,6 +704,10 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
       "mask": [CAUSAL]}),
     ("stablelm-partial-qkv_bias", stablelm, 0, None,
      {"d_k": 8, "rope": {"base": 10000.0, "rotary_dim": 4}, "qk_norm": None,
+      "mask": [CAUSAL]}),
+    # fused projections, unpacked by the service as the family packs them
+    ("gpt_neox-per_head-fused", gpt_neox, 1, None,
+     {"qkv_layout": "per_head", "rope": {"base": 10000.0, "rotary_dim": 4},
       "mask": [CAUSAL]}),
 ]  # fmt: skip
 

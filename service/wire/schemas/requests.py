@@ -1,6 +1,6 @@
 """The request bodies of POST /attention, /mask and /multihead: fields and their docs only."""
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, Discriminator, Field, PrivateAttr, Tag
 
@@ -20,6 +20,8 @@ from service.wire.schemas.fields import (
 from service.wire.schemas.mask_fields import STRICT, MaskList
 from service.wire.schemas.variant_fields import VariantFields, any_of, flag_or_options
 
+# how a fused projection holds W_q, W_k and W_v (service.wire.fused.LAYOUTS)
+QkvLayout = Literal["rows", "per_head"]
 MAX_HEAD_ENTRIES = 1024  # refused before their weights are converted (num_heads has its own cap)
 
 
@@ -231,6 +233,8 @@ class MultiheadRequest(VariantFields, InputFields):
     _config_taken: dict[str, str] | None = PrivateAttr(default=None)
     # the config's keys judged not to change the layer (service.wire.hf_config_keys)
     _config_keys: list[str] | None = PrivateAttr(default=None)
+    # how a fused projection was unpacked (service.wire.fused.Unpacked), for the unpack step
+    _unpacked: Any = PrivateAttr(default=None)
     config: dict[str, Any] | None = Field(
         None,
         description="a Hugging Face model's config.json as it is: the fields it implies for "
@@ -415,6 +419,33 @@ class MultiheadRequest(VariantFields, InputFields):
         None,
         validation_alias=_named("o_proj.bias", "o_proj_bias", "dense.bias"),
         description="Hugging Face o_proj.bias [d_out] (Phi's dense.bias)",
+    )
+    qkv_layout: QkvLayout | None = Field(
+        None,
+        description="how a fused projection (qkv_proj.weight, query_key_value.weight) holds "
+        'W_q, W_k and W_v: "rows" ([q; k; v] one after the other: Phi-3, MPT, DBRX, '
+        'multi-query Falcon) or "per_head" (each head\'s q, k, v in turn: GPT-NeoX, BLOOM); '
+        "a config's family implies it",
+    )
+    qkv_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("qkv_proj.weight", "qkv_proj_weight"),
+        description="a fused projection (Phi-3) [(h + 2·h_kv)·d_k][d_model], out_in, laid out "
+        "as qkv_layout says; unpacked into q_proj, k_proj, v_proj (the unpack step)",
+    )
+    qkv_proj_bias: Vector | None = Field(
+        None, validation_alias=_named("qkv_proj.bias", "qkv_proj_bias"), description="its bias"
+    )
+    query_key_value_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("query_key_value.weight", "query_key_value_weight"),
+        description="a fused projection (GPT-NeoX, BLOOM, Falcon) [(h + 2·h_kv)·d_k][d_model], "
+        "out_in, laid out as qkv_layout says; unpacked into q_proj, k_proj, v_proj",
+    )
+    query_key_value_bias: Vector | None = Field(
+        None,
+        validation_alias=_named("query_key_value.bias", "query_key_value_bias"),
+        description="its bias",
     )
     positional_encoding: Positional | None = Field(
         None,

@@ -1,0 +1,241 @@
+"""Fused projections as their modules store them, unpacked into ``q_proj.weight``,
+``k_proj.weight`` and ``v_proj.weight`` (API.md, "A config as it is, third edition": weights
+under the module's own names; the unpacking is a step).
+
+A fused weight holds the three projections in one matrix; where each projection's rows are is
+the module's layout, one row of :data:`LAYOUTS`: ``rows`` gives, for h query heads, h_kv
+key/value heads of d features each, the indices of the fused weight's rows (of its columns for
+GPT-2's ``Conv1D``, stored [in][out]) that make W_q, W_k and W_v, each in the order of the
+unfused ``q_proj.weight``'s rows (head by head). The same indices split the fused bias.
+
+The layout is never guessed from the name (Phi-3's and CodeGen's ``qkv_proj`` are packed
+differently; so are GPT-NeoX's and multi-query Falcon's ``query_key_value``): a config's family
+implies it (``service.wire.hf_config``), else the request states ``qkv_layout``.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from service.core.types import Array
+from service.wire.errors import FieldError
+from service.wire.schemas.requests import MultiheadRequest, QkvLayout
+
+_STATE_DICT = tuple(f"{n}_proj_{p}" for p in ("weight", "bias") for n in "qkv")
+
+
+@dataclass(frozen=True)
+class HeadSizes:
+    h: int  # query heads
+    h_kv: int  # key/value heads
+    d: int  # features per head (d_k = d_v in every fused layout)
+
+
+Rows = NDArray[np.intp]
+Parts = tuple[Rows, Rows, Rows]  # indices of W_q's, W_k's and W_v's rows in the fused axis
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way modules pack the three projections into one weight."""
+
+    name: QkvLayout
+    who: str  # the modules that pack this way
+    rows: Callable[[HeadSizes], Parts]
+    words: Callable[[HeadSizes], str]  # which rows hold what, for the step
+    heads_of: Callable[[int, int | None], tuple[int, int] | str]  # (h, h_kv), or why not
+    conv1d: bool = False  # stored [in][out] (GPT-2's Conv1D): the fused axis is the columns
+
+
+def _ranges(start: int, n: int) -> str:
+    return f"{start}…{start + n - 1}"
+
+
+# ---------------------------------------------------------- rows: [q; k; v] one after the other
+
+
+def _stacked(n: HeadSizes) -> Parts:
+    q, k = n.h * n.d, n.h_kv * n.d
+    return np.arange(q), q + np.arange(k), q + k + np.arange(k)
+
+
+def _stacked_words(n: HeadSizes) -> str:
+    q, k = n.h * n.d, n.h_kv * n.d
+    kv = "1 key/value head" if n.h_kv == 1 else f"{n.h_kv} key/value heads"
+    return (
+        f"rows {_ranges(0, q)} are W_q ({n.h} heads × {n.d}), {_ranges(q, k)} W_k and "
+        f"{_ranges(q + k, k)} W_v ({kv} × {n.d})"
+    )
+
+
+def _any_heads(h: int, h_kv: int | None) -> tuple[int, int] | str:
+    return h, h if h_kv is None else h_kv
+
+
+# ------------------------------------------------ per_head: [h][q, k, v][d], GPT-NeoX's view
+
+
+def _per_head(n: HeadSizes) -> Parts:
+    first = 3 * n.d * np.arange(n.h)[:, None] + np.arange(n.d)  # (h, d)  each head's query rows
+    return first.reshape(-1), (first + n.d).reshape(-1), (first + 2 * n.d).reshape(-1)
+
+
+def _per_head_words(n: HeadSizes) -> str:
+    d = n.d
+    return (
+        f"each head's {3 * d} rows hold its query, key and value in turn: head i's W_q is rows "
+        f"{3 * d}·i + 0…{d - 1}, its W_k {3 * d}·i + {d}…{2 * d - 1}, its W_v "
+        f"{3 * d}·i + {2 * d}…{3 * d - 1} (i = 0…{n.h - 1})"
+    )
+
+
+def _same_heads(h: int, h_kv: int | None) -> tuple[int, int] | str:
+    if h_kv not in (None, h):
+        return "this layout gives every query head its own key and value (num_kv_heads = num_heads)"
+    return h, h
+
+
+LAYOUTS: dict[str, Layout] = {
+    layout.name: layout
+    for layout in (
+        Layout(
+            "rows",
+            "Phi-3's qkv_proj, MPT's and DBRX's Wqkv, multi-query Falcon's query_key_value",
+            _stacked,
+            _stacked_words,
+            _any_heads,
+        ),
+        Layout(
+            "per_head",
+            "GPT-NeoX's, BLOOM's and Falcon's (per head) query_key_value",
+            _per_head,
+            _per_head_words,
+            _same_heads,
+        ),
+    )
+}
+
+# the fused fields: {weight field: (its bias field, its name as the module writes it)}
+FUSED = {
+    "qkv_proj_weight": ("qkv_proj_bias", "qkv_proj"),
+    "query_key_value_weight": ("query_key_value_bias", "query_key_value"),
+}
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    """How a fused weight was read: for the ``unpack`` step."""
+
+    name: str  # the module's name for it (qkv_proj)
+    shape: tuple[int, ...]
+    layout: str
+    words: str  # which rows hold what
+
+    @property
+    def formula(self) -> str:
+        return f"{self.name}.weight, {self.layout} layout: {self.words}"
+
+
+def unpacked(req: MultiheadRequest) -> tuple[dict[str, Any], Unpacked] | None:
+    """The state dict's q/k/v projections a fused weight holds, and how it was read; None
+    when the request has no fused weight."""
+    given = [name for name in FUSED if getattr(req, name) is not None]
+    given_biases = [FUSED[n][0] for n in FUSED if getattr(req, FUSED[n][0]) is not None]
+    if not given:
+        if given_biases:
+            bias = FUSED_NAMES[given_biases[0]]
+            raise FieldError(bias, f"{bias} goes with {bias.replace('.bias', '.weight')}")
+        if req.qkv_layout is not None and (req._config_taken or {}).get("qkv_layout") in (
+            None,
+            "request",
+        ):
+            raise FieldError(
+                "qkv_layout",
+                "qkv_layout says how a fused projection (qkv_proj.weight, "
+                "query_key_value.weight) is laid out, and the request has none: leave it out",
+            )
+        return None
+    name = given[0]
+    label = FUSED_NAMES[name]
+    if len(given) > 1:
+        raise FieldError(
+            FUSED_NAMES[given[1]],
+            f"give one fused projection: found {label} and {FUSED_NAMES[given[1]]}",
+        )
+    unfused = [n for n in _STATE_DICT if getattr(req, n) is not None]
+    if unfused:
+        dotted = unfused[0].replace("_weight", ".weight").replace("_bias", ".bias")
+        raise FieldError(
+            dotted,
+            f"{label} holds the query, key and value projections: give it or {dotted}, not both",
+        )
+    layout = _layout(req, label)
+    w: Array = getattr(req, name)
+    bias_field = FUSED[name][0]
+    b: Array | None = getattr(req, bias_field)
+    if layout.conv1d:
+        w = w.T  # (fused, d_in)
+    n = _sizes(req, layout, label, w.shape[0])
+    q, k, v = layout.rows(n)
+    if b is not None and b.shape[0] != w.shape[0]:
+        raise FieldError(
+            FUSED_NAMES[bias_field],
+            f"{FUSED_NAMES[bias_field]} has {b.shape[0]} entries; {label} has {w.shape[0]} rows",
+        )
+    fields: dict[str, Any] = {
+        "q_proj_weight": w[q],
+        "k_proj_weight": w[k],
+        "v_proj_weight": w[v],
+    }
+    if b is not None:
+        fields |= {"q_proj_bias": b[q], "k_proj_bias": b[k], "v_proj_bias": b[v]}
+    fields |= {name: None, bias_field: None}
+    shape = tuple(getattr(req, name).shape)
+    return fields, Unpacked(FUSED[name][1], shape, layout.name, layout.words(n))
+
+
+# {field: the name the module writes} for messages
+FUSED_NAMES = {
+    **{w: f"{FUSED[w][1]}.weight" for w in FUSED},
+    **{FUSED[w][0]: f"{FUSED[w][1]}.bias" for w in FUSED},
+}
+
+
+def _layout(req: MultiheadRequest, label: str) -> Layout:
+    if req.qkv_layout is None:
+        known = "; ".join(f'"{layout.name}" ({layout.who})' for layout in LAYOUTS.values())
+        raise FieldError(
+            "qkv_layout",
+            f"{label} packs the query, key and value projections in one weight, and modules "
+            f"pack them differently: give config (the model's config.json) or qkv_layout, one of {known}",
+        )
+    return LAYOUTS[req.qkv_layout]
+
+
+def _sizes(req: MultiheadRequest, layout: Layout, label: str, rows: int) -> HeadSizes:
+    """h, h_kv and d from num_heads, num_kv_heads (default h) and the fused rows
+    ((h + 2·h_kv)·d); a stated d_k must agree."""
+    if req.num_heads is None:
+        raise FieldError("num_heads", f"num_heads is missing: {label} is split by head")
+    heads = layout.heads_of(req.num_heads, req.num_kv_heads)
+    if isinstance(heads, str):
+        raise FieldError("num_kv_heads", f"qkv_layout {layout.name}: {heads}")
+    h, h_kv = heads
+    per = h + 2 * h_kv
+    if rows % per:
+        raise FieldError(
+            label,
+            f"{label} has {rows} rows, which (num_heads + 2·num_kv_heads) = {per} heads do not "
+            "divide into equal heads",
+        )
+    d = rows // per
+    if req.d_k is not None and req.d_k != d:
+        raise FieldError(
+            "d_k",
+            f"d_k is {req.d_k} but {label}'s {rows} rows make (num_heads + 2·num_kv_heads) = "
+            f"{per} heads of {d}",
+        )
+    return HeadSizes(h, h_kv, d)

@@ -1,0 +1,125 @@
+"""Fused projections under their modules' names (service.wire.fused) through the ASGI app: each
+layout split as the module's own forward splits it (written here in torch, as Phi-3's and
+GPT-NeoX's forwards do), the unpack step's words, and every refusal. The families' layers
+against transformers are in tests/wire/test_config_layers.py (Phi-3, GPT-NeoX).
+"""
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from tests.api.test_api_variants import post
+
+RNG = np.random.default_rng(41)
+H, H_KV, D, D_MODEL, L = 4, 2, 3, 8, 5
+X = RNG.normal(size=(L, D_MODEL))
+ROWS = RNG.normal(size=((H + 2 * H_KV) * D, D_MODEL))  # out_in, as nn.Linear stores it
+ROWS_B = RNG.normal(size=(H + 2 * H_KV) * D)
+PER_HEAD = RNG.normal(size=(3 * H * D, D_MODEL))
+PER_HEAD_B = RNG.normal(size=3 * H * D)
+
+
+def _phi3_split(w: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+    """Phi3Attention's forward: qkv[..., :h·d] the queries, then h_kv·d the keys, the rest the
+    values — on the fused projection's output, so the rows of weight and bias alike."""
+    qkv_w, qkv_b = torch.from_numpy(w), torch.from_numpy(b)
+    q_pos, k_pos = H * D, H * D + H_KV * D
+    return {
+        "q_proj.weight": qkv_w[:q_pos].numpy(),
+        "k_proj.weight": qkv_w[q_pos:k_pos].numpy(),
+        "v_proj.weight": qkv_w[k_pos:].numpy(),
+        "q_proj.bias": qkv_b[:q_pos].numpy(),
+        "k_proj.bias": qkv_b[q_pos:k_pos].numpy(),
+        "v_proj.bias": qkv_b[k_pos:].numpy(),
+    }
+
+
+def _neox_split(w: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+    """GPTNeoXAttention's forward: the projection's output viewed (…, h, 3·d) and chunked in
+    three on its last axis — so head i's rows 3d·i … are its query, then its key, its value."""
+    w_heads = torch.from_numpy(w).view(H, 3 * D, D_MODEL).chunk(3, dim=1)  # 3 × (h, d, d_model)
+    b_heads = torch.from_numpy(b).view(H, 3 * D).chunk(3, dim=1)  # 3 × (h, d)
+    return {
+        **{
+            f"{n}_proj.weight": t.reshape(H * D, D_MODEL).numpy()
+            for n, t in zip("qkv", w_heads, strict=True)
+        },
+        **{f"{n}_proj.bias": t.reshape(H * D).numpy() for n, t in zip("qkv", b_heads, strict=True)},
+    }
+
+
+def test_rows_layout_equals_the_projections_phi3s_forward_splits(client: TestClient) -> None:
+    common = {"x": X, "num_heads": H, "num_kv_heads": H_KV}
+    fused = post(client, "/multihead", {**common, "qkv_proj.weight": ROWS,
+                                        "qkv_proj.bias": ROWS_B, "qkv_layout": "rows"})  # fmt: skip
+    split = post(client, "/multihead", {**common, **_phi3_split(ROWS, ROWS_B)})
+    assert np.array_equal(np.asarray(fused["output"]), np.asarray(split["output"]))
+    step = fused["steps"][0]
+    assert step == {
+        "name": "unpack",
+        "formula": "qkv_proj.weight, rows layout: rows 0…11 are W_q (4 heads × 3), 12…17 W_k "
+        "and 18…23 W_v (2 key/value heads × 3)",
+        "shape": [24, D_MODEL],
+    }
+
+
+def test_per_head_layout_equals_the_projections_gpt_neoxs_forward_splits(
+    client: TestClient,
+) -> None:
+    common = {"x": X, "num_heads": H}
+    fused = post(client, "/multihead", {**common, "query_key_value.weight": PER_HEAD,
+                                        "query_key_value.bias": PER_HEAD_B,
+                                        "qkv_layout": "per_head"})  # fmt: skip
+    split = post(client, "/multihead", {**common, **_neox_split(PER_HEAD, PER_HEAD_B)})
+    assert np.array_equal(np.asarray(fused["output"]), np.asarray(split["output"]))
+    assert fused["steps"][0]["formula"] == (
+        "query_key_value.weight, per_head layout: each head's 9 rows hold its query, key and "
+        "value in turn: head i's W_q is rows 9·i + 0…2, its W_k 9·i + 3…5, its W_v 9·i + 6…8 "
+        "(i = 0…3)"
+    )
+
+
+def test_no_unpack_step_without_a_fused_projection(client: TestClient) -> None:
+    split = post(client, "/multihead", {"x": X, "num_heads": H, **_phi3_split(ROWS, ROWS_B)})
+    assert "unpack" not in [s["name"] for s in split["steps"]]
+
+
+REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
+    ("no layout", {"qkv_proj.weight": ROWS}, "qkv_layout",
+     'give config (the model\'s config.json) or qkv_layout, one of "rows"'),
+    ("layout without a fused weight", {"qkv_layout": "rows", **_phi3_split(ROWS, ROWS_B)},
+     "qkv_layout", "the request has none: leave it out"),
+    ("fused and split", {"qkv_proj.weight": ROWS, "qkv_layout": "rows",
+                         "q_proj.weight": ROWS[:12]},
+     "q_proj.weight", "give it or q_proj.weight, not both"),
+    ("two fused", {"qkv_proj.weight": ROWS, "query_key_value.weight": ROWS,
+                   "qkv_layout": "rows"},
+     "query_key_value.weight", "give one fused projection"),
+    ("rows not in heads", {"qkv_proj.weight": ROWS[:23], "qkv_layout": "rows"},
+     "qkv_proj.weight", "23 rows, which (num_heads + 2·num_kv_heads) = 8 heads do not divide"),
+    ("d_k disagrees", {"qkv_proj.weight": ROWS, "qkv_layout": "rows", "d_k": 4},
+     "d_k", "d_k is 4 but qkv_proj.weight's 24 rows make"),
+    ("per head with grouped heads", {"query_key_value.weight": ROWS, "qkv_layout": "per_head"},
+     "num_kv_heads", "every query head its own key and value"),
+    ("bias of another length", {"qkv_proj.weight": ROWS, "qkv_layout": "rows",
+                                "qkv_proj.bias": ROWS_B[:-1]},
+     "qkv_proj.bias", "qkv_proj.bias has 23 entries; qkv_proj.weight has 24 rows"),
+    ("bias alone", {"qkv_proj.bias": ROWS_B, **_phi3_split(ROWS, ROWS_B)},
+     "qkv_proj.bias", "qkv_proj.bias goes with qkv_proj.weight"),
+    ("a layout the service lacks", {"qkv_proj.weight": ROWS, "qkv_layout": "blocks"},
+     "qkv_layout", ""),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("given", "field", "says"), [r[1:] for r in REFUSED],
+                         ids=[r[0] for r in REFUSED])  # fmt: skip
+def test_fused_projection_refusals_name_the_field(
+    client: TestClient, given: dict[str, Any], field: str, says: str
+) -> None:
+    body = {"x": X, "num_heads": H, "num_kv_heads": H_KV, **given}
+    answer = post(client, "/multihead", body, status=422)
+    assert answer["errors"][0]["field"] == field, answer
+    assert says in answer["errors"][0]["message"]
