@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from service.core.diagnosis.mistakes import Seen, explain
+from service.core.diagnosis.precision import TYPES, LowType, detected, in_low_precision
 from service.core.diagnosis.search import (
     Diagnosis,
     Difference,
@@ -27,6 +28,7 @@ from service.core.diagnosis.search import (
     Target,
     Tolerance,
     difference,
+    identical,
     largest_magnitude,
     printed_tolerance,
     search,
@@ -184,11 +186,29 @@ def diagnosis_budget(state: State) -> int:
     return max(DIAGNOSIS_TIMES * own, DIAGNOSIS_MIN_NUMBERS)
 
 
-def _tolerance(given: Tolerance | None, ours: Array, yours: Array) -> Tolerance:
-    """The tolerance an array is compared with: the request's when it gives one; else the
-    default, or the precision the array was printed with when it was printed and is not ours
-    exactly (:func:`printed_tolerance`)."""
-    return given if given is not None else printed_tolerance(ours, yours)
+def _tolerance(
+    given: Tolerance | None, ours: Array, yours: Array, low: Callable[[LowType], Array]
+) -> Tolerance:
+    """The tolerance an array is compared with: at a low precision when the request names
+    one, or gives no tolerance and every number is one of bfloat16's or float16's
+    (:func:`_at_low_precision`); else the request's when it gives one; else the default, or the
+    precision the array was printed with when it was printed and is not ours exactly
+    (:func:`printed_tolerance`). ``low``: our array computed in a low-precision type."""
+    if given is not None and given.precision is not None:
+        return _at_low_precision(TYPES[given.precision], ours, low)
+    if given is not None:
+        return given
+    kind = None if identical(ours, yours) else detected(yours)
+    return printed_tolerance(ours, yours) if kind is None else _at_low_precision(kind, ours, low)
+
+
+def _at_low_precision(kind: LowType, ours: Array, low: Callable[[LowType], Array]) -> Tolerance:
+    """Yours match when within twice the error of ours computed in ``kind`` plus its atol
+    (service.core.diagnosis.precision); an error that is not finite (float16 overflowing)
+    counts as none."""
+    error = difference(ours, low(kind), Tolerance(atol=0.0, rtol=0.0)).max_abs_diff
+    reference = error if np.isfinite(error) else 0.0
+    return Tolerance(atol=2 * reference + kind.atol, rtol=0.0, precision=kind.name, reference=error)
 
 
 def compare(
@@ -202,7 +222,19 @@ def compare(
     """``comparison`` and ``first_mismatch`` for the response (see the module's doc); ``given``:
     the request's tolerance (None: the default, or the precision each array was printed with)."""
     entries = _entries(expected, "multihead" if setup.num_heads is not None else "attention")
-    tols = [_tolerance(given, _ours(state, e, unbatched), e.yours) for e in entries]
+    computed: dict[str, State] = {}  # every step in a low-precision type, once per type
+
+    def low(e: _Entry) -> Callable[[LowType], Array]:
+        def ours_in(kind: LowType) -> Array:
+            if kind.name not in computed:
+                check()
+                computed[kind.name] = in_low_precision(state, setup, kind)
+            return _ours(computed[kind.name], e, unbatched)
+
+        return ours_in
+
+    tols = [_tolerance(given, _ours(state, e, unbatched), e.yours, low(e)) for e in entries]
+    computed.clear()  # the low-precision arrays are not needed past the verdicts
     diffs = [
         difference(_ours(state, e, unbatched), e.yours, tol)
         for e, tol in zip(entries, tols, strict=True)
@@ -229,7 +261,8 @@ def compare(
                 "ours": _finite(d.ours),
                 "yours": _finite(d.yours),
                 "printed": None if printed is None else {printed.kind: printed.n},
-                "message": _message(d, i, first, entries, run, printed),
+                "precision": _low(d, tol),
+                "message": _message(d, i, first, entries, run, tol),
                 "diagnosis": None
                 if found is None or run is None
                 else _diagnosis(found, run.alternatives, setup, e, _ours(state, e, unbatched)),
@@ -257,17 +290,41 @@ def _precision(printed: Printed) -> str:
     return f"the {printed.n} {digit}{'' if printed.n == 1 else 's'} you printed"
 
 
+def _low(d: Difference, tol: Tolerance) -> dict[str, Any] | None:
+    """The low-precision verdict's numbers: the type, your largest error, the reference's."""
+    if tol.precision is None or tol.reference is None:
+        return None
+    return {
+        "type": tol.precision,
+        "yours": _finite(d.max_abs_diff),
+        "reference": _finite(tol.reference),
+    }
+
+
+def _within_low(d: Difference, tol: Tolerance) -> str:
+    """The low-precision rule in words, with both errors."""
+    assert tol.precision is not None and tol.reference is not None
+    return (
+        f"your error {_number(d.max_abs_diff)}, a {tol.precision} computation's "
+        f"{_number(tol.reference)}; the rule: at most twice that plus "
+        f"{TYPES[tol.precision].atol:g}"
+    )
+
+
 def _message(
     d: Difference,
     i: int,
     first: int | None,
     entries: list[_Entry],
     run: Search | None,
-    printed: Printed | None,
+    tol: Tolerance,
 ) -> str:
     """One sentence on an entry, for a person (``run``: the first difference's diagnosis;
-    ``printed``: the precision the array was compared at, when it was printed)."""
+    ``tol``: what it was compared with — a printed precision, a low-precision type)."""
     at = list(d.where)
+    printed = tol.printed
+    if d.match and tol.precision is not None:
+        return f"agrees within {tol.precision} rounding ({_within_low(d, tol)}; largest at {at})"
     if d.match and printed is not None:
         return (
             f"agrees with ours to {_precision(printed)} (largest difference "
@@ -279,6 +336,8 @@ def _message(
         f"differs: the largest difference is {_number(d.max_abs_diff)} at {at}, where yours is "
         f"{_number(d.yours)} and the service's {_number(d.ours)}"
     ) + ("" if printed is None else f", compared at {_precision(printed)}")
+    if tol.precision is not None:
+        text += f", beyond {tol.precision} rounding ({_within_low(d, tol)})"
     if i != first:
         label = entries[first or 0].label
         return f"{text}; it comes after the first difference ({label}), which may explain it"

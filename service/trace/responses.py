@@ -79,6 +79,18 @@ class Diagnosis(BaseModel):
     )
 
 
+class LowPrecision(BaseModel):
+    """A low-precision verdict: yours match when ``yours`` ≤ 2 · ``reference`` + the type's
+    atol (bfloat16 and float16 1e-3, float32 1e-5), as FlashAttention's tests judge a kernel."""
+
+    type: str = Field(description="bfloat16, float16 or float32")
+    yours: float | None = Field(description="your largest |yours − ours| (null: infinite)")
+    reference: float | None = Field(
+        description="the largest |ours in the type − ours|: the same attention with the inputs "
+        "and each step's result rounded to the type, in float32 arithmetic"
+    )
+
+
 class Compared(BaseModel):
     """One of the caller's arrays against the service's."""
 
@@ -97,6 +109,11 @@ class Compared(BaseModel):
         description='the precision your array was printed with and compared at, {"decimals": n} '
         'or {"significant": n}, when no tolerance was given and every number of it has at most '
         "8 decimals (else 8 significant digits); null when compared with the tolerance"
+    )
+    precision: LowPrecision | None = Field(
+        description="when your numbers were judged at a low precision (tolerance.precision, or "
+        "no tolerance and every number one of bfloat16's or float16's): the type, your largest "
+        "error and that of ours computed in the type; null otherwise"
     )
     message: str = Field(description="the same in a sentence")
     diagnosis: Diagnosis | None = Field(

@@ -31,7 +31,7 @@ def _recomputed(base: State, given: Given, s: Setup, trial: Trial, target: str) 
     those this computation has, a stage that reads no earlier step (the mask) only when the
     mistakes change it, and one that no later step reads only when it is the target. Empty
     when the mistakes leave the target alone."""
-    on = _on(s)  # e.g. QK-norm before RoPE, or after
+    on = stages_on(s)  # e.g. QK-norm before RoPE, or after
     last = next(i for i, stage in enumerate(on) if target in stage.names)
     changed = [i for i, stage in enumerate(on) if stage.mistakes & trial.mistakes]
     if not changed or changed[0] > last:
@@ -49,7 +49,7 @@ def _recomputed(base: State, given: Given, s: Setup, trial: Trial, target: str) 
 _asked: list[tuple[ref[Setup], tuple[Stage, ...], tuple[Stage, ...]]] = []  # the last setup
 
 
-def _on(s: Setup) -> tuple[Stage, ...]:
+def stages_on(s: Setup) -> tuple[Stage, ...]:
     """The stages of :data:`STAGES` this computation has on, kept for the setup asked last: a
     diagnosis asks for every set of mistakes it tries."""
     for asked, of, stages in _asked:

@@ -123,6 +123,10 @@ class Tolerance:
     atol: float = 1e-6
     rtol: float = 1e-6
     printed: Printed | None = None
+    # low precision (service.core.diagnosis.precision): the type, named or detected; once
+    # judged, atol is twice the error of ours computed in it (``reference``) plus its atol
+    precision: str | None = None
+    reference: float | None = None
 
 
 @dataclass(frozen=True)

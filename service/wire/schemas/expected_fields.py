@@ -2,10 +2,17 @@
 ``tolerance``. Checked against the request's outputs by :mod:`service.trace.comparison`."""
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, Field, PlainValidator, ValidationInfo, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    Field,
+    PlainValidator,
+    ValidationInfo,
+    WithJsonSchema,
+    model_validator,
+)
 
 from service.core.types import Array
 from service.wire.arrays import to_nullable_array
@@ -96,3 +103,20 @@ class ToleranceOptions(BaseModel):
 
     atol: FiniteFloat = Field(1e-6, ge=0, description="absolute tolerance")
     rtol: FiniteFloat = Field(1e-6, ge=0, description="relative tolerance")
+    precision: Literal["bfloat16", "float16", "float32"] | None = Field(
+        None,
+        description="judge your numbers as a kernel in this type is judged: they match when "
+        "their largest error against ours is at most twice that of the same attention computed "
+        "in the type (inputs and each step's result rounded to it, float32 arithmetic) plus "
+        "the type's atol (bfloat16 and float16 1e-3, float32 1e-5); not with atol or rtol",
+    )
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> "ToleranceOptions":
+        given = self.model_fields_set & {"atol", "rtol"}
+        if self.precision is not None and given:
+            raise ValueError(
+                f"precision sets its own rule (twice the error of a {self.precision} "
+                f"computation plus its atol): leave out {' and '.join(sorted(given))}"
+            )
+        return self
