@@ -85,6 +85,11 @@ from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import (  # noqa:
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
 from transformers.models.stablelm import modeling_stablelm  # noqa: E402
 
+# the encoders: BERT's and RoBERTa's BertAttention (with its output block), T5's T5Attention
+from transformers.models.bert import modeling_bert  # noqa: E402
+from transformers.models.roberta import modeling_roberta  # noqa: E402
+from transformers.models.t5 import modeling_t5  # noqa: E402
+
 from harness.hf_reference import _widened, float64_torch_in  # noqa: E402
 
 L = 12  # tokens
@@ -565,6 +570,97 @@ def stablelm(layer: int) -> tuple[Any, Layer]:
     return _causal(modeling_stablelm, "StableLm", fields, layer)
 
 
+# ---- the encoders: BERT, RoBERTa, T5 --------------------------------------------------------
+
+
+def bert(layer: int) -> tuple[Any, Layer]:
+    """As google-bert/bert-base-uncased's config.json: position_embedding_type absolute (added
+    to the embeddings, outside the layer), type_vocab_size, the dropouts, is_decoder false (no
+    mask: BertModel's create_bidirectional_mask gives none without padding), layer_norm_eps
+    (1e-12 there; 1e-3 here, so that it bites); head size hidden ÷ heads = 8. The module is the
+    whole BertAttention: self.query/key/value with biases, then output.dense, the residual and
+    output.LayerNorm."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "bert", "num_attention_heads": 4, "num_hidden_layers": 2,
+        "layer_norm_eps": 1e-3, "position_embedding_type": "absolute", "type_vocab_size": 2,
+        "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "is_decoder": False,
+        "max_position_embeddings": 64, **NO_TOKENS,
+    }  # fmt: skip
+    config: Any = modeling_bert.BertConfig(**fields)
+    config._attn_implementation = "eager"
+    attn = modeling_bert.BertAttention(config, is_causal=False, layer_idx=layer)
+    return config.to_dict(), Layer(
+        modeling_bert, attn, None, hf_masks.create_bidirectional_mask, config
+    )
+
+
+def roberta_decoder(layer: int) -> tuple[Any, Layer]:
+    """As FacebookAI/roberta-base's config.json, made a decoder (is_decoder true, as
+    RobertaForCausalLM asks): RobertaModel's causal mask; layer_norm_eps 1e-5 (1e-5 there);
+    the whole RobertaAttention."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "roberta", "num_attention_heads": 4, "num_hidden_layers": 2,
+        "layer_norm_eps": 1e-5, "type_vocab_size": 1, "is_decoder": True,
+        "max_position_embeddings": 64, **NO_TOKENS,
+    }  # fmt: skip
+    config: Any = modeling_roberta.RobertaConfig(**fields)
+    config._attn_implementation = "eager"
+    attn = modeling_roberta.RobertaAttention(config, is_causal=True, layer_idx=layer)
+    return config.to_dict(), Layer(
+        modeling_roberta, attn, None, hf_masks.create_causal_mask, config
+    )
+
+
+T5_FIELDS: dict[str, Any] = {  # google-t5/t5-small's kinds of keys, tiny; d_kv 12 ≠ 32 ÷ 4
+    "model_type": "t5", "d_model": 32, "d_kv": 12, "d_ff": 16, "vocab_size": 16,
+    "num_heads": 4, "num_layers": 2, "num_decoder_layers": 3,
+    "relative_attention_num_buckets": 8, "relative_attention_max_distance": 10,
+    "dropout_rate": 0.1, "layer_norm_epsilon": 1e-6, "feed_forward_proj": "relu",
+    "n_positions": 512, "output_past": True, "decoder_start_token_id": 0, **NO_TOKENS,
+}  # fmt: skip
+
+
+def _t5(config: Any, layer: int, mask_fn: Callable[..., Any]) -> Layer:
+    """T5Attention as T5Stack runs it: layer 0 (has_relative_attention_bias) computes the
+    position bias from its table and every layer adds it, scale 1. A later layer's module is
+    given layer 0's table as ``relative_attention_bias`` (what the request must carry); its
+    bias is computed by a layer-0 module holding that table."""
+    config._attn_implementation = "eager"
+    attn = modeling_t5.T5Attention(
+        config, has_relative_attention_bias=layer == 0, layer_idx=layer, is_causal=config.is_decoder
+    )
+    first = attn
+    if layer > 0:
+        first = modeling_t5.T5Attention(config, has_relative_attention_bias=True, layer_idx=0)
+        attn.relative_attention_bias = first.relative_attention_bias  # layer 0's, shared
+    own = attn.forward
+
+    def forward(hidden_states: Any, attention_mask: Any = None) -> tuple[Any, Any]:
+        n = hidden_states.shape[1]
+        bias = first.compute_bias(n, n)  # T5Stack: layer 0's, passed to every layer
+        out, _, weights = own(hidden_states, mask=attention_mask, position_bias=bias)
+        return out, weights
+
+    attn.forward = forward
+    return Layer(modeling_t5, attn, None, mask_fn, config)
+
+
+def t5(layer: int) -> tuple[Any, Layer]:
+    """T5's encoder (is_decoder false): bidirectional buckets, no mask (T5Stack's
+    create_bidirectional_mask gives none without padding); 8 buckets, max_distance 10, so
+    that the logarithmic buckets show over 12 tokens."""
+    config: Any = modeling_t5.T5Config(**T5_FIELDS)
+    return config.to_dict(), _t5(config, layer, hf_masks.create_bidirectional_mask)
+
+
+def t5_decoder(layer: int) -> tuple[Any, Layer]:
+    """T5's decoder self-attention, its config as T5Model builds the decoder's (is_decoder
+    true, num_layers = num_decoder_layers = 3): one-sided buckets, the causal mask."""
+    config: Any = modeling_t5.T5Config(**T5_FIELDS)
+    config.is_decoder, config.num_layers = True, config.num_decoder_layers
+    return config.to_dict(), _t5(config, layer, hf_masks.create_causal_mask)
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -697,6 +793,21 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
     ("stablelm-partial-qkv_bias", stablelm, 0, None,
      {"d_k": 8, "rope": {"base": 10000.0, "rotary_dim": 4}, "qk_norm": None,
       "mask": [CAUSAL]}),
+    # the encoders: BERT's block (residual, post-LN), no mask; T5's relative bias, scale 1
+    ("bert-block-post_ln", bert, 1, None,
+     {"d_k": 8, "rope": None, "mask": None, "residual": True, "layer_norm": {"eps": 1e-3}}),
+    ("roberta-decoder-causal", roberta_decoder, 0, None,
+     {"d_k": 8, "rope": None, "mask": [CAUSAL], "residual": True,
+      "layer_norm": {"eps": 1e-5}}),
+    ("t5-encoder-layer0", t5, 0, None,
+     {"d_k": 12, "rope": None, "mask": None, "scale": 1.0,
+      "relative_bias": {"bidirectional": True, "max_distance": 10}}),
+    ("t5-encoder-layer1-layer0s_table", t5, 1, None,
+     {"d_k": 12, "mask": None, "scale": 1.0,
+      "relative_bias": {"bidirectional": True, "max_distance": 10}}),
+    ("t5-decoder-causal", t5_decoder, 2, None,
+     {"d_k": 12, "mask": [CAUSAL], "scale": 1.0,
+      "relative_bias": {"bidirectional": False, "max_distance": 10}}),
 ]  # fmt: skip
 
 
