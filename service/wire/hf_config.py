@@ -219,7 +219,7 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
         unread += unread_keys(config, c.model_type)
     n_layers, n_src = c.get("num_hidden_layers")
     if n_layers is not None and layer >= _int(n_layers, _key(n_src)):
-        raise ConfigError("layer", f"layer {layer} but the config has num_hidden_layers {n_layers}")
+        raise ConfigError("layer", f"layer {layer} but the config has {_key(n_src)} {n_layers}")
     heads, h_src = c.get("num_attention_heads")
     if heads is None:
         raise ConfigError("config.num_attention_heads", "the config has no num_attention_heads")
@@ -233,7 +233,7 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
         "num_key_value_heads",
     )
     if mla is None:
-        if kv is not None:
+        if kv is not None and c.family not in _ENCODERS:  # BERT, T5: every head its own k, v
             fields["num_kv_heads"] = c.take("num_kv_heads", kv_src, _int(kv, _key(kv_src)))
         fields["d_k"] = c.take("d_k", hd_src, head_dim)
     rope = _rope(c, kind, layer, head_dim, mla is not None)

@@ -54,6 +54,7 @@ from transformers import masking_utils as hf_masks  # noqa: E402
 from transformers import modeling_rope_utils as hf_rope  # noqa: E402
 from transformers.models.apertus import modeling_apertus  # noqa: E402
 from transformers.models.apertus.configuration_apertus import ApertusConfig  # noqa: E402
+from transformers.models.bert import modeling_bert  # noqa: E402
 from transformers.models.cohere2 import modeling_cohere2  # noqa: E402
 from transformers.models.cohere2.configuration_cohere2 import Cohere2Config  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: E402
@@ -83,11 +84,8 @@ from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import (  # noqa:
     Qwen3_5MoeConfig,
 )
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
-from transformers.models.stablelm import modeling_stablelm  # noqa: E402
-
-# the encoders: BERT's and RoBERTa's BertAttention (with its output block), T5's T5Attention
-from transformers.models.bert import modeling_bert  # noqa: E402
 from transformers.models.roberta import modeling_roberta  # noqa: E402
+from transformers.models.stablelm import modeling_stablelm  # noqa: E402
 from transformers.models.t5 import modeling_t5  # noqa: E402
 
 from harness.hf_reference import _widened, float64_torch_in  # noqa: E402
@@ -872,3 +870,28 @@ def test_a_stock_config_of_each_verified_family_is_read_and_each_key_judged(
     for part, prefix in ((cfg, ""), (text or {}, "text_config.")):
         assert set(part) <= set(KEYS), set(part) - set(KEYS)
         assert all(f"{prefix}{key}" in got.unread or KEYS[key].reads for key in part)
+
+
+# ---- BERT's self-attention alone: BertSelfAttention's state dict, the heads' concatenation --
+
+
+@pytest.mark.torch
+def test_berts_self_attention_alone_is_answered_without_the_output_block(
+    service_client: TestClient,
+) -> None:
+    """BertSelfAttention's own state dict (query, key, value without ``self.``; no output
+    block): the answer is its output, the heads' concatenation, with neither the residual nor
+    the layer norm the config would give the whole BertAttention."""
+    cfg, hf = bert(0)
+    hf.attn = modeling_bert.BertSelfAttention(hf.config, layer_idx=0).double().eval()
+    _fill(hf, 7)
+    x = np.random.default_rng(7).normal(size=(L, SIZES["hidden_size"]))
+    expected = _run(hf, x, list(range(L)))
+    state = _state(hf)
+    assert sorted(state) == sorted(f"{p}.{w}" for p in ("query", "key", "value")
+                                   for w in ("weight", "bias"))  # fmt: skip
+    body = {"x": x.tolist(), **state, "config": cfg, "include": ["output", "residual"]}
+    answer = service_client.post("/multihead", json=body).json()
+    assert "residual" not in answer and "layer_norm" not in answer["conventions"]["config"]
+    diff = float(np.abs(np.asarray(answer["output"]) - expected).max())
+    assert diff <= TOL * max(1.0, float(np.abs(expected).max())), diff
