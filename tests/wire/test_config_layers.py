@@ -571,6 +571,12 @@ def stablelm(layer: int) -> tuple[Any, Layer]:
 # ---- the encoders: BERT, RoBERTa, T5 --------------------------------------------------------
 
 
+# the encoders' modeling modules, their classes untyped (BertAttention's __init__ has no hints)
+_BERT: Any = modeling_bert
+_ROBERTA: Any = modeling_roberta
+_T5: Any = modeling_t5
+
+
 def bert(layer: int) -> tuple[Any, Layer]:
     """As google-bert/bert-base-uncased's config.json: position_embedding_type absolute (added
     to the embeddings, outside the layer), type_vocab_size, the dropouts, is_decoder false (no
@@ -584,9 +590,9 @@ def bert(layer: int) -> tuple[Any, Layer]:
         "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "is_decoder": False,
         "max_position_embeddings": 64, **NO_TOKENS,
     }  # fmt: skip
-    config: Any = modeling_bert.BertConfig(**fields)
+    config: Any = transformers.BertConfig(**fields)
     config._attn_implementation = "eager"
-    attn = modeling_bert.BertAttention(config, is_causal=False, layer_idx=layer)
+    attn = _BERT.BertAttention(config, is_causal=False, layer_idx=layer)
     return config.to_dict(), Layer(
         modeling_bert, attn, None, hf_masks.create_bidirectional_mask, config
     )
@@ -601,9 +607,9 @@ def roberta_decoder(layer: int) -> tuple[Any, Layer]:
         "layer_norm_eps": 1e-5, "type_vocab_size": 1, "is_decoder": True,
         "max_position_embeddings": 64, **NO_TOKENS,
     }  # fmt: skip
-    config: Any = modeling_roberta.RobertaConfig(**fields)
+    config: Any = transformers.RobertaConfig(**fields)
     config._attn_implementation = "eager"
-    attn = modeling_roberta.RobertaAttention(config, is_causal=True, layer_idx=layer)
+    attn = _ROBERTA.RobertaAttention(config, is_causal=True, layer_idx=layer)
     return config.to_dict(), Layer(
         modeling_roberta, attn, None, hf_masks.create_causal_mask, config
     )
@@ -624,12 +630,12 @@ def _t5(config: Any, layer: int, mask_fn: Callable[..., Any]) -> Layer:
     given layer 0's table as ``relative_attention_bias`` (what the request must carry); its
     bias is computed by a layer-0 module holding that table."""
     config._attn_implementation = "eager"
-    attn = modeling_t5.T5Attention(
+    attn: Any = _T5.T5Attention(
         config, has_relative_attention_bias=layer == 0, layer_idx=layer, is_causal=config.is_decoder
     )
     first = attn
     if layer > 0:
-        first = modeling_t5.T5Attention(config, has_relative_attention_bias=True, layer_idx=0)
+        first = _T5.T5Attention(config, has_relative_attention_bias=True, layer_idx=0)
         attn.relative_attention_bias = first.relative_attention_bias  # layer 0's, shared
     own = attn.forward
 
@@ -647,14 +653,14 @@ def t5(layer: int) -> tuple[Any, Layer]:
     """T5's encoder (is_decoder false): bidirectional buckets, no mask (T5Stack's
     create_bidirectional_mask gives none without padding); 8 buckets, max_distance 10, so
     that the logarithmic buckets show over 12 tokens."""
-    config: Any = modeling_t5.T5Config(**T5_FIELDS)
+    config: Any = transformers.T5Config(**T5_FIELDS)
     return config.to_dict(), _t5(config, layer, hf_masks.create_bidirectional_mask)
 
 
 def t5_decoder(layer: int) -> tuple[Any, Layer]:
     """T5's decoder self-attention, its config as T5Model builds the decoder's (is_decoder
     true, num_layers = num_decoder_layers = 3): one-sided buckets, the causal mask."""
-    config: Any = modeling_t5.T5Config(**T5_FIELDS)
+    config: Any = transformers.T5Config(**T5_FIELDS)
     config.is_decoder, config.num_layers = True, config.num_decoder_layers
     return config.to_dict(), _t5(config, layer, hf_masks.create_causal_mask)
 
@@ -883,7 +889,7 @@ def test_berts_self_attention_alone_is_answered_without_the_output_block(
     block): the answer is its output, the heads' concatenation, with neither the residual nor
     the layer norm the config would give the whole BertAttention."""
     cfg, hf = bert(0)
-    hf.attn = modeling_bert.BertSelfAttention(hf.config, layer_idx=0).double().eval()
+    hf.attn = _BERT.BertSelfAttention(hf.config, layer_idx=0).double().eval()
     _fill(hf, 7)
     x = np.random.default_rng(7).normal(size=(L, SIZES["hidden_size"]))
     expected = _run(hf, x, list(range(L)))

@@ -237,7 +237,7 @@ def test_a_later_t5_layer_without_layer_0s_table_is_a_422_asking_for_it(
 
 @pytest.mark.parametrize(
     ("body", "field", "words"),
-    [(t5_body(0, **{"relative_attention_bias.weight": np.ones((6, H))}),
+    [({**t5_body(0), "relative_attention_bias.weight": np.ones((6, H))},
       "relative_attention_bias.weight", "relative_attention_num_buckets is 8"),
      ({**t5_body(0), "config": None}, "relative_attention_bias.weight", "give the model's config"),
      (t5_body(0, relative_bias={"table": np.ones((8, H)).tolist()}),
