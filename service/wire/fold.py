@@ -11,6 +11,11 @@ rules, the plan and the engine see one form of each:
   config's family or ``qkv_layout`` says): ``q_proj.weight``, ``k_proj.weight`` and
   ``v_proj.weight`` (and biases), how they were read kept for the ``unpack`` step
   (:mod:`service.wire.fused`).
+- the encoders' own state dict entries: BERT's and RoBERTa's ``output.LayerNorm.weight``/``.bias``
+  (with ``output.dense``: the block's residual and layer norm, eps from the config's
+  ``layer_norm_eps``; without them the module is BertSelfAttention, the self-attention alone),
+  T5's ``relative_attention_bias.weight`` (``relative_bias``'s table: layer 0's, which T5 adds
+  on every layer; refused where no config or ``relative_bias`` says how to bucket it).
 - ``gate: true`` (Qwen3-Next): ``q_proj.weight`` holds each head's query rows then its gate
   rows (``view(L, h, 2·d)`` then ``chunk(2)``), split into ``q_proj.weight`` and
   ``gate.w``; ``q_proj.bias`` likewise.
@@ -23,8 +28,8 @@ from pydantic import AliasChoices, ValidationError
 
 from service.wire.errors import FieldError
 from service.wire.fused import unpacked
-from service.wire.hf_config import ConfigError, from_config
-from service.wire.schemas.requests import GateOptions, MultiheadRequest
+from service.wire.hf_config import ConfigError, FromConfig, from_config
+from service.wire.schemas.requests import GateOptions, LayerNormOptions, MultiheadRequest
 
 # the fields that give the values, by the field that gives the keys in the same form
 _VALUES_OF_KEYS = {
@@ -45,7 +50,8 @@ def folded(req: MultiheadRequest) -> MultiheadRequest:
         taken, keys = req._config_taken, req._config_keys
         req = req.model_copy(update=fields)
         req._config_taken, req._config_keys, req._unpacked = taken, keys, how
-    update = _values_are_keys(req) if req.k_eq_v else {}
+    update = _output_block(req) | _relative_table(req)
+    update |= _values_are_keys(req) if req.k_eq_v else {}
     if req.gate is True:
         update |= _gate_rows(req)
     return req.model_copy(update=update) if update else req
@@ -69,6 +75,7 @@ def _configured(req: MultiheadRequest) -> MultiheadRequest:
     given = req.model_fields_set
     taken = {name: "request" for name in implied.fields if name in given and name != "mask"}
     chosen = {name: value for name, value in implied.fields.items() if name not in taken}
+    chosen, skipped = _encoder_fields(req, implied, chosen)
     try:
         parsed = MultiheadRequest.model_validate(chosen)
     except ValidationError as e:
@@ -86,7 +93,9 @@ def _configured(req: MultiheadRequest) -> MultiheadRequest:
         update["mask"] = [*(parsed.mask or []), *req.mask]
     out = req.model_copy(update=update)
     out._config_taken = {
-        field: key for field, key in implied.taken.items() if field.split(".")[0] not in taken
+        field: key
+        for field, key in implied.taken.items()
+        if field.split(".")[0] not in taken and field.split(".")[0] not in skipped
     } | taken
     out._config_keys = implied.unread
     return out
@@ -169,3 +178,114 @@ def _gate_rows(req: MultiheadRequest) -> dict[str, Any]:
     gate_w = np.ascontiguousarray(per_head[:, 1].reshape(h * d, -1))  # (h·d, d_model) out_in
     update["gate"] = GateOptions.model_construct(w=gate_w, b=gate_b)
     return update
+
+
+# ---- the encoders: BERT's and RoBERTa's output block, T5's relative bias table ---------------
+
+_BLOCK = ("output.LayerNorm.weight", "output.LayerNorm.bias")
+
+
+def _has_block(req: MultiheadRequest) -> bool:
+    return req.output_layer_norm_weight is not None or req.output_layer_norm_bias is not None
+
+
+def _encoder_fields(
+    req: MultiheadRequest, implied: FromConfig, chosen: dict[str, Any]
+) -> tuple[dict[str, Any], set[str]]:
+    """The config's fields for an encoder's state dict: BERT's block fields (residual, layer
+    norm) only with ``output.LayerNorm`` in it, else none of them (BertSelfAttention alone);
+    T5's relative bias with the state dict's table. Also the block fields left out."""
+    skipped: set[str] = set()
+    if implied.block and not _has_block(req):
+        if req.o_proj_weight is not None or req.o_proj_bias is not None:
+            raise FieldError(
+                "output.LayerNorm.weight",
+                "output.dense without output.LayerNorm: BertAttention's output block applies "
+                "the dense projection, the residual and the LayerNorm together; send the "
+                "whole BertAttention state dict, or the self-attention's alone (query, key, "
+                "value) for the heads' concatenation",
+            )
+        skipped = set(implied.block)
+        chosen = {name: value for name, value in chosen.items() if name not in skipped}
+    if "relative_bias" in chosen and implied.buckets is not None:
+        table = _table_for(req, implied.buckets)
+        chosen = chosen | {"relative_bias": {**chosen["relative_bias"], "table": table}}
+    return chosen, skipped
+
+
+def _table_for(req: MultiheadRequest, buckets: tuple[int, str]) -> Any:
+    """T5's table for the layer: the request's relative_attention_bias.weight (layer 0's)."""
+    table, (rows, key) = req.relative_attention_bias_weight, buckets
+    name = "relative_attention_bias.weight"
+    if table is None:
+        raise FieldError(
+            name,
+            f"T5 adds a relative position bias on every layer, bucketed from layer 0's table "
+            f"(T5Stack computes it in layer 0 and passes it on): layer {req.layer}'s request "
+            f"needs layer 0's {name} [{rows}][num_heads] with its own weights",
+        )
+    if table.shape[0] != rows:
+        raise FieldError(
+            name,
+            f"{name} has {table.shape[0]} rows but config.{key.split(' (')[0]} is {rows}: "
+            "it is T5's table of num_buckets rows, one column per head",
+        )
+    return table
+
+
+def _relative_table(req: MultiheadRequest) -> dict[str, Any]:
+    """A relative_attention_bias.weight the config did not place: refused (nothing says how
+    to bucket it), or twice given."""
+    if req.relative_attention_bias_weight is None:
+        return {}
+    taken = req._config_taken or {}
+    if taken.get("relative_bias") not in (None, "request"):  # the config's, table placed
+        return {"relative_attention_bias_weight": None}
+    if req.relative_bias is not None:
+        raise FieldError(
+            "relative_attention_bias.weight",
+            "relative_bias.table and relative_attention_bias.weight are the same numbers: "
+            "give one of them",
+        )
+    raise FieldError(
+        "relative_attention_bias.weight",
+        "relative_attention_bias.weight is T5's bucket table: give the model's config "
+        "(model_type t5: is_decoder and relative_attention_max_distance say how positions "
+        "are bucketed), or relative_bias {table, bidirectional, max_distance} instead",
+    )
+
+
+def _output_block(req: MultiheadRequest) -> dict[str, Any]:
+    """BertAttention's output.LayerNorm: residual true and the layer norm with its weight and
+    bias, the eps from the config (layer_norm_eps) or the request's layer_norm.eps."""
+    if not _has_block(req):
+        return {}
+    gamma, beta = req.output_layer_norm_weight, req.output_layer_norm_bias
+    for name, value in zip(_BLOCK, (gamma, beta), strict=True):
+        if value is None:
+            raise FieldError(name, f"{name} is missing: BertSelfOutput's LayerNorm has both")
+    if req.o_proj_weight is None:
+        raise FieldError(
+            "output.dense.weight",
+            "output.LayerNorm is BertSelfOutput's, after output.dense: give output.dense.weight "
+            "(and output.dense.bias) too",
+        )
+    norm = req.layer_norm  # options with eps: the config's layer_norm_eps or the request's
+    if not isinstance(norm, LayerNormOptions) or "eps" not in norm.model_fields_set:
+        raise FieldError(
+            "layer_norm.eps",
+            "output.LayerNorm's eps is not known: give the model's config (layer_norm_eps) or "
+            'layer_norm {"eps": …}',
+        )
+    if norm.gamma is not None or norm.beta is not None:
+        raise FieldError(
+            "layer_norm",
+            "layer_norm's gamma/beta and output.LayerNorm.weight/bias are the same numbers: "
+            "give one of them",
+        )
+    update: dict[str, Any] = {
+        "layer_norm": norm.model_copy(update={"gamma": gamma, "beta": beta}),
+        "output_layer_norm_weight": None,
+        "output_layer_norm_bias": None,
+    }
+    return update | ({} if "residual" in req.model_fields_set else {"residual": True})

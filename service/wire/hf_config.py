@@ -74,6 +74,12 @@ class FromConfig:
     taken: dict[str, str]  # {request field: the config key it came from}
     # the config's other keys, judged not to change this layer (hf_config_keys.KEYS)
     unread: list[str] = field(default_factory=list)
+    # fields that hold only when the state dict has the module's output block (BERT's and
+    # RoBERTa's output.LayerNorm): without it the module is the self-attention alone
+    block: tuple[str, ...] = ()
+    # T5: relative_bias.table's rows (relative_attention_num_buckets) and the key that says so;
+    # the table itself is the state dict's relative_attention_bias.weight (layer 0's)
+    buckets: tuple[int, str] | None = None
 
 
 # model type -> the family whose defaults and rules it takes (the verified types only)
@@ -105,7 +111,7 @@ _INTERLEAVED: tuple[str, ...] = ("llama4",)
 _INTERLEAVED += ("helium", "ernie4_5", "glm", "glm4")
 _INTERLEAVED += ("cohere2",)  # Cohere 2: repeat_interleave'd frequencies
 # families without RoPE: OPT's learned positions are added to the embeddings, outside the layer
-_NO_ROPE = ("opt",)
+_NO_ROPE: tuple[str, ...] = ("opt",)
 # families whose head_dim is hidden_size // num_attention_heads whatever the config says
 # (Cohere2Config overwrites the key; OPTAttention's head_dim is embed_dim // num_heads)
 _HEAD_DIM_OF_HIDDEN: tuple[str, ...] = ("cohere2",)
@@ -114,6 +120,23 @@ _HEAD_DIM_OF_HIDDEN += ("stablelm",)  # StableLmAttention: hidden_size // num_he
 # how each family's module packs a fused projection (service.wire.fused.LAYOUTS), read when the
 # state dict holds one (Phi-3's qkv_proj: [q; k; v] rows)
 _QKV_LAYOUTS = {"phi3": "rows", "gpt_neox": "per_head"}
+# the encoders: no RoPE (learned absolute positions, or T5's relative bias), no causal mask
+# unless is_decoder; BERT's head size is hidden_size // heads (BertSelfAttention)
+_BERTS = ("bert", "roberta")
+_ENCODERS = (*_BERTS, "t5")
+_NO_ROPE += _ENCODERS
+_HEAD_DIM_OF_HIDDEN += _BERTS
+# config keys under the family's own names: {family: {the usual name: its names, first
+# given wins}} (T5Config's attribute_map); a decoder's layers are counted by num_decoder_layers
+_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
+    "t5": {
+        "num_attention_heads": ("num_heads",),
+        "hidden_size": ("d_model",),
+        "head_dim": ("d_kv",),
+        "num_hidden_layers": ("num_layers",),
+    },
+}
+_DECODER_NAMES = {"t5": {"num_hidden_layers": ("num_decoder_layers", "num_layers")}}
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
 # a family's own step, from the config key of the field's name where hf_config_keys.KEYS says
 # the type reads it: {key: what the layer does with it, when null is no layer ("" when null is
@@ -140,6 +163,9 @@ class _Config:
         self.model_type = model_type_of(raw, self.c if nested else None)
         self.family = _FAMILIES[self.model_type]
         self.taken: dict[str, str] = {}
+        self.names = _NAMES.get(self.family, {})
+        if self.c.get("is_decoder") and self.family in _DECODER_NAMES:
+            self.names = self.names | _DECODER_NAMES[self.family]
         per_layer = self.c.get("per_layer_config")  # 5.23's to_dict: {"05": {"head_dim": …}}
         entries = per_layer.items() if isinstance(per_layer, Mapping) else ()
         self.own: tuple[Mapping[str, Any], str] = next(
@@ -152,7 +178,12 @@ class _Config:
         )
 
     def get(self, key: str) -> tuple[Any, str]:
-        """The key's value and where it came from (None, "" when neither given nor defaulted)."""
+        """The key's value and where it came from (None, "" when neither given nor defaulted),
+        under the family's own name where it has one (T5's ``num_heads``, ``d_model`` …)."""
+        found = [got for name in self.names.get(key, (key,)) if (got := self._get(name))[1]]
+        return next((got for got in found if got[0] is not None), found[0] if found else (None, ""))
+
+    def _get(self, key: str) -> tuple[Any, str]:
         if key in self.own[0]:
             return self.own[0][key], self.own[1] + key
         if key in self.c:
@@ -191,7 +222,7 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
         unread += unread_keys(config, c.model_type)
     n_layers, n_src = c.get("num_hidden_layers")
     if n_layers is not None and layer >= _int(n_layers, _key(n_src)):
-        raise ConfigError("layer", f"layer {layer} but the config has num_hidden_layers {n_layers}")
+        raise ConfigError("layer", f"layer {layer} but the config has {_key(n_src)} {n_layers}")
     heads, h_src = c.get("num_attention_heads")
     if heads is None:
         raise ConfigError("config.num_attention_heads", "the config has no num_attention_heads")
@@ -205,15 +236,20 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
         "num_key_value_heads",
     )
     if mla is None:
-        if kv is not None:
+        if kv is not None and c.family not in _ENCODERS:  # BERT, T5: every head its own k, v
             fields["num_kv_heads"] = c.take("num_kv_heads", kv_src, _int(kv, _key(kv_src)))
         fields["d_k"] = c.take("d_k", hd_src, head_dim)
     rope = _rope(c, kind, layer, head_dim, mla is not None)
     fields |= {"rope": rope} if rope is not None else {}
-    fields |= _variants(c, kind, rope is not None) | {"mask": _mask(c, kind, kind_src, layer)}
+    fields |= _variants(c, kind, rope is not None)
+    mask = _encoder_mask(c) if c.family in _ENCODERS else _mask(c, kind, kind_src, layer)
+    fields |= {"mask": mask} if mask else {}
     fields |= {"mla": mla} if mla is not None else {}
     if (layout := _QKV_LAYOUTS.get(c.family)) is not None:
         fields["qkv_layout"] = c.take("qkv_layout", f"model_type {c.model_type}", layout)
+    if c.family in _ENCODERS:
+        own, block, buckets = _encoder(c)
+        return FromConfig(fields | own, c.taken, unread, block, buckets)
     return FromConfig(fields, c.taken, unread)
 
 
@@ -559,3 +595,38 @@ def _mask(c: _Config, kind: str, kind_src: str, layer: int) -> list[dict[str, An
         c.taken["mask.window"], c.taken["mask.window.left"] = kind_src, w_src
         mask.append({"type": "window", "left": _int(window, _key(w_src)) - 1, "right": 0})
     return mask
+
+
+def _encoder_mask(c: _Config) -> list[dict[str, Any]]:
+    """BERT, RoBERTa and T5 attend both ways (their models' create_bidirectional_mask, no
+    mask without padding); with ``is_decoder`` their models build the causal mask."""
+    decoder, src = c.get("is_decoder")
+    if not decoder:
+        c.taken["mask"] = src  # an encoder: no mask
+        return []
+    c.taken["mask.causal"] = src
+    return [{"type": "causal"}]
+
+
+def _encoder(c: _Config) -> tuple[dict[str, Any], tuple[str, ...], tuple[int, str] | None]:
+    """The encoders' own fields: BERT's and RoBERTa's output block (BertSelfOutput:
+    LayerNorm(dense(attention) + x), eps ``layer_norm_eps``; it holds only with
+    ``output.LayerNorm`` in the state dict), T5's scale 1 (T5Attention.scaling) and bucketed
+    relative bias (``bidirectional`` unless ``is_decoder``; the table is layer 0's
+    ``relative_attention_bias.weight``, which T5Stack uses for every layer)."""
+    why = f"model_type {c.model_type}"
+    if c.family in _BERTS:
+        eps, e_src = c.get("layer_norm_eps")
+        c.taken["residual"] = f"{why} (BertSelfOutput: LayerNorm(dense(attention) + x))"
+        norm = {"eps": c.take("layer_norm.eps", e_src, _num(eps, _key(e_src), _POSITIVE))}
+        return {"residual": True, "layer_norm": norm}, ("residual", "layer_norm"), None
+    decoder, d_src = c.get("is_decoder")
+    buckets, b_src = c.get("relative_attention_num_buckets")
+    distance, m_src = c.get("relative_attention_max_distance")
+    c.taken["relative_bias"] = f"{why} (layer 0's relative_attention_bias.weight, every layer)"
+    bias = {
+        "bidirectional": c.take("relative_bias.bidirectional", d_src, not decoder),
+        "max_distance": c.take("relative_bias.max_distance", m_src, _int(distance, _key(m_src))),
+    }
+    scale = c.take("scale", f"{why} (T5Attention.scaling: 1)", 1.0)
+    return {"relative_bias": bias, "scale": scale}, (), (_int(buckets, _key(b_src)), b_src)

@@ -40,6 +40,7 @@ VERIFIED += _words("opt")
 VERIFIED += _words("phi")
 VERIFIED += _words("stablelm")
 VERIFIED += _words("gpt_neox")  # its fused query_key_value: service.wire.fused
+VERIFIED += _words("bert roberta t5")  # the encoders (and T5's decoder self-attention)
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
@@ -66,6 +67,8 @@ _QK_NORM += f" glm4_moe apertus exaone4 {_QWEN3_5}"
 _MLA = "deepseek_v2 deepseek_v3"
 _GEMMAS = "gemma gemma2 gemma3_text gemma4_text"
 _GRANITES = "granite granitemoe"  # attention_multiplier is their scale
+_BERTS = "bert roberta"  # BertAttention: self-attention, then output.dense, residual, LayerNorm
+_ENCODERS = f"{_BERTS} t5"
 
 
 class ConfigError(ValueError):
@@ -158,7 +161,12 @@ KEYS: dict[str, Key] = {
     "rotary_dim": Key(why="a partial rotation"),
     "rotary_pct": Key(inert="cohere2", why="a partial rotation"),
     "rotary_emb_base": Key(why="the RoPE base"),
-    "position_embedding_type": Key(inert="cohere2", why="the position encoding"),
+    "position_embedding_type": Key(
+        inert="cohere2",
+        neutral=(None, "absolute"),  # learned positions added to the embeddings, outside
+        why="the position encoding (BERT's relative_key and relative_key_query added learned "
+        "distance embeddings to the scores; transformers 5.23 no longer computes them)",
+    ),
     "alibi": Key(neutral=_OFF, why="ALiBi"),
     "use_alibi": Key(neutral=_OFF, why="ALiBi"),
     "use_logn_attn": Key(neutral=_OFF, why="log-n query scaling"),
@@ -166,11 +174,9 @@ KEYS: dict[str, Key] = {
     "llama_4_scaling_beta": Key(why="a position-dependent query scale"),
     # the block's LayerNorms (and the q/k LayerNorms of qk_layernorm, refused on its own)
     "layer_norm_eps": Key(
-        inert="cohere2 phi stablelm gpt_neox", why="the q/k LayerNorms' eps (Cohere)"
+        reads=_BERTS, inert="cohere2 phi stablelm gpt_neox", why="the q/k LayerNorms' eps (Cohere)"
     ),
     "classifier_dropout": _INERT,  # a classification head's, in training
-    # GPTNeoXConfig writes is_decoder false, yet its every layer is causal (GPTNeoXModel's mask)
-    "is_decoder": Key(inert="gpt_neox", neutral=_OFF, why="whether the layer is causal"),
     # ---- Cohere's own config.json keys that 5.23's Cohere2 modeling never reads
     **{
         k: Key(inert="cohere2", why="Cohere's layer layout")
@@ -197,6 +203,33 @@ KEYS: dict[str, Key] = {
     # StableLM: its q, k, v biases come with the state dict; the parallel residual is the block's
     "use_qkv_bias": Key(inert="stablelm"),
     "use_parallel_residual": Key(inert="stablelm gpt_neox"),
+    # ---- the encoders: BERT's and RoBERTa's block, T5's names and its relative bias
+    # GPTNeoXConfig writes is_decoder false, yet its every layer is causal (GPTNeoXModel's mask)
+    "is_decoder": Key(
+        reads=_ENCODERS, inert="gpt_neox", neutral=_OFF, why="a decoder's causal mask"
+    ),
+    **{
+        k: Key(reads="t5")
+        for k in _words("""
+            num_heads d_model d_kv num_layers num_decoder_layers relative_attention_num_buckets
+            relative_attention_max_distance
+        """)
+    },
+    # T5's feed-forward, its block's RMSNorm (layer_norm_epsilon, before the attention module),
+    # dropouts and initialisation; BERT's token types, dropouts, cross-attention layers
+    **{
+        k: Key(inert="t5")
+        for k in _words("""
+            d_ff dropout_rate layer_norm_epsilon initializer_factor feed_forward_proj
+            dense_act_fn is_gated_act scale_decoder_outputs n_positions task_specific_params
+            output_past
+        """)
+    },
+    **{
+        k: Key(inert=_BERTS)
+        for k in _words("type_vocab_size hidden_dropout_prob attention_probs_dropout_prob")
+    },
+    "add_cross_attention": Key(inert=_BERTS, neutral=_OFF, why="cross-attention layers"),
     # ---- never the attention layer's numbers
     **{
         k: _INERT
@@ -290,6 +323,12 @@ _APERTUS_ROPE = {
     "low_freq_factor": 1.0,
     "high_freq_factor": 4.0,
 }
+_BERT_DEFAULTS = {
+    "hidden_size": 768,
+    "num_attention_heads": 12,
+    "layer_norm_eps": 1e-12,
+    "is_decoder": False,
+}
 # the transformers 5.23 configuration classes' defaults for the keys hf_config.py reads, per
 # family (hf_config.py's _FAMILIES)
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -353,6 +392,18 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "helium": {"head_dim": 128, "rope_theta": 100_000.0},
     "phi": {"partial_rotary_factor": 0.5},
     "stablelm": {"partial_rotary_factor": 0.25},
+    # the encoders' 5.23 defaults (T5's under its own names: hf_config._NAMES)
+    "bert": _BERT_DEFAULTS,
+    "roberta": _BERT_DEFAULTS,
+    "t5": {
+        "is_decoder": False,
+        "d_model": 512,
+        "d_kv": 64,
+        "num_heads": 8,
+        "num_layers": 6,
+        "relative_attention_num_buckets": 32,
+        "relative_attention_max_distance": 128,
+    },
     "ernie4_5": {"head_dim": 128, "rope_theta": 500_000.0},
     "glm": {"head_dim": 128, "partial_rotary_factor": 0.5},
     "llama4": {

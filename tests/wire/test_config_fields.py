@@ -707,3 +707,69 @@ def test_stablelm_takes_a_quarter_of_the_head_and_hidden_size_over_heads() -> No
     assert got.fields["d_k"] == 64 and got.taken["d_k"] == "hidden_size / num_attention_heads"
     assert got.fields["rope"] == {"base": 1e4, "rotary_dim": 16}
     assert got.taken["rope.rotary_dim"] == "partial_rotary_factor (absent: stablelm's default)"
+
+
+# ---- the encoders: T5's own key names, BERT's block -----------------------------------------
+
+T5_SMALL = {  # google-t5/t5-small's config.json (its task_specific_params shortened)
+    "architectures": ["T5ForConditionalGeneration"], "d_ff": 2048, "d_kv": 64, "d_model": 512,
+    "decoder_start_token_id": 0, "dropout_rate": 0.1, "eos_token_id": 1,
+    "initializer_factor": 1.0, "is_encoder_decoder": True, "layer_norm_epsilon": 1e-06,
+    "model_type": "t5", "n_positions": 512, "num_heads": 8, "num_layers": 6,
+    "output_past": True, "pad_token_id": 0, "relative_attention_num_buckets": 32,
+    "task_specific_params": {"summarization": {"prefix": "summarize: "}}, "vocab_size": 32128,
+}  # fmt: skip
+BERT_BASE = {  # google-bert/bert-base-uncased's config.json
+    "architectures": ["BertForMaskedLM"], "attention_probs_dropout_prob": 0.1,
+    "gradient_checkpointing": False, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+    "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert",
+    "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 0,
+    "position_embedding_type": "absolute", "transformers_version": "4.6.0.dev0",
+    "type_vocab_size": 2, "use_cache": True, "vocab_size": 30522,
+}  # fmt: skip
+
+
+def test_t5_small_under_its_own_key_names() -> None:
+    """num_heads, d_kv (the head size, not d_model ÷ heads in general), scale 1, the relative
+    bias bidirectional in the encoder, relative_attention_max_distance left out (T5's 128);
+    no mask, no RoPE."""
+    got = from_config(T5_SMALL, 5)
+    assert got.fields == {
+        "num_heads": 8, "d_k": 64, "scale": 1.0,
+        "relative_bias": {"bidirectional": True, "max_distance": 128},
+    }  # fmt: skip
+    assert got.buckets == (32, "relative_attention_num_buckets")
+    assert got.taken["num_heads"] == "num_heads" and got.taken["d_k"] == "d_kv"
+    assert got.taken["relative_bias.max_distance"] == (
+        "relative_attention_max_distance (absent: t5's default)"
+    )
+    assert {"d_ff", "layer_norm_epsilon", "task_specific_params", "n_positions"} <= set(got.unread)
+    with pytest.raises(ConfigError, match="layer 6 but the config has num_layers 6"):
+        from_config(T5_SMALL, 6)
+
+
+def test_t5s_decoder_is_causal_with_one_sided_buckets_and_counts_its_own_layers() -> None:
+    """is_decoder true (T5Model's decoder config): the causal mask, bidirectional false, and
+    num_decoder_layers (here 8, the encoder's 6) counts the layers."""
+    decoder = {**T5_SMALL, "is_decoder": True, "num_decoder_layers": 8}
+    got = from_config(decoder, 7)
+    assert got.fields["mask"] == [{"type": "causal"}]
+    assert got.fields["relative_bias"]["bidirectional"] is False
+    assert got.taken["relative_bias.bidirectional"] == "is_decoder"
+    with pytest.raises(ConfigError, match="num_decoder_layers 8"):
+        from_config(decoder, 8)
+
+
+def test_bert_base_its_block_no_mask_and_no_rope() -> None:
+    """bert-base-uncased: head size 768 ÷ 12, the block's residual and layer norm (eps
+    layer_norm_eps 1e-12) as fields that hold only with output.LayerNorm in the state dict,
+    no mask (an encoder), no RoPE (absolute positions join the embeddings)."""
+    got = from_config(BERT_BASE, 11)
+    assert got.fields == {"num_heads": 12, "d_k": 64, "residual": True,
+                          "layer_norm": {"eps": 1e-12}}  # fmt: skip
+    assert got.block == ("residual", "layer_norm") and got.taken["layer_norm.eps"] == (
+        "layer_norm_eps"
+    )
+    assert got.taken["mask"] == "is_decoder (absent: bert's default)"
+    assert "position_embedding_type" in got.unread

@@ -53,6 +53,7 @@ from transformers import masking_utils as hf_masks  # noqa: E402
 from transformers import modeling_rope_utils as hf_rope  # noqa: E402
 from transformers.models.apertus import modeling_apertus  # noqa: E402
 from transformers.models.apertus.configuration_apertus import ApertusConfig  # noqa: E402
+from transformers.models.bert import modeling_bert  # noqa: E402
 from transformers.models.cohere2 import modeling_cohere2  # noqa: E402
 from transformers.models.cohere2.configuration_cohere2 import Cohere2Config  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: E402
@@ -66,6 +67,7 @@ from transformers.models.glm import modeling_glm  # noqa: E402
 from transformers.models.glm4 import modeling_glm4  # noqa: E402
 from transformers.models.glm4_moe import modeling_glm4_moe  # noqa: E402
 from transformers.models.glm4_moe.configuration_glm4_moe import Glm4MoeConfig  # noqa: E402
+from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
 from transformers.models.granite import modeling_granite  # noqa: E402
 from transformers.models.granitemoe import modeling_granitemoe  # noqa: E402
 from transformers.models.helium import modeling_helium  # noqa: E402
@@ -74,7 +76,6 @@ from transformers.models.olmo import modeling_olmo  # noqa: E402
 from transformers.models.opt import modeling_opt  # noqa: E402
 from transformers.models.opt.configuration_opt import OPTConfig  # noqa: E402
 from transformers.models.phi import modeling_phi  # noqa: E402
-from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
 from transformers.models.phi3 import modeling_phi3  # noqa: E402
 from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config  # noqa: E402
@@ -83,7 +84,9 @@ from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import (  # noqa:
     Qwen3_5MoeConfig,
 )
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
+from transformers.models.roberta import modeling_roberta  # noqa: E402
 from transformers.models.stablelm import modeling_stablelm  # noqa: E402
+from transformers.models.t5 import modeling_t5  # noqa: E402
 
 from harness.hf_reference import _widened, float64_torch_in  # noqa: E402
 
@@ -565,6 +568,103 @@ def stablelm(layer: int) -> tuple[Any, Layer]:
     return _causal(modeling_stablelm, "StableLm", fields, layer)
 
 
+# ---- the encoders: BERT, RoBERTa, T5 --------------------------------------------------------
+
+
+# the encoders' modeling modules, their classes untyped (BertAttention's __init__ has no hints)
+_BERT: Any = modeling_bert
+_ROBERTA: Any = modeling_roberta
+_T5: Any = modeling_t5
+
+
+def bert(layer: int) -> tuple[Any, Layer]:
+    """As google-bert/bert-base-uncased's config.json: position_embedding_type absolute (added
+    to the embeddings, outside the layer), type_vocab_size, the dropouts, is_decoder false (no
+    mask: BertModel's create_bidirectional_mask gives none without padding), layer_norm_eps
+    (1e-12 there; 1e-3 here, so that it bites); head size hidden ÷ heads = 8. The module is the
+    whole BertAttention: self.query/key/value with biases, then output.dense, the residual and
+    output.LayerNorm."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "bert", "num_attention_heads": 4, "num_hidden_layers": 2,
+        "layer_norm_eps": 1e-3, "position_embedding_type": "absolute", "type_vocab_size": 2,
+        "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "is_decoder": False,
+        "max_position_embeddings": 64, **NO_TOKENS,
+    }  # fmt: skip
+    config: Any = transformers.BertConfig(**fields)
+    config._attn_implementation = "eager"
+    attn = _BERT.BertAttention(config, is_causal=False, layer_idx=layer)
+    return config.to_dict(), Layer(
+        modeling_bert, attn, None, hf_masks.create_bidirectional_mask, config
+    )
+
+
+def roberta_decoder(layer: int) -> tuple[Any, Layer]:
+    """As FacebookAI/roberta-base's config.json, made a decoder (is_decoder true, as
+    RobertaForCausalLM asks): RobertaModel's causal mask; layer_norm_eps 1e-5 (1e-5 there);
+    the whole RobertaAttention."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "roberta", "num_attention_heads": 4, "num_hidden_layers": 2,
+        "layer_norm_eps": 1e-5, "type_vocab_size": 1, "is_decoder": True,
+        "max_position_embeddings": 64, **NO_TOKENS,
+    }  # fmt: skip
+    config: Any = transformers.RobertaConfig(**fields)
+    config._attn_implementation = "eager"
+    attn = _ROBERTA.RobertaAttention(config, is_causal=True, layer_idx=layer)
+    return config.to_dict(), Layer(
+        modeling_roberta, attn, None, hf_masks.create_causal_mask, config
+    )
+
+
+T5_FIELDS: dict[str, Any] = {  # google-t5/t5-small's kinds of keys, tiny; d_kv 12 ≠ 32 ÷ 4
+    "model_type": "t5", "d_model": 32, "d_kv": 12, "d_ff": 16, "vocab_size": 16,
+    "num_heads": 4, "num_layers": 2, "num_decoder_layers": 3,
+    "relative_attention_num_buckets": 8, "relative_attention_max_distance": 10,
+    "dropout_rate": 0.1, "layer_norm_epsilon": 1e-6, "feed_forward_proj": "relu",
+    "n_positions": 512, "output_past": True, "decoder_start_token_id": 0, **NO_TOKENS,
+}  # fmt: skip
+
+
+def _t5(config: Any, layer: int, mask_fn: Callable[..., Any]) -> Layer:
+    """T5Attention as T5Stack runs it: layer 0 (has_relative_attention_bias) computes the
+    position bias from its table and every layer adds it, scale 1. A later layer's module is
+    given layer 0's table as ``relative_attention_bias`` (what the request must carry); its
+    bias is computed by a layer-0 module holding that table."""
+    config._attn_implementation = "eager"
+    attn: Any = _T5.T5Attention(
+        config, has_relative_attention_bias=layer == 0, layer_idx=layer, is_causal=config.is_decoder
+    )
+    first = attn
+    if layer > 0:
+        first = _T5.T5Attention(config, has_relative_attention_bias=True, layer_idx=0)
+        attn.relative_attention_bias = first.relative_attention_bias  # layer 0's, shared
+    own = attn.forward
+
+    def forward(hidden_states: Any, attention_mask: Any = None) -> tuple[Any, Any]:
+        n = hidden_states.shape[1]
+        bias = first.compute_bias(n, n)  # T5Stack: layer 0's, passed to every layer
+        out, _, weights = own(hidden_states, mask=attention_mask, position_bias=bias)
+        return out, weights
+
+    attn.forward = forward
+    return Layer(modeling_t5, attn, None, mask_fn, config)
+
+
+def t5(layer: int) -> tuple[Any, Layer]:
+    """T5's encoder (is_decoder false): bidirectional buckets, no mask (T5Stack's
+    create_bidirectional_mask gives none without padding); 8 buckets, max_distance 10, so
+    that the logarithmic buckets show over 12 tokens."""
+    config: Any = transformers.T5Config(**T5_FIELDS)
+    return config.to_dict(), _t5(config, layer, hf_masks.create_bidirectional_mask)
+
+
+def t5_decoder(layer: int) -> tuple[Any, Layer]:
+    """T5's decoder self-attention, its config as T5Model builds the decoder's (is_decoder
+    true, num_layers = num_decoder_layers = 3): one-sided buckets, the causal mask."""
+    config: Any = transformers.T5Config(**T5_FIELDS)
+    config.is_decoder, config.num_layers = True, config.num_decoder_layers
+    return config.to_dict(), _t5(config, layer, hf_masks.create_causal_mask)
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -709,6 +809,21 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
     ("gpt_neox-per_head-fused", gpt_neox, 1, None,
      {"qkv_layout": "per_head", "rope": {"base": 10000.0, "rotary_dim": 4},
       "mask": [CAUSAL]}),
+    # the encoders: BERT's block (residual, post-LN), no mask; T5's relative bias, scale 1
+    ("bert-block-post_ln", bert, 1, None,
+     {"d_k": 8, "rope": None, "mask": None, "residual": True, "layer_norm": {"eps": 1e-3}}),
+    ("roberta-decoder-causal", roberta_decoder, 0, None,
+     {"d_k": 8, "rope": None, "mask": [CAUSAL], "residual": True,
+      "layer_norm": {"eps": 1e-5}}),
+    ("t5-encoder-layer0", t5, 0, None,
+     {"d_k": 12, "rope": None, "mask": None, "scale": 1.0,
+      "relative_bias": {"bidirectional": True, "max_distance": 10}}),
+    ("t5-encoder-layer1-layer0s_table", t5, 1, None,
+     {"d_k": 12, "mask": None, "scale": 1.0,
+      "relative_bias": {"bidirectional": True, "max_distance": 10}}),
+    ("t5-decoder-causal", t5_decoder, 2, None,
+     {"d_k": 12, "mask": [CAUSAL], "scale": 1.0,
+      "relative_bias": {"bidirectional": False, "max_distance": 10}}),
 ]  # fmt: skip
 
 
@@ -773,3 +888,28 @@ def test_a_stock_config_of_each_verified_family_is_read_and_each_key_judged(
     for part, prefix in ((cfg, ""), (text or {}, "text_config.")):
         assert set(part) <= set(KEYS), set(part) - set(KEYS)
         assert all(f"{prefix}{key}" in got.unread or KEYS[key].reads for key in part)
+
+
+# ---- BERT's self-attention alone: BertSelfAttention's state dict, the heads' concatenation --
+
+
+@pytest.mark.torch
+def test_berts_self_attention_alone_is_answered_without_the_output_block(
+    service_client: TestClient,
+) -> None:
+    """BertSelfAttention's own state dict (query, key, value without ``self.``; no output
+    block): the answer is its output, the heads' concatenation, with neither the residual nor
+    the layer norm the config would give the whole BertAttention."""
+    cfg, hf = bert(0)
+    hf.attn = _BERT.BertSelfAttention(hf.config, layer_idx=0).double().eval()
+    _fill(hf, 7)
+    x = np.random.default_rng(7).normal(size=(L, SIZES["hidden_size"]))
+    expected = _run(hf, x, list(range(L)))
+    state = _state(hf)
+    assert sorted(state) == sorted(f"{p}.{w}" for p in ("query", "key", "value")
+                                   for w in ("weight", "bias"))  # fmt: skip
+    body = {"x": x.tolist(), **state, "config": cfg, "include": ["output", "residual"]}
+    answer = service_client.post("/multihead", json=body).json()
+    assert "residual" not in answer and "layer_norm" not in answer["conventions"]["config"]
+    diff = float(np.abs(np.asarray(answer["output"]) - expected).max())
+    assert diff <= TOL * max(1.0, float(np.abs(expected).max())), diff

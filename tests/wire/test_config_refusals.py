@@ -202,3 +202,104 @@ def test_qk_layernorm_true_is_a_422_saying_qk_norm_cannot_state_it(
     first = error["errors"][0]
     assert first["field"] == "config.qk_layernorm", first
     assert what in first["message"] and "no bias" in first["message"], first
+
+
+# ---- the encoders: BERT's and RoBERTa's output block, T5's relative bias table -------------
+
+T5_TINY = {"d_model": D_MODEL, "d_kv": D, "num_heads": H, "num_layers": 2, "d_ff": 16,
+           "vocab_size": 16, "relative_attention_num_buckets": 8,
+           "relative_attention_max_distance": 16, "pad_token_id": None, "eos_token_id": None}  # fmt: skip
+
+
+def t5_body(layer: int, table: bool = True, **rest: Any) -> dict[str, Any]:
+    """A T5 layer's request: its config, x and T5Attention's q, k, v, o (and a table)."""
+    rng = np.random.default_rng(1)
+    config = transformers.T5Config(**T5_TINY).to_dict()
+    state = {f"{p}.weight": rng.normal(size=(H * D, D_MODEL)) for p in "qkv"}
+    state["o.weight"] = rng.normal(size=(D_MODEL, H * D))
+    if table:
+        state["relative_attention_bias.weight"] = rng.normal(size=(8, H))
+    return {"x": rng.normal(size=(L, D_MODEL)), **state, "config": config, "layer": layer,
+            "include": ["output"], **rest}  # fmt: skip
+
+
+def test_a_later_t5_layer_without_layer_0s_table_is_a_422_asking_for_it(
+    client: TestClient,
+) -> None:
+    """T5Stack adds layer 0's bucketed bias on every layer: a later layer's request without
+    layer 0's table cannot be computed (no bias would be a 200 with wrong numbers)."""
+    error = post(client, "/multihead", t5_body(1, table=False), status=422)["errors"][0]
+    assert error["field"] == "relative_attention_bias.weight", error
+    assert "layer 0's relative_attention_bias.weight" in error["message"]
+    answered = post(client, "/multihead", t5_body(1))["conventions"]["config"]
+    assert answered["relative_bias.bidirectional"] == "is_decoder"
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [({**t5_body(0), "relative_attention_bias.weight": np.ones((6, H))},
+      "relative_attention_bias.weight", "relative_attention_num_buckets is 8"),
+     ({**t5_body(0), "config": None}, "relative_attention_bias.weight", "give the model's config"),
+     (t5_body(0, relative_bias={"table": np.ones((8, H)).tolist()}),
+      "relative_attention_bias.weight", "same numbers")],
+    ids=["rows_not_num_buckets", "without_config", "with_relative_bias"],
+)  # fmt: skip
+def test_t5s_table_where_it_cannot_be_placed_is_a_422(
+    client: TestClient, body: dict[str, Any], field: str, words: str
+) -> None:
+    error = post(client, "/multihead", body, status=422)["errors"][0]
+    assert error["field"] == field and words in error["message"], error
+
+
+def bert_body(**state: Any) -> dict[str, Any]:
+    """A BERT layer's request: its config (layer_norm_eps 1e-3), x, BertAttention's state
+    dict as given here."""
+    sizes = {k: v for k, v in TINY.items() if k not in ("num_key_value_heads", "head_dim")}
+    config = transformers.BertConfig(**sizes, layer_norm_eps=1e-3).to_dict()
+    rng = np.random.default_rng(2)
+    return {"x": rng.normal(size=(L, D_MODEL)), "config": config, "include": ["output"],
+            **{k: rng.normal(size=v) for k, v in state.items()}}  # fmt: skip
+
+
+QKV = {f"self.{p}.{w}": (D_MODEL, D_MODEL) if w == "weight" else (D_MODEL,)
+       for p in ("query", "key", "value") for w in ("weight", "bias")}  # fmt: skip
+DENSE = {"output.dense.weight": (D_MODEL, D_MODEL), "output.dense.bias": (D_MODEL,)}
+NORM = {"output.LayerNorm.weight": (D_MODEL,), "output.LayerNorm.bias": (D_MODEL,)}
+
+
+@pytest.mark.parametrize(
+    ("state", "field"),
+    [({**QKV, **DENSE}, "output.LayerNorm.weight"),
+     ({**QKV, **DENSE, "output.LayerNorm.weight": (D_MODEL,)}, "output.LayerNorm.bias"),
+     ({**QKV, **NORM}, "output.dense.weight")],
+    ids=["dense_without_layernorm", "layernorm_without_bias", "layernorm_without_dense"],
+)  # fmt: skip
+def test_part_of_berts_output_block_is_a_422_naming_what_is_missing(
+    client: TestClient, state: dict[str, Any], field: str
+) -> None:
+    """BertSelfOutput is dense, the residual and the LayerNorm together: a part of it alone
+    would be some other block's numbers."""
+    error = post(client, "/multihead", bert_body(**state), status=422)["errors"][0]
+    assert error["field"] == field, error
+
+
+def test_berts_layernorm_without_config_needs_its_eps(client: TestClient) -> None:
+    """Without config nothing says BERT's eps (1e-12 in bert-base, not torch's 1e-5): a 422
+    naming layer_norm.eps; with layer_norm {"eps"} the block is answered, as the config's."""
+    body = {**bert_body(**QKV, **DENSE, **NORM), "config": None, "num_heads": H}
+    error = post(client, "/multihead", body, status=422)["errors"][0]
+    assert error["field"] == "layer_norm.eps", error
+    stated = post(client, "/multihead", {**body, "layer_norm": {"eps": 1e-3}})["output"]
+    from_config = post(client, "/multihead", bert_body(**QKV, **DENSE, **NORM))["output"]
+    assert np.allclose(stated, from_config, rtol=0, atol=1e-13)
+
+
+def test_berts_relative_position_embeddings_are_a_422_naming_the_key(client: TestClient) -> None:
+    """position_embedding_type relative_key added learned distance embeddings to BERT's
+    scores (transformers before 5; 5.23 no longer computes them): refused, not ignored."""
+    body = bert_body(**QKV)
+    body["config"] = {**body["config"], "position_embedding_type": "relative_key"}
+    error = post(client, "/multihead", body, status=422)["errors"][0]
+    assert error["field"] == "config.position_embedding_type", error
+    absolute = {**body["config"], "position_embedding_type": "absolute"}
+    assert post(client, "/multihead", {**body, "config": absolute})["output"]

@@ -18,6 +18,7 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+from numpy.typing import NDArray
 
 from service.core.diagnosis.recompute import stages_on
 from service.core.diagnosis.stages import Setup, State, Trial, Unfit
@@ -61,7 +62,7 @@ TYPES: dict[str, LowType] = {
 _DETECTED = ("bfloat16", "float16")  # float32 is every float32 print: named, never detected
 
 
-def _significant_bits(y: Array) -> Array:
+def _significant_bits(y: Array) -> NDArray[np.int64]:
     """How many significant binary digits each nonzero number of ``y`` has (1 for 0.5 and
     0.03125, 2 for 0.75, 8 for most bfloat16 numbers), same shape."""
     mantissa, _ = np.frexp(y)  # (k,) in [0.5, 1)

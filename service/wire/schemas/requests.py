@@ -217,6 +217,21 @@ def _named(*names: str) -> AliasChoices:
     return AliasChoices(*names)
 
 
+# the encoders' state dict names of the q_proj/k_proj/v_proj/o_proj fields: BertAttention's
+# (self.query …, output.dense), BertSelfAttention's alone (query …), T5Attention's (q, k, v, o;
+# no biases); read as those fields and named so in errors
+_ENCODER_NAMES: dict[str, tuple[str, ...]] = {
+    "q_proj.weight": ("self.query.weight", "query.weight", "q.weight"),
+    "k_proj.weight": ("self.key.weight", "key.weight", "k.weight"),
+    "v_proj.weight": ("self.value.weight", "value.weight", "v.weight"),
+    "q_proj.bias": ("self.query.bias", "query.bias"),
+    "k_proj.bias": ("self.key.bias", "key.bias"),
+    "v_proj.bias": ("self.value.bias", "value.bias"),
+    "o_proj.weight": ("output.dense.weight", "o.weight"),
+    "o_proj.bias": ("output.dense.bias",),
+}
+
+
 class MultiheadPast(BaseModel):
     """A key/value cache per key/value head, as a Hugging Face DynamicCache layer holds it."""
 
@@ -277,29 +292,35 @@ class MultiheadRequest(VariantFields, InputFields):
     )
     q_proj_weight: Matrix | None = Field(
         None,
-        validation_alias=_named("q_proj.weight", "q_proj_weight"),
+        validation_alias=_named("q_proj.weight", "q_proj_weight", *_ENCODER_NAMES["q_proj.weight"]),
         description="Hugging Face q_proj.weight [h·d_k][d_model] (or nn.MultiheadAttention's "
         "q_proj_weight), always out_in; d_k = its rows ÷ num_heads",
     )
     k_proj_weight: Matrix | None = Field(
         None,
-        validation_alias=_named("k_proj.weight", "k_proj_weight"),
+        validation_alias=_named("k_proj.weight", "k_proj_weight", *_ENCODER_NAMES["k_proj.weight"]),
         description="k_proj.weight [h_kv·d_k][d_model or the context's width], always out_in; "
         "num_kv_heads = its rows ÷ d_k",
     )
     v_proj_weight: Matrix | None = Field(
         None,
-        validation_alias=_named("v_proj.weight", "v_proj_weight"),
+        validation_alias=_named("v_proj.weight", "v_proj_weight", *_ENCODER_NAMES["v_proj.weight"]),
         description="v_proj.weight [h_kv·d_v][d_model or the context's width], always out_in",
     )
     q_proj_bias: Vector | None = Field(
-        None, validation_alias=_named("q_proj.bias", "q_proj_bias"), description="[h·d_k]"
+        None,
+        validation_alias=_named("q_proj.bias", "q_proj_bias", *_ENCODER_NAMES["q_proj.bias"]),
+        description="[h·d_k]",
     )
     k_proj_bias: Vector | None = Field(
-        None, validation_alias=_named("k_proj.bias", "k_proj_bias"), description="[h_kv·d_k]"
+        None,
+        validation_alias=_named("k_proj.bias", "k_proj_bias", *_ENCODER_NAMES["k_proj.bias"]),
+        description="[h_kv·d_k]",
     )
     v_proj_bias: Vector | None = Field(
-        None, validation_alias=_named("v_proj.bias", "v_proj_bias"), description="[h_kv·d_v]"
+        None,
+        validation_alias=_named("v_proj.bias", "v_proj_bias", *_ENCODER_NAMES["v_proj.bias"]),
+        description="[h_kv·d_v]",
     )
     q_norm_weight: Vector | None = Field(
         None,
@@ -411,13 +432,17 @@ class MultiheadRequest(VariantFields, InputFields):
     )
     o_proj_weight: Matrix | None = Field(
         None,
-        validation_alias=_named("o_proj.weight", "o_proj_weight", "dense.weight"),
+        validation_alias=_named(
+            "o_proj.weight", "o_proj_weight", "dense.weight", *_ENCODER_NAMES["o_proj.weight"]
+        ),
         description="Hugging Face o_proj.weight [d_out][h·d_v], always out_in (Phi names it "
         "dense.weight: read as o_proj.weight, and named so in errors)",
     )
     o_proj_bias: Vector | None = Field(
         None,
-        validation_alias=_named("o_proj.bias", "o_proj_bias", "dense.bias"),
+        validation_alias=_named(
+            "o_proj.bias", "o_proj_bias", "dense.bias", *_ENCODER_NAMES["o_proj.bias"]
+        ),
         description="Hugging Face o_proj.bias [d_out] (Phi's dense.bias)",
     )
     qkv_layout: QkvLayout | None = Field(
@@ -458,4 +483,24 @@ class MultiheadRequest(VariantFields, InputFields):
         False,
         description="true or options: layer norm applied after the residual",
         json_schema_extra=any_of,
+    )
+    # ---- the encoders' own state dict entries (service.wire.fold): BERT's and RoBERTa's
+    # output.LayerNorm, T5's relative_attention_bias
+    output_layer_norm_weight: Vector | None = Field(
+        None,
+        validation_alias=_named("output.LayerNorm.weight", "output_LayerNorm_weight"),
+        description="BertAttention's output.LayerNorm.weight [d_model] (BERT, RoBERTa): with "
+        "output.LayerNorm.bias, the block's residual and layer norm (its eps from config's "
+        "layer_norm_eps, or layer_norm.eps): LayerNorm(output.dense(attention) + x)",
+    )
+    output_layer_norm_bias: Vector | None = Field(
+        None,
+        validation_alias=_named("output.LayerNorm.bias", "output_LayerNorm_bias"),
+        description="BertAttention's output.LayerNorm.bias [d_model]",
+    )
+    relative_attention_bias_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("relative_attention_bias.weight", "relative_attention_bias_weight"),
+        description="T5's relative_attention_bias.weight [num_buckets][h], layer 0's (T5 adds "
+        "layer 0's bias on every layer): relative_bias's table, with config (model_type t5)",
     )
