@@ -7,6 +7,9 @@ rules, the plan and the engine see one form of each:
   ``conventions.config``.
 - ``k_eq_v: true`` (Gemma 4's full-attention layers): the values' projection is the keys', so
   ``v_proj.weight``/``v_proj.bias`` (or ``w_v``/``b_v``, or per-head ``v``) become the keys'.
+- HunYuan's ``query_layernorm.weight``/``key_layernorm.weight``: ``q_norm.weight``/
+  ``k_norm.weight`` under its names, once ``qk_norm`` is stated (by the request or the
+  config): its norms follow RoPE with the config's eps, which the weights alone do not say.
 - ``gate: true`` (Qwen3-Next): ``q_proj.weight`` holds each head's query rows then its gate
   rows (``view(L, h, 2·d)`` then ``chunk(2)``), split into ``q_proj.weight`` and
   ``gate.w``; ``q_proj.bias`` likewise.
@@ -35,7 +38,8 @@ def folded(req: MultiheadRequest) -> MultiheadRequest:
     fields."""
     if req.config is not None:
         req = _configured(req)
-    update = _values_are_keys(req) if req.k_eq_v else {}
+    update = _norm_weights(req)
+    update |= _values_are_keys(req) if req.k_eq_v else {}
     if req.gate is True:
         update |= _gate_rows(req)
     return req.model_copy(update=update) if update else req
@@ -100,6 +104,36 @@ def _spelled(name: str) -> str:
     alias = MultiheadRequest.model_fields[name].validation_alias
     first = alias.choices[0] if isinstance(alias, AliasChoices) else None
     return first if isinstance(first, str) else name
+
+
+# a family's own names of the q/k norms' weights: {its field: (our field, the family)}
+_NORM_WEIGHTS = {
+    "query_layernorm_weight": ("q_norm_weight", "HunYuan"),
+    "key_layernorm_weight": ("k_norm_weight", "HunYuan"),
+}
+
+
+def _norm_weights(req: MultiheadRequest) -> dict[str, Any]:
+    """HunYuan's q/k norm weights as q_norm.weight and k_norm.weight; without qk_norm a 422
+    (alone, q_norm.weight means Qwen3's norm before RoPE, eps 1e-6: not HunYuan's)."""
+    update: dict[str, Any] = {}
+    for own, (ours, family) in _NORM_WEIGHTS.items():
+        w = getattr(req, own)
+        if w is None:
+            continue
+        if getattr(req, ours) is not None:
+            raise FieldError(
+                _spelled(own),
+                f"give {_spelled(own)} or {_spelled(ours)}, not both: both are the same weight",
+            )
+        if req.qk_norm is False:
+            raise FieldError(
+                _spelled(own),
+                f"{_spelled(own)} is {family}'s norm, applied after RoPE with its config's "
+                'rms_norm_eps: send config, or qk_norm {"eps": …, "after_rope": true}',
+            )
+        update |= {ours: w, own: None}
+    return update
 
 
 def _values_are_keys(req: MultiheadRequest) -> dict[str, Any]:

@@ -50,6 +50,10 @@ Choices where the contract is silent:
 - GPT-J's config names its keys its own way (``n_head``, ``n_embd`` …: hf_config_keys.KEY_NAMES,
   read before Llama's names); its ``rotary_dim`` first features turn in interleaved pairs at
   base 10000, fixed in its modeling (its config's rope keys unread); head_dim n_embd // n_head.
+- HunYuan's q/k RMSNorms follow RoPE (``after_rope``, eps ``rms_norm_eps``; their weights come
+  as ``query_layernorm.weight``/``key_layernorm.weight``); a ``dynamic`` rope with ``alpha`` is
+  its NTK alpha, the fixed base θ · α^(d/(d − 2)); its ``head_dim`` null and a
+  ``partial_rotary_factor`` are ConfigErrors (transformers fails on both).
 - ``attn_logit_softcapping`` → ``softcap`` except Gemma 3/4 (their 5.23 attention ignores it);
   gpt-oss's sinks are weights (``sinks`` in the state dict), not config.
 - ConfigError: a layer out of range, a rope type the service lacks, a non-attention layer
@@ -106,7 +110,12 @@ _KINDS = ("full_attention", "sliding_attention")  # indexed by "it slides"
 # every layer rotates when sliding_window is null} (Exaone 4: all rotate; Cohere 2: none)
 _FULL_LAYERS_NOPE = {"exaone4": True, "cohere2": False}
 # families with q/k RMSNorms on every layer, and those where use_qk_norm decides
-_QK_NORMED = ("qwen3", "qwen3_moe", "gemma3", "gemma4", "qwen3_next", "apertus", "exaone4")
+_QK_NORMED: tuple[str, ...] = ("qwen3", "qwen3_moe", "gemma3", "gemma4", "qwen3_next")
+_QK_NORMED += ("apertus", "exaone4")
+_QK_NORMED += ("hunyuan_v1_dense",)
+# families whose q/k norms follow RoPE: Llama 4's weightless L2 norm; HunYuan's RMSNorms
+# (query_layernorm, key_layernorm: weights in the state dict)
+_QK_NORM_AFTER_ROPE = ("llama4", "hunyuan_v1_dense")
 _QK_NORM_FLAG = ("llama4", "glm4_moe")
 # families whose apply_rotary_pos_emb turns the pairs (2i, 2i + 1): Llama 4's complex pairs;
 # Helium's, ERNIE 4.5's, GLM's and GLM-4's rotate_half of x[..., 0::2], x[..., 1::2], cos and
@@ -123,6 +132,12 @@ _HEAD_DIM_OF_HIDDEN: tuple[str, ...] = ("cohere2",)
 _HEAD_DIM_OF_HIDDEN += ("opt",)
 _HEAD_DIM_OF_HIDDEN += ("stablelm",)  # StableLmAttention: hidden_size // num_heads
 _HEAD_DIM_OF_HIDDEN += ("gptj",)  # GPTJAttention: embed_dim // num_attention_heads
+# families whose attention reads config.head_dim with no fallback (null fails in transformers)
+_HEAD_DIM_NEEDED = ("hunyuan_v1_dense",)
+# families whose "dynamic" rope with an ``alpha`` is a fixed NTK base, θ · α^(d/(d − 2)), not
+# dynamic NTK (HunYuanDenseV1RotaryEmbedding's ntk_alpha), and that turn the whole head (they
+# ignore partial_rotary_factor, or fail on it)
+_NTK_ALPHA = ("hunyuan_v1_dense",)
 # families whose RoPE is fixed in their modeling, not configured: {family: (base, why)}; the
 # config's rope keys do not reach the layer (judged inert, listed unread). GPT-J's
 # create_sinusoidal_positions: 10000^(−2i/rotary_dim), its ``rotary_dim`` first features
@@ -295,6 +310,12 @@ def _rope_layer(c: _Config, layer: int) -> tuple[bool, str]:
 
 
 def _head_dim(c: _Config, heads: int, glob: bool) -> tuple[int, str]:
+    if c.family in _HEAD_DIM_NEEDED and c.value("head_dim") is None:
+        raise ConfigError(
+            f"config.{c.prefix}head_dim",
+            f"head_dim is null: {c.model_type}'s attention reads config.head_dim itself (its "
+            "sizes and scale), and transformers fails without it; send the model's head_dim",
+        )
     own = ["head_dim"] * (c.family not in _HEAD_DIM_OF_HIDDEN)
     value, src = c.first(*["global_head_dim"] * glob, *own)
     if value is not None:
@@ -337,8 +358,17 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
         )
     theta, t_src = p.get("rope_theta") or c.get("rope_theta")
     base = _num(theta, _key(t_src) or "rope_theta", _POSITIVE)
-    rope: dict[str, Any] = {"base": c.take("rope.base", t_src, base)}
     factor, f_src = p.get("partial_rotary_factor", (None, ""))
+    if c.family in _NTK_ALPHA:
+        base, t_src, rope_type = _ntk_alpha(p, rope_type, base, t_src, head_dim)
+        if factor is not None and _num(factor, _key(f_src), _SHARE) != 1.0:
+            raise ConfigError(
+                f"config.{_key(f_src)}",
+                f"{c.model_type}'s rotary turns the whole head: its own frequencies ignore "
+                f"{_key(f_src)} and the other rope types fail on it in transformers",
+            )
+        factor = None
+    rope: dict[str, Any] = {"base": c.take("rope.base", t_src, base)}
     if rope_type == "proportional":
         scale, s_src = p.get("factor", (None, ""))
         if scale is not None and _num(scale, _key(s_src)) != 1.0:
@@ -405,6 +435,25 @@ def _kind_rotates(c: _Config, kind: str) -> bool:
 
 
 Entry = dict[str, tuple[Any, str]]  # rope parameter -> (value, its config key)
+
+
+def _ntk_alpha(
+    p: Entry, rope_type: str, base: float, t_src: str, head_dim: int
+) -> tuple[float, str, str]:
+    """HunYuan's "dynamic" rope with an ``alpha``: the fixed base θ · α^(d/(d − 2)) and no
+    scaling (compute_ntk_alpha_rope_parameters), else the rope as it is; (base, its source,
+    the rope type left)."""
+    alpha, a_src = p.get("alpha", (None, ""))
+    if rope_type != "dynamic" or not alpha:
+        return base, t_src, rope_type
+    alpha = _num(alpha, _key(a_src), _POSITIVE)
+    if head_dim <= 2:
+        raise ConfigError(
+            f"config.{_key(a_src)}",
+            f"an NTK alpha stretches the base by α^(d/(d − 2)), which head_dim {head_dim} lacks",
+        )
+    stretched = base * alpha ** (head_dim / (head_dim - 2))
+    return stretched, f"{t_src} · {_key(a_src)}^(head_dim / (head_dim − 2))", "default"
 
 
 def _rope_entry(c: _Config, kind: str) -> Entry | None:
@@ -533,7 +582,7 @@ def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
             norm["eps"] = c.take("qk_norm.eps", e_src, _num(eps, _key(e_src), _NON_NEGATIVE))
         if fam in ("gemma3", "qwen3_next"):  # their RMSNorms apply (1 + w)
             norm["zero_centered"] = c.take("qk_norm.zero_centered", why, True)
-        if fam == "llama4":  # the weightless L2 norm, after the rotation
+        if fam in _QK_NORM_AFTER_ROPE:
             norm["after_rope"] = c.take("qk_norm.after_rope", why, True)
         out["qk_norm"] = norm
     if fam == "gemma4":

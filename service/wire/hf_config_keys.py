@@ -40,6 +40,7 @@ VERIFIED += _words("opt")
 VERIFIED += _words("phi")
 VERIFIED += _words("stablelm")
 VERIFIED += _words("gptj")
+VERIFIED += _words("hunyuan_v1_dense")
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
@@ -78,6 +79,7 @@ _QWEN3_5 = "qwen3_5_text qwen3_5_moe_text"
 _LAYER_TYPES += f" exaone4 cohere2 {_QWEN3_5}"
 _QK_NORM = "qwen3 qwen3_moe qwen3_next gemma3_text gemma4_text llama4_text"
 _QK_NORM += f" glm4_moe apertus exaone4 {_QWEN3_5}"
+_QK_NORM += " hunyuan_v1_dense"
 _MLA = "deepseek_v2 deepseek_v3"
 _GEMMAS = "gemma gemma2 gemma3_text gemma4_text"
 _GRANITES = "granite granitemoe"  # attention_multiplier is their scale
@@ -125,8 +127,11 @@ KEYS: dict[str, Key] = {
     "_sliding_window_pattern": Key(reads="gemma3_text", inert=_ALL),
     "rope_local_base_freq": Key(reads="gemma3_text", why="the sliding layers' RoPE base"),
     "rms_norm_eps": Key(reads=_QK_NORM, inert=_ALL),  # elsewhere the block's norms only
-    "use_qk_norm": Key(
-        reads="llama4_text glm4_moe", inert="cohere2", neutral=_OFF, why="q/k norms"
+    "use_qk_norm": Key(  # HunYuan's attention always has its q/k norms, whatever it says
+        reads="llama4_text glm4_moe",
+        inert="cohere2 hunyuan_v1_dense",
+        neutral=_OFF,
+        why="q/k norms",
     ),
     "query_pre_attn_scalar": Key(reads="gemma2 gemma3_text", why="the scale"),
     "attn_logit_softcapping": Key(
@@ -205,6 +210,7 @@ KEYS: dict[str, Key] = {
     },
     # ---- GPT-J's block around the layer (its MLP, LayerNorm, dropouts: eval mode)
     **{k: Key(inert="gptj") for k in _words("n_inner layer_norm_epsilon attn_pdrop")},
+    "eod_token_id": _INERT,  # HunYuan's end-of-document token
     "activation_function": Key(inert="opt gptj"),  # their MLPs'
     # GPT-J's config.json (written by transformers 4.x): GPTJAttention always rotates and always
     # divides by sqrt(head_dim), whatever these say (GPT-2's attention reads the second)

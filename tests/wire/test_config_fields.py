@@ -768,3 +768,42 @@ def test_a_gpt_j_rotary_dim_transformers_fails_on_is_a_config_error(
 def test_a_gpt_j_rotary_dim_null_with_one_head_turns_the_whole_head() -> None:
     got = from_config({**GPT_J_6B, "rotary_dim": None, "n_head": 1, "n_embd": 64}, 0)
     assert got.fields["rope"] == {"base": 10000.0, "style": "interleaved"}
+
+
+HUNYUAN = {  # the kinds of fields of tencent/Hunyuan-7B-Instruct's config.json
+    "model_type": "hunyuan_v1_dense", "hidden_size": 4096, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 32,
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "use_qk_norm": True,
+    "rope_theta": 10000.0, "eod_token_id": 127967,
+    "rope_scaling": {"alpha": 1000.0, "beta_fast": 32, "beta_slow": 1, "factor": 1.0,
+                     "mscale": 1.0, "mscale_all_dim": 1.0, "type": "dynamic"},
+}  # fmt: skip
+
+
+def test_hunyuan_ntk_alpha_is_a_fixed_base_and_its_norms_follow_rope() -> None:
+    """HunYuanDenseV1RotaryEmbedding: a dynamic rope with alpha is θ · α^(d/(d − 2)), not
+    dynamic NTK; query_layernorm/key_layernorm are RMSNorms (rms_norm_eps) after RoPE."""
+    got = from_config(HUNYUAN, 0)
+    assert got.fields["rope"] == {"base": 10000.0 * 1000.0 ** (128 / 126)}
+    assert got.taken["rope.base"] == "rope_theta · rope_scaling.alpha^(head_dim / (head_dim − 2))"
+    assert got.fields["qk_norm"] == {"type": "rms", "eps": 1e-5, "after_rope": True}
+    assert (got.fields["d_k"], got.fields["num_kv_heads"]) == (128, 8)
+    assert "use_qk_norm" in got.unread and "eod_token_id" in got.unread
+    dynamic = {**HUNYUAN, "rope_scaling": {"type": "dynamic", "factor": 2.0}}
+    assert from_config(dynamic, 0).fields["rope"]["scaling"]["type"] == "dynamic"
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [({"head_dim": None}, "config.head_dim", "transformers fails"),
+     ({"partial_rotary_factor": 0.5}, "config.partial_rotary_factor", "whole head"),
+     ({"rope_scaling": {"type": "dynamic", "alpha": 2.0}, "head_dim": 2},
+      "config.rope_scaling.alpha", "head_dim 2")],
+    ids=["head_dim_null", "partial_rotary_factor", "alpha_head_dim_2"],
+)  # fmt: skip
+def test_hunyuan_configs_transformers_cannot_run_are_config_errors(
+    change: dict[str, Any], field: str, words: str
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        from_config({**HUNYUAN, **change}, 0)
+    assert error.value.field == field and words in error.value.message, error.value.message

@@ -71,6 +71,7 @@ from transformers.models.gptj import modeling_gptj  # noqa: E402
 from transformers.models.granite import modeling_granite  # noqa: E402
 from transformers.models.granitemoe import modeling_granitemoe  # noqa: E402
 from transformers.models.helium import modeling_helium  # noqa: E402
+from transformers.models.hunyuan_v1_dense import modeling_hunyuan_v1_dense  # noqa: E402
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
 from transformers.models.olmo import modeling_olmo  # noqa: E402
 from transformers.models.opt import modeling_opt  # noqa: E402
@@ -588,6 +589,32 @@ def gptj(layer: int) -> tuple[Any, Layer]:
     )
 
 
+def _hunyuan(rope: dict[str, Any], layer: int) -> tuple[Any, Layer]:
+    """As tencent/Hunyuan-7B-Instruct's: head_dim given (16 here, not hidden size ÷ heads),
+    query_layernorm and key_layernorm (RMSNorms with weights, rms_norm_eps 1e-5) applied to
+    the rotated queries and keys, no biases, ``rope`` as given; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "hunyuan_v1_dense", "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 8, "eod_token_id": 3, "rope_parameters": rope, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_hunyuan_v1_dense, "HunYuanDenseV1", fields, layer)
+
+
+def hunyuan_alpha(layer: int) -> tuple[Any, Layer]:
+    """Hunyuan-7B's rope_scaling as it is: type dynamic with alpha 1000 (and factor, mscale …
+    that its NTK-alpha frequencies ignore): the fixed base θ · α^(d/(d − 2))."""
+    rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}  # fmt: skip
+    return _hunyuan(rope, layer)
+
+
+def hunyuan_dynamic(layer: int) -> tuple[Any, Layer]:
+    """A dynamic rope without alpha: transformers' dynamic NTK past max_position_embeddings
+    (8 here, 12 tokens)."""
+    return _hunyuan({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, layer)
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -724,6 +751,15 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
     ("gptj-rotary_dim-interleaved", gptj, 1, None,
      {"num_heads": 4, "d_k": 8, "num_kv_heads": None, "mask": [CAUSAL], "scale": None,
       "rope": {"base": 10000.0, "style": "interleaved", "rotary_dim": 6}}),
+    # HunYuan: q/k RMSNorms with weights after RoPE, NTK alpha as a fixed base
+    ("hunyuan_v1_dense-alpha-norm_after_rope", hunyuan_alpha, 1, None,
+     {"d_k": 16, "num_kv_heads": 2, "mask": [CAUSAL],
+      "rope": {"base": 10000.0 * 1000.0 ** (16 / 14)},
+      "qk_norm": {"type": "rms", "eps": 1e-5, "after_rope": True}}),
+    ("hunyuan_v1_dense-dynamic", hunyuan_dynamic, 0, None,
+     {"rope": {"base": 10000.0, "scaling": {"type": "dynamic", "factor": 2.0,
+                                            "original_max_position": 8}},
+      "qk_norm": {"type": "rms", "eps": 1e-5, "after_rope": True}}),
 ]  # fmt: skip
 
 
@@ -767,6 +803,7 @@ def test_service_with_config_equals_the_transformers_layer(
 
 VERIFIED_TYPES = [*VERIFIED, *COMPOSITE]
 STOCK_AS_RELEASED: dict[str, dict[str, Any]] = {"glm4_moe": {"head_dim": 128}}
+STOCK_AS_RELEASED["hunyuan_v1_dense"] = {"head_dim": 128}  # Hunyuan-7B's (null: transformers fails)
 
 
 @pytest.mark.torch

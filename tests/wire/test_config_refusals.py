@@ -202,3 +202,26 @@ def test_qk_layernorm_true_is_a_422_saying_qk_norm_cannot_state_it(
     first = error["errors"][0]
     assert first["field"] == "config.qk_layernorm", first
     assert what in first["message"] and "no bias" in first["message"], first
+
+
+def test_hunyuan_norm_weights_without_qk_norm_are_a_422_and_with_config_are_read(
+    client: TestClient,
+) -> None:
+    """query_layernorm.weight alone cannot say HunYuan's norm follows RoPE or its eps (alone,
+    q_norm.weight is Qwen3's, before RoPE): a 422 naming it; with the config it is the
+    queries' qk_norm weight, after RoPE."""
+    rng = np.random.default_rng(1)
+    norms = {
+        "query_layernorm.weight": rng.normal(size=D) + 1,
+        "key_layernorm.weight": rng.normal(size=D) + 1,
+    }
+    error = post(client, "/multihead", layer_body(llama(), **norms), status=422)["errors"][0]
+    assert error["field"] == "query_layernorm.weight" and "after RoPE" in error["message"]
+    both = {**norms, "q_norm.weight": norms["query_layernorm.weight"]}
+    config = stock("HunYuanDenseV1Config")
+    error = post(client, "/multihead", layer_body(config, **both), status=422)["errors"][0]
+    assert "not both" in error["message"], error
+    body = post(client, "/multihead", layer_body(config, **norms))
+    assert body["conventions"]["config"]["qk_norm.after_rope"] == "model_type hunyuan_v1_dense"
+    weightless = post(client, "/multihead", layer_body(config, include=["output"]))
+    assert not np.allclose(body["output"], weightless["output"])
