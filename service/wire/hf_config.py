@@ -54,6 +54,9 @@ Choices where the contract is silent:
   as ``query_layernorm.weight``/``key_layernorm.weight``); a ``dynamic`` rope with ``alpha`` is
   its NTK alpha, the fixed base θ · α^(d/(d − 2)); its ``head_dim`` null and a
   ``partial_rotary_factor`` are ConfigErrors (transformers fails on both).
+- Ministral 3's query scale 1 + β·log(1 + ⌊p / original⌋) after RoPE on every layer (its
+  ``rope_parameters`` ``llama_4_scaling_beta`` and ``original_max_position_embeddings``) →
+  ``temperature`` with ``position_shift`` 0; either missing is a ConfigError.
 - ``attn_logit_softcapping`` → ``softcap`` except Gemma 3/4 (their 5.23 attention ignores it);
   gpt-oss's sinks are weights (``sinks`` in the state dict), not config.
 - ConfigError: a layer out of range, a rope type the service lacks, a non-attention layer
@@ -104,7 +107,9 @@ _TYPES_OF_FAMILY = {
 _FAMILIES = {t: family for family, types in _TYPES_OF_FAMILY.items() for t in types.split()}
 _FAMILIES |= {t: t for t in VERIFIED if t not in _FAMILIES}
 # families whose every layer slides when sliding_window is set (their masks ignore layer_types)
-_EVERY_LAYER_SLIDES = ("mistral", "mixtral", "phimoe", "starcoder2", "phi3", "qwen3_moe")
+_EVERY_LAYER_SLIDES: tuple[str, ...] = ("mistral", "mixtral", "phimoe", "starcoder2", "phi3")
+_EVERY_LAYER_SLIDES += ("qwen3_moe",)
+_EVERY_LAYER_SLIDES += ("ministral3",)
 _KINDS = ("full_attention", "sliding_attention")  # indexed by "it slides"
 # families whose full layers skip RoPE (NoPE) while their sliding layers rotate: {family: whether
 # every layer rotates when sliding_window is null} (Exaone 4: all rotate; Cohere 2: none)
@@ -138,6 +143,9 @@ _HEAD_DIM_NEEDED = ("hunyuan_v1_dense",)
 # dynamic NTK (HunYuanDenseV1RotaryEmbedding's ntk_alpha), and that turn the whole head (they
 # ignore partial_rotary_factor, or fail on it)
 _NTK_ALPHA = ("hunyuan_v1_dense",)
+# families that scale each query after RoPE by 1 + β·log(1 + ⌊p / original⌋) (Ministral 3's
+# rope_parameters.llama_4_scaling_beta): the temperature field with position_shift 0
+_BETA_TEMPERATURE = ("ministral3",)
 # families whose RoPE is fixed in their modeling, not configured: {family: (base, why)}; the
 # config's rope keys do not reach the layer (judged inert, listed unread). GPT-J's
 # create_sinusoidal_positions: 10000^(−2i/rotary_dim), its ``rotary_dim`` first features
@@ -599,6 +607,8 @@ def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
             k: c.take(f"temperature.{k}", s, _num(v, _key(s), bounds[k]))
             for k, (v, s) in got.items()
         }
+    if fam in _BETA_TEMPERATURE and rotates:
+        out["temperature"] = _beta_temperature(c, kind)
     if fam == "qwen3_next":  # q_proj holds each head's query and output gate
         out["gate"] = c.take("gate", why, True)
     for key, needed in _OWN_STEPS.items():
@@ -620,6 +630,31 @@ def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
     elif scalar is not None:
         out["scale"] = c.take("scale", s_src, _num(scalar, _key(s_src), _POSITIVE) ** -0.5)
     return out
+
+
+def _beta_temperature(c: _Config, kind: str) -> dict[str, Any]:
+    """Ministral 3's query scale after RoPE, on every layer: 1 + β·log(1 + ⌊p / original⌋),
+    β and original from the rope parameters (get_llama_4_attn_scale) — the temperature field with
+    attn_scale β, floor_scale original and position_shift 0."""
+    p = _rope_entry(c, kind) or {}
+    got = {}
+    for key in ("llama_4_scaling_beta", "original_max_position_embeddings"):
+        value, src = p.get(key, (None, ""))
+        if value is None:
+            raise ConfigError(
+                f"config.{c.prefix}rope_parameters.{key}",
+                f"{c.model_type} scales each query by 1 + β·log(1 + ⌊p / "
+                "original_max_position_embeddings⌋) with both from rope_parameters; without "
+                f"{key} transformers fails, and the service will not guess it",
+            )
+        got[key] = (value, src)
+    (beta, b_src), (original, o_src) = got.values()
+    c.taken["temperature"] = b_src
+    return {
+        "attn_scale": c.take("temperature.attn_scale", b_src, _num(beta, _key(b_src))),
+        "floor_scale": c.take("temperature.floor_scale", o_src, _int(original, _key(o_src))),
+        "position_shift": c.take("temperature.position_shift", f"model_type {c.model_type}", 0),
+    }
 
 
 def _mask(c: _Config, kind: str, kind_src: str, layer: int) -> list[dict[str, Any]]:

@@ -41,14 +41,11 @@ VERIFIED += _words("phi")
 VERIFIED += _words("stablelm")
 VERIFIED += _words("gptj")
 VERIFIED += _words("hunyuan_v1_dense")
+VERIFIED += _words("ministral3")
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
-REFUSED = {
-    "ministral3": "its rope_parameters.llama_4_scaling_beta β multiplies the query at position p "
-    "by 1 + β·log(1 + ⌊p / original_max_position_embeddings⌋), after RoPE, on every layer; the "
-    "temperature field's ⌊(p + 1) / floor_scale⌋ is one position apart, and no field takes it",
-}
+REFUSED: dict[str, str] = {}
 
 # a model type's own names for the keys hf_config.py reads: {model type: {the key as
 # hf_config.py names it (Llama's name): the key as that type's config.json names it}}. The
@@ -71,6 +68,7 @@ _SLIDING = (
     "starcoder2 smollm3 gpt_oss phimoe phi3"
 )
 _SLIDING += " exaone4 cohere2"
+_SLIDING += " ministral3"
 _LAYER_TYPES = (
     "ministral qwen2 qwen2_moe qwen3 qwen3_next gemma2 gemma3_text gemma4_text smollm3 gpt_oss "
     "llama4_text"
@@ -319,6 +317,17 @@ _GEMMA4_ROPE = {
         "rope_theta": 1_000_000.0,
     },
 }
+_MINISTRAL3_ROPE = {  # Ministral3Config's (its max_position_embeddings entry unread: inert)
+    "type": "yarn",
+    "rope_theta": 1_000_000.0,
+    "factor": 16.0,
+    "original_max_position_embeddings": 16384,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale_all_dim": 1.0,
+    "mscale": 1.0,
+    "llama_4_scaling_beta": 0.1,
+}
 _APERTUS_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 12_000_000.0,
@@ -390,6 +399,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "helium": {"head_dim": 128, "rope_theta": 100_000.0},
     "phi": {"partial_rotary_factor": 0.5},
     "stablelm": {"partial_rotary_factor": 0.25},
+    "ministral3": {"head_dim": 128, "rope_parameters": _MINISTRAL3_ROPE},
     "gptj": {"n_head": 16, "n_embd": 4096, "n_positions": 2048, "n_layer": 28, "rotary_dim": 64},
     "ernie4_5": {"head_dim": 128, "rope_theta": 500_000.0},
     "glm": {"head_dim": 128, "partial_rotary_factor": 0.5},

@@ -26,7 +26,7 @@ show what it exercises (e.g. the Gemma 4 full layer's d_k 16 and one kv head, wh
 import os
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -73,6 +73,7 @@ from transformers.models.granitemoe import modeling_granitemoe  # noqa: E402
 from transformers.models.helium import modeling_helium  # noqa: E402
 from transformers.models.hunyuan_v1_dense import modeling_hunyuan_v1_dense  # noqa: E402
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
+from transformers.models.ministral3 import modeling_ministral3  # noqa: E402
 from transformers.models.olmo import modeling_olmo  # noqa: E402
 from transformers.models.opt import modeling_opt  # noqa: E402
 from transformers.models.opt.configuration_opt import OPTConfig  # noqa: E402
@@ -615,6 +616,27 @@ def hunyuan_dynamic(layer: int) -> tuple[Any, Layer]:
     return _hunyuan({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, layer)
 
 
+def ministral3(layer: int) -> tuple[Any, Layer]:
+    """As mistralai/Ministral-3-8B's text config: YaRN in rope_parameters (factor 16, beta_fast
+    32, beta_slow 1, mscale and mscale_all_dim 1) with llama_4_scaling_beta 0.1 and its own
+    max_position_embeddings entry; original_max_position_embeddings 4 here (16384 there) so
+    that over 12 tokens the query scale 1 + β·log(1 + ⌊p / 4⌋) takes three values; a
+    sliding_window (6 here) on every layer; head_dim 8; GQA 4/2."""
+    rope = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
+            "original_max_position_embeddings": 4, "max_position_embeddings": 64,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "llama_4_scaling_beta": 0.1}  # fmt: skip
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "ministral3", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "num_hidden_layers": 2, "max_position_embeddings": 64,
+        "sliding_window": 6, "rope_parameters": rope, **NO_TOKENS,
+    }  # fmt: skip
+    config: Any = transformers.Ministral3Config(**fields)
+    built = _decoder(modeling_ministral3, "Ministral3Attention", "Ministral3RotaryEmbedding",
+                     config, layer, hf_masks.create_sliding_window_causal_mask)  # fmt: skip
+    return config.to_dict(), replace(built, position_ids=True)  # it reads position_ids too
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -760,6 +782,15 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
      {"rope": {"base": 10000.0, "scaling": {"type": "dynamic", "factor": 2.0,
                                             "original_max_position": 8}},
       "qk_norm": {"type": "rms", "eps": 1e-5, "after_rope": True}}),
+    # Ministral 3: its query scale after RoPE as the temperature counting ⌊p / original⌋
+    ("ministral3-beta-temperature-yarn", ministral3, 1, None,
+     {"temperature": {"attn_scale": 0.1, "floor_scale": 4, "position_shift": 0},
+      "mask": [CAUSAL, {"type": "window", "left": 5, "right": 0}],
+      "rope": {"base": 1e6, "scaling": {"type": "yarn", "factor": 16.0,
+               "original_max_position": 4, "beta_fast": 32.0, "beta_slow": 1.0,
+               "mscale": 1.0, "mscale_all_dim": 1.0}}}),
+    ("ministral3-beta-temperature-shifted", ministral3, 0, list(range(30, 30 + L)),
+     {"temperature": {"attn_scale": 0.1, "floor_scale": 4, "position_shift": 0}}),
 ]  # fmt: skip
 
 

@@ -81,8 +81,8 @@ def test_every_key_of_the_config_is_either_applied_or_listed_as_not_mattering(
     "config",
     [stock("CodeGenConfig"), stock("BloomConfig"),
      stock("Olmo2Config"), stock("GPTNeoXConfig"),
-     stock("Ministral3Config"), stock("Gemma3nTextConfig"), MIMO],
-    ids=["codegen", "bloom", "olmo2", "gpt_neox", "ministral3", "gemma3n", "mimo"],
+     stock("Gemma3nTextConfig"), MIMO],
+    ids=["codegen", "bloom", "olmo2", "gpt_neox", "gemma3n", "mimo"],
 )  # fmt: skip
 def test_a_family_the_service_does_not_reproduce_is_a_422_naming_model_type(
     client: TestClient, config: dict[str, Any]
@@ -94,16 +94,20 @@ def test_a_family_the_service_does_not_reproduce_is_a_422_naming_model_type(
     assert "leave config out" in error["message"]
 
 
-def test_ministral3_is_refused_naming_its_position_dependent_query_scale(
+def test_ministral3_is_read_with_its_query_scale_as_the_temperature(
     client: TestClient,
 ) -> None:
-    """Ministral 3 multiplies each query by 1 + β·log(1 + ⌊p / original⌋) (its
-    llama_4_scaling_beta): Llama 4's temperature counts p + 1, so no request field is it."""
+    """Ministral 3 multiplies each query by 1 + β·log(1 + ⌊p / original⌋) after RoPE (its
+    llama_4_scaling_beta): the temperature with position_shift 0; without β a 422 naming it."""
     config = stock("Ministral3Config")
     assert config["rope_parameters"]["llama_4_scaling_beta"] == 0.1
-    error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
-    assert error["field"] == "config.model_type", error
-    assert "llama_4_scaling_beta" in error["message"] and "⌊p / original" in error["message"]
+    taken = post(client, "/multihead", layer_body(config))["conventions"]["config"]
+    assert taken["temperature.attn_scale"] == "rope_parameters.llama_4_scaling_beta"
+    assert taken["temperature.position_shift"] == "model_type ministral3"
+    rope = {k: v for k, v in config["rope_parameters"].items() if k != "llama_4_scaling_beta"}
+    error = post(client, "/multihead", layer_body({**config, "rope_parameters": rope}), status=422)
+    first = error["errors"][0]
+    assert first["field"] == "config.rope_parameters.llama_4_scaling_beta", first
 
 
 def test_a_config_without_model_type_is_a_422_saying_what_it_must_be(client: TestClient) -> None:
