@@ -37,11 +37,15 @@ class QKNorm:
 
 @dataclass(frozen=True)
 class Temperature:
-    """Llama 4's attention temperature on its layers without RoPE (``attn_temperature_tuning``):
-    the query at position p is multiplied by ``log(⌊(p + 1)/floor_scale⌋ + 1) · attn_scale + 1``."""
+    """A query scale growing with the log of the position: the query at position p is multiplied
+    by ``log(⌊(p + position_shift)/floor_scale⌋ + 1) · attn_scale + 1``. Llama 4's on its layers
+    without RoPE (``attn_temperature_tuning``): position_shift 1; Ministral 3's on every layer,
+    after RoPE (``llama_4_scaling_beta`` β as attn_scale, ``original_max_position_embeddings``
+    as floor_scale): position_shift 0."""
 
     floor_scale: float = 8192.0
     attn_scale: float = 0.1
+    position_shift: int = 1  # added to p before the division: Llama 4 1, Ministral 3 0
 
 
 @dataclass(frozen=True)
@@ -112,15 +116,19 @@ def qk_norm(x: Array, settings: QKNorm) -> Array:
 
 
 def temperature_factors(positions: IntArray, t: Temperature) -> Array:
-    """``(L,)`` the factor of each query: ``log1p(⌊(p + 1)/floor_scale⌋) · attn_scale + 1`` at
-    position p (transformers ``Llama4TextAttention.forward``, from "Scalable-Softmax", Nakanishi
-    2025): 1 within the first floor_scale − 1 positions, growing with the log of the position."""
+    """``(L,)`` the factor of each query: ``log1p(⌊(p + s)/floor_scale⌋) · attn_scale + 1`` at
+    position p, s the position_shift (transformers ``Llama4TextAttention.forward``, s = 1, from
+    "Scalable-Softmax", Nakanishi 2025; ``Ministral3Attention``'s ``get_llama_4_attn_scale``,
+    s = 0): 1 within the first floor_scale − s positions, growing with the log of the
+    position."""
     if not (np.isfinite(t.floor_scale) and t.floor_scale > 0 and np.isfinite(t.attn_scale)):
         raise AttentionInputError("temperature needs a finite floor_scale > 0 and attn_scale")
-    steps = np.floor((positions.astype(np.float64) + 1.0) / t.floor_scale)  # (L,)
+    shifted = positions.astype(np.float64) + float(t.position_shift)  # (L,)
+    steps = np.floor(shifted / t.floor_scale)  # (L,)
     if (steps <= -1).any():
         raise AttentionInputError(
-            "temperature is defined for positions ≥ 0 (log of ⌊(p + 1)/floor_scale⌋ + 1)"
+            "temperature is defined for positions p with p + position_shift ≥ 0 (log of "
+            "⌊(p + position_shift)/floor_scale⌋ + 1)"
         )
     return np.log1p(steps) * t.attn_scale + 1.0
 

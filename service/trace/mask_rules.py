@@ -180,7 +180,8 @@ def check_ranges(req: AttentionRequest | MultiheadRequest, shapes: Shapes, on: s
             theta = positions.rope_frequencies(r, rope.base, rope.scaling, _top(queries) + 1)
             positions.rope_angles(np.concatenate((queries, keys)), theta, rope.scaling)
     if req.temperature is not None:
-        t = Temperature(req.temperature.floor_scale, req.temperature.attn_scale)
+        given = req.temperature
+        t = Temperature(given.floor_scale, given.attn_scale, given.position_shift)
         with np.errstate(all="ignore"), engine_rule("temperature"):
             factors = temperature_factors(queries, t)  # (L,)
         if not np.isfinite(factors).all():

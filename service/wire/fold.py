@@ -16,6 +16,9 @@ rules, the plan and the engine see one form of each:
   ``layer_norm_eps``; without them the module is BertSelfAttention, the self-attention alone),
   T5's ``relative_attention_bias.weight`` (``relative_bias``'s table: layer 0's, which T5 adds
   on every layer; refused where no config or ``relative_bias`` says how to bucket it).
+- HunYuan's ``query_layernorm.weight``/``key_layernorm.weight``: ``q_norm.weight``/
+  ``k_norm.weight`` under its names, once ``qk_norm`` is stated (by the request or the
+  config): its norms follow RoPE with the config's eps, which the weights alone do not say.
 - ``gate: true`` (Qwen3-Next): ``q_proj.weight`` holds each head's query rows then its gate
   rows (``view(L, h, 2·d)`` then ``chunk(2)``), split into ``q_proj.weight`` and
   ``gate.w``; ``q_proj.bias`` likewise.
@@ -50,7 +53,7 @@ def folded(req: MultiheadRequest) -> MultiheadRequest:
         taken, keys = req._config_taken, req._config_keys
         req = req.model_copy(update=fields)
         req._config_taken, req._config_keys, req._unpacked = taken, keys, how
-    update = _output_block(req) | _relative_table(req)
+    update = _output_block(req) | _relative_table(req) | _norm_weights(req)
     update |= _values_are_keys(req) if req.k_eq_v else {}
     if req.gate is True:
         update |= _gate_rows(req)
@@ -119,6 +122,36 @@ def _spelled(name: str) -> str:
     alias = MultiheadRequest.model_fields[name].validation_alias
     first = alias.choices[0] if isinstance(alias, AliasChoices) else None
     return first if isinstance(first, str) else name
+
+
+# a family's own names of the q/k norms' weights: {its field: (our field, the family)}
+_NORM_WEIGHTS = {
+    "query_layernorm_weight": ("q_norm_weight", "HunYuan"),
+    "key_layernorm_weight": ("k_norm_weight", "HunYuan"),
+}
+
+
+def _norm_weights(req: MultiheadRequest) -> dict[str, Any]:
+    """HunYuan's q/k norm weights as q_norm.weight and k_norm.weight; without qk_norm a 422
+    (alone, q_norm.weight means Qwen3's norm before RoPE, eps 1e-6: not HunYuan's)."""
+    update: dict[str, Any] = {}
+    for own, (ours, family) in _NORM_WEIGHTS.items():
+        w = getattr(req, own)
+        if w is None:
+            continue
+        if getattr(req, ours) is not None:
+            raise FieldError(
+                _spelled(own),
+                f"give {_spelled(own)} or {_spelled(ours)}, not both: both are the same weight",
+            )
+        if req.qk_norm is False:
+            raise FieldError(
+                _spelled(own),
+                f"{_spelled(own)} is {family}'s norm, applied after RoPE with its config's "
+                'rms_norm_eps: send config, or qk_norm {"eps": …, "after_rope": true}',
+            )
+        update |= {ours: w, own: None}
+    return update
 
 
 def _values_are_keys(req: MultiheadRequest) -> dict[str, Any]:

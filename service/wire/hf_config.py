@@ -47,6 +47,16 @@ Choices where the contract is silent:
 - StableLM's head_dim is hidden_size // heads (as OPT's), its partial_rotary_factor 0.25 when
   absent. Phi's partial_rotary_factor defaults to 0.5; its qk_layernorm (a LayerNorm with a bias per
   head vector) and StableLM's (one LayerNorm weight per head) are refused (hf_config_keys).
+- GPT-J's config names its keys its own way (``n_head``, ``n_embd`` …: hf_config_keys.KEY_NAMES,
+  read before Llama's names); its ``rotary_dim`` first features turn in interleaved pairs at
+  base 10000, fixed in its modeling (its config's rope keys unread); head_dim n_embd // n_head.
+- HunYuan's q/k RMSNorms follow RoPE (``after_rope``, eps ``rms_norm_eps``; their weights come
+  as ``query_layernorm.weight``/``key_layernorm.weight``); a ``dynamic`` rope with ``alpha`` is
+  its NTK alpha, the fixed base θ · α^(d/(d − 2)); its ``head_dim`` null and a
+  ``partial_rotary_factor`` are ConfigErrors (transformers fails on both).
+- Ministral 3's query scale 1 + β·log(1 + ⌊p / original⌋) after RoPE on every layer (its
+  ``rope_parameters`` ``llama_4_scaling_beta`` and ``original_max_position_embeddings``) →
+  ``temperature`` with ``position_shift`` 0; either missing is a ConfigError.
 - ``attn_logit_softcapping`` → ``softcap`` except Gemma 3/4 (their 5.23 attention ignores it);
   gpt-oss's sinks are weights (``sinks`` in the state dict), not config.
 - ConfigError: a layer out of range, a rope type the service lacks, a non-attention layer
@@ -60,7 +70,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.wire import hf_config_keys as ck
-from service.wire.hf_config_keys import KEYS, VERIFIED, ConfigError, model_type_of, unread_keys
+from service.wire.hf_config_keys import (
+    KEY_NAMES,
+    KEYS,
+    VERIFIED,
+    ConfigError,
+    model_type_of,
+    unread_keys,
+)
 
 _ANY, _POSITIVE, _NON_NEGATIVE, _SHARE = ck.ANY, ck.POSITIVE, ck.NON_NEGATIVE, ck.SHARE
 _DEFAULTS, _int, _num, _mapping = ck.DEFAULTS, ck.as_size, ck.as_number, ck.as_mapping
@@ -96,13 +113,20 @@ _TYPES_OF_FAMILY = {
 _FAMILIES = {t: family for family, types in _TYPES_OF_FAMILY.items() for t in types.split()}
 _FAMILIES |= {t: t for t in VERIFIED if t not in _FAMILIES}
 # families whose every layer slides when sliding_window is set (their masks ignore layer_types)
-_EVERY_LAYER_SLIDES = ("mistral", "mixtral", "phimoe", "starcoder2", "phi3", "qwen3_moe")
+_EVERY_LAYER_SLIDES: tuple[str, ...] = ("mistral", "mixtral", "phimoe", "starcoder2", "phi3")
+_EVERY_LAYER_SLIDES += ("qwen3_moe",)
+_EVERY_LAYER_SLIDES += ("ministral3",)
 _KINDS = ("full_attention", "sliding_attention")  # indexed by "it slides"
 # families whose full layers skip RoPE (NoPE) while their sliding layers rotate: {family: whether
 # every layer rotates when sliding_window is null} (Exaone 4: all rotate; Cohere 2: none)
 _FULL_LAYERS_NOPE = {"exaone4": True, "cohere2": False}
 # families with q/k RMSNorms on every layer, and those where use_qk_norm decides
-_QK_NORMED = ("qwen3", "qwen3_moe", "gemma3", "gemma4", "qwen3_next", "apertus", "exaone4")
+_QK_NORMED: tuple[str, ...] = ("qwen3", "qwen3_moe", "gemma3", "gemma4", "qwen3_next")
+_QK_NORMED += ("apertus", "exaone4")
+_QK_NORMED += ("hunyuan_v1_dense",)
+# families whose q/k norms follow RoPE: Llama 4's weightless L2 norm; HunYuan's RMSNorms
+# (query_layernorm, key_layernorm: weights in the state dict)
+_QK_NORM_AFTER_ROPE = ("llama4", "hunyuan_v1_dense")
 _QK_NORM_FLAG = ("llama4", "glm4_moe")
 # families whose apply_rotary_pos_emb turns the pairs (2i, 2i + 1): Llama 4's complex pairs;
 # Helium's, ERNIE 4.5's, GLM's and GLM-4's rotate_half of x[..., 0::2], x[..., 1::2], cos and
@@ -110,6 +134,7 @@ _QK_NORM_FLAG = ("llama4", "glm4_moe")
 _INTERLEAVED: tuple[str, ...] = ("llama4",)
 _INTERLEAVED += ("helium", "ernie4_5", "glm", "glm4")
 _INTERLEAVED += ("cohere2",)  # Cohere 2: repeat_interleave'd frequencies
+_INTERLEAVED += ("gptj",)  # GPT-J: rotate_every_two, repeat_interleave'd sin and cos
 # families without RoPE: OPT's learned positions are added to the embeddings, outside the layer
 _NO_ROPE: tuple[str, ...] = ("opt",)
 # families whose head_dim is hidden_size // num_attention_heads whatever the config says
@@ -126,17 +151,24 @@ _BERTS = ("bert", "roberta")
 _ENCODERS = (*_BERTS, "t5")
 _NO_ROPE += _ENCODERS
 _HEAD_DIM_OF_HIDDEN += _BERTS
-# config keys under the family's own names: {family: {the usual name: its names, first
-# given wins}} (T5Config's attribute_map); a decoder's layers are counted by num_decoder_layers
-_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
-    "t5": {
-        "num_attention_heads": ("num_heads",),
-        "hidden_size": ("d_model",),
-        "head_dim": ("d_kv",),
-        "num_hidden_layers": ("num_layers",),
-    },
-}
+# a T5 decoder's layers are counted by num_decoder_layers
 _DECODER_NAMES = {"t5": {"num_hidden_layers": ("num_decoder_layers", "num_layers")}}
+_HEAD_DIM_OF_HIDDEN += ("gptj",)  # GPTJAttention: embed_dim // num_attention_heads
+# families whose attention reads config.head_dim with no fallback (null fails in transformers)
+_HEAD_DIM_NEEDED = ("hunyuan_v1_dense",)
+# families whose "dynamic" rope with an ``alpha`` is a fixed NTK base, θ · α^(d/(d − 2)), not
+# dynamic NTK (HunYuanDenseV1RotaryEmbedding's ntk_alpha), and that turn the whole head (they
+# ignore partial_rotary_factor, or fail on it)
+_NTK_ALPHA = ("hunyuan_v1_dense",)
+# families that scale each query after RoPE by 1 + β·log(1 + ⌊p / original⌋) (Ministral 3's
+# rope_parameters.llama_4_scaling_beta): the temperature field with position_shift 0
+_BETA_TEMPERATURE = ("ministral3",)
+# families whose RoPE is fixed in their modeling, not configured: {family: (base, why)}; the
+# config's rope keys do not reach the layer (judged inert, listed unread). GPT-J's
+# create_sinusoidal_positions: 10000^(−2i/rotary_dim), its ``rotary_dim`` first features
+# turned in interleaved pairs (rotate_every_two); CodeGen copies all three functions
+_FIXED_ROPE = {"gptj": (10_000.0, "create_sinusoidal_positions' base 10000")}
+_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor")
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
 # a family's own step, from the config key of the field's name where hf_config_keys.KEYS says
 # the type reads it: {key: what the layer does with it, when null is no layer ("" when null is
@@ -163,7 +195,7 @@ class _Config:
         self.model_type = model_type_of(raw, self.c if nested else None)
         self.family = _FAMILIES[self.model_type]
         self.taken: dict[str, str] = {}
-        self.names = _NAMES.get(self.family, {})
+        self.names = KEY_NAMES.get(self.family, {})
         if self.c.get("is_decoder") and self.family in _DECODER_NAMES:
             self.names = self.names | _DECODER_NAMES[self.family]
         per_layer = self.c.get("per_layer_config")  # 5.23's to_dict: {"05": {"head_dim": …}}
@@ -179,15 +211,23 @@ class _Config:
 
     def get(self, key: str) -> tuple[Any, str]:
         """The key's value and where it came from (None, "" when neither given nor defaulted),
-        under the family's own name where it has one (T5's ``num_heads``, ``d_model`` …)."""
-        found = [got for name in self.names.get(key, (key,)) if (got := self._get(name))[1]]
-        return next((got for got in found if got[0] is not None), found[0] if found else (None, ""))
+        under the family's own names where it has them (hf_config_keys.KEY_NAMES: T5's
+        ``num_heads``, GPT-J's ``n_head`` …): the first name given with a value, else the first
+        given as null, else the first name's default."""
+        names = self.names.get(key, (key,))
+        given = [got for name in names if (got := self._given(name))[1]]
+        if given:
+            return next((got for got in given if got[0] is not None), given[0])
+        return next((got for name in names if (got := self._default(name))[1]), (None, ""))
 
-    def _get(self, key: str) -> tuple[Any, str]:
+    def _given(self, key: str) -> tuple[Any, str]:
         if key in self.own[0]:
             return self.own[0][key], self.own[1] + key
         if key in self.c:
             return self.c[key], self.prefix + key
+        return None, ""
+
+    def _default(self, key: str) -> tuple[Any, str]:
         for family in (self.family, ""):
             if key in _DEFAULTS.get(family, {}):
                 whose = f"{self.model_type}'s" if family else "transformers'"
@@ -218,6 +258,8 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
         raise ConfigError("layer", f"layer is {layer!r}: expected an integer ≥ 0")
     c = _Config(config, layer)
     unread = unread_keys(c.c, c.model_type, c.prefix)
+    if c.family in _FIXED_ROPE:  # its modeling never reads them
+        unread = sorted({*unread, *(c.prefix + k for k in _ROPE_KEYS if k in c.c)})
     if c.prefix:  # a multimodal config: its own keys around text_config
         unread += unread_keys(config, c.model_type)
     n_layers, n_src = c.get("num_hidden_layers")
@@ -312,6 +354,12 @@ def _rope_layer(c: _Config, layer: int) -> tuple[bool, str]:
 
 
 def _head_dim(c: _Config, heads: int, glob: bool) -> tuple[int, str]:
+    if c.family in _HEAD_DIM_NEEDED and c.value("head_dim") is None:
+        raise ConfigError(
+            f"config.{c.prefix}head_dim",
+            f"head_dim is null: {c.model_type}'s attention reads config.head_dim itself (its "
+            "sizes and scale), and transformers fails without it; send the model's head_dim",
+        )
     own = ["head_dim"] * (c.family not in _HEAD_DIM_OF_HIDDEN)
     value, src = c.first(*["global_head_dim"] * glob, *own)
     if value is not None:
@@ -325,7 +373,7 @@ def _head_dim(c: _Config, heads: int, glob: bool) -> tuple[int, str]:
             f"{_key(src)} {hidden} is less than "
             f"num_attention_heads {heads}: a head needs at least one feature",
         )
-    return hidden // heads, f"{src} / num_attention_heads"
+    return hidden // heads, f"{src} / {c.get('num_attention_heads')[1] or 'num_attention_heads'}"
 
 
 def _mla(c: _Config) -> dict[str, Any] | None:
@@ -354,8 +402,17 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
         )
     theta, t_src = p.get("rope_theta") or c.get("rope_theta")
     base = _num(theta, _key(t_src) or "rope_theta", _POSITIVE)
-    rope: dict[str, Any] = {"base": c.take("rope.base", t_src, base)}
     factor, f_src = p.get("partial_rotary_factor", (None, ""))
+    if c.family in _NTK_ALPHA:
+        base, t_src, rope_type = _ntk_alpha(p, rope_type, base, t_src, head_dim)
+        if factor is not None and _num(factor, _key(f_src), _SHARE) != 1.0:
+            raise ConfigError(
+                f"config.{_key(f_src)}",
+                f"{c.model_type}'s rotary turns the whole head: its own frequencies ignore "
+                f"{_key(f_src)} and the other rope types fail on it in transformers",
+            )
+        factor = None
+    rope: dict[str, Any] = {"base": c.take("rope.base", t_src, base)}
     if rope_type == "proportional":
         scale, s_src = p.get("factor", (None, ""))
         if scale is not None and _num(scale, _key(s_src)) != 1.0:
@@ -370,7 +427,9 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
         on, i_src = c.get("rope_interleave") if mla else (True, f"model_type {c.model_type}")
         if on:
             rope["style"] = c.take("rope.style", i_src, "interleaved")
-    if factor is not None and not mla:
+    if c.reads("rotary_dim"):
+        rope |= _rotary_dim(c, head_dim)
+    elif factor is not None and not mla:
         dim = int(head_dim * _num(factor, _key(f_src), _SHARE))
         if dim % 2:  # transformers turns dim + 1 features at base^(−2i/dim): no rotary_dim
             raise ConfigError(
@@ -383,6 +442,30 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
     if rope_type != "default":
         rope["scaling"] = _scaling(c, rope_type, kind_src, p)
     return rope
+
+
+def _rotary_dim(c: _Config, head_dim: int) -> dict[str, Any]:
+    """GPT-J's ``rotary_dim``: how many of each head's first features turn; null turns the whole
+    head only with one head (its sin and cos have n_embd / 2 frequencies: more heads fail)."""
+    dim, src = c.get("rotary_dim")
+    heads, h_src = c.get("num_attention_heads")
+    if dim is None and _int(heads, _key(h_src)) == 1:
+        return {}
+    where = _key(src) or "rotary_dim"
+    if dim is None:
+        raise ConfigError(
+            f"config.{where}",
+            f"{where} is null: {c.model_type} then builds sin and cos for the whole hidden size, "
+            "which fit no head of several; state rope.rotary_dim yourself",
+        )
+    dim = _int(dim, where)
+    if dim % 2 or dim > head_dim:
+        raise ConfigError(
+            f"config.{where}",
+            f"{where} is {dim}: {c.model_type} turns an even number of features within the "
+            f"head_dim {head_dim} (transformers fails on any other)",
+        )
+    return {"rotary_dim": c.take("rope.rotary_dim", src, dim)}
 
 
 def _kind_rotates(c: _Config, kind: str) -> bool:
@@ -398,9 +481,31 @@ def _kind_rotates(c: _Config, kind: str) -> bool:
 Entry = dict[str, tuple[Any, str]]  # rope parameter -> (value, its config key)
 
 
+def _ntk_alpha(
+    p: Entry, rope_type: str, base: float, t_src: str, head_dim: int
+) -> tuple[float, str, str]:
+    """HunYuan's "dynamic" rope with an ``alpha``: the fixed base θ · α^(d/(d − 2)) and no
+    scaling (compute_ntk_alpha_rope_parameters), else the rope as it is; (base, its source,
+    the rope type left)."""
+    alpha, a_src = p.get("alpha", (None, ""))
+    if rope_type != "dynamic" or not alpha:
+        return base, t_src, rope_type
+    alpha = _num(alpha, _key(a_src), _POSITIVE)
+    if head_dim <= 2:
+        raise ConfigError(
+            f"config.{_key(a_src)}",
+            f"an NTK alpha stretches the base by α^(d/(d − 2)), which head_dim {head_dim} lacks",
+        )
+    stretched = base * alpha ** (head_dim / (head_dim - 2))
+    return stretched, f"{t_src} · {_key(a_src)}^(head_dim / (head_dim − 2))", "default"
+
+
 def _rope_entry(c: _Config, kind: str) -> Entry | None:
     """This layer's rope parameters with their keys (None: the config gives it no RoPE)."""
     pre = c.prefix
+    if c.family in _FIXED_ROPE:
+        base, why = _FIXED_ROPE[c.family]
+        return {"rope_theta": (base, f"model_type {c.model_type}: {why}")}
     if c.family == "gemma3":  # 5.23's conversion of Gemma 3's older keys
         entries = _mapping(c.c.get("rope_parameters") or {}, f"{pre}rope_parameters")
         entry = _mapping(entries.get(kind) or {}, f"{pre}rope_parameters.{kind}")
@@ -521,7 +626,7 @@ def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
             norm["eps"] = c.take("qk_norm.eps", e_src, _num(eps, _key(e_src), _NON_NEGATIVE))
         if fam in ("gemma3", "qwen3_next"):  # their RMSNorms apply (1 + w)
             norm["zero_centered"] = c.take("qk_norm.zero_centered", why, True)
-        if fam == "llama4":  # the weightless L2 norm, after the rotation
+        if fam in _QK_NORM_AFTER_ROPE:
             norm["after_rope"] = c.take("qk_norm.after_rope", why, True)
         out["qk_norm"] = norm
     if fam == "gemma4":
@@ -538,6 +643,8 @@ def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
             k: c.take(f"temperature.{k}", s, _num(v, _key(s), bounds[k]))
             for k, (v, s) in got.items()
         }
+    if fam in _BETA_TEMPERATURE and rotates:
+        out["temperature"] = _beta_temperature(c, kind)
     if fam == "qwen3_next":  # q_proj holds each head's query and output gate
         out["gate"] = c.take("gate", why, True)
     for key, needed in _OWN_STEPS.items():
@@ -559,6 +666,31 @@ def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
     elif scalar is not None:
         out["scale"] = c.take("scale", s_src, _num(scalar, _key(s_src), _POSITIVE) ** -0.5)
     return out
+
+
+def _beta_temperature(c: _Config, kind: str) -> dict[str, Any]:
+    """Ministral 3's query scale after RoPE, on every layer: 1 + β·log(1 + ⌊p / original⌋),
+    β and original from the rope parameters (get_llama_4_attn_scale) — the temperature field with
+    attn_scale β, floor_scale original and position_shift 0."""
+    p = _rope_entry(c, kind) or {}
+    got = {}
+    for key in ("llama_4_scaling_beta", "original_max_position_embeddings"):
+        value, src = p.get(key, (None, ""))
+        if value is None:
+            raise ConfigError(
+                f"config.{c.prefix}rope_parameters.{key}",
+                f"{c.model_type} scales each query by 1 + β·log(1 + ⌊p / "
+                "original_max_position_embeddings⌋) with both from rope_parameters; without "
+                f"{key} transformers fails, and the service will not guess it",
+            )
+        got[key] = (value, src)
+    (beta, b_src), (original, o_src) = got.values()
+    c.taken["temperature"] = b_src
+    return {
+        "attn_scale": c.take("temperature.attn_scale", b_src, _num(beta, _key(b_src))),
+        "floor_scale": c.take("temperature.floor_scale", o_src, _int(original, _key(o_src))),
+        "position_shift": c.take("temperature.position_shift", f"model_type {c.model_type}", 0),
+    }
 
 
 def _mask(c: _Config, kind: str, kind_src: str, layer: int) -> list[dict[str, Any]]:

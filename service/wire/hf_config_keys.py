@@ -19,7 +19,7 @@ naming it; a key in no row is a 422 too unless null or false (the service has no
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -41,13 +41,34 @@ VERIFIED += _words("phi")
 VERIFIED += _words("stablelm")
 VERIFIED += _words("gpt_neox")  # its fused query_key_value: service.wire.fused
 VERIFIED += _words("bert roberta t5")  # the encoders (and T5's decoder self-attention)
+VERIFIED += _words("gptj")
+VERIFIED += _words("hunyuan_v1_dense")
+VERIFIED += _words("ministral3")
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
-REFUSED = {
-    "ministral3": "its rope_parameters.llama_4_scaling_beta β multiplies the query at position p "
-    "by 1 + β·log(1 + ⌊p / original_max_position_embeddings⌋), after RoPE, on every layer; the "
-    "temperature field's ⌊(p + 1) / floor_scale⌋ is one position apart, and no field takes it",
+REFUSED: dict[str, str] = {}
+
+# a model type's own names for the keys hf_config.py reads: {model type: {the key as
+# hf_config.py names it (Llama's name): the names that type's config.json may give it, read in
+# that order}}. The type's configuration class maps the one to the other (its
+# ``attribute_map``) and ``to_dict()`` writes its own name: GPT-J's ``n_head`` first, then
+# Llama's ``num_attention_heads``; T5's own names only. Each own name is a row of KEYS read
+# for its types (added below); its default is in DEFAULTS under the own name.
+KEY_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
+    "gptj": {
+        "num_attention_heads": ("n_head", "num_attention_heads"),
+        "hidden_size": ("n_embd", "hidden_size"),
+        "max_position_embeddings": ("n_positions", "max_position_embeddings"),
+        "num_hidden_layers": ("n_layer", "num_hidden_layers"),
+    },
+    # T5Config's attribute_map (a decoder's layers: hf_config's num_decoder_layers)
+    "t5": {
+        "num_attention_heads": ("num_heads",),
+        "hidden_size": ("d_model",),
+        "head_dim": ("d_kv",),
+        "num_hidden_layers": ("num_layers",),
+    },
 }
 
 _ALL = "*"
@@ -56,6 +77,7 @@ _SLIDING = (
     "starcoder2 smollm3 gpt_oss phimoe phi3"
 )
 _SLIDING += " exaone4 cohere2"
+_SLIDING += " ministral3"
 _LAYER_TYPES = (
     "ministral qwen2 qwen2_moe qwen3 qwen3_next gemma2 gemma3_text gemma4_text smollm3 gpt_oss "
     "llama4_text"
@@ -64,6 +86,7 @@ _QWEN3_5 = "qwen3_5_text qwen3_5_moe_text"
 _LAYER_TYPES += f" exaone4 cohere2 {_QWEN3_5}"
 _QK_NORM = "qwen3 qwen3_moe qwen3_next gemma3_text gemma4_text llama4_text"
 _QK_NORM += f" glm4_moe apertus exaone4 {_QWEN3_5}"
+_QK_NORM += " hunyuan_v1_dense"
 _MLA = "deepseek_v2 deepseek_v3"
 _GEMMAS = "gemma gemma2 gemma3_text gemma4_text"
 _GRANITES = "granite granitemoe"  # attention_multiplier is their scale
@@ -113,8 +136,11 @@ KEYS: dict[str, Key] = {
     "_sliding_window_pattern": Key(reads="gemma3_text", inert=_ALL),
     "rope_local_base_freq": Key(reads="gemma3_text", why="the sliding layers' RoPE base"),
     "rms_norm_eps": Key(reads=_QK_NORM, inert=_ALL),  # elsewhere the block's norms only
-    "use_qk_norm": Key(
-        reads="llama4_text glm4_moe", inert="cohere2", neutral=_OFF, why="q/k norms"
+    "use_qk_norm": Key(  # HunYuan's attention always has its q/k norms, whatever it says
+        reads="llama4_text glm4_moe",
+        inert="cohere2 hunyuan_v1_dense",
+        neutral=_OFF,
+        why="q/k norms",
     ),
     "query_pre_attn_scalar": Key(reads="gemma2 gemma3_text", why="the scale"),
     "attn_logit_softcapping": Key(
@@ -158,7 +184,7 @@ KEYS: dict[str, Key] = {
         "StableLM's with a weight per head; qk_norm's layer norm has one weight [d_k] and no "
         "bias, so no request field states them",
     ),
-    "rotary_dim": Key(why="a partial rotation"),
+    "rotary_dim": Key(reads="gptj", why="a partial rotation"),
     "rotary_pct": Key(inert="cohere2", why="a partial rotation"),
     "rotary_emb_base": Key(why="the RoPE base"),
     "position_embedding_type": Key(
@@ -196,7 +222,26 @@ KEYS: dict[str, Key] = {
         k: Key(inert="opt")
         for k in _words("""
             do_layer_norm_before _remove_final_layer_norm word_embed_proj_dim ffn_dim
-            layer_norm_elementwise_affine activation_function enable_bias
+            layer_norm_elementwise_affine enable_bias
+        """)
+    },
+    # ---- GPT-J's block around the layer (its MLP, LayerNorm, dropouts: eval mode)
+    **{k: Key(inert="gptj") for k in _words("n_inner attn_pdrop")},
+    # GPT-J's and T5's block norms (T5's RMSNorm before the attention module)
+    "layer_norm_epsilon": Key(inert="gptj t5"),
+    "eod_token_id": _INERT,  # HunYuan's end-of-document token
+    "activation_function": Key(inert="opt gptj"),  # their MLPs'
+    # GPT-J's config.json (written by transformers 4.x): GPTJAttention always rotates and always
+    # divides by sqrt(head_dim), whatever these say (GPT-2's attention reads the second)
+    "rotary": Key(inert="gptj", neutral=(None, True), why="whether the layer rotates"),
+    "scale_attn_weights": Key(inert="gptj", neutral=(None, True), why="the scale"),
+    # the sequence-summary head of old configs (a classifier over the last hidden state), the
+    # tokenizer, generation defaults
+    **{
+        k: _INERT
+        for k in _words("""
+            summary_type summary_use_proj summary_activation summary_proj_to_labels
+            summary_first_dropout tokenizer_class task_specific_params
         """)
     },
     **{k: _INERT for k in _words("dropout layerdrop init_std")},  # training only
@@ -215,14 +260,12 @@ KEYS: dict[str, Key] = {
             relative_attention_max_distance
         """)
     },
-    # T5's feed-forward, its block's RMSNorm (layer_norm_epsilon, before the attention module),
-    # dropouts and initialisation; BERT's token types, dropouts, cross-attention layers
+    # T5's feed-forward, dropouts and initialisation; BERT's token types, dropouts, cross-attention layers
     **{
         k: Key(inert="t5")
         for k in _words("""
-            d_ff dropout_rate layer_norm_epsilon initializer_factor feed_forward_proj
-            dense_act_fn is_gated_act scale_decoder_outputs n_positions task_specific_params
-            output_past
+            d_ff dropout_rate initializer_factor feed_forward_proj
+            dense_act_fn is_gated_act scale_decoder_outputs n_positions output_past
         """)
     },
     **{
@@ -262,6 +305,13 @@ KEYS: dict[str, Key] = {
 
 def _holds(types: str, model_type: str) -> bool:
     return types == _ALL or model_type in types.split()
+
+
+for _type, _names in KEY_NAMES.items():  # a type's own key names are read for it
+    for _own in {name for names in _names.values() for name in names}:
+        _row = KEYS.get(_own, Key())
+        if not _holds(_row.reads, _type):
+            KEYS[_own] = replace(_row, reads=f"{_row.reads} {_type}".strip())
 
 
 def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
@@ -314,6 +364,17 @@ _GEMMA4_ROPE = {
         "partial_rotary_factor": 0.25,
         "rope_theta": 1_000_000.0,
     },
+}
+_MINISTRAL3_ROPE = {  # Ministral3Config's (its max_position_embeddings entry unread: inert)
+    "type": "yarn",
+    "rope_theta": 1_000_000.0,
+    "factor": 16.0,
+    "original_max_position_embeddings": 16384,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale_all_dim": 1.0,
+    "mscale": 1.0,
+    "llama_4_scaling_beta": 0.1,
 }
 _APERTUS_ROPE = {
     "rope_type": "llama3",
@@ -404,6 +465,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "relative_attention_num_buckets": 32,
         "relative_attention_max_distance": 128,
     },
+    "ministral3": {"head_dim": 128, "rope_parameters": _MINISTRAL3_ROPE},
+    "gptj": {"n_head": 16, "n_embd": 4096, "n_positions": 2048, "n_layer": 28, "rotary_dim": 64},
     "ernie4_5": {"head_dim": 128, "rope_theta": 500_000.0},
     "glm": {"head_dim": 128, "partial_rotary_factor": 0.5},
     "llama4": {

@@ -128,6 +128,34 @@ def test_temperature_is_llama4s_per_position_factor(
     np.testing.assert_allclose(trace.q_tempered, q * expected[:, None], rtol=0, atol=TOL)
 
 
+@pytest.mark.parametrize(
+    ("beta", "original", "positions"),
+    [(0.1, 16384.0, [0, 16383, 16384, 40000, 262143]), (0.5, 4.0, list(range(13)))],
+    ids=["ministral3_defaults", "small_original"],
+)
+def test_temperature_with_position_shift_0_is_ministral3s_query_scale(
+    beta: float, original: float, positions: list[int]
+) -> None:
+    """Ministral3's get_llama_4_attn_scale: 1 + β·log(1 + ⌊p / original⌋) (torch float64) is
+    the temperature with attn_scale β, floor_scale original and position_shift 0; position_shift
+    1 (Llama 4's) differs at p = original − 1."""
+    torch = reference("torch")
+    p = torch.tensor(positions, dtype=torch.float64)
+    expected = (1 + beta * torch.log(1 + torch.floor(p / original))).numpy()
+    ours = temperature_factors(np.array(positions), Temperature(original, beta, 0))
+    np.testing.assert_allclose(ours, expected, rtol=0, atol=TOL)
+    q = rng(10).normal(size=(1, len(positions), 4))
+    trace = scaled_dot_product_attention(
+        q, q, q, variants=Variants(temperature=Temperature(original, beta, position_shift=0),
+                                   positions=np.array(positions))
+    )  # fmt: skip
+    assert trace.q_tempered is not None
+    np.testing.assert_allclose(trace.q_tempered, q * expected[:, None], rtol=0, atol=TOL)
+    edge = np.array([int(original) - 1])
+    assert temperature_factors(edge, Temperature(original, beta, 0))[0] == 1.0
+    assert temperature_factors(edge, Temperature(original, beta, 1))[0] > 1.0
+
+
 def test_temperature_is_one_before_the_first_floor() -> None:
     f = temperature_factors(np.arange(8191), Temperature())
     assert (f == 1.0).all()

@@ -25,7 +25,7 @@ show what it exercises (e.g. the Gemma 4 full layer's d_k 16 and one kv head, wh
 import os
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -68,10 +68,13 @@ from transformers.models.glm4 import modeling_glm4  # noqa: E402
 from transformers.models.glm4_moe import modeling_glm4_moe  # noqa: E402
 from transformers.models.glm4_moe.configuration_glm4_moe import Glm4MoeConfig  # noqa: E402
 from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
+from transformers.models.gptj import modeling_gptj  # noqa: E402
 from transformers.models.granite import modeling_granite  # noqa: E402
 from transformers.models.granitemoe import modeling_granitemoe  # noqa: E402
 from transformers.models.helium import modeling_helium  # noqa: E402
+from transformers.models.hunyuan_v1_dense import modeling_hunyuan_v1_dense  # noqa: E402
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
+from transformers.models.ministral3 import modeling_ministral3  # noqa: E402
 from transformers.models.olmo import modeling_olmo  # noqa: E402
 from transformers.models.opt import modeling_opt  # noqa: E402
 from transformers.models.opt.configuration_opt import OPTConfig  # noqa: E402
@@ -108,6 +111,7 @@ class Layer:
     config: Any  # the (text) config object the layer was built from
     zero_centered: bool = False  # its q/k norms store w for (1 + w)
     forward_kwargs: dict[str, Any] = field(default_factory=dict)
+    position_ids: bool = False  # it takes position_ids (GPT-J: its own sin/cos table)
 
 
 def _layer_type_mask(config: Any, layer: int) -> Callable[..., Any]:
@@ -665,6 +669,82 @@ def t5_decoder(layer: int) -> tuple[Any, Layer]:
     return config.to_dict(), _t5(config, layer, hf_masks.create_causal_mask)
 
 
+def gptj(layer: int) -> tuple[Any, Layer]:
+    """As EleutherAI/gpt-j-6B's: its own key names (n_head, n_embd, n_positions, n_layer),
+    rotary_dim (64 of head_dim 256 there; 6 of 8 here) turned in interleaved pairs
+    (rotate_every_two) at 10000^(−2i/rotary_dim), no biases, out_proj, the scores divided by
+    sqrt(head_dim) in float32 there (float64 here); 4 heads. Its sin/cos table is a buffer built
+    in __init__, so the layer is built in float64 too."""
+    fields: dict[str, Any] = {
+        "model_type": "gptj", "n_embd": 32, "n_head": 4, "n_layer": 2, "n_positions": 64,
+        "rotary_dim": 6, "n_inner": 16, "vocab_size": 16, "layer_norm_epsilon": 1e-5,
+        **NO_TOKENS,
+    }  # fmt: skip
+    config: Any = transformers.GPTJConfig(**fields)
+    config._attn_implementation = "eager"
+    with float64_torch_in(modeling_gptj), _widened():
+        attn = modeling_gptj.GPTJAttention(config, layer)  # type: ignore[no-untyped-call]
+        # 5.25 moved the table into GPTJRotaryEmbedding, which gives the layer (sin, cos)
+        own: Any = getattr(modeling_gptj, "GPTJRotaryEmbedding", None)
+        table = None if own is None else own(config)
+    if table is None:  # 5.23: the attention holds the table and reads position_ids
+        assert attn.embed_positions.dtype == torch.float64
+        return config.to_dict(), Layer(
+            modeling_gptj, attn, None, hf_masks.create_causal_mask, config, position_ids=True
+        )
+    assert table.embed_positions.dtype == torch.float64
+    return config.to_dict(), Layer(
+        modeling_gptj, attn, lambda x, pos: table(x, pos), hf_masks.create_causal_mask, config
+    )
+
+
+def _hunyuan(rope: dict[str, Any], layer: int) -> tuple[Any, Layer]:
+    """As tencent/Hunyuan-7B-Instruct's: head_dim given (16 here, not hidden size ÷ heads),
+    query_layernorm and key_layernorm (RMSNorms with weights, rms_norm_eps 1e-5) applied to
+    the rotated queries and keys, no biases, ``rope`` as given; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "hunyuan_v1_dense", "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 8, "eod_token_id": 3, "rope_parameters": rope, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_hunyuan_v1_dense, "HunYuanDenseV1", fields, layer)
+
+
+def hunyuan_alpha(layer: int) -> tuple[Any, Layer]:
+    """Hunyuan-7B's rope_scaling as it is: type dynamic with alpha 1000 (and factor, mscale …
+    that its NTK-alpha frequencies ignore): the fixed base θ · α^(d/(d − 2))."""
+    rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}  # fmt: skip
+    return _hunyuan(rope, layer)
+
+
+def hunyuan_dynamic(layer: int) -> tuple[Any, Layer]:
+    """A dynamic rope without alpha: transformers' dynamic NTK past max_position_embeddings
+    (8 here, 12 tokens)."""
+    return _hunyuan({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, layer)
+
+
+def ministral3(layer: int) -> tuple[Any, Layer]:
+    """As mistralai/Ministral-3-8B's text config: YaRN in rope_parameters (factor 16, beta_fast
+    32, beta_slow 1, mscale and mscale_all_dim 1) with llama_4_scaling_beta 0.1 and its own
+    max_position_embeddings entry; original_max_position_embeddings 4 here (16384 there) so
+    that over 12 tokens the query scale 1 + β·log(1 + ⌊p / 4⌋) takes three values; a
+    sliding_window (6 here) on every layer; head_dim 8; GQA 4/2."""
+    rope = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
+            "original_max_position_embeddings": 4, "max_position_embeddings": 64,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "llama_4_scaling_beta": 0.1}  # fmt: skip
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "ministral3", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "num_hidden_layers": 2, "max_position_embeddings": 64,
+        "sliding_window": 6, "rope_parameters": rope, **NO_TOKENS,
+    }  # fmt: skip
+    config: Any = transformers.Ministral3Config(**fields)
+    built = _decoder(modeling_ministral3, "Ministral3Attention", "Ministral3RotaryEmbedding",
+                     config, layer, hf_masks.create_sliding_window_causal_mask)  # fmt: skip
+    return config.to_dict(), replace(built, position_ids=True)  # it reads position_ids too
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -702,6 +782,9 @@ def _run(layer: Layer, x: np.ndarray, positions: list[int]) -> np.ndarray:
         # the cache fourth, unnamed: 5.25 renames 5.23's past_key_values to cache
         mask = layer.mask_fn(layer.config, xs, None, None, position_ids=pos)
         rotary: dict[str, Any] = {}
+        mask = layer.mask_fn(config=layer.config, inputs_embeds=xs, attention_mask=None,
+                             past_key_values=None, position_ids=pos)  # fmt: skip
+        rotary: dict[str, Any] = {"position_ids": pos} if layer.position_ids else {}
         if layer.rotary is not None:
             emb = layer.rotary(xs, pos)
             first = emb if isinstance(emb, torch.Tensor) else emb[0]
@@ -824,6 +907,28 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
     ("t5-decoder-causal", t5_decoder, 2, None,
      {"d_k": 12, "mask": [CAUSAL], "scale": 1.0,
       "relative_bias": {"bidirectional": False, "max_distance": 10}}),
+    # the fourth batch: a family's own key names (GPT-J's n_head, n_embd), rotary_dim
+    ("gptj-rotary_dim-interleaved", gptj, 1, None,
+     {"num_heads": 4, "d_k": 8, "num_kv_heads": None, "mask": [CAUSAL], "scale": None,
+      "rope": {"base": 10000.0, "style": "interleaved", "rotary_dim": 6}}),
+    # HunYuan: q/k RMSNorms with weights after RoPE, NTK alpha as a fixed base
+    ("hunyuan_v1_dense-alpha-norm_after_rope", hunyuan_alpha, 1, None,
+     {"d_k": 16, "num_kv_heads": 2, "mask": [CAUSAL],
+      "rope": {"base": 10000.0 * 1000.0 ** (16 / 14)},
+      "qk_norm": {"type": "rms", "eps": 1e-5, "after_rope": True}}),
+    ("hunyuan_v1_dense-dynamic", hunyuan_dynamic, 0, None,
+     {"rope": {"base": 10000.0, "scaling": {"type": "dynamic", "factor": 2.0,
+                                            "original_max_position": 8}},
+      "qk_norm": {"type": "rms", "eps": 1e-5, "after_rope": True}}),
+    # Ministral 3: its query scale after RoPE as the temperature counting ⌊p / original⌋
+    ("ministral3-beta-temperature-yarn", ministral3, 1, None,
+     {"temperature": {"attn_scale": 0.1, "floor_scale": 4, "position_shift": 0},
+      "mask": [CAUSAL, {"type": "window", "left": 5, "right": 0}],
+      "rope": {"base": 1e6, "scaling": {"type": "yarn", "factor": 16.0,
+               "original_max_position": 4, "beta_fast": 32.0, "beta_slow": 1.0,
+               "mscale": 1.0, "mscale_all_dim": 1.0}}}),
+    ("ministral3-beta-temperature-shifted", ministral3, 0, list(range(30, 30 + L)),
+     {"temperature": {"attn_scale": 0.1, "floor_scale": 4, "position_shift": 0}}),
 ]  # fmt: skip
 
 
@@ -867,6 +972,7 @@ def test_service_with_config_equals_the_transformers_layer(
 
 VERIFIED_TYPES = [*VERIFIED, *COMPOSITE]
 STOCK_AS_RELEASED: dict[str, dict[str, Any]] = {"glm4_moe": {"head_dim": 128}}
+STOCK_AS_RELEASED["hunyuan_v1_dense"] = {"head_dim": 128}  # Hunyuan-7B's (null: transformers fails)
 
 
 @pytest.mark.torch

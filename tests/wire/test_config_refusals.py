@@ -80,9 +80,8 @@ def test_every_key_of_the_config_is_either_applied_or_listed_as_not_mattering(
 @pytest.mark.parametrize(
     "config",
     [stock("CodeGenConfig"), stock("BloomConfig"),
-     stock("Olmo2Config"),
-     stock("Ministral3Config"), stock("Gemma3nTextConfig"), MIMO],
-    ids=["codegen", "bloom", "olmo2", "ministral3", "gemma3n", "mimo"],
+     stock("Olmo2Config"), stock("Gemma3nTextConfig"), MIMO],
+    ids=["codegen", "bloom", "olmo2", "gemma3n", "mimo"],
 )  # fmt: skip
 def test_a_family_the_service_does_not_reproduce_is_a_422_naming_model_type(
     client: TestClient, config: dict[str, Any]
@@ -94,16 +93,20 @@ def test_a_family_the_service_does_not_reproduce_is_a_422_naming_model_type(
     assert "leave config out" in error["message"]
 
 
-def test_ministral3_is_refused_naming_its_position_dependent_query_scale(
+def test_ministral3_is_read_with_its_query_scale_as_the_temperature(
     client: TestClient,
 ) -> None:
-    """Ministral 3 multiplies each query by 1 + β·log(1 + ⌊p / original⌋) (its
-    llama_4_scaling_beta): Llama 4's temperature counts p + 1, so no request field is it."""
+    """Ministral 3 multiplies each query by 1 + β·log(1 + ⌊p / original⌋) after RoPE (its
+    llama_4_scaling_beta): the temperature with position_shift 0; without β a 422 naming it."""
     config = stock("Ministral3Config")
     assert config["rope_parameters"]["llama_4_scaling_beta"] == 0.1
-    error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
-    assert error["field"] == "config.model_type", error
-    assert "llama_4_scaling_beta" in error["message"] and "⌊p / original" in error["message"]
+    taken = post(client, "/multihead", layer_body(config))["conventions"]["config"]
+    assert taken["temperature.attn_scale"] == "rope_parameters.llama_4_scaling_beta"
+    assert taken["temperature.position_shift"] == "model_type ministral3"
+    rope = {k: v for k, v in config["rope_parameters"].items() if k != "llama_4_scaling_beta"}
+    error = post(client, "/multihead", layer_body({**config, "rope_parameters": rope}), status=422)
+    first = error["errors"][0]
+    assert first["field"] == "config.rope_parameters.llama_4_scaling_beta", first
 
 
 def test_a_config_without_model_type_is_a_422_saying_what_it_must_be(client: TestClient) -> None:
@@ -303,3 +306,26 @@ def test_berts_relative_position_embeddings_are_a_422_naming_the_key(client: Tes
     assert error["field"] == "config.position_embedding_type", error
     absolute = {**body["config"], "position_embedding_type": "absolute"}
     assert post(client, "/multihead", {**body, "config": absolute})["output"]
+
+
+def test_hunyuan_norm_weights_without_qk_norm_are_a_422_and_with_config_are_read(
+    client: TestClient,
+) -> None:
+    """query_layernorm.weight alone cannot say HunYuan's norm follows RoPE or its eps (alone,
+    q_norm.weight is Qwen3's, before RoPE): a 422 naming it; with the config it is the
+    queries' qk_norm weight, after RoPE."""
+    rng = np.random.default_rng(1)
+    norms = {
+        "query_layernorm.weight": rng.normal(size=D) + 1,
+        "key_layernorm.weight": rng.normal(size=D) + 1,
+    }
+    error = post(client, "/multihead", layer_body(llama(), **norms), status=422)["errors"][0]
+    assert error["field"] == "query_layernorm.weight" and "after RoPE" in error["message"]
+    both = {**norms, "q_norm.weight": norms["query_layernorm.weight"]}
+    config = stock("HunYuanDenseV1Config")
+    error = post(client, "/multihead", layer_body(config, **both), status=422)["errors"][0]
+    assert "not both" in error["message"], error
+    body = post(client, "/multihead", layer_body(config, **norms))
+    assert body["conventions"]["config"]["qk_norm.after_rope"] == "model_type hunyuan_v1_dense"
+    weightless = post(client, "/multihead", layer_body(config, include=["output"]))
+    assert not np.allclose(body["output"], weightless["output"])

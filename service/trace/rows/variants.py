@@ -164,7 +164,7 @@ def _qk_norm(n: QKNorm, x: str) -> str:
 
 def _qk_norm_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
     assert v.q_norm is not None and v.k_norm is not None
-    when = ", after RoPE (Llama 4)" if v.q_norm.after_rope else ""
+    when = ", after RoPE (Llama 4, HunYuan)" if v.q_norm.after_rope else ""
     q, k = symbol(s, v, "q_normed", "q"), symbol(s, v, "k_normed", "k")
     return {
         "q_normed": "Q_n = " + _qk_norm(v.q_norm, q) + when,
@@ -181,9 +181,8 @@ def _temperature_given(req: Req) -> bool:
 
 def _temperature_settings(req: Req) -> Variants:
     assert req.temperature is not None
-    return Variants(
-        temperature=Temperature(req.temperature.floor_scale, req.temperature.attn_scale)
-    )
+    t = req.temperature
+    return Variants(temperature=Temperature(t.floor_scale, t.attn_scale, t.position_shift))
 
 
 def _temperature_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
@@ -192,10 +191,18 @@ def _temperature_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> For
     p = np.arange(s.seq_len) if v.positions is None else v.positions  # (L,)
     factors = temperature_factors(p, t)  # (L,)
     q = symbol(s, v, "q_tempered", "q")
+    shifted, whose = _TEMPERATURE_FORMS[t.position_shift]
     return {
-        "q_tempered": f"Q_t = {q} · (log(⌊(p + 1)/{t.floor_scale:g}⌋ + 1) · {t.attn_scale:g} + 1), "
-        f"each query by its position p (Llama 4's layers without RoPE): {_numbers(factors)}"
+        "q_tempered": f"Q_t = {q} · (log(⌊{shifted}/{t.floor_scale:g}⌋ + 1) · {t.attn_scale:g} + "
+        f"1), each query by its position p ({whose}): {_numbers(factors)}"
     }
+
+
+# the temperature's position term and whose it is, by position_shift
+_TEMPERATURE_FORMS = {
+    1: ("(p + 1)", "Llama 4's layers without RoPE"),
+    0: ("p", "Ministral 3's llama_4_scaling_beta, after RoPE"),
+}
 
 
 def _v_norm_given(req: Req) -> bool:

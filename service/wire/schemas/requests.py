@@ -333,6 +333,17 @@ class MultiheadRequest(VariantFields, InputFields):
         validation_alias=_named("k_norm.weight", "k_norm_weight"),
         description="Qwen3's k_norm.weight [d_k]: the keys' qk_norm weight",
     )
+    query_layernorm_weight: Vector | None = Field(
+        None,
+        validation_alias=_named("query_layernorm.weight", "query_layernorm_weight"),
+        description="HunYuan's query_layernorm.weight [d_k]: the queries' qk_norm weight, "
+        "normalising after RoPE; needs config or qk_norm (read as q_norm.weight)",
+    )
+    key_layernorm_weight: Vector | None = Field(
+        None,
+        validation_alias=_named("key_layernorm.weight", "key_layernorm_weight"),
+        description="HunYuan's key_layernorm.weight [d_k]: the keys' qk_norm weight",
+    )
     k_eq_v: bool = Field(
         False,
         description="the values are the keys (their projection, before norms and RoPE), as "

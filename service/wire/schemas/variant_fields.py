@@ -63,13 +63,29 @@ class VNormOptions(BaseModel):
 
 
 class TemperatureOptions(BaseModel):
-    """Llama 4's attention temperature on its layers without RoPE."""
+    """A query scale log(⌊(p + position_shift)/floor_scale⌋ + 1) · attn_scale + 1: Llama 4's
+    attention temperature on its layers without RoPE, Ministral 3's llama_4_scaling_beta after
+    RoPE on every layer."""
 
     model_config = STRICT
     floor_scale: FiniteFloat = Field(
-        8192.0, gt=0, description="positions per step of the temperature (Llama 4: 8192)"
+        8192.0,
+        gt=0,
+        description="positions per step of the temperature (Llama 4: floor_scale 8192; "
+        "Ministral 3: rope_parameters.original_max_position_embeddings)",
     )
-    attn_scale: FiniteFloat = Field(0.1, description="the temperature's slope (Llama 4: 0.1)")
+    attn_scale: FiniteFloat = Field(
+        0.1,
+        description="the temperature's slope (Llama 4: attn_scale 0.1; Ministral 3: "
+        "rope_parameters.llama_4_scaling_beta)",
+    )
+    position_shift: Int = Field(
+        1,
+        ge=0,
+        le=1,
+        description="added to the position p before the division: 1 counts ⌊(p + 1)/floor_scale⌋ "
+        "(Llama 4), 0 counts ⌊p/floor_scale⌋ (Ministral 3)",
+    )
 
 
 class LinearScalingOptions(BaseModel):

@@ -1,0 +1,44 @@
+"""hf_config_keys.KEYS is one dict literal whose rows come from several families' blocks: a key
+written in two blocks keeps only the later row (Python's dict literal), silently dropping the
+earlier one's model types. Each key must be written once (a row shared by families names them
+all), found here by reading the literal's source."""
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+import service.wire.hf_config_keys as keys_module
+
+
+def _words_in(node: ast.AST) -> list[str]:
+    """The keys a ``**{k: … for k in _words("…")}`` block or a plain ``"key": …`` entry writes."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.DictComp):
+        for gen in node.generators:
+            call = gen.iter
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Name)
+                and call.func.id == "_words"
+                and isinstance(call.args[0], ast.Constant)
+            ):
+                return str(call.args[0].value).split()
+    return []
+
+
+def test_each_config_key_is_written_once_in_the_keys_table() -> None:
+    tree = ast.parse(Path(keys_module.__file__).read_text())
+    table = next(
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and node.target.id == "KEYS"
+    )
+    assert isinstance(table, ast.Dict)
+    written: list[str] = []
+    for key, value in zip(table.keys, table.values, strict=True):
+        written += _words_in(key) if key is not None else _words_in(value)
+    twice = {k: n for k, n in Counter(written).items() if n > 1}
+    assert not twice, f"written in more than one row (the later drops the earlier): {twice}"
