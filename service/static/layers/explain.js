@@ -66,17 +66,22 @@ export function explainLayer(box, r, ctx) {
         : `${fmt(r.before)} lies within ±${fmt(r.c)}, so the clamp leaves it: OLMo clamps every number of q, k and v right after the projections.`,
     );
   } else if (r.kind === "temper") {
+    const plus = r.shift === 0 ? "p" : `p + ${r.shift}`;
+    const who =
+      r.shift === 0
+        ? "Ministral 3's query scale (every layer, after RoPE)"
+        : "Llama 4's temperature (its layers without RoPE)";
     f(
-      `${name}[${i}][${j}] = ${r.from}[${i}][${j}] · τ(p), τ(p) = log(⌊(p + 1)/floor_scale⌋ + 1) · attn_scale + 1`,
+      `${name}[${i}][${j}] = ${r.from}[${i}][${j}] · τ(p), τ(p) = log(⌊(${plus})/floor_scale⌋ + 1) · attn_scale + 1`,
     );
     f(
-      `query ${i} is at position p = ${r.p}: (p + 1)/floor_scale = ${r.p + 1}/${fmt(r.floor)} = ${fmt(r.ratio)}; ⌊${fmt(r.ratio)}⌋ = ${r.steps}; log(${r.steps} + 1) = ${fmt(r.log)}; τ = ${fmt(r.log)} · ${fmt(r.slope)} + 1 = ${fmt(r.factor)}`,
+      `query ${i} is at position p = ${r.p}: (${plus})/floor_scale = ${r.p + r.shift}/${fmt(r.floor)} = ${fmt(r.ratio)}; ⌊${fmt(r.ratio)}⌋ = ${r.steps}; log(${r.steps} + 1) = ${fmt(r.log)}; τ = ${fmt(r.log)} · ${fmt(r.slope)} + 1 = ${fmt(r.factor)}`,
     );
     f(`${name}[${i}][${j}] = ${fmt(r.before)} · ${fmt(r.factor)}`);
     note(
       r.steps === 0
-        ? `Llama 4's temperature (its layers without RoPE): below position floor_scale − 1 = ${fmt(r.floor - 1)} the floor is 0 and τ = 1, so the query is unchanged.`
-        : "Llama 4's temperature (its layers without RoPE): the factor steps up once every floor_scale positions, by the log of the count, so queries further along score more sharply.",
+        ? `${who}: below position floor_scale − ${r.shift} = ${fmt(r.floor - r.shift)} the floor is 0 and τ = 1, so the query is unchanged.`
+        : `${who}: the factor steps up once every floor_scale positions, by the log of the count, so queries further along score more sharply.`,
     );
   } else if (r.kind === "gate") {
     const b = r.bias === null ? "" : ` + b_g[${j}]`;

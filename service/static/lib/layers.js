@@ -25,7 +25,7 @@ import {
 } from "./positions.js";
 
 const DEFAULT_EPS = 1e-6; // qk_norm's and v_norm's (variant_fields.py)
-const TEMPERATURE = { floor_scale: 8192, attn_scale: 0.1 }; // TemperatureOptions' defaults
+const TEMPERATURE = { floor_scale: 8192, attn_scale: 0.1, position_shift: 1 }; // TemperatureOptions' defaults
 
 // ---- the chain's order (x-chain) and the cells a click explains
 
@@ -259,14 +259,19 @@ function clipCell(ctx, name, r, t) {
 
 // ---- Llama 4's temperature
 
-/** The temperature of the query at position p: log(⌊(p + 1)/floor_scale⌋ + 1) · attn_scale + 1
- * (service/core/variants.py temperature_factors, with log1p as NumPy's). */
+/** The temperature of the query at position p: log(⌊(p + shift)/floor_scale⌋ + 1) · attn_scale + 1,
+ * shift 1 as Llama 4, 0 as Ministral 3 (service/core/variants.py temperature_factors, with log1p
+ * as NumPy's). */
 export function temperatureOf(request, p) {
-  const { floor_scale: floor, attn_scale: slope } = { ...TEMPERATURE, ...request.temperature };
-  const ratio = (p + 1) / floor;
+  const {
+    floor_scale: floor,
+    attn_scale: slope,
+    position_shift: shift,
+  } = { ...TEMPERATURE, ...request.temperature };
+  const ratio = (p + shift) / floor;
   const steps = Math.floor(ratio);
   const log = Math.log1p(steps);
-  return { floor, slope, p, ratio, steps, log, factor: log * slope + 1 };
+  return { floor, slope, shift, p, ratio, steps, log, factor: log * slope + 1 };
 }
 
 function temperCell(ctx, name, r, t) {
