@@ -39,6 +39,7 @@ VERIFIED += _words("granite granitemoe olmo helium ernie4_5 glm glm4")
 VERIFIED += _words("opt")
 VERIFIED += _words("phi")
 VERIFIED += _words("stablelm")
+VERIFIED += _words("olmo2 olmo3 olmoe cohere")  # q/k norms over the projection, per head
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
@@ -54,14 +55,17 @@ _SLIDING = (
     "starcoder2 smollm3 gpt_oss phimoe phi3"
 )
 _SLIDING += " exaone4 cohere2"
+_SLIDING += " olmo3"
 _LAYER_TYPES = (
     "ministral qwen2 qwen2_moe qwen3 qwen3_next gemma2 gemma3_text gemma4_text smollm3 gpt_oss "
     "llama4_text"
 )
 _QWEN3_5 = "qwen3_5_text qwen3_5_moe_text"
 _LAYER_TYPES += f" exaone4 cohere2 {_QWEN3_5}"
+_LAYER_TYPES += " olmo3"
 _QK_NORM = "qwen3 qwen3_moe qwen3_next gemma3_text gemma4_text llama4_text"
 _QK_NORM += f" glm4_moe apertus exaone4 {_QWEN3_5}"
+_QK_NORM += " olmo2 olmo3 olmoe"  # their RMSNorms over the whole projection
 _MLA = "deepseek_v2 deepseek_v3"
 _GEMMAS = "gemma gemma2 gemma3_text gemma4_text"
 _GRANITES = "granite granitemoe"  # attention_multiplier is their scale
@@ -110,7 +114,7 @@ KEYS: dict[str, Key] = {
     "rope_local_base_freq": Key(reads="gemma3_text", why="the sliding layers' RoPE base"),
     "rms_norm_eps": Key(reads=_QK_NORM, inert=_ALL),  # elsewhere the block's norms only
     "use_qk_norm": Key(
-        reads="llama4_text glm4_moe", inert="cohere2", neutral=_OFF, why="q/k norms"
+        reads="llama4_text glm4_moe cohere", inert="cohere2", neutral=_OFF, why="q/k norms"
     ),
     "query_pre_attn_scalar": Key(reads="gemma2 gemma3_text", why="the scale"),
     "attn_logit_softcapping": Key(
@@ -141,7 +145,11 @@ KEYS: dict[str, Key] = {
     # ---- biases: the state dict brings them, as it brings gpt-oss's sinks
     **{k: _INERT for k in _words("attention_bias qkv_bias use_bias attention_out_bias")},
     # ---- change attention; applied only for the types in reads (OLMo's clamp, Granite's scale)
-    "clip_qkv": Key(reads="olmo", why="q, k, v clamped to ±clip_qkv"),
+    "clip_qkv": Key(
+        reads="olmo",
+        why="q, k, v clamped to ±clip_qkv; OLMoE clamps them after its q/k norms, where the "
+        "service's clip_qkv clamps right after the projections, before qk_norm",
+    ),
     "attention_multiplier": Key(reads=_GRANITES, why="the scale (Granite)"),
     # Granite's multipliers outside the attention module (embeddings, residual, logits)
     **{
@@ -149,10 +157,10 @@ KEYS: dict[str, Key] = {
         for k in _words("embedding_multiplier residual_multiplier logits_scaling")
     },
     "qk_layernorm": Key(
+        reads="phi stablelm",
         neutral=_OFF,
-        why="q/k LayerNorms over each head's features: Phi's with a weight and a bias, "
-        "StableLM's with a weight per head; qk_norm's layer norm has one weight [d_k] and no "
-        "bias, so no request field states them",
+        why="q/k LayerNorms over each head's features (Phi's with a weight and a bias, "
+        "StableLM's with a weight per head)",
     ),
     "rotary_dim": Key(why="a partial rotation"),
     "rotary_pct": Key(inert="cohere2", why="a partial rotation"),
@@ -164,7 +172,9 @@ KEYS: dict[str, Key] = {
     "scale_attn_by_inverse_layer_idx": Key(neutral=_OFF, why="the scale"),
     "llama_4_scaling_beta": Key(why="a position-dependent query scale"),
     # the block's LayerNorms (and the q/k LayerNorms of qk_layernorm, refused on its own)
-    "layer_norm_eps": Key(inert="cohere2 phi stablelm", why="the q/k LayerNorms' eps (Cohere)"),
+    "layer_norm_eps": Key(
+        reads="cohere phi stablelm", inert="cohere2", why="the q/k LayerNorms' eps (Cohere)"
+    ),
     # ---- Cohere's own config.json keys that 5.23's Cohere2 modeling never reads
     **{
         k: Key(inert="cohere2", why="Cohere's layer layout")
@@ -345,8 +355,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "cohere2": {"sliding_window": 4096, "sliding_window_pattern": 4},
     "granite": {"attention_multiplier": 1.0},
     "helium": {"head_dim": 128, "rope_theta": 100_000.0},
-    "phi": {"partial_rotary_factor": 0.5},
-    "stablelm": {"partial_rotary_factor": 0.25},
+    "phi": {"partial_rotary_factor": 0.5, "layer_norm_eps": 1e-5, "qk_layernorm": False},
+    "stablelm": {"partial_rotary_factor": 0.25, "layer_norm_eps": 1e-5, "qk_layernorm": False},
+    "olmo2": {"rms_norm_eps": 1e-5},
+    "olmo3": {"rms_norm_eps": 1e-5, "rope_theta": 500_000.0, "sliding_window": 4096},
+    "olmoe": {"rms_norm_eps": 1e-5},
+    "cohere": {"layer_norm_eps": 1e-5, "use_qk_norm": False, "rope_theta": 500_000.0},
     "ernie4_5": {"head_dim": 128, "rope_theta": 500_000.0},
     "glm": {"head_dim": 128, "partial_rotary_factor": 0.5},
     "llama4": {

@@ -52,7 +52,7 @@ def check(answer: dict[str, Any], want: tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 def formula(answer: dict[str, Any], name: str) -> str:
-    return next(s["formula"] for s in answer["steps"] if s["name"] == name)
+    return str(next(s["formula"] for s in answer["steps"] if s["name"] == name))
 
 
 def test_over_projection_is_olmo2s_rms_norm_of_the_whole_projection(client: TestClient) -> None:
