@@ -125,7 +125,7 @@ REFUSED = [
      "one row per head"),
     ({"qk_norm": {"over": "projection"}, "k_norm.weight": np.ones(H * D)}, "k_norm.weight",
      "expected [6]"),
-    ({"q_norm.weight": np.ones(H * D)}, "q_norm.weight", "expected [3] (d_k = 3"),
+    ({"q_norm.weight": np.ones(H * D)}, "q_norm.weight", '{"over": "projection"}'),
     ({"k_norm.weight": np.ones((H, D))}, "k_norm.weight", "or [2][3]"),
     ({"q_norm.weight": np.ones((H, D)), "q_layernorm.norms.0.weight": np.ones(D)},
      "q_layernorm.norms", "not both"),

@@ -183,7 +183,12 @@ def _check_qk_norm(req: Req, shapes: Shapes) -> None:
                 else f"[{d_k}] (d_k = {d_k}, shared by the heads)"
                 + ("" if one else f" or [{heads}][{d_k}] (one row per head, {h} = {heads})")
             )
-            raise FieldError(name, f"{name} has shape {list(w.shape)}: expected {wanted}")
+            hint = (
+                ': one norm over the whole projection (OLMo 2) is qk_norm {"over": "projection"}'
+                if o.over == "head" and w.shape == (heads * d_k,) and heads > 1
+                else ""
+            )
+            raise FieldError(name, f"{name} has shape {list(w.shape)}: expected {wanted}{hint}")
 
 
 def _qk_norm_settings(req: Req) -> Variants:
