@@ -133,7 +133,10 @@ def _normed(side: Literal["q", "k"]) -> Run:
     def run(x: Array, st: State, s: Setup) -> Array:
         settings = s.variants.q_norm if side == "q" else s.variants.k_norm
         assert settings is not None
-        return qk_norm(x, settings)  # (..., n, d_k)  per vector (Zhang & Sennrich 2019)
+        # (..., h, n, d_k): per vector (Zhang & Sennrich 2019), or over all heads of a token
+        # (OLMo 2's projection-wide norm): the keys come repeated to the h query heads, which
+        # leaves a mean over heads as it was, and qk_norm repeats a key weight per head alike
+        return qk_norm(x, settings)
 
     return run
 

@@ -15,5 +15,6 @@ Init = Literal["uniform", "normal"]  # generated arrays: rand or randn
 NormOver = Literal["features", "all"]  # layer norm per token or over the whole matrix
 WeightLayout = Literal["in_out", "out_in"]  # how a request's weights are laid out (API only)
 QKNormType = Literal["rms", "layer"]  # RMSNorm (Zhang & Sennrich 2019) or LayerNorm
+QKNormOver = Literal["head", "projection"]  # one head's d_k features, or all h·d_k of a token
 # rotate_half (GPT-NeoX, HF LLaMA), pairs (RoFormer), or Gemma 4's halves over the whole head
 RopeStyle = Literal["half", "interleaved", "proportional"]

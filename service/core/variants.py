@@ -17,7 +17,7 @@ import numpy as np
 from service.core.errors import AttentionInputError, require_finite
 from service.core.positions import Rope
 from service.core.softmax import fully_masked, softmax
-from service.core.types import Array, BoolArray, IntArray, QKNormType
+from service.core.types import Array, BoolArray, IntArray, QKNormOver, QKNormType
 
 
 @dataclass(frozen=True)
@@ -25,14 +25,22 @@ class QKNorm:
     """Settings of one QK-norm (the query's or the key's: each has its own weight).
 
     The contract's ``{"type", "eps", "q_weight", "k_weight"}`` gives two of these, sharing
-    ``type`` and ``eps``, as Qwen3 has ``q_norm`` and ``k_norm``.
+    ``type`` and ``eps``, as Qwen3 has ``q_norm`` and ``k_norm``. ``over`` says which features
+    one norm spans: ``"head"`` each head's d_k (Qwen3), ``"projection"`` all h·d_k features of a
+    token's projection, heads together (OLMo 2's ``RMSNorm(num_heads * head_dim)`` before the
+    head split). The weight (and the bias, ``"layer"`` only: Phi's ``nn.LayerNorm(head_dim)``)
+    is ``(d_k,)`` shared by the heads, ``(H, d_k)`` one row per head (Cohere's
+    ``CohereLayerNorm((num_heads, head_dim))``, StableLM's ``StableLmLayerNormPerHead``), or with
+    ``"projection"`` ``(H·d_k,)``, the projection's features in head order.
     """
 
     type: QKNormType = "rms"
     eps: float = 1e-6
-    weight: Array | None = None  # (d_k,); None = ones
+    weight: Array | None = None  # (d_k,), (H, d_k) or (H·d_k,) (projection); None = ones
     zero_centered: bool = False  # the weight applies as (1 + w) (Qwen3-Next's RMSNorm)
     after_rope: bool = False  # applied to the rotated vectors (Llama 4), not before RoPE
+    over: QKNormOver = "head"  # "projection": all heads of a token at once (OLMo 2)
+    bias: Array | None = None  # shaped as the weight; "layer" only (Phi's nn.LayerNorm)
 
 
 @dataclass(frozen=True)
@@ -68,16 +76,23 @@ def clip(x: Array, c: float) -> Array:
 
 
 def qk_norm(x: Array, settings: QKNorm) -> Array:
-    """Normalise each query or key vector of ``x (..., n, d_k)`` over its own d_k features.
+    """Normalise each query or key vector of ``x (..., n, d_k)`` over its own d_k features, or
+    (``over="projection"``) each token's vectors of all heads of ``x (..., H, n, d_k)`` together.
 
     ``"rms"``: ``x / sqrt(mean(x²) + eps) · w`` (RMSNorm, Zhang & Sennrich 2019; Qwen3's
     ``q_norm``/``k_norm`` = ``Qwen3RMSNorm(head_dim)``, ``torch.nn.functional.rms_norm``).
-    ``"layer"``: ``(x − mean) / sqrt(var + eps) · w`` with the biased variance and no bias
-    term (``torch.nn.functional.layer_norm`` with weight only). ``w`` is ``settings.weight
-    (d_k,)``, ones when None, and ``1 + w`` when ``settings.zero_centered`` (Qwen3-Next's
-    ``Qwen3NextRMSNorm``, which stores w around 0). With no weight and type rms it is Llama 4's
-    ``Llama4TextL2Norm`` and Gemma 4's weightless ``v_norm``. For heads pass ``(B, h, n, d_k)``: the norm is per head, never
-    across heads (Qwen3: "only on the head dim"). Returns an array shaped like ``x``.
+    ``"layer"``: ``(x − mean) / sqrt(var + eps) · w + b`` with the biased variance
+    (``torch.nn.functional.layer_norm``; no bias unless ``settings.bias``, Phi's). ``w`` is
+    ``settings.weight``, ones when None, and ``1 + w`` when ``settings.zero_centered``
+    (Qwen3-Next's ``Qwen3NextRMSNorm``, which stores w around 0). With no weight and type rms
+    it is Llama 4's ``Llama4TextL2Norm`` and Gemma 4's weightless ``v_norm``. For heads pass
+    ``(B, H, n, d_k)``: over ``"head"`` the norm is per head, never across heads (Qwen3: "only
+    on the head dim"); over ``"projection"`` the mean runs over the H·d_k features of a token
+    (OLMo 2's ``q_norm(q_proj(x))`` before ``.view(..., -1, head_dim)``): keys repeated to the
+    query heads for grouped-query attention give the same mean, each original head counted
+    alike. A weight or bias per head ``(H_w, d_k)`` (or a projection's ``(H_w·d_k,)``) with
+    H_w dividing H serves H / H_w heads in a row, as ``repeat_interleave`` repeats key/value
+    heads. Returns an array shaped like ``x``.
 
     A mean square or variance that overflows float64 (values beyond ~1e154) is refused with
     :class:`AttentionInputError`, as is a zero (rms) or constant (layer) vector with eps 0.
@@ -85,34 +100,59 @@ def qk_norm(x: Array, settings: QKNorm) -> Array:
     eps = settings.eps
     if not (np.isfinite(eps) and eps >= 0):
         raise AttentionInputError(f"qk_norm eps must be a finite number ≥ 0, not {eps}")
-    d_k = x.shape[-1]
-    if settings.weight is not None and settings.weight.shape != (d_k,):
-        raise AttentionInputError(
-            f"qk_norm weight has shape {list(settings.weight.shape)} but the query/key vectors "
-            f"have {d_k} features: it must be a vector of {d_k} numbers"
-        )
+    if settings.bias is not None and settings.type != "layer":
+        raise AttentionInputError("a qk_norm bias needs type layer (RMSNorm has none)")
+    axes = (-1,) if settings.over == "head" else (-3, -1)  # a head's d_k, or all of a token's
+    if settings.over == "projection" and x.ndim < 3:
+        raise AttentionInputError("qk_norm over the projection needs heads: (..., h, n, d_k)")
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
         if settings.type == "rms":
-            centred = x  # (..., n, d_k)
-            spread = np.mean(x * x, axis=-1, keepdims=True)  # (..., n, 1)  mean(x²)
+            centred = x  # (..., H, n, d_k)
+            spread = np.mean(x * x, axis=axes, keepdims=True)  # (..., 1|H, n, 1)  mean(x²)
         else:
-            centred = x - x.mean(axis=-1, keepdims=True)  # (..., n, d_k)  x − mean
-            spread = np.mean(centred * centred, axis=-1, keepdims=True)  # (..., n, 1)  biased var
+            centred = x - x.mean(axis=axes, keepdims=True)  # (..., H, n, d_k)  x − mean
+            spread = np.mean(centred * centred, axis=axes, keepdims=True)  # biased var
     what = "mean square" if settings.type == "rms" else "variance"
     require_finite(spread, f"the {what} in qk_norm ({settings.type})")
-    denom = np.sqrt(spread + eps)  # (..., n, 1)
+    denom = np.sqrt(spread + eps)  # (..., 1|H, n, 1)
     if (denom == 0).any():
         raise AttentionInputError(
             f"a norm ({settings.type}: qk_norm, v_norm or an MLA latent's) with eps 0 met a "
             f"vector whose {what} is 0: it cannot be normalised; give eps > 0"
         )
-    out: Array = centred / denom  # (..., n, d_k)
-    if settings.weight is not None:
-        w = 1.0 + settings.weight if settings.zero_centered else settings.weight  # (d_k,)
-        with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
-            out = out * w  # (..., n, d_k)
-        require_finite(out, f"qk_norm ({settings.type}) times its weight")
+    out: Array = centred / denom  # (..., H, n, d_k)
+    w, b = (
+        _along(settings.weight, x, settings, "weight"),
+        _along(settings.bias, x, settings, "bias"),
+    )
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+        if w is not None:
+            out = out * (1.0 + w if settings.zero_centered else w)  # (..., H, n, d_k)
+        if b is not None:
+            out = out + b
+    if w is not None or b is not None:
+        require_finite(out, f"qk_norm ({settings.type}) times its weight, plus its bias")
     return out
+
+
+def _along(a: Array | None, x: Array, settings: QKNorm, name: str) -> Array | None:
+    """A norm's weight or bias as it broadcasts over ``x (..., H, n, d_k)``: ``(d_k,)`` as it
+    is; one row per head, ``(H_w, d_k)`` or over the projection ``(H_w·d_k,)``, as ``(H, 1,
+    d_k)`` with each row serving H / H_w heads in a row (grouped-query attention's keys)."""
+    if a is None:
+        return None
+    d_k = x.shape[-1]
+    if a.shape == (d_k,) and settings.over == "head":
+        return a  # (d_k,)  shared by every head
+    heads = x.shape[-3] if x.ndim >= 3 else 0
+    rows = a.reshape(-1, d_k) if a.ndim == 1 and a.size % d_k == 0 else a  # (H_w, d_k)
+    if rows.ndim != 2 or rows.shape[1] != d_k or not heads or heads % rows.shape[0]:
+        raise AttentionInputError(
+            f"qk_norm {name} has shape {list(a.shape)} but the query/key vectors have {d_k} "
+            f"features in {heads or 'no'} heads: it must be a vector of {d_k} numbers (shared "
+            f"by the heads), [h][{d_k}] (one per head) or, over the projection, [h·{d_k}]"
+        )
+    return np.repeat(rows, heads // rows.shape[0], axis=0)[:, None, :]  # (H, 1, d_k)
 
 
 def temperature_factors(positions: IntArray, t: Temperature) -> Array:

@@ -22,6 +22,9 @@ rules, the plan and the engine see one form of each:
 - ``gate: true`` (Qwen3-Next): ``q_proj.weight`` holds each head's query rows then its gate
   rows (``view(L, h, 2·d)`` then ``chunk(2)``), split into ``q_proj.weight`` and
   ``gate.w``; ``q_proj.bias`` likewise.
+- StableLM's q/k norms, one ``nn.LayerNorm(head_dim, bias=False)`` per head
+  (``q_layernorm.norms.<i>.weight``, gathered by the request into ``q_layernorm.norms``): the
+  rows of ``q_norm.weight`` [h][d_k] (``k_norm.weight`` [h_kv][d_k]).
 """
 
 from typing import Any
@@ -55,6 +58,7 @@ def folded(req: MultiheadRequest) -> MultiheadRequest:
         req._config_taken, req._config_keys, req._unpacked = taken, keys, how
     update = _output_block(req) | _relative_table(req) | _norm_weights(req)
     update |= _values_are_keys(req) if req.k_eq_v else {}
+    update |= _norms_per_head(req)
     if req.gate is True:
         update |= _gate_rows(req)
     return req.model_copy(update=update) if update else req
@@ -173,6 +177,23 @@ def _values_are_keys(req: MultiheadRequest) -> dict[str, Any]:
         "k_eq_v makes the values from the keys' projection: give it (k_proj.weight or w_k; "
         "k per head), it cannot be drawn",
     )
+
+
+def _norms_per_head(req: MultiheadRequest) -> dict[str, Any]:
+    """StableLM's per-head LayerNorm weights as ``q_norm.weight``/``k_norm.weight`` rows."""
+    update: dict[str, Any] = {}
+    for side in "qk":
+        rows = getattr(req, f"{side}_layernorm_norms")
+        if rows is None:
+            continue
+        if getattr(req, f"{side}_norm_weight") is not None:
+            raise FieldError(
+                f"{side}_layernorm.norms",
+                f"give {side}_layernorm.norms.<i>.weight or {side}_norm.weight, not both: both "
+                "are the same weight",
+            )
+        update |= {f"{side}_norm_weight": rows, f"{side}_layernorm_norms": None}
+    return update
 
 
 def _gate_rows(req: MultiheadRequest) -> dict[str, Any]:

@@ -45,8 +45,12 @@ Choices where the contract is silent:
 - OPT has no RoPE (its learned positions join the embeddings before the first layer) and its
   head_dim is hidden_size // heads whatever the config says (OPTAttention's embed_dim // heads).
 - StableLM's head_dim is hidden_size // heads (as OPT's), its partial_rotary_factor 0.25 when
-  absent. Phi's partial_rotary_factor defaults to 0.5; its qk_layernorm (a LayerNorm with a bias per
-  head vector) and StableLM's (one LayerNorm weight per head) are refused (hf_config_keys).
+  absent. Phi's partial_rotary_factor defaults to 0.5. Their qk_layernorm: a layer qk_norm with
+  eps layer_norm_eps (Phi's weight and bias shared by the heads, StableLM's a weight per head,
+  both from the state dict); Cohere's use_qk_norm likewise (a weight per head), its pairs
+  interleaved. OLMo 2, OLMo 3 and OLMoE: an rms qk_norm over the whole projection, eps
+  rms_norm_eps; OLMo 3's layer_types absent: three sliding then one full, its legacy
+  rope_scaling the full layers' only (Olmo3Config's rope_parameters["full_attention"].update).
 - GPT-J's config names its keys its own way (``n_head``, ``n_embd`` …: hf_config_keys.KEY_NAMES,
   read before Llama's names); its ``rotary_dim`` first features turn in interleaved pairs at
   base 10000, fixed in its modeling (its config's rope keys unread); head_dim n_embd // n_head.
@@ -128,6 +132,19 @@ _QK_NORMED += ("hunyuan_v1_dense",)
 # (query_layernorm, key_layernorm: weights in the state dict)
 _QK_NORM_AFTER_ROPE = ("llama4", "hunyuan_v1_dense")
 _QK_NORM_FLAG = ("llama4", "glm4_moe")
+# families whose q/k norms are not Qwen3's RMSNorm of each head: {family: (type, over, the eps
+# key, the key that turns them on or "" for always)}. OLMo 2/3 and OLMoE: an RMSNorm of the
+# whole projection before the head split; Cohere: CohereLayerNorm((heads, head_dim)), a weight
+# per head, no bias; StableLM: a LayerNorm per head, no bias; Phi: one LayerNorm(head_dim) with
+# a bias (the state dict brings the weights and biases)
+_QK_NORM_FORMS: dict[str, tuple[str, str, str, str]] = {
+    "olmo2": ("rms", "projection", "rms_norm_eps", ""),
+    "olmo3": ("rms", "projection", "rms_norm_eps", ""),
+    "olmoe": ("rms", "projection", "rms_norm_eps", ""),
+    "cohere": ("layer", "head", "layer_norm_eps", "use_qk_norm"),
+    "stablelm": ("layer", "head", "layer_norm_eps", "qk_layernorm"),
+    "phi": ("layer", "head", "layer_norm_eps", "qk_layernorm"),
+}
 # families whose apply_rotary_pos_emb turns the pairs (2i, 2i + 1): Llama 4's complex pairs;
 # Helium's, ERNIE 4.5's, GLM's and GLM-4's rotate_half of x[..., 0::2], x[..., 1::2], cos and
 # sin repeat_interleave'd (GLM's on the first rotary_dim features)
@@ -135,6 +152,7 @@ _INTERLEAVED: tuple[str, ...] = ("llama4",)
 _INTERLEAVED += ("helium", "ernie4_5", "glm", "glm4")
 _INTERLEAVED += ("cohere2",)  # Cohere 2: repeat_interleave'd frequencies
 _INTERLEAVED += ("gptj",)  # GPT-J: rotate_every_two, repeat_interleave'd sin and cos
+_INTERLEAVED += ("cohere",)  # Cohere: its rotate_half turns x[..., ::2], x[..., 1::2]
 # families without RoPE: OPT's learned positions are added to the embeddings, outside the layer
 _NO_ROPE: tuple[str, ...] = ("opt",)
 # families whose head_dim is hidden_size // num_attention_heads whatever the config says
@@ -320,6 +338,8 @@ def _layer_type(c: _Config, layer: int) -> tuple[str, str]:
         every, e_src = c.get("full_attention_interval")
         full = (layer + 1) % _int(every, _key(e_src)) == 0
         return ("full_attention" if full else "linear_attention"), e_src
+    if fam == "olmo3":  # Olmo3Config's layer_types when absent
+        return _KINDS[bool((layer + 1) % 4)], why + "every fourth layer full, the others slide"
     if fam == "llama4":
         use_rope, r_src = _rope_layer(c, layer)
         return ("chunked_attention" if use_rope else "full_attention"), r_src
@@ -524,6 +544,8 @@ def _rope_entry(c: _Config, kind: str) -> Entry | None:
             )
         return p
     scaling, params = c.c.get("rope_scaling"), c.c.get("rope_parameters")
+    if c.family == "olmo3" and kind == "sliding_attention":  # Olmo3Config: rope_scaling is
+        scaling = None  # the full layers' (rope_parameters["full_attention"].update)
     chosen, src = (
         (scaling, pre + "rope_scaling")
         if scaling
@@ -629,6 +651,8 @@ def _variants(c: _Config, kind: str, rotates: bool) -> dict[str, Any]:
         if fam in _QK_NORM_AFTER_ROPE:
             norm["after_rope"] = c.take("qk_norm.after_rope", why, True)
         out["qk_norm"] = norm
+    if fam in _QK_NORM_FORMS:
+        out |= _qk_norm_form(c)
     if fam == "gemma4":
         out["v_norm"] = {"type": "rms", **({"eps": norm["eps"]} if "eps" in norm else {})}
         c.taken["v_norm"], c.taken["v_norm.eps"] = why, e_src
@@ -693,6 +717,22 @@ def _beta_temperature(c: _Config, kind: str) -> dict[str, Any]:
     }
 
 
+def _qk_norm_form(c: _Config) -> dict[str, Any]:
+    """The family's q/k norms of another form (:data:`_QK_NORM_FORMS`), when on."""
+    kind, over, eps_key, flag = _QK_NORM_FORMS[c.family]
+    on, on_src = c.get(flag) if flag else (True, f"model_type {c.model_type}")
+    if not on:
+        return {}
+    c.taken["qk_norm"] = on_src
+    eps, e_src = c.get(eps_key)
+    norm: dict[str, Any] = {"type": c.take("qk_norm.type", on_src, kind)}
+    if over != "head":
+        norm["over"] = c.take("qk_norm.over", f"model_type {c.model_type}", over)
+    if eps is not None:
+        norm["eps"] = c.take("qk_norm.eps", e_src, _num(eps, _key(e_src), _NON_NEGATIVE))
+    return {"qk_norm": norm}
+
+
 def _mask(c: _Config, kind: str, kind_src: str, layer: int) -> list[dict[str, Any]]:
     """The causal mask of a decoder, the window of a sliding layer, or a chunked layer's mask."""
     if c.value("use_bidirectional_attention") in (True, "all"):
@@ -716,7 +756,7 @@ def _mask(c: _Config, kind: str, kind_src: str, layer: int) -> list[dict[str, An
     mask: list[dict[str, Any]] = [{"type": "causal"}]
     c.taken["mask.causal"] = f"model_type {c.model_type or '?'} (a decoder)"
     window, w_src = c.get("sliding_window")
-    if kind == "sliding_attention" and window is None and c.family in _FULL_LAYERS_NOPE:
+    if kind == "sliding_attention" and window is None and c.family in (*_FULL_LAYERS_NOPE, "olmo3"):
         raise ConfigError(
             f"config.{c.prefix}sliding_window",
             f"layer {layer} is a sliding_attention layer ({kind_src}) but sliding_window is "

@@ -44,6 +44,7 @@ VERIFIED += _words("bert roberta t5")  # the encoders (and T5's decoder self-att
 VERIFIED += _words("gptj")
 VERIFIED += _words("hunyuan_v1_dense")
 VERIFIED += _words("ministral3")
+VERIFIED += _words("olmo2 olmo3 olmoe cohere")  # q/k norms over the projection, per head
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
@@ -78,15 +79,18 @@ _SLIDING = (
 )
 _SLIDING += " exaone4 cohere2"
 _SLIDING += " ministral3"
+_SLIDING += " olmo3"
 _LAYER_TYPES = (
     "ministral qwen2 qwen2_moe qwen3 qwen3_next gemma2 gemma3_text gemma4_text smollm3 gpt_oss "
     "llama4_text"
 )
 _QWEN3_5 = "qwen3_5_text qwen3_5_moe_text"
 _LAYER_TYPES += f" exaone4 cohere2 {_QWEN3_5}"
+_LAYER_TYPES += " olmo3"
 _QK_NORM = "qwen3 qwen3_moe qwen3_next gemma3_text gemma4_text llama4_text"
 _QK_NORM += f" glm4_moe apertus exaone4 {_QWEN3_5}"
 _QK_NORM += " hunyuan_v1_dense"
+_QK_NORM += " olmo2 olmo3 olmoe"  # their RMSNorms over the whole projection
 _MLA = "deepseek_v2 deepseek_v3"
 _GEMMAS = "gemma gemma2 gemma3_text gemma4_text"
 _GRANITES = "granite granitemoe"  # attention_multiplier is their scale
@@ -137,7 +141,7 @@ KEYS: dict[str, Key] = {
     "rope_local_base_freq": Key(reads="gemma3_text", why="the sliding layers' RoPE base"),
     "rms_norm_eps": Key(reads=_QK_NORM, inert=_ALL),  # elsewhere the block's norms only
     "use_qk_norm": Key(  # HunYuan's attention always has its q/k norms, whatever it says
-        reads="llama4_text glm4_moe",
+        reads="llama4_text glm4_moe cohere",
         inert="cohere2 hunyuan_v1_dense",
         neutral=_OFF,
         why="q/k norms",
@@ -171,7 +175,11 @@ KEYS: dict[str, Key] = {
     # ---- biases: the state dict brings them, as it brings gpt-oss's sinks
     **{k: _INERT for k in _words("attention_bias qkv_bias use_bias attention_out_bias")},
     # ---- change attention; applied only for the types in reads (OLMo's clamp, Granite's scale)
-    "clip_qkv": Key(reads="olmo", why="q, k, v clamped to ±clip_qkv"),
+    "clip_qkv": Key(
+        reads="olmo",
+        why="q, k, v clamped to ±clip_qkv; OLMoE clamps them after its q/k norms, where the "
+        "service's clip_qkv clamps right after the projections, before qk_norm",
+    ),
     "attention_multiplier": Key(reads=_GRANITES, why="the scale (Granite)"),
     # Granite's multipliers outside the attention module (embeddings, residual, logits)
     **{
@@ -179,10 +187,10 @@ KEYS: dict[str, Key] = {
         for k in _words("embedding_multiplier residual_multiplier logits_scaling")
     },
     "qk_layernorm": Key(
+        reads="phi stablelm",
         neutral=_OFF,
-        why="q/k LayerNorms over each head's features: Phi's with a weight and a bias, "
-        "StableLM's with a weight per head; qk_norm's layer norm has one weight [d_k] and no "
-        "bias, so no request field states them",
+        why="q/k LayerNorms over each head's features (Phi's with a weight and a bias, "
+        "StableLM's with a weight per head)",
     ),
     "rotary_dim": Key(reads="gptj", why="a partial rotation"),
     "rotary_pct": Key(inert="cohere2", why="a partial rotation"),
@@ -198,9 +206,12 @@ KEYS: dict[str, Key] = {
     "use_logn_attn": Key(neutral=_OFF, why="log-n query scaling"),
     "scale_attn_by_inverse_layer_idx": Key(neutral=_OFF, why="the scale"),
     "llama_4_scaling_beta": Key(why="a position-dependent query scale"),
-    # the block's LayerNorms (and the q/k LayerNorms of qk_layernorm, refused on its own)
+    # BERT's block LayerNorm, the q/k LayerNorms' eps (Cohere, Phi, StableLM); elsewhere the
+    # block's norms
     "layer_norm_eps": Key(
-        reads=_BERTS, inert="cohere2 phi stablelm gpt_neox", why="the q/k LayerNorms' eps (Cohere)"
+        reads=f"{_BERTS} cohere phi stablelm",
+        inert="cohere2 gpt_neox",
+        why="the q/k LayerNorms' eps (Cohere)",
     ),
     "classifier_dropout": _INERT,  # a classification head's, in training
     # ---- Cohere's own config.json keys that 5.23's Cohere2 modeling never reads
@@ -451,8 +462,6 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "cohere2": {"sliding_window": 4096, "sliding_window_pattern": 4},
     "granite": {"attention_multiplier": 1.0},
     "helium": {"head_dim": 128, "rope_theta": 100_000.0},
-    "phi": {"partial_rotary_factor": 0.5},
-    "stablelm": {"partial_rotary_factor": 0.25},
     # the encoders' 5.23 defaults (T5's under its own names: hf_config._NAMES)
     "bert": _BERT_DEFAULTS,
     "roberta": _BERT_DEFAULTS,
@@ -467,6 +476,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "ministral3": {"head_dim": 128, "rope_parameters": _MINISTRAL3_ROPE},
     "gptj": {"n_head": 16, "n_embd": 4096, "n_positions": 2048, "n_layer": 28, "rotary_dim": 64},
+    "phi": {"partial_rotary_factor": 0.5, "layer_norm_eps": 1e-5, "qk_layernorm": False},
+    "stablelm": {"partial_rotary_factor": 0.25, "layer_norm_eps": 1e-5, "qk_layernorm": False},
+    "olmo2": {"rms_norm_eps": 1e-5},
+    "olmo3": {"rms_norm_eps": 1e-5, "rope_theta": 500_000.0, "sliding_window": 4096},
+    "olmoe": {"rms_norm_eps": 1e-5},
+    "cohere": {"layer_norm_eps": 1e-5, "use_qk_norm": False, "rope_theta": 500_000.0},
     "ernie4_5": {"head_dim": 128, "rope_theta": 500_000.0},
     "glm": {"head_dim": 128, "partial_rotary_factor": 0.5},
     "llama4": {

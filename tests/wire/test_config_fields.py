@@ -510,9 +510,9 @@ GPT_OSS_YARN: dict[str, Any] = dict(GPT_OSS_20B["rope_scaling"])  # type: ignore
 
 def test_a_model_type_outside_the_verified_families_is_refused() -> None:
     """No family is read with another's (or generic) defaults: CodeGen turns interleaved
-    pairs of its rotary_dim, OLMo 2 norms the whole projection … — each would have been a 200
+    pairs of its rotary_dim, MiniMax-M2 norms the whole projection … — each would have been a 200
     with wrong numbers."""
-    for model_type in ("mine", "codegen", "olmo2", "gemma3n_text", "mimo", 7):
+    for model_type in ("mine", "codegen", "minimax_m2", "gemma3n_text", "mimo", 7):
         with pytest.raises(ConfigError, match=r"(?i)state the layer's fields yourself") as e:
             from_config({**LLAMA_3_1_8B, "model_type": model_type}, 0)
         assert e.value.field == "config.model_type"
@@ -874,3 +874,39 @@ def test_hunyuan_configs_transformers_cannot_run_are_config_errors(
     with pytest.raises(ConfigError) as error:
         from_config({**HUNYUAN, **change}, 0)
     assert error.value.field == field and words in error.value.message, error.value.message
+
+
+def test_olmo3s_config_json_without_layer_types_and_with_a_legacy_yarn() -> None:
+    """Olmo3Config's layer_types when absent: every fourth layer full, the others slide; its
+    ``rope_scaling`` goes to the full layers only (``rope_parameters["full_attention"]
+    .update``), the sliding ones rotating plainly at rope_theta; q/k RMSNorms of the whole
+    projection with rms_norm_eps."""
+    yarn = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192,
+            "attention_factor": 1.2, "beta_fast": 32, "beta_slow": 1}  # fmt: skip
+    config = {**TINY_2, "model_type": "olmo3", "rope_theta": 500000.0, "sliding_window": 4096,
+              "rope_scaling": yarn, "max_position_embeddings": 65536}  # fmt: skip
+    sliding, full = from_config(config, 2), from_config(config, 3)
+    assert sliding.fields["rope"] == {"base": 500000.0}
+    assert sliding.fields["mask"] == [CAUSAL, window(4096)]
+    assert full.fields["rope"]["scaling"]["type"] == "yarn" and full.fields["mask"] == [CAUSAL]
+    norm = {"type": "rms", "over": "projection", "eps": 1e-5}
+    assert sliding.fields["qk_norm"] == full.fields["qk_norm"] == norm
+    assert "every fourth layer" in sliding.taken["mask.window"]
+
+
+@pytest.mark.parametrize(
+    ("model_type", "flag"),
+    [("phi", "qk_layernorm"), ("stablelm", "qk_layernorm"), ("cohere", "use_qk_norm")],
+)
+def test_the_layer_norms_of_phi_stablelm_and_cohere_only_with_their_flag(
+    model_type: str, flag: str
+) -> None:
+    """A LayerNorm of each head's features (the state dict brings the weights: per head for
+    StableLM and Cohere, with a bias for Phi), eps layer_norm_eps; none when the flag is false
+    or absent (the families' default); Cohere turns interleaved pairs."""
+    config = {**TINY_2, "model_type": model_type, "layer_norm_eps": 1e-4}
+    off, on = from_config(config, 0), from_config({**config, flag: True}, 0)
+    assert "qk_norm" not in off.fields
+    assert on.fields["qk_norm"] == {"type": "layer", "eps": 1e-4}
+    assert on.taken["qk_norm"] == flag and on.taken["qk_norm.eps"] == "layer_norm_eps"
+    assert (on.fields["rope"].get("style") == "interleaved") == (model_type == "cohere")

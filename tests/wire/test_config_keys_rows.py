@@ -1,4 +1,4 @@
-"""hf_config_keys.KEYS is one dict literal whose rows come from several families' blocks: a key
+"""hf_config_keys.KEYS (and DEFAULTS) is one dict literal whose rows come from several families' blocks: a key
 written in two blocks keeps only the later row (Python's dict literal), silently dropping the
 earlier one's model types. Each key must be written once (a row shared by families names them
 all), found here by reading the literal's source."""
@@ -27,18 +27,31 @@ def _words_in(node: ast.AST) -> list[str]:
     return []
 
 
-def test_each_config_key_is_written_once_in_the_keys_table() -> None:
+def _table(name: str) -> ast.Dict:
     tree = ast.parse(Path(keys_module.__file__).read_text())
     table = next(
         node.value
         for node in ast.walk(tree)
         if isinstance(node, ast.AnnAssign)
         and isinstance(node.target, ast.Name)
-        and node.target.id == "KEYS"
+        and node.target.id == name
     )
     assert isinstance(table, ast.Dict)
+    return table
+
+
+def _twice(table: ast.Dict) -> dict[str, int]:
     written: list[str] = []
     for key, value in zip(table.keys, table.values, strict=True):
         written += _words_in(key) if key is not None else _words_in(value)
-    twice = {k: n for k, n in Counter(written).items() if n > 1}
+    return {k: n for k, n in Counter(written).items() if n > 1}
+
+
+def test_each_config_key_is_written_once_in_the_keys_table() -> None:
+    twice = _twice(_table("KEYS"))
     assert not twice, f"written in more than one row (the later drops the earlier): {twice}"
+
+
+def test_each_family_has_one_row_of_defaults() -> None:
+    twice = _twice(_table("DEFAULTS"))
+    assert not twice, f"families with two rows (the later drops the earlier): {twice}"

@@ -54,6 +54,7 @@ from transformers import modeling_rope_utils as hf_rope  # noqa: E402
 from transformers.models.apertus import modeling_apertus  # noqa: E402
 from transformers.models.apertus.configuration_apertus import ApertusConfig  # noqa: E402
 from transformers.models.bert import modeling_bert  # noqa: E402
+from transformers.models.cohere import modeling_cohere  # noqa: E402
 from transformers.models.cohere2 import modeling_cohere2  # noqa: E402
 from transformers.models.cohere2.configuration_cohere2 import Cohere2Config  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: E402
@@ -76,6 +77,10 @@ from transformers.models.hunyuan_v1_dense import modeling_hunyuan_v1_dense  # no
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
 from transformers.models.ministral3 import modeling_ministral3  # noqa: E402
 from transformers.models.olmo import modeling_olmo  # noqa: E402
+from transformers.models.olmo2 import modeling_olmo2  # noqa: E402
+from transformers.models.olmo3 import modeling_olmo3  # noqa: E402
+from transformers.models.olmo3.configuration_olmo3 import Olmo3Config  # noqa: E402
+from transformers.models.olmoe import modeling_olmoe  # noqa: E402
 from transformers.models.opt import modeling_opt  # noqa: E402
 from transformers.models.opt.configuration_opt import OPTConfig  # noqa: E402
 from transformers.models.phi import modeling_phi  # noqa: E402
@@ -745,6 +750,107 @@ def ministral3(layer: int) -> tuple[Any, Layer]:
     return config.to_dict(), replace(built, position_ids=True)  # it reads position_ids too
 
 
+# the fourth batch: q/k norms over the whole projection, per head, with a bias
+
+
+def olmo2(layer: int) -> tuple[Any, Layer]:
+    """As allenai/OLMo-2-1124-7B's: q_norm/k_norm RMSNorms of the whole projection (h·d and
+    h_kv·d features) before the head split, rms_norm_eps (1e-6 there; 1e-3 here, so that it
+    bites), rope_theta 5·10⁵; GQA 4/2 (the keys' norm over their 2 heads' 16 features)."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "olmo2", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "rms_norm_eps": 1e-3, "attention_bias": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}, **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_olmo2, "Olmo2", fields, layer)
+
+
+def olmo3(layer: int) -> tuple[Any, Layer]:
+    """As allenai/Olmo-3-1025-7B's: layer_types given (here layer 2 full, layer 3 sliding, apart
+    from Olmo3Config's default pattern, so that the key must be read; window 4), the
+    projection-wide q/k RMSNorms, YaRN on the full layers only (5.23's rope_parameters per
+    layer type: the sliding ones default), rope_theta 5·10⁵; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "olmo3", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 4, "rms_norm_eps": 1e-3, "sliding_window": 4,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                        "sliding_attention"],
+        "max_position_embeddings": 64, **NO_TOKENS,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0},
+            "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 16,
+                               "attention_factor": 1.2, "beta_fast": 32.0, "beta_slow": 1.0},
+        },
+    }  # fmt: skip
+    config: Any = Olmo3Config(**fields)
+    config._attn_implementation = "eager"
+    layer_type = config.layer_types[layer]
+    return config.to_dict(), Layer(
+        modeling_olmo3, modeling_olmo3.Olmo3Attention(config, layer),
+        lambda x, pos: modeling_olmo3.Olmo3RotaryEmbedding(config)(x, pos, layer_type),
+        _layer_type_mask(config, layer), config,
+    )  # fmt: skip
+
+
+def olmoe(layer: int) -> tuple[Any, Layer]:
+    """As allenai/OLMoE-1B-7B-0924's: the projection-wide q/k RMSNorms (q_norm over
+    hidden_size, k_norm over h_kv·head_dim), clip_qkv null (OLMoE clamps after the norms, which
+    the service's clip_qkv does not: a clip is refused), the experts outside the layer; GQA
+    4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "olmoe", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "rms_norm_eps": 1e-3, "clip_qkv": None, "num_experts": 4,
+        "num_experts_per_tok": 2, "rope_parameters": {"rope_type": "default",
+                                                      "rope_theta": 10000.0},
+        **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_olmoe, "Olmoe", fields, layer)
+
+
+def cohere(layer: int) -> tuple[Any, Layer]:
+    """As CohereLabs/c4ai-command-r-plus's: use_qk_norm (CohereLayerNorm((heads, head_dim)):
+    a LayerNorm over each head's features with the head's own weight row, no bias) with
+    layer_norm_eps (1e-5 there; 1e-3 here), the interleaved rotation (pairs 2i, 2i + 1),
+    logit_scale outside the layer (on the logits); GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "cohere", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "use_qk_norm": True, "layer_norm_eps": 1e-3,
+        "logit_scale": 0.125, "rope_parameters": {"rope_type": "default",
+                                                  "rope_theta": 75000.0},
+        **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_cohere, "Cohere", fields, layer)
+
+
+def stablelm_qk(layer: int) -> tuple[Any, Layer]:
+    """As stabilityai/stablelm-2-12b's: qk_layernorm (one nn.LayerNorm(head_dim, bias=False)
+    per head, q_layernorm.norms.<i>.weight), layer_norm_eps (1e-5 there; 1e-3 here), partial
+    rotary 0.5; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "stablelm", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "use_qkv_bias": False, "qk_layernorm": True,
+        "use_parallel_residual": True, "layer_norm_eps": 1e-3, "max_position_embeddings": 64,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.5},
+        **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_stablelm, "StableLm", fields, layer)
+
+
+def phi_qk(layer: int) -> tuple[Any, Layer]:
+    """Phi with qk_layernorm (microsoft/phi-1_5's class; no released checkpoint sets it): one
+    nn.LayerNorm(head_dim) with a weight and a bias shared by the heads, layer_norm_eps (1e-3
+    here), partial rotary 0.75; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "phi", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "partial_rotary_factor": 0.75, "rope_theta": 10000.0,
+        "qk_layernorm": True, "layer_norm_eps": 1e-3, "max_position_embeddings": 64,
+        **NO_TOKENS,
+    }  # fmt: skip
+    return _causal(modeling_phi, "Phi", fields, layer)
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -929,6 +1035,30 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
                "mscale": 1.0, "mscale_all_dim": 1.0}}}),
     ("ministral3-beta-temperature-shifted", ministral3, 0, list(range(30, 30 + L)),
      {"temperature": {"attn_scale": 0.1, "floor_scale": 4, "position_shift": 0}}),
+]  # fmt: skip
+PROJECTION_NORM = {"type": "rms", "over": "projection", "eps": 1e-3}
+CASES += [
+    ("olmo2-qk_norm-projection", olmo2, 1, None,
+     {"rope": {"base": 500000.0}, "qk_norm": PROJECTION_NORM, "num_kv_heads": 2,
+      "mask": [CAUSAL]}),
+    ("olmo3-sliding-projection", olmo3, 3, None,
+     {"rope": {"base": 500000.0}, "qk_norm": PROJECTION_NORM, "mask": [CAUSAL, WINDOW]}),
+    ("olmo3-full-yarn", olmo3, 2, None,
+     {"rope": {"base": 500000.0, "scaling": {"type": "yarn", "factor": 4.0,
+      "original_max_position": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+      "attention_factor": 1.2}}, "qk_norm": PROJECTION_NORM, "mask": [CAUSAL]}),
+    ("olmoe-qk_norm-projection", olmoe, 0, None,
+     {"rope": {"base": 10000.0}, "qk_norm": PROJECTION_NORM, "clip_qkv": None,
+      "mask": [CAUSAL]}),
+    ("cohere-qk_norm-per-head-interleaved", cohere, 1, None,
+     {"rope": {"base": 75000.0, "style": "interleaved"}, "mask": [CAUSAL],
+      "qk_norm": {"type": "layer", "eps": 1e-3}}),
+    ("stablelm-qk_layernorm-per-head", stablelm_qk, 1, None,
+     {"d_k": 8, "rope": {"base": 10000.0, "rotary_dim": 4}, "mask": [CAUSAL],
+      "qk_norm": {"type": "layer", "eps": 1e-3}}),
+    ("phi-qk_layernorm-bias", phi_qk, 0, None,
+     {"d_k": 8, "rope": {"base": 10000.0, "rotary_dim": 6}, "mask": [CAUSAL],
+      "qk_norm": {"type": "layer", "eps": 1e-3}}),
 ]  # fmt: skip
 
 

@@ -79,9 +79,9 @@ def test_every_key_of_the_config_is_either_applied_or_listed_as_not_mattering(
 
 @pytest.mark.parametrize(
     "config",
-    [stock("CodeGenConfig"), stock("BloomConfig"),
-     stock("Olmo2Config"), stock("Gemma3nTextConfig"), MIMO],
-    ids=["codegen", "bloom", "olmo2", "gemma3n", "mimo"],
+    [stock("GPTNeoConfig", attention_types=[[["global", "local"], 1]]),
+     stock("Gemma3nTextConfig"), MIMO],
+    ids=["gpt_neo", "gemma3n", "mimo"],
 )  # fmt: skip
 def test_a_family_the_service_does_not_reproduce_is_a_422_naming_model_type(
     client: TestClient, config: dict[str, Any]
@@ -183,28 +183,6 @@ def test_a_number_out_of_its_keys_range_is_a_422_naming_the_key_in_words(
     error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
     assert error["field"] == f"config.{field}", error
     assert "Error" not in error["message"] and "invalid literal" not in error["message"]
-
-
-@pytest.mark.parametrize(
-    ("name", "what"),
-    [("PhiConfig", "with a weight and a bias"), ("StableLmConfig", "a weight per head")],
-    ids=["phi", "stablelm"],
-)
-def test_qk_layernorm_true_is_a_422_saying_qk_norm_cannot_state_it(
-    client: TestClient, name: str, what: str
-) -> None:
-    """Phi's q/k LayerNorms have a bias, StableLM's one LayerNorm per head: qk_norm's layer
-    norm (one weight [d_k], no bias) is neither, so the config is refused, naming the key;
-    with qk_layernorm false the same config is answered."""
-    half = {"partial_rotary_factor": 0.5}  # 2 of head_dim 4 (StableLM's 0.25: 1, odd)
-    answered = post(client, "/multihead", layer_body(stock(name, qk_layernorm=False, **half)))
-    assert "qk_norm" not in answered["conventions"]["config"]
-    error = post(
-        client, "/multihead", layer_body(stock(name, qk_layernorm=True, **half)), status=422
-    )
-    first = error["errors"][0]
-    assert first["field"] == "config.qk_layernorm", first
-    assert what in first["message"] and "no bias" in first["message"], first
 
 
 # ---- the encoders: BERT's and RoBERTa's output block, T5's relative bias table -------------
@@ -329,3 +307,26 @@ def test_hunyuan_norm_weights_without_qk_norm_are_a_422_and_with_config_are_read
     assert body["conventions"]["config"]["qk_norm.after_rope"] == "model_type hunyuan_v1_dense"
     weightless = post(client, "/multihead", layer_body(config, include=["output"]))
     assert not np.allclose(body["output"], weightless["output"])
+
+
+def test_olmoe_with_clip_qkv_is_a_422_saying_it_clamps_after_its_norms(client: TestClient) -> None:
+    """OlmoeAttention clamps q, k, v after q_norm/k_norm; the service's clip_qkv clamps right
+    after the projections, before qk_norm: not the same numbers, so the key is refused (OLMo's
+    clamp, before any norm, is read)."""
+    q_rows = {"q_norm.weight": np.ones(H * D), "k_norm.weight": np.ones(H_KV * D)}
+    body = layer_body(stock("OlmoeConfig", clip_qkv=None), **q_rows)
+    answered = post(client, "/multihead", body)
+    assert answered["conventions"]["config"]["qk_norm.over"] == "model_type olmoe"
+    body = layer_body(stock("OlmoeConfig", clip_qkv=8.0), **q_rows)
+    first = post(client, "/multihead", body, status=422)["errors"][0]
+    assert first["field"] == "config.clip_qkv", first
+    assert "after its q/k norms" in first["message"], first
+
+
+def test_olmo2s_norm_weight_of_one_head_is_a_422_naming_it(client: TestClient) -> None:
+    """OLMo 2's q_norm.weight is the whole projection's [h·d]: a Qwen3-like [d], or rows
+    per head, is refused, naming the weight and the shape it takes."""
+    for weight in (np.ones(D), np.ones((H, D))):
+        body = layer_body(stock("Olmo2Config"), **{"q_norm.weight": weight})
+        first = post(client, "/multihead", body, status=422)["errors"][0]
+        assert first["field"] == "q_norm.weight", first

@@ -175,6 +175,28 @@ export function normWeight(request, side) {
   return w;
 }
 
+/** Whether the page can recompute a cell of the q/k norm from one vector and one weight: not
+ * over the whole projection (all heads of a token), with a weight per head, or a bias (Phi), or
+ * with settings a config gave (the request's qk_norm is then not the layer's). */
+function normExplained(request, o, side) {
+  const rows = (a) => Array.isArray(a) && Array.isArray(a[0]);
+  const given = [o[`${side}_weight`], o[`${side}_bias`], request[`${side}_norm.weight`]];
+  const biased = ["q", "k"].some(
+    (s) => o[`${s}_bias`] || [".bias", "_bias"].some((b) => request[`${s}_norm${b}`] != null),
+  );
+  const stateless = ["q_layernorm", "k_layernorm"].some((p) =>
+    Object.keys(request).some((key) => key.startsWith(p)),
+  );
+  return (
+    (o.over ?? "head") === "head" &&
+    !given.some(rows) &&
+    !rows(request[`${side}_norm_weight`]) &&
+    !biased &&
+    !stateless &&
+    request.config == null
+  );
+}
+
 function normCell(ctx, name, r, t) {
   const side = slotOf(name);
   const from = formBefore(ctx, name); // the projection, or the form a step before made
@@ -185,6 +207,7 @@ function normCell(ctx, name, r, t) {
     return { kind: "norm", from, side, ...normOf(pick(ctx, from)[r], t, settings) };
   }
   const o = qkNormOptions(ctx.request) || {};
+  if (!normExplained(ctx.request, o, side)) return undefined;
   const settings = {
     type: o.type ?? "rms",
     eps: o.eps ?? DEFAULT_EPS,

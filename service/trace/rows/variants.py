@@ -107,59 +107,114 @@ def _clip_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
 
 
 def _qk_norm_given(req: Req) -> bool:
-    """qk_norm is on, or (/multihead) a state dict's q_norm.weight or k_norm.weight is given."""
-    return req.qk_norm is not False or (
-        isinstance(req, MultiheadRequest)
-        and (req.q_norm_weight is not None or req.k_norm_weight is not None)
-    )
+    """qk_norm is on, or (/multihead) a state dict's q_norm.weight, k_norm.weight or their
+    biases are given."""
+    return req.qk_norm is not False or any(_state_norm(req, o) is not None for o in _NORM_ARRAYS)
+
+
+_NORM_ARRAYS = {  # the options' name of each qk_norm array, and its state dict name
+    "q_weight": "q_norm.weight",
+    "k_weight": "k_norm.weight",
+    "q_bias": "q_norm.bias",
+    "k_bias": "k_norm.bias",
+}
+
+
+def _state_norm(req: Req, option: str) -> Array | None:
+    """/multihead's state dict form of a qk_norm array (q_norm.weight …), None when not given."""
+    if not isinstance(req, MultiheadRequest):
+        return None
+    got: Array | None = getattr(req, _NORM_ARRAYS[option].replace(".", "_"))
+    return got
+
+
+def _norm_arrays(req: Req) -> dict[str, tuple[str, Array]]:
+    """The qk_norm arrays given, by option name: (the field that gave it, the array); the
+    state dict's name and the option's both given is a FieldError."""
+    given = options(req.qk_norm, QKNormOptions)
+    out: dict[str, tuple[str, Array]] = {}
+    for option, state in _NORM_ARRAYS.items():
+        inline = None if given is None else getattr(given, option)
+        from_state = _state_norm(req, option)
+        if inline is not None and from_state is not None:
+            raise FieldError(
+                state, f"give {state} or qk_norm.{option}, not both: both are the same array"
+            )
+        if from_state is not None:
+            out[option] = (state, from_state)
+        elif inline is not None:
+            out[option] = (f"qk_norm.{option}", inline)
+    return out
 
 
 def _check_qk_norm(req: Req, shapes: Shapes) -> None:
-    d_k = shapes.d_k
-    given = options(req.qk_norm, QKNormOptions)
-    weights: dict[str, Array | None] = {
-        "qk_norm.q_weight": None if given is None else given.q_weight,
-        "qk_norm.k_weight": None if given is None else given.k_weight,
-    }
-    if isinstance(req, MultiheadRequest):
-        for state, field in (
-            ("q_norm.weight", "qk_norm.q_weight"),
-            ("k_norm.weight", "qk_norm.k_weight"),
-        ):
-            w = req.q_norm_weight if state.startswith("q") else req.k_norm_weight
-            if w is not None and weights[field] is not None:
-                raise FieldError(
-                    state, f"give {state} or {field}, not both: both are the same weight"
-                )
-            if w is not None:
-                weights[state] = w
-    for name, w in weights.items():
-        if w is not None and w.shape[0] != d_k:
+    o = options(req.qk_norm, QKNormOptions) or QKNormOptions()
+    d_k, one = shapes.d_k, shapes.endpoint == "attention"
+    if o.over == "projection" and one:
+        raise FieldError(
+            "qk_norm.over",
+            '"projection" normalises all heads of a token together: /attention has one head, '
+            'where it is "head"; use /multihead for a layer\'s heads',
+        )
+    for option, (name, w) in _norm_arrays(req).items():
+        heads = shapes.num_heads if option.startswith("q") else shapes.num_kv_heads
+        h = "h" if option.startswith("q") else "h_kv"
+        if option.endswith("bias") and o.type != "layer":
+            raise FieldError(
+                name, f"{name} is a bias: only a LayerNorm (qk_norm.type layer) has one"
+            )
+        if w.ndim == 2 and (o.over == "projection" or one):
             raise FieldError(
                 name,
-                f"{name} has {w.shape[0]} entries but each query/key vector has d_k = {d_k} features",
+                f"{name} is one row per head: "
+                + (
+                    "over the projection the weight is one vector [h·d_k] of the whole projection"
+                    if o.over == "projection"
+                    else "/attention has one head; give [d_k]"
+                ),
             )
+        fits: list[tuple[int, ...]] = (
+            [(heads * d_k,)] if o.over == "projection" else [(d_k,), (heads, d_k)]
+        )
+        if w.shape not in fits:
+            wanted = (
+                f"[{heads * d_k}] ({h} = {heads} heads × d_k = {d_k}, the whole projection)"
+                if o.over == "projection"
+                else f"[{d_k}] (d_k = {d_k}, shared by the heads)"
+                + ("" if one else f" or [{heads}][{d_k}] (one row per head, {h} = {heads})")
+            )
+            hint = (
+                ': one norm over the whole projection (OLMo 2) is qk_norm {"over": "projection"}'
+                if o.over == "head" and w.shape == (heads * d_k,) and heads > 1
+                else ""
+            )
+            raise FieldError(name, f"{name} has shape {list(w.shape)}: expected {wanted}{hint}")
 
 
 def _qk_norm_settings(req: Req) -> Variants:
     o = options(req.qk_norm, QKNormOptions) or QKNormOptions()  # q_norm.weight alone: rms
-    q_w, k_w = o.q_weight, o.k_weight
-    if isinstance(req, MultiheadRequest):
-        q_w = req.q_norm_weight if req.q_norm_weight is not None else q_w
-        k_w = req.k_norm_weight if req.k_norm_weight is not None else k_w
-    return Variants(
-        q_norm=QKNorm(o.type, o.eps, q_w, o.zero_centered, o.after_rope),
-        k_norm=QKNorm(o.type, o.eps, k_w, o.zero_centered, o.after_rope),
-    )
+    got = {option: a for option, (_, a) in _norm_arrays(req).items()}
+
+    def norm(side: str) -> QKNorm:
+        w, b = got.get(f"{side}_weight"), got.get(f"{side}_bias")
+        return QKNorm(o.type, o.eps, w, o.zero_centered, o.after_rope, o.over, b)
+
+    return Variants(q_norm=norm("q"), k_norm=norm("k"))
 
 
 def _qk_norm(n: QKNorm, x: str) -> str:
     w = "1" if n.weight is None else "(1 + w)" if n.zero_centered else "w"
-    if n.type == "rms":
-        return f"{x} / √(mean({x}²) + {n.eps:g}) · {w}, each vector over its d_k features (RMSNorm)"
-    return (
-        f"({x} − mean) / √(var + {n.eps:g}) · {w}, each vector over its d_k features (biased var)"
+    per_head = any(a is not None and a.ndim == 2 for a in (n.weight, n.bias))
+    w += " (a row per head)" if per_head and w != "1" else ""
+    b = "" if n.bias is None else " + b" + (" (a row per head)" if n.bias.ndim == 2 else "")
+    over = (
+        "each token's h·d_k features, all heads together, before the head split (OLMo 2)"
+        if n.over == "projection"
+        else "each vector over its d_k features"
     )
+    if n.type == "rms":
+        return f"{x} / √(mean({x}²) + {n.eps:g}) · {w}, {over} (RMSNorm)"
+    return f"({x} − mean) / √(var + {n.eps:g}) · {w}{b}, {over} (biased var)"
 
 
 def _qk_norm_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formulas:
@@ -168,7 +223,7 @@ def _qk_norm_steps(v: Variants, bias: PositionBias | None, s: Shapes) -> Formula
     q, k = symbol(s, v, "q_normed", "q"), symbol(s, v, "k_normed", "k")
     return {
         "q_normed": "Q_n = " + _qk_norm(v.q_norm, q) + when,
-        "k_normed": "K_n = " + _qk_norm(v.k_norm, k) + when,
+        "k_normed": "K_n = " + _qk_norm(v.k_norm, k).replace("h·d_k", "h_kv·d_k") + when,
     }
 
 

@@ -77,6 +77,10 @@ def _heads(value: Any, info: ValidationInfo) -> Array:
     )
 
 
+def _norm_weight(value: Any, info: ValidationInfo) -> Array:
+    return to_array(value, _name(info), (1, 2), "[d_k], [h·d_k] or one row per head [h][d_k]")
+
+
 def _table(value: Any, info: ValidationInfo) -> Array:
     return to_array(value, _name(info), (1, 2), "num_buckets rows of one number per head")
 
@@ -117,6 +121,10 @@ Heads = Annotated[
     Array,
     PlainValidator(_heads),
     WithJsonSchema({"anyOf": [_BATCH, {"type": "array", "items": _BATCH}]}),
+]
+# a q/k norm's weight or bias: shared [d_k], the projection's [h·d_k], or per head [h][d_k]
+NormWeight = Annotated[
+    Array, PlainValidator(_norm_weight), WithJsonSchema({"anyOf": [_ROW, _MATRIX]})
 ]
 Table = Annotated[Array, PlainValidator(_table), WithJsonSchema({"anyOf": [_ROW, _MATRIX]})]
 Positional = Annotated[

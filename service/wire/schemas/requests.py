@@ -1,8 +1,17 @@
 """The request bodies of POST /attention, /mask and /multihead: fields and their docs only."""
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, Discriminator, Field, PrivateAttr, Tag
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    model_validator,
+)
 
 from service.core.types import FullyMaskedPolicy, Init, NormOver, WeightLayout
 from service.wire.schemas.expected_fields import ExpectedArrays, ToleranceOptions
@@ -11,6 +20,7 @@ from service.wire.schemas.fields import (
     Heads,
     Int,
     Matrix,
+    NormWeight,
     PaddingFlags,
     Positional,
     Sequence,
@@ -211,6 +221,23 @@ class HeadWeights(BaseModel):
     b_v: Vector | None = None
 
 
+_PER_HEAD_NORM = re.compile(r"([qk])_layernorm\.norms\.(\d{1,4})\.weight")
+
+
+def gathered_norms(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with each ``<q|k>_layernorm.norms.<i>.weight`` moved into a list
+    ``<q|k>_layernorm.norms`` at index i (None where an index is missing)."""
+    found = [(m, key) for key in data if (m := _PER_HEAD_NORM.fullmatch(str(key)))]
+    if not found:
+        return data
+    out = {k: v for k, v in data.items() if k not in {key for _, key in found}}
+    for side in "qk":
+        rows = {int(m[2]): data[key] for m, key in found if m[1] == side}
+        if rows:
+            out[f"{side}_layernorm.norms"] = [rows.get(i) for i in range(max(rows) + 1)]
+    return out
+
+
 def _named(*names: str) -> AliasChoices:
     """A field read under each of these names (a state dict's dotted name and its underscore
     form); the first is the one /docs shows."""
@@ -258,6 +285,14 @@ class MultiheadRequest(VariantFields, InputFields):
         "conventions.config says where each came from",
     )
     layer: Int = Field(0, ge=0, description="the layer of config to take (default 0)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _per_head_norms(cls, data: Any) -> Any:
+        """StableLM's state dict names, ``q_layernorm.norms.<i>.weight``, gathered into
+        ``q_layernorm.norms`` (row i from head i; a head left out leaves a null row, refused
+        with the field's name) for :mod:`service.wire.fold` to read as ``q_norm.weight``."""
+        return gathered_norms(data) if isinstance(data, dict) else data
 
     num_heads: Int | None = Field(
         None,
@@ -322,16 +357,38 @@ class MultiheadRequest(VariantFields, InputFields):
         validation_alias=_named("v_proj.bias", "v_proj_bias", *_ENCODER_NAMES["v_proj.bias"]),
         description="[h_kv·d_v]",
     )
-    q_norm_weight: Vector | None = Field(
+    q_norm_weight: NormWeight | None = Field(
         None,
-        validation_alias=_named("q_norm.weight", "q_norm_weight"),
-        description="Qwen3's q_norm.weight [d_k]: the queries' qk_norm weight (turns qk_norm "
-        "on, rms with eps 1e-6, unless qk_norm is given)",
+        validation_alias=_named("q_norm.weight", "q_norm_weight", "q_layernorm.weight"),
+        description="the queries' qk_norm weight: Qwen3's q_norm.weight [d_k], OLMo 2's over "
+        "the projection [h·d_k], Cohere's per head [h][d_k], Phi's q_layernorm.weight [d_k] "
+        "(turns qk_norm on, rms with eps 1e-6, unless qk_norm is given)",
     )
-    k_norm_weight: Vector | None = Field(
+    k_norm_weight: NormWeight | None = Field(
         None,
-        validation_alias=_named("k_norm.weight", "k_norm_weight"),
-        description="Qwen3's k_norm.weight [d_k]: the keys' qk_norm weight",
+        validation_alias=_named("k_norm.weight", "k_norm_weight", "k_layernorm.weight"),
+        description="the keys' qk_norm weight: [d_k], [h_kv·d_k] or [h_kv][d_k]",
+    )
+    q_norm_bias: NormWeight | None = Field(
+        None,
+        validation_alias=_named("q_norm.bias", "q_norm_bias", "q_layernorm.bias"),
+        description="the queries' qk_norm bias, type layer only (Phi's q_layernorm.bias [d_k])",
+    )
+    k_norm_bias: NormWeight | None = Field(
+        None,
+        validation_alias=_named("k_norm.bias", "k_norm_bias", "k_layernorm.bias"),
+        description="the keys' qk_norm bias, type layer only (Phi's k_layernorm.bias [d_k])",
+    )
+    q_layernorm_norms: NormWeight | None = Field(
+        None,
+        validation_alias=_named("q_layernorm.norms"),
+        description="StableLM's q_layernorm.norms.0.weight, q_layernorm.norms.1.weight …, one "
+        "LayerNorm weight [d_k] per head, read as q_norm.weight [h][d_k]",
+    )
+    k_layernorm_norms: NormWeight | None = Field(
+        None,
+        validation_alias=_named("k_layernorm.norms"),
+        description="StableLM's k_layernorm.norms.<i>.weight, read as k_norm.weight [h_kv][d_k]",
     )
     query_layernorm_weight: Vector | None = Field(
         None,

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
-from service.core.types import QKNormType, RopeStyle
-from service.wire.schemas.fields import FiniteFloat, Int, Table, Vector
+from service.core.types import QKNormOver, QKNormType, RopeStyle
+from service.wire.schemas.fields import FiniteFloat, Int, NormWeight, Table, Vector
 from service.wire.schemas.mask_fields import STRICT
 
 MAX_POSITION = 2**53  # positions beyond ±2^53 are not exact in float64
@@ -28,17 +28,36 @@ def any_of(schema: dict[str, Any]) -> None:
 
 
 class QKNormOptions(BaseModel):
-    """Normalise each query and key vector over its own d_k features (per head, as Qwen3)."""
+    """Normalise each query and key vector over its own d_k features (per head, as Qwen3), or
+    each token's whole projection before the head split (OLMo 2)."""
 
     model_config = STRICT
     type: QKNormType = Field(
         "rms",
         description="rms: x / sqrt(mean(x²) + eps) · w (RMSNorm); layer: (x − mean) / "
-        "sqrt(var + eps) · w (biased variance, no bias term)",
+        "sqrt(var + eps) · w + b (biased variance; b only when a bias is given)",
     )
     eps: FiniteFloat = Field(1e-6, ge=0, description="added under the square root")
-    q_weight: Vector | None = Field(None, description="the queries' weight w [d_k] (default ones)")
-    k_weight: Vector | None = Field(None, description="the keys' weight w [d_k] (default ones)")
+    over: QKNormOver = Field(
+        "head",
+        description="head: each head's d_k features (Qwen3); projection: all h·d_k features of "
+        "a token's query projection (h_kv·d_k of its keys) at once, before the head split "
+        "(OLMo 2, OLMo 3, OLMoE, MiniMax-M2)",
+    )
+    q_weight: NormWeight | None = Field(
+        None,
+        description="the queries' weight w: [d_k] shared by the heads, [h][d_k] one per head "
+        "(Cohere, StableLM), or with over projection [h·d_k] (default ones)",
+    )
+    k_weight: NormWeight | None = Field(
+        None, description="the keys' weight w: [d_k], [h_kv][d_k] or [h_kv·d_k] (default ones)"
+    )
+    q_bias: NormWeight | None = Field(
+        None, description="the queries' bias b (type layer only: Phi), shaped as q_weight"
+    )
+    k_bias: NormWeight | None = Field(
+        None, description="the keys' bias b (type layer only: Phi), shaped as k_weight"
+    )
     zero_centered: bool = Field(
         False, description="the weights apply as (1 + w), as Qwen3-Next stores them"
     )
@@ -253,9 +272,10 @@ class VariantFields(BaseModel):
     )
     qk_norm: QKNormSetting = Field(
         False,
-        description='true or {"type": "rms" | "layer", "eps", "q_weight", "k_weight", '
-        '"zero_centered", "after_rope"}: normalise each query and key vector before RoPE '
-        "(Qwen3, Gemma) or after it (Llama 4); returns q_normed, k_normed",
+        description='true or {"type": "rms" | "layer", "eps", "over": "head" | "projection", '
+        '"q_weight", "k_weight", "q_bias", "k_bias", "zero_centered", "after_rope"}: normalise '
+        "each query and key vector (or each token's whole projection, over projection) before "
+        "RoPE (Qwen3, Gemma, OLMo 2) or after it (Llama 4); returns q_normed, k_normed",
         json_schema_extra=any_of,
     )
     v_norm: VNormSetting = Field(
