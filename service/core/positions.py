@@ -239,7 +239,9 @@ def alibi_bias(
     if origin not in ALIBI_ORIGINS:
         raise AttentionInputError(f"ALiBi origin {origin!r}: one of {', '.join(ALIBI_ORIGINS)}")
     if symmetric and origin != "query":
-        raise AttentionInputError("a symmetric ALiBi measures |p'_j − p_i|: its origin is the query")
+        raise AttentionInputError(
+            "a symmetric ALiBi measures |p'_j − p_i|: its origin is the query"
+        )
     rel = _relative_positions(positions, context_positions)  # (L, S): p'_j − p_i
     if origin == "zero":
         rel = rel + positions.astype(np.int64)[:, None]  # p'_j

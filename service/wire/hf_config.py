@@ -60,7 +60,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.wire import hf_config_keys as ck
-from service.wire.hf_config_keys import KEYS, VERIFIED, ConfigError, model_type_of, unread_keys
+from service.wire.hf_config_keys import (
+    KEY_NAMES,
+    KEYS,
+    NESTED,
+    VERIFIED,
+    ConfigError,
+    model_type_of,
+    unread_keys,
+)
 
 _ANY, _POSITIVE, _NON_NEGATIVE, _SHARE = ck.ANY, ck.POSITIVE, ck.NON_NEGATIVE, ck.SHARE
 _DEFAULTS, _int, _num, _mapping = ck.DEFAULTS, ck.as_size, ck.as_number, ck.as_mapping
@@ -105,7 +113,7 @@ _INTERLEAVED: tuple[str, ...] = ("llama4",)
 _INTERLEAVED += ("helium", "ernie4_5", "glm", "glm4")
 _INTERLEAVED += ("cohere2",)  # Cohere 2: repeat_interleave'd frequencies
 # families without RoPE: OPT's learned positions are added to the embeddings, outside the layer
-_NO_ROPE = ("opt",)
+_NO_ROPE: tuple[str, ...] = ("opt",)
 # families whose head_dim is hidden_size // num_attention_heads whatever the config says
 # (Cohere2Config overwrites the key; OPTAttention's head_dim is embed_dim // num_heads)
 _HEAD_DIM_OF_HIDDEN: tuple[str, ...] = ("cohere2",)
@@ -114,6 +122,21 @@ _HEAD_DIM_OF_HIDDEN += ("stablelm",)  # StableLmAttention: hidden_size // num_he
 # how each family's module packs a fused projection (service.wire.fused.LAYOUTS), read when the
 # state dict holds one (Phi-3's qkv_proj: [q; k; v] rows)
 _QKV_LAYOUTS = {"phi3": "rows", "gpt_neox": "per_head"}
+_QKV_LAYOUTS |= {"bloom": "per_head", "mpt": "rows", "dbrx": "rows"}
+# Falcon's: {(new_decoder_architecture, multi_query): (layout, its kv heads: "config" for
+# num_kv_heads, 1, or "heads" for num_attention_heads)} (FalconAttention._split_heads)
+_FALCON_LAYOUTS = {
+    (True, True): ("grouped", "config"),
+    (True, False): ("grouped", "config"),
+    (False, True): ("rows", 1),
+    (False, False): ("per_head", "heads"),
+}
+# ALiBi where the family adds it, from where its distances start (docs/api.md 2.6's origin):
+# BLOOM's build_alibi_tensor slope·p'_j, MPT's build_mpt_alibi_tensor slope·(p'_j − p'_last);
+# both with the paper's slopes (MPT's alibi_bias_max 8: hf_config_keys refuses any other)
+_ALIBI = {"bloom": "zero", "mpt": "last_key"}
+_NO_ROPE += ("bloom", "mpt")
+_HEAD_DIM_OF_HIDDEN += ("bloom", "mpt", "dbrx", "falcon")  # hidden_size // heads, in each class
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
 # a family's own step, from the config key of the field's name where hf_config_keys.KEYS says
 # the type reads it: {key: what the layer does with it, when null is no layer ("" when null is
@@ -152,11 +175,16 @@ class _Config:
         )
 
     def get(self, key: str) -> tuple[Any, str]:
-        """The key's value and where it came from (None, "" when neither given nor defaulted)."""
-        if key in self.own[0]:
-            return self.own[0][key], self.own[1] + key
-        if key in self.c:
-            return self.c[key], self.prefix + key
+        """The key's value and where it came from (None, "" when neither given nor defaulted);
+        ``key`` as Llama names it, read under the model type's own name first (KEY_NAMES), a
+        dotted own name (``attn_config.clip_qkv``) in its nested config."""
+        own_name = KEY_NAMES.get(self.model_type, {}).get(key, key)
+        for name in dict.fromkeys((own_name, key)):
+            if name in self.own[0]:
+                return self.own[0][name], self.own[1] + name
+            if (found := _nested(self.c, name)) is not None:
+                return found[0], self.prefix + name
+        key = own_name  # the defaults are under the type's own names
         for family in (self.family, ""):
             if key in _DEFAULTS.get(family, {}):
                 whose = f"{self.model_type}'s" if family else "transformers'"
@@ -174,9 +202,20 @@ class _Config:
         return value
 
     def reads(self, key: str) -> bool:
-        """Whether the service applies ``key`` for this model type (hf_config_keys.KEYS)."""
-        row = KEYS.get(key)
+        """Whether the service applies ``key`` (under the type's own name) for this model type
+        (hf_config_keys.KEYS)."""
+        row = KEYS.get(KEY_NAMES.get(self.model_type, {}).get(key, key))
         return row is not None and (row.reads == "*" or self.model_type in row.reads.split())
+
+
+def _nested(c: Mapping[str, Any], name: str) -> tuple[Any] | None:
+    """(the value,) of ``name`` in ``c``, a dotted name looked up in its nested mapping; None
+    when absent."""
+    if name in c:
+        return (c[name],)
+    outer, _, inner = name.partition(".")
+    sub = c.get(outer) if inner else None
+    return (sub[inner],) if isinstance(sub, Mapping) and inner in sub else None
 
 
 def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
@@ -187,6 +226,9 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
         raise ConfigError("layer", f"layer is {layer!r}: expected an integer ≥ 0")
     c = _Config(config, layer)
     unread = unread_keys(c.c, c.model_type, c.prefix)
+    for outer in NESTED.get(c.model_type, ()):  # MPT's and DBRX's attn_config, key by key
+        inner = _mapping(c.c.get(outer) or {}, c.prefix + outer)
+        unread += unread_keys(inner, c.model_type, f"{c.prefix}{outer}.")
     if c.prefix:  # a multimodal config: its own keys around text_config
         unread += unread_keys(config, c.model_type)
     n_layers, n_src = c.get("num_hidden_layers")
@@ -214,7 +256,67 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
     fields |= {"mla": mla} if mla is not None else {}
     if (layout := _QKV_LAYOUTS.get(c.family)) is not None:
         fields["qkv_layout"] = c.take("qkv_layout", f"model_type {c.model_type}", layout)
+    fields |= _alibi_family(c, fields)
     return FromConfig(fields, c.taken, unread)
+
+
+def _alibi_family(c: _Config, fields: dict[str, Any]) -> dict[str, Any]:
+    """BLOOM's and MPT's ALiBi (and MPT's softmax_scale), DBRX's unused rope_theta, Falcon's
+    layout and kv heads (and its ALiBi, refused)."""
+    out: dict[str, Any] = {}
+    why = f"model_type {c.model_type}"
+    if (origin := _ALIBI.get(c.family)) is not None:
+        c.taken["alibi"] = why
+        out["alibi"] = {"origin": c.take("alibi.origin", why, origin)}
+    scale, s_src = c.get("attn_config.softmax_scale") if c.family == "mpt" else (None, "")
+    if scale is not None:
+        out["scale"] = c.take("scale", s_src, _num(scale, _key(s_src), _POSITIVE))
+    theta, t_src = c.get("attn_config.rope_theta") if c.family == "dbrx" else (None, "")
+    base = fields.get("rope", {}).get("base")
+    if theta is not None and _num(theta, _key(t_src), _POSITIVE) != base:
+        raise ConfigError(
+            f"config.{_key(t_src)}",
+            f"{_key(t_src)} is {theta} but transformers 5.23's DBRX rotates at rope_parameters' "
+            f"rope_theta {base} and never reads this one (DBRX's own code does): the service "
+            "will not pick one; make them agree",
+        )
+    tp, tp_src = c.get("pretraining_tp") if c.family == "bloom" else (None, "")
+    if c.get("slow_but_exact")[0] and tp is not None and _int(tp, _key(tp_src)) > 1:
+        raise ConfigError(
+            "config.slow_but_exact",
+            f"slow_but_exact with pretraining_tp {tp}: BloomAttention then sums dense's slices "
+            "without dense.bias; send the layer's fields without config (and without dense.bias)",
+        )
+    if c.family == "falcon":
+        out |= _falcon(c, fields["num_heads"])
+    return out
+
+
+def _falcon(c: _Config, heads: int) -> dict[str, Any]:
+    """Falcon's query_key_value layout and kv heads; its ALiBi refused: 5.23's eager
+    FalconAttention adds slope·p'_j / √d twice (in its logits and again in the mask
+    FalconModel folds it into) where its sdpa path adds it once."""
+    alibi, a_src = c.get("alibi")
+    if alibi:
+        raise ConfigError(
+            f"config.{_key(a_src)}",
+            "alibi is true: transformers 5.23's Falcon adds the ALiBi bias once on its sdpa path "
+            "and twice on its eager one (in the logits, then again in the mask FalconModel "
+            "folds it into), so the service cannot say which is the layer; send its fields "
+            "without config (alibi with origin zero and slopes / √d_k)",
+        )
+    new, n_src = c.get("new_decoder_architecture")
+    multi, m_src = c.get("multi_query")
+    layout, kv = _FALCON_LAYOUTS[bool(new), bool(multi)]
+    src = n_src if new else f"{n_src}, {m_src}"
+    out: dict[str, Any] = {"qkv_layout": c.take("qkv_layout", src, layout)}
+    if kv == "config":
+        value, kv_src = c.get("num_key_value_heads")
+        if value is not None:
+            out["num_kv_heads"] = c.take("num_kv_heads", kv_src, _int(value, _key(kv_src)))
+    else:
+        out["num_kv_heads"] = c.take("num_kv_heads", src, 1 if kv == 1 else heads)
+    return out
 
 
 def _layer_type(c: _Config, layer: int) -> tuple[str, str]:
@@ -289,7 +391,7 @@ def _head_dim(c: _Config, heads: int, glob: bool) -> tuple[int, str]:
             f"{_key(src)} {hidden} is less than "
             f"num_attention_heads {heads}: a head needs at least one feature",
         )
-    return hidden // heads, f"{src} / num_attention_heads"
+    return hidden // heads, f"{src} / {c.get('num_attention_heads')[1] or 'num_attention_heads'}"
 
 
 def _mla(c: _Config) -> dict[str, Any] | None:

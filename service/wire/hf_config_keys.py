@@ -19,7 +19,7 @@ naming it; a key in no row is a 422 too unless null or false (the service has no
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -40,6 +40,7 @@ VERIFIED += _words("opt")
 VERIFIED += _words("phi")
 VERIFIED += _words("stablelm")
 VERIFIED += _words("gpt_neox")  # its fused query_key_value: service.wire.fused
+VERIFIED += _words("bloom mpt dbrx falcon")  # ALiBi's origins, Wqkv, Falcon's three layouts
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
@@ -48,6 +49,43 @@ REFUSED = {
     "by 1 + β·log(1 + ⌊p / original_max_position_embeddings⌋), after RoPE, on every layer; the "
     "temperature field's ⌊(p + 1) / floor_scale⌋ is one position apart, and no field takes it",
 }
+
+# a model type's own names for the keys hf_config.py reads: {model type: {the key as
+# hf_config.py names it (Llama's name): the key as that type's config.json names it}}. The
+# type's configuration class maps the one to the other (its ``attribute_map``) and
+# ``to_dict()`` writes its own name, so both are read: its own name first, then ours. Each own
+# name is a row of KEYS read for its types (added below); its default is in DEFAULTS under the
+# own name.
+KEY_NAMES: dict[str, dict[str, str]] = {
+    "gptj": {
+        "num_attention_heads": "n_head",
+        "hidden_size": "n_embd",
+        "max_position_embeddings": "n_positions",
+        "num_hidden_layers": "n_layer",
+    },
+}
+# BLOOM (its old config.json's n_embed, which BloomConfig reads as hidden_size), MPT and DBRX
+# (their attn_config's keys named ``attn_config.<key>``), Falcon (num_kv_heads)
+_MOSAIC = {
+    "num_attention_heads": "n_heads",
+    "hidden_size": "d_model",
+    "num_hidden_layers": "n_layers",
+    "max_position_embeddings": "max_seq_len",
+    "clip_qkv": "attn_config.clip_qkv",
+}
+KEY_NAMES |= {
+    "bloom": {
+        "num_attention_heads": "n_head",
+        "num_hidden_layers": "n_layer",
+        "hidden_size": "n_embed",
+    },
+    "mpt": _MOSAIC,
+    "dbrx": _MOSAIC | {"num_key_value_heads": "attn_config.kv_n_heads"},
+    "falcon": {"num_key_value_heads": "num_kv_heads"},
+}
+# config keys holding a nested config whose keys are judged one by one, as ``<key>.<its key>``
+# (a row of that full name, else the plain key's row: its generic keys)
+NESTED = {"mpt": ("attn_config",), "dbrx": ("attn_config",)}
 
 _ALL = "*"
 _SLIDING = (
@@ -159,7 +197,7 @@ KEYS: dict[str, Key] = {
     "rotary_pct": Key(inert="cohere2", why="a partial rotation"),
     "rotary_emb_base": Key(why="the RoPE base"),
     "position_embedding_type": Key(inert="cohere2", why="the position encoding"),
-    "alibi": Key(neutral=_OFF, why="ALiBi"),
+    "alibi": Key(reads="falcon", neutral=_OFF, why="ALiBi"),
     "use_alibi": Key(neutral=_OFF, why="ALiBi"),
     "use_logn_attn": Key(neutral=_OFF, why="log-n query scaling"),
     "scale_attn_by_inverse_layer_idx": Key(neutral=_OFF, why="the scale"),
@@ -197,6 +235,44 @@ KEYS: dict[str, Key] = {
     # StableLM: its q, k, v biases come with the state dict; the parallel residual is the block's
     "use_qkv_bias": Key(inert="stablelm"),
     "use_parallel_residual": Key(inert="stablelm gpt_neox"),
+    # ---- BLOOM, MPT, DBRX, Falcon: ALiBi's and the fused projections' families
+    "n_embed": Key(why="the hidden size"),  # BLOOM's old name (KEY_NAMES), read for it
+    # the blocks around the layer: their LayerNorms, residual order, MLPs and embeddings;
+    # BLOOM's pretraining_tp slices of dense (slow_but_exact) sum the same products
+    **{
+        k: Key(inert="bloom mpt dbrx falcon")
+        for k in _words("""
+            layer_norm_epsilon apply_residual_connection_post_layernorm slow_but_exact
+            expansion_ratio emb_pdrop learned_pos_emb init_device no_bias embedding_fraction
+            norm_type parallel_attn num_ln_in_parallel_attn ffn_hidden_size activation bias
+        """)
+    },
+    "ffn_config": Key(inert="dbrx"),  # its experts
+    "attn_config": Key(reads="mpt dbrx", why="MPT's and DBRX's attention settings"),
+    "attn_config.attn_pdrop": Key(inert="mpt dbrx"),
+    "attn_config.attn_impl": Key(inert="mpt"),  # transformers' MptAttention is one code path
+    "attn_config.softmax_scale": Key(reads="mpt", why="the scale"),
+    # transformers 5.23's MptModel adds ALiBi with the slopes of alibi_bias_max 8 whatever these
+    # say, and its MptAttention has neither q/k LayerNorms, multi-query heads, a prefix-LM mask
+    # nor sequence ids; MPT's own code honours them: any other value is refused
+    "attn_config.alibi": Key(neutral=(True,), why="ALiBi on or off (transformers: always on)"),
+    "attn_config.alibi_bias_max": Key(
+        neutral=(8,), why="the slopes 2^(−alibi_bias_max·h/n) (transformers: always 8)"
+    ),
+    "attn_config.attn_type": Key(
+        neutral=("multihead_attention",), why="multi-query heads (transformers: multi-head)"
+    ),
+    "attn_config.qk_ln": Key(neutral=_OFF, why="q/k LayerNorms (transformers: none)"),
+    "attn_config.prefix_lm": Key(neutral=_OFF, why="a prefix-LM mask (transformers: causal)"),
+    "attn_config.attn_uses_sequence_id": Key(
+        neutral=_OFF, why="a mask between packed sequences (transformers: none)"
+    ),
+    # DBRX's: transformers 5.23 rotates at rope_parameters' rope_theta and never uses this one
+    "attn_config.rope_theta": Key(reads="dbrx", why="the RoPE base"),
+    # Falcon: its fused layout and kv heads; alibi (read, refused when true: hf_config)
+    "new_decoder_architecture": Key(reads="falcon", neutral=_OFF, why="the grouped layout"),
+    "multi_query": Key(reads="falcon", neutral=_OFF, why="one key/value head"),
+    "n_head_kv": Key(why="Falcon's old kv heads (transformers 5.23 reads num_kv_heads)"),
     # ---- never the attention layer's numbers
     **{
         k: _INERT
@@ -226,6 +302,11 @@ KEYS: dict[str, Key] = {
     },
 }
 
+for _type, _names in KEY_NAMES.items():  # a type's own key names are read for it
+    for _own in _names.values():
+        _row = KEYS.get(_own, Key())
+        KEYS[_own] = replace(_row, reads=f"{_row.reads} {_type}".strip())
+
 
 def _holds(types: str, model_type: str) -> bool:
     return types == _ALL or model_type in types.split()
@@ -240,7 +321,8 @@ def unread_keys(config: Mapping[str, Any], model_type: str, prefix: str = "") ->
     named ``prefix + key``); a :class:`ConfigError` for the first that would change it unread."""
     inert = []
     for key in config:
-        row, value, name = KEYS.get(str(key)), config[key], f"{prefix}{key}"
+        name = f"{prefix}{key}"
+        row, value = KEYS.get(name, KEYS.get(str(key))), config[key]
         if row is None:
             if not _neutral(value, _OFF):
                 raise ConfigError(
@@ -353,6 +435,23 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "helium": {"head_dim": 128, "rope_theta": 100_000.0},
     "phi": {"partial_rotary_factor": 0.5},
     "stablelm": {"partial_rotary_factor": 0.25},
+    "bloom": {"n_head": 8, "n_layer": 2, "n_embed": 64},
+    "mpt": {"n_heads": 16, "d_model": 2048, "n_layers": 24, "max_seq_len": 2048},
+    "dbrx": {
+        "n_heads": 16,
+        "d_model": 2048,
+        "n_layers": 24,
+        "max_seq_len": 2048,
+        "attn_config.kv_n_heads": 1,
+    },
+    "falcon": {
+        "num_attention_heads": 71,
+        "hidden_size": 4544,
+        "num_hidden_layers": 32,
+        "new_decoder_architecture": False,
+        "multi_query": True,
+        "alibi": False,
+    },
     "ernie4_5": {"head_dim": 128, "rope_theta": 500_000.0},
     "glm": {"head_dim": 128, "partial_rotary_factor": 0.5},
     "llama4": {

@@ -52,10 +52,10 @@ transformers = pytest.importorskip(
 from transformers import GPTNeoXConfig, LlamaConfig, T5Config  # noqa: E402
 from transformers import modeling_rope_utils as hf_rope  # noqa: E402
 from transformers.models.bloom import modeling_bloom  # noqa: E402
-from transformers.models.mpt import modeling_mpt  # noqa: E402
 from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
 from transformers.models.gptj import modeling_gptj  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
+from transformers.models.mpt import modeling_mpt  # noqa: E402
 from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
 
 ATOL = 1e-12
@@ -419,7 +419,10 @@ def test_alibi_causal_softmax_matches_bloom_alibi(n: int) -> None:
 def mpt_slopes(n: int) -> np.ndarray:
     """transformers' MPT ``build_mpt_alibi_tensor`` (alibi_bias_max 8), run in float64: its
     last key's bias is −slope · 1 one key back, so the slope is minus the bias at S − 2."""
-    with float64_torch_in(modeling_mpt), mock.patch.object(torch.Tensor, "float", torch.Tensor.double):
+    with (
+        float64_torch_in(modeling_mpt),
+        mock.patch.object(torch.Tensor, "float", torch.Tensor.double),
+    ):
         bias = modeling_mpt.build_mpt_alibi_tensor(n, 2)  # (n, 1, 2): −slope, 0
     assert bias.dtype == torch.float64
     return -bias[:, 0, 0].numpy()
@@ -465,7 +468,10 @@ def test_alibi_zero_origin_is_bloom_build_alibi_tensor_with_padding(n: int) -> N
 def test_alibi_last_key_origin_is_mpt_build_mpt_alibi_tensor(n: int) -> None:
     # MPT builds slope · (j − (M − 1)) for its max_seq_len M and keeps the last S keys
     S, M = 5, 9
-    with float64_torch_in(modeling_mpt), mock.patch.object(torch.Tensor, "float", torch.Tensor.double):
+    with (
+        float64_torch_in(modeling_mpt),
+        mock.patch.object(torch.Tensor, "float", torch.Tensor.double),
+    ):
         mpt = modeling_mpt.build_mpt_alibi_tensor(n, M)[:, :, M - S :]  # (n, 1, S)
     ours = alibi_bias(alibi_slopes(n), np.arange(3), np.arange(S), origin="last_key")  # (n, 3, S)
     np.testing.assert_allclose(ours, np.broadcast_to(mpt.numpy(), ours.shape), rtol=1e-15, atol=0)
