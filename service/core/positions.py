@@ -206,22 +206,52 @@ def alibi_slopes(n: int) -> Array:
     return np.concatenate((slopes, np.exp2(-8.0 * odd / (2 * p))))  # (n,)
 
 
+# where ALiBi measures a key's distance from: {origin: its words}. The paper's (and the
+# service's default) is the query's position; BLOOM and Falcon (build_alibi_tensor) add
+# slope · p'_j, the key's position (its padding's cumulative sum − 1) alone; MPT
+# (build_mpt_alibi_tensor) slope · (p'_j − p'_{S−1}), from the last key. A constant per query row
+# leaves the softmax unchanged, so the weights agree; position_bias and biased_scores do not.
+ALIBI_ORIGINS = {
+    "query": "p'_j − p_i",
+    "zero": "p'_j",
+    "last_key": "p'_j − p'_last",
+}
+
+
 def alibi_bias(
-    slopes: Array, positions: IntArray, context_positions: IntArray, symmetric: bool = False
+    slopes: Array,
+    positions: IntArray,
+    context_positions: IntArray,
+    symmetric: bool = False,
+    origin: str = "query",
 ) -> Array:
     """(n, L, S): the ALiBi bias ``slope_h · (p'_j − p_i)`` (Press et al. 2022).
 
     0 where key and query share a position, −slope·distance to earlier keys (and +slope·distance
     to later ones); with ``symmetric`` ``−slope_h · |p'_j − p_i|`` (bidirectional encoders).
-    ``slopes (n,)`` usually come from :func:`alibi_slopes`.
+    ``origin`` (:data:`ALIBI_ORIGINS`) "zero": ``slope_h · p'_j`` (BLOOM's and Falcon's
+    ``build_alibi_tensor``); "last_key": ``slope_h · (p'_j − p'_{S−1})`` (MPT's
+    ``build_mpt_alibi_tensor``); symmetric only from the query. ``slopes (n,)`` usually come
+    from :func:`alibi_slopes`.
     """
     if slopes.ndim != 1 or not np.isfinite(slopes).all():
         raise AttentionInputError("ALiBi slopes must be a list of finite numbers, one per head")
-    rel = _relative_positions(positions, context_positions).astype(np.float64)  # (L, S)
+    if origin not in ALIBI_ORIGINS:
+        raise AttentionInputError(f"ALiBi origin {origin!r}: one of {', '.join(ALIBI_ORIGINS)}")
+    if symmetric and origin != "query":
+        raise AttentionInputError(
+            "a symmetric ALiBi measures |p'_j − p_i|: its origin is the query"
+        )
+    rel = _relative_positions(positions, context_positions)  # (L, S): p'_j − p_i
+    if origin == "zero":
+        rel = rel + positions.astype(np.int64)[:, None]  # p'_j
+    elif origin == "last_key" and context_positions.size:
+        rel = rel + (positions.astype(np.int64)[:, None] - int(context_positions[-1]))
+    dist = rel.astype(np.float64)  # (L, S)
     if symmetric:
-        rel = -np.abs(rel)
+        dist = -np.abs(dist)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
-        bias = slopes[:, None, None] * rel[None]  # (n, L, S)
+        bias = slopes[:, None, None] * dist[None]  # (n, L, S)
     require_finite(bias, "the ALiBi bias (slope · distance)")
     return bias
 
@@ -357,6 +387,7 @@ class Alibi:
 
     slopes: Array | None = None  # (n,)
     symmetric: bool = False
+    origin: str = "query"  # where distances start (ALIBI_ORIGINS)
 
 
 @dataclass(frozen=True)
@@ -378,7 +409,7 @@ def position_bias(
     and keys at ``context_positions (S,)``."""
     if isinstance(spec, Alibi):
         slopes = alibi_slopes(num_heads) if spec.slopes is None else spec.slopes  # (n,)
-        return alibi_bias(slopes, positions, context_positions, spec.symmetric)
+        return alibi_bias(slopes, positions, context_positions, spec.symmetric, spec.origin)
     return relative_bias(
         spec.table, positions, context_positions, spec.bidirectional, spec.max_distance
     )

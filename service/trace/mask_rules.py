@@ -194,6 +194,7 @@ def check_ranges(req: AttentionRequest | MultiheadRequest, shapes: Shapes, on: s
     alibi = options(req.alibi, AlibiOptions)
     if alibi is not None and alibi.slopes is not None and keys.size and queries.size:
         span = max(_top(keys) - int(queries.min()), _top(queries) - int(keys.min()))
+        span = max(span, _top(np.abs(keys)), _top(keys) - int(keys.min()))  # the other origins
         if not math.isfinite(float(np.abs(alibi.slopes).max()) * span):
             raise FieldError(
                 "alibi.slopes",

@@ -98,6 +98,34 @@ def _same_heads(h: int, h_kv: int | None) -> tuple[int, int] | str:
     return h, h
 
 
+# --------------------- grouped: [h_kv][g query heads, k, v][d], Falcon's new_decoder_architecture
+
+
+def _grouped(n: HeadSizes) -> Parts:
+    g = n.h // n.h_kv  # query heads per key/value head
+    group = (g + 2) * n.d * np.arange(n.h_kv)  # (h_kv,) each group's first row
+    q = group[:, None, None] + n.d * np.arange(g)[None, :, None] + np.arange(n.d)  # (h_kv, g, d)
+    k = group[:, None] + g * n.d + np.arange(n.d)  # (h_kv, d)
+    return q.reshape(-1), k.reshape(-1), (k + n.d).reshape(-1)
+
+
+def _grouped_words(n: HeadSizes) -> str:
+    g, d = n.h // n.h_kv, n.d
+    return (
+        f"each key/value head's {(g + 2) * d} rows hold its {g} query heads' rows, then its key "
+        f"and value: group i's W_q is rows {(g + 2) * d}·i + 0…{g * d - 1} (query heads "
+        f"{g}·i …), its W_k {(g + 2) * d}·i + {g * d}…{(g + 1) * d - 1}, its W_v "
+        f"{(g + 2) * d}·i + {(g + 1) * d}…{(g + 2) * d - 1} (i = 0…{n.h_kv - 1})"
+    )
+
+
+def _grouped_heads(h: int, h_kv: int | None) -> tuple[int, int] | str:
+    kv = h if h_kv is None else h_kv
+    if h % kv:
+        return f"num_heads {h} is not a multiple of num_kv_heads {kv}: the groups are equal"
+    return h, kv
+
+
 LAYOUTS: dict[str, Layout] = {
     layout.name: layout
     for layout in (
@@ -115,6 +143,13 @@ LAYOUTS: dict[str, Layout] = {
             _per_head_words,
             _same_heads,
         ),
+        Layout(
+            "grouped",
+            "Falcon's query_key_value with new_decoder_architecture",
+            _grouped,
+            _grouped_words,
+            _grouped_heads,
+        ),
     )
 }
 
@@ -123,6 +158,7 @@ FUSED = {
     "qkv_proj_weight": ("qkv_proj_bias", "qkv_proj"),
     "query_key_value_weight": ("query_key_value_bias", "query_key_value"),
 }
+FUSED |= {"wqkv_weight": ("wqkv_bias", "Wqkv")}  # MPT's and DBRX's
 
 
 @dataclass(frozen=True)

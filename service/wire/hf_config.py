@@ -77,6 +77,7 @@ from service.wire import hf_config_keys as ck
 from service.wire.hf_config_keys import (
     KEY_NAMES,
     KEYS,
+    NESTED,
     VERIFIED,
     ConfigError,
     model_type_of,
@@ -187,6 +188,21 @@ _BETA_TEMPERATURE = ("ministral3",)
 # turned in interleaved pairs (rotate_every_two); CodeGen copies all three functions
 _FIXED_ROPE = {"gptj": (10_000.0, "create_sinusoidal_positions' base 10000")}
 _ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor")
+_QKV_LAYOUTS |= {"bloom": "per_head", "mpt": "rows", "dbrx": "rows"}
+# Falcon's: {(new_decoder_architecture, multi_query): (layout, its kv heads: "config" for
+# num_kv_heads, 1, or "heads" for num_attention_heads)} (FalconAttention._split_heads)
+_FALCON_LAYOUTS = {
+    (True, True): ("grouped", "config"),
+    (True, False): ("grouped", "config"),
+    (False, True): ("rows", 1),
+    (False, False): ("per_head", "heads"),
+}
+# ALiBi where the family adds it, from where its distances start (docs/api.md 2.6's origin):
+# BLOOM's build_alibi_tensor slope·p'_j, MPT's build_mpt_alibi_tensor slope·(p'_j − p'_last);
+# both with the paper's slopes (MPT's alibi_bias_max 8: hf_config_keys refuses any other)
+_ALIBI = {"bloom": "zero", "mpt": "last_key"}
+_NO_ROPE += ("bloom", "mpt")
+_HEAD_DIM_OF_HIDDEN += ("bloom", "mpt", "dbrx", "falcon")  # hidden_size // heads, in each class
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
 # a family's own step, from the config key of the field's name where hf_config_keys.KEYS says
 # the type reads it: {key: what the layer does with it, when null is no layer ("" when null is
@@ -239,10 +255,12 @@ class _Config:
         return next((got for name in names if (got := self._default(name))[1]), (None, ""))
 
     def _given(self, key: str) -> tuple[Any, str]:
+        """A key in the layer's own entry or the config; a dotted name (MPT's
+        ``attn_config.clip_qkv``) in its nested mapping."""
         if key in self.own[0]:
             return self.own[0][key], self.own[1] + key
-        if key in self.c:
-            return self.c[key], self.prefix + key
+        if (found := _nested(self.c, key)) is not None:
+            return found[0], self.prefix + key
         return None, ""
 
     def _default(self, key: str) -> tuple[Any, str]:
@@ -263,9 +281,22 @@ class _Config:
         return value
 
     def reads(self, key: str) -> bool:
-        """Whether the service applies ``key`` for this model type (hf_config_keys.KEYS)."""
-        row = KEYS.get(key)
-        return row is not None and (row.reads == "*" or self.model_type in row.reads.split())
+        """Whether the service applies ``key`` (under the type's own name) for this model type
+        (hf_config_keys.KEYS)."""
+        rows = [KEYS.get(name) for name in self.names.get(key, (key,))]
+        return any(
+            r is not None and (r.reads == "*" or self.model_type in r.reads.split()) for r in rows
+        )
+
+
+def _nested(c: Mapping[str, Any], name: str) -> tuple[Any] | None:
+    """(the value,) of ``name`` in ``c``, a dotted name looked up in its nested mapping; None
+    when absent."""
+    if name in c:
+        return (c[name],)
+    outer, _, inner = name.partition(".")
+    sub = c.get(outer) if inner else None
+    return (sub[inner],) if isinstance(sub, Mapping) and inner in sub else None
 
 
 def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
@@ -278,6 +309,9 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
     unread = unread_keys(c.c, c.model_type, c.prefix)
     if c.family in _FIXED_ROPE:  # its modeling never reads them
         unread = sorted({*unread, *(c.prefix + k for k in _ROPE_KEYS if k in c.c)})
+    for outer in NESTED.get(c.model_type, ()):  # MPT's and DBRX's attn_config, key by key
+        inner = _mapping(c.c.get(outer) or {}, c.prefix + outer)
+        unread += unread_keys(inner, c.model_type, f"{c.prefix}{outer}.")
     if c.prefix:  # a multimodal config: its own keys around text_config
         unread += unread_keys(config, c.model_type)
     n_layers, n_src = c.get("num_hidden_layers")
@@ -310,7 +344,67 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
     if c.family in _ENCODERS:
         own, block, buckets = _encoder(c)
         return FromConfig(fields | own, c.taken, unread, block, buckets)
+    fields |= _alibi_family(c, fields)
     return FromConfig(fields, c.taken, unread)
+
+
+def _alibi_family(c: _Config, fields: dict[str, Any]) -> dict[str, Any]:
+    """BLOOM's and MPT's ALiBi (and MPT's softmax_scale), DBRX's unused rope_theta, Falcon's
+    layout and kv heads (and its ALiBi, refused)."""
+    out: dict[str, Any] = {}
+    why = f"model_type {c.model_type}"
+    if (origin := _ALIBI.get(c.family)) is not None:
+        c.taken["alibi"] = why
+        out["alibi"] = {"origin": c.take("alibi.origin", why, origin)}
+    scale, s_src = c.get("attn_config.softmax_scale") if c.family == "mpt" else (None, "")
+    if scale is not None:
+        out["scale"] = c.take("scale", s_src, _num(scale, _key(s_src), _POSITIVE))
+    theta, t_src = c.get("attn_config.rope_theta") if c.family == "dbrx" else (None, "")
+    base = fields.get("rope", {}).get("base")
+    if theta is not None and _num(theta, _key(t_src), _POSITIVE) != base:
+        raise ConfigError(
+            f"config.{_key(t_src)}",
+            f"{_key(t_src)} is {theta} but transformers 5.23's DBRX rotates at rope_parameters' "
+            f"rope_theta {base} and never reads this one (DBRX's own code does): the service "
+            "will not pick one; make them agree",
+        )
+    tp, tp_src = c.get("pretraining_tp") if c.family == "bloom" else (None, "")
+    if c.get("slow_but_exact")[0] and tp is not None and _int(tp, _key(tp_src)) > 1:
+        raise ConfigError(
+            "config.slow_but_exact",
+            f"slow_but_exact with pretraining_tp {tp}: BloomAttention then sums dense's slices "
+            "without dense.bias; send the layer's fields without config (and without dense.bias)",
+        )
+    if c.family == "falcon":
+        out |= _falcon(c, fields["num_heads"])
+    return out
+
+
+def _falcon(c: _Config, heads: int) -> dict[str, Any]:
+    """Falcon's query_key_value layout and kv heads; its ALiBi refused: 5.23's eager
+    FalconAttention adds slope·p'_j / √d twice (in its logits and again in the mask
+    FalconModel folds it into) where its sdpa path adds it once."""
+    alibi, a_src = c.get("alibi")
+    if alibi:
+        raise ConfigError(
+            f"config.{_key(a_src)}",
+            "alibi is true: transformers 5.23's Falcon adds the ALiBi bias once on its sdpa path "
+            "and twice on its eager one (in the logits, then again in the mask FalconModel "
+            "folds it into), so the service cannot say which is the layer; send its fields "
+            "without config (alibi with origin zero and slopes / √d_k)",
+        )
+    new, n_src = c.get("new_decoder_architecture")
+    multi, m_src = c.get("multi_query")
+    layout, kv = _FALCON_LAYOUTS[bool(new), bool(multi)]
+    src = n_src if new else f"{n_src}, {m_src}"
+    out: dict[str, Any] = {"qkv_layout": c.take("qkv_layout", src, layout)}
+    if kv == "config":
+        value, kv_src = c.get("num_key_value_heads")
+        if value is not None:
+            out["num_kv_heads"] = c.take("num_kv_heads", kv_src, _int(value, _key(kv_src)))
+    else:
+        out["num_kv_heads"] = c.take("num_kv_heads", src, 1 if kv == 1 else heads)
+    return out
 
 
 def _layer_type(c: _Config, layer: int) -> tuple[str, str]:

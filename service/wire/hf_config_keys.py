@@ -45,6 +45,7 @@ VERIFIED += _words("gptj")
 VERIFIED += _words("hunyuan_v1_dense")
 VERIFIED += _words("ministral3")
 VERIFIED += _words("olmo2 olmo3 olmoe cohere")  # q/k norms over the projection, per head
+VERIFIED += _words("bloom mpt dbrx falcon")  # ALiBi's origins, Wqkv, Falcon's three layouts
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
@@ -71,6 +72,32 @@ KEY_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
         "num_hidden_layers": ("num_layers",),
     },
 }
+
+# BLOOM (its old config.json's n_embed, which BloomConfig reads as hidden_size), MPT and DBRX
+# (their attn_config's keys named ``attn_config.<key>``), Falcon (num_kv_heads)
+_MOSAIC = {
+    "num_attention_heads": "n_heads",
+    "hidden_size": "d_model",
+    "num_hidden_layers": "n_layers",
+    "max_position_embeddings": "max_seq_len",
+    "clip_qkv": "attn_config.clip_qkv",
+}
+_OWN_FIRST = {  # {model type: {our name: its own name}}, read own name first, then ours
+    "bloom": {
+        "num_attention_heads": "n_head",
+        "num_hidden_layers": "n_layer",
+        "hidden_size": "n_embed",
+    },
+    "mpt": _MOSAIC,
+    "dbrx": _MOSAIC | {"num_key_value_heads": "attn_config.kv_n_heads"},
+    "falcon": {"num_key_value_heads": "num_kv_heads"},
+}
+KEY_NAMES |= {
+    t: {ours: (own, ours) for ours, own in names.items()} for t, names in _OWN_FIRST.items()
+}
+# config keys holding a nested config whose keys are judged one by one, as ``<key>.<its key>``
+# (a row of that full name, else the plain key's row: its generic keys)
+NESTED = {"mpt": ("attn_config",), "dbrx": ("attn_config",)}
 
 _ALL = "*"
 _SLIDING = (
@@ -201,7 +228,7 @@ KEYS: dict[str, Key] = {
         why="the position encoding (BERT's relative_key and relative_key_query added learned "
         "distance embeddings to the scores; transformers 5.23 no longer computes them)",
     ),
-    "alibi": Key(neutral=_OFF, why="ALiBi"),
+    "alibi": Key(reads="falcon", neutral=_OFF, why="ALiBi"),
     "use_alibi": Key(neutral=_OFF, why="ALiBi"),
     "use_logn_attn": Key(neutral=_OFF, why="log-n query scaling"),
     "scale_attn_by_inverse_layer_idx": Key(neutral=_OFF, why="the scale"),
@@ -239,7 +266,7 @@ KEYS: dict[str, Key] = {
     # ---- GPT-J's block around the layer (its MLP, LayerNorm, dropouts: eval mode)
     **{k: Key(inert="gptj") for k in _words("n_inner attn_pdrop")},
     # GPT-J's and T5's block norms (T5's RMSNorm before the attention module)
-    "layer_norm_epsilon": Key(inert="gptj t5"),
+    "layer_norm_epsilon": Key(inert="gptj t5 bloom mpt dbrx falcon"),
     "eod_token_id": _INERT,  # HunYuan's end-of-document token
     "activation_function": Key(inert="opt gptj"),  # their MLPs'
     # GPT-J's config.json (written by transformers 4.x): GPTJAttention always rotates and always
@@ -284,6 +311,44 @@ KEYS: dict[str, Key] = {
         for k in _words("type_vocab_size hidden_dropout_prob attention_probs_dropout_prob")
     },
     "add_cross_attention": Key(inert=_BERTS, neutral=_OFF, why="cross-attention layers"),
+    # ---- BLOOM, MPT, DBRX, Falcon: ALiBi's and the fused projections' families
+    "n_embed": Key(why="the hidden size"),  # BLOOM's old name (KEY_NAMES), read for it
+    # the blocks around the layer: their LayerNorms, residual order, MLPs and embeddings;
+    # BLOOM's pretraining_tp slices of dense (slow_but_exact) sum the same products
+    **{
+        k: Key(inert="bloom mpt dbrx falcon")
+        for k in _words("""
+            apply_residual_connection_post_layernorm slow_but_exact
+            expansion_ratio emb_pdrop learned_pos_emb init_device no_bias embedding_fraction
+            norm_type parallel_attn num_ln_in_parallel_attn ffn_hidden_size activation bias
+        """)
+    },
+    "ffn_config": Key(inert="dbrx"),  # its experts
+    "attn_config": Key(reads="mpt dbrx", why="MPT's and DBRX's attention settings"),
+    "attn_config.attn_pdrop": Key(inert="mpt dbrx"),
+    "attn_config.attn_impl": Key(inert="mpt"),  # transformers' MptAttention is one code path
+    "attn_config.softmax_scale": Key(reads="mpt", why="the scale"),
+    # transformers 5.23's MptModel adds ALiBi with the slopes of alibi_bias_max 8 whatever these
+    # say, and its MptAttention has neither q/k LayerNorms, multi-query heads, a prefix-LM mask
+    # nor sequence ids; MPT's own code honours them: any other value is refused
+    "attn_config.alibi": Key(neutral=(True,), why="ALiBi on or off (transformers: always on)"),
+    "attn_config.alibi_bias_max": Key(
+        neutral=(8,), why="the slopes 2^(−alibi_bias_max·h/n) (transformers: always 8)"
+    ),
+    "attn_config.attn_type": Key(
+        neutral=("multihead_attention",), why="multi-query heads (transformers: multi-head)"
+    ),
+    "attn_config.qk_ln": Key(neutral=_OFF, why="q/k LayerNorms (transformers: none)"),
+    "attn_config.prefix_lm": Key(neutral=_OFF, why="a prefix-LM mask (transformers: causal)"),
+    "attn_config.attn_uses_sequence_id": Key(
+        neutral=_OFF, why="a mask between packed sequences (transformers: none)"
+    ),
+    # DBRX's: transformers 5.23 rotates at rope_parameters' rope_theta and never uses this one
+    "attn_config.rope_theta": Key(reads="dbrx", why="the RoPE base"),
+    # Falcon: its fused layout and kv heads; alibi (read, refused when true: hf_config)
+    "new_decoder_architecture": Key(reads="falcon", neutral=_OFF, why="the grouped layout"),
+    "multi_query": Key(reads="falcon", neutral=_OFF, why="one key/value head"),
+    "n_head_kv": Key(why="Falcon's old kv heads (transformers 5.23 reads num_kv_heads)"),
     # ---- never the attention layer's numbers
     **{
         k: _INERT
@@ -334,7 +399,8 @@ def unread_keys(config: Mapping[str, Any], model_type: str, prefix: str = "") ->
     named ``prefix + key``); a :class:`ConfigError` for the first that would change it unread."""
     inert = []
     for key in config:
-        row, value, name = KEYS.get(str(key)), config[key], f"{prefix}{key}"
+        name = f"{prefix}{key}"
+        row, value = KEYS.get(name, KEYS.get(str(key))), config[key]
         if row is None:
             if not _neutral(value, _OFF):
                 raise ConfigError(
@@ -482,6 +548,23 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "olmo3": {"rms_norm_eps": 1e-5, "rope_theta": 500_000.0, "sliding_window": 4096},
     "olmoe": {"rms_norm_eps": 1e-5},
     "cohere": {"layer_norm_eps": 1e-5, "use_qk_norm": False, "rope_theta": 500_000.0},
+    "bloom": {"n_head": 8, "n_layer": 2, "n_embed": 64},
+    "mpt": {"n_heads": 16, "d_model": 2048, "n_layers": 24, "max_seq_len": 2048},
+    "dbrx": {
+        "n_heads": 16,
+        "d_model": 2048,
+        "n_layers": 24,
+        "max_seq_len": 2048,
+        "attn_config.kv_n_heads": 1,
+    },
+    "falcon": {
+        "num_attention_heads": 71,
+        "hidden_size": 4544,
+        "num_hidden_layers": 32,
+        "new_decoder_architecture": False,
+        "multi_query": True,
+        "alibi": False,
+    },
     "ernie4_5": {"head_dim": 128, "rope_theta": 500_000.0},
     "glm": {"head_dim": 128, "partial_rotary_factor": 0.5},
     "llama4": {

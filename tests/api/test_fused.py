@@ -82,6 +82,50 @@ def test_per_head_layout_equals_the_projections_gpt_neoxs_forward_splits(
     )
 
 
+def _falcon_grouped_split(w: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+    """FalconAttention._split_heads with new_decoder_architecture: the output viewed
+    (…, h_kv, h/h_kv + 2, d), the group's first h/h_kv slots its query heads, then [-2] its key
+    and [-1] its value."""
+    g = H // H_KV
+    w_groups = torch.from_numpy(w).view(H_KV, g + 2, D, D_MODEL)
+    b_groups = torch.from_numpy(b).view(H_KV, g + 2, D)
+    parts = {"q": slice(0, g), "k": slice(g, g + 1), "v": slice(g + 1, g + 2)}
+    return {
+        **{
+            f"{n}_proj.weight": w_groups[:, at].reshape(-1, D_MODEL).numpy()
+            for n, at in parts.items()
+        },
+        **{f"{n}_proj.bias": b_groups[:, at].reshape(-1).numpy() for n, at in parts.items()},
+    }
+
+
+def test_grouped_layout_equals_the_projections_falcons_split_heads(client: TestClient) -> None:
+    common = {"x": X, "num_heads": H, "num_kv_heads": H_KV}
+    fused = post(client, "/multihead", {**common, "query_key_value.weight": ROWS,
+                                        "query_key_value.bias": ROWS_B,
+                                        "qkv_layout": "grouped"})  # fmt: skip
+    split = post(client, "/multihead", {**common, **_falcon_grouped_split(ROWS, ROWS_B)})
+    assert np.array_equal(np.asarray(fused["output"]), np.asarray(split["output"]))
+    assert fused["steps"][0]["formula"] == (
+        "query_key_value.weight, grouped layout: each key/value head's 12 rows hold its 2 query "
+        "heads' rows, then its key and value: group i's W_q is rows 12·i + 0…5 (query heads "
+        "2·i …), its W_k 12·i + 6…8, its W_v 12·i + 9…11 (i = 0…1)"
+    )
+
+
+def test_wqkv_is_read_in_the_rows_layout_as_mpts_and_dbrxs_forwards_split_it(
+    client: TestClient,
+) -> None:
+    """DbrxAttention splits Wqkv's output [h·d, h_kv·d, h_kv·d] (MptAttention chunks it in
+    three): the rows layout, under the module's name Wqkv.weight."""
+    common = {"x": X, "num_heads": H, "num_kv_heads": H_KV}
+    fused = post(client, "/multihead", {**common, "Wqkv.weight": ROWS, "Wqkv.bias": ROWS_B,
+                                        "qkv_layout": "rows"})  # fmt: skip
+    split = post(client, "/multihead", {**common, **_phi3_split(ROWS, ROWS_B)})
+    assert np.array_equal(np.asarray(fused["output"]), np.asarray(split["output"]))
+    assert fused["steps"][0]["formula"].startswith("Wqkv.weight, rows layout: rows 0…11 are W_q")
+
+
 def test_no_unpack_step_without_a_fused_projection(client: TestClient) -> None:
     split = post(client, "/multihead", {"x": X, "num_heads": H, **_phi3_split(ROWS, ROWS_B)})
     assert "unpack" not in [s["name"] for s in split["steps"]]
@@ -111,6 +155,9 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
      "qkv_proj.bias", "qkv_proj.bias goes with qkv_proj.weight"),
     ("a layout the service lacks", {"qkv_proj.weight": ROWS, "qkv_layout": "blocks"},
      "qkv_layout", ""),
+    ("grouped heads unequal", {"query_key_value.weight": ROWS[:21], "qkv_layout": "grouped",
+                               "num_kv_heads": 3},
+     "num_kv_heads", "num_heads 4 is not a multiple of num_kv_heads 3"),
 ]  # fmt: skip
 
 

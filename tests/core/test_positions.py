@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from decimal import Context, Decimal
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -54,6 +55,7 @@ from transformers.models.bloom import modeling_bloom  # noqa: E402
 from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
 from transformers.models.gptj import modeling_gptj  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
+from transformers.models.mpt import modeling_mpt  # noqa: E402
 from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
 
 ATOL = 1e-12
@@ -412,6 +414,68 @@ def test_alibi_causal_softmax_matches_bloom_alibi(n: int) -> None:
     ours = np.exp(ours - ours.max(axis=-1, keepdims=True))
     # bloom's slopes are float32 (cast to float64 at the end): 1e-7 relative
     np.testing.assert_allclose(ours / ours.sum(axis=-1, keepdims=True), ref, rtol=0, atol=1e-6)
+
+
+def mpt_slopes(n: int) -> np.ndarray:
+    """transformers' MPT ``build_mpt_alibi_tensor`` (alibi_bias_max 8), run in float64: its
+    last key's bias is −slope · 1 one key back, so the slope is minus the bias at S − 2."""
+    with (
+        float64_torch_in(modeling_mpt),
+        mock.patch.object(torch.Tensor, "float", torch.Tensor.double),
+    ):
+        bias = modeling_mpt.build_mpt_alibi_tensor(n, 2)  # type: ignore[no-untyped-call]
+    assert bias.dtype == torch.float64  # (n, 1, 2): −slope, 0
+    slopes: np.ndarray = -bias[:, 0, 0].numpy()
+    return slopes
+
+
+@pytest.mark.parametrize("n", HEADS, ids=lambda n: f"{n}heads")
+def test_alibi_slopes_match_mpt(n: int) -> None:
+    # MPT takes the next power of two's slopes, odd-indexed first: the paper's rule again
+    np.testing.assert_allclose(alibi_slopes(n), mpt_slopes(n), rtol=1e-14, atol=0)
+
+
+def test_alibi_origins_values() -> None:
+    slopes = np.array([0.5, 0.25])
+    pos, ctx = np.array([2, 3]), np.array([0, 1, 2, 5])
+    keys = np.array([[0, 1, 2, 5], [0, 1, 2, 5]], dtype=float)  # p'_j
+    for origin, distance in (
+        ("query", keys - pos[:, None]),  # p'_j − p_i
+        ("zero", keys),  # p'_j
+        ("last_key", keys - 5),  # p'_j − p'_last
+    ):
+        bias = alibi_bias(slopes, pos, ctx, origin=origin)
+        np.testing.assert_array_equal(bias, slopes[:, None, None] * distance[None], err_msg=origin)
+    with pytest.raises(AttentionInputError, match="origin is the query"):
+        alibi_bias(slopes, pos, ctx, symmetric=True, origin="zero")
+    with pytest.raises(AttentionInputError, match="origin 'end'"):
+        alibi_bias(slopes, pos, ctx, origin="end")
+
+
+@pytest.mark.parametrize("n", [4, 6], ids=lambda n: f"{n}heads")
+def test_alibi_zero_origin_is_bloom_build_alibi_tensor_with_padding(n: int) -> None:
+    # BLOOM's key positions are the attention mask's cumulative sum − 1 (0 on padding): given as
+    # context_positions, origin "zero" is its tensor, query by query
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1]])
+    with float64_torch_in(modeling_bloom):
+        bloom = modeling_bloom.build_alibi_tensor(mask, n, torch.float64)  # (n, 1, S)
+    keys = ((mask.cumsum(-1) - 1) * mask)[0].numpy()  # (S,)
+    queries = np.arange(7)
+    ours = alibi_bias(alibi_slopes(n), queries, keys, origin="zero")  # (n, L, S)
+    np.testing.assert_allclose(ours, np.broadcast_to(bloom.numpy(), ours.shape), rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("n", [4, 6], ids=lambda n: f"{n}heads")
+def test_alibi_last_key_origin_is_mpt_build_mpt_alibi_tensor(n: int) -> None:
+    # MPT builds slope · (j − (M − 1)) for its max_seq_len M and keeps the last S keys
+    S, M = 5, 9
+    with (
+        float64_torch_in(modeling_mpt),
+        mock.patch.object(torch.Tensor, "float", torch.Tensor.double),
+    ):
+        mpt = modeling_mpt.build_mpt_alibi_tensor(n, M)[:, :, M - S :]  # type: ignore[no-untyped-call]
+    ours = alibi_bias(alibi_slopes(n), np.arange(3), np.arange(S), origin="last_key")  # (n, 3, S)
+    np.testing.assert_allclose(ours, np.broadcast_to(mpt.numpy(), ours.shape), rtol=1e-15, atol=0)
 
 
 def test_alibi_refuses_bad_slopes_and_heads() -> None:

@@ -54,13 +54,16 @@ from transformers import modeling_rope_utils as hf_rope  # noqa: E402
 from transformers.models.apertus import modeling_apertus  # noqa: E402
 from transformers.models.apertus.configuration_apertus import ApertusConfig  # noqa: E402
 from transformers.models.bert import modeling_bert  # noqa: E402
+from transformers.models.bloom import modeling_bloom  # noqa: E402
 from transformers.models.cohere import modeling_cohere  # noqa: E402
 from transformers.models.cohere2 import modeling_cohere2  # noqa: E402
 from transformers.models.cohere2.configuration_cohere2 import Cohere2Config  # noqa: E402
+from transformers.models.dbrx import modeling_dbrx  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: E402
 from transformers.models.ernie4_5 import modeling_ernie4_5  # noqa: E402
 from transformers.models.exaone4 import modeling_exaone4  # noqa: E402
 from transformers.models.exaone4.configuration_exaone4 import Exaone4Config  # noqa: E402
+from transformers.models.falcon import modeling_falcon  # noqa: E402
 from transformers.models.gemma3 import modeling_gemma3  # noqa: E402
 from transformers.models.gemma4 import modeling_gemma4  # noqa: E402
 from transformers.models.gemma4.configuration_gemma4 import Gemma4Config  # noqa: E402
@@ -76,6 +79,7 @@ from transformers.models.helium import modeling_helium  # noqa: E402
 from transformers.models.hunyuan_v1_dense import modeling_hunyuan_v1_dense  # noqa: E402
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
 from transformers.models.ministral3 import modeling_ministral3  # noqa: E402
+from transformers.models.mpt import modeling_mpt  # noqa: E402
 from transformers.models.olmo import modeling_olmo  # noqa: E402
 from transformers.models.olmo2 import modeling_olmo2  # noqa: E402
 from transformers.models.olmo3 import modeling_olmo3  # noqa: E402
@@ -870,6 +874,102 @@ def gpt_neox(layer: int) -> tuple[Any, Layer]:
     return _causal(modeling_gpt_neox, "GPTNeoX", fields, layer)
 
 
+def bloom(layer: int) -> tuple[Any, Layer]:
+    """As bigscience/bloom-560m's config.json (n_embed, n_head, n_layer; BloomConfig reads
+    n_embed as hidden_size): the fused ``query_key_value`` per head with its bias, ``dense``,
+    ALiBi as BloomModel builds it (build_alibi_tensor of an all-ones mask: slope·j, added
+    unscaled to the scaled scores), the causal mask; pretraining_tp 2 with slow_but_exact (the
+    same products summed in slices). BloomAttention adds the residual it is given: zeros."""
+    fields: dict[str, Any] = {
+        "model_type": "bloom", "n_embed": SIZES["hidden_size"], "n_head": 4, "n_layer": 2,
+        "vocab_size": 16, "layer_norm_epsilon": 1e-5, "pretraining_tp": 1,
+        "slow_but_exact": True, "apply_residual_connection_post_layernorm": False, **NO_TOKENS,
+    }  # fmt: skip
+    config: Any = transformers.BloomConfig(**fields)
+    config._attn_implementation = "eager"
+    with float64_torch_in(modeling_bloom):  # its float32 slopes in float64
+        alibi = modeling_bloom.build_alibi_tensor(torch.ones(1, L), 4, torch.float64)
+    zeros = torch.zeros(1, L, SIZES["hidden_size"], dtype=torch.float64)
+    return config.to_dict() | {"n_embed": SIZES["hidden_size"]}, Layer(
+        modeling_bloom, modeling_bloom.BloomAttention(config, layer), None,
+        hf_masks.create_causal_mask, config, forward_kwargs={"alibi": alibi, "residual": zeros},
+    )  # fmt: skip
+
+
+def _bool_causal_mask(*args: Any, **kwargs: Any) -> Any:
+    """MptModel's mask: the eager additive mask as booleans, True where masked."""
+    mask: Any = hf_masks.create_causal_mask(*args, **kwargs)  # additive, in the eager path
+    return mask.to(torch.bool)
+
+
+def mpt(layer: int) -> tuple[Any, Layer]:
+    """As mosaicml/mpt-7b's (d_model, n_heads, n_layers, max_seq_len, attn_config nested):
+    ``Wqkv`` [q; k; v] rows without bias, ``out_proj``, attn_config's clip_qkv (0.5, so that it
+    bites) and softmax_scale (0.3, not 8^-½), ALiBi as MptModel builds it
+    (build_mpt_alibi_tensor over max_seq_len 16, sliced to the last L keys: slope·(j − (L − 1))),
+    the causal mask as booleans."""
+    fields: dict[str, Any] = {
+        "model_type": "mpt", "d_model": SIZES["hidden_size"], "n_heads": 4, "n_layers": 2,
+        "max_seq_len": 16, "vocab_size": 16, "expansion_ratio": 2, **NO_TOKENS,
+        "attn_config": {"clip_qkv": 0.5, "softmax_scale": 0.3, "alibi": True,
+                        "alibi_bias_max": 8},
+    }  # fmt: skip
+    config: Any = transformers.MptConfig(**fields)
+    config._attn_implementation = "eager"
+    with float64_torch_in(modeling_mpt), _widened():
+        alibi = modeling_mpt.build_mpt_alibi_tensor(4, config.max_seq_len)  # type: ignore[no-untyped-call]
+    assert alibi.dtype == torch.float64
+    return config.to_dict(), Layer(
+        modeling_mpt, modeling_mpt.MptAttention(config, layer), None, _bool_causal_mask, config,
+        forward_kwargs={"position_bias": alibi},
+    )  # fmt: skip
+
+
+def dbrx(layer: int) -> tuple[Any, Layer]:
+    """As databricks/dbrx-instruct's (d_model, n_heads, attn_config with kv_n_heads, clip_qkv
+    and rope_theta; 5.23 rotates at rope_parameters' theta, equal here): ``Wqkv`` rows q (h·d),
+    k, v (h_kv·d each), no bias, ``out_proj``, clip_qkv 0.5, half-split RoPE; GQA 4/2."""
+    fields: dict[str, Any] = {
+        "model_type": "dbrx", "d_model": SIZES["hidden_size"], "n_heads": 4, "n_layers": 2,
+        "max_seq_len": 64, "vocab_size": 16, **NO_TOKENS,
+        "attn_config": {"kv_n_heads": 2, "clip_qkv": 0.5, "rope_theta": 500000.0},
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+        "ffn_config": {"ffn_hidden_size": 8, "moe_num_experts": 2, "moe_top_k": 1},
+    }  # fmt: skip
+    config: Any = transformers.DbrxConfig(**fields)
+    return config.to_dict(), _decoder(
+        modeling_dbrx, "DbrxAttention", "DbrxRotaryEmbedding", config, layer
+    )
+
+
+def _falcon(layer: int, **layout: Any) -> tuple[Any, Layer]:
+    """As tiiuae/falcon-7b's (multi_query), falcon-40b's (new_decoder_architecture,
+    num_kv_heads) or falcon-rw's per-head layout with rotary: ``query_key_value`` as
+    FalconAttention._split_heads reads it, ``dense``, half-split RoPE, causal."""
+    fields: dict[str, Any] = {
+        "model_type": "falcon", "hidden_size": SIZES["hidden_size"], "num_attention_heads": 4,
+        "num_hidden_layers": 2, "vocab_size": 16, "alibi": False, "parallel_attn": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, **NO_TOKENS,
+        **layout,
+    }  # fmt: skip
+    config: Any = transformers.FalconConfig(**fields)
+    built = _decoder(modeling_falcon, "FalconAttention", "FalconRotaryEmbedding", config, layer)
+    built.forward_kwargs = {"alibi": None}
+    return config.to_dict(), built
+
+
+def falcon_multi_query(layer: int) -> tuple[Any, Layer]:
+    return _falcon(layer, multi_query=True, new_decoder_architecture=False, bias=False)
+
+
+def falcon_grouped(layer: int) -> tuple[Any, Layer]:
+    return _falcon(layer, new_decoder_architecture=True, num_kv_heads=2, bias=False)
+
+
+def falcon_per_head(layer: int) -> tuple[Any, Layer]:
+    return _falcon(layer, multi_query=False, new_decoder_architecture=False, bias=True)
+
+
 def _fill(layer: Layer, seed: int) -> None:
     """Random weights: projections ~ N(0, 1/fan_in), norms' weights around 1 (or around 0 where
     they are applied as (1 + w))."""
@@ -887,9 +987,6 @@ def _run(layer: Layer, x: np.ndarray, positions: list[int]) -> np.ndarray:
     with float64_torch_in(layer.modeling, hf_rope), _widened(), torch.no_grad():
         # the cache fourth, unnamed: 5.25 renames 5.23's past_key_values to cache
         mask = layer.mask_fn(layer.config, xs, None, None, position_ids=pos)
-        rotary: dict[str, Any] = {}
-        mask = layer.mask_fn(config=layer.config, inputs_embeds=xs, attention_mask=None,
-                             past_key_values=None, position_ids=pos)  # fmt: skip
         rotary: dict[str, Any] = {"position_ids": pos} if layer.position_ids else {}
         if layer.rotary is not None:
             emb = layer.rotary(xs, pos)
@@ -1059,6 +1156,22 @@ CASES += [
     ("phi-qk_layernorm-bias", phi_qk, 0, None,
      {"d_k": 8, "rope": {"base": 10000.0, "rotary_dim": 6}, "mask": [CAUSAL],
       "qk_norm": {"type": "layer", "eps": 1e-3}}),
+    # ALiBi as BLOOM and MPT add it; MPT's and DBRX's Wqkv; Falcon's three layouts
+    ("bloom-alibi-per_head", bloom, 1, None,
+     {"qkv_layout": "per_head", "alibi": {"origin": "zero"}, "rope": None, "d_k": 8,
+      "mask": [CAUSAL]}),
+    ("mpt-alibi-clip-softmax_scale", mpt, 1, None,
+     {"qkv_layout": "rows", "alibi": {"origin": "last_key"}, "clip_qkv": 0.5, "scale": 0.3,
+      "rope": None, "mask": [CAUSAL]}),
+    ("dbrx-rows-gqa-clip", dbrx, 1, None,
+     {"qkv_layout": "rows", "num_kv_heads": 2, "clip_qkv": 0.5, "rope": {"base": 500000.0},
+      "mask": [CAUSAL]}),
+    ("falcon-multi_query-rows", falcon_multi_query, 1, None,
+     {"qkv_layout": "rows", "num_kv_heads": 1, "rope": {"base": 10000.0}, "alibi": None}),
+    ("falcon-new_decoder-grouped", falcon_grouped, 1, None,
+     {"qkv_layout": "grouped", "num_kv_heads": 2, "rope": {"base": 10000.0}}),
+    ("falcon-per_head-bias", falcon_per_head, 0, None,
+     {"qkv_layout": "per_head", "num_kv_heads": 4, "rope": {"base": 10000.0}}),
 ]  # fmt: skip
 
 
@@ -1103,6 +1216,7 @@ def test_service_with_config_equals_the_transformers_layer(
 VERIFIED_TYPES = [*VERIFIED, *COMPOSITE]
 STOCK_AS_RELEASED: dict[str, dict[str, Any]] = {"glm4_moe": {"head_dim": 128}}
 STOCK_AS_RELEASED["hunyuan_v1_dense"] = {"head_dim": 128}  # Hunyuan-7B's (null: transformers fails)
+STOCK_AS_RELEASED |= {"bloom": {"n_layer": 24}}  # BloomConfig's stock: 2 layers
 
 
 @pytest.mark.torch

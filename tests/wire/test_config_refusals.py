@@ -330,3 +330,47 @@ def test_olmo2s_norm_weight_of_one_head_is_a_422_naming_it(client: TestClient) -
         body = layer_body(stock("Olmo2Config"), **{"q_norm.weight": weight})
         first = post(client, "/multihead", body, status=422)["errors"][0]
         assert first["field"] == "q_norm.weight", first
+
+
+# ---- ALiBi's and the fused projections' families: what transformers 5.23 leaves ambiguous
+MOSAIC = {"d_model": D_MODEL, "n_heads": H, "n_layers": 2, "vocab_size": 16}
+ALIBI_REFUSALS: list[tuple[str, dict[str, Any], str, str]] = [
+    ("falcon-alibi", transformers.FalconConfig(hidden_size=D_MODEL, num_attention_heads=H,
+                                               alibi=True, multi_query=False).to_dict(),
+     "config.alibi", "twice on its eager one"),
+    ("mpt-alibi_bias_max", transformers.MptConfig(**MOSAIC, attn_config={"alibi_bias_max": 4}
+                                                  ).to_dict(),
+     "config.attn_config.alibi_bias_max", "always 8"),
+    ("mpt-alibi-off", transformers.MptConfig(**MOSAIC, attn_config={"alibi": False}).to_dict(),
+     "config.attn_config.alibi", "always on"),
+    ("mpt-qk_ln", transformers.MptConfig(**MOSAIC, attn_config={"qk_ln": True}).to_dict(),
+     "config.attn_config.qk_ln", "q/k LayerNorms"),
+    ("dbrx-rope_theta", transformers.DbrxConfig(**MOSAIC, attn_config={"rope_theta": 5e5}
+                                                ).to_dict(),
+     "config.attn_config.rope_theta", "rope_theta 10000.0 and never reads this one"),
+    ("bloom-slow_but_exact", transformers.BloomConfig(
+        hidden_size=D_MODEL, n_head=H, pretraining_tp=2, slow_but_exact=True).to_dict(),
+     "config.slow_but_exact", "without dense.bias"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("config", "field", "says"), [r[1:] for r in ALIBI_REFUSALS],
+                         ids=[r[0] for r in ALIBI_REFUSALS])  # fmt: skip
+def test_what_bloom_mpt_dbrx_and_falcon_leave_ambiguous_is_a_422_naming_the_key(
+    client: TestClient, config: dict[str, Any], field: str, says: str
+) -> None:
+    """Falcon's ALiBi (5.23's eager path adds it twice, its sdpa path once), MPT's attn_config
+    keys transformers ignores (alibi_bias_max, alibi off, qk_ln), DBRX's attn_config.rope_theta
+    unused by 5.23, BLOOM's slow_but_exact dropping dense.bias: each refused, naming the key;
+    the same configs without them are answered (tests/wire/test_config_layers.py)."""
+    error = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
+    assert error["field"] == field, error
+    assert says in error["message"], error
+
+
+def test_alibi_origin_with_symmetric_is_a_422_naming_alibi_origin(client: TestClient) -> None:
+    body = {"x": np.eye(3), "w_q": np.eye(3), "w_k": np.eye(3), "w_v": np.eye(3),
+            "alibi": {"symmetric": True, "origin": "zero"}}  # fmt: skip
+    error = post(client, "/attention", body, status=422)["errors"][0]
+    assert error["field"] == "alibi.origin", error
+    assert "from the query" in error["message"]

@@ -132,9 +132,13 @@ export function ropeOf(ctx, i, j) {
   };
 }
 
-/** ALiBi's bias of cell (i, j): the head's slope and the distance between the positions. */
+/** ALiBi's bias of cell (i, j): the head's slope and the distance between the positions.
+ * Only the paper's distance from the query (origin "query", the default) is worked out here;
+ * BLOOM's and MPT's origins ("zero", "last_key") show the service's position_bias instead. */
 export function alibiOf(ctx, i, j) {
   if (!ctx.request.alibi) return undefined;
+  const origin = ctx.request.alibi.origin;
+  if (origin !== undefined && origin !== "query") return undefined;
   const h = ctx.head ?? 0,
     n = Number(ctx.data.num_heads ?? 1);
   if (!Array.isArray(ctx.data.alibi_slopes)) return undefined;

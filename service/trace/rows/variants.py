@@ -17,7 +17,13 @@ from typing import Any
 import numpy as np
 
 from service.core import positions
-from service.core.positions import Alibi, PositionBias, RelativeBias, alibi_slopes
+from service.core.positions import (
+    ALIBI_ORIGINS,
+    Alibi,
+    PositionBias,
+    RelativeBias,
+    alibi_slopes,
+)
 from service.core.types import Array
 from service.core.variants import QKNorm, Temperature, Variants, temperature_factors
 from service.trace.checks import engine_rule, options
@@ -381,6 +387,12 @@ def _check_position_bias(req: Req, shapes: Shapes) -> None:
         raise FieldError(
             "relative_bias", "give alibi or relative_bias, not both: one position bias at most"
         )
+    if alibi is not None and alibi.symmetric and alibi.origin != "query":
+        raise FieldError(
+            "alibi.origin",
+            f"alibi.origin is {alibi.origin!r} but symmetric measures −slope·|p'_j − p_i| from "
+            'the query: leave origin "query" (the default) with symmetric',
+        )
     slopes = None if alibi is None else alibi.slopes
     if slopes is not None and slopes.shape[0] != n:
         raise FieldError(
@@ -419,7 +431,15 @@ def _bias(req: Req) -> PositionBias:
         return RelativeBias(table, b.bidirectional, b.max_distance)
     alibi = options(req.alibi, AlibiOptions)
     assert alibi is not None
-    return Alibi(alibi.slopes, alibi.symmetric)
+    return Alibi(alibi.slopes, alibi.symmetric, alibi.origin)
+
+
+# what each ALiBi origin's bias is, beside its formula
+_ORIGIN_WORDS = {
+    "query": "",
+    "zero": " (from position 0, as BLOOM and Falcon add it; the same weights as from the query)",
+    "last_key": " (from the last key, as MPT adds it; the same weights as from the query)",
+}
 
 
 def _bias_words(bias: PositionBias | None, h: int) -> str:
@@ -432,7 +452,11 @@ def _bias_words(bias: PositionBias | None, h: int) -> str:
             if h & (h - 1) == 0
             else "the paper's rule for n not a power of two"
         )
-        distance = "−slope · |p'_j − p_i|" if bias.symmetric else "slope · (p'_j − p_i)"
+        distance = (
+            "−slope · |p'_j − p_i|"
+            if bias.symmetric
+            else f"slope · ({ALIBI_ORIGINS[bias.origin]})" + _ORIGIN_WORDS[bias.origin]
+        )
         return f"ALiBi: {distance}, slopes ({rule}) {_numbers(slopes)}"
     assert isinstance(bias, RelativeBias)
     kind = "bidirectional" if bias.bidirectional else "unidirectional"

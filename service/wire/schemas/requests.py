@@ -31,7 +31,7 @@ from service.wire.schemas.mask_fields import STRICT, MaskList
 from service.wire.schemas.variant_fields import VariantFields, any_of, flag_or_options
 
 # how a fused projection holds W_q, W_k and W_v (service.wire.fused.LAYOUTS)
-QkvLayout = Literal["rows", "per_head"]
+QkvLayout = Literal["rows", "per_head", "grouped"]
 MAX_HEAD_ENTRIES = 1024  # refused before their weights are converted (num_heads has its own cap)
 
 
@@ -517,7 +517,8 @@ class MultiheadRequest(VariantFields, InputFields):
         None,
         description="how a fused projection (qkv_proj.weight, query_key_value.weight) holds "
         'W_q, W_k and W_v: "rows" ([q; k; v] one after the other: Phi-3, MPT, DBRX, '
-        'multi-query Falcon) or "per_head" (each head\'s q, k, v in turn: GPT-NeoX, BLOOM); '
+        'multi-query Falcon), "per_head" (each head\'s q, k, v in turn: GPT-NeoX, BLOOM, Falcon) '
+        "or \"grouped\" (each kv head's query heads, then its k and v: Falcon's new decoder); "
         "a config's family implies it",
     )
     qkv_proj_weight: Matrix | None = Field(
@@ -539,6 +540,15 @@ class MultiheadRequest(VariantFields, InputFields):
         None,
         validation_alias=_named("query_key_value.bias", "query_key_value_bias"),
         description="its bias",
+    )
+    wqkv_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("Wqkv.weight", "Wqkv_weight", "wqkv_weight"),
+        description="MPT's and DBRX's fused projection Wqkv.weight [(h + 2·h_kv)·d_k][d_model], "
+        "out_in, [q; k; v] rows (qkv_layout rows); unpacked into q_proj, k_proj, v_proj",
+    )
+    wqkv_bias: Vector | None = Field(
+        None, validation_alias=_named("Wqkv.bias", "Wqkv_bias", "wqkv_bias"), description="its bias"
     )
     positional_encoding: Positional | None = Field(
         None,

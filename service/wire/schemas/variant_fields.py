@@ -214,6 +214,10 @@ class RopeOptions(BaseModel):
     )
 
 
+# where ALiBi's distances start (service.core.positions.ALIBI_ORIGINS)
+AlibiOrigin = Literal["query", "zero", "last_key"]
+
+
 class AlibiOptions(BaseModel):
     """ALiBi (Press et al. 2022); `true` instead of this object means the paper's slopes."""
 
@@ -223,6 +227,13 @@ class AlibiOptions(BaseModel):
     )
     symmetric: bool = Field(
         False, description="−slope·|p'_j − p_i| (bidirectional) instead of slope·(p'_j − p_i)"
+    )
+    origin: AlibiOrigin = Field(
+        "query",
+        description="where each key's distance starts: \"query\" slope·(p'_j − p_i) (the "
+        "paper's); \"zero\" slope·p'_j (BLOOM, Falcon: the key's position alone); "
+        "\"last_key\" slope·(p'_j − p'_last) (MPT: from the last key). A constant per query "
+        "row: the weights are the same, position_bias and biased_scores differ",
     )
 
 
