@@ -47,6 +47,9 @@ Choices where the contract is silent:
 - StableLM's head_dim is hidden_size // heads (as OPT's), its partial_rotary_factor 0.25 when
   absent. Phi's partial_rotary_factor defaults to 0.5; its qk_layernorm (a LayerNorm with a bias per
   head vector) and StableLM's (one LayerNorm weight per head) are refused (hf_config_keys).
+- GPT-J's config names its keys its own way (``n_head``, ``n_embd`` …: hf_config_keys.KEY_NAMES,
+  read before Llama's names); its ``rotary_dim`` first features turn in interleaved pairs at
+  base 10000, fixed in its modeling (its config's rope keys unread); head_dim n_embd // n_head.
 - ``attn_logit_softcapping`` → ``softcap`` except Gemma 3/4 (their 5.23 attention ignores it);
   gpt-oss's sinks are weights (``sinks`` in the state dict), not config.
 - ConfigError: a layer out of range, a rope type the service lacks, a non-attention layer
@@ -60,7 +63,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.wire import hf_config_keys as ck
-from service.wire.hf_config_keys import KEYS, VERIFIED, ConfigError, model_type_of, unread_keys
+from service.wire.hf_config_keys import (
+    KEY_NAMES,
+    KEYS,
+    VERIFIED,
+    ConfigError,
+    model_type_of,
+    unread_keys,
+)
 
 _ANY, _POSITIVE, _NON_NEGATIVE, _SHARE = ck.ANY, ck.POSITIVE, ck.NON_NEGATIVE, ck.SHARE
 _DEFAULTS, _int, _num, _mapping = ck.DEFAULTS, ck.as_size, ck.as_number, ck.as_mapping
@@ -104,6 +114,7 @@ _QK_NORM_FLAG = ("llama4", "glm4_moe")
 _INTERLEAVED: tuple[str, ...] = ("llama4",)
 _INTERLEAVED += ("helium", "ernie4_5", "glm", "glm4")
 _INTERLEAVED += ("cohere2",)  # Cohere 2: repeat_interleave'd frequencies
+_INTERLEAVED += ("gptj",)  # GPT-J: rotate_every_two, repeat_interleave'd sin and cos
 # families without RoPE: OPT's learned positions are added to the embeddings, outside the layer
 _NO_ROPE = ("opt",)
 # families whose head_dim is hidden_size // num_attention_heads whatever the config says
@@ -111,6 +122,13 @@ _NO_ROPE = ("opt",)
 _HEAD_DIM_OF_HIDDEN: tuple[str, ...] = ("cohere2",)
 _HEAD_DIM_OF_HIDDEN += ("opt",)
 _HEAD_DIM_OF_HIDDEN += ("stablelm",)  # StableLmAttention: hidden_size // num_heads
+_HEAD_DIM_OF_HIDDEN += ("gptj",)  # GPTJAttention: embed_dim // num_attention_heads
+# families whose RoPE is fixed in their modeling, not configured: {family: (base, why)}; the
+# config's rope keys do not reach the layer (judged inert, listed unread). GPT-J's
+# create_sinusoidal_positions: 10000^(−2i/rotary_dim), its ``rotary_dim`` first features
+# turned in interleaved pairs (rotate_every_two); CodeGen copies all three functions
+_FIXED_ROPE = {"gptj": (10_000.0, "create_sinusoidal_positions' base 10000")}
+_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor")
 # how each family's module packs a fused projection (service.wire.fused.LAYOUTS), read when the
 # state dict holds one (Phi-3's qkv_proj: [q; k; v] rows)
 _QKV_LAYOUTS = {"phi3": "rows", "gpt_neox": "per_head"}
@@ -152,11 +170,15 @@ class _Config:
         )
 
     def get(self, key: str) -> tuple[Any, str]:
-        """The key's value and where it came from (None, "" when neither given nor defaulted)."""
-        if key in self.own[0]:
-            return self.own[0][key], self.own[1] + key
-        if key in self.c:
-            return self.c[key], self.prefix + key
+        """The key's value and where it came from (None, "" when neither given nor defaulted);
+        ``key`` as Llama names it, read under the model type's own name first (KEY_NAMES)."""
+        own_name = KEY_NAMES.get(self.model_type, {}).get(key, key)
+        for name in dict.fromkeys((own_name, key)):
+            if name in self.own[0]:
+                return self.own[0][name], self.own[1] + name
+            if name in self.c:
+                return self.c[name], self.prefix + name
+        key = own_name  # the defaults are under the type's own names
         for family in (self.family, ""):
             if key in _DEFAULTS.get(family, {}):
                 whose = f"{self.model_type}'s" if family else "transformers'"
@@ -187,6 +209,8 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
         raise ConfigError("layer", f"layer is {layer!r}: expected an integer ≥ 0")
     c = _Config(config, layer)
     unread = unread_keys(c.c, c.model_type, c.prefix)
+    if c.family in _FIXED_ROPE:  # its modeling never reads them
+        unread = sorted({*unread, *(c.prefix + k for k in _ROPE_KEYS if k in c.c)})
     if c.prefix:  # a multimodal config: its own keys around text_config
         unread += unread_keys(config, c.model_type)
     n_layers, n_src = c.get("num_hidden_layers")
@@ -289,7 +313,7 @@ def _head_dim(c: _Config, heads: int, glob: bool) -> tuple[int, str]:
             f"{_key(src)} {hidden} is less than "
             f"num_attention_heads {heads}: a head needs at least one feature",
         )
-    return hidden // heads, f"{src} / num_attention_heads"
+    return hidden // heads, f"{src} / {c.get('num_attention_heads')[1] or 'num_attention_heads'}"
 
 
 def _mla(c: _Config) -> dict[str, Any] | None:
@@ -334,7 +358,9 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
         on, i_src = c.get("rope_interleave") if mla else (True, f"model_type {c.model_type}")
         if on:
             rope["style"] = c.take("rope.style", i_src, "interleaved")
-    if factor is not None and not mla:
+    if c.reads("rotary_dim"):
+        rope |= _rotary_dim(c, head_dim)
+    elif factor is not None and not mla:
         dim = int(head_dim * _num(factor, _key(f_src), _SHARE))
         if dim % 2:  # transformers turns dim + 1 features at base^(−2i/dim): no rotary_dim
             raise ConfigError(
@@ -347,6 +373,30 @@ def _rope(c: _Config, kind: str, layer: int, head_dim: int, mla: bool) -> dict[s
     if rope_type != "default":
         rope["scaling"] = _scaling(c, rope_type, kind_src, p)
     return rope
+
+
+def _rotary_dim(c: _Config, head_dim: int) -> dict[str, Any]:
+    """GPT-J's ``rotary_dim``: how many of each head's first features turn; null turns the whole
+    head only with one head (its sin and cos have n_embd / 2 frequencies: more heads fail)."""
+    dim, src = c.get("rotary_dim")
+    heads, h_src = c.get("num_attention_heads")
+    if dim is None and _int(heads, _key(h_src)) == 1:
+        return {}
+    where = _key(src) or "rotary_dim"
+    if dim is None:
+        raise ConfigError(
+            f"config.{where}",
+            f"{where} is null: {c.model_type} then builds sin and cos for the whole hidden size, "
+            "which fit no head of several; state rope.rotary_dim yourself",
+        )
+    dim = _int(dim, where)
+    if dim % 2 or dim > head_dim:
+        raise ConfigError(
+            f"config.{where}",
+            f"{where} is {dim}: {c.model_type} turns an even number of features within the "
+            f"head_dim {head_dim} (transformers fails on any other)",
+        )
+    return {"rotary_dim": c.take("rope.rotary_dim", src, dim)}
 
 
 def _kind_rotates(c: _Config, kind: str) -> bool:
@@ -365,6 +415,9 @@ Entry = dict[str, tuple[Any, str]]  # rope parameter -> (value, its config key)
 def _rope_entry(c: _Config, kind: str) -> Entry | None:
     """This layer's rope parameters with their keys (None: the config gives it no RoPE)."""
     pre = c.prefix
+    if c.family in _FIXED_ROPE:
+        base, why = _FIXED_ROPE[c.family]
+        return {"rope_theta": (base, f"model_type {c.model_type}: {why}")}
     if c.family == "gemma3":  # 5.23's conversion of Gemma 3's older keys
         entries = _mapping(c.c.get("rope_parameters") or {}, f"{pre}rope_parameters")
         entry = _mapping(entries.get(kind) or {}, f"{pre}rope_parameters.{kind}")

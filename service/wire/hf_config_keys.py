@@ -19,7 +19,7 @@ naming it; a key in no row is a 422 too unless null or false (the service has no
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -40,6 +40,7 @@ VERIFIED += _words("opt")
 VERIFIED += _words("phi")
 VERIFIED += _words("stablelm")
 VERIFIED += _words("gpt_neox")  # its fused query_key_value: service.wire.fused
+VERIFIED += _words("gptj")
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
@@ -47,6 +48,21 @@ REFUSED = {
     "ministral3": "its rope_parameters.llama_4_scaling_beta β multiplies the query at position p "
     "by 1 + β·log(1 + ⌊p / original_max_position_embeddings⌋), after RoPE, on every layer; the "
     "temperature field's ⌊(p + 1) / floor_scale⌋ is one position apart, and no field takes it",
+}
+
+# a model type's own names for the keys hf_config.py reads: {model type: {the key as
+# hf_config.py names it (Llama's name): the key as that type's config.json names it}}. The
+# type's configuration class maps the one to the other (its ``attribute_map``) and
+# ``to_dict()`` writes its own name, so both are read: its own name first, then ours. Each own
+# name is a row of KEYS read for its types (added below); its default is in DEFAULTS under the
+# own name.
+KEY_NAMES: dict[str, dict[str, str]] = {
+    "gptj": {
+        "num_attention_heads": "n_head",
+        "hidden_size": "n_embd",
+        "max_position_embeddings": "n_positions",
+        "num_hidden_layers": "n_layer",
+    },
 }
 
 _ALL = "*"
@@ -155,7 +171,7 @@ KEYS: dict[str, Key] = {
         "StableLM's with a weight per head; qk_norm's layer norm has one weight [d_k] and no "
         "bias, so no request field states them",
     ),
-    "rotary_dim": Key(why="a partial rotation"),
+    "rotary_dim": Key(reads="gptj", why="a partial rotation"),
     "rotary_pct": Key(inert="cohere2", why="a partial rotation"),
     "rotary_emb_base": Key(why="the RoPE base"),
     "position_embedding_type": Key(inert="cohere2", why="the position encoding"),
@@ -190,7 +206,23 @@ KEYS: dict[str, Key] = {
         k: Key(inert="opt")
         for k in _words("""
             do_layer_norm_before _remove_final_layer_norm word_embed_proj_dim ffn_dim
-            layer_norm_elementwise_affine activation_function enable_bias
+            layer_norm_elementwise_affine enable_bias
+        """)
+    },
+    # ---- GPT-J's block around the layer (its MLP, LayerNorm, dropouts: eval mode)
+    **{k: Key(inert="gptj") for k in _words("n_inner layer_norm_epsilon attn_pdrop")},
+    "activation_function": Key(inert="opt gptj"),  # their MLPs'
+    # GPT-J's config.json (written by transformers 4.x): GPTJAttention always rotates and always
+    # divides by sqrt(head_dim), whatever these say (GPT-2's attention reads the second)
+    "rotary": Key(inert="gptj", neutral=(None, True), why="whether the layer rotates"),
+    "scale_attn_weights": Key(inert="gptj", neutral=(None, True), why="the scale"),
+    # the sequence-summary head of old configs (a classifier over the last hidden state), the
+    # tokenizer, generation defaults
+    **{
+        k: _INERT
+        for k in _words("""
+            summary_type summary_use_proj summary_activation summary_proj_to_labels
+            summary_first_dropout tokenizer_class task_specific_params
         """)
     },
     **{k: _INERT for k in _words("dropout layerdrop init_std")},  # training only
@@ -225,6 +257,11 @@ KEYS: dict[str, Key] = {
     """)
     },
 }
+
+for _type, _names in KEY_NAMES.items():  # a type's own key names are read for it
+    for _own in _names.values():
+        _row = KEYS.get(_own, Key())
+        KEYS[_own] = replace(_row, reads=f"{_row.reads} {_type}".strip())
 
 
 def _holds(types: str, model_type: str) -> bool:
@@ -353,6 +390,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "helium": {"head_dim": 128, "rope_theta": 100_000.0},
     "phi": {"partial_rotary_factor": 0.5},
     "stablelm": {"partial_rotary_factor": 0.25},
+    "gptj": {"n_head": 16, "n_embd": 4096, "n_positions": 2048, "n_layer": 28, "rotary_dim": 64},
     "ernie4_5": {"head_dim": 128, "rope_theta": 500_000.0},
     "glm": {"head_dim": 128, "partial_rotary_factor": 0.5},
     "llama4": {

@@ -707,3 +707,65 @@ def test_stablelm_takes_a_quarter_of_the_head_and_hidden_size_over_heads() -> No
     assert got.fields["d_k"] == 64 and got.taken["d_k"] == "hidden_size / num_attention_heads"
     assert got.fields["rope"] == {"base": 1e4, "rotary_dim": 16}
     assert got.taken["rope.rotary_dim"] == "partial_rotary_factor (absent: stablelm's default)"
+
+
+GPT_J_6B = {  # EleutherAI/gpt-j-6B's config.json (written by transformers 4.18)
+    "activation_function": "gelu_new", "architectures": ["GPTJForCausalLM"], "attn_pdrop": 0.0,
+    "bos_token_id": 50256, "embd_pdrop": 0.0, "eos_token_id": 50256,
+    "gradient_checkpointing": False, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05,
+    "model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_inner": None, "n_layer": 28,
+    "n_positions": 2048, "resid_pdrop": 0.0, "rotary": True, "rotary_dim": 64,
+    "scale_attn_weights": True, "summary_activation": None, "summary_first_dropout": 0.1,
+    "summary_proj_to_labels": True, "summary_type": "cls_index", "summary_use_proj": True,
+    "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50,
+                                                 "temperature": 1.0}},
+    "tie_word_embeddings": False, "tokenizer_class": "GPT2Tokenizer",
+    "transformers_version": "4.18.0.dev0", "use_cache": True, "vocab_size": 50400,
+}  # fmt: skip
+
+
+def test_gpt_j_under_its_own_key_names_with_rotary_dim_interleaved() -> None:
+    """GPT-J's n_head and n_embd (GPTJConfig's attribute_map), head_dim n_embd // n_head, its
+    rotary_dim first features turned in interleaved pairs at base 10000 (fixed in its
+    create_sinusoidal_positions); its old keys (rotary, scale_attn_weights, summary_*) judged."""
+    got = from_config(GPT_J_6B, 27)
+    assert got.fields == {
+        "num_heads": 16, "d_k": 256, "mask": [{"type": "causal"}],
+        "rope": {"base": 10000.0, "style": "interleaved", "rotary_dim": 64},
+    }  # fmt: skip
+    assert got.taken["num_heads"] == "n_head" and got.taken["d_k"] == "n_embd / n_head"
+    assert got.taken["rope.rotary_dim"] == "rotary_dim"
+    assert got.taken["rope.base"].startswith("model_type gptj: create_sinusoidal_positions")
+    assert {"rotary", "scale_attn_weights", "summary_type", "n_inner"} <= set(got.unread)
+    with pytest.raises(ConfigError) as error:
+        from_config(GPT_J_6B, 28)  # n_layer 28
+    assert error.value.field == "layer" and "28" in error.value.message
+
+
+def test_gpt_j_reads_our_key_name_where_its_own_is_absent_and_ignores_rope_keys() -> None:
+    """GPTJConfig maps num_attention_heads onto n_head, so a config.json with Llama's name is
+    read too; a rope_theta (no key GPT-J's modeling reads) leaves the base 10000, listed as
+    not changing the layer."""
+    config = {k: v for k, v in GPT_J_6B.items() if k != "n_head"}
+    got = from_config({**config, "num_attention_heads": 32, "rope_theta": 5e5}, 0)
+    assert got.fields["num_heads"] == 32 and got.fields["d_k"] == 128
+    assert got.taken["num_heads"] == "num_attention_heads"
+    assert got.fields["rope"]["base"] == 10000.0 and "rope_theta" in got.unread
+
+
+@pytest.mark.parametrize(
+    ("rotary_dim", "n_head", "words"),
+    [(63, 16, "even number"), (258, 16, "within the head_dim 256"), (None, 16, "null")],
+    ids=["odd", "beyond_head_dim", "null_several_heads"],
+)
+def test_a_gpt_j_rotary_dim_transformers_fails_on_is_a_config_error(
+    rotary_dim: int | None, n_head: int, words: str
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        from_config({**GPT_J_6B, "rotary_dim": rotary_dim, "n_head": n_head}, 0)
+    assert error.value.field == "config.rotary_dim" and words in error.value.message
+
+
+def test_a_gpt_j_rotary_dim_null_with_one_head_turns_the_whole_head() -> None:
+    got = from_config({**GPT_J_6B, "rotary_dim": None, "n_head": 1, "n_embd": 64}, 0)
+    assert got.fields["rope"] == {"base": 10000.0, "style": "interleaved"}

@@ -66,6 +66,7 @@ from transformers.models.glm import modeling_glm  # noqa: E402
 from transformers.models.glm4 import modeling_glm4  # noqa: E402
 from transformers.models.glm4_moe import modeling_glm4_moe  # noqa: E402
 from transformers.models.glm4_moe.configuration_glm4_moe import Glm4MoeConfig  # noqa: E402
+from transformers.models.gptj import modeling_gptj  # noqa: E402
 from transformers.models.granite import modeling_granite  # noqa: E402
 from transformers.models.granitemoe import modeling_granitemoe  # noqa: E402
 from transformers.models.helium import modeling_helium  # noqa: E402
@@ -105,6 +106,7 @@ class Layer:
     config: Any  # the (text) config object the layer was built from
     zero_centered: bool = False  # its q/k norms store w for (1 + w)
     forward_kwargs: dict[str, Any] = field(default_factory=dict)
+    position_ids: bool = False  # it takes position_ids (GPT-J: its own sin/cos table)
 
 
 def _layer_type_mask(config: Any, layer: int) -> Callable[..., Any]:
@@ -565,6 +567,27 @@ def stablelm(layer: int) -> tuple[Any, Layer]:
     return _causal(modeling_stablelm, "StableLm", fields, layer)
 
 
+def gptj(layer: int) -> tuple[Any, Layer]:
+    """As EleutherAI/gpt-j-6B's: its own key names (n_head, n_embd, n_positions, n_layer),
+    rotary_dim (64 of head_dim 256 there; 6 of 8 here) turned in interleaved pairs
+    (rotate_every_two) at 10000^(−2i/rotary_dim), no biases, out_proj, the scores divided by
+    sqrt(head_dim) in float32 there (float64 here); 4 heads. Its sin/cos table is a buffer built
+    in __init__, so the layer is built in float64 too."""
+    fields: dict[str, Any] = {
+        "model_type": "gptj", "n_embd": 32, "n_head": 4, "n_layer": 2, "n_positions": 64,
+        "rotary_dim": 6, "n_inner": 16, "vocab_size": 16, "layer_norm_epsilon": 1e-5,
+        **NO_TOKENS,
+    }  # fmt: skip
+    config: Any = transformers.GPTJConfig(**fields)
+    config._attn_implementation = "eager"
+    with float64_torch_in(modeling_gptj), _widened():
+        attn = modeling_gptj.GPTJAttention(config, layer)  # type: ignore[no-untyped-call]
+    assert attn.embed_positions.dtype == torch.float64
+    return config.to_dict(), Layer(
+        modeling_gptj, attn, None, hf_masks.create_causal_mask, config, position_ids=True
+    )
+
+
 # ---- running a layer -----------------------------------------------------------------------
 
 
@@ -601,7 +624,7 @@ def _run(layer: Layer, x: np.ndarray, positions: list[int]) -> np.ndarray:
     with float64_torch_in(layer.modeling, hf_rope), _widened(), torch.no_grad():
         mask = layer.mask_fn(config=layer.config, inputs_embeds=xs, attention_mask=None,
                              past_key_values=None, position_ids=pos)  # fmt: skip
-        rotary: dict[str, Any] = {}
+        rotary: dict[str, Any] = {"position_ids": pos} if layer.position_ids else {}
         if layer.rotary is not None:
             emb = layer.rotary(xs, pos)
             first = emb if isinstance(emb, torch.Tensor) else emb[0]
@@ -709,6 +732,10 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
     ("gpt_neox-per_head-fused", gpt_neox, 1, None,
      {"qkv_layout": "per_head", "rope": {"base": 10000.0, "rotary_dim": 4},
       "mask": [CAUSAL]}),
+    # the fourth batch: a family's own key names (GPT-J's n_head, n_embd), rotary_dim
+    ("gptj-rotary_dim-interleaved", gptj, 1, None,
+     {"num_heads": 4, "d_k": 8, "num_kv_heads": None, "mask": [CAUSAL], "scale": None,
+      "rope": {"base": 10000.0, "style": "interleaved", "rotary_dim": 6}}),
 ]  # fmt: skip
 
 
