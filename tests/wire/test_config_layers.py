@@ -53,6 +53,7 @@ from transformers import masking_utils as hf_masks  # noqa: E402
 from transformers import modeling_rope_utils as hf_rope  # noqa: E402
 from transformers.models.apertus import modeling_apertus  # noqa: E402
 from transformers.models.apertus.configuration_apertus import ApertusConfig  # noqa: E402
+from transformers.models.codegen import modeling_codegen  # noqa: E402
 from transformers.models.cohere2 import modeling_cohere2  # noqa: E402
 from transformers.models.cohere2.configuration_cohere2 import Cohere2Config  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: E402
@@ -66,6 +67,9 @@ from transformers.models.glm import modeling_glm  # noqa: E402
 from transformers.models.glm4 import modeling_glm4  # noqa: E402
 from transformers.models.glm4_moe import modeling_glm4_moe  # noqa: E402
 from transformers.models.glm4_moe.configuration_glm4_moe import Glm4MoeConfig  # noqa: E402
+from transformers.models.gpt2 import modeling_gpt2  # noqa: E402
+from transformers.models.gpt_bigcode import modeling_gpt_bigcode  # noqa: E402
+from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
 from transformers.models.gptj import modeling_gptj  # noqa: E402
 from transformers.models.granite import modeling_granite  # noqa: E402
 from transformers.models.granitemoe import modeling_granitemoe  # noqa: E402
@@ -75,7 +79,6 @@ from transformers.models.olmo import modeling_olmo  # noqa: E402
 from transformers.models.opt import modeling_opt  # noqa: E402
 from transformers.models.opt.configuration_opt import OPTConfig  # noqa: E402
 from transformers.models.phi import modeling_phi  # noqa: E402
-from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
 from transformers.models.phi3 import modeling_phi3  # noqa: E402
 from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config  # noqa: E402
@@ -607,6 +610,89 @@ def gpt_neox(layer: int) -> tuple[Any, Layer]:
     return _causal(modeling_gpt_neox, "GPTNeoX", fields, layer)
 
 
+# ---- GPT-2, GPTBigCode, CodeGen: fused projections under their own names, GPT-J's key names
+GPT_SIZES: dict[str, Any] = {"n_embd": 32, "n_inner": 16, "vocab_size": 16, "n_positions": 64,
+                             "layer_norm_epsilon": 1e-5, "attn_pdrop": 0.1, **NO_TOKENS}  # fmt: skip
+
+
+def _gpt(modeling: types.ModuleType, prefix: str, fields: dict[str, Any], layer: int) -> Layer:
+    """A GPT-2-like layer: ``<prefix>Config`` from its own key names, ``<prefix>Attention``
+    given its layer index (GPT-2's scale reads it), no RoPE (learned positions before the first
+    layer), the causal mask its model builds."""
+    config: Any = getattr(modeling, f"{prefix}Config")(**fields)
+    config._attn_implementation = "eager"
+    attn = getattr(modeling, f"{prefix}Attention")(config, layer_idx=layer)
+    return Layer(modeling, attn, None, hf_masks.create_causal_mask, config)
+
+
+def gpt2(layer: int) -> tuple[Any, Layer]:
+    """As openai-community/gpt2's config.json (its own key names n_head, n_embd, n_layer,
+    n_positions): ``c_attn`` a Conv1D [d_model][3·d_model] (columns q, k, v) with its bias,
+    ``c_proj`` a Conv1D too; scale_attn_by_inverse_layer_idx true (false there; Mistral's
+    GPT-2s set it): layer i's scale 8^-½ / (i + 1); reorder_and_upcast_attn false (its
+    float32 path); 4 heads of 8."""
+    fields: dict[str, Any] = {
+        **GPT_SIZES, "model_type": "gpt2", "n_head": 4, "n_layer": 3,
+        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": True,
+        "reorder_and_upcast_attn": False, "activation_function": "gelu_new",
+        "summary_type": "cls_index", "summary_first_dropout": 0.1,
+    }  # fmt: skip
+    hf = _gpt(modeling_gpt2, "GPT2", fields, layer)
+    return hf.config.to_dict(), hf
+
+
+def gpt2_unscaled(layer: int) -> tuple[Any, Layer]:
+    """GPT-2 with scale_attn_weights false: the scores unscaled (GPT2Attention's scaling 1)."""
+    fields = {**GPT_SIZES, "model_type": "gpt2", "n_head": 4, "n_layer": 2,
+              "scale_attn_weights": False}  # fmt: skip
+    hf = _gpt(modeling_gpt2, "GPT2", fields, layer)
+    return hf.config.to_dict(), hf
+
+
+def gpt_bigcode(layer: int) -> tuple[Any, Layer]:
+    """As bigcode/starcoderbase-1b's: multi_query (one key/value head: ``c_attn`` an
+    nn.Linear, rows h·d queries, d keys, d values, with its bias), ``c_proj`` an nn.Linear,
+    attention_softmax_in_fp32 and scale_attention_softmax_in_fp32 (float16 precision only);
+    4 heads of 8."""
+    fields: dict[str, Any] = {
+        **GPT_SIZES, "model_type": "gpt_bigcode", "n_head": 4, "n_layer": 2,
+        "multi_query": True, "attention_softmax_in_fp32": True,
+        "scale_attention_softmax_in_fp32": True, "activation_function": "gelu_pytorch_tanh",
+    }  # fmt: skip
+    hf = _gpt(modeling_gpt_bigcode, "GPTBigCode", fields, layer)
+    return hf.config.to_dict(), hf
+
+
+def gpt_bigcode_heads(layer: int) -> tuple[Any, Layer]:
+    """GPTBigCode with multi_query false (every head its own key and value: c_attn viewed
+    (…, h, 3·d), as GPT-NeoX's) and scale_attn_weights false (scores unscaled)."""
+    fields: dict[str, Any] = {
+        **GPT_SIZES, "model_type": "gpt_bigcode", "n_head": 4, "n_layer": 2,
+        "multi_query": False, "scale_attn_weights": False,
+    }  # fmt: skip
+    hf = _gpt(modeling_gpt_bigcode, "GPTBigCode", fields, layer)
+    return hf.config.to_dict(), hf
+
+
+def codegen(layer: int) -> tuple[Any, Layer]:
+    """As Salesforce/codegen-350M-mono's: its own key names, ``qkv_proj`` (no bias) in 4 blocks
+    (mp_num) of each block's heads' queries, values, keys; rotary_dim (32 of head_dim 64 there;
+    2 of 4 here) turned in interleaved pairs at base 10000; n_ctx (unused); out_proj; 8 heads
+    of 4, two a block. Its sin/cos table is a buffer built in __init__: built in float64."""
+    fields: dict[str, Any] = {
+        **GPT_SIZES, "model_type": "codegen", "n_head": 8, "n_layer": 2, "n_ctx": 64,
+        "rotary_dim": 2, "activation_function": "gelu_new",
+    }  # fmt: skip
+    config: Any = transformers.CodeGenConfig(**fields)
+    config._attn_implementation = "eager"
+    with float64_torch_in(modeling_codegen), _widened():
+        attn = modeling_codegen.CodeGenAttention(config, layer)
+    assert attn.embed_positions.dtype == torch.float64
+    return config.to_dict(), Layer(
+        modeling_codegen, attn, None, hf_masks.create_causal_mask, config, position_ids=True
+    )
+
+
 def _fill(layer: Layer, seed: int) -> None:
     """Random weights: projections ~ N(0, 1/fan_in), norms' weights around 1 (or around 0 where
     they are applied as (1 + w))."""
@@ -736,6 +822,20 @@ CASES: list[tuple[str, Build, int, list[int] | None, dict[str, Any]]] = [
     ("gptj-rotary_dim-interleaved", gptj, 1, None,
      {"num_heads": 4, "d_k": 8, "num_kv_heads": None, "mask": [CAUSAL], "scale": None,
       "rope": {"base": 10000.0, "style": "interleaved", "rotary_dim": 6}}),
+    # GPT-2, GPTBigCode, CodeGen: c_attn / qkv_proj as they store them, c_proj beside c_attn
+    ("gpt2-columns-inverse_layer_idx", gpt2, 2, None,
+     {"qkv_layout": "columns", "num_heads": 4, "d_k": 8, "rope": None, "mask": [CAUSAL],
+      "scale": 8**-0.5 / 3}),
+    ("gpt2-columns-unscaled", gpt2_unscaled, 1, None,
+     {"qkv_layout": "columns", "rope": None, "scale": 1.0}),
+    ("gpt_bigcode-multi_query-rows", gpt_bigcode, 1, None,
+     {"qkv_layout": "rows", "num_kv_heads": 1, "d_k": 8, "rope": None, "mask": [CAUSAL],
+      "scale": None}),
+    ("gpt_bigcode-per_head-unscaled", gpt_bigcode_heads, 0, None,
+     {"qkv_layout": "per_head", "num_kv_heads": 4, "scale": 1.0}),
+    ("codegen-blocks-rotary_dim", codegen, 1, None,
+     {"qkv_layout": "codegen", "num_heads": 8, "d_k": 4, "mask": [CAUSAL], "scale": None,
+      "rope": {"base": 10000.0, "style": "interleaved", "rotary_dim": 2}}),
 ]  # fmt: skip
 
 

@@ -21,7 +21,7 @@ from service.wire.schemas.mask_fields import STRICT, MaskList
 from service.wire.schemas.variant_fields import VariantFields, any_of, flag_or_options
 
 # how a fused projection holds W_q, W_k and W_v (service.wire.fused.LAYOUTS)
-QkvLayout = Literal["rows", "per_head"]
+QkvLayout = Literal["rows", "per_head", "columns", "codegen"]
 MAX_HEAD_ENTRIES = 1024  # refused before their weights are converted (num_heads has its own cap)
 
 
@@ -425,7 +425,9 @@ class MultiheadRequest(VariantFields, InputFields):
         description="how a fused projection (qkv_proj.weight, query_key_value.weight) holds "
         'W_q, W_k and W_v: "rows" ([q; k; v] one after the other: Phi-3, MPT, DBRX, '
         'multi-query Falcon) or "per_head" (each head\'s q, k, v in turn: GPT-NeoX, BLOOM); '
-        "a config's family implies it",
+        "a config's family implies it; \"columns\" (GPT-2's Conv1D c_attn, stored [d_model]"
+        '[3·d_model]: columns q, k, v) and "codegen" (CodeGen\'s qkv_proj: 4 blocks, each '
+        "its heads' q, v, k)",
     )
     qkv_proj_weight: Matrix | None = Field(
         None,
@@ -446,6 +448,31 @@ class MultiheadRequest(VariantFields, InputFields):
         None,
         validation_alias=_named("query_key_value.bias", "query_key_value_bias"),
         description="its bias",
+    )
+    # GPT-2's and GPTBigCode's names: a fused projection and the output projection, whose
+    # orientation is c_attn's layout's (GPT-2's Conv1D stores [in][out], GPTBigCode's Linear
+    # [out][in])
+    c_attn_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("c_attn.weight", "c_attn_weight"),
+        description="a fused projection (GPT-2: a Conv1D [d_model][3·d_model], in_out; "
+        "GPTBigCode: a Linear [(h + 2·h_kv)·d_k][d_model], out_in), laid out as qkv_layout "
+        "says (its conv1d layouts read the columns); unpacked into q_proj, k_proj, v_proj",
+    )
+    c_attn_bias: Vector | None = Field(
+        None, validation_alias=_named("c_attn.bias", "c_attn_bias"), description="its bias"
+    )
+    c_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("c_proj.weight", "c_proj_weight"),
+        description="the output projection beside c_attn.weight (GPT-2, GPTBigCode), read as "
+        "o_proj.weight: transposed where c_attn's layout is Conv1D's (columns), as it is "
+        "otherwise; only with c_attn.weight",
+    )
+    c_proj_bias: Vector | None = Field(
+        None,
+        validation_alias=_named("c_proj.bias", "c_proj_bias"),
+        description="its bias, read as o_proj.bias",
     )
     positional_encoding: Positional | None = Field(
         None,
