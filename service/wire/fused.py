@@ -139,12 +139,13 @@ def _codegen_words(n: HeadSizes) -> str:
 
 
 def _codegen_heads(h: int, h_kv: int | None) -> tuple[int, int] | str:
-    if h % _MP_NUM:
+    heads = _same_heads(h, h_kv)
+    if isinstance(heads, tuple) and h % _MP_NUM:
         return (
             f"CodeGen splits qkv_proj into {_MP_NUM} blocks of num_heads / {_MP_NUM} heads: "
             f"num_heads {h} is not a multiple of {_MP_NUM} (transformers fails on it)"
         )
-    return _same_heads(h, h_kv)
+    return heads
 
 
 LAYOUTS: dict[str, Layout] = {
@@ -328,8 +329,9 @@ def _sizes(
     if req.num_heads is None:
         raise FieldError("num_heads", f"num_heads is missing: {label} is split by head")
     heads = layout.heads_of(req.num_heads, req.num_kv_heads)
-    if isinstance(heads, str):
-        raise FieldError("num_kv_heads", f"qkv_layout {layout.name}: {heads}")
+    if isinstance(heads, str):  # about the kv heads when they are given and differ
+        field = "num_kv_heads" if req.num_kv_heads not in (None, req.num_heads) else "num_heads"
+        raise FieldError(field, f"qkv_layout {layout.name}: {heads}")
     h, h_kv = heads
     per = h + 2 * h_kv
     if rows % per:
