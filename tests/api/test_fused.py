@@ -62,8 +62,8 @@ def _gpt2_split(w: np.ndarray, b: np.ndarray, proj: np.ndarray) -> dict[str, np.
     """GPT2Attention's forward: c_attn(x) = x @ W + b (Conv1D), split(embed_dim, dim=2) into
     query, key, value, each viewed (…, h, d); c_proj(a) = a @ W_proj. So W_q is W's first
     embed_dim columns — q_proj.weight, out_in, their transpose — and o_proj.weight W_proj's."""
-    parts = torch.from_numpy(w).split(H * D, dim=1)
-    biases = torch.from_numpy(b).split(H * D, dim=0)
+    parts = torch.split(torch.from_numpy(w), H * D, dim=1)
+    biases = torch.split(torch.from_numpy(b), H * D, dim=0)
     return {
         **{f"{n}_proj.weight": t.T.numpy() for n, t in zip("qkv", parts, strict=True)},
         **{f"{n}_proj.bias": t.numpy() for n, t in zip("qkv", biases, strict=True)},

@@ -686,7 +686,7 @@ def codegen(layer: int) -> tuple[Any, Layer]:
     config: Any = transformers.CodeGenConfig(**fields)
     config._attn_implementation = "eager"
     with float64_torch_in(modeling_codegen), _widened():
-        attn = modeling_codegen.CodeGenAttention(config, layer)
+        attn = modeling_codegen.CodeGenAttention(config, layer)  # type: ignore[no-untyped-call]
     assert attn.embed_positions.dtype == torch.float64
     return config.to_dict(), Layer(
         modeling_codegen, attn, None, hf_masks.create_causal_mask, config, position_ids=True
