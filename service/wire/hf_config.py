@@ -61,6 +61,15 @@ Choices where the contract is silent:
 - Ministral 3's query scale 1 + β·log(1 + ⌊p / original⌋) after RoPE on every layer (its
   ``rope_parameters`` ``llama_4_scaling_beta`` and ``original_max_position_embeddings``) →
   ``temperature`` with ``position_shift`` 0; either missing is a ConfigError.
+- GPT-2, GPTBigCode and CodeGen name their keys as GPT-J does (KEY_NAMES); head_dim
+  n_embd // n_head. GPT-2 and GPTBigCode have no RoPE (learned positions before the first
+  layer); their scale is head_dim^-½ with ``scale_attn_weights`` (true when absent), else 1,
+  GPT-2's divided by layer + 1 with ``scale_attn_by_inverse_layer_idx`` (``scale``, only when
+  not the usual). Fused projections (service.wire.fused): GPT-2's Conv1D ``c_attn``
+  (``qkv_layout`` "columns"), GPTBigCode's ``c_attn`` ("rows" with ``multi_query``, true when
+  absent, and one key/value head — ``num_key_value_heads`` is its echo —, else "per_head"),
+  CodeGen's ``qkv_proj`` ("codegen"). CodeGen rotates as GPT-J (its rotary_dim null a
+  ConfigError: its model fails on it).
 - ``attn_logit_softcapping`` → ``softcap`` except Gemma 3/4 (their 5.23 attention ignores it);
   gpt-oss's sinks are weights (``sinks`` in the state dict), not config.
 - ConfigError: a layer out of range, a rope type the service lacks, a non-attention layer
@@ -203,6 +212,29 @@ _FALCON_LAYOUTS = {
 _ALIBI = {"bloom": "zero", "mpt": "last_key"}
 _NO_ROPE += ("bloom", "mpt")
 _HEAD_DIM_OF_HIDDEN += ("bloom", "mpt", "dbrx", "falcon")  # hidden_size // heads, in each class
+# ---- GPT-2, GPTBigCode, CodeGen: fused c_attn / qkv_proj, their own key names (KEY_NAMES),
+# head_dim n_embd // n_head (their attention classes' embed_dim // num_heads)
+_HEAD_DIM_OF_HIDDEN += ("gpt2", "gpt_bigcode", "codegen")
+_NO_ROPE += ("gpt2", "gpt_bigcode")  # learned positions (wpe), added before the first layer
+# CodeGen copies GPT-J's create_sinusoidal_positions, rotate_every_two, apply_rotary_pos_emb
+_INTERLEAVED += ("codegen",)
+_FIXED_ROPE |= {"codegen": (10_000.0, "create_sinusoidal_positions' base 10000")}
+# GPT-2's Conv1D c_attn: columns [q | k | v]; CodeGen's qkv_proj: 4 blocks of [q | v | k]
+_QKV_LAYOUTS |= {"gpt2": "columns", "codegen": "codegen"}
+# layouts a config flag picks: {family: (flag, layout when true, layout when false)};
+# GPTBigCode's multi_query c_attn splits (h·d, d, d), else views (…, h, 3·d) as GPT-NeoX's
+_QKV_LAYOUT_OF_FLAG = {"gpt_bigcode": ("multi_query", "rows", "per_head")}
+# key/value heads a flag gives: {family: flag}, one head when true, num_heads when false
+# (GPTBigCodeConfig's __post_init__ writes num_key_value_heads from it: that key is its echo)
+_ONE_KV_HEAD_OF_FLAG = {"gpt_bigcode": "multi_query"}
+# GPT-2's scale: head_dim^-½ with scale_attn_weights (else 1), divided by layer_idx + 1 with
+# scale_attn_by_inverse_layer_idx: {family: the flags it reads}
+_SCALE_FLAGS = {
+    "gpt2": ("scale_attn_weights", "scale_attn_by_inverse_layer_idx"),
+    "gpt_bigcode": ("scale_attn_weights",),
+}
+# families whose model fails on a null rotary_dim (CodeGenModel's min(rotary_dim, …))
+_ROTARY_DIM_NEEDED = ("codegen",)
 _SCALINGS = ("default", "linear", "llama3", "yarn", "dynamic", "longrope", "proportional")
 # a family's own step, from the config key of the field's name where hf_config_keys.KEYS says
 # the type reads it: {key: what the layer does with it, when null is no layer ("" when null is
@@ -312,6 +344,8 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
     for outer in NESTED.get(c.model_type, ()):  # MPT's and DBRX's attn_config, key by key
         inner = _mapping(c.c.get(outer) or {}, c.prefix + outer)
         unread += unread_keys(inner, c.model_type, f"{c.prefix}{outer}.")
+    if c.family in _ONE_KV_HEAD_OF_FLAG and "num_key_value_heads" in c.c:  # the flag's echo
+        unread = sorted({*unread, f"{c.prefix}num_key_value_heads"})
     if c.prefix:  # a multimodal config: its own keys around text_config
         unread += unread_keys(config, c.model_type)
     n_layers, n_src = c.get("num_hidden_layers")
@@ -329,6 +363,8 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
         *["num_global_key_value_heads"] * bool(glob and c.value("attention_k_eq_v")),
         "num_key_value_heads",
     )
+    if c.family in _ONE_KV_HEAD_OF_FLAG:
+        kv, kv_src = _kv_heads_of_flag(c, fields["num_heads"])
     if mla is None:
         if kv is not None and c.family not in _ENCODERS:  # BERT, T5: every head its own k, v
             fields["num_kv_heads"] = c.take("num_kv_heads", kv_src, _int(kv, _key(kv_src)))
@@ -339,8 +375,13 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
     mask = _encoder_mask(c) if c.family in _ENCODERS else _mask(c, kind, kind_src, layer)
     fields |= {"mask": mask} if mask else {}
     fields |= {"mla": mla} if mla is not None else {}
+    fields |= _scale_of_flags(c, layer, head_dim)
     if (layout := _QKV_LAYOUTS.get(c.family)) is not None:
         fields["qkv_layout"] = c.take("qkv_layout", f"model_type {c.model_type}", layout)
+    if c.family in _QKV_LAYOUT_OF_FLAG:
+        flag, when_on, when_off = _QKV_LAYOUT_OF_FLAG[c.family]
+        on, src = _flag(c, flag)
+        fields["qkv_layout"] = c.take("qkv_layout", src, when_on if on else when_off)
     if c.family in _ENCODERS:
         own, block, buckets = _encoder(c)
         return FromConfig(fields | own, c.taken, unread, block, buckets)
@@ -405,6 +446,39 @@ def _falcon(c: _Config, heads: int) -> dict[str, Any]:
     else:
         out["num_kv_heads"] = c.take("num_kv_heads", src, 1 if kv == 1 else heads)
     return out
+
+
+def _flag(c: _Config, key: str) -> tuple[bool, str]:
+    """A true/false key (null: false, as the modeling's ``if config.<key>`` reads it)."""
+    value, src = c.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(
+            f"config.{_key(src)}", f"{_key(src)} is {value!r}: it takes true or false"
+        )
+    return bool(value), src
+
+
+def _kv_heads_of_flag(c: _Config, heads: int) -> tuple[int, str]:
+    """GPTBigCode's key/value heads: one with multi_query, else one per query head."""
+    flag = _ONE_KV_HEAD_OF_FLAG[c.family]
+    on, src = _flag(c, flag)
+    return (1 if on else heads), src
+
+
+def _scale_of_flags(c: _Config, layer: int, head_dim: int) -> dict[str, Any]:
+    """GPT2Attention's ``self.scaling``: head_dim^-½ if scale_attn_weights else 1, divided by
+    layer + 1 if scale_attn_by_inverse_layer_idx; no ``scale`` field when it is the usual."""
+    flags = _SCALE_FLAGS.get(c.family, ())
+    got = [_flag(c, key) for key in flags]
+    weights = got[0] if got else (True, "")
+    inverse = got[1] if len(got) > 1 else (False, "")
+    if weights[0] and not inverse[0]:
+        return {}
+    scale = head_dim**-0.5 if weights[0] else 1.0
+    if inverse[0]:
+        scale /= float(layer + 1)
+    src = weights[1] + (f", {inverse[1]} (layer {layer} + 1)" if inverse[0] else "")
+    return {"scale": c.take("scale", src, scale)}
 
 
 def _layer_type(c: _Config, layer: int) -> tuple[str, str]:
@@ -563,8 +637,14 @@ def _rotary_dim(c: _Config, head_dim: int) -> dict[str, Any]:
     head only with one head (its sin and cos have n_embd / 2 frequencies: more heads fail)."""
     dim, src = c.get("rotary_dim")
     heads, h_src = c.get("num_attention_heads")
-    if dim is None and _int(heads, _key(h_src)) == 1:
+    if dim is None and _int(heads, _key(h_src)) == 1 and c.family not in _ROTARY_DIM_NEEDED:
         return {}
+    if dim is None and c.family in _ROTARY_DIM_NEEDED:
+        raise ConfigError(
+            f"config.{_key(src) or 'rotary_dim'}",
+            f"rotary_dim is null: {c.model_type}'s model fails on it in transformers "
+            "(min(rotary_dim, n_ctx // n_head)); state rope.rotary_dim yourself",
+        )
     where = _key(src) or "rotary_dim"
     if dim is None:
         raise ConfigError(

@@ -46,6 +46,8 @@ VERIFIED += _words("hunyuan_v1_dense")
 VERIFIED += _words("ministral3")
 VERIFIED += _words("olmo2 olmo3 olmoe cohere")  # q/k norms over the projection, per head
 VERIFIED += _words("bloom mpt dbrx falcon")  # ALiBi's origins, Wqkv, Falcon's three layouts
+# GPT-2's and GPTBigCode's fused c_attn, CodeGen's qkv_proj in blocks: service.wire.fused
+VERIFIED += _words("gpt2 gpt_bigcode codegen")
 COMPOSITE = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
 COMPOSITE |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # model types judged and left refused: what the request cannot express
@@ -72,6 +74,8 @@ KEY_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
         "num_hidden_layers": ("num_layers",),
     },
 }
+# GPT-2's, GPTBigCode's and CodeGen's configuration classes map the same four (attribute_map)
+KEY_NAMES |= {t: dict(KEY_NAMES["gptj"]) for t in _words("gpt2 gpt_bigcode codegen")}
 
 # BLOOM (its old config.json's n_embed, which BloomConfig reads as hidden_size), MPT and DBRX
 # (their attn_config's keys named ``attn_config.<key>``), Falcon (num_kv_heads)
@@ -378,6 +382,36 @@ KEYS: dict[str, Key] = {
     },
 }
 
+# ---- GPT-2, GPTBigCode, CodeGen: their own keys, and the block's keys they share with GPT-J
+_GPT2S = "gpt2 gpt_bigcode"
+KEYS |= {
+    # GPT2Attention: head_dim^-½ when true, else 1; divided by layer_idx + 1 when the second is
+    "scale_attn_weights": replace(KEYS["scale_attn_weights"], reads=_GPT2S),
+    "scale_attn_by_inverse_layer_idx": replace(
+        KEYS["scale_attn_by_inverse_layer_idx"], reads="gpt2"
+    ),
+    # GPTBigCodeConfig: one key/value head when true (c_attn's rows [q; k; v]), else every
+    # head its own (c_attn viewed per head); it writes num_key_value_heads from it
+    "multi_query": replace(KEYS["multi_query"], reads="falcon gpt_bigcode"),
+    "rotary_dim": replace(KEYS["rotary_dim"], reads=f"{KEYS['rotary_dim'].reads} codegen"),
+    # float32 for float16 models only: the same numbers in exact arithmetic. GPT-2's reorder
+    # computes q·k in float32 with the scale folded in (baddbmm's alpha); GPTBigCode's 5.23
+    # modeling stores its two flags and never reads them (its eager softmax is float32 always)
+    "reorder_and_upcast_attn": Key(inert="gpt2", neutral=_OFF, why="float32 scores"),
+    "attention_softmax_in_fp32": Key(inert="gpt_bigcode", neutral=_OFF, why="the softmax"),
+    "scale_attention_softmax_in_fp32": Key(inert="gpt_bigcode", neutral=_OFF, why="the scale"),
+    # a second, cross-attention layer in each block (crossattention, with its own q_attn): the
+    # self-attention layer is unchanged, and a q_attn.weight in the state dict is refused
+    "add_cross_attention": replace(
+        KEYS["add_cross_attention"], inert=f"{KEYS['add_cross_attention'].inert} {_GPT2S}"
+    ),
+    # CodeGenModel's min(rotary_dim, n_ctx // n_head) is stored, never used: the layer reads
+    # config.rotary_dim
+    "n_ctx": Key(inert="codegen", why="the rotary size"),
+}
+for _key in _words("n_inner layer_norm_epsilon attn_pdrop activation_function"):
+    KEYS[_key] = replace(KEYS[_key], inert=f"{KEYS[_key].inert} {_GPT2S} codegen")
+
 
 def _holds(types: str, model_type: str) -> bool:
     return types == _ALL or model_type in types.split()
@@ -565,6 +599,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "multi_query": True,
         "alibi": False,
     },
+    "gpt2": {"n_head": 12, "n_embd": 768, "n_positions": 1024, "n_layer": 12}
+    | {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False},
+    "gpt_bigcode": {"n_head": 12, "n_embd": 768, "n_positions": 1024, "n_layer": 12}
+    | {"scale_attn_weights": True, "multi_query": True},
+    "codegen": {"n_head": 16, "n_embd": 4096, "n_positions": 2048, "n_layer": 28, "rotary_dim": 64},
     "ernie4_5": {"head_dim": 128, "rope_theta": 500_000.0},
     "glm": {"head_dim": 128, "partial_rotary_factor": 0.5},
     "llama4": {

@@ -1,7 +1,8 @@
 """Fused projections under their modules' names (service.wire.fused) through the ASGI app: each
 layout split as the module's own forward splits it (written here in torch, as Phi-3's and
-GPT-NeoX's forwards do), the unpack step's words, and every refusal. The families' layers
-against transformers are in tests/wire/test_config_layers.py (Phi-3, GPT-NeoX).
+GPT-NeoX's, GPT-2's, GPTBigCode's and CodeGen's forwards do), the unpack step's words, and
+every refusal. The families' layers against transformers are in
+tests/wire/test_config_layers.py (Phi-3, GPT-NeoX, GPT-2, GPTBigCode, CodeGen).
 """
 
 from typing import Any
@@ -20,6 +21,12 @@ ROWS = RNG.normal(size=((H + 2 * H_KV) * D, D_MODEL))  # out_in, as nn.Linear st
 ROWS_B = RNG.normal(size=(H + 2 * H_KV) * D)
 PER_HEAD = RNG.normal(size=(3 * H * D, D_MODEL))
 PER_HEAD_B = RNG.normal(size=3 * H * D)
+CONV1D = RNG.normal(size=(D_MODEL, 3 * H * D))  # GPT-2's c_attn: a Conv1D, stored [in][out]
+CONV1D_B = RNG.normal(size=3 * H * D)
+C_PROJ = RNG.normal(size=(H * D, D_MODEL))  # GPT-2's c_proj: Conv1D [h·d][d_model]
+C_PROJ_B = RNG.normal(size=D_MODEL)
+CG_H = 8  # CodeGen: 4 blocks (mp_num) of two heads
+CODEGEN = RNG.normal(size=(3 * CG_H * D, D_MODEL))  # its qkv_proj: an nn.Linear, no bias
 
 
 def _phi3_split(w: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
@@ -49,6 +56,80 @@ def _neox_split(w: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
         },
         **{f"{n}_proj.bias": t.reshape(H * D).numpy() for n, t in zip("qkv", b_heads, strict=True)},
     }
+
+
+def _gpt2_split(w: np.ndarray, b: np.ndarray, proj: np.ndarray) -> dict[str, np.ndarray]:
+    """GPT2Attention's forward: c_attn(x) = x @ W + b (Conv1D), split(embed_dim, dim=2) into
+    query, key, value, each viewed (…, h, d); c_proj(a) = a @ W_proj. So W_q is W's first
+    embed_dim columns — q_proj.weight, out_in, their transpose — and o_proj.weight W_proj's."""
+    parts = torch.split(torch.from_numpy(w), H * D, dim=1)
+    biases = torch.split(torch.from_numpy(b), H * D, dim=0)
+    return {
+        **{f"{n}_proj.weight": t.T.numpy() for n, t in zip("qkv", parts, strict=True)},
+        **{f"{n}_proj.bias": t.numpy() for n, t in zip("qkv", biases, strict=True)},
+        "o_proj.weight": torch.from_numpy(proj).T.numpy(),
+    }
+
+
+def _codegen_split(w: np.ndarray) -> dict[str, np.ndarray]:
+    """CodeGenAttention's forward: qkv reshaped (…, mp_num = 4, -1), torch.split(local_dim)
+    into query, value, key — in that order —, each block's h/4 heads of d then merged
+    (_split_heads): on the weight's rows, 4 blocks of [q | v | k], the heads block by block."""
+    local = CG_H * D // 4
+    blocks = torch.from_numpy(w).reshape(4, 3 * local, D_MODEL)
+    query, value, key = torch.split(blocks, local, dim=1)  # 3 × (4, local, d_model)
+    return {
+        f"{n}_proj.weight": t.reshape(CG_H * D, D_MODEL).numpy()
+        for n, t in zip("qkv", (query, key, value), strict=True)
+    }
+
+
+def test_columns_layout_and_c_proj_equal_gpt2s_conv1d_forward(client: TestClient) -> None:
+    common = {"x": X, "num_heads": H}
+    fused = post(client, "/multihead", {**common, "c_attn.weight": CONV1D,
+                                        "c_attn.bias": CONV1D_B, "c_proj.weight": C_PROJ,
+                                        "c_proj.bias": C_PROJ_B, "qkv_layout": "columns"})  # fmt: skip
+    split = post(client, "/multihead", {**common, **_gpt2_split(CONV1D, CONV1D_B, C_PROJ),
+                                        "o_proj.bias": C_PROJ_B})  # fmt: skip
+    assert np.array_equal(np.asarray(fused["output"]), np.asarray(split["output"]))
+    assert fused["steps"][0] == {
+        "name": "unpack",
+        "formula": "c_attn.weight, columns layout: stored [in][out] (Conv1D): columns 0…11 are "
+        "W_q, 12…23 W_k and 24…35 W_v (4 heads × 3 each, head i's the i-th 3); c_proj.weight "
+        "read as o_proj.weight, transposed (a Conv1D: [in][out])",
+        "shape": [D_MODEL, 36],
+    }
+
+
+def test_c_attn_in_the_rows_layout_takes_c_proj_as_gpt_bigcodes_linear(
+    client: TestClient,
+) -> None:
+    """GPTBigCode's c_attn and c_proj are nn.Linear (out_in): c_proj read as it is."""
+    common = {"x": X, "num_heads": H, "num_kv_heads": H_KV}
+    proj = C_PROJ.T  # [d_model][h·d], as nn.Linear stores it
+    fused = post(client, "/multihead", {**common, "c_attn.weight": ROWS, "c_attn.bias": ROWS_B,
+                                        "c_proj.weight": proj, "qkv_layout": "rows"})  # fmt: skip
+    split = post(client, "/multihead", {**common, **_phi3_split(ROWS, ROWS_B),
+                                        "o_proj.weight": proj})  # fmt: skip
+    assert np.array_equal(np.asarray(fused["output"]), np.asarray(split["output"]))
+    assert fused["steps"][0]["formula"].endswith(
+        "; c_proj.weight read as o_proj.weight, as it is ([out][in])"
+    )
+
+
+def test_codegen_layout_equals_the_projections_codegens_forward_splits(
+    client: TestClient,
+) -> None:
+    common = {"x": X, "num_heads": CG_H}
+    fused = post(client, "/multihead", {**common, "qkv_proj.weight": CODEGEN,
+                                        "qkv_layout": "codegen"})  # fmt: skip
+    split = post(client, "/multihead", {**common, **_codegen_split(CODEGEN)})
+    assert np.array_equal(np.asarray(fused["output"]), np.asarray(split["output"]))
+    assert fused["steps"][0]["formula"] == (
+        "qkv_proj.weight, codegen layout: 4 blocks of 18 rows (CodeGen's mp_num), block b "
+        "holding heads 2·b … 2·b + 1: their W_q rows 18·b + 0…5, their W_v 18·b + 6…11, their "
+        "W_k 18·b + 12…17, 3 rows a head (b = 0…3)"
+    )
 
 
 def test_rows_layout_equals_the_projections_phi3s_forward_splits(client: TestClient) -> None:
@@ -158,6 +239,31 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
     ("grouped heads unequal", {"query_key_value.weight": ROWS[:21], "qkv_layout": "grouped",
                                "num_kv_heads": 3},
      "num_kv_heads", "num_heads 4 is not a multiple of num_kv_heads 3"),
+    # GPT-2's, GPTBigCode's and CodeGen's
+    ("c_proj without c_attn", {"c_proj.weight": C_PROJ, **_phi3_split(ROWS, ROWS_B)},
+     "c_proj.weight", "c_proj.weight goes with c_attn.weight, whose layout says how it is"),
+    ("c_proj beside qkv_proj", {"qkv_proj.weight": ROWS, "qkv_layout": "rows",
+                                "c_proj.weight": C_PROJ},
+     "c_proj.weight", "goes with c_attn.weight"),
+    ("c_proj and o_proj", {"c_attn.weight": ROWS, "qkv_layout": "rows", "c_proj.weight": C_PROJ,
+                           "o_proj.weight": C_PROJ.T},
+     "o_proj.weight", "c_proj.weight is the output projection: give it or o_proj.weight"),
+    ("c_proj's bias alone", {"c_attn.weight": ROWS, "qkv_layout": "rows",
+                             "c_proj.bias": C_PROJ_B},
+     "c_proj.bias", "c_proj.bias goes with c_proj.weight"),
+    ("c_attn without a layout", {"c_attn.weight": CONV1D}, "qkv_layout",
+     '"columns" (GPT-2\'s c_attn (a Conv1D, stored [in][out]))'),
+    ("columns with grouped heads", {"c_attn.weight": CONV1D, "qkv_layout": "columns"},
+     "num_kv_heads", "qkv_layout columns: this layout gives every query head its own key"),
+    ("columns not in heads", {"c_attn.weight": CONV1D[:, :-1], "qkv_layout": "columns",
+                              "num_kv_heads": H},
+     "c_attn.weight", "c_attn.weight has 35 columns, which (num_heads + 2·num_kv_heads) = 12"),
+    ("codegen's heads not in 4 blocks", {"qkv_proj.weight": CODEGEN[:36], "num_kv_heads": 6,
+                                         "num_heads": 6, "qkv_layout": "codegen"},
+     "num_heads", "num_heads 6 is not a multiple of 4 (transformers fails on it)"),
+    ("codegen with grouped heads", {"qkv_proj.weight": CODEGEN, "num_heads": CG_H,
+                                    "qkv_layout": "codegen"},
+     "num_kv_heads", "its own key and value"),
 ]  # fmt: skip
 
 

@@ -509,10 +509,10 @@ GPT_OSS_YARN: dict[str, Any] = dict(GPT_OSS_20B["rope_scaling"])  # type: ignore
 
 
 def test_a_model_type_outside_the_verified_families_is_refused() -> None:
-    """No family is read with another's (or generic) defaults: CodeGen turns interleaved
-    pairs of its rotary_dim, MiniMax-M2 norms the whole projection … — each would have been a 200
-    with wrong numbers."""
-    for model_type in ("mine", "codegen", "minimax_m2", "gemma3n_text", "mimo", 7):
+    """No family is read with another's (or generic) defaults: GPT-Neo's local layers attend
+    within a window of their own key, MiniMax-M2 norms the whole projection … — each would
+    have been a 200 with wrong numbers."""
+    for model_type in ("mine", "gpt_neo", "minimax_m2", "gemma3n_text", "mimo", 7):
         with pytest.raises(ConfigError, match=r"(?i)state the layer's fields yourself") as e:
             from_config({**LLAMA_3_1_8B, "model_type": model_type}, 0)
         assert e.value.field == "config.model_type"
@@ -522,7 +522,7 @@ def test_a_model_type_outside_the_verified_families_is_refused() -> None:
     with pytest.raises(ConfigError, match="no model_type") as e:
         from_config({k: v for k, v in LLAMA_3_1_8B.items() if k != "model_type"}, 0)
     assert e.value.field == "config.model_type"
-    inner = {**GEMMA_4_31B, "text_config": {**GEMMA_4_TEXT, "model_type": "codegen"}}
+    inner = {**GEMMA_4_31B, "text_config": {**GEMMA_4_TEXT, "model_type": "gpt_neo"}}
     with pytest.raises(ConfigError) as e:  # a multimodal config's text part: a verified type
         from_config(inner, 0)
     assert e.value.field == "config.text_config.model_type"

@@ -55,6 +55,7 @@ from transformers.models.apertus import modeling_apertus  # noqa: E402
 from transformers.models.apertus.configuration_apertus import ApertusConfig  # noqa: E402
 from transformers.models.bert import modeling_bert  # noqa: E402
 from transformers.models.bloom import modeling_bloom  # noqa: E402
+from transformers.models.codegen import modeling_codegen  # noqa: E402
 from transformers.models.cohere import modeling_cohere  # noqa: E402
 from transformers.models.cohere2 import modeling_cohere2  # noqa: E402
 from transformers.models.cohere2.configuration_cohere2 import Cohere2Config  # noqa: E402
@@ -71,6 +72,8 @@ from transformers.models.glm import modeling_glm  # noqa: E402
 from transformers.models.glm4 import modeling_glm4  # noqa: E402
 from transformers.models.glm4_moe import modeling_glm4_moe  # noqa: E402
 from transformers.models.glm4_moe.configuration_glm4_moe import Glm4MoeConfig  # noqa: E402
+from transformers.models.gpt2 import modeling_gpt2  # noqa: E402
+from transformers.models.gpt_bigcode import modeling_gpt_bigcode  # noqa: E402
 from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
 from transformers.models.gptj import modeling_gptj  # noqa: E402
 from transformers.models.granite import modeling_granite  # noqa: E402
@@ -691,20 +694,25 @@ def gptj(layer: int) -> tuple[Any, Layer]:
     }  # fmt: skip
     config: Any = transformers.GPTJConfig(**fields)
     config._attn_implementation = "eager"
-    with float64_torch_in(modeling_gptj), _widened():
-        attn = modeling_gptj.GPTJAttention(config, layer)  # type: ignore[no-untyped-call]
-        # 5.25 moved the table into GPTJRotaryEmbedding, which gives the layer (sin, cos)
-        own: Any = getattr(modeling_gptj, "GPTJRotaryEmbedding", None)
+    return config.to_dict(), _sinusoid_table_layer(modeling_gptj, "GPTJ", config, layer)
+
+
+def _sinusoid_table_layer(
+    modeling: types.ModuleType, prefix: str, config: Any, layer: int
+) -> Layer:
+    """GPT-J's (and CodeGen's) layer, its sin/cos table built in float64: in 5.23 a buffer of
+    ``<prefix>Attention``, which reads position_ids; from 5.25 ``<prefix>RotaryEmbedding``'s,
+    which gives the layer (sin, cos)."""
+    with float64_torch_in(modeling), _widened():
+        attn: Any = getattr(modeling, f"{prefix}Attention")(config, layer)
+        own: Any = getattr(modeling, f"{prefix}RotaryEmbedding", None)
         table = None if own is None else own(config)
-    if table is None:  # 5.23: the attention holds the table and reads position_ids
+    mask = hf_masks.create_causal_mask
+    if table is None:
         assert attn.embed_positions.dtype == torch.float64
-        return config.to_dict(), Layer(
-            modeling_gptj, attn, None, hf_masks.create_causal_mask, config, position_ids=True
-        )
+        return Layer(modeling, attn, None, mask, config, position_ids=True)
     assert table.embed_positions.dtype == torch.float64
-    return config.to_dict(), Layer(
-        modeling_gptj, attn, lambda x, pos: table(x, pos), hf_masks.create_causal_mask, config
-    )
+    return Layer(modeling, attn, lambda x, pos: table(x, pos), mask, config)
 
 
 def _hunyuan(rope: dict[str, Any], layer: int) -> tuple[Any, Layer]:
@@ -970,6 +978,84 @@ def falcon_per_head(layer: int) -> tuple[Any, Layer]:
     return _falcon(layer, multi_query=False, new_decoder_architecture=False, bias=True)
 
 
+# ---- GPT-2, GPTBigCode, CodeGen: fused projections under their own names, GPT-J's key names
+GPT_SIZES: dict[str, Any] = {"n_embd": 32, "n_inner": 16, "vocab_size": 16, "n_positions": 64,
+                             "layer_norm_epsilon": 1e-5, "attn_pdrop": 0.1, **NO_TOKENS}  # fmt: skip
+
+
+def _gpt(modeling: types.ModuleType, prefix: str, fields: dict[str, Any], layer: int) -> Layer:
+    """A GPT-2-like layer: ``<prefix>Config`` from its own key names, ``<prefix>Attention``
+    given its layer index (GPT-2's scale reads it), no RoPE (learned positions before the first
+    layer), the causal mask its model builds."""
+    config: Any = getattr(modeling, f"{prefix}Config")(**fields)
+    config._attn_implementation = "eager"
+    attn = getattr(modeling, f"{prefix}Attention")(config, layer_idx=layer)
+    return Layer(modeling, attn, None, hf_masks.create_causal_mask, config)
+
+
+def gpt2(layer: int) -> tuple[Any, Layer]:
+    """As openai-community/gpt2's config.json (its own key names n_head, n_embd, n_layer,
+    n_positions): ``c_attn`` a Conv1D [d_model][3·d_model] (columns q, k, v) with its bias,
+    ``c_proj`` a Conv1D too; scale_attn_by_inverse_layer_idx true (false there; Mistral's
+    GPT-2s set it): layer i's scale 8^-½ / (i + 1); reorder_and_upcast_attn false (its
+    float32 path); 4 heads of 8."""
+    fields: dict[str, Any] = {
+        **GPT_SIZES, "model_type": "gpt2", "n_head": 4, "n_layer": 3,
+        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": True,
+        "reorder_and_upcast_attn": False, "activation_function": "gelu_new",
+        "summary_type": "cls_index", "summary_first_dropout": 0.1,
+    }  # fmt: skip
+    hf = _gpt(modeling_gpt2, "GPT2", fields, layer)
+    return hf.config.to_dict(), hf
+
+
+def gpt2_unscaled(layer: int) -> tuple[Any, Layer]:
+    """GPT-2 with scale_attn_weights false: the scores unscaled (GPT2Attention's scaling 1)."""
+    fields = {**GPT_SIZES, "model_type": "gpt2", "n_head": 4, "n_layer": 2,
+              "scale_attn_weights": False}  # fmt: skip
+    hf = _gpt(modeling_gpt2, "GPT2", fields, layer)
+    return hf.config.to_dict(), hf
+
+
+def gpt_bigcode(layer: int) -> tuple[Any, Layer]:
+    """As bigcode/starcoderbase-1b's: multi_query (one key/value head: ``c_attn`` an
+    nn.Linear, rows h·d queries, d keys, d values, with its bias), ``c_proj`` an nn.Linear,
+    attention_softmax_in_fp32 and scale_attention_softmax_in_fp32 (float16 precision only);
+    4 heads of 8."""
+    fields: dict[str, Any] = {
+        **GPT_SIZES, "model_type": "gpt_bigcode", "n_head": 4, "n_layer": 2,
+        "multi_query": True, "attention_softmax_in_fp32": True,
+        "scale_attention_softmax_in_fp32": True, "activation_function": "gelu_pytorch_tanh",
+    }  # fmt: skip
+    hf = _gpt(modeling_gpt_bigcode, "GPTBigCode", fields, layer)
+    return hf.config.to_dict(), hf
+
+
+def gpt_bigcode_heads(layer: int) -> tuple[Any, Layer]:
+    """GPTBigCode with multi_query false (every head its own key and value: c_attn viewed
+    (…, h, 3·d), as GPT-NeoX's) and scale_attn_weights false (scores unscaled)."""
+    fields: dict[str, Any] = {
+        **GPT_SIZES, "model_type": "gpt_bigcode", "n_head": 4, "n_layer": 2,
+        "multi_query": False, "scale_attn_weights": False,
+    }  # fmt: skip
+    hf = _gpt(modeling_gpt_bigcode, "GPTBigCode", fields, layer)
+    return hf.config.to_dict(), hf
+
+
+def codegen(layer: int) -> tuple[Any, Layer]:
+    """As Salesforce/codegen-350M-mono's: its own key names, ``qkv_proj`` (no bias) in 4 blocks
+    (mp_num) of each block's heads' queries, values, keys; rotary_dim (32 of head_dim 64 there;
+    2 of 4 here) turned in interleaved pairs at base 10000; n_ctx (unused); out_proj; 8 heads
+    of 4, two a block. Its sin/cos table is a buffer built in __init__: built in float64."""
+    fields: dict[str, Any] = {
+        **GPT_SIZES, "model_type": "codegen", "n_head": 8, "n_layer": 2, "n_ctx": 64,
+        "rotary_dim": 2, "activation_function": "gelu_new",
+    }  # fmt: skip
+    config: Any = transformers.CodeGenConfig(**fields)
+    config._attn_implementation = "eager"
+    return config.to_dict(), _sinusoid_table_layer(modeling_codegen, "CodeGen", config, layer)
+
+
 def _fill(layer: Layer, seed: int) -> None:
     """Random weights: projections ~ N(0, 1/fan_in), norms' weights around 1 (or around 0 where
     they are applied as (1 + w))."""
@@ -1172,6 +1258,20 @@ CASES += [
      {"qkv_layout": "grouped", "num_kv_heads": 2, "rope": {"base": 10000.0}}),
     ("falcon-per_head-bias", falcon_per_head, 0, None,
      {"qkv_layout": "per_head", "num_kv_heads": 4, "rope": {"base": 10000.0}}),
+    # GPT-2, GPTBigCode, CodeGen: c_attn / qkv_proj as they store them, c_proj beside c_attn
+    ("gpt2-columns-inverse_layer_idx", gpt2, 2, None,
+     {"qkv_layout": "columns", "num_heads": 4, "d_k": 8, "rope": None, "mask": [CAUSAL],
+      "scale": 8**-0.5 / 3}),
+    ("gpt2-columns-unscaled", gpt2_unscaled, 1, None,
+     {"qkv_layout": "columns", "rope": None, "scale": 1.0}),
+    ("gpt_bigcode-multi_query-rows", gpt_bigcode, 1, None,
+     {"qkv_layout": "rows", "num_kv_heads": 1, "d_k": 8, "rope": None, "mask": [CAUSAL],
+      "scale": None}),
+    ("gpt_bigcode-per_head-unscaled", gpt_bigcode_heads, 0, None,
+     {"qkv_layout": "per_head", "num_kv_heads": 4, "scale": 1.0}),
+    ("codegen-blocks-rotary_dim", codegen, 1, None,
+     {"qkv_layout": "codegen", "num_heads": 8, "d_k": 4, "mask": [CAUSAL], "scale": None,
+      "rope": {"base": 10000.0, "style": "interleaved", "rotary_dim": 2}}),
 ]  # fmt: skip
 
 

@@ -374,3 +374,69 @@ def test_alibi_origin_with_symmetric_is_a_422_naming_alibi_origin(client: TestCl
     error = post(client, "/attention", body, status=422)["errors"][0]
     assert error["field"] == "alibi.origin", error
     assert "from the query" in error["message"]
+
+
+# ---- GPT-2, GPTBigCode, CodeGen: their flags, CodeGen's rotary_dim, GPT-2's cross-attention
+GPT_TINY = {"n_embd": D_MODEL, "n_head": H, "n_layer": 2, "vocab_size": 16, "n_positions": 16,
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}  # fmt: skip
+
+
+def gpt(name: str, **changes: Any) -> dict[str, Any]:
+    config: dict[str, Any] = getattr(transformers, name)(**{**GPT_TINY, **changes}).to_dict()
+    return config
+
+
+def gpt2_body(config: dict[str, Any], **rest: Any) -> dict[str, Any]:
+    """A GPT-2 self-attention layer's state dict as it is: c_attn and c_proj, Conv1Ds."""
+    rng = np.random.default_rng(0)
+    return {"x": rng.normal(size=(L, D_MODEL)), "c_attn.weight": rng.normal(size=(D_MODEL, 3 * D_MODEL)),
+            "c_proj.weight": rng.normal(size=(D_MODEL, D_MODEL)), "config": config,
+            "include": ["output"], **rest}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [({**gpt("GPTBigCodeConfig"), "multi_query": "yes"}, "multi_query"),
+     ({**gpt("GPT2Config"), "scale_attn_weights": 1}, "scale_attn_weights"),
+     ({**gpt("GPT2Config"), "scale_attn_by_inverse_layer_idx": "true"},
+      "scale_attn_by_inverse_layer_idx")],
+    ids=["gpt_bigcode_multi_query", "gpt2_scale_attn_weights", "gpt2_inverse_layer_idx"],
+)  # fmt: skip
+def test_a_gpt2_flag_that_is_not_true_or_false_is_a_422_naming_it(
+    client: TestClient, config: dict[str, Any], key: str
+) -> None:
+    """GPT2Attention and GPTBigCodeAttention read these as ``if config.<key>``: a string or a
+    number would be read by its truthiness, which the service does not guess at."""
+    error = post(client, "/multihead", gpt2_body(config), status=422)["errors"][0]
+    assert error["field"] == f"config.{key}", error
+    assert "takes true or false" in error["message"]
+
+
+def test_codegen_without_rotary_dim_is_a_422_naming_it(client: TestClient) -> None:
+    """CodeGenModel's min(rotary_dim, n_ctx // n_head) fails on null (GPT-J's one head would
+    turn whole): no layer to reproduce; with rotary_dim the same config is answered."""
+    rng = np.random.default_rng(0)
+    body = {"x": rng.normal(size=(L, D_MODEL)), "num_kv_heads": None,
+            "qkv_proj.weight": rng.normal(size=(3 * D_MODEL, D_MODEL))}  # fmt: skip
+    null = {**gpt("CodeGenConfig", n_head=4), "rotary_dim": None}  # 4 heads: CodeGen's blocks
+    error = post(client, "/multihead", {**body, "config": null}, status=422)["errors"][0]
+    assert error["field"] == "config.rotary_dim", error
+    assert "min(rotary_dim, n_ctx // n_head)" in error["message"]
+    assert "rope.rotary_dim" in error["message"]
+    answered = post(client, "/multihead", {**body, "config": gpt("CodeGenConfig", n_head=4,
+                                                                  rotary_dim=2)})  # fmt: skip
+    assert answered["conventions"]["config"]["qkv_layout"] == "model_type codegen"
+
+
+def test_a_gpt2_cross_attention_state_dict_is_a_422_naming_q_attn(client: TestClient) -> None:
+    """add_cross_attention adds a second layer (crossattention, with q_attn and a [d][2d]
+    c_attn) beside the self-attention layer the config describes; its state dict is refused by
+    its q_attn, never read as a self-attention layer's."""
+    config = gpt("GPT2Config", add_cross_attention=True)
+    answered = post(client, "/multihead", gpt2_body(config))
+    assert "add_cross_attention" in answered["conventions"]["config_keys"]
+    rng = np.random.default_rng(1)
+    cross = gpt2_body(config, **{"q_attn.weight": rng.normal(size=(D_MODEL, D_MODEL))})
+    cross["c_attn.weight"] = rng.normal(size=(D_MODEL, 2 * D_MODEL))
+    error = post(client, "/multihead", cross, status=422)["errors"][0]
+    assert error["field"] == "q_attn.weight", error

@@ -31,7 +31,7 @@ from service.wire.schemas.mask_fields import STRICT, MaskList
 from service.wire.schemas.variant_fields import VariantFields, any_of, flag_or_options
 
 # how a fused projection holds W_q, W_k and W_v (service.wire.fused.LAYOUTS)
-QkvLayout = Literal["rows", "per_head", "grouped"]
+QkvLayout = Literal["rows", "per_head", "grouped", "columns", "codegen"]
 MAX_HEAD_ENTRIES = 1024  # refused before their weights are converted (num_heads has its own cap)
 
 
@@ -515,11 +515,13 @@ class MultiheadRequest(VariantFields, InputFields):
     )
     qkv_layout: QkvLayout | None = Field(
         None,
-        description="how a fused projection (qkv_proj.weight, query_key_value.weight) holds "
-        'W_q, W_k and W_v: "rows" ([q; k; v] one after the other: Phi-3, MPT, DBRX, '
-        'multi-query Falcon), "per_head" (each head\'s q, k, v in turn: GPT-NeoX, BLOOM, Falcon) '
-        "or \"grouped\" (each kv head's query heads, then its k and v: Falcon's new decoder); "
-        "a config's family implies it",
+        description="how a fused projection (qkv_proj.weight, query_key_value.weight, "
+        'Wqkv.weight, c_attn.weight) holds W_q, W_k and W_v: "rows" ([q; k; v] one after the '
+        'other: Phi-3, MPT, DBRX, multi-query Falcon and GPTBigCode), "per_head" (each head\'s '
+        'q, k, v in turn: GPT-NeoX, BLOOM, Falcon), "grouped" (each kv head\'s query heads, then '
+        "its k and v: Falcon's new decoder), \"columns\" (GPT-2's Conv1D c_attn, stored "
+        '[d_model][3·d_model]: columns q, k, v) or "codegen" (CodeGen\'s qkv_proj: 4 blocks, '
+        "each its heads' q, v, k); a config's family implies it",
     )
     qkv_proj_weight: Matrix | None = Field(
         None,
@@ -549,6 +551,31 @@ class MultiheadRequest(VariantFields, InputFields):
     )
     wqkv_bias: Vector | None = Field(
         None, validation_alias=_named("Wqkv.bias", "Wqkv_bias", "wqkv_bias"), description="its bias"
+    )
+    # GPT-2's and GPTBigCode's names: a fused projection and the output projection, whose
+    # orientation is c_attn's layout's (GPT-2's Conv1D stores [in][out], GPTBigCode's Linear
+    # [out][in])
+    c_attn_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("c_attn.weight", "c_attn_weight"),
+        description="a fused projection (GPT-2: a Conv1D [d_model][3·d_model], in_out; "
+        "GPTBigCode: a Linear [(h + 2·h_kv)·d_k][d_model], out_in), laid out as qkv_layout "
+        "says (its conv1d layouts read the columns); unpacked into q_proj, k_proj, v_proj",
+    )
+    c_attn_bias: Vector | None = Field(
+        None, validation_alias=_named("c_attn.bias", "c_attn_bias"), description="its bias"
+    )
+    c_proj_weight: Matrix | None = Field(
+        None,
+        validation_alias=_named("c_proj.weight", "c_proj_weight"),
+        description="the output projection beside c_attn.weight (GPT-2, GPTBigCode), read as "
+        "o_proj.weight: transposed where c_attn's layout is Conv1D's (columns), as it is "
+        "otherwise; only with c_attn.weight",
+    )
+    c_proj_bias: Vector | None = Field(
+        None,
+        validation_alias=_named("c_proj.bias", "c_proj_bias"),
+        description="its bias, read as o_proj.bias",
     )
     positional_encoding: Positional | None = Field(
         None,
