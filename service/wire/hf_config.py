@@ -61,6 +61,7 @@ from typing import Any
 
 from service.wire import hf_config_keys as ck
 from service.wire.hf_config_keys import KEYS, VERIFIED, ConfigError, model_type_of, unread_keys
+from service.wire.hf_parameters import Names, module_names
 
 _ANY, _POSITIVE, _NON_NEGATIVE, _SHARE = ck.ANY, ck.POSITIVE, ck.NON_NEGATIVE, ck.SHARE
 _DEFAULTS, _int, _num, _mapping = ck.DEFAULTS, ck.as_size, ck.as_number, ck.as_mapping
@@ -74,6 +75,8 @@ class FromConfig:
     taken: dict[str, str]  # {request field: the config key it came from}
     # the config's other keys, judged not to change this layer (hf_config_keys.KEYS)
     unread: list[str] = field(default_factory=list)
+    # the state-dict names its attention module has (service.wire.hf_parameters; None: no row)
+    parameters: Names | None = None
 
 
 # model type -> the family whose defaults and rules it takes (the verified types only)
@@ -214,7 +217,7 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
     fields |= {"mla": mla} if mla is not None else {}
     if (layout := _QKV_LAYOUTS.get(c.family)) is not None:
         fields["qkv_layout"] = c.take("qkv_layout", f"model_type {c.model_type}", layout)
-    return FromConfig(fields, c.taken, unread)
+    return FromConfig(fields, c.taken, unread, module_names(c.model_type, c.c, fields))
 
 
 def _layer_type(c: _Config, layer: int) -> tuple[str, str]:

@@ -194,7 +194,13 @@ def test_qk_layernorm_true_is_a_422_saying_qk_norm_cannot_state_it(
     norm (one weight [d_k], no bias) is neither, so the config is refused, naming the key;
     with qk_layernorm false the same config is answered."""
     half = {"partial_rotary_factor": 0.5}  # 2 of head_dim 4 (StableLM's 0.25: 1, odd)
-    answered = post(client, "/multihead", layer_body(stock(name, qk_layernorm=False, **half)))
+    # PhiAttention always has biases on q, k, v and dense (its state dict must bring them)
+    sizes = {"q_proj.bias": H * D, "k_proj.bias": H_KV * D, "v_proj.bias": H_KV * D,
+             "dense.bias": D_MODEL} if name == "PhiConfig" else {}  # fmt: skip
+    biases = {k: [0.1] * n for k, n in sizes.items()}
+    answered = post(
+        client, "/multihead", layer_body(stock(name, qk_layernorm=False, **half), **biases)
+    )
     assert "qk_norm" not in answered["conventions"]["config"]
     error = post(
         client, "/multihead", layer_body(stock(name, qk_layernorm=True, **half)), status=422
