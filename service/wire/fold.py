@@ -5,6 +5,10 @@ rules, the plan and the engine see one form of each:
   (:func:`service.wire.hf_config.from_config`), where the request gives none of its own; a
   mask from the config and one from the request both apply. Where each came from is kept for
   ``conventions.config``.
+- The state dict against the config: a request giving ``config`` and its weights under the
+  module's names (``q_proj.weight`` …, a fused or MLA projection) must give every name that
+  layer's attention module has and none it lacks (:mod:`service.wire.hf_parameters`, from
+  ``from_config``'s ``parameters``); a family without a row there is not checked.
 - ``k_eq_v: true`` (Gemma 4's full-attention layers): the values' projection is the keys', so
   ``v_proj.weight``/``v_proj.bias`` (or ``w_v``/``b_v``, or per-head ``v``) become the keys'.
 - A fused projection (``qkv_proj.weight``, ``query_key_value.weight`` …, laid out as the
@@ -35,6 +39,7 @@ from pydantic import AliasChoices, ValidationError
 from service.wire.errors import FieldError
 from service.wire.fused import unpacked
 from service.wire.hf_config import ConfigError, FromConfig, from_config
+from service.wire.hf_parameters import Names
 from service.wire.schemas.requests import GateOptions, LayerNormOptions, MultiheadRequest
 
 # the fields that give the values, by the field that gives the keys in the same form
@@ -44,6 +49,21 @@ _VALUES_OF_KEYS = {
     "k": ("v",),
 }
 _KEYS_BIAS = {"k_proj_weight": "k_proj_bias", "w_k": "b_k"}
+# {state-dict name: request field} of every field read under a module's own name
+_FIELD_OF = {
+    alias: name
+    for name, info in MultiheadRequest.model_fields.items()
+    if isinstance(info.validation_alias, AliasChoices)
+    for alias in info.validation_alias.choices
+    if isinstance(alias, str) and "." in alias
+} | {"sinks": "sinks"}
+_NAME_OF = {  # {request field: its first state-dict name}, in the schema's order
+    field: next(name for name, f in _FIELD_OF.items() if f == field)
+    for field in dict.fromkeys(_FIELD_OF.values())
+}
+# the state-dict names that say the request is in the module's own form: its projections'
+# (the q/k norms' weights and sinks have no other form, so they say nothing)
+_MODULE_FORM = set(_NAME_OF) - {"q_norm_weight", "k_norm_weight", "sinks"}
 
 
 def folded(req: MultiheadRequest) -> MultiheadRequest:
@@ -105,7 +125,33 @@ def _configured(req: MultiheadRequest) -> MultiheadRequest:
         if field.split(".")[0] not in taken and field.split(".")[0] not in skipped
     } | taken
     out._config_keys = implied.unread
+    if implied.parameters is not None:
+        _as_the_module(req, implied.parameters)
     return out
+
+
+def _as_the_module(req: MultiheadRequest, names: Names) -> None:
+    """A 422 unless a request in the module's form (its projections under their state-dict
+    names) gives exactly the names the config's module has: the first it lacks, else the
+    first it has that the module does not."""
+    given = {f for f in set(_FIELD_OF.values()) if getattr(req, f) is not None}
+    if not given & _MODULE_FORM:
+        return
+    for name, why in names.has:
+        if _FIELD_OF.get(name) not in given:
+            raise FieldError(
+                name,
+                f"{why}: {names.cls} has {name}, which the request lacks; send the module's "
+                "state_dict() as it is (without it the layer would be another one)",
+            )
+    owned = {_FIELD_OF.get(name) for name, _ in names.has}
+    for field in (f for f in _NAME_OF if f in given and f not in owned):
+        name = _NAME_OF[field]
+        raise FieldError(
+            name,
+            f"{names.why_not(name)}: {names.cls} has no {name}, yet the request gives it; the "
+            "config and the weights disagree (one of them is from another model)",
+        )
 
 
 def _field_of(where: str, taken: dict[str, str]) -> str:
@@ -210,6 +256,13 @@ def _gate_rows(req: MultiheadRequest) -> dict[str, Any]:
             "num_heads", "num_heads is missing: gate: true splits q_proj.weight by head"
         )
     rows = w.shape[0]
+    if req.d_k is not None and rows != 2 * h * req.d_k:  # d_k from the config or the request
+        raise FieldError(
+            "q_proj.weight",
+            f"with gate: true q_proj.weight holds each head's query rows then its gate rows: "
+            f"2·num_heads·d_k = {2 * h * req.d_k} rows, but it has {rows} (the gate rows "
+            "left out?); send the module's q_proj.weight as it is",
+        )
     if rows % (2 * h):
         raise FieldError(
             "q_proj.weight",

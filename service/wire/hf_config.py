@@ -92,6 +92,7 @@ from service.wire.hf_config_keys import (
     model_type_of,
     unread_keys,
 )
+from service.wire.hf_parameters import Names, module_names
 
 _ANY, _POSITIVE, _NON_NEGATIVE, _SHARE = ck.ANY, ck.POSITIVE, ck.NON_NEGATIVE, ck.SHARE
 _DEFAULTS, _int, _num, _mapping = ck.DEFAULTS, ck.as_size, ck.as_number, ck.as_mapping
@@ -111,6 +112,8 @@ class FromConfig:
     # T5: relative_bias.table's rows (relative_attention_num_buckets) and the key that says so;
     # the table itself is the state dict's relative_attention_bias.weight (layer 0's)
     buckets: tuple[int, str] | None = None
+    # the state-dict names its attention module has (service.wire.hf_parameters; None: no row)
+    parameters: Names | None = None
 
 
 # model type -> the family whose defaults and rules it takes (the verified types only)
@@ -384,9 +387,15 @@ def from_config(config: Mapping[str, Any], layer: int) -> FromConfig:
         fields["qkv_layout"] = c.take("qkv_layout", src, when_on if on else when_off)
     if c.family in _ENCODERS:
         own, block, buckets = _encoder(c)
-        return FromConfig(fields | own, c.taken, unread, block, buckets)
+        fields |= own
+        return FromConfig(fields, c.taken, unread, block, buckets, _names(c, fields))
     fields |= _alibi_family(c, fields)
-    return FromConfig(fields, c.taken, unread)
+    return FromConfig(fields, c.taken, unread, parameters=_names(c, fields))
+
+
+def _names(c: _Config, fields: dict[str, Any]) -> Names | None:
+    """The state-dict names the layer's attention module has (service.wire.hf_parameters)."""
+    return module_names(c.model_type, c.c, fields)
 
 
 def _alibi_family(c: _Config, fields: dict[str, Any]) -> dict[str, Any]:

@@ -203,7 +203,8 @@ KEYS: dict[str, Key] = {
         k: Key(reads=_MLA, why="multi-head latent attention")
         for k in _words("q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim")
     },
-    # ---- biases: the state dict brings them, as it brings gpt-oss's sinks
+    # ---- biases: the state dict brings them, as it brings gpt-oss's sinks; which the module
+    # has, by these keys, is checked against the state dict (service.wire.hf_parameters)
     **{k: _INERT for k in _words("attention_bias qkv_bias use_bias attention_out_bias")},
     # ---- change attention; applied only for the types in reads (OLMo's clamp, Granite's scale)
     "clip_qkv": Key(

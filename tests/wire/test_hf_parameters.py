@@ -1,0 +1,252 @@
+"""The state-dict names a verified family's attention module has, as its config decides them
+(service.wire.hf_parameters), against transformers 5.23 itself; and /multihead's 422s for a
+state dict that is not the module's (issue 41: never silently wrong about a layer).
+
+The reference: each family's attention class (the one non-vision, non-audio ``*Attention``
+class of its ``modeling_<family>.py``) built on the meta device from its stock configuration
+(``AutoConfig.for_model(t)``) with every value of each flag its config has (true, false and
+the key left out, which takes the configuration class's default; DeepSeek's ``q_lora_rank``
+null or set; Gemma 4's ``attention_k_eq_v`` on a sliding and a full layer), its
+``state_dict().keys()`` compared with the names ``from_config`` gives that config and layer.
+The API tests send test_config_layers' CASES (a layer whose whole state dict is answered 200
+to 1e-12 there) with one name dropped or one name too many.
+"""
+
+import importlib
+import inspect
+import itertools
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+import service.main
+from service.wire.hf_config import from_config
+from service.wire.hf_config_keys import VERIFIED
+from service.wire.hf_parameters import ROWS
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+from transformers.models.auto.configuration_auto import model_type_to_module_name  # noqa: E402
+
+from tests.wire.test_config_layers import CASES, SIZES, Build, L, _fill, _state  # noqa: E402
+
+# verified model types without a row (not checked: hf_parameters' docstring); a family added
+# to VERIFIED must get a row, or be listed here until it has one
+WITHOUT_ROW: set[str] = set()
+
+ABSENT = object()  # the key left out of the config
+# the config keys that decide an attention module's parameters in some family, with the
+# values tried (each also left out where the stock config has it)
+FLAGS: dict[str, list[Any]] = {
+    **{
+        key: [True, False]
+        for key in [
+            "attention_bias",
+            "qkv_bias",
+            "use_bias",
+            "attention_out_bias",
+            "use_qkv_bias",
+            "enable_bias",
+            "use_qk_norm",
+            "attention_k_eq_v",
+        ]
+    },
+    "q_lora_rank": [None, 12],
+}
+# layers tried: a full-attention one (layer 3 of Qwen3-Next and Qwen3.5), both kinds of Gemma 4
+LAYERS: dict[str, list[int]] = {"gemma4_text": [4, 5]}
+# stock defaults no released config has and the attention class cannot be built from (its
+# released configs' values): GLM-4-MoE's odd rotary count (refused on its own), Nemotron's null
+# kv heads, Ministral's null head_dim
+AS_RELEASED: dict[str, dict[str, Any]] = {
+    "glm4_moe": {"head_dim": 128},
+    "nemotron": {"num_key_value_heads": 8},
+    "ministral": {"head_dim": 128},
+}
+
+
+def _attention_class(model_type: str) -> Any:
+    """The family's decoder attention class: the one ``*Attention`` of its modeling file that
+    is neither a vision nor an audio tower's."""
+    name = model_type_to_module_name(model_type)
+    modeling = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    found = [
+        c
+        for n, c in vars(modeling).items()
+        if inspect.isclass(c)
+        and c.__module__ == modeling.__name__
+        and n.endswith("Attention")
+        and not any(tower in n for tower in ("Vision", "Audio"))
+    ]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _variants(model_type: str) -> list[tuple[Any, dict[str, Any]]]:
+    """The stock configuration with every combination of its flags' values: the config object
+    the module is built from, and its to_dict() as sent (a flag left out: the key deleted, the
+    object keeping its class's default)."""
+    config_class = type(transformers.AutoConfig.for_model(model_type))
+    stock = config_class().to_dict()
+    keys = [k for k in FLAGS if k in stock]
+    out = []
+    for values in itertools.product(*[[*FLAGS[k], ABSENT] for k in keys]):
+        given = {k: v for k, v in zip(keys, values, strict=True) if v is not ABSENT}
+        hf_config = config_class(**given, **AS_RELEASED.get(model_type, {}))
+        sent = {k: v for k, v in hf_config.to_dict().items() if k in given or k not in keys}
+        out.append((hf_config, sent))
+    return out
+
+
+def test_each_verified_family_has_a_row_or_is_listed_without_one() -> None:
+    """The merge of a new family shows here: add its row to hf_parameters.ROWS."""
+    assert set(ROWS) <= set(VERIFIED)
+    assert set(VERIFIED) - set(ROWS) == WITHOUT_ROW
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("model_type", sorted(ROWS))
+def test_the_names_are_the_transformers_modules_state_dict(model_type: str) -> None:
+    attention = _attention_class(model_type)
+    assert attention.__name__ == ROWS[model_type].cls
+    for (hf_config, config), layer in itertools.product(
+        _variants(model_type), LAYERS.get(model_type, [3])
+    ):
+        with torch.device("meta"):
+            module = attention(hf_config, layer)
+        names = from_config(config, layer).parameters
+        assert names is not None
+        flags = {k: config.get(k, "absent") for k in FLAGS}
+        assert sorted(n for n, _ in names.has) == sorted(module.state_dict()), (layer, flags)
+        assert not set(names.lacks) & set(module.state_dict())
+
+
+# ---- /multihead: the state dict must be the module's ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    return TestClient(service.main.app)
+
+
+def _body(build: Build, layer: int, positions: list[int] | None) -> tuple[dict[str, Any], Any]:
+    cfg, hf = build(layer)
+    hf.attn = hf.attn.double().eval()
+    _fill(hf, 7)
+    x = np.random.default_rng(layer).normal(size=(L, SIZES["hidden_size"]))
+    body = {"x": x.tolist(), **_state(hf), "config": cfg, "layer": layer, "include": ["output"]}
+    if positions is not None:
+        body["positions"] = body["context_positions"] = positions
+    return body, hf
+
+
+CASE_ARGS = [c[1:4] for c in CASES]
+CASE_IDS = [c[0] for c in CASES]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("build", "layer", "positions"), CASE_ARGS, ids=CASE_IDS)
+def test_a_state_dict_without_one_of_the_modules_names_is_a_422_naming_it(
+    client: TestClient, build: Build, layer: int, positions: list[int] | None
+) -> None:
+    """Each name dropped in turn: never computed without it (a bias, o_proj, a q/k norm's
+    weight, sinks, MLA's latent norms)."""
+    body, hf = _body(build, layer, positions)
+    for name in hf.attn.state_dict():
+        response = client.post("/multihead", json={k: v for k, v in body.items() if k != name})
+        assert response.status_code == 422, (name, response.text[:300])
+        error = response.json()["errors"][0]
+        if error["message"] == f"{error['field']} goes with {name}":  # the schema's own pairing
+            continue  # (a fused bias without its weight: refused before the config is read)
+        assert error["field"] == name, error
+        assert f"has {name}, which the request lacks" in error["message"]
+        assert "state_dict() as it is" in error["message"]
+
+
+# a name some module has, with the size it would have in these tiny layers
+_FOREIGN = ("q_proj.bias", "o_proj.bias", "q_norm.weight", "sinks", "k_proj.bias")
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("build", "layer", "positions"), CASE_ARGS, ids=CASE_IDS)
+def test_a_state_dict_with_a_name_the_module_lacks_is_a_422_naming_it(
+    client: TestClient, build: Build, layer: int, positions: list[int] | None
+) -> None:
+    """A bias (or norm weight, or sinks) the module does not have: the config and the weights
+    are of two models."""
+    body, hf = _body(build, layer, positions)
+    own = set(hf.attn.state_dict())
+    aliases = {"o_proj.bias": "dense.bias"}  # Phi's, GPT-NeoX's name of the same field
+    extra = next(n for n in _FOREIGN if n not in own and aliases.get(n) not in own)
+    body[extra] = [0.5] * 4
+    response = client.post("/multihead", json=body)
+    assert response.status_code == 422, response.text[:300]
+    error = response.json()["errors"][0]
+    assert error["field"] == extra, error
+    assert f"has no {extra}, yet the request gives it" in error["message"]
+
+
+@pytest.mark.torch
+def test_the_missing_bias_names_the_config_key_that_gives_it(client: TestClient) -> None:
+    """GLM-4 (attention_bias true): q_proj.bias dropped; the message names the key."""
+    build = next(c[1] for c in CASES if c[0].startswith("glm4-"))
+    body, _ = _body(build, 0, None)
+    del body["q_proj.bias"]
+    error = client.post("/multihead", json=body).json()["errors"][0]
+    assert error["field"] == "q_proj.bias"
+    assert error["message"] == (
+        "config says attention_bias True: Glm4Attention has q_proj.bias, which the request "
+        "lacks; send the module's state_dict() as it is (without it the layer would be another "
+        "one)"
+    )
+
+
+def test_weights_not_in_the_modules_form_are_not_checked(client: TestClient) -> None:
+    """w_q, w_k, w_v with a config: the request's own form, not a state dict (no check)."""
+    rng = np.random.default_rng(0)
+    config = {"model_type": "llama", "num_attention_heads": 2, "num_key_value_heads": 2,
+              "hidden_size": 8, "num_hidden_layers": 1, "attention_bias": True}  # fmt: skip
+    body = {"x": rng.normal(size=(3, 8)).tolist(), "config": config, "include": ["output"],
+            **{w: rng.normal(size=(8, 8)).tolist() for w in ("w_q", "w_k", "w_v")}}  # fmt: skip
+    assert client.post("/multihead", json=body).status_code == 200
+
+
+@pytest.mark.torch
+def test_qwen3_next_q_proj_without_its_gate_rows_is_a_422_naming_it(client: TestClient) -> None:
+    """The query rows alone (each head's gate rows cut out): not read as narrower heads."""
+    build = next(c[1] for c in CASES if c[0] == "qwen3_next-full")
+    body, _ = _body(build, 3, None)
+    w = np.asarray(body["q_proj.weight"])  # (h · 2 · d, d_model): h = 4, d = 16
+    body["q_proj.weight"] = w.reshape(4, 2, 16, -1)[:, 0].reshape(64, -1).tolist()
+    error = client.post("/multihead", json=body).json()["errors"][0]
+    assert error["field"] == "q_proj.weight"
+    assert "2·num_heads·d_k = 128 rows, but it has 64" in error["message"]
+
+
+@pytest.mark.torch
+def test_gpt_oss_without_its_sinks_is_a_422_naming_them(client: TestClient) -> None:
+    """gpt-oss's module has ``sinks`` whatever its config: left out, the layer is another."""
+    from transformers.models.gpt_oss import modeling_gpt_oss
+
+    config: Any = transformers.GptOssConfig(
+        hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+        num_hidden_layers=2, intermediate_size=8, vocab_size=16, num_local_experts=2,
+        pad_token_id=None, bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    attn = modeling_gpt_oss.GptOssAttention(config, 0).double()
+    torch.manual_seed(0)
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    state = {k: v.tolist() for k, v in attn.state_dict().items()}
+    body = {"x": np.random.default_rng(0).normal(size=(3, 16)).tolist(), **state,
+            "config": config.to_dict(), "layer": 0, "include": ["output"]}  # fmt: skip
+    assert client.post("/multihead", json=body).status_code == 200
+    del body["sinks"]
+    error = client.post("/multihead", json=body).json()["errors"][0]
+    assert error["field"] == "sinks"
+    assert error["message"].startswith("model_type gpt_oss: GptOssAttention has sinks")
