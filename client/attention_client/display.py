@@ -109,7 +109,34 @@ def _diagnosis(entry: Mapping[str, Any]) -> str:
     explanation = element(
         "div", html.escape(str(diagnosis.get("explanation", ""))), "margin-top:3px"
     )
-    return element("div", f"<b>Diagnosis:</b> {mistakes}{explanation}", "margin:6px 0", "diagnosis")
+    others = [" + ".join(_code(m) for m in codes) for codes in diagnosis.get("alternatives") or []]
+    also = (
+        element("div", "As well: " + "; ".join(others), "margin-top:3px", "alternatives")
+        if others
+        else ""
+    )
+    return element(
+        "div", f"<b>Diagnosis:</b> {mistakes}{explanation}{also}", "margin:6px 0", "diagnosis"
+    )
+
+
+def compared_at(entry: Mapping[str, Any]) -> str:
+    """What an array was compared at: its printed precision, a low-precision verdict with both
+    errors, or the tolerance ("")."""
+    low = entry.get("precision")
+    if isinstance(low, Mapping):
+        yours, reference = low.get("yours"), low.get("reference")
+        numbers = (
+            f" (yours {yours:.2g}, a {low.get('type')} computation's {reference:.2g})"
+            if isinstance(yours, float) and isinstance(reference, float)
+            else ""
+        )
+        return f"{low.get('type')} rounding{numbers}"
+    printed = entry.get("printed")
+    if isinstance(printed, Mapping) and printed:
+        (kind, n), *_ = printed.items()
+        return f"{n} {kind} printed"
+    return ""
 
 
 def _cell(value: Any) -> str:
@@ -129,6 +156,7 @@ def _comparison_row(entry: Mapping[str, Any]) -> str:
         _cell(entry.get("where")),
         _cell(entry.get("yours")),
         _cell(entry.get("ours")),
+        _cell(compared_at(entry)),
     ]
     return "<tr>" + "".join(cells) + "</tr>"
 
@@ -151,7 +179,7 @@ def comparison(entries: Sequence[Mapping[str, Any]], first_mismatch: str | None)
         verdict = f"Your numbers differ from the service's, first at {_code(first_mismatch)}."
         message = html.escape(str(first.get("message", "")))
         detail = element("div", message, "margin:4px 0", "message") + _diagnosis(first)
-    titles = ("array", "match", "largest difference", "where", "yours", "service's")
+    titles = ("array", "match", "largest difference", "where", "yours", "service's", "compared at")
     head = "".join(element("th", t, "padding:1px 8px;text-align:left") for t in titles)
     rows = "".join(_comparison_row(e) for e in entries)
     table = element("table", f"<tr>{head}</tr>{rows}", "border-collapse:collapse;margin-top:4px")

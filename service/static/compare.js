@@ -17,7 +17,7 @@ import {
   diffFigure,
   warningsPanel,
   comparisonPanel,
-  printedWords,
+  comparedAtWords,
 } from "./verdict.js";
 
 // drawn outputs that are inputs (generated) or not compared
@@ -181,7 +181,7 @@ function used(rows, tol, yours) {
   }
   const groups = new Map(); // "the 4 decimals you printed" -> names; "" -> the default's
   for (const r of rows) {
-    const words = printedWords(r) || "";
+    const words = comparedAtWords(r) || "";
     groups.set(words, [...(groups.get(words) || []), r.name]);
   }
   const atDefault = groups.get("");

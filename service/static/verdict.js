@@ -29,8 +29,10 @@ export function reveal(el) {
 const number = (v) => (v === null || v === undefined ? "—" : fmt(v));
 
 // The precision an entry was compared at when your numbers were printed ("the 4 decimals you
-// printed"), or null (compared with the tolerance).
-export function printedWords(entry) {
+// printed") or judged at a low precision ("bfloat16 rounding": within twice a bfloat16
+// computation's error), or null (compared with the tolerance).
+export function comparedAtWords(entry) {
+  if (entry.precision) return `${entry.precision.type} rounding`;
   const p = entry.printed;
   if (!p) return null;
   return "decimals" in p
@@ -100,7 +102,7 @@ export function diffFigure(item, entry, yours, ours, ctx) {
   fig.dataset.compared = item.label;
   const note = document.createElement("p");
   note.className = "hint";
-  const printed = printedWords(entry);
+  const printed = comparedAtWords(entry);
   const verdict = entry.match ? (printed ? `✓ agrees to ${printed}` : "✓ matches") : "✗ differs";
   note.textContent = `${verdict}: largest |yours − ours| ${entry.max_abs_diff === null ? "∞ (one side not finite)" : fmt(entry.max_abs_diff)} at [${entry.where.join(", ")}] (outlined). Red: yours is lower; blue: higher; hatched: not comparable (one side −∞ or NaN).`;
   fig.querySelector("figcaption").after(note);
@@ -152,7 +154,7 @@ export function comparisonPanel(data, cards, dropped) {
   verdict.className = "verdict";
   if (!first) {
     verdict.classList.add("ok");
-    const printed = rows.map(printedWords).filter((w) => w);
+    const printed = rows.map(comparedAtWords).filter((w) => w);
     const how = printed.length ? ` (${[...new Set(printed)].join(", ")})` : " within the tolerance";
     const all =
       rows.length === 1
@@ -210,7 +212,7 @@ export function comparisonPanel(data, cards, dropped) {
       name,
       ` max |diff| ${diff} at [${r.where.join(", ")}] (yours ${number(r.yours)}, ours ${number(r.ours)})`,
     );
-    const printed = printedWords(r);
+    const printed = comparedAtWords(r);
     if (printed) li.append(r.match ? ` — agrees to ${printed}` : ` — compared at ${printed}`);
     if (r.name === data.first_mismatch) li.append(" — first difference");
     const card = cards.get(r.name);

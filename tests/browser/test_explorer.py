@@ -674,6 +674,31 @@ def test_a_torch_print_of_the_right_weights_agrees_to_its_4_decimals(
     assert got["first_mismatch"] == "weights" and got["comparison"][0]["printed"] is None
 
 
+def test_a_bfloat16_kernels_output_is_judged_at_bfloat16_rounding(
+    offline_page: tuple[Any, list[str]], server: str
+) -> None:
+    """An engineer pastes the output of their attention run in bfloat16 (torch's SDPA on the
+    answer's own q, k, v): no tolerance typed, the service detects bfloat16 numbers and judges
+    them as a kernel is; the page says so in the verdict, the list and the tolerance note."""
+    torch = pytest.importorskip("torch")
+    page, _ = offline_page
+    open_explorer(page, server)
+    sent, data = run_form(page, "attention")
+    assert "mask" not in sent  # the default form: no mask, the scale 1/√d_k
+    q, k, v = (torch.tensor(data[n], dtype=torch.bfloat16)[None] for n in ("q", "k", "v"))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)[0].double()
+    paste_mine(page, "output", json.dumps(out.tolist()))
+    sent, got = compare_mine(page, "attention")
+    entry = got["comparison"][0]
+    assert "tolerance" not in sent and entry["match"], entry["message"]
+    assert entry["precision"]["type"] == "bfloat16"
+    verdict = page.locator("#comparison .verdict.ok").inner_text()
+    assert verdict == "✓ The compared array matches (bfloat16 rounding)."
+    item = page.locator('#comparison ol.compared li[data-name="output"]').inner_text()
+    assert "agrees to bfloat16 rounding" in item
+    assert page.locator("#tol-used").inner_text() == "used: bfloat16 rounding (output)"
+
+
 def test_the_tolerance_inputs_show_what_each_comparison_used(
     offline_page: tuple[Any, list[str]], server: str
 ) -> None:

@@ -409,6 +409,39 @@ def test_comparison_and_diagnosis_come_first(local: Client) -> None:
     assert text.startswith("Result(3 queries × 3 keys") and "tokens: The cat <pad>" in text
 
 
+def test_the_table_says_what_each_array_was_compared_at(local: Client) -> None:
+    """A print at 4 decimals and a bfloat16 kernel's numbers (torch's SDPA in bfloat16) each get
+    their verdict in the notebook's table: "4 decimals printed", "bfloat16 rounding (yours …, a
+    bfloat16 computation's …)"."""
+    torch = pytest.importorskip("torch")
+    first = local.attention(q=Q, k=K, v=V)
+    kernel = (
+        torch.nn.functional.scaled_dot_product_attention(
+            *(torch.tensor(a, dtype=torch.bfloat16)[None] for a in (Q, K, V))
+        )[0]
+        .double()
+        .numpy()
+    )
+    result = local.attention(
+        q=Q, k=K, v=V, expected={"weights": np.round(first.weights, 4), "output": kernel}
+    )
+    assert result.first_mismatch is None
+    page = result._repr_html_()
+    assert "4 decimals printed" in page
+    assert re.search(r"bfloat16 rounding \(yours [0-9.e-]+, a bfloat16 computation&#x27;s", page)
+
+
+def test_a_diagnosis_lists_the_sets_that_reproduce_the_numbers_as_well() -> None:
+    """diagnosis.alternatives, as the answer gives them, under the named set."""
+    from attention_client.display import comparison
+
+    entry = {"name": "q_rotated", "match": False, "message": "differs", "diagnosis": {
+        "mistakes": ["decode_position_offset"], "explanation": "…",
+        "alternatives": [["rope_missing"]]}}  # fmt: skip
+    page = comparison([entry], "q_rotated")
+    assert 'class="alternatives"' in page and "<code>rope_missing</code>" in page
+
+
 def test_a_match_says_so(local: Client) -> None:
     first = local.attention(q=Q, k=K, v=V)
     again = local.attention(q=Q, k=K, v=V, expected={"weights": first.weights})
