@@ -38,7 +38,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 import service.main  # noqa: E402
 from service.wire.hf_config import from_config  # noqa: E402
-from tests.wire.test_config_layers import CASES, SIZES, L, Layer, _fill, _state  # noqa: E402
+from tests.wire.test_config_layers import CASES, SIZES, L, Layer, _fill, _run, _state  # noqa: E402
 
 # the fields a column of its own shows; any other field the config implies goes to "other"
 SHOWN = {"num_heads", "num_kv_heads", "d_k", "rope", "qk_norm", "v_norm", "scale", "mask",
@@ -52,7 +52,9 @@ def stock_output(layer: Layer, x: np.ndarray, positions: list[int]) -> np.ndarra
     xs, pos = torch.as_tensor(x)[None], torch.tensor(positions)[None]
     with torch.no_grad():
         mask = layer.mask_fn(layer.config, xs, None, None, position_ids=pos)
-        rotary = {} if layer.rotary is None else {"position_embeddings": layer.rotary(xs, pos)}
+        rotary: dict[str, Any] = {"position_ids": pos} if layer.position_ids else {}
+        if layer.rotary is not None:
+            rotary["position_embeddings"] = layer.rotary(xs, pos)
         out, _ = layer.attn(hidden_states=xs, attention_mask=mask, **rotary, **layer.forward_kwargs)
     result: np.ndarray = out[0].numpy()
     return result
@@ -88,7 +90,8 @@ def _rope(fields: dict[str, Any]) -> str:
 def _norm(norm: dict[str, Any] | None) -> str:
     if not norm:
         return ""
-    words = [norm.get("type", "rms"), f"ε {norm['eps']:g}"]
+    words = [norm.get("type", "rms")] + [f"ε {norm['eps']:g}"] * ("eps" in norm)
+    words += ["over the projection"] * (norm.get("over") == "projection")
     words += ["(1 + w)"] * bool(norm.get("zero_centered")) + ["after RoPE"] * bool(
         norm.get("after_rope")
     )
@@ -132,9 +135,32 @@ def _other(fields: dict[str, Any]) -> str:
     return ", ".join(k if v is True else f"{k} {_value(v)}" for k, v in rest.items())
 
 
-def row(client: TestClient, case: tuple[Any, ...]) -> str:
-    """One family's row: what its config implies, and the stock layer's agreement."""
+def float64_difference(client: TestClient, case: tuple[Any, ...]) -> float:
+    """The test's comparison (tests/wire/test_config_layers.py): the layer in float64 with its
+    float32 steps widened, against the service; the largest difference ÷ the output's largest
+    magnitude."""
     name, build, layer, positions, _ = case
+    _, hf = build(layer)
+    hf.attn = hf.attn.double().eval()
+    _fill(hf, 100 + layer)
+    x = np.random.default_rng(layer).normal(size=(L, SIZES["hidden_size"]))
+    at = list(range(L)) if positions is None else positions
+    expected = _run(hf, x, at)
+    body: dict[str, Any] = {"x": x.tolist(), **_state(hf), "config": build(layer)[0],
+                            "layer": layer, "include": ["output"]}  # fmt: skip
+    if positions is not None:
+        body["positions"] = body["context_positions"] = positions
+    response = client.post("/multihead", json=body)
+    assert response.status_code == 200, f"{name}: {response.text}"
+    got = np.asarray(response.json()["output"])
+    return float(np.abs(got - expected).max()) / max(1.0, float(np.abs(expected).max()))
+
+
+def row(client: TestClient, case: tuple[Any, ...]) -> str:
+    """One family's row: what its config implies, the float64 layer's agreement (the test's)
+    and the stock layer's."""
+    name, build, layer, positions, _ = case
+    exact = float64_difference(client, case)
     cfg, hf = build(layer)
     hf.attn = hf.attn.float().eval()
     _fill(hf, 100 + layer)  # float64 draws, rounded into the float32 parameters
@@ -152,7 +178,7 @@ def row(client: TestClient, case: tuple[Any, ...]) -> str:
     fields = from_config(cfg, layer).fields
     cells = [f"`{name}`", f"`{type(hf.attn).__name__}`", _mask(fields.get("mask") or []),
              _rope(fields), _norms(fields), _scale(fields), _bias(state), _other(fields),
-             f"{diff:.1e}", f"{diff / float(np.abs(stock).max()):.1e}"]  # fmt: skip
+             f"{exact:.1e}", f"{diff:.1e}", f"{diff / float(np.abs(stock).max()):.1e}"]  # fmt: skip
     return "| " + " | ".join(cells) + " |"
 
 
@@ -171,8 +197,8 @@ def main() -> None:
           f"{os.cpu_count()} CPUs).")  # fmt: skip
     print()
     print("| case | transformers class | mask | RoPE (style, part, base) | norms | scale | "
-          "bias | other | max \\|diff\\| | ÷ max \\|output\\| |")  # fmt: skip
-    print("| --- " * 10 + "|")
+          "bias | other | float64 | max \\|diff\\| | ÷ max \\|output\\| |")  # fmt: skip
+    print("| --- " * 11 + "|")
     for case in CASES:
         print(row(client, case))
 
