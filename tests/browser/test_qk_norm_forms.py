@@ -77,9 +77,7 @@ def test_the_plain_per_head_norm_is_explained_with_the_services_number(
 
 
 @pytest.mark.parametrize("form", list(FORMS))
-def test_a_norm_of_each_form_totals_the_services_number(
-    page: Any, server: str, form: str
-) -> None:
+def test_a_norm_of_each_form_totals_the_services_number(page: Any, server: str, form: str) -> None:
     """Every cell of q_normed and k_normed of every head: the page's total is the service's."""
     open_explorer(page, server)
     layer, fields = FORMS[form]
