@@ -36,9 +36,25 @@ export {
   recompute,
 } from "./lib/arithmetic.js";
 
+// ALiBi's distance of key j, by where it starts (lib/arithmetic.js alibiOf)
+const ALIBI_DISTANCE = {
+  query: (i, j) => `p'_${j} − p_${i}`,
+  zero: (i, j) => `p'_${j}`,
+  last_key: (i, j) => `p'_${j} − p'_last`,
+};
+
 function alibiNote(note, a, i, j) {
+  const from = {
+    query: `from query ${i}`,
+    zero: `from position 0 (BLOOM's and Falcon's origin)`,
+    last_key: `from the last key, at p'_last = ${a.last} (MPT's origin)`,
+  }[a.origin ?? "query"];
+  const same =
+    a.origin && a.origin !== "query"
+      ? " It differs from the paper's slope · (p'_j − p_i) by a constant in each query's row, so the weights are the same."
+      : "";
   note(
-    `ALiBi: head ${a.head}'s slope is ${fmt(a.slope)} (of ${count(a.n, "head")}); key ${j} is at distance p'_${j} − p_${i} = ${a.distance} from query ${i}, so the bias is ${a.symmetric ? `−${fmt(a.slope)} · |${a.distance}|` : `${fmt(a.slope)} · ${a.distance}`} = ${fmt(a.bias)}.`,
+    `ALiBi: head ${a.head}'s slope is ${fmt(a.slope)} (of ${count(a.n, "head")}); key ${j} is at distance ${ALIBI_DISTANCE[a.origin ?? "query"](i, j)} = ${a.distance} ${from}, so the bias is ${a.symmetric ? `−${fmt(a.slope)} · |${a.distance}|` : `${fmt(a.slope)} · ${a.distance}`} = ${fmt(a.bias)}.${same}`,
   );
 }
 
@@ -187,7 +203,7 @@ export function explainCell(ctx) {
     );
   } else if (r.kind === "alibi") {
     f(
-      `position_bias[${i}][${j}] = slope · (p'_${j} − p_${i})${r.alibi.symmetric ? ", made −|·| (symmetric)" : ""}`,
+      `position_bias[${i}][${j}] = slope · (${ALIBI_DISTANCE[r.alibi.origin ?? "query"](i, j)})${r.alibi.symmetric ? ", made −|·| (symmetric)" : ""}`,
     );
     alibiNote(note, r.alibi, i, j);
   } else if (r.kind === "mask") {

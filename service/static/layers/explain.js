@@ -110,30 +110,74 @@ export function explainLayer(box, r, ctx) {
   }
 }
 
+/** Where a weight's or bias's entry for feature `at` of the norm's vector (feature j of the head)
+ * is in the request: q_norm.weight[5], q_norm.weight[1][1] (a row per head), or w[j] shared. */
+function entryName(e, j, at) {
+  if (e.perHead) return `${e.key}[${e.row}][${j}]`;
+  return `${e.key}[${e.shared ? j : at}]`;
+}
+
 function normLines(box, r, name, i, j, f, note) {
-  const x = `${r.from}[${i}]`;
-  const w = r.factor === null ? "" : r.zeroCentered ? ` · (1 + w[${j}])` : ` · w[${j}]`;
-  if (r.type === "rms") f(`${name}[${i}][${j}] = ${x}[${j}] / √(mean_u ${x}[u]² + eps)${w}`);
-  else f(`${name}[${i}][${j}] = (${x}[${j}] − mean) / √(mean_u (${x}[u] − mean)² + eps)${w}`);
+  const projection = r.over === "projection";
+  const at = r.at ?? j; // feature j of the head within the vector the norm spans
+  const x = projection ? "x" : `${r.from}[${i}]`;
+  const w = r.factor === null ? "" : r.zeroCentered ? ` · (1 + w[${at}])` : ` · w[${at}]`;
+  const b = r.b === null || r.b === undefined ? "" : ` + b[${at}]`;
+  if (projection) {
+    const who = r.side === "q" ? "query" : "key";
+    const heads = r.heads.map((hh) => `${r.from}[${i}] of head ${hh}`).join(", ");
+    f(
+      `x = ${who} ${i}'s whole projection, every head's ${r.from}[${i}] side by side (${count(r.terms.length, "feature")}: ${heads}); feature ${j} of this head is x[${at}]`,
+    );
+  }
+  if (r.type === "rms") f(`${name}[${i}][${j}] = ${x}[${at}] / √(mean_u ${x}[u]² + eps)${w}${b}`);
+  else f(`${name}[${i}][${j}] = (${x}[${at}] − mean) / √(mean_u (${x}[u] − mean)² + eps)${w}${b}`);
   const rms = r.type === "rms";
+  const cells = (t) =>
+    rms ? [String(t.t), fmt(t.x), fmt(t.sq)] : [String(t.t), fmt(t.x), fmt(t.c), fmt(t.sq)];
+  const dk = r.dk ?? r.terms.length;
+  const head = (t) => (projection ? [`${r.heads[Math.floor(t.t / dk)]}, ${t.t % dk}`] : []);
   box.append(
     table(
-      rms ? ["u", `${x}[u]`, "square"] : ["u", `${x}[u]`, "− mean", "square"],
-      r.terms.map((t) =>
-        rms ? [String(t.t), fmt(t.x), fmt(t.sq)] : [String(t.t), fmt(t.x), fmt(t.c), fmt(t.sq)],
-      ),
-      j,
+      [
+        "u",
+        ...(projection ? ["head, feature"] : []),
+        `${x}[u]`,
+        ...(rms ? [] : ["− mean"]),
+        "square",
+      ],
+      r.terms.map((t) => {
+        const [u, ...rest] = cells(t);
+        return [u, ...head(t), ...rest];
+      }),
+      at,
     ),
   );
   const spread = rms ? "mean of the squares" : `mean = ${fmt(r.mean)}, variance`;
+  const over = projection ? ` (over all ${count(r.terms.length, "feature")})` : "";
   f(
-    `${spread} = ${fmt(r.spread)}; √(${fmt(r.spread)} + ${fmt(r.eps)}) = ${fmt(r.denom)}; ${fmt(r.terms[j].c)} / ${fmt(r.denom)} = ${fmt(r.normed)}`,
+    `${spread}${over} = ${fmt(r.spread)}; √(${fmt(r.spread)} + ${fmt(r.eps)}) = ${fmt(r.denom)}; ${fmt(r.terms[at].c)} / ${fmt(r.denom)} = ${fmt(r.normed)}`,
   );
+  const scaled = r.factor === null ? r.normed : r.normed * r.factor;
   if (r.factor !== null)
     f(
       r.zeroCentered
-        ? `· (1 + w[${j}]) = 1 + ${fmt(r.w)} = ${fmt(r.factor)} (zero-centred weights, as Qwen3-Next stores them): ${fmt(r.normed)} · ${fmt(r.factor)}`
-        : `· w[${j}] = ${fmt(r.factor)}: ${fmt(r.normed)} · ${fmt(r.factor)}`,
+        ? `· (1 + w[${at}]) = 1 + ${fmt(r.w)} = ${fmt(r.factor)} (zero-centred weights, as Qwen3-Next stores them): ${fmt(r.normed)} · ${fmt(r.factor)}`
+        : `· w[${at}] = ${fmt(r.factor)}: ${fmt(r.normed)} · ${fmt(r.factor)}`,
+    );
+  if (b) f(`+ b[${at}] = ${fmt(r.b)}: ${fmt(scaled)} + ${fmt(r.b)}`);
+  const sources = [];
+  if (r.weightEntry && r.factor !== null)
+    sources.push(`w[${at}] is ${entryName(r.weightEntry, j, at)}`);
+  if (r.biasEntry && b) sources.push(`b[${at}] is ${entryName(r.biasEntry, j, at)}`);
+  if (r.epsField && r.epsField.startsWith("config.")) sources.push(`eps is ${r.epsField}`);
+  if (sources.length)
+    note(
+      `${sources.join("; ")}${r.weightEntry && r.weightEntry.perHead ? ` (the row of head ${r.weightEntry.row}: a weight per head, as Cohere's and StableLM's)` : ""}.`,
+    );
+  if (projection)
+    note(
+      `qk_norm over the projection (OLMo 2, OLMo 3, OLMoE): one norm spans all of the token's ${r.side === "q" ? "query heads" : "key heads"}' features, taken before the head split, so every head's numbers share this token's denominator.`,
     );
   if (r.kind === "norm" && r.side === "v")
     note(

@@ -25,6 +25,7 @@ import {
 import {
   alibiBias,
   alibiSlope,
+  keyPosition,
   keyRowPosition,
   pairScalings,
   queryPosition,
@@ -132,18 +133,49 @@ export function ropeOf(ctx, i, j) {
   };
 }
 
-/** ALiBi's bias of cell (i, j): the head's slope and the distance between the positions.
- * Only the paper's distance from the query (origin "query", the default) is worked out here;
- * BLOOM's and MPT's origins ("zero", "last_key") show the service's position_bias instead. */
+// where each key's distance starts (service/core/positions.py ALIBI_ORIGINS), by the distance
+// the answer's position_bias step writes: the paper's from the query, BLOOM's and Falcon's
+// from position 0, MPT's from the last key
+const ALIBI_ORIGINS = { "p'_j − p_i": "query", "p'_j": "zero", "p'_j − p'_last": "last_key" };
+
+/** The ALiBi origin the answer's position_bias step states, or undefined when it states none. */
+function statedOrigin(ctx) {
+  const step = (ctx.data.steps || []).find((s) => s.name === POSITION_BIAS);
+  const said = step && /^ALiBi: slope · \(([^)]*)\)/.exec(String(step.formula));
+  return said ? ALIBI_ORIGINS[said[1]] : undefined;
+}
+
+/** ALiBi's bias of cell (i, j): the head's slope and the distance of key j from the origin the
+ * request gives (service/core/positions.py alibi_bias): from the query p'_j − p_i (the paper's,
+ * the default, −|·| when symmetric), from zero p'_j (BLOOM's and Falcon's build_alibi_tensor),
+ * or from the last key p'_j − p'_last (MPT's build_mpt_alibi_tensor); undefined when the
+ * answer's step states another origin. */
 export function alibiOf(ctx, i, j) {
   if (!ctx.request.alibi) return undefined;
-  const origin = ctx.request.alibi.origin;
-  if (origin !== undefined && origin !== "query") return undefined;
+  const origin = ctx.request.alibi.origin ?? "query";
+  const stated = statedOrigin(ctx);
+  if (!Object.values(ALIBI_ORIGINS).includes(origin)) return undefined;
+  if (stated !== undefined && stated !== origin) return undefined;
   const h = ctx.head ?? 0,
     n = Number(ctx.data.num_heads ?? 1);
   if (!Array.isArray(ctx.data.alibi_slopes)) return undefined;
   const slope = alibiSlope(ctx, h);
-  return { slope, head: h, n, ...alibiBias(ctx, slope, i, j) };
+  if (origin === "query") return { slope, head: h, n, origin, ...alibiBias(ctx, slope, i, j) };
+  const keys = ctx.data.key_positions;
+  const key = keyPosition(ctx, j);
+  const last = origin === "last_key" ? Number(keys[keys.length - 1]) : 0;
+  const distance = key - last;
+  return {
+    slope,
+    head: h,
+    n,
+    origin,
+    key,
+    last,
+    distance,
+    symmetric: false,
+    bias: slope * distance,
+  };
 }
 
 function sinkLogit(ctx) {

@@ -5,6 +5,8 @@
 // placed by x-chain), which the scores and the output read the last of; the outputs whose cells
 // a click explains; and the arithmetic of a cell of each layer by its step's kind (CELLS: the
 // clamp of OLMo's clip_qkv, qk_norm's norm before RoPE or after it with weights w or 1 + w,
+// over a head or a token's whole projection (OLMo 2), a weight row per head (Cohere), a bias
+// (Phi), a config's settings as the answer's step states them,
 // Gemma 4's weightless v_norm, RoPE with the answer's θ_i and gain (lib/positions.js), Llama 4's
 // temperature, and /multihead's gated, with the gate it multiplies by (Qwen3-Next)), each
 // computed again from the form before it in float64 as the service does
@@ -136,11 +138,11 @@ export function explains(name) {
 
 /** The norm of one vector (service/core/variants.py qk_norm): "rms" x / √(mean(x²) + eps),
  * "layer" (x − mean) / √(mean((x − mean)²) + eps); feature t times w_t, or 1 + w_t when
- * zero-centred. */
+ * zero-centred, plus b_t with a bias (Phi's LayerNorm). `weight` and `bias` run along x. */
 export function normOf(
   x,
   t,
-  { type = "rms", eps = DEFAULT_EPS, weight = null, zeroCentered = false },
+  { type = "rms", eps = DEFAULT_EPS, weight = null, zeroCentered = false, bias = null },
 ) {
   const n = x.length;
   const mean = type === "rms" ? 0 : x.reduce((s, v) => s + v, 0) / n;
@@ -150,6 +152,8 @@ export function normOf(
   const denom = Math.sqrt(spread + eps);
   const normed = centred[t] / denom;
   const factor = weight === null ? null : zeroCentered ? 1 + weight[t] : weight[t];
+  const scaled = factor === null ? normed : normed * factor;
+  const b = bias === null ? null : bias[t];
   return {
     type,
     eps,
@@ -161,40 +165,149 @@ export function normOf(
     w: weight === null ? null : weight[t],
     factor,
     zeroCentered,
-    total: factor === null ? normed : normed * factor,
+    b,
+    total: b === null ? scaled : scaled + b,
   };
 }
 
-/** qk_norm's weight of the queries (`side` "q") or keys ("k"): /multihead's q_norm.weight (or
- * q_norm_weight) over qk_norm.q_weight, as service/trace/rows/variants.py; null when none. */
-export function normWeight(request, side) {
-  const o = qkNormOptions(request) || {};
-  let w = Array.isArray(o[`${side}_weight`]) ? o[`${side}_weight`] : null;
-  for (const key of [`${side}_norm.weight`, `${side}_norm_weight`])
-    if (Array.isArray(request[key])) w = request[key];
-  return w;
+/** The first array of `request` under `keys`, or null. */
+function firstArray(request, keys) {
+  const key = keys.find((k) => Array.isArray(request[k]));
+  return key === undefined ? null : { key, a: request[key] };
 }
 
-/** Whether the page can recompute a cell of the q/k norm from one vector and one weight: not
- * over the whole projection (all heads of a token), with a weight per head, or a bias (Phi), or
- * with settings a config gave (the request's qk_norm is then not the layer's). */
-function normExplained(request, o, side) {
-  const rows = (a) => Array.isArray(a) && Array.isArray(a[0]);
-  const given = [o[`${side}_weight`], o[`${side}_bias`], request[`${side}_norm.weight`]];
-  const biased = ["q", "k"].some(
-    (s) => o[`${s}_bias`] || [".bias", "_bias"].some((b) => request[`${s}_norm${b}`] != null),
-  );
-  const stateless = ["q_layernorm", "k_layernorm"].some((p) =>
+/** qk_norm's weight of the queries (`side` "q") or keys ("k"), and the field it came from:
+ * /multihead's q_norm.weight (or q_norm_weight) over qk_norm.q_weight, as
+ * service/trace/rows/variants.py; null when none. */
+function normArray(request, side, what) {
+  const o = qkNormOptions(request) || {};
+  const held = firstArray(request, [`${side}_norm.${what}`, `${side}_norm_${what}`]);
+  if (held) return held;
+  const own = o[`${side}_${what}`];
+  return Array.isArray(own) ? { key: `qk_norm.${side}_${what}`, a: own } : null;
+}
+
+/** qk_norm's weight of the queries (`side` "q") or keys ("k"); null when none. */
+export function normWeight(request, side) {
+  const w = normArray(request, side, "weight");
+  return w && w.a;
+}
+
+/** A weight or bias as rows of d_k, [h_w][d_k]: one row per head (Cohere, StableLM), a
+ * projection's [h_w·d_k] cut in rows (OLMo 2), or a shared [d_k] as one row. */
+function rowsOf(a, dk) {
+  if (Array.isArray(a[0])) return a;
+  return Array.from({ length: a.length / dk }, (_, g) => a.slice(g * dk, (g + 1) * dk));
+}
+
+/** The row of `rows` head `head` of `heads` takes: each row serves heads / rows.length heads
+ * in a row (service/core/variants.py _along, as repeat_interleave; the keys come repeated to
+ * the query heads). */
+function rowIndex(rows, head, heads) {
+  return Math.floor(head / (heads / rows.length));
+}
+
+/** The norm's settings the answer's step states (service/trace/rows/variants.py _qk_norm): its
+ * type, over, weight ("· w", "· (1 + w)", "· 1"), bias ("+ b"), after RoPE; eps as the formula
+ * writes it (6 significant digits); undefined when the formula is not one of these. */
+export function normFromFormula(formula) {
+  const type = /\(RMSNorm\)/.test(formula)
+    ? "rms"
+    : /\(biased var\)/.test(formula)
+      ? "layer"
+      : undefined;
+  const eps = /\+ ([0-9.e+-]+)\)/.exec(formula);
+  const w = /\) · (\(1 \+ w\)|w|1)(?=[ ,]|$)/.exec(formula);
+  if (type === undefined || !eps || !w) return undefined;
+  return {
+    type,
+    eps: Number(eps[1]),
+    weighted: w[1] !== "1",
+    zeroCentered: w[1] === "(1 + w)",
+    biased: / \+ b\b/.test(formula),
+    over: /before the head split/.test(formula) ? "projection" : "head",
+    afterRope: /after RoPE/.test(formula),
+  };
+}
+
+/** A value of the request's config under a dotted name ("text_config.rms_norm_eps"). */
+function configValue(config, dotted) {
+  return dotted
+    .split(".")
+    .reduce((o, k) => (o && typeof o === "object" ? o[k] : undefined), config);
+}
+
+/** The settings of the norm a config gave (the request's qk_norm is not the layer's): read from
+ * the answer's step formula, the eps exactly from the config's key the answer's
+ * conventions.config names for qk_norm.eps (the formula's has 6 digits), when it agrees with
+ * the formula; undefined when the answer does not say enough. */
+function configNorm(ctx, name) {
+  const step = (ctx.data.steps || []).find((s) => s.name === name);
+  const said = step && normFromFormula(String(step.formula));
+  const from = ((ctx.data.conventions || {}).config || {})["qk_norm.eps"];
+  if (!said || typeof from !== "string") return undefined;
+  const key = from.split(" ")[0];
+  const eps = configValue(ctx.request.config, key);
+  if (typeof eps !== "number" || Number(eps.toPrecision(6)) !== said.eps) return undefined;
+  return { ...said, eps, field: `config.${key}` };
+}
+
+/** The norm's settings for `side`: the request's qk_norm, or (with a config) what the answer's
+ * step says; undefined when the page cannot tell them (a config's eps it cannot read, the
+ * weights under another family's names). */
+function normSettings(ctx, name, side) {
+  const request = ctx.request;
+  const stateless = ["q_layernorm", "k_layernorm", "query_layernorm", "key_layernorm"].some((p) =>
     Object.keys(request).some((key) => key.startsWith(p)),
   );
-  return (
-    (o.over ?? "head") === "head" &&
-    !given.some(rows) &&
-    !rows(request[`${side}_norm_weight`]) &&
-    !biased &&
-    !stateless &&
-    request.config == null
-  );
+  if (stateless) return undefined; // Phi's, StableLM's, HunYuan's names: read by the service
+  const weight = normArray(request, side, "weight");
+  const bias = normArray(request, side, "bias");
+  if (request.config == null) {
+    const o = qkNormOptions(request) || {};
+    return {
+      type: o.type ?? "rms",
+      eps: o.eps ?? DEFAULT_EPS,
+      zeroCentered: !!o.zero_centered,
+      over: o.over ?? "head",
+      afterRope: !!o.after_rope,
+      weight,
+      bias,
+      field: "qk_norm.eps",
+    };
+  }
+  const said = configNorm(ctx, name);
+  // the weights the formula applies must be the ones the page found
+  if (!said || said.weighted !== !!weight || said.biased !== !!bias) return undefined;
+  return { ...said, weight, bias };
+}
+
+/** The projection's vector the norm of head `head`'s row r spans: over "head" the head's own
+ * row; over "projection" the row of every head side by side (the keys' h_kv heads, each once),
+ * with where head `head`'s features start. */
+function normInput(ctx, from, r, over, side) {
+  const own = pick(ctx, from)[r];
+  if (over !== "projection") return { x: own, heads: null, start: 0 };
+  const h = Number(ctx.data.num_heads);
+  const hs = side === "k" ? Number(ctx.data.num_kv_heads ?? h) : h;
+  const group = h / hs; // query heads per key head: heads[g·group] holds key head g
+  const heads = Array.from({ length: hs }, (_, g) => g * group);
+  const x = heads.flatMap((hh) => pick({ ...ctx, head: hh }, from)[r]);
+  return { x, heads, start: Math.floor(ctx.head / group) * own.length };
+}
+
+/** A weight or bias laid along the vector the norm spans (per feature of x), and the entry
+ * feature t of head `head` takes: [row, t] of rows per head, or the index of a flat array. */
+function along(given, ctx, dk, input) {
+  if (given === null) return { a: null, entry: null };
+  const rows = rowsOf(given.a, dk);
+  const h = Number(ctx.data.num_heads ?? 1);
+  const heads = input.heads ?? [ctx.head ?? 0];
+  const a = heads.flatMap((hh) => rows[rowIndex(rows, hh, h)]);
+  const row = rowIndex(rows, ctx.head ?? 0, h);
+  const perHead = Array.isArray(given.a[0]);
+  const shared = !perHead && given.a.length === dk;
+  return { a, entry: { key: given.key, row, perHead, shared } };
 }
 
 function normCell(ctx, name, r, t) {
@@ -206,20 +319,27 @@ function normCell(ctx, name, r, t) {
     const settings = { eps: o.eps ?? DEFAULT_EPS };
     return { kind: "norm", from, side, ...normOf(pick(ctx, from)[r], t, settings) };
   }
-  const o = qkNormOptions(ctx.request) || {};
-  if (!normExplained(ctx.request, o, side)) return undefined;
-  const settings = {
-    type: o.type ?? "rms",
-    eps: o.eps ?? DEFAULT_EPS,
-    weight: normWeight(ctx.request, side),
-    zeroCentered: !!o.zero_centered,
-  };
+  const s = normSettings(ctx, name, side);
+  if (s === undefined) return undefined;
+  const input = normInput(ctx, from, r, s.over, side);
+  const dk = pick(ctx, from)[r].length;
+  const w = along(s.weight, ctx, dk, input);
+  const b = along(s.bias, ctx, dk, input);
+  const at = input.start + t; // feature t of the head within the vector the norm spans
+  const settings = { type: s.type, eps: s.eps, zeroCentered: s.zeroCentered };
   return {
     kind: "norm",
     from,
     side,
-    afterRope: !!o.after_rope,
-    ...normOf(pick(ctx, from)[r], t, settings),
+    afterRope: s.afterRope,
+    over: s.over,
+    heads: input.heads,
+    at,
+    dk,
+    epsField: s.field,
+    weightEntry: w.entry,
+    biasEntry: b.entry,
+    ...normOf(input.x, at, { ...settings, weight: w.a, bias: b.a }),
   };
 }
 
