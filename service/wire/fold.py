@@ -8,7 +8,9 @@ rules, the plan and the engine see one form of each:
 - The state dict against the config: a request giving ``config`` and its weights under the
   module's names (``q_proj.weight`` …, a fused or MLA projection) must give every name that
   layer's attention module has and none it lacks (:mod:`service.wire.hf_parameters`, from
-  ``from_config``'s ``parameters``); a family without a row there is not checked.
+  ``from_config``'s ``parameters``), the names as the body spells them (the request's own
+  keys, before aliases merge them and before the folds below rename them); the encoders'
+  BertSelfAttention alone is the row's inner module.
 - ``k_eq_v: true`` (Gemma 4's full-attention layers): the values' projection is the keys', so
   ``v_proj.weight``/``v_proj.bias`` (or ``w_v``/``b_v``, or per-head ``v``) become the keys'.
 - A fused projection (``qkv_proj.weight``, ``query_key_value.weight`` …, laid out as the

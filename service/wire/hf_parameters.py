@@ -16,11 +16,17 @@ out) is a 422 naming it, and so is a name the request has that the module does n
 models). Without the check the service would compute without the missing bias (or with an
 identity o_proj, or q/k norm weights of ones) and answer 200 with another layer's numbers.
 
-A model type without a row is not checked (the families added after this table: their rows
-belong here; tests/wire/test_hf_parameters.py lists the verified types that have one). Rows
-leave out what a config the service refuses would add (Phi's and StableLM's q/k LayerNorms of
-``qk_layernorm``, refused by hf_config_keys before this table is read) and parameters without
-state (Llama 4's L2 q/k norm, Gemma 4's unscaled v_norm have none).
+A part may name one parameter per head (``per``: StableLM's ``q_layernorm.norms.{i}.weight``
+over the layer's num_heads) and say why the module has it where no condition does (T5's
+table: layer 0's, which T5Stack passes on, so the request carries it on every layer). A row
+may hold a module inside it whose state dict alone is also a layer (``alone``: BERT's and
+RoBERTa's SelfAttention, without the output block). The names are the module's own, as the
+request's body spells them (fused ``query_key_value.weight``, ``c_attn.weight``, BERT's
+``self.query.weight``): fold compares them before any fold renames them.
+
+Every verified model type has a row (tests/wire/test_hf_parameters.py: a type added without
+one fails there). Rows leave out parameters without state (Llama 4's L2 q/k norm, Gemma 4's
+unscaled v_norm have none) and buffers (GPT-J's and CodeGen's sin/cos tables are not saved).
 """
 
 from collections.abc import Mapping
@@ -254,8 +260,10 @@ ROWS: dict[str, Module] = {
     # CohereLayerNorm (bias=False) per head, with use_qk_norm
     "cohere": _llama("CohereAttention", "attention_bias", False, Part(_NORMS, _USE_QK_NORM)),
     # the fused projections under their own names (service.wire.fused unpacks them)
-    "bloom": Module("BloomAttention", (Part("query_key_value.weight query_key_value.bias"),
-                                       Part("dense.weight dense.bias"))),  # fmt: skip
+    "bloom": Module(
+        "BloomAttention",
+        (Part("query_key_value.weight query_key_value.bias"), Part("dense.weight dense.bias")),
+    ),
     "mpt": Module("MptAttention", (Part("Wqkv.weight out_proj.weight"),)),
     "dbrx": Module("DbrxAttention", (Part("Wqkv.weight out_proj.weight"),)),
     # FalconLinear's bias=config.bias, in each of the three layouts (the rows only change)

@@ -76,17 +76,23 @@ BUILD: dict[str, Any] = {
 }
 # names a request carries that the layer's module does not hold: T5's table on a later layer
 # (layer 0's, which T5Stack passes on to every layer)
-CARRIED: dict[str, Any] = {"t5": lambda layer: {"relative_attention_bias.weight"} if layer else set()}
+CARRIED: dict[str, Any] = {
+    "t5": lambda layer: {"relative_attention_bias.weight"} if layer else set()
+}
 # stock defaults no released config has and the attention class cannot be built from (its
 # released configs' values): GLM-4-MoE's odd rotary count (refused on its own), Nemotron's null
-# kv heads, Ministral's and HunYuan's null head_dim, DBRX's attn_config without rope_theta
+# kv heads, Ministral's and HunYuan's null head_dim, DBRX's attn_config without rope_theta;
+# StableLM with fewer key/value heads than heads, so that its per-head key norms count h_kv
 AS_RELEASED: dict[str, dict[str, Any]] = {
     "glm4_moe": {"head_dim": 128},
     "nemotron": {"num_key_value_heads": 8},
     "ministral": {"head_dim": 128},
     "hunyuan_v1_dense": {"head_dim": 128},
-    "dbrx": {"attn_config": {"kv_n_heads": 8, "clip_qkv": 8, "rope_theta": 500000.0},
-             "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},  # fmt: skip
+    "stablelm": {"num_key_value_heads": 8},  # stablelm-2-12b's (the stock's equals the heads)
+    "dbrx": {
+        "attn_config": {"kv_n_heads": 8, "clip_qkv": 8, "rope_theta": 500000.0},
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+    },
 }
 
 
@@ -297,3 +303,42 @@ def test_gpt_oss_without_its_sinks_is_a_422_naming_them(client: TestClient) -> N
     error = client.post("/multihead", json=body).json()["errors"][0]
     assert error["field"] == "sinks"
     assert error["message"].startswith("model_type gpt_oss: GptOssAttention has sinks")
+
+
+def _llama_body(**renamed: str) -> dict[str, Any]:
+    """A tiny Llama layer's request, its state dict's names renamed as given."""
+    rng = np.random.default_rng(0)
+    config = {"model_type": "llama", "num_attention_heads": 2, "num_key_value_heads": 2,
+              "hidden_size": 8, "num_hidden_layers": 1}  # fmt: skip
+    state = {renamed.get(n, n): rng.normal(size=(8, 8)).tolist()
+             for n in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")}  # fmt: skip
+    return {"x": rng.normal(size=(3, 8)).tolist(), "config": config, "include": ["output"], **state}
+
+
+def test_another_modules_name_for_the_same_weight_is_a_422_naming_the_modules(
+    client: TestClient,
+) -> None:
+    """The names compared are the body's own: BERT's ``query.weight`` (read as the same field)
+    in a Llama layer's state dict is not LlamaAttention's; its underscore form is the field's."""
+    error = client.post("/multihead", json=_llama_body(**{"q_proj.weight": "query.weight"}))
+    assert error.status_code == 422
+    first = error.json()["errors"][0]
+    assert first["field"] == "q_proj.weight", first
+    assert "LlamaAttention has q_proj.weight, which the request lacks" in first["message"]
+    underscore = _llama_body(**{"q_proj.weight": "q_proj_weight"})
+    assert client.post("/multihead", json=underscore).status_code == 200
+
+
+@pytest.mark.torch
+def test_bert_self_names_without_the_output_block_are_a_422_naming_it(
+    client: TestClient,
+) -> None:
+    """``self.query.weight`` … are BertAttention's names: without ``output.*`` the layer would
+    be answered as BertSelfAttention, which names them ``query.weight`` …"""
+    build = next(c[1] for c in CASES if c[0].startswith("bert-"))
+    body, _ = _body(build, 1, None)
+    cut = {k: v for k, v in body.items() if not k.startswith("output.")}
+    first = client.post("/multihead", json=cut).json()["errors"][0]
+    assert first["field"] == "output.dense.weight", first
+    alone = {k.removeprefix("self."): v for k, v in cut.items()}
+    assert client.post("/multihead", json=alone).status_code == 200

@@ -14,8 +14,8 @@ from pydantic import (
     model_validator,
 )
 
-from service.wire.errors import FieldError
 from service.core.types import FullyMaskedPolicy, Init, NormOver, WeightLayout
+from service.wire.errors import FieldError
 from service.wire.schemas.expected_fields import ExpectedArrays, ToleranceOptions
 from service.wire.schemas.fields import (
     FiniteFloat,
