@@ -8,7 +8,9 @@ rules, the plan and the engine see one form of each:
 - The state dict against the config: a request giving ``config`` and its weights under the
   module's names (``q_proj.weight`` …, a fused or MLA projection) must give every name that
   layer's attention module has and none it lacks (:mod:`service.wire.hf_parameters`, from
-  ``from_config``'s ``parameters``); a family without a row there is not checked.
+  ``from_config``'s ``parameters``), the names as the body spells them (the request's own
+  keys, before aliases merge them and before the folds below rename them); the encoders'
+  BertSelfAttention alone is the row's inner module.
 - ``k_eq_v: true`` (Gemma 4's full-attention layers): the values' projection is the keys', so
   ``v_proj.weight``/``v_proj.bias`` (or ``w_v``/``b_v``, or per-head ``v``) become the keys'.
 - A fused projection (``qkv_proj.weight``, ``query_key_value.weight`` …, laid out as the
@@ -40,7 +42,12 @@ from service.wire.errors import FieldError
 from service.wire.fused import unpacked
 from service.wire.hf_config import ConfigError, FromConfig, from_config
 from service.wire.hf_parameters import Names
-from service.wire.schemas.requests import GateOptions, LayerNormOptions, MultiheadRequest
+from service.wire.schemas.requests import (
+    _PER_HEAD_NORM,
+    GateOptions,
+    LayerNormOptions,
+    MultiheadRequest,
+)
 
 # the fields that give the values, by the field that gives the keys in the same form
 _VALUES_OF_KEYS = {
@@ -99,6 +106,8 @@ def _configured(req: MultiheadRequest) -> MultiheadRequest:
             "config has a value of a type its key never takes: send the model's config.json "
             "as it is, or state the layer's fields without config",
         ) from None
+    if implied.parameters is not None:  # the request's own names, before any fold reads them
+        _as_the_module(req, implied.parameters)
     given = req.model_fields_set
     taken = {name: "request" for name in implied.fields if name in given and name != "mask"}
     chosen = {name: value for name, value in implied.fields.items() if name not in taken}
@@ -125,33 +134,56 @@ def _configured(req: MultiheadRequest) -> MultiheadRequest:
         if field.split(".")[0] not in taken and field.split(".")[0] not in skipped
     } | taken
     out._config_keys = implied.unread
-    if implied.parameters is not None:
-        _as_the_module(req, implied.parameters)
     return out
 
 
 def _as_the_module(req: MultiheadRequest, names: Names) -> None:
     """A 422 unless a request in the module's form (its projections under their state-dict
-    names) gives exactly the names the config's module has: the first it lacks, else the
-    first it has that the module does not."""
+    names) gives exactly the names the config's module has, as the body spells them: the
+    first it lacks, else the first it has that the module does not. A field given under its
+    underscore name (``q_proj_weight``) stands for the module's name of that field. A row's
+    inner module (BertSelfAttention) is the one checked when the body gives none of the whole
+    module's own names."""
     given = {f for f in set(_FIELD_OF.values()) if getattr(req, f) is not None}
     if not given & _MODULE_FORM:
         return
+    sent = [k for k in req._sent if _state_field(k) is not None and k not in _GATHERED]
+    unnamed = given - {_state_field(k) for k in sent}  # given under another name
+    if names.alone is not None and not set(sent) & (names.own() - names.alone.own()):
+        names = names.alone
     for name, why in names.has:
-        if _FIELD_OF.get(name) not in given:
+        if name not in sent and _state_field(name) not in unnamed:
             raise FieldError(
                 name,
                 f"{why}: {names.cls} has {name}, which the request lacks; send the module's "
                 "state_dict() as it is (without it the layer would be another one)",
             )
-    owned = {_FIELD_OF.get(name) for name, _ in names.has}
-    for field in (f for f in _NAME_OF if f in given and f not in owned):
-        name = _NAME_OF[field]
+    owned = names.own()
+    extra = [k for k in sent if k not in owned]
+    extra += [_NAME_OF[f] for f in _NAME_OF if f in unnamed and f not in _fields_of(owned)]
+    if extra:
+        name = extra[0]
         raise FieldError(
             name,
             f"{names.why_not(name)}: {names.cls} has no {name}, yet the request gives it; the "
             "config and the weights disagree (one of them is from another model)",
         )
+
+
+# the request's list forms of StableLM's per-head names: no module has them under this name
+_GATHERED = {"q_layernorm.norms", "k_layernorm.norms"}
+
+
+def _state_field(name: str) -> str | None:
+    """The request field a state-dict name is read into (a per-head norm's into its side's
+    list), None for a name that is not a state dict's."""
+    if (m := _PER_HEAD_NORM.fullmatch(name)) is not None:
+        return f"{m[1]}_layernorm_norms"
+    return _FIELD_OF.get(name)
+
+
+def _fields_of(names: set[str]) -> set[str | None]:
+    return {_state_field(name) for name in names}
 
 
 def _field_of(where: str, taken: dict[str, str]) -> str:

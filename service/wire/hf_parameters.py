@@ -16,11 +16,17 @@ out) is a 422 naming it, and so is a name the request has that the module does n
 models). Without the check the service would compute without the missing bias (or with an
 identity o_proj, or q/k norm weights of ones) and answer 200 with another layer's numbers.
 
-A model type without a row is not checked (the families added after this table: their rows
-belong here; tests/wire/test_hf_parameters.py lists the verified types that have one). Rows
-leave out what a config the service refuses would add (Phi's and StableLM's q/k LayerNorms of
-``qk_layernorm``, refused by hf_config_keys before this table is read) and parameters without
-state (Llama 4's L2 q/k norm, Gemma 4's unscaled v_norm have none).
+A part may name one parameter per head (``per``: StableLM's ``q_layernorm.norms.{i}.weight``
+over the layer's num_heads) and say why the module has it where no condition does (T5's
+table: layer 0's, which T5Stack passes on, so the request carries it on every layer). A row
+may hold a module inside it whose state dict alone is also a layer (``alone``: BERT's and
+RoBERTa's SelfAttention, without the output block). The names are the module's own, as the
+request's body spells them (fused ``query_key_value.weight``, ``c_attn.weight``, BERT's
+``self.query.weight``): fold compares them before any fold renames them.
+
+Every verified model type has a row (tests/wire/test_hf_parameters.py: a type added without
+one fails there). Rows leave out parameters without state (Llama 4's L2 q/k norm, Gemma 4's
+unscaled v_norm have none) and buffers (GPT-J's and CodeGen's sin/cos tables are not saved).
 """
 
 from collections.abc import Mapping
@@ -46,12 +52,20 @@ class Part:
 
     names: str  # space-separated
     when: tuple[When, ...] = ()
+    # a name per head: each name's ``{i}`` runs over range(the layer's field ``per``), as
+    # StableLM's ``q_layernorm.norms.{i}.weight`` over num_heads
+    per: str | None = None
+    why: str = ""  # why the module has them, where no condition says it
 
 
 @dataclass(frozen=True)
 class Module:
     cls: str  # the attention class, as transformers 5.23 names it
     parts: tuple[Part, ...]
+    # a module inside it whose state dict alone is also a layer (BertSelfAttention, inside
+    # BertAttention without its output block): a request giving none of the whole's own names
+    # is checked against it
+    alone: "Module | None" = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,11 @@ class Names:
     cls: str
     has: tuple[tuple[str, str], ...]  # (name, why), in the module's order
     lacks: dict[str, str]  # {name: why} of the family's names this config leaves out
+    alone: "Names | None" = None  # the inner module's, where a row has one (Module.alone)
+
+    def own(self) -> set[str]:
+        """The names the module has."""
+        return {name for name, _ in self.has}
 
     def why_not(self, name: str) -> str:
         """Why the module lacks ``name``: the condition that fails, or its family's."""
@@ -98,6 +117,13 @@ _QK_NORMS = Part(_NORMS)  # q/k RMSNorms on every layer
 _FULL_KV = When("k_eq_v", "false", layer=True)  # Gemma 4: no v_proj where values are keys
 _LORA = When("q_lora_rank", "set", 1536)  # DeepSeek: q_a_proj … with a query latent
 _MLA_BIAS = When("attention_bias")
+_USE_QK_NORM = _flag("use_qk_norm", False)
+# Phi's q/k nn.LayerNorm(head_dim) with qk_layernorm: weight and bias each
+_LAYERNORMS = "q_layernorm.weight q_layernorm.bias k_layernorm.weight k_layernorm.bias"
+_SELF = "query.weight query.bias key.weight key.bias value.weight value.bias"
+_OUTPUT = "output.dense.weight output.dense.bias output.LayerNorm.weight output.LayerNorm.bias"
+_T5_TABLE = "relative_attention_bias.weight"
+_C_ATTN = "c_attn.weight c_attn.bias c_proj.weight c_proj.bias"
 
 # one row per verified model type (transformers 5.23's attention class and its parameters)
 ROWS: dict[str, Module] = {
@@ -178,8 +204,22 @@ ROWS: dict[str, Module] = {
             Part(f"{_QKV_B} out_proj.bias", _flag("enable_bias", True)),
         ),
     ),
-    "phi": Module("PhiAttention", (Part(f"{_QKV_W} dense.weight"), Part(f"{_QKV_B} dense.bias"))),
-    "stablelm": _qkv_biased("StableLmAttention", "use_qkv_bias", False),
+    "phi": Module(
+        "PhiAttention",
+        (
+            Part(f"{_QKV_W} dense.weight"),
+            Part(f"{_QKV_B} dense.bias"),
+            Part(_LAYERNORMS, _flag("qk_layernorm", False)),
+        ),
+    ),
+    "stablelm": _qkv_biased(
+        "StableLmAttention",
+        "use_qkv_bias",
+        False,
+        # StableLmLayerNormPerHead: an nn.LayerNorm(head_dim, bias=False) per head
+        Part("q_layernorm.norms.{i}.weight", _flag("qk_layernorm", False), per="num_heads"),
+        Part("k_layernorm.norms.{i}.weight", _flag("qk_layernorm", False), per="num_kv_heads"),
+    ),
     "gpt_neox": Module(
         "GPTNeoXAttention",
         (
@@ -187,6 +227,57 @@ ROWS: dict[str, Module] = {
             Part("query_key_value.bias dense.bias", _flag("attention_bias", True)),
         ),
     ),
+    # the encoders: BertAttention (BertSelfAttention under ``self.``, BertSelfOutput's dense
+    # and LayerNorm under ``output.``), or BertSelfAttention's state dict alone
+    **{
+        t: Module(
+            f"{prefix}Attention",
+            (Part(" ".join(f"self.{n}" for n in _SELF.split())), Part(_OUTPUT)),
+            alone=Module(f"{prefix}SelfAttention", (Part(_SELF),)),
+        )
+        for t, prefix in (("bert", "Bert"), ("roberta", "Roberta"))
+    },
+    # T5Attention: no biases; the table is layer 0's (has_relative_attention_bias), which T5Stack
+    # passes to every layer: the request carries it on every layer (fold's _table_for)
+    "t5": Module(
+        "T5Attention",
+        (
+            Part("q.weight k.weight v.weight o.weight"),
+            Part(_T5_TABLE, why=f"T5Stack adds the bias of layer 0's {_T5_TABLE} on every layer"),
+        ),
+    ),
+    "gptj": Module("GPTJAttention", (Part(f"{_QKV_W} out_proj.weight"),)),
+    "hunyuan_v1_dense": _llama(
+        "HunYuanDenseV1Attention",
+        "attention_bias",
+        False,
+        Part("query_layernorm.weight key_layernorm.weight"),  # RMSNorms after RoPE
+    ),
+    "ministral3": _plain("Ministral3Attention"),
+    "olmo2": _llama("Olmo2Attention", "attention_bias", False, _QK_NORMS),
+    "olmo3": _llama("Olmo3Attention", "attention_bias", False, _QK_NORMS),
+    "olmoe": _llama("OlmoeAttention", "attention_bias", False, _QK_NORMS),
+    # CohereLayerNorm (bias=False) per head, with use_qk_norm
+    "cohere": _llama("CohereAttention", "attention_bias", False, Part(_NORMS, _USE_QK_NORM)),
+    # the fused projections under their own names (service.wire.fused unpacks them)
+    "bloom": Module(
+        "BloomAttention",
+        (Part("query_key_value.weight query_key_value.bias"), Part("dense.weight dense.bias")),
+    ),
+    "mpt": Module("MptAttention", (Part("Wqkv.weight out_proj.weight"),)),
+    "dbrx": Module("DbrxAttention", (Part("Wqkv.weight out_proj.weight"),)),
+    # FalconLinear's bias=config.bias, in each of the three layouts (the rows only change)
+    "falcon": Module(
+        "FalconAttention",
+        (
+            Part("query_key_value.weight dense.weight"),
+            Part("query_key_value.bias dense.bias", _flag("bias", False)),
+        ),
+    ),
+    # Conv1D (GPT-2) or nn.Linear (GPTBigCode), both with a bias; scale flags change no name
+    "gpt2": Module("GPT2Attention", (Part(_C_ATTN),)),
+    "gpt_bigcode": Module("GPTBigCodeAttention", (Part(_C_ATTN),)),
+    "codegen": Module("CodeGenAttention", (Part("qkv_proj.weight out_proj.weight"),)),
 }
 
 
@@ -214,20 +305,40 @@ def module_names(
     """The state-dict names ``model_type``'s attention module has for this config (its text
     part) and layer (``fields``: what the config implies for it); None without a row."""
     row = ROWS.get(model_type)
-    if row is None:
-        return None
+    return None if row is None else _names(model_type, row, config, fields)
+
+
+def _names(
+    model_type: str, row: Module, config: Mapping[str, Any], fields: Mapping[str, Any]
+) -> Names:
     has: list[tuple[str, str]] = []
     lacks: dict[str, str] = {}
     for part in row.parts:
         read = [(w, *_value(w, config, fields)) for w in part.when]
         failed = next((why for w, value, why in read if not _holds(w, value)), None)
-        why = "; ".join(why for _, _, why in read) or f"model_type {model_type}"
-        for name in part.names.split():
+        why = "; ".join(why for _, _, why in read) or part.why or f"model_type {model_type}"
+        for name in _expanded(part, fields):
             if failed is None:
                 has.append((name, why))
             else:
                 lacks.setdefault(name, failed)
     owned = {name for name, _ in has}
+    alone = None if row.alone is None else _names(model_type, row.alone, config, fields)
     return Names(
-        model_type, row.cls, tuple(has), {k: v for k, v in lacks.items() if k not in owned}
+        model_type,
+        row.cls,
+        tuple(has),
+        {k: v for k, v in lacks.items() if k not in owned},
+        alone,
     )
+
+
+def _expanded(part: Part, fields: Mapping[str, Any]) -> list[str]:
+    """The part's names, one per head where it has ``per`` (none where the layer's count is
+    not known)."""
+    names = part.names.split()
+    if part.per is None:
+        return names
+    count = fields.get(part.per)
+    heads = range(count) if isinstance(count, int) else range(0)
+    return [name.format(i=i) for name in names for i in heads]

@@ -27,7 +27,7 @@ TINY = {"hidden_size": D_MODEL, "num_attention_heads": H, "num_key_value_heads":
         "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}  # fmt: skip
 
 
-def layer_body(config: dict[str, Any], **rest: Any) -> dict[str, Any]:
+def layer_body(config: dict[str, Any] | None, **rest: Any) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     return {"x": rng.normal(size=(L, D_MODEL)), "q_proj.weight": rng.normal(size=(H * D, D_MODEL)),
             "k_proj.weight": rng.normal(size=(H_KV * D, D_MODEL)),
@@ -278,7 +278,7 @@ def test_berts_layernorm_without_config_needs_its_eps(client: TestClient) -> Non
 def test_berts_relative_position_embeddings_are_a_422_naming_the_key(client: TestClient) -> None:
     """position_embedding_type relative_key added learned distance embeddings to BERT's
     scores (transformers before 5; 5.23 no longer computes them): refused, not ignored."""
-    body = bert_body(**QKV)
+    body = bert_body(**QKV, **DENSE, **NORM)
     body["config"] = {**body["config"], "position_embedding_type": "relative_key"}
     error = post(client, "/multihead", body, status=422)["errors"][0]
     assert error["field"] == "config.position_embedding_type", error
@@ -290,23 +290,33 @@ def test_hunyuan_norm_weights_without_qk_norm_are_a_422_and_with_config_are_read
     client: TestClient,
 ) -> None:
     """query_layernorm.weight alone cannot say HunYuan's norm follows RoPE or its eps (alone,
-    q_norm.weight is Qwen3's, before RoPE): a 422 naming it; with the config it is the
-    queries' qk_norm weight, after RoPE."""
+    q_norm.weight is Qwen3's, before RoPE): a 422 naming it; with Llama's config the module
+    has no such weight; with HunYuan's it is the queries' qk_norm weight, after RoPE, and the
+    module's own (left out, or given twice under q_norm.weight: a 422 naming it)."""
     rng = np.random.default_rng(1)
     norms = {
         "query_layernorm.weight": rng.normal(size=D) + 1,
         "key_layernorm.weight": rng.normal(size=D) + 1,
     }
+    heads = {"num_heads": H, "num_kv_heads": H_KV}
+    error = post(client, "/multihead", layer_body(None, **norms, **heads), status=422)
+    first = error["errors"][0]
+    assert first["field"] == "query_layernorm.weight" and "after RoPE" in first["message"]
     error = post(client, "/multihead", layer_body(llama(), **norms), status=422)["errors"][0]
-    assert error["field"] == "query_layernorm.weight" and "after RoPE" in error["message"]
+    assert error["field"] == "query_layernorm.weight", error
+    assert "LlamaAttention has no query_layernorm.weight" in error["message"]
     both = {**norms, "q_norm.weight": norms["query_layernorm.weight"]}
+    qk_norm = {"qk_norm": {"eps": 1e-5, "after_rope": True}}
+    error = post(client, "/multihead", layer_body(None, **both, **heads, **qk_norm), status=422)
+    assert "not both" in error["errors"][0]["message"], error
     config = stock("HunYuanDenseV1Config")
     error = post(client, "/multihead", layer_body(config, **both), status=422)["errors"][0]
-    assert "not both" in error["message"], error
+    assert error["field"] == "q_norm.weight" and "has no q_norm.weight" in error["message"]
     body = post(client, "/multihead", layer_body(config, **norms))
     assert body["conventions"]["config"]["qk_norm.after_rope"] == "model_type hunyuan_v1_dense"
-    weightless = post(client, "/multihead", layer_body(config, include=["output"]))
-    assert not np.allclose(body["output"], weightless["output"])
+    weightless = post(client, "/multihead", layer_body(config), status=422)["errors"][0]
+    assert weightless["field"] == "query_layernorm.weight", weightless
+    assert "which the request lacks" in weightless["message"]
 
 
 def test_olmoe_with_clip_qkv_is_a_422_saying_it_clamps_after_its_norms(client: TestClient) -> None:
@@ -327,7 +337,8 @@ def test_olmo2s_norm_weight_of_one_head_is_a_422_naming_it(client: TestClient) -
     """OLMo 2's q_norm.weight is the whole projection's [h·d]: a Qwen3-like [d], or rows
     per head, is refused, naming the weight and the shape it takes."""
     for weight in (np.ones(D), np.ones((H, D))):
-        body = layer_body(stock("Olmo2Config"), **{"q_norm.weight": weight})
+        keys = np.ones(H_KV * D)  # the module's k_norm.weight, as it is
+        body = layer_body(stock("Olmo2Config"), **{"q_norm.weight": weight, "k_norm.weight": keys})
         first = post(client, "/multihead", body, status=422)["errors"][0]
         assert first["field"] == "q_norm.weight", first
 
@@ -390,6 +401,7 @@ def gpt2_body(config: dict[str, Any], **rest: Any) -> dict[str, Any]:
     """A GPT-2 self-attention layer's state dict as it is: c_attn and c_proj, Conv1Ds."""
     rng = np.random.default_rng(0)
     return {"x": rng.normal(size=(L, D_MODEL)), "c_attn.weight": rng.normal(size=(D_MODEL, 3 * D_MODEL)),
+            "c_attn.bias": rng.normal(size=3 * D_MODEL), "c_proj.bias": rng.normal(size=D_MODEL),
             "c_proj.weight": rng.normal(size=(D_MODEL, D_MODEL)), "config": config,
             "include": ["output"], **rest}  # fmt: skip
 
@@ -417,7 +429,8 @@ def test_codegen_without_rotary_dim_is_a_422_naming_it(client: TestClient) -> No
     turn whole): no layer to reproduce; with rotary_dim the same config is answered."""
     rng = np.random.default_rng(0)
     body = {"x": rng.normal(size=(L, D_MODEL)), "num_kv_heads": None,
-            "qkv_proj.weight": rng.normal(size=(3 * D_MODEL, D_MODEL))}  # fmt: skip
+            "qkv_proj.weight": rng.normal(size=(3 * D_MODEL, D_MODEL)),
+            "out_proj.weight": rng.normal(size=(D_MODEL, D_MODEL))}  # fmt: skip
     null = {**gpt("CodeGenConfig", n_head=4), "rotary_dim": None}  # 4 heads: CodeGen's blocks
     error = post(client, "/multihead", {**body, "config": null}, status=422)["errors"][0]
     assert error["field"] == "config.rotary_dim", error

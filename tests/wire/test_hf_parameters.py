@@ -54,19 +54,45 @@ FLAGS: dict[str, list[Any]] = {
             "enable_bias",
             "use_qk_norm",
             "attention_k_eq_v",
+            "qk_layernorm",  # Phi's q/k LayerNorms, StableLM's per head
+            "bias",  # Falcon's
+            "multi_query",  # Falcon's and GPTBigCode's layouts (no name changes)
+            "new_decoder_architecture",  # Falcon's
         ]
     },
     "q_lora_rank": [None, 12],
 }
 # layers tried: a full-attention one (layer 3 of Qwen3-Next and Qwen3.5), both kinds of Gemma 4
-LAYERS: dict[str, list[int]] = {"gemma4_text": [4, 5]}
+LAYERS: dict[str, list[int]] = {"gemma4_text": [4, 5], "t5": [0, 1], "bloom": [1]}
+# the families with several attention classes: the one a layer's request gives (BERT's whole
+# BertAttention; T5's self-attention)
+CLASSES = {"bert": "BertAttention", "roberta": "RobertaAttention", "t5": "T5Attention"}
+# attention classes whose second argument is not the layer index
+BUILD: dict[str, Any] = {
+    **{t: lambda cls, c, layer: cls(c, layer_idx=layer) for t in ("gpt2", "gpt_bigcode")},
+    **{t: lambda cls, c, layer: cls(c, layer_idx=layer) for t in ("bert", "roberta")},
+    # T5Stack: layer 0 holds the relative bias table (has_relative_attention_bias)
+    "t5": lambda cls, c, layer: cls(c, has_relative_attention_bias=layer == 0, layer_idx=layer),
+}
+# names a request carries that the layer's module does not hold: T5's table on a later layer
+# (layer 0's, which T5Stack passes on to every layer)
+CARRIED: dict[str, Any] = {
+    "t5": lambda layer: {"relative_attention_bias.weight"} if layer else set()
+}
 # stock defaults no released config has and the attention class cannot be built from (its
 # released configs' values): GLM-4-MoE's odd rotary count (refused on its own), Nemotron's null
-# kv heads, Ministral's null head_dim
+# kv heads, Ministral's and HunYuan's null head_dim, DBRX's attn_config without rope_theta;
+# StableLM with fewer key/value heads than heads, so that its per-head key norms count h_kv
 AS_RELEASED: dict[str, dict[str, Any]] = {
     "glm4_moe": {"head_dim": 128},
     "nemotron": {"num_key_value_heads": 8},
     "ministral": {"head_dim": 128},
+    "hunyuan_v1_dense": {"head_dim": 128},
+    "stablelm": {"num_key_value_heads": 8},  # stablelm-2-12b's (the stock's equals the heads)
+    "dbrx": {
+        "attn_config": {"kv_n_heads": 8, "clip_qkv": 8, "rope_theta": 500000.0},
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+    },
 }
 
 
@@ -75,6 +101,8 @@ def _attention_class(model_type: str) -> Any:
     is neither a vision nor an audio tower's."""
     name = model_type_to_module_name(model_type)
     modeling = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    if model_type in CLASSES:
+        return getattr(modeling, CLASSES[model_type])
     found = [
         c
         for n, c in vars(modeling).items()
@@ -118,12 +146,30 @@ def test_the_names_are_the_transformers_modules_state_dict(model_type: str) -> N
         _variants(model_type), LAYERS.get(model_type, [3])
     ):
         with torch.device("meta"):
-            module = attention(hf_config, layer)
+            module = BUILD.get(model_type, lambda cls, c, i: cls(c, i))(attention, hf_config, layer)
         names = from_config(config, layer).parameters
         assert names is not None
         flags = {k: config.get(k, "absent") for k in FLAGS}
-        assert sorted(n for n, _ in names.has) == sorted(module.state_dict()), (layer, flags)
-        assert not set(names.lacks) & set(module.state_dict())
+        held = set(module.state_dict()) | CARRIED.get(model_type, lambda _: set())(layer)
+        assert sorted(n for n, _ in names.has) == sorted(held), (layer, flags)
+        assert not set(names.lacks) & held
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
+def test_the_encoders_self_attention_alone_is_its_inner_module(model_type: str) -> None:
+    """BertSelfAttention's state dict alone (query, key, value without ``self.``): the row's
+    ``alone`` module, the one a request without the output block is checked against."""
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    config_class = type(transformers.AutoConfig.for_model(model_type))
+    hf_config = config_class()
+    inner = getattr(modeling, f"{ROWS[model_type].cls[: -len('Attention')]}SelfAttention")
+    with torch.device("meta"):
+        module = inner(hf_config, layer_idx=0)
+    names = from_config(hf_config.to_dict(), 0).parameters
+    assert names is not None and names.alone is not None
+    assert names.alone.cls == inner.__name__
+    assert sorted(names.alone.own()) == sorted(module.state_dict())
 
 
 # ---- /multihead: the state dict must be the module's ------------------------------------------
@@ -170,6 +216,14 @@ def test_a_state_dict_without_one_of_the_modules_names_is_a_422_naming_it(
 
 # a name some module has, with the size it would have in these tiny layers
 _FOREIGN = ("q_proj.bias", "o_proj.bias", "q_norm.weight", "sinks", "k_proj.bias")
+# other families' names of the same fields: a body with both gives one field twice, refused by
+# the schema as that (not the foreign name the module lacks)
+_ALIASES = {
+    "q_proj.bias": {"self.query.bias", "query.bias"},
+    "k_proj.bias": {"self.key.bias", "key.bias"},
+    "o_proj.bias": {"dense.bias", "output.dense.bias"},  # Phi's, GPT-NeoX's, BERT's
+    "q_norm.weight": {"q_layernorm.weight"},  # Phi's
+}
 
 
 @pytest.mark.torch
@@ -181,8 +235,7 @@ def test_a_state_dict_with_a_name_the_module_lacks_is_a_422_naming_it(
     are of two models."""
     body, hf = _body(build, layer, positions)
     own = set(hf.attn.state_dict())
-    aliases = {"o_proj.bias": "dense.bias"}  # Phi's, GPT-NeoX's name of the same field
-    extra = next(n for n in _FOREIGN if n not in own and aliases.get(n) not in own)
+    extra = next(n for n in _FOREIGN if n not in own and not _ALIASES.get(n, set()) & own)
     body[extra] = [0.5] * 4
     response = client.post("/multihead", json=body)
     assert response.status_code == 422, response.text[:300]
@@ -250,3 +303,42 @@ def test_gpt_oss_without_its_sinks_is_a_422_naming_them(client: TestClient) -> N
     error = client.post("/multihead", json=body).json()["errors"][0]
     assert error["field"] == "sinks"
     assert error["message"].startswith("model_type gpt_oss: GptOssAttention has sinks")
+
+
+def _llama_body(**renamed: str) -> dict[str, Any]:
+    """A tiny Llama layer's request, its state dict's names renamed as given."""
+    rng = np.random.default_rng(0)
+    config = {"model_type": "llama", "num_attention_heads": 2, "num_key_value_heads": 2,
+              "hidden_size": 8, "num_hidden_layers": 1}  # fmt: skip
+    state = {renamed.get(n, n): rng.normal(size=(8, 8)).tolist()
+             for n in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")}  # fmt: skip
+    return {"x": rng.normal(size=(3, 8)).tolist(), "config": config, "include": ["output"], **state}
+
+
+def test_another_modules_name_for_the_same_weight_is_a_422_naming_the_modules(
+    client: TestClient,
+) -> None:
+    """The names compared are the body's own: BERT's ``query.weight`` (read as the same field)
+    in a Llama layer's state dict is not LlamaAttention's; its underscore form is the field's."""
+    error = client.post("/multihead", json=_llama_body(**{"q_proj.weight": "query.weight"}))
+    assert error.status_code == 422
+    first = error.json()["errors"][0]
+    assert first["field"] == "q_proj.weight", first
+    assert "LlamaAttention has q_proj.weight, which the request lacks" in first["message"]
+    underscore = _llama_body(**{"q_proj.weight": "q_proj_weight"})
+    assert client.post("/multihead", json=underscore).status_code == 200
+
+
+@pytest.mark.torch
+def test_bert_self_names_without_the_output_block_are_a_422_naming_it(
+    client: TestClient,
+) -> None:
+    """``self.query.weight`` … are BertAttention's names: without ``output.*`` the layer would
+    be answered as BertSelfAttention, which names them ``query.weight`` …"""
+    build = next(c[1] for c in CASES if c[0].startswith("bert-"))
+    body, _ = _body(build, 1, None)
+    cut = {k: v for k, v in body.items() if not k.startswith("output.")}
+    first = client.post("/multihead", json=cut).json()["errors"][0]
+    assert first["field"] == "output.dense.weight", first
+    alone = {k.removeprefix("self."): v for k, v in cut.items()}
+    assert client.post("/multihead", json=alone).status_code == 200

@@ -8,12 +8,14 @@ from pydantic import (
     BaseModel,
     Discriminator,
     Field,
+    ModelWrapValidatorHandler,
     PrivateAttr,
     Tag,
     model_validator,
 )
 
 from service.core.types import FullyMaskedPolicy, Init, NormOver, WeightLayout
+from service.wire.errors import FieldError
 from service.wire.schemas.expected_fields import ExpectedArrays, ToleranceOptions
 from service.wire.schemas.fields import (
     FiniteFloat,
@@ -226,15 +228,25 @@ _PER_HEAD_NORM = re.compile(r"([qk])_layernorm\.norms\.(\d{1,4})\.weight")
 
 def gathered_norms(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` with each ``<q|k>_layernorm.norms.<i>.weight`` moved into a list
-    ``<q|k>_layernorm.norms`` at index i (None where an index is missing)."""
+    ``<q|k>_layernorm.norms`` at index i; an index missing below the highest given is a 422
+    naming it (never a shifted head)."""
     found = [(m, key) for key in data if (m := _PER_HEAD_NORM.fullmatch(str(key)))]
     if not found:
         return data
     out = {k: v for k, v in data.items() if k not in {key for _, key in found}}
     for side in "qk":
         rows = {int(m[2]): data[key] for m, key in found if m[1] == side}
+        gap = next((i for i in range(max(rows, default=0)) if i not in rows), None)
+        if gap is not None:
+            name = f"{side}_layernorm.norms.{gap}.weight"
+            raise FieldError(
+                name,
+                f"the per-head norms run from {side}_layernorm.norms.0.weight: "
+                f"StableLmLayerNormPerHead has {name}, which the request lacks; send the "
+                f"module's state_dict() as it is (head {gap}'s norm cannot be drawn)",
+            )
         if rows:
-            out[f"{side}_layernorm.norms"] = [rows.get(i) for i in range(max(rows) + 1)]
+            out[f"{side}_layernorm.norms"] = [rows[i] for i in range(max(rows) + 1)]
     return out
 
 
@@ -277,6 +289,9 @@ class MultiheadRequest(VariantFields, InputFields):
     _config_keys: list[str] | None = PrivateAttr(default=None)
     # how a fused projection was unpacked (service.wire.fused.Unpacked), for the unpack step
     _unpacked: Any = PrivateAttr(default=None)
+    # the body's own keys, as it spells them (the state-dict names it gives, before aliases
+    # and the per-head gathering merge them): service.wire.fold checks them against the module
+    _sent: tuple[str, ...] = PrivateAttr(default=())
     config: dict[str, Any] | None = Field(
         None,
         description="a Hugging Face model's config.json as it is: the fields it implies for "
@@ -290,9 +305,18 @@ class MultiheadRequest(VariantFields, InputFields):
     @classmethod
     def _per_head_norms(cls, data: Any) -> Any:
         """StableLM's state dict names, ``q_layernorm.norms.<i>.weight``, gathered into
-        ``q_layernorm.norms`` (row i from head i; a head left out leaves a null row, refused
-        with the field's name) for :mod:`service.wire.fold` to read as ``q_norm.weight``."""
+        ``q_layernorm.norms`` (row i from head i; a head left out below the last is a 422
+        naming it) for :mod:`service.wire.fold` to read as ``q_norm.weight``."""
         return gathered_norms(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _sent_keys(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        """The request, remembering the keys its body gave (run before _per_head_norms)."""
+        req = handler(data)
+        if isinstance(data, dict) and isinstance(req, MultiheadRequest):
+            req._sent = tuple(k for k in data if isinstance(k, str))
+        return req
 
     num_heads: Int | None = Field(
         None,
