@@ -18,8 +18,10 @@ for the app the script runs): the builders of the compare tests, imported from t
 ``test_compare_olmo_granite.py`` (stock OLMo and Granite layers), ``test_compare_precision.py``
 (torch's SDPA in bfloat16 and float16), ``test_printed.py`` (torch's and NumPy's prints) — and
 the few bugs written here in torch or NumPy (the ViT tutorial's scale, a mask multiplied in,
-SDPA handed an upper-triangular mask, ``triu(…, 0)``, YaRN's factor twice). Each builder is
-checked against the right computation in its own file.
+SDPA handed an upper-triangular mask, ``triu(…, 0)``, YaRN's factor twice, DeepSeek V3's
+``DeepseekV3Attention`` with its mscale² left out, run through ``harness``'s float64 patches).
+Each imported builder is checked against the right computation in its own file; the bugs
+written here, removed, give the right numbers (``test_builder_*``).
 
 A source is a public issue or pull request (``owner/repo#number``) where one reports the
 mistake, else the tutorial or library behaviour it comes from, described in words.
@@ -49,16 +51,16 @@ from transformers.models.olmo import modeling_olmo  # noqa: E402
 
 from tests.api import test_compare_mistakes as second  # noqa: E402
 from tests.api import test_compare_third_edition as third  # noqa: E402
-from tests.api.test_compare_olmo_granite import (  # noqa: E402
+from tests.api.test_api_olmo_granite import (  # noqa: E402
     CLIP,
-    HEAD_DIM,
     MULTIPLIER,
     _config,
     _request,
     _run,
 )
-from tests.api.test_compare_precision import kernel, plain  # noqa: E402
+from tests.api.test_compare_olmo_granite import HEAD_DIM  # noqa: E402
 from tests.api.test_compare_precision import body as kernel_body  # noqa: E402
+from tests.api.test_compare_precision import kernel, plain  # noqa: E402
 from tests.api.test_decode import body_of, decode, llama  # noqa: E402
 from tests.api.test_printed import BODY as PRINTED_BODY  # noqa: E402
 from tests.api.test_printed import batman, numbers_of, torch_print, weights  # noqa: E402
@@ -319,7 +321,7 @@ def sdpa_output(attn_mask: Tensor, **rest: Any) -> Json:
 def diagonal_masked() -> Json:
     """``scores.masked_fill(torch.triu(ones, diagonal=0).bool(), -inf)``: each query's own key
     hidden too (row 0 keeps no key: NaN there)."""
-    q, k, v = (torch.tensor(a) for a in (second.Q, second.K, second.V))
+    q, k = (torch.tensor(a) for a in (second.Q, second.K))
     n = second.N
     scores = (q @ k.T * second.SCALE).masked_fill(torch.triu(torch.ones(n, n), 0).bool(), -np.inf)
     w = F.softmax(scores, dim=-1)
@@ -390,10 +392,11 @@ def mla_without_mscale() -> Json:
     mscale_all_dim 1) with its ``scaling`` set to qk_head_dim^−½, as a port that computes the
     softmax scale as Llama does and leaves out YaRN's mscale² (the layer's
     ``yarn_apply_mscale``); the request says what the config says."""
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as modeling
+
     from harness.hf_mla import _config as mla_config
     from harness.hf_reference import CAUSAL, _fill
     from harness.hf_today import _inputs, _run
-    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as modeling
 
     yarn = {"factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
     config = mla_config(
@@ -444,7 +447,7 @@ def case_row(id: str, source: str, case_id: str, *expect: str) -> Row:
     return row(id, source, endpoint, body, *expect)
 
 
-LECTURE = "karpathy/ng-video-lecture (\"Let's build GPT\")"
+LECTURE = 'karpathy/ng-video-lecture ("Let\'s build GPT")'
 DECODE = "/multihead"
 
 
@@ -454,225 +457,589 @@ def corpus() -> tuple[Row, ...]:
     q_print_mistake = {**PRINTED_BODY, "expected": {"weights": torch_print(weights(axis=0))}}
     return (
         # ---- printed slips and prints of course numbers
-        row("batman-k-typed-1.4-for-1.5", "the README's \"I am Batman\" by hand: K = X W_kᵀ "
-            "holds 1.5, a student typed 1.4 (issue 42)", "/attention",
-            batman_slip("k", (0, 1)), DIFFERS),  # fmt: skip
-        row("batman-q-entry-0.1-off", "the README's \"I am Batman\" by hand: a Q entry 0.1 off "
-            "at 1 decimal (issue 42)", "/attention", batman_slip("q", (2, 1)), DIFFERS),
-        row("print-2-decimals", "a notebook's NumPy print of the right weights at precision=2",
-            "/attention", printed_weights(2), MATCH),
-        row("print-4-decimals-torch", "torch's default print (4 decimals) of the right weights",
-            "/attention", {**PRINTED_BODY, "expected": {"weights": torch_print(weights())}},
-            MATCH),
-        row("print-8-decimals-numpy", "NumPy's default print (8 decimals) of the right weights",
-            "/attention", printed_weights(8), MATCH),
-        row("float64-exact", "the right weights in float64, as computed (never printed)",
-            "/attention", {**PRINTED_BODY, "expected": {"weights": weights().tolist()}}, MATCH),
-        row("printed-softmax-over-queries",
+        row(
+            "batman-k-typed-1.4-for-1.5",
+            'the README\'s "I am Batman" by hand: K = X W_kᵀ '
+            "holds 1.5, a student typed 1.4 (issue 42)",
+            "/attention",
+            batman_slip("k", (0, 1)),
+            DIFFERS,
+        ),
+        row(
+            "batman-q-entry-0.1-off",
+            'the README\'s "I am Batman" by hand: a Q entry 0.1 off at 1 decimal (issue 42)',
+            "/attention",
+            batman_slip("q", (2, 1)),
+            DIFFERS,
+        ),
+        row(
+            "print-2-decimals",
+            "a notebook's NumPy print of the right weights at precision=2",
+            "/attention",
+            printed_weights(2),
+            MATCH,
+        ),
+        row(
+            "print-4-decimals-torch",
+            "torch's default print (4 decimals) of the right weights",
+            "/attention",
+            {**PRINTED_BODY, "expected": {"weights": torch_print(weights())}},
+            MATCH,
+        ),
+        row(
+            "print-8-decimals-numpy",
+            "NumPy's default print (8 decimals) of the right weights",
+            "/attention",
+            printed_weights(8),
+            MATCH,
+        ),
+        row(
+            "float64-exact",
+            "the right weights in float64, as computed (never printed)",
+            "/attention",
+            {**PRINTED_BODY, "expected": {"weights": weights().tolist()}},
+            MATCH,
+        ),
+        row(
+            "printed-softmax-over-queries",
             "labmlai/annotated_deep_learning_paper_implementations#146 (the softmax over the "
-            "query axis), printed by torch at 4 decimals", "/attention", q_print_mistake,
-            "softmax_over_queries"),  # fmt: skip
-        row("course-notebook-axis0-and-scale-after", "a course notebook: np.exp(scores) / "
+            "query axis), printed by torch at 4 decimals",
+            "/attention",
+            q_print_mistake,
+            "softmax_over_queries",
+        ),
+        row(
+            "course-notebook-axis0-and-scale-after",
+            "a course notebook: np.exp(scores) / "
             "np.exp(scores).sum(axis=0) / np.sqrt(d_k), printed at 4 decimals (docs/api.md 2.7)",
-            "/attention", course_notebook(), "softmax_over_queries", "scale_after_softmax"),
+            "/attention",
+            course_notebook(),
+            "softmax_over_queries",
+            "scale_after_softmax",
+        ),
         # ---- decode steps rotated at the wrong positions (transformers' LlamaAttention)
-        row("decode-one-token-at-0", "Blaizzy/mlx-vlm#1983 (decode assigns RoPE position 0 to "
-            "every token; rope_missing fits too)", DECODE, llama_step([0], tokens=6, seed=12),
-            "decode_position_offset"),  # fmt: skip
-        row("decode-two-tokens-from-0", "RobertCsordas/moeut#6 (the RoPE offset taken before "
-            "the cache was concatenated: new tokens from position 0)", DECODE,
-            llama_step([0, 1]), "decode_position_offset"),
-        row("decode-one-ahead", "fla-org/flash-linear-attention#766 (the seen-token count "
-            "committed too early: positions one ahead)", DECODE, llama_step([6, 7]),
-            "decode_position_offset"),
-        row("decode-window-at-one-position", "jundot/omlx#2363 (a multi-token decode window "
-            "rotated at its first position)", DECODE, llama_step([5, 5]),
-            "decode_position_offset"),
-        row("decode-left-padding-counted", "unslothai/unsloth#3795 (issue #3699: cache_position "
-            "used as position_ids in a left-padded batch)", DECODE, llama_step([8, 9]),
-            "decode_position_offset"),
-        row("decode-offset-jump", "skyzh/tiny-llm#46 (the offset advanced by the prompt's "
-            "length again: 6 → 12)", DECODE, llama_step([10, 11]), "decode_position_offset"),
-        row("decode-padding-and-unscaled", "unslothai/unsloth#3699's positions in a port that "
-            "also forgot 1/√d_k", DECODE, llama_step([8, 9], scaling=1.0),
-            "scale_missing", "decode_position_offset"),
-        row("decode-right", "transformers' LlamaAttention with its DynamicCache, positions "
-            "5, 6", DECODE, llama_step(None), MATCH),
+        row(
+            "decode-one-token-at-0",
+            "Blaizzy/mlx-vlm#1983 (decode assigns RoPE position 0 to "
+            "every token; rope_missing fits too)",
+            DECODE,
+            llama_step([0], tokens=6, seed=12),
+            "decode_position_offset",
+        ),
+        row(
+            "decode-two-tokens-from-0",
+            "RobertCsordas/moeut#6 (the RoPE offset taken before "
+            "the cache was concatenated: new tokens from position 0)",
+            DECODE,
+            llama_step([0, 1]),
+            "decode_position_offset",
+        ),
+        row(
+            "decode-one-ahead",
+            "fla-org/flash-linear-attention#766 (the seen-token count "
+            "committed too early: positions one ahead)",
+            DECODE,
+            llama_step([6, 7]),
+            "decode_position_offset",
+        ),
+        row(
+            "decode-window-at-one-position",
+            "jundot/omlx#2363 (a multi-token decode window rotated at its first position)",
+            DECODE,
+            llama_step([5, 5]),
+            "decode_position_offset",
+        ),
+        row(
+            "decode-left-padding-counted",
+            "unslothai/unsloth#3795 (issue #3699: cache_position "
+            "used as position_ids in a left-padded batch)",
+            DECODE,
+            llama_step([8, 9]),
+            "decode_position_offset",
+        ),
+        row(
+            "decode-offset-jump",
+            "skyzh/tiny-llm#46 (the offset advanced by the prompt's length again: 6 → 12)",
+            DECODE,
+            llama_step([10, 11]),
+            "decode_position_offset",
+        ),
+        row(
+            "decode-padding-and-unscaled",
+            "unslothai/unsloth#3699's positions in a port that also forgot 1/√d_k",
+            DECODE,
+            llama_step([8, 9], scaling=1.0),
+            "scale_missing",
+            "decode_position_offset",
+        ),
+        row(
+            "decode-right",
+            "transformers' LlamaAttention with its DynamicCache, positions 5, 6",
+            DECODE,
+            llama_step(None),
+            MATCH,
+        ),
         # ---- grouped-query heads
-        row("gqa-tile", "onnx/onnx#7274 (the grouped KV heads repeated with Tile where torch "
+        row(
+            "gqa-tile",
+            "onnx/onnx#7274 (the grouped KV heads repeated with Tile where torch "
             "uses repeat_interleave): a Llama port with 8 heads and 2 KV heads",
-            "/multihead", kv_tiled(), "kv_heads_repeated_wrong"),
-        row("gqa-np-tile", "onnx/onnx#7274 (ONNX's NumPy reference Attention, np.tile)",
-            "/multihead", kv_tiled_numpy(), "kv_heads_repeated_wrong"),
-        row("gqa-tile-decode", "apple/axlearn#842 (the same repeat confusion) in a decode step "
-            "with its cache", "/multihead", cache_step(tile=True), "kv_heads_repeated_wrong"),
-        row("gqa-tile-meta-rope", "a port keeping Meta's apply_rotary_emb on Hugging Face "
-            "weights and writing k.repeat for repeat_kv", "/multihead", meta_rope_tiled(),
-            "rope_style_swapped", "kv_heads_repeated_wrong"),
-        row("gqa-right", "SDPA's enable_gqa=True (repeat_kv's layout)", "/multihead",
-            gqa_right(), MATCH),
+            "/multihead",
+            kv_tiled(),
+            "kv_heads_repeated_wrong",
+        ),
+        row(
+            "gqa-np-tile",
+            "onnx/onnx#7274 (ONNX's NumPy reference Attention, np.tile)",
+            "/multihead",
+            kv_tiled_numpy(),
+            "kv_heads_repeated_wrong",
+        ),
+        row(
+            "gqa-tile-decode",
+            "apple/axlearn#842 (the same repeat confusion) in a decode step with its cache",
+            "/multihead",
+            cache_step(tile=True),
+            "kv_heads_repeated_wrong",
+        ),
+        row(
+            "gqa-tile-meta-rope",
+            "a port keeping Meta's apply_rotary_emb on Hugging Face "
+            "weights and writing k.repeat for repeat_kv",
+            "/multihead",
+            meta_rope_tiled(),
+            "rope_style_swapped",
+            "kv_heads_repeated_wrong",
+        ),
+        row(
+            "gqa-right",
+            "SDPA's enable_gqa=True (repeat_kv's layout)",
+            "/multihead",
+            gqa_right(),
+            MATCH,
+        ),
         # ---- sliding windows
-        row("window-sdpa-is-causal", "huggingface/transformers#28980 (Mistral's SDPA path: "
-            "is_causal=True, no sliding window)", "/multihead", sliding(third.sdpa(is_causal=True)),
-            "window_missing"),  # fmt: skip
-        row("chunked-as-causal", "Llama 4's chunked attention (attention_chunk_size) run as a "
-            "plain causal SDPA", "/mask", chunked_as_causal(), "window_missing"),
-        row("gemma2-27b-port", "huggingface/transformers#28980's SDPA path on Gemma 2 27B, with "
+        row(
+            "window-sdpa-is-causal",
+            "huggingface/transformers#28980 (Mistral's SDPA path: "
+            "is_causal=True, no sliding window)",
+            "/multihead",
+            sliding(third.sdpa(is_causal=True)),
+            "window_missing",
+        ),
+        row(
+            "chunked-as-causal",
+            "Llama 4's chunked attention (attention_chunk_size) run as a plain causal SDPA",
+            "/mask",
+            chunked_as_causal(),
+            "window_missing",
+        ),
+        row(
+            "gemma2-27b-port",
+            "huggingface/transformers#28980's SDPA path on Gemma 2 27B, with "
             "SDPA's default scale for query_pre_attn_scalar (keras-team/keras-hub#1701)",
-            "/multihead", gemma2_27b_port(), "scale_from_config_ignored", "window_missing"),
-        case_row("window-flash-size-W", "flash-attention's window_size = (W, 0) for Hugging "
-                 "Face's sliding_window = W: one key wider",
-                 "window_off_by_one-sliding_window-one_wider", "window_off_by_one"),
-        row("window-right", "the band given to SDPA as attn_mask (huggingface/transformers"
-            "#30127)", "/multihead", sliding(third.sdpa(attn_mask=third.band(third.L6, 2))),
-            MATCH),
+            "/multihead",
+            gemma2_27b_port(),
+            "scale_from_config_ignored",
+            "window_missing",
+        ),
+        case_row(
+            "window-flash-size-W",
+            "flash-attention's window_size = (W, 0) for Hugging "
+            "Face's sliding_window = W: one key wider",
+            "window_off_by_one-sliding_window-one_wider",
+            "window_off_by_one",
+        ),
+        row(
+            "window-right",
+            "the band given to SDPA as attn_mask (huggingface/transformers#30127)",
+            "/multihead",
+            sliding(third.sdpa(attn_mask=third.band(third.L6, 2))),
+            MATCH,
+        ),
         # ---- RoPE bases
-        case_row("rope-theta-20000", "a stock LlamaAttention built with rope_theta 20000 where "
-                 "10000 was asked (issue 42)", "rope_base_wrong-llama-layer_built_with_20000",
-                 "rope_base_wrong"),
-        row("rope-starcoder2-base", "a Llama port run with StarCoder2's rope_theta 100000 "
-            "where 10000 was asked", "/multihead", port8(100_000.0), "rope_base_wrong"),
-        case_row("rope-default-for-llama3", "a LlamaAttention built with the default 10000 "
-                 "where the config says 500000", "rope_base_wrong-llama-layer_built_with_10000",
-                 "rope_base_wrong"),
-        case_row("rope-never-applied", "RoPE asked (base 500000), q and k never rotated",
-                 "rope_missing-weights", "rope_missing"),
+        case_row(
+            "rope-theta-20000",
+            "a stock LlamaAttention built with rope_theta 20000 where 10000 was asked (issue 42)",
+            "rope_base_wrong-llama-layer_built_with_20000",
+            "rope_base_wrong",
+        ),
+        row(
+            "rope-starcoder2-base",
+            "a Llama port run with StarCoder2's rope_theta 100000 where 10000 was asked",
+            "/multihead",
+            port8(100_000.0),
+            "rope_base_wrong",
+        ),
+        case_row(
+            "rope-default-for-llama3",
+            "a LlamaAttention built with the default 10000 where the config says 500000",
+            "rope_base_wrong-llama-layer_built_with_10000",
+            "rope_base_wrong",
+        ),
+        case_row(
+            "rope-never-applied",
+            "RoPE asked (base 500000), q and k never rotated",
+            "rope_missing-weights",
+            "rope_missing",
+        ),
         # ---- the output projection
-        row("lecture-no-proj", f"{LECTURE}: MultiHeadAttention returning torch.cat of the heads "
-            "before self.proj", "/multihead", lecture(4, project=False),
-            "output_projection_missing"),
-        row("lecture-no-proj-scaled-by-n-embd", f"{LECTURE} PR #6 (scaled by C = n_embd) with "
-            "the heads returned without self.proj", "/multihead", lecture(8, project=False),
-            "scale_by_model_dim", "output_projection_missing"),
-        row("lecture-right", f"{LECTURE}: the layer with self.proj", "/multihead",
-            lecture(4, project=True), MATCH),
+        row(
+            "lecture-no-proj",
+            f"{LECTURE}: MultiHeadAttention returning torch.cat of the heads before self.proj",
+            "/multihead",
+            lecture(4, project=False),
+            "output_projection_missing",
+        ),
+        row(
+            "lecture-no-proj-scaled-by-n-embd",
+            f"{LECTURE} PR #6 (scaled by C = n_embd) with the heads returned without self.proj",
+            "/multihead",
+            lecture(8, project=False),
+            "scale_by_model_dim",
+            "output_projection_missing",
+        ),
+        row(
+            "lecture-right",
+            f"{LECTURE}: the layer with self.proj",
+            "/multihead",
+            lecture(4, project=True),
+            MATCH,
+        ),
         # ---- the softmax's axis
-        row("softmax-without-dim", "pytorch/pytorch#5733 (F.softmax without dim picks dim 0 of "
-            "[B][L][S] scores)", "/attention", over_batch(0.5), "softmax_over_batch"),
-        row("luong-without-dim", "Luong-style dot attention (torch.bmm, no scale) with "
-            "F.softmax and no dim", "/attention", over_batch(1.0),
-            "scale_missing", "softmax_over_batch"),
+        row(
+            "softmax-without-dim",
+            "pytorch/pytorch#5733 (F.softmax without dim picks dim 0 of [B][L][S] scores)",
+            "/attention",
+            over_batch(0.5),
+            "softmax_over_batch",
+        ),
+        row(
+            "luong-without-dim",
+            "Luong-style dot attention (torch.bmm, no scale) with F.softmax and no dim",
+            "/attention",
+            over_batch(1.0),
+            "scale_missing",
+            "softmax_over_batch",
+        ),
         # ---- finite mask fills
-        row("fill-minus-epsilon", "hyunwoongko/transformer#10 (masked_fill(mask == 0, -e), "
-            "e = 1e-12)", "/mask", fill_causal(-1e-12), "mask_not_infinite"),
-        row("fill-multiplied-by-tril", "a notebook masking by multiplying the scores with the "
-            "0/1 tril matrix (masked scores 0)", "/mask", mask_multiplied(),
-            "mask_not_infinite"),
-        row("fill-finfo-min-left-padded", "transformers' torch.finfo(dtype).min fill on a "
-            "left-padded batch (its first rows see no key: uniform)", "/mask",
-            fill_left_padded(float(torch.finfo(torch.float32).min)), "mask_not_infinite"),
-        row("fill-gpt2-1e4-left-padded", "GPT-2's masked_bias −1e4 (transformers' GPT2Attention "
-            "before 4.x's finfo.min) on a left-padded batch", "/mask", fill_left_padded(-1e4),
-            "mask_not_infinite"),
-        row("fill-gpt2-1e4-causal", "GPT-2's masked_bias −1e4 where every row keeps a key: the "
-            "same weights as −∞", "/mask", fill_causal(-1e4), MATCH),
-        row("tril-unscaled", f"{LECTURE}'s first cell (no scale) masked with torch.tril(wei) "
-            "(rasbt/LLMs-from-scratch#279)", "/mask", tril_unscaled(),
-            "scale_missing", "mask_not_infinite"),
-        row("annotated-transformer-1e9", "the Annotated Transformer's masked_fill(mask == 0, "
-            "-1e9) (harvardnlp/annotated-transformer#67)", "/mask", annotated_transformer(),
-            MATCH),
+        row(
+            "fill-minus-epsilon",
+            "hyunwoongko/transformer#10 (masked_fill(mask == 0, -e), e = 1e-12)",
+            "/mask",
+            fill_causal(-1e-12),
+            "mask_not_infinite",
+        ),
+        row(
+            "fill-multiplied-by-tril",
+            "a notebook masking by multiplying the scores with the "
+            "0/1 tril matrix (masked scores 0)",
+            "/mask",
+            mask_multiplied(),
+            "mask_not_infinite",
+        ),
+        row(
+            "fill-finfo-min-left-padded",
+            "transformers' torch.finfo(dtype).min fill on a "
+            "left-padded batch (its first rows see no key: uniform)",
+            "/mask",
+            fill_left_padded(float(torch.finfo(torch.float32).min)),
+            "mask_not_infinite",
+        ),
+        row(
+            "fill-gpt2-1e4-left-padded",
+            "GPT-2's masked_bias −1e4 (transformers' GPT2Attention "
+            "before 4.x's finfo.min) on a left-padded batch",
+            "/mask",
+            fill_left_padded(-1e4),
+            "mask_not_infinite",
+        ),
+        row(
+            "fill-gpt2-1e4-causal",
+            "GPT-2's masked_bias −1e4 where every row keeps a key: the same weights as −∞",
+            "/mask",
+            fill_causal(-1e4),
+            MATCH,
+        ),
+        row(
+            "tril-unscaled",
+            f"{LECTURE}'s first cell (no scale) masked with torch.tril(wei) "
+            "(rasbt/LLMs-from-scratch#279)",
+            "/mask",
+            tril_unscaled(),
+            "scale_missing",
+            "mask_not_infinite",
+        ),
+        row(
+            "annotated-transformer-1e9",
+            "the Annotated Transformer's masked_fill(mask == 0, "
+            "-1e9) (harvardnlp/annotated-transformer#67)",
+            "/mask",
+            annotated_transformer(),
+            MATCH,
+        ),
         # ---- scale mistakes
-        row("vit-tutorial-scale-after-softmax-by-d-model", "the ViT tutorial's F.softmax(energy)"
-            " / emb_size ** (1/2) (FrancescoSaverioZuppichini/ViT#2, #6; issue 42's tutorial "
-            "pair)", "/attention", vit_tutorial(), "scale_after_softmax", "scale_by_model_dim"),
-        row("scale-after-softmax", "FrancescoSaverioZuppichini/ViT#2 (att = F.softmax(energy) "
-            "* self.scaling)", "/attention",
+        row(
+            "vit-tutorial-scale-after-softmax-by-d-model",
+            "the ViT tutorial's F.softmax(energy)"
+            " / emb_size ** (1/2), copied into many repositories (FrancescoSaverioZuppichini/ViT"
+            "#2, #6; issue 42's tutorial pair)",
+            "/attention",
+            vit_tutorial(),
+            "scale_after_softmax",
+            "scale_by_model_dim",
+        ),
+        row(
+            "scale-after-softmax",
+            "FrancescoSaverioZuppichini/ViT#2 (att = F.softmax(energy) * self.scaling)",
+            "/attention",
             direct_weights(lambda q, k: F.softmax(q @ k.T, dim=-1) * second.SCALE),
-            "scale_after_softmax"),
-        case_row("scale-by-embed-size", "aladdinpersson/Machine-Learning-Collection#65 "
-                 "(softmax(energy / embed_size ** (1/2)))",
-                 "scale_by_model_dim-multihead-sqrt_d_model", "scale_by_model_dim"),
-        row("scale-by-d-k", "delzac/cntkx#10 (the scores divided by d_k, no square root)",
-            "/attention", direct_weights(lambda q, k: F.softmax(q @ k.T / second.D_K, dim=-1)),
-            "scale_by_d_k"),
-        row("scale-missing", "huggingface/blog#2893 (kv-cache.md's attention without "
-            "1/√d_k)", "/attention", direct_weights(lambda q, k: F.softmax(q @ k.T, dim=-1)),
-            "scale_missing"),
-        case_row("scale-inverted", "scores * math.sqrt(d_k) where / math.sqrt(d_k) was meant",
-                 "scale_inverted-times_sqrt_d_k", "scale_inverted"),
+            "scale_after_softmax",
+        ),
+        case_row(
+            "scale-by-embed-size",
+            "aladdinpersson/Machine-Learning-Collection#65 (softmax(energy / embed_size ** (1/2)))",
+            "scale_by_model_dim-multihead-sqrt_d_model",
+            "scale_by_model_dim",
+        ),
+        row(
+            "scale-by-d-k",
+            "delzac/cntkx#10 (the scores divided by d_k, no square root)",
+            "/attention",
+            direct_weights(lambda q, k: F.softmax(q @ k.T / second.D_K, dim=-1)),
+            "scale_by_d_k",
+        ),
+        row(
+            "scale-missing",
+            "huggingface/blog#2893 (kv-cache.md's attention without 1/√d_k)",
+            "/attention",
+            direct_weights(lambda q, k: F.softmax(q @ k.T, dim=-1)),
+            "scale_missing",
+        ),
+        case_row(
+            "scale-inverted",
+            "scores * math.sqrt(d_k) where / math.sqrt(d_k) was meant",
+            "scale_inverted-times_sqrt_d_k",
+            "scale_inverted",
+        ),
         # ---- the second edition's masks, heads and batches
-        row("sdpa-triu-mask", "rasbt/LLMs-from-scratch#1061 (torch.triu(…, 1).bool() handed "
-            "to SDPA, whose true means attend)", "/mask",
-            sdpa_output(torch.triu(torch.ones(second.N, second.N), 1).bool()), "mask_inverted"),
-        row("sdpa-triu-mask-as-boolean", "rasbt/LLMs-from-scratch#1061, the request giving the "
-            "causal mask meant as a boolean matrix (tril, true = may attend)", "/mask",
-            sdpa_output(torch.triu(torch.ones(second.N, second.N), 1).bool(),
-                        mask=second.boolean(second.causal(second.N))), "mask_inverted"),
-        row("triu-diagonal-0", "a notebook masking with torch.triu(ones, diagonal=0) where "
-            "diagonal=1 was meant", "/mask", diagonal_masked(), "causal_diagonal_masked"),
-        case_row("eager-llama-no-mask", "transformers' eager LlamaAttention called with "
-                 "attention_mask=None (a port dropping the mask)",
-                 "mask_missing-llama-eager-attention_mask_None", "mask_missing"),
-        case_row("mask-after-softmax-zeroed", "the masked weights zeroed after the softmax, "
-                 "rows not renormalised", "mask_after_softmax-causal-zeroed",
-                 "mask_after_softmax"),
-        case_row("mask-after-softmax-renormalised", "abisee/pointer-generator#88 (softmax, "
-                 "then the mask, then re-normalised; NaN in a row with no key)",
-                 "mask_after_softmax-renormalised-empty_row_nan", "mask_after_softmax"),
-        case_row("heads-merged-without-transpose", "(B, h, L, d) reshaped to (B, L, h·d) "
-                 "without .transpose(1, 2)", "heads_merged_without_transpose-concat",
-                 "heads_merged_without_transpose"),
-        case_row("mha-batch-first-false", "nn.MultiheadAttention without batch_first=True fed "
-                 "(B, L, E) tensors", "batch_as_sequence-nn.MultiheadAttention-batch_first_False",
-                 "batch_as_sequence"),
-        case_row("stock-llama-float64-tight", "transformers' float64 LlamaAttention (RoPE "
-                 "tables and softmax in float32) compared at 1e-12",
-                 "float32_arithmetic-llama-stock_float64_layer", "float32_arithmetic"),
+        row(
+            "sdpa-triu-mask",
+            "rasbt/LLMs-from-scratch#1061 (torch.triu(…, 1).bool() handed "
+            "to SDPA, whose true means attend)",
+            "/mask",
+            sdpa_output(torch.triu(torch.ones(second.N, second.N), 1).bool()),
+            "mask_inverted",
+        ),
+        row(
+            "sdpa-triu-mask-as-boolean",
+            "rasbt/LLMs-from-scratch#1061, the request giving the "
+            "causal mask meant as a boolean matrix (tril, true = may attend)",
+            "/mask",
+            sdpa_output(
+                torch.triu(torch.ones(second.N, second.N), 1).bool(),
+                mask=second.boolean(second.causal(second.N)),
+            ),
+            "mask_inverted",
+        ),
+        row(
+            "triu-diagonal-0",
+            "a notebook masking with torch.triu(ones, diagonal=0) where diagonal=1 was meant",
+            "/mask",
+            diagonal_masked(),
+            "causal_diagonal_masked",
+        ),
+        case_row(
+            "eager-llama-no-mask",
+            "transformers' eager LlamaAttention called with "
+            "attention_mask=None (a port dropping the mask)",
+            "mask_missing-llama-eager-attention_mask_None",
+            "mask_missing",
+        ),
+        case_row(
+            "mask-after-softmax-zeroed",
+            "the masked weights zeroed after the softmax, rows not renormalised",
+            "mask_after_softmax-causal-zeroed",
+            "mask_after_softmax",
+        ),
+        case_row(
+            "mask-after-softmax-renormalised",
+            "abisee/pointer-generator#88 (softmax, "
+            "then the mask, then re-normalised; NaN in a row with no key)",
+            "mask_after_softmax-renormalised-empty_row_nan",
+            "mask_after_softmax",
+        ),
+        case_row(
+            "heads-merged-without-transpose",
+            "(B, h, L, d) reshaped to (B, L, h·d) without .transpose(1, 2)",
+            "heads_merged_without_transpose-concat",
+            "heads_merged_without_transpose",
+        ),
+        case_row(
+            "mha-batch-first-false",
+            "nn.MultiheadAttention without batch_first=True fed (B, L, E) tensors",
+            "batch_as_sequence-nn.MultiheadAttention-batch_first_False",
+            "batch_as_sequence",
+        ),
+        case_row(
+            "stock-llama-float64-tight",
+            "transformers' float64 LlamaAttention (RoPE "
+            "tables and softmax in float32) compared at 1e-12",
+            "float32_arithmetic-llama-stock_float64_layer",
+            "float32_arithmetic",
+        ),
         # ---- causal alignment
-        row("sdpa-is-causal-l-ne-s", "pytorch/pytorch#144858 (is_causal=True aligns upper-left "
-            "when L ≠ S) where lower-right was asked", "/mask", aligned_upper(),
-            "causal_alignment_swapped"),
-        row("decode-sdpa-is-causal", "karpathy/nanochat#456 (SDPA's is_causal=True in a decode "
-            "step with a KV cache)", "/multihead", cache_step(is_causal=True),
-            "causal_alignment_swapped"),
-        row("decode-cache-ignored-twice", "a decode loop ignoring cache_position everywhere: "
-            "position_ids = arange(L) and is_causal=True", "/multihead",
+        row(
+            "sdpa-is-causal-l-ne-s",
+            "pytorch/pytorch#144858 (is_causal=True aligns upper-left "
+            "when L ≠ S) where lower-right was asked",
+            "/mask",
+            aligned_upper(),
+            "causal_alignment_swapped",
+        ),
+        row(
+            "decode-sdpa-is-causal",
+            "karpathy/nanochat#456 (SDPA's is_causal=True in a decode step with a KV cache)",
+            "/multihead",
+            cache_step(is_causal=True),
+            "causal_alignment_swapped",
+        ),
+        row(
+            "decode-cache-ignored-twice",
+            "a decode loop ignoring cache_position everywhere: "
+            "position_ids = arange(L) and is_causal=True",
+            "/multihead",
             cache_step(is_causal=True, from_zero=True),
-            "decode_position_offset", "causal_alignment_swapped"),
+            "decode_position_offset",
+            "causal_alignment_swapped",
+        ),
         # ---- a layer's own config ignored
-        row("granite-multiplier-ignored", "a Granite port scaled by head_dim ** -0.5 as Llama "
-            "(attention_multiplier left out)", "/multihead", granite_unscaled(),
-            "scale_from_config_ignored"),
-        row("olmo-clip-ignored", "an OLMo layer run without clip_qkv", "/multihead",
-            olmo_unclipped(), "clip_missing"),
-        row("gemma4-scale-one", "Gemma 4's scale 1 computed with the usual 1/√d_k",
-            "/attention", gemma4_scale_one(), "scale_from_config_ignored"),
+        row(
+            "granite-multiplier-ignored",
+            "a Granite port scaled by head_dim ** -0.5 as Llama (attention_multiplier left out)",
+            "/multihead",
+            granite_unscaled(),
+            "scale_from_config_ignored",
+        ),
+        row(
+            "olmo-clip-ignored",
+            "an OLMo layer run without clip_qkv",
+            "/multihead",
+            olmo_unclipped(),
+            "clip_missing",
+        ),
+        row(
+            "gemma4-scale-one",
+            "Gemma 4's scale 1 computed with the usual 1/√d_k",
+            "/attention",
+            gemma4_scale_one(),
+            "scale_from_config_ignored",
+        ),
         # ---- partial rotary
-        row("llama-rope-on-pythia-head", "Llama's apply_rotary_pos_emb on a GPT-NeoX head "
-            "(rotary_pct 0.25)", "/multihead", partial(8, 2), "partial_rotary_wrong"),
-        row("chatglm-half-rotation", "ChatGLM's partial_rotary_factor 0.5 kept for a Llama "
-            "head", "/multihead", partial(4, None), "partial_rotary_wrong"),
-        row("partial-right", "GPT-NeoX's rotation of the first rotary_ndims features",
-            "/multihead", partial(2, 2), MATCH),
+        row(
+            "llama-rope-on-pythia-head",
+            "Llama's apply_rotary_pos_emb on a GPT-NeoX head (rotary_pct 0.25)",
+            "/multihead",
+            partial(8, 2),
+            "partial_rotary_wrong",
+        ),
+        row(
+            "chatglm-half-rotation",
+            "ChatGLM's partial_rotary_factor 0.5 kept for a Llama head",
+            "/multihead",
+            partial(4, None),
+            "partial_rotary_wrong",
+        ),
+        row(
+            "partial-right",
+            "GPT-NeoX's rotation of the first rotary_ndims features",
+            "/multihead",
+            partial(2, 2),
+            MATCH,
+        ),
         # ---- RoPE scaling
-        row("yarn-left-out", "a cell building RoPE's default table for a YaRN config (Qwen2.5 "
-            "long context)", "/attention", yarn(scaled=False), "rope_scaling_missing"),
-        row("yarn-factor-left-out", "YaRN's frequencies with cos and sin built from inv_freq "
-            "alone (transformers' attention_scaling left out)", "/attention", yarn_gain(0),
-            "rope_scaling_missing"),
-        row("yarn-factor-twice", "YaRN's attention factor applied twice on cos and sin "
-            "(issue 42)", "/attention", yarn_gain(2), "rope_scaling_missing"),
-        row("mla-mscale-squared-left-out", "DeepSeek V3's MLA under YaRN with the softmax "
+        row(
+            "yarn-left-out",
+            "a cell building RoPE's default table for a YaRN config (Qwen2.5 long context)",
+            "/attention",
+            yarn(scaled=False),
+            "rope_scaling_missing",
+        ),
+        row(
+            "yarn-factor-left-out",
+            "YaRN's frequencies with cos and sin built from inv_freq "
+            "alone (transformers' attention_scaling left out)",
+            "/attention",
+            yarn_gain(0),
+            "rope_scaling_missing",
+        ),
+        row(
+            "yarn-factor-twice",
+            "YaRN's attention factor applied twice on cos and sin (issue 42)",
+            "/attention",
+            yarn_gain(2),
+            "rope_scaling_missing",
+        ),
+        row(
+            "mla-mscale-squared-left-out",
+            "DeepSeek V3's MLA under YaRN with the softmax "
             "scale qk_head_dim^−½, its mscale² left out (the layer's yarn_apply_mscale; "
-            "issue 42)", "/multihead", mla_without_mscale(), "scale_from_config_ignored"),
-        row("llama31-as-llama3", "a Llama 3 port on Llama 3.1 weights without rope_scaling "
-            "llama3 (llama.cpp's first Llama 3.1 runs)", "/multihead", llama31_as_llama3(),
-            "rope_scaling_missing"),
-        row("yarn-right", "transformers' YaRN frequencies and attention factor", "/attention",
-            yarn(scaled=True), MATCH),
+            "issue 42)",
+            "/multihead",
+            mla_without_mscale(),
+            "scale_from_config_ignored",
+        ),
+        row(
+            "llama31-as-llama3",
+            "a Llama 3 port on Llama 3.1 weights without rope_scaling "
+            "llama3 (llama.cpp's first Llama 3.1 runs)",
+            "/multihead",
+            llama31_as_llama3(),
+            "rope_scaling_missing",
+        ),
+        row(
+            "yarn-right",
+            "transformers' YaRN frequencies and attention factor",
+            "/attention",
+            yarn(scaled=True),
+            MATCH,
+        ),
         # ---- low-precision kernels
-        row("sdpa-bfloat16", "torch's SDPA in bfloat16 (a correct kernel)", "/attention",
-            low_precision(torch.bfloat16), MATCH),
-        row("sdpa-float16", "torch's SDPA in float16 (a correct kernel)", "/attention",
-            low_precision(torch.float16), MATCH),
-        row("sdpa-float32-named", "torch's SDPA in float32, tolerance.precision float32",
-            "/attention", {**low_precision(torch.float32), "tolerance": {"precision": "float32"}},
-            MATCH),
-        row("bfloat16-scale-1", "a bfloat16 kernel that forgot 1/√d_k (scale=1.0)",
-            "/attention", low_precision(torch.bfloat16, scale=1.0), "scale_missing"),
-        row("bfloat16-not-causal", "a bfloat16 kernel without its causal mask", "/attention",
-            low_precision(torch.bfloat16, causal=False), "mask_missing"),
+        row(
+            "sdpa-bfloat16",
+            "torch's SDPA in bfloat16 (a correct kernel)",
+            "/attention",
+            low_precision(torch.bfloat16),
+            MATCH,
+        ),
+        row(
+            "sdpa-float16",
+            "torch's SDPA in float16 (a correct kernel)",
+            "/attention",
+            low_precision(torch.float16),
+            MATCH,
+        ),
+        row(
+            "sdpa-float32-named",
+            "torch's SDPA in float32, tolerance.precision float32",
+            "/attention",
+            {**low_precision(torch.float32), "tolerance": {"precision": "float32"}},
+            MATCH,
+        ),
+        row(
+            "bfloat16-scale-1",
+            "a bfloat16 kernel that forgot 1/√d_k (scale=1.0)",
+            "/attention",
+            low_precision(torch.bfloat16, scale=1.0),
+            "scale_missing",
+        ),
+        row(
+            "bfloat16-not-causal",
+            "a bfloat16 kernel without its causal mask",
+            "/attention",
+            low_precision(torch.bfloat16, causal=False),
+            "mask_missing",
+        ),
     )
 
 
@@ -726,7 +1093,10 @@ def outcome(client: TestClient, r: Row) -> Outcome:
 
 def table(outcomes: list[Outcome]) -> str:
     """The tally table: one line per row, then the counts."""
-    lines = ["| # | row | source | expected | got | verdict |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| # | row | source | expected | got | verdict |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for n, o in enumerate(outcomes, 1):
         r = o.row
         lines.append(f"| {n} | {r.id} | {r.source} | {r.expected_text} | {o.got} | {o.verdict} |")
@@ -745,9 +1115,10 @@ def table(outcomes: list[Outcome]) -> str:
 # Rows the service does not yet give their verdict (kept as they are: the measure counts them).
 KNOWN: dict[str, str] = {
     "vit-tutorial-scale-after-softmax-by-d-model": (
-        "not named: two scale mistakes are never tried together (EXCLUSIVE's scale family in "
-        "service/core/diagnosis/mistakes.py), while the third edition asks for this tutorial's "
-        "softmax(energy) / √d_model as scale_after_softmax with scale_by_model_dim"
+        "not named: no pair of scale mistakes is tried (EXCLUSIVE's scale family in "
+        "service/core/diagnosis/mistakes.py), and scale_after_softmax multiplies the weights "
+        "by the request's scale (1/√d_k), never by 1/√d_model; the third edition names this "
+        "tutorial's softmax(energy) / √d_model as scale_after_softmax with scale_by_model_dim"
     ),
     "sdpa-triu-mask": (
         "not named: mask_inverted is tried only for a boolean mask or key_padding_mask; a causal "
@@ -761,9 +1132,7 @@ KNOWN: dict[str, str] = {
 
 
 def params() -> list[Any]:
-    marks = {
-        rid: pytest.mark.xfail(strict=True, reason=why) for rid, why in KNOWN.items()
-    }
+    marks = {rid: pytest.mark.xfail(strict=True, reason=why) for rid, why in KNOWN.items()}
     return [pytest.param(r, id=r.id, marks=marks.get(r.id, ())) for r in corpus()]
 
 
@@ -779,8 +1148,12 @@ def test_the_corpus_measure(client: TestClient) -> None:
     print("\n" + table(outcomes))
     verdicts = [o.verdict for o in outcomes]
     assert len(outcomes) >= 49
-    assert verdicts.count(FALSE_MATCH) == 0, [o.row.id for o in outcomes if o.verdict == FALSE_MATCH]
-    assert verdicts.count(WRONG_NAME) == 0, [(o.row.id, o.got) for o in outcomes if o.verdict == WRONG_NAME]
+    assert verdicts.count(FALSE_MATCH) == 0, [
+        o.row.id for o in outcomes if o.verdict == FALSE_MATCH
+    ]
+    assert verdicts.count(WRONG_NAME) == 0, [
+        (o.row.id, o.got) for o in outcomes if o.verdict == WRONG_NAME
+    ]
     assert verdicts.count(ERROR) == 0
     assert verdicts.count(RIGHT) >= 0.9 * len(outcomes), verdicts.count(RIGHT)
 
@@ -797,6 +1170,39 @@ def test_the_rows_are_unique_and_their_codes_are_the_tables() -> None:
             continue
         assert all(c in order for c in r.expect), r
         assert list(r.expect) == sorted(r.expect, key=order.index), r
+
+
+def test_builder_the_bugs_written_here_are_the_right_computation_without_them() -> None:
+    """Each bug written in this file, removed, gives the right numbers (float64 torch or NumPy
+    references written elsewhere): so only the bug separates the row from the right one."""
+    q, k, v = (torch.tensor(a) for a in (second.Q, second.K, second.V))
+    right = second.attend(second.Q, second.K, second.V, second.SCALE, second.causal(second.N))
+    # SDPA's attn_mask given tril (not triu) is the causal attention
+    tril = torch.tril(torch.ones(second.N, second.N)).bool()
+    ours = F.scaled_dot_product_attention(q, k, v, attn_mask=tril).numpy()
+    np.testing.assert_allclose(ours, right["output"], atol=1e-12)
+    # the ViT tutorial's line with the scale before the softmax, over d_k, is the right weights
+    q6, k6 = (torch.tensor(a) for a in (second.Q6, second.K6))
+    fixed = F.softmax(q6 @ k6.T / 3 ** (1 / 2), dim=-1).numpy()
+    np.testing.assert_allclose(
+        fixed, second.attend(second.Q6, second.K6, second.V6, 3**-0.5)["weights"], atol=1e-12
+    )
+    # YaRN's factor once is transformers' YaRN (the row that matches)
+    once = yarn_gain(1)["expected"]["weights"]
+    np.testing.assert_allclose(once, yarn(scaled=True)["expected"]["weights"], atol=1e-12)
+    assert np.abs(np.array(yarn_gain(2)["expected"]["weights"]) - np.array(once)).max() > 1e-2
+    # a multiplied tril mask differs from −∞ only where the mask hides a key
+    q1, k1, _ = one_item()
+    scores = q1 @ k1.transpose(-2, -1) * 0.5
+    hidden = ~third.causal_mask(third.L6)
+    infinite = F.softmax(scores.masked_fill(hidden, -np.inf), dim=-1)
+    np.testing.assert_allclose(
+        F.softmax(scores.masked_fill(hidden, 0.0), dim=-1).numpy(),
+        F.softmax(scores * torch.tril(torch.ones(third.L6, third.L6)), dim=-1).numpy(),
+        atol=1e-15,
+    )
+    assert (F.softmax(scores * ~hidden, dim=-1)[0][hidden] > 1e-3).all()
+    assert not infinite[0][hidden].any()
 
 
 THIRD_CODES = (  # the table's after float32_arithmetic (decode_position_offset comes before it)
