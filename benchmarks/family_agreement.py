@@ -55,7 +55,12 @@ def stock_output(layer: Layer, x: np.ndarray, positions: list[int]) -> np.ndarra
         rotary: dict[str, Any] = {"position_ids": pos} if layer.position_ids else {}
         if layer.rotary is not None:
             rotary["position_embeddings"] = layer.rotary(xs, pos)
-        out, _ = layer.attn(hidden_states=xs, attention_mask=mask, **rotary, **layer.forward_kwargs)
+        # tensors the builder passes (BLOOM's ALiBi, built in float64): float32, as shipped
+        extra = {
+            k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+            for k, v in layer.forward_kwargs.items()
+        }
+        out, _ = layer.attn(hidden_states=xs, attention_mask=mask, **rotary, **extra)
     result: np.ndarray = out[0].numpy()
     return result
 
