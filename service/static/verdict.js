@@ -176,6 +176,24 @@ export function comparisonPanel(data, cards, dropped) {
     why.className = "explanation";
     why.textContent = first.diagnosis.explanation;
     verdict.append(lead, why);
+    const others = first.diagnosis.alternatives || [];
+    if (others.length) {
+      // sets that reproduce the numbers as closely (the explanation says why both fit)
+      const also = document.createElement("p");
+      also.className = "alternatives";
+      also.append("Reproduced as closely by: ");
+      others.forEach((codes, i) => {
+        if (i) also.append("; or ");
+        codes.forEach((code, j) => {
+          if (j) also.append(" + ");
+          const c = document.createElement("code");
+          c.className = "mistake";
+          c.textContent = code;
+          also.append(c);
+        });
+      });
+      verdict.append(also);
+    }
   } else {
     verdict.classList.add("none");
     const lead = document.createElement("p");
