@@ -74,8 +74,8 @@ _MODULE_FORM = set(_NAME_OF) - {"q_norm_weight", "k_norm_weight", "sinks"}
 
 
 def folded(req: MultiheadRequest) -> MultiheadRequest:
-    """The request with ``config``, ``k_eq_v`` and ``gate: true`` written as the ordinary
-    fields."""
+    """The request with the fields that restate others (the module's doc, in its order)
+    written as the ordinary fields."""
     if req.config is not None:
         req = _configured(req)
     if (fused := unpacked(req)) is not None:
