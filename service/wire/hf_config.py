@@ -28,9 +28,9 @@ Choices where the contract is silent:
 - Which layers slide: ``layer_types`` (Mistral and Phi-3 ignore it: they slide every layer),
   else the family's pattern (Gemma 2, gpt-oss: every other from 0; Gemma 3: all but every
   ``sliding_window_pattern``-th; Gemma 4: five in six, never the last; Qwen: with
-  ``use_sliding_window``, layers ≥ ``max_window_layers``), else all when ``sliding_window`` is
-  set. Mask: causal, plus the window; Llama 4's chunked layers: the chunked mask alone (causal
-  within chunks, as docs/api.md's Llama 4 row).
+  ``use_sliding_window``, layers ≥ ``max_window_layers``; Qwen2-MoE: the even layers below
+  it), else all when ``sliding_window`` is set. Mask: causal, plus the window; Llama 4's
+  chunked layers: the chunked mask alone (causal within chunks, as docs/api.md's Llama 4 row).
 - Exaone 4 and Cohere 2 rotate their sliding layers only (their full layers are NoPE); with
   ``sliding_window`` null every Exaone 4 layer rotates and no Cohere 2 layer does, and a
   sliding layer is a ConfigError (transformers builds no mask for it). Cohere 2 turns
@@ -78,7 +78,7 @@ Choices where the contract is silent:
   of the wrong JSON type (integral floats such as 4096.0 are read as sizes).
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,6 +134,13 @@ _EVERY_LAYER_SLIDES: tuple[str, ...] = ("mistral", "mixtral", "phimoe", "starcod
 _EVERY_LAYER_SLIDES += ("qwen3_moe",)
 _EVERY_LAYER_SLIDES += ("ministral3",)
 _KINDS = ("full_attention", "sliding_attention")  # indexed by "it slides"
+# with use_sliding_window and no layer_types, which layers slide given max_window_layers m, as
+# each configuration class writes its layer_types: Qwen2's and Qwen3's the layers from m on,
+# Qwen2-MoE's the even layers below m (Qwen2MoeConfig: (i + 1) % 2 and i < m)
+_WINDOW_LAYERS: dict[str, Callable[[int, int], bool]] = {
+    "qwen2": lambda layer, m: layer >= m,
+    "qwen2_moe": lambda layer, m: layer % 2 == 0 and layer < m,
+}
 # families whose full layers skip RoPE (NoPE) while their sliding layers rotate: {family: whether
 # every layer rotates when sliding_window is null} (Exaone 4: all rotate; Cohere 2: none)
 _FULL_LAYERS_NOPE = {"exaone4": True, "cohere2": False}
@@ -530,7 +537,8 @@ def _layer_type(c: _Config, layer: int) -> tuple[str, str]:
         return _KINDS[on], f"{u_src}, {w_src}, {r_src}" if use else u_src
     if use is not None:
         first, f_src = c.get("max_window_layers")
-        on = bool(use) and layer >= _int(first, _key(f_src), 0)
+        slides = _WINDOW_LAYERS.get(c.model_type, _WINDOW_LAYERS["qwen2"])
+        on = bool(use) and slides(layer, _int(first, _key(f_src), 0))
         return _KINDS[on], f"{u_src}, {f_src}" if use else u_src
     if fam in _EVERY_LAYER_SLIDES or c.reads("sliding_window"):
         return _KINDS[window is not None], w_src

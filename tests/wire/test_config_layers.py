@@ -60,11 +60,14 @@ from transformers.models.cohere import modeling_cohere  # noqa: E402
 from transformers.models.cohere2 import modeling_cohere2  # noqa: E402
 from transformers.models.cohere2.configuration_cohere2 import Cohere2Config  # noqa: E402
 from transformers.models.dbrx import modeling_dbrx  # noqa: E402
+from transformers.models.deepseek_v2 import modeling_deepseek_v2  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3  # noqa: E402
 from transformers.models.ernie4_5 import modeling_ernie4_5  # noqa: E402
 from transformers.models.exaone4 import modeling_exaone4  # noqa: E402
 from transformers.models.exaone4.configuration_exaone4 import Exaone4Config  # noqa: E402
 from transformers.models.falcon import modeling_falcon  # noqa: E402
+from transformers.models.gemma import modeling_gemma  # noqa: E402
+from transformers.models.gemma2 import modeling_gemma2  # noqa: E402
 from transformers.models.gemma3 import modeling_gemma3  # noqa: E402
 from transformers.models.gemma4 import modeling_gemma4  # noqa: E402
 from transformers.models.gemma4.configuration_gemma4 import Gemma4Config  # noqa: E402
@@ -75,14 +78,20 @@ from transformers.models.glm4_moe.configuration_glm4_moe import Glm4MoeConfig  #
 from transformers.models.gpt2 import modeling_gpt2  # noqa: E402
 from transformers.models.gpt_bigcode import modeling_gpt_bigcode  # noqa: E402
 from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
+from transformers.models.gpt_oss import modeling_gpt_oss  # noqa: E402
 from transformers.models.gptj import modeling_gptj  # noqa: E402
 from transformers.models.granite import modeling_granite  # noqa: E402
 from transformers.models.granitemoe import modeling_granitemoe  # noqa: E402
 from transformers.models.helium import modeling_helium  # noqa: E402
 from transformers.models.hunyuan_v1_dense import modeling_hunyuan_v1_dense  # noqa: E402
+from transformers.models.llama import modeling_llama  # noqa: E402
 from transformers.models.llama4 import modeling_llama4  # noqa: E402
+from transformers.models.ministral import modeling_ministral  # noqa: E402
 from transformers.models.ministral3 import modeling_ministral3  # noqa: E402
+from transformers.models.mistral import modeling_mistral  # noqa: E402
+from transformers.models.mixtral import modeling_mixtral  # noqa: E402
 from transformers.models.mpt import modeling_mpt  # noqa: E402
+from transformers.models.nemotron import modeling_nemotron  # noqa: E402
 from transformers.models.olmo import modeling_olmo  # noqa: E402
 from transformers.models.olmo2 import modeling_olmo2  # noqa: E402
 from transformers.models.olmo3 import modeling_olmo3  # noqa: E402
@@ -92,15 +101,23 @@ from transformers.models.opt import modeling_opt  # noqa: E402
 from transformers.models.opt.configuration_opt import OPTConfig  # noqa: E402
 from transformers.models.phi import modeling_phi  # noqa: E402
 from transformers.models.phi3 import modeling_phi3  # noqa: E402
+from transformers.models.phimoe import modeling_phimoe  # noqa: E402
+from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
+from transformers.models.qwen2_moe import modeling_qwen2_moe  # noqa: E402
+from transformers.models.qwen3 import modeling_qwen3  # noqa: E402
 from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config  # noqa: E402
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe  # noqa: E402
 from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import (  # noqa: E402
     Qwen3_5MoeConfig,
 )
+from transformers.models.qwen3_moe import modeling_qwen3_moe  # noqa: E402
 from transformers.models.qwen3_next import modeling_qwen3_next  # noqa: E402
 from transformers.models.roberta import modeling_roberta  # noqa: E402
+from transformers.models.seed_oss import modeling_seed_oss  # noqa: E402
+from transformers.models.smollm3 import modeling_smollm3  # noqa: E402
 from transformers.models.stablelm import modeling_stablelm  # noqa: E402
+from transformers.models.starcoder2 import modeling_starcoder2  # noqa: E402
 from transformers.models.t5 import modeling_t5  # noqa: E402
 
 from harness.hf_reference import _widened, float64_torch_in  # noqa: E402
@@ -213,7 +230,7 @@ def phi3(layer: int) -> tuple[Any, Layer]:
 
     mask_fn = (  # as Phi3Model picks it
         hf_masks.create_causal_mask
-        if config.sliding_window is None
+        if getattr(config, "sliding_window", None) is None
         else hf_masks.create_sliding_window_causal_mask
     )
     return config.to_dict(), Layer(
@@ -1056,6 +1073,278 @@ def codegen(layer: int) -> tuple[Any, Layer]:
     return config.to_dict(), _sinusoid_table_layer(modeling_codegen, "CodeGen", config, layer)
 
 
+# ---- the families verified first: Llama, Mistral, Qwen, Gemma, … each with its own case ----
+
+
+def _family(
+    modeling: types.ModuleType, prefix: str, fields: dict[str, Any], layer: int, masks: str
+) -> tuple[Any, Layer]:
+    """``<prefix>Config`` from ``fields``, its ``<prefix>Attention`` and
+    ``<prefix>RotaryEmbedding``, and the mask its decoder model gives the layer: ``every``, the
+    sliding-window mask on every layer when sliding_window is set (MistralModel's
+    ``mask_function``), or ``types``, the mask of the layer's entry in ``layer_types``."""
+    config: Any = getattr(modeling, f"{prefix}Config")(**fields)
+    mask_fn = (
+        _layer_type_mask(config, layer)
+        if masks == "types"
+        else hf_masks.create_causal_mask
+        if getattr(config, "sliding_window", None) is None
+        else hf_masks.create_sliding_window_causal_mask
+    )
+    built = _decoder(modeling, f"{prefix}Attention", f"{prefix}RotaryEmbedding", config, layer,
+                     mask_fn)  # fmt: skip
+    return config.to_dict(), built
+
+
+def llama(layer: int) -> tuple[Any, Layer]:
+    """As meta-llama/Llama-3.1-8B's: llama3 rope scaling in rope_parameters (factor 8, low 1,
+    high 4; original 8 here, 8192 there, so that it bites over 12 tokens), rope_theta 5·10⁵,
+    attention_bias true (q, k, v and o_proj biases: Llama's flag, false there); GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "attention_bias": True, "max_position_embeddings": 64,
+        "rms_norm_eps": 1e-5, **NO_TOKENS,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8},
+    }  # fmt: skip
+    return _family(modeling_llama, "Llama", fields, layer, "every")
+
+
+def mistral(layer: int) -> tuple[Any, Layer]:
+    """As mistralai/Mistral-7B-v0.1's: sliding_window on every layer (4096 there; 4 here, so
+    that it bites over 12 tokens), head_dim given, rope_theta 10⁴; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "mistral", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "num_hidden_layers": 2, "sliding_window": 4, "rope_theta": 10000.0,
+        **NO_TOKENS,
+    }  # fmt: skip
+    return _family(modeling_mistral, "Mistral", fields, layer, "every")
+
+
+def mixtral(layer: int) -> tuple[Any, Layer]:
+    """As mistralai/Mixtral-8x7B-v0.1's (sliding_window null there; 5 here, on every layer),
+    rope_theta 10⁶, the experts outside the layer; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "mixtral", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "sliding_window": 5, "rope_theta": 1000000.0,
+        "num_local_experts": 2, "num_experts_per_tok": 1, **NO_TOKENS,
+    }  # fmt: skip
+    return _family(modeling_mixtral, "Mixtral", fields, layer, "every")
+
+
+def ministral(layer: int) -> tuple[Any, Layer]:
+    """As mistralai/Ministral-8B-Instruct-2410's: layer_types (sliding then full here; window
+    4), head_dim given (16, not hidden size ÷ heads), rope_theta 10⁸; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "ministral", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 2, "sliding_window": 4,
+        "layer_types": ["sliding_attention", "full_attention"], "rope_theta": 100000000.0,
+        **NO_TOKENS,
+    }  # fmt: skip
+    return _family(modeling_ministral, "Ministral", fields, layer, "types")
+
+
+def qwen2(layer: int) -> tuple[Any, Layer]:
+    """As Qwen/Qwen2.5-7B's config.json (written before 5.x's layer_types: the key left out of
+    what is sent, so that use_sliding_window and max_window_layers decide): use_sliding_window
+    true (false there), max_window_layers 1 (layer 0 full, layer 1 sliding, window 4), the q,
+    k, v biases Qwen2Attention always has, rope_theta 10⁶; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "use_sliding_window": True, "sliding_window": 4,
+        "max_window_layers": 1, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, **NO_TOKENS,
+    }  # fmt: skip
+    cfg, built = _family(modeling_qwen2, "Qwen2", fields, layer, "types")
+    assert built.config.layer_types == ["full_attention", "sliding_attention"]
+    return {k: v for k, v in cfg.items() if k != "layer_types"}, built
+
+
+def qwen2_moe(layer: int) -> tuple[Any, Layer]:
+    """As Qwen/Qwen1.5-MoE-A2.7B's: qkv_bias (true: q, k, v biases), use_sliding_window true
+    (false there) with window 4 and max_window_layers 1: Qwen2MoeConfig's layer_types (sent
+    as ``to_dict()`` writes them) slide the even layers below max_window_layers (layer 0),
+    the reverse of Qwen2's rule; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "qwen2_moe", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "use_sliding_window": True, "sliding_window": 4,
+        "max_window_layers": 1, "qkv_bias": True, "rope_theta": 1000000.0,
+        "moe_intermediate_size": 8, "shared_expert_intermediate_size": 8, "num_experts": 2,
+        "num_experts_per_tok": 1, **NO_TOKENS,
+    }  # fmt: skip
+    return _family(modeling_qwen2_moe, "Qwen2Moe", fields, layer, "types")
+
+
+def qwen2_moe_legacy(layer: int) -> tuple[Any, Layer]:
+    """Qwen2-MoE's config.json as Qwen1.5-MoE's was written, without layer_types: the service
+    must slide what Qwen2MoeConfig slides, the even layers below max_window_layers (not
+    Qwen2's layers from max_window_layers on)."""
+    cfg, built = qwen2_moe(layer)
+    assert built.config.layer_types == ["sliding_attention", "full_attention"]
+    return {k: v for k, v in cfg.items() if k != "layer_types"}, built
+
+
+def qwen3(layer: int) -> tuple[Any, Layer]:
+    """As Qwen/Qwen3-8B's: q/k RMSNorms of each head (rms_norm_eps 1e-6 there; 1e-3 here, so
+    that it bites), head_dim 16 given (not hidden size ÷ heads), use_sliding_window true (false
+    there) with max_window_layers 1 (layer 0 full, layer 1 sliding, window 4), rope_theta 10⁶;
+    GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "qwen3", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 2, "use_sliding_window": True, "sliding_window": 4,
+        "max_window_layers": 1, "rms_norm_eps": 1e-3, "rope_theta": 1000000.0,
+        "attention_bias": False, **NO_TOKENS,
+    }  # fmt: skip
+    return _family(modeling_qwen3, "Qwen3", fields, layer, "types")
+
+
+def qwen3_moe(layer: int) -> tuple[Any, Layer]:
+    """As Qwen/Qwen3-30B-A3B's: the q/k RMSNorms (eps 1e-3 here), head_dim 16, use_sliding_window
+    true (false there; Qwen3MoeModel then slides every layer, window 5), the experts outside the
+    layer; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "qwen3_moe", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 2, "use_sliding_window": True, "sliding_window": 5,
+        "rms_norm_eps": 1e-3, "rope_theta": 1000000.0, "moe_intermediate_size": 8,
+        "num_experts": 2, "num_experts_per_tok": 1, **NO_TOKENS,
+    }  # fmt: skip
+    return _family(modeling_qwen3_moe, "Qwen3Moe", fields, layer, "every")
+
+
+def gemma(layer: int) -> tuple[Any, Layer]:
+    """As google/gemma-2b's: head_dim 16 given (256 there; not hidden size ÷ heads), one
+    key/value head (multi-query), no q/k norms (its (1 + w) RMSNorms are the block's, outside
+    the attention module), causal, rope_theta 10⁴."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "gemma", "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 16, "num_hidden_layers": 2, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "attention_bias": False, **NO_TOKENS,
+    }  # fmt: skip
+    return _family(modeling_gemma, "Gemma", fields, layer, "every")
+
+
+def gemma2(layer: int) -> tuple[Any, Layer]:
+    """As google/gemma-2-9b's: attn_logit_softcapping (50 there; 2 here, so that it bites on
+    scores of size ≈ 1), query_pre_attn_scalar 12 (not head_dim 16: the scale 12^-½), sliding
+    every other layer from layer 0 (window 4), final_logit_softcapping outside the layer;
+    GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "gemma2", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 2, "query_pre_attn_scalar": 12,
+        "attn_logit_softcapping": 2.0, "final_logit_softcapping": 30.0, "sliding_window": 4,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, **NO_TOKENS,
+    }  # fmt: skip
+    return _family(modeling_gemma2, "Gemma2", fields, layer, "types")
+
+
+def starcoder2(layer: int) -> tuple[Any, Layer]:
+    """As bigcode/starcoder2-7b's: use_bias (q, k, v and o_proj biases), sliding_window on every
+    layer (4096 there; 4 here), rope_theta 10⁶, norm_epsilon of the block's LayerNorms;
+    GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "starcoder2", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "use_bias": True, "sliding_window": 4, "norm_epsilon": 1e-5,
+        "rope_theta": 1000000.0, "max_position_embeddings": 64, **NO_TOKENS,
+    }  # fmt: skip
+    return _family(modeling_starcoder2, "Starcoder2", fields, layer, "every")
+
+
+def smollm3(layer: int) -> tuple[Any, Layer]:
+    """As HuggingFaceTB/SmolLM3-3B's: no_rope_layers (layer 0 rotates, layer 1 is NoPE),
+    use_sliding_window true (false there) with window 4: SmolLM3Config slides the NoPE layers;
+    rope_theta 2·10⁶; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "smollm3", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "no_rope_layers": [1, 0], "use_sliding_window": True,
+        "sliding_window": 4, "rope_theta": 2000000.0, "attention_bias": False, **NO_TOKENS,
+    }  # fmt: skip
+    return _family(modeling_smollm3, "SmolLM3", fields, layer, "types")
+
+
+def _deepseek_v2(layer: int, **own: Any) -> tuple[Any, Layer]:
+    """As deepseek-ai/DeepSeek-V2's (or -Lite's: q_lora_rank null, a plain q_proj): kv_lora_rank,
+    qk_nope/qk_rope/v head dims, the complex-pair (interleaved) RoPE; 4 heads."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "deepseek_v2", "num_attention_heads": 4,
+        "num_key_value_heads": 4, "num_hidden_layers": 2, "moe_intermediate_size": 8,
+        "n_routed_experts": 2, "num_experts_per_tok": 1, "kv_lora_rank": 8,
+        "qk_nope_head_dim": 4, "qk_rope_head_dim": 8, "v_head_dim": 6,
+        "max_position_embeddings": 320, **NO_TOKENS, **own,
+    }  # fmt: skip
+    return _family(modeling_deepseek_v2, "DeepseekV2", fields, layer, "every")
+
+
+def deepseek_v2(layer: int) -> tuple[Any, Layer]:
+    """DeepSeek-V2's: q_lora_rank 12, YaRN (factor 40, mscale and mscale_all_dim 0.707, so that
+    the scale's mscale² shows: 1 there; over an original 8, 4096 there)."""
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707,
+            "original_max_position_embeddings": 8}  # fmt: skip
+    return _deepseek_v2(layer, q_lora_rank=12, rope_parameters=rope)
+
+
+def deepseek_v2_lite(layer: int) -> tuple[Any, Layer]:
+    """DeepSeek-V2-Lite's: q_lora_rank null (the queries from q_proj), the default rope."""
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    return _deepseek_v2(layer, q_lora_rank=None, rope_parameters=rope)
+
+
+def gpt_oss(layer: int) -> tuple[Any, Layer]:
+    """As openai/gpt-oss-20b's: sinks (one logit per head, in the state dict), attention_bias
+    (q, k, v and o_proj biases), sliding every other layer from layer 0 (window 4; 128 there),
+    head_dim 8 given, YaRN (factor 32, beta_fast 32, beta_slow 1, truncate false; over an
+    original 8, 4096 there), rope_theta 1.5·10⁵; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "gpt_oss", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "num_hidden_layers": 2, "sliding_window": 4, "attention_bias": True,
+        "num_local_experts": 2, "num_experts_per_tok": 1, "max_position_embeddings": 256,
+        **NO_TOKENS,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                            "original_max_position_embeddings": 8},
+    }  # fmt: skip
+    return _family(modeling_gpt_oss, "GptOss", fields, layer, "types")
+
+
+def phimoe(layer: int) -> tuple[Any, Layer]:
+    """As microsoft/Phi-3.5-MoE-instruct's: sliding_window on every layer (131072 there; 4
+    here), attention_bias true (q, k, v and o_proj biases), rope_theta 10⁴ (its LongRoPE left
+    out); GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "phimoe", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "sliding_window": 4, "attention_bias": True,
+        "rope_theta": 10000.0, "num_local_experts": 2, "num_experts_per_tok": 1,
+        "max_position_embeddings": 64, **NO_TOKENS,
+    }  # fmt: skip
+    return _family(modeling_phimoe, "Phimoe", fields, layer, "every")
+
+
+def nemotron(layer: int) -> tuple[Any, Layer]:
+    """As nvidia/Minitron-8B-Base's (model_type nemotron): partial_rotary_factor 0.5 (4 of
+    head_dim 8 turn, half-split), norm_eps of the block's (1 + w) LayerNorms, rope_theta 10⁴;
+    GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "nemotron", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "norm_eps": 1e-5, "attention_bias": False,
+        "max_position_embeddings": 64, **NO_TOKENS,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.5},
+    }  # fmt: skip
+    return _family(modeling_nemotron, "Nemotron", fields, layer, "every")
+
+
+def seed_oss(layer: int) -> tuple[Any, Layer]:
+    """As ByteDance-Seed/Seed-OSS-36B-Instruct's: attention_bias true (q, k, v biases) with
+    attention_out_bias false (none on o_proj), head_dim 16 given (not hidden size ÷ heads),
+    rope_theta 10⁷; GQA 4/2."""
+    fields: dict[str, Any] = {
+        **SIZES, "model_type": "seed_oss", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 2, "attention_bias": True,
+        "attention_out_bias": False, "rope_theta": 10000000.0, **NO_TOKENS,
+    }  # fmt: skip
+    return _family(modeling_seed_oss, "SeedOss", fields, layer, "every")
+
+
 def _fill(layer: Layer, seed: int) -> None:
     """Random weights: projections ~ N(0, 1/fan_in), norms' weights around 1 (or around 0 where
     they are applied as (1 + w))."""
@@ -1272,6 +1561,69 @@ CASES += [
     ("codegen-blocks-rotary_dim", codegen, 1, None,
      {"qkv_layout": "codegen", "num_heads": 8, "d_k": 4, "mask": [CAUSAL], "scale": None,
       "rope": {"base": 10000.0, "style": "interleaved", "rotary_dim": 2}}),
+]  # fmt: skip
+
+# the families verified first: every layer sliding (Mistral, Mixtral, PhiMoE, Starcoder2,
+# Qwen3-MoE), layer kinds from layer_types or the family's own rule, biases, q/k norms, MLA
+WINDOW_5 = {"type": "window", "left": 4, "right": 0}
+CASES += [
+    ("llama-llama3-bias", llama, 1, None,
+     {"rope": {"base": 500000.0, "scaling": {"type": "llama3", "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position": 8}},
+      "mask": [CAUSAL]}),
+    ("mistral-sliding-every-layer", mistral, 1, None,
+     {"d_k": 8, "rope": {"base": 10000.0}, "mask": [CAUSAL, WINDOW]}),
+    ("mixtral-sliding-every-layer", mixtral, 1, None,
+     {"rope": {"base": 1e6}, "mask": [CAUSAL, WINDOW_5]}),
+    ("ministral-layer_types-sliding", ministral, 0, None,
+     {"d_k": 16, "rope": {"base": 1e8}, "mask": [CAUSAL, WINDOW]}),
+    ("ministral-layer_types-full", ministral, 1, None, {"d_k": 16, "mask": [CAUSAL]}),
+    ("qwen2-below-max_window_layers-bias", qwen2, 0, None,
+     {"rope": {"base": 1e6}, "mask": [CAUSAL]}),
+    ("qwen2-from-max_window_layers-sliding", qwen2, 1, None,
+     {"rope": {"base": 1e6}, "mask": [CAUSAL, WINDOW]}),
+    ("qwen2_moe-layer_types-sliding", qwen2_moe, 0, None, {"mask": [CAUSAL, WINDOW]}),
+    ("qwen2_moe-layer_types-full", qwen2_moe, 1, None, {"mask": [CAUSAL]}),
+    ("qwen2_moe-no_layer_types-even-sliding", qwen2_moe_legacy, 0, None,
+     {"mask": [CAUSAL, WINDOW]}),
+    ("qwen2_moe-no_layer_types-odd-full", qwen2_moe_legacy, 1, None, {"mask": [CAUSAL]}),
+    ("qwen3-qk_norm-full", qwen3, 0, None,
+     {"d_k": 16, "qk_norm": {"type": "rms", "eps": 1e-3}, "mask": [CAUSAL]}),
+    ("qwen3-qk_norm-sliding", qwen3, 1, None,
+     {"d_k": 16, "qk_norm": {"type": "rms", "eps": 1e-3}, "mask": [CAUSAL, WINDOW]}),
+    ("qwen3_moe-qk_norm-sliding-every-layer", qwen3_moe, 1, None,
+     {"d_k": 16, "qk_norm": {"type": "rms", "eps": 1e-3}, "mask": [CAUSAL, WINDOW_5]}),
+    ("gemma-head_dim-multi_query", gemma, 1, None,
+     {"d_k": 16, "num_kv_heads": 1, "qk_norm": None, "scale": None, "mask": [CAUSAL]}),
+    ("gemma2-sliding-softcap-scalar", gemma2, 0, None,
+     {"d_k": 16, "softcap": 2.0, "scale": 12**-0.5, "mask": [CAUSAL, WINDOW]}),
+    ("gemma2-full-softcap-scalar", gemma2, 1, None,
+     {"d_k": 16, "softcap": 2.0, "scale": 12**-0.5, "mask": [CAUSAL]}),
+    ("starcoder2-sliding-bias", starcoder2, 1, None,
+     {"rope": {"base": 1e6}, "mask": [CAUSAL, WINDOW]}),
+    ("smollm3-rope-full", smollm3, 0, None, {"rope": {"base": 2e6}, "mask": [CAUSAL]}),
+    ("smollm3-nope-sliding", smollm3, 1, None, {"rope": None, "mask": [CAUSAL, WINDOW]}),
+    ("deepseek_v2-mla-yarn-mscale", deepseek_v2, 1, None,
+     {"rope": {"base": 10000.0, "style": "interleaved", "scaling": {
+         "type": "yarn", "factor": 40.0, "original_max_position": 8, "beta_fast": 32.0,
+         "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}},
+      "mla": {"q_lora_rank": 12, "kv_lora_rank": 8, "qk_nope_head_dim": 4,
+              "qk_rope_head_dim": 8, "v_head_dim": 6}}),
+    ("deepseek_v2_lite-mla-q_proj", deepseek_v2_lite, 0, None,
+     {"rope": {"base": 10000.0, "style": "interleaved"},
+      "mla": {"q_lora_rank": None, "kv_lora_rank": 8, "qk_nope_head_dim": 4,
+              "qk_rope_head_dim": 8, "v_head_dim": 6}}),
+    ("gpt_oss-sliding-sinks-yarn", gpt_oss, 0, None,
+     {"rope": {"base": 150000.0, "scaling": {"type": "yarn", "factor": 32.0,
+      "original_max_position": 8, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}},
+      "mask": [CAUSAL, WINDOW]}),
+    ("gpt_oss-full-sinks", gpt_oss, 1, None, {"mask": [CAUSAL]}),
+    ("phimoe-sliding-bias", phimoe, 1, None,
+     {"rope": {"base": 10000.0}, "mask": [CAUSAL, WINDOW]}),
+    ("nemotron-partial", nemotron, 1, None,
+     {"rope": {"base": 10000.0, "rotary_dim": 4}, "mask": [CAUSAL]}),
+    ("seed_oss-qkv_bias-no_out_bias", seed_oss, 0, None,
+     {"d_k": 16, "rope": {"base": 1e7}, "mask": [CAUSAL]}),
 ]  # fmt: skip
 
 
