@@ -126,7 +126,8 @@ def _bias(state: dict[str, Any]) -> str:
         (OUTPUT_NAMES.get(n, n.removesuffix("_proj")) for n in names),
         key=lambda s: (BIAS_ORDER.index(s) if s in BIAS_ORDER else len(BIAS_ORDER), s),
     )
-    return ", ".join(short) or "none"
+    sinks = ["sinks"] * ("sinks" in state)  # gpt-oss's sink logits, in the state dict too
+    return ", ".join([*short, *sinks]) or "none"
 
 
 def _value(v: Any) -> str:
