@@ -1020,3 +1020,108 @@ def test_yarns_attention_factor_left_out_is_rope_scaling_missing(client: TestCli
     d = diagnosed(client, "/attention", body, "weights")
     assert d["mistakes"] == ["rope_scaling_missing"], d
     assert f"left out its attention factor {gain:.6g} on cos and sin" in d["explanation"], d
+
+
+# ---- pairs within a family, a causal mask inverted, YaRN's factor twice ------------------------
+
+
+def vit_layer(x: Tensor, w: dict[str, Tensor], h: int, after: bool) -> Tensor:
+    """The ViT tutorial's ``MultiHeadAttention`` (FrancescoSaverioZuppichini/ViT): q, k, v as
+    ``rearrange(self.queries(x), "b n (h d) -> b h n d")``, ``energy = einsum("bhqd, bhkd ->
+    bhqk")``, ``att = F.softmax(energy, dim=-1) / emb_size ** (1/2)`` (``after``), or the
+    scores divided by √d of one head before the softmax, as meant; then the heads side by side
+    and ``self.projection``. (B, L, emb) -> (B, L, emb)."""
+    b, n, emb = x.shape
+
+    def heads(t: Tensor) -> Tensor:  # "b n (h d) -> b h n d"
+        return t.view(b, n, h, -1).transpose(1, 2)
+
+    q, k, v = (heads(F.linear(x, w[p])) for p in "qkv")
+    energy = torch.einsum("bhqd, bhkd -> bhqk", q, k)
+    if after:
+        att = F.softmax(energy, dim=-1) / emb ** (1 / 2)
+    else:
+        att = F.softmax(energy / q.shape[-1] ** (1 / 2), dim=-1)
+    out = torch.einsum("bhal, bhlv -> bhav", att, v)  # (B, h, L, d)
+    return F.linear(out.transpose(1, 2).reshape(b, n, emb), w["o"], w.get("o_bias"))
+
+
+def vit_request(theirs: Tensor) -> Json:
+    body = layer_request(W, expected={"output": js(theirs[0])})
+    del body["rope"]  # ViT's patches carry learned positions, no RoPE
+    return body
+
+
+def test_the_vit_tutorials_softmax_over_sqrt_emb_size_is_a_pair(client: TestClient) -> None:
+    """FrancescoSaverioZuppichini/ViT#2, #6: ``F.softmax(energy, dim=-1) / emb_size ** (1/2)``
+    scales after the softmax, and by √emb_size (d_model 8) where √d of one head (√4) was
+    meant: two mistakes of the scale family in one line, named together (API.md, "pairs within
+    a family") and told in one sentence."""
+    d = diagnosed(client, "/multihead", vit_request(vit_layer(X, W, 2, after=True)), "output")
+    assert d["mistakes"] == ["scale_after_softmax", "scale_by_model_dim"], d
+    text = d["explanation"]
+    assert "divided by √d_model = √8 = 2.828 after the softmax" in text, d
+    assert "F.softmax(energy) / emb_size ** (1/2)" in text and "√d_k = 2" in text, d
+
+
+def test_the_vit_layer_scaled_before_the_softmax_matches(client: TestClient) -> None:
+    matches(client, "/multihead", vit_request(vit_layer(X, W, 2, after=False)))
+
+
+def test_builder_vit_layer_is_the_port_without_rope() -> None:
+    """The tutorial's layer scaled as meant is ``port``'s (SDPA's 1/√d) without RoPE."""
+    right = port(X, W, 2, sdpa(), base=None)["output"]
+    np.testing.assert_allclose(vit_layer(X, W, 2, after=False), right, atol=1e-14)
+
+
+def triu_port() -> dict[str, Tensor]:
+    """rasbt/LLMs-from-scratch#1061: a port hands SDPA ``torch.triu(ones(L, L), 1).bool()``,
+    the keys a causal mask hides (``masked_fill``'s convention), where SDPA's boolean
+    ``attn_mask`` is true where a query may attend: each query sees only the later keys, the
+    last none (torch's math path gives that row's output as it does)."""
+    hidden = torch.triu(torch.ones(L6, L6), 1).bool()
+    return port(X, W, 2, sdpa(attn_mask=hidden))
+
+
+def test_sdpa_handed_triu_for_a_causal_mask_is_mask_inverted(client: TestClient) -> None:
+    body = layer_request(
+        W, mask={"type": "causal"}, expected={"output": js(triu_port()["output"][0])}
+    )
+    d = diagnosed(client, "/multihead", body, "output")
+    assert d["mistakes"] == ["mask_inverted"], d
+    text = d["explanation"]
+    assert "causal mask was applied inverted" in text and "torch.triu(ones(L, S), 1)" in text, d
+    assert "True means attend" in text, d
+
+
+def test_builder_triu_is_the_causal_mask_inverted() -> None:
+    """SDPA given ``~triu(…, 1)`` (that is tril) is the causal layer (is_causal=True); given
+    triu(…, 1) it differs."""
+    hidden = torch.triu(torch.ones(L6, L6), 1).bool()
+    right = port(X, W, 2, sdpa(is_causal=True))["output"]
+    np.testing.assert_allclose(port(X, W, 2, sdpa(attn_mask=~hidden))["output"], right, atol=1e-14)
+    assert (triu_port()["output"] - right).abs().max() > 0.1
+
+
+def yarn_twice() -> tuple[Json, float]:
+    """YaRN's frequencies with its attention factor g on cos and sin twice (× g²), as a port
+    that multiplies cos and sin by mscale where the table it reads (transformers'
+    ``LlamaRotaryEmbedding``, × attention_scaling) already carries it: the request asking YaRN,
+    the weights as computed, and g."""
+    q, k, v = (randn(1, 1, 8, 8, seed=s) for s in (121, 122, 123))
+    at = torch.arange(8)
+    inv, gain = hf_rope(YARN_HF, 8, 8)
+    once_q, once_k = rope_scaled(q, at, inv, gain), rope_scaled(k, at, inv, gain)
+    scores = (once_q * gain) @ (once_k * gain).transpose(-1, -2)  # the factor again
+    w = F.softmax(scores / 8**0.5, dim=-1)
+    body = direct(q[0], k[0], v[0]) | {"rope": {"scaling": YARN}}
+    return body | {"expected": {"weights": js(w[0, 0])}}, gain
+
+
+def test_yarns_attention_factor_applied_twice_is_rope_scaling_missing(client: TestClient) -> None:
+    body, gain = yarn_twice()
+    assert gain > 1.1  # what is applied twice
+    d = diagnosed(client, "/attention", body, "weights")
+    assert d["mistakes"] == ["rope_scaling_missing"], d
+    assert f"YaRN's attention factor {gain:.6g} was applied twice" in d["explanation"], d
+    assert f"× {gain**2:.6g} in all" in d["explanation"], d

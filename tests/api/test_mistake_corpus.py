@@ -1113,22 +1113,7 @@ def table(outcomes: list[Outcome]) -> str:
 
 
 # Rows the service does not yet give their verdict (kept as they are: the measure counts them).
-KNOWN: dict[str, str] = {
-    "vit-tutorial-scale-after-softmax-by-d-model": (
-        "not named: no pair of scale mistakes is tried (EXCLUSIVE's scale family in "
-        "service/core/diagnosis/mistakes.py), and scale_after_softmax multiplies the weights "
-        "by the request's scale (1/√d_k), never by 1/√d_model; the third edition names this "
-        "tutorial's softmax(energy) / √d_model as scale_after_softmax with scale_by_model_dim"
-    ),
-    "sdpa-triu-mask": (
-        "not named: mask_inverted is tried only for a boolean mask or key_padding_mask; a causal "
-        "mask asked by type and applied inverted (SDPA handed triu(…, 1)) has no code"
-    ),
-    "yarn-factor-twice": (
-        "not named: rope_scaling_missing tries the scaling left out and its attention factor "
-        "left out, not the factor applied twice"
-    ),
-}
+KNOWN: dict[str, str] = {}
 
 
 def params() -> list[Any]:

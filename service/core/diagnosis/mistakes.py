@@ -11,10 +11,13 @@ import numpy as np
 from service.core import chain, masks
 from service.core.diagnosis.stages import (
     ALL,
+    BOOLEAN,
+    CAUSAL,
     CHANGES,
     FIT,
     GAIN,
     ONE_POSITION,
+    TWICE,
     RowPolicy,
     Setup,
     Way,
@@ -310,6 +313,38 @@ def _float32(seen: Seen) -> str:
     )
 
 
+_INVERTED: tuple[tuple[Way, type[masks.MaskSpec]], ...] = (
+    (BOOLEAN, masks.Boolean),
+    (CAUSAL, masks.Causal),
+)
+
+
+def _inversions(s: Setup) -> tuple[Way, ...]:
+    """How mask_inverted is tried: the request's boolean masks (key_padding_mask's included)
+    read the other way, and its causal mask handed over inverted."""
+    kinds = {type(m) for m in s.mask_specs}
+    return tuple(way for way, kind in _INVERTED if kind in kinds)
+
+
+def _inverted_mask(seen: Seen) -> str:
+    rows = "" if seen.rows == "zero" else f"; your fully masked rows hold {_rows(seen)}"
+    if seen.ways["mask_inverted"] == CAUSAL:
+        return (
+            "the causal mask was applied inverted: each query attended to the keys after it and "
+            "hid itself and every earlier key, as torch.triu(ones(L, S), 1).bool() (the keys to "
+            "hide) handed to scaled_dot_product_attention as attn_mask does, where a boolean "
+            "mask's True means attend (not masked). Pass torch.tril(ones(L, S)).bool(), the "
+            "inverse ~mask, or is_causal=True" + rows
+        )
+    return (
+        "a boolean mask was read with the opposite polarity (every true and false "
+        "swapped). Here a mask's true means the query may attend (as "
+        'scaled_dot_product_attention) unless the mask says "true_means": "masked" (as '
+        "nn.MultiheadAttention's attn_mask), and key_padding_mask's true means padding: flip "
+        "the setting, or your mask" + rows
+    )
+
+
 def _has_mask(s: Setup, present: frozenset[str]) -> bool:
     return bool(s.mask_specs)
 
@@ -392,11 +427,14 @@ def _scaled(s: Setup, present: frozenset[str]) -> bool:
 
 def _scaling_ways(s: Setup) -> tuple[Way, ...]:
     """The scaling left out whole, and, where it has an attention factor (YaRN's mscale,
-    LongRoPE's), only that factor on cos and sin."""
+    LongRoPE's), only that factor on cos and sin; for YaRN's, also that factor applied twice
+    (cos and sin × mscale where the table read already carries it)."""
     rope = s.variants.rope
     if rope is None or rope.scaling is None:
         return ()
-    return ("scaling", GAIN) if rope.scaling.attention_factor != 1.0 else ("scaling",)
+    if rope.scaling.attention_factor == 1.0:
+        return ("scaling",)
+    return ("scaling", GAIN, *((TWICE,) if isinstance(rope.scaling, YarnScaling) else ()))
 
 
 def _scaling_missing(seen: Seen) -> str:
@@ -404,6 +442,14 @@ def _scaling_missing(seen: Seen) -> str:
     assert rope is not None and rope.scaling is not None
     kind, what = _SCALINGS.get(type(rope.scaling), ("its", "the scaled frequencies"))
     gain = rope.scaling.attention_factor
+    if seen.ways["rope_scaling_missing"] == TWICE:
+        return (
+            f"YaRN's attention factor {gain:.6g} was applied twice: cos and sin were multiplied "
+            f"by it where the table already carried it (× {gain**2:.6g} in all, transformers' "
+            "attention_scaling on top of a cos and sin that include mscale), so the scores carry "
+            f"g⁴ = {gain**4:.6g} where g² = {gain**2:.6g} was meant: multiply cos and sin by "
+            "the factor once"
+        )
     if seen.ways["rope_scaling_missing"] == GAIN:
         return (
             f"the rotary embedding used the request's {kind} frequencies but left out its "
@@ -564,18 +610,7 @@ TABLE: tuple[Mistake, ...] = (
             "a column per key) was meant"
         ),
     ),
-    Mistake(
-        "mask_inverted",
-        lambda s, p: any(isinstance(m, masks.Boolean) for m in s.mask_specs),
-        lambda e: (
-            "a boolean mask was read with the opposite polarity (every true and false "
-            "swapped). Here a mask's true means the query may attend (as "
-            'scaled_dot_product_attention) unless the mask says "true_means": "masked" (as '
-            "nn.MultiheadAttention's attn_mask), and key_padding_mask's true means padding: flip "
-            "the setting, or your mask"
-            + ("" if e.rows == "zero" else f"; your fully masked rows hold {_rows(e)}")
-        ),
-    ),
+    Mistake("mask_inverted", lambda s, p: bool(_inversions(s)), _inverted_mask, _inversions),
     Mistake(
         "causal_diagonal_masked",
         lambda s, p: any(isinstance(m, masks.Causal) for m in s.mask_specs),
@@ -748,10 +783,17 @@ _MASKS = (
     "window_missing",
     "mask_not_infinite",
 )
+# the scale's value, each wrong one in place of the request's: one at a time
+_SCALE_VALUES = _SCALES - {"scale_after_softmax"}
+# what real code divides the weights by when it scales after the softmax: the ViT tutorial's
+# F.softmax(energy) / emb_size ** (1/2), copied into many repositories (√d_model). Not
+# scale_missing (no scale anywhere: scale_missing alone), nor another value no code is known for
+_AFTER_SOFTMAX_BY = frozenset({"scale_by_model_dim"})
 # Ways of doing the same thing, or mistakes that exclude each other: a pair inside one of
 # these sets is never tried.
 EXCLUSIVE: tuple[frozenset[str], ...] = (
-    _SCALES,
+    _SCALE_VALUES,
+    *(frozenset({"scale_after_softmax", c}) for c in sorted(_SCALE_VALUES - _AFTER_SOFTMAX_BY)),
     frozenset({"layer_norm_over_all", "layer_norm_per_token"}),
     frozenset({"rope_missing", "rope_style_swapped"}),
     frozenset({"rope_missing", "rope_base_wrong"}),
@@ -783,6 +825,24 @@ def likelier(s: Setup) -> frozenset[str]:
     return frozenset(m.code for m in TABLE if m.likely(s))
 
 
+def _scaled_after_by_model_dim(seen: Seen) -> str:
+    s, dim = seen.setup, int(seen.ways["scale_by_model_dim"])
+    name = "√d_model" if s.x_in is not None and s.x_in.shape[-1] == dim else "√(h·d_k)"
+    sums = "" if seen.row_sum is None else f": each row of your weights sums to {seen.row_sum:.4g}"
+    return (
+        f"Two mistakes in one line: the weights were divided by {name} = √{dim} = "
+        f"{np.sqrt(dim):.4g} after the softmax of the unscaled scores, softmax(Q Kᵀ) / "
+        f"{name} (the ViT tutorial's F.softmax(energy) / emb_size ** (1/2)), where the scores "
+        f"were meant to be divided by {_root(s)} of one head before it, softmax(Q Kᵀ / √d_k)" + sums
+    )
+
+
+# pairs whose two mistakes are made in one stroke, told in one sentence
+TOGETHER: dict[frozenset[str], Callable[[Seen], str]] = {
+    frozenset({"scale_after_softmax", "scale_by_model_dim"}): _scaled_after_by_model_dim,
+}
+
+
 def explain(codes: tuple[str, ...], seen: Seen) -> str:
     """A learner's sentences for a diagnosis's mistakes, with this computation's numbers."""
     mistakes = [BY_CODE[c].sentence(seen) for c in codes if c != FLOAT32]
@@ -795,6 +855,8 @@ def explain(codes: tuple[str, ...], seen: Seen) -> str:
         ) + "."
     if len(mistakes) == 1:
         return mistakes[0] + "."
+    if (together := TOGETHER.get(frozenset(codes))) is not None:
+        return together(seen) + "."
     return (
         "Two mistakes: "
         + "; and ".join(f"({n}) {s[0].lower()}{s[1:]}" for n, s in enumerate(mistakes, 1))

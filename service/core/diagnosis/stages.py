@@ -35,6 +35,9 @@ RowPolicy = Literal["zero", "uniform", "nan"]  # what a fully masked row holds
 Way = str | float  # how a mistake with several ways was made (a base, a width, a shift)
 ALL: Way = "all"  # partial_rotary_wrong: every feature of the head turned
 GAIN: Way = "attention_factor"  # rope_scaling_missing: only the scaling's factor on cos, sin
+TWICE: Way = "attention_factor_twice"  # rope_scaling_missing: YaRN's factor on cos, sin twice
+BOOLEAN: Way = "boolean"  # mask_inverted: the boolean masks (and key_padding_mask) inverted
+CAUSAL: Way = "causal"  # mask_inverted: the causal mask inverted (SDPA handed triu(ones, 1))
 ONE_POSITION: Way = "one_position"  # decode_position_offset: every new token at one position
 FIT: Way = "fit"  # a way found from the caller's numbers (:mod:`service.core.diagnosis.fit`)
 
@@ -191,7 +194,8 @@ def _turned(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
     """RoPE as the caller with the trial's mistakes turned the vectors: never, in the other
     style, with another base, at positions from 0 (or one off) in a decode step, or over
     every feature where only the first rotary_dim were meant (or over the first r only), or
-    without the request's scaling (or only without its attention factor on cos and sin)."""
+    without the request's scaling (or only without its attention factor on cos and sin, or
+    with YaRN's factor applied twice)."""
     if s.latent:
         raise Unfit  # MLA turns only its rope features: its Q and K stay as computed
     if not t.mistakes & _ROPE:
@@ -206,10 +210,12 @@ def _turned(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
         settings = replace(settings, style=other)
     if "rope_scaling_missing" in t.mistakes:  # the default frequencies, cos and sin × 1
         scaling = settings.scaling
-        if t.way("rope_scaling_missing") != GAIN:
+        way = t.way("rope_scaling_missing")
+        if way not in (GAIN, TWICE):
             scaling = None
-        elif isinstance(scaling, YarnScaling | LongRopeScaling):  # its frequencies, × 1
-            scaling = replace(scaling, given_attention_factor=1.0)
+        elif isinstance(scaling, YarnScaling | LongRopeScaling):  # its frequencies, × 1 or × g²
+            factor = scaling.attention_factor**2 if way == TWICE else 1.0
+            scaling = replace(scaling, given_attention_factor=factor)
         settings = replace(settings, scaling=scaling)
     if "partial_rotary_wrong" in t.mistakes:  # every feature turned, or only the first r
         turned = t.way("partial_rotary_wrong")
@@ -295,8 +301,9 @@ def _weighted(step: chain.Step, s: Setup, t: Trial) -> chain.Run:
             empty = st.fully_masked_rows  # (..., L)
             if t.rows == "nan" and s.variants.sinks is None and empty is not None and empty.any():
                 weights[empty] = np.nan
-        if "scale_after_softmax" in t.mistakes:
-            weights = weights * s.scale
+        if "scale_after_softmax" in t.mistakes:  # the request's scale, or 1/√d_model's
+            dim = dict(t.ways).get("scale_by_model_dim")
+            weights = weights * (s.scale if dim is None else 1.0 / np.sqrt(float(dim)))
         if "mask_after_softmax" in t.mistakes:
             weights = weights * _heads_axis(st.made, s, "mask")  # masked weights zeroed
             if t.way("mask_after_softmax") == "renormalised":  # a row with no key left: 0/0
@@ -401,7 +408,7 @@ CHANGES: dict[str, Change] = {
     "softmax": Change(
         frozenset({"softmax_over_queries", "scale_after_softmax", "softmax_over_batch"}),
         _weighted,
-        ways=frozenset({"mask_after_softmax"}),
+        ways=frozenset({"mask_after_softmax", "scale_by_model_dim"}),
         also=("sink_weights",),
     ),
     "concat": Change(
@@ -498,12 +505,18 @@ def _mask(st: State, s: Setup, t: Trial) -> Mapping[str, Array]:
 
 
 def _mistaken_spec(spec: masks.MaskSpec, s: Setup, t: Trial) -> masks.MaskSpec:
-    """A mask as the caller may have built it: a boolean one inverted, a causal one that also
-    hides the diagonal, a window one key wider or narrower on each bounded side (the right
-    one only where it reaches past the query), a window or a chunk left out while its causal
-    part was kept (``F.scaled_dot_product_attention(is_causal=True)`` has no window)."""
-    if isinstance(spec, masks.Boolean) and "mask_inverted" in t.mistakes:
+    """A mask as the caller may have built it: a boolean one inverted; a causal one inverted
+    (``torch.triu(ones, 1).bool()``, the keys to hide, handed to
+    ``F.scaled_dot_product_attention``, whose boolean ``attn_mask`` is true where a query may
+    attend), or one that also hides the diagonal; a window one key wider or narrower on each
+    bounded side (the right one only where it reaches past the query), a window or a chunk
+    left out while its causal part was kept (``F.scaled_dot_product_attention(is_causal=True)``
+    has no window)."""
+    inverted = dict(t.ways).get("mask_inverted", BOOLEAN) if "mask_inverted" in t.mistakes else None
+    if isinstance(spec, masks.Boolean) and inverted == BOOLEAN:
         return masks.Boolean(~spec.matrix)
+    if isinstance(spec, masks.Causal) and inverted == CAUSAL:  # as built, then read the other way
+        return masks.Boolean(~_mistaken_causal(spec, s, t))
     if isinstance(spec, masks.Causal) and t.mistakes & _CAUSAL:
         return masks.Boolean(_mistaken_causal(spec, s, t))
     if isinstance(spec, masks.Window) and "window_missing" in t.mistakes:
@@ -563,7 +576,7 @@ _MASK = Stage(
     _mask,
     MASK_MISTAKES | {"mask_missing", "window_missing"},
     reads=False,
-    ways=frozenset({"window_off_by_one"}),
+    ways=frozenset({"window_off_by_one", "mask_inverted"}),
 )
 _HEAD = tuple(_chained(step, step.on) for step in chain.HEAD)
 _MASKED_AT = next(i for i, step in enumerate(chain.HEAD) if step.kind == "mask")
