@@ -48,9 +48,11 @@ COMPARABLE = frozenset({"matrix", "vector", "stack", "nullable", "bool"})
 # L = 512): the notebook's pair (D1) is found and ends the search; noise (D2) tries 43 of them.
 # The worst case (D3: /multihead where 156 sets apply) sets the bound: since the engine's Q Kᵀ
 # takes BLAS's path, its request without expected costs a third of what it did, and 36× its
-# numbers measured 19.5–20.6× its CPU; 30× measures 17.4× (benchmarks/run.py, 2-vCPU Xeon,
-# 2026-11-26; D2 12.5×). The target is ≤ 20×.
-DIAGNOSIS_TIMES = 30
+# numbers measured 19.5–20.6× its CPU; 30× measured 17.4× (benchmarks/run.py, 2-vCPU Xeon,
+# 2026-11-26; D2 12.5×). The target is ≤ 20×. That plain request takes about one 10 ms tick of
+# /proc's CPU clock: measured 8× as often (2026-12-05), 30× read 25–26× (before this session's
+# codes too: 23×) and 24× about 20×; 22× reads 15.7–19.2× (2-vCPU AMD EPYC, docs/performance.md).
+DIAGNOSIS_TIMES = 22
 DIAGNOSIS_MIN_NUMBERS = 1 << 23
 
 

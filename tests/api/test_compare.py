@@ -20,6 +20,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from service.trace.comparison import DIAGNOSIS_TIMES
+
 Array = npt.NDArray[np.float64]
 Json = dict[str, Any]
 
@@ -1401,7 +1403,7 @@ def test_a_diagnosis_cut_short_by_its_budget_says_so(client: TestClient) -> None
     assert e["diagnosis"] is None
     assert e["diagnosis_complete"] is False
     message = e["message"]
-    tried = re.search(r"The diagnosis stopped at its budget \(30 times the numbers this request computes\) "
+    tried = re.search(rf"The diagnosis stopped at its budget \({DIAGNOSIS_TIMES} times the numbers this request computes\) "
                       r"after trying (\d+) of the 214 candidate sets of mistakes", message)  # fmt: skip
     assert tried is not None and 0 < int(tried[1]) < 214, message
     for advice in ("compare an earlier step", "fewer heads", "shorter sequences"):

@@ -132,7 +132,11 @@ def test_the_rope_mistakes_are_tried_only_where_their_ways_can_differ() -> None:
     )
     assert "rope_scaling_missing" in applicable(linear, frozenset({"q_rotated"}))
     assert ways(linear)["rope_scaling_missing"] == ("scaling",)
-    assert ways(yarn)["rope_scaling_missing"] == ("scaling", "attention_factor")
+    assert ways(yarn)["rope_scaling_missing"] == (
+        "scaling",
+        "attention_factor",
+        "attention_factor_twice",  # YaRN's factor ≠ 1: applied twice is a way too
+    )
 
 
 def test_a_large_fill_is_tried_only_where_a_query_sees_no_key() -> None:
