@@ -269,8 +269,8 @@ def unpacked(req: MultiheadRequest) -> tuple[dict[str, Any], Unpacked] | None:
             raise FieldError(
                 "qkv_layout",
                 "qkv_layout says how a fused projection (qkv_proj.weight, "
-                "query_key_value.weight, c_attn.weight) is laid out, and the request has none: "
-                "leave it out",
+                "query_key_value.weight, Wqkv.weight, c_attn.weight) is laid out, and the "
+                "request has none: leave it out",
             )
         return None
     name = given[0]
