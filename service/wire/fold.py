@@ -43,7 +43,7 @@ from service.wire.fused import unpacked
 from service.wire.hf_config import ConfigError, FromConfig, from_config
 from service.wire.hf_parameters import Names
 from service.wire.schemas.requests import (
-    _PER_HEAD_NORM,
+    PER_HEAD_NORM,
     GateOptions,
     LayerNormOptions,
     MultiheadRequest,
@@ -177,7 +177,7 @@ _GATHERED = {"q_layernorm.norms", "k_layernorm.norms"}
 def _state_field(name: str) -> str | None:
     """The request field a state-dict name is read into (a per-head norm's into its side's
     list), None for a name that is not a state dict's."""
-    if (m := _PER_HEAD_NORM.fullmatch(name)) is not None:
+    if (m := PER_HEAD_NORM.fullmatch(name)) is not None:
         return f"{m[1]}_layernorm_norms"
     return _FIELD_OF.get(name)
 

@@ -1,4 +1,6 @@
-"""The request bodies of POST /attention, /mask and /multihead: fields and their docs only."""
+"""The request bodies of POST /attention, /mask and /multihead: fields and their docs, and the
+two things /multihead reads from the body's own keys before its aliases merge them (the names
+the body gave, for the state dict's check; StableLM's per-head norm names, gathered)."""
 
 import re
 from typing import Annotated, Any, Literal
@@ -223,14 +225,15 @@ class HeadWeights(BaseModel):
     b_v: Vector | None = None
 
 
-_PER_HEAD_NORM = re.compile(r"([qk])_layernorm\.norms\.(\d{1,4})\.weight")
+# StableLM's per-head norm names (service.wire.fold reads them as q_norm/k_norm rows too)
+PER_HEAD_NORM = re.compile(r"([qk])_layernorm\.norms\.(\d{1,4})\.weight")
 
 
 def gathered_norms(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` with each ``<q|k>_layernorm.norms.<i>.weight`` moved into a list
     ``<q|k>_layernorm.norms`` at index i; an index missing below the highest given is a 422
     naming it (never a shifted head)."""
-    found = [(m, key) for key in data if (m := _PER_HEAD_NORM.fullmatch(str(key)))]
+    found = [(m, key) for key in data if (m := PER_HEAD_NORM.fullmatch(str(key)))]
     if not found:
         return data
     out = {k: v for k, v in data.items() if k not in {key for _, key in found}}
