@@ -257,4 +257,5 @@ export function markModelStale(stale) {
   box.classList.toggle("stale", stale);
   box.inert = stale;
   if (state.lastResult) markStale(stale);
+  else $("stale-note").hidden = !stale; // no layer open: the note is the model view's alone
 }

@@ -225,8 +225,8 @@ function fail(message, errors, status = 0, install = null) {
 /** What Run asks for: what the model view draws, not the trace (about 10 MB a layer at 128
  * tokens), which comes when a layer is opened. */
 export const FIRST = ["model", "tokens", "attention", "head_roles", "rollout"];
-/** What opening a layer asks for. */
-export const LAYER = ["trace"];
+/** What opening a layer asks for: its trace and the weights it was computed from. */
+export const LAYER = ["trace", "layer_weights"];
 
 /**
  * POST /model with `body` as safetensors (its arrays as raw float64, not JSON text); returns
@@ -317,7 +317,9 @@ export async function openLayer(layer, head) {
 export async function fetchLayer(layer) {
   const { body } = answer;
   await ask({ ...body, layer, include: LAYER }, `Computing layer ${layer}…`, (data, ms) => {
-    answer = { body, data: { ...answer.data, trace: data.trace }, layer };
+    // layer_weights: the /multihead fields besides x that the trace was computed from
+    const { trace, layer_weights } = data;
+    answer = { body, data: { ...answer.data, trace, layer_weights }, layer };
     markModelStale(false);
     drawModel(answer, openLayer);
     say(
