@@ -219,7 +219,7 @@ export function drawTrace() {
   $("model-trace-note").textContent =
     `Below is layer ${layer} of ${data.model.name} as POST /multihead computes it: x = the hidden states entering the layer (x_in, ${x}), the layer's ${t.num_heads} heads of d_k = ${t.d_k}, scale ${fmt(t.scale)}, W_o, the residual and the layer norm. ` +
     "A cell of a head's scaled scores or weights explains itself, back to the dot product of the head's q and k rows. " +
-    "The layer's weights (W_q, W_k, W_v, W_o, the biases, γ and β) are not in the answer, so q, k and v themselves, and the steps after the heads, are the service's numbers without an explanation. " +
+    "The layer's weights (W_q, W_k, W_v, W_o, the biases, γ and β) come with it (layer_weights); q, k and v themselves, and the steps after the heads, are shown as the service's numbers. " +
     "Compare with my numbers is not offered here: POST /model takes your arrays of this layer as `expected` (docs/api.md, section 11).";
   state.lastResult = { ep: "multihead", body: { ...body, layer }, data: t };
   markStale(false);
