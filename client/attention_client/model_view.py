@@ -15,7 +15,7 @@ What ``_repr_html_`` draws, top to bottom:
 - the traced layer as ``/multihead`` shows it, but only its average weights drawn (its heads are
   the grid's row): ``result.trace.heads[h]`` draws one head's maps large.
 
-About 0.7 MB of HTML for all-MiniLM-L6-v2 at 126 tokens, where the answer itself is 19 MB of
+About 0.97 MB of HTML for all-MiniLM-L6-v2 at 126 tokens, where the answer itself is 19 MB of
 safetensors (50 MB of JSON). The maps are PNG files written with NumPy and zlib
 (:mod:`attention_client.heatmaps`); no script, nothing loaded from elsewhere, every token
 escaped. BertViz's model view (Vig 2019) embeds every weight as JSON instead.

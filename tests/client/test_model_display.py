@@ -147,6 +147,7 @@ def test_the_summary_names_the_roles_and_the_strongest_links_in_20_lines(
         assert float(found[5]) == pytest.approx(answer.attention[layer, head, query, key], abs=5e-3)
         links.append(float(found[5]))
     assert len(links) >= 5 and links == sorted(links, reverse=True)
+    assert "lamp [90] → lamp [38]: 0.78 (L2 H9)" in lines  # docs/guide-notebook.md's example
     # the strongest link of all (neither neighbours nor special) is the first line's
     a = answer.attention.copy()
     n = a.shape[-1]
