@@ -343,13 +343,15 @@ async def answer_to(request: Request, endpoint: str) -> Response:
         encoded, coded = _encoded(door, admitted, _NEVER, answer, coding)
         return _Whole(encoded, media, coded)
     # sent whole when its encoded bytes fit the budget too (a small configured budget streams)
-    kept = BASE_COST + (0 if coding is None else STATE_BYTES[coding])  # held to the end
-    whole_cost = whole_cost_bytes(admitted.numbers) + kept - BASE_COST
+    coder = 0 if coding is None else STATE_BYTES[coding]  # the compressor's own memory
+    if cost_bytes(admitted.numbers) + coder > state.budget.total:
+        coding, coder = None, 0  # compression never turns an answer that fits into a 413
+    whole_cost = whole_cost_bytes(admitted.numbers) + coder
     whole = admitted.numbers <= WHOLE_NUMBERS and whole_cost <= state.budget.total
     gone = threading.Event()
     watcher = asyncio.create_task(_watch_disconnect(request, gone))
     try:
-        cost = whole_cost if whole else cost_bytes(admitted.numbers) + kept - BASE_COST
+        cost = whole_cost if whole else cost_bytes(admitted.numbers) + coder
         ticket = await _admitted(state.budget, cost, watcher, door.advice)
         try:
             if whole:  # one thread hop, one write: the fixed costs of streaming would dominate
@@ -364,7 +366,7 @@ async def answer_to(request: Request, endpoint: str) -> Response:
             raise
     finally:
         watcher.cancel()
-    given_back = _giving_back(ticket, admitted, body, kept)
+    given_back = _giving_back(ticket, admitted, body, BASE_COST + coder)
     if answer == "json":
         chunks = encode(body, admitted.decimals, given_back)
         if coding is not None:  # compressed as it is encoded, in the same thread
