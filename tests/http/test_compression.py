@@ -117,7 +117,8 @@ def _exchange(base: str, request: bytes, head_only: bool = False) -> Answer:
 
 def _dechunked(data: bytes) -> tuple[bytes, int]:
     """A chunked body taken apart (RFC 9112 §7.1): its bytes and its number of chunks."""
-    out, count, at = [], 0, 0
+    out: list[bytes] = []
+    count, at = 0, 0
     while True:
         end = data.index(b"\r\n", at)
         size = int(data[at:end].split(b";")[0], 16)
