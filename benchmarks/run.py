@@ -41,6 +41,8 @@ JavaScript heap of the drawn L = 2048 page ÷ the weights' float64 bytes.
 M1 (a trained model, benchmarks/models.py; needs torch, transformers and make models): POST
 /model with all-MiniLM-L6-v2 on 128 tokens, every output, end to end ÷ the same forward in
 transformers float64 in process.
+
+Z1–Z4 (compressed JSON answers, benchmarks/compression.py): bytes and time of each coding ÷ identity.
 """
 
 import argparse
@@ -69,6 +71,7 @@ import orjson  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import compression  # noqa: E402  (benchmarks/compression.py: Z1–Z4)
 import explorer  # noqa: E402  (benchmarks/explorer.py, beside this script)
 
 from harness.live import free_port, http_json, start_server  # noqa: E402
@@ -966,7 +969,7 @@ def e1_e3(base: str, ids: set[str], runs: int) -> list[Row]:
     return [r for r in rows if r["id"] in ids]
 
 
-ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "D3", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2", "E1", "E2", "E3", "M1"]  # fmt: skip
+ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "D3", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2", "E1", "E2", "E3", "M1", *compression.IDS]  # fmt: skip
 
 
 def main() -> None:
@@ -1011,6 +1014,10 @@ def main() -> None:
                 rows += e1_e3(base, want, args.runs)
             if "M1" in want:
                 rows.append(m1(base, tmp, args.runs, row, skipped))
+            if want & set(compression.IDS):
+                rows += compression.z_rows(
+                    base, tmp, args.runs, want, row, skipped, multihead_body(384)
+                )
     finally:
         proc.terminate()
         proc.wait(timeout=30)
