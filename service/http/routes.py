@@ -12,7 +12,8 @@ An answer: parse the body (service.wire.parse: JSON or safetensors), admit it (t
 ``admit``: service.trace.admit's rules and limits, or /model's rules that need no model; then
 its ``ready``, in a thread, where a trained model is loaded and the text tokenized), wait for
 the memory budget (service.http.budget) unless it is small, run it and encode it as JSON
-(service.wire.json_out) or safetensors (service.wire.safetensors_out). Where each stage runs depends on the sizes, so that
+(service.wire.json_out; compressed as the client's Accept-Encoding allows, service.wire.compress)
+or safetensors (service.wire.safetensors_out). Where each stage runs depends on the sizes, so that
 fixed costs never dominate a small answer and a large one never stalls the event loop:
 
 - the body is parsed on the event loop up to INLINE_BODY_BYTES, in a thread up to
