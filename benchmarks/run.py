@@ -46,6 +46,8 @@ summary lines, compare present and answering; a row the page does not allow says
 M1 (a trained model, benchmarks/models.py; needs torch, transformers and make models): POST
 /model with all-MiniLM-L6-v2 on 128 tokens, every output, end to end ÷ the same forward in
 transformers float64 in process.
+
+Z1–Z4 (compressed JSON answers, benchmarks/compressed.py): bytes and time of each coding ÷ identity.
 """
 
 import argparse
@@ -74,6 +76,7 @@ import orjson  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import compressed  # noqa: E402  (benchmarks/compressed.py: Z1–Z4)
 import explorer  # noqa: E402  (benchmarks/explorer.py, beside this script)
 import model_page  # noqa: E402  (benchmarks/model_page.py: E4–E9)
 
@@ -972,7 +975,7 @@ def e1_e3(base: str, ids: set[str], runs: int) -> list[Row]:
     return [r for r in rows if r["id"] in ids]
 
 
-ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "D3", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2", "E1", "E2", "E3", *model_page.IDS, "M1"]  # fmt: skip
+ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "D3", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2", "E1", "E2", "E3", *model_page.IDS, "M1", *compressed.IDS]  # fmt: skip
 
 
 def main() -> None:
@@ -1019,6 +1022,10 @@ def main() -> None:
                 rows += model_page.rows(base, want, row, skipped)
             if "M1" in want:
                 rows.append(m1(base, tmp, args.runs, row, skipped))
+            if want & set(compressed.IDS):
+                rows += compressed.z_rows(
+                    base, tmp, args.runs, want, row, skipped, multihead_body(384)
+                )
     finally:
         proc.terminate()
         proc.wait(timeout=30)

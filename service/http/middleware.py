@@ -1,7 +1,9 @@
 """Pure ASGI middleware around every HTTP request: the answers given before any body byte is
 read (404, 405, 401, 415, 406, 413, relative trailing-slash redirects), the body limit (enforced
-while the body streams in), the X-Request-ID, one JSON access log line, and the Prometheus
-metrics. Once a compute endpoint's body is read, it is answered from here directly
+while the body streams in), the X-Request-ID, one JSON access log line, the Prometheus
+metrics, and the compression of JSON answers sent in one piece that no one compressed before
+(GET /models, /openapi.json, errors: :func:`_coding`; the compute endpoints compress their own
+answers off the event loop, service.http.routes). Once a compute endpoint's body is read, it is answered from here directly
 (service.http.routes.DIRECT): every check FastAPI's router would make is made already."""
 
 import asyncio
@@ -19,8 +21,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.http import metrics
 from service.http.auth import key_problem
+from service.wire.compress import MIN_BYTES, compressed
 from service.wire.errors import CLIENT_CLOSED, ErrorItem, error_response, excerpt
-from service.wire.media import MEDIA_TYPE, body_form, negotiate
+from service.wire.media import JSON_TYPE, MEDIA_TYPE, Coding, body_form, content_coding, negotiate
 
 access_log = logging.getLogger("service.access")
 failure_log = logging.getLogger("service.errors")
@@ -223,6 +226,8 @@ class RequestMiddleware:
                 bytes_out += len(message.get("body", b""))
             await send(message)
 
+        coding = content_coding(headers.get(b"accept-encoding", b"").decode("latin-1"))
+        sender = send_with_id if coding is None else _coding(send_with_id, coding)
         endpoint, early = self._route(scope)
         if method == "HEAD" and early is not None and early.status_code == 405:
             scope = {**scope, "method": "GET"}  # HEAD is GET without the body (the server drops it)
@@ -232,7 +237,7 @@ class RequestMiddleware:
             if early is not None:
                 if b"content-length" in headers or b"transfer-encoding" in headers:
                     early.headers["Connection"] = "close"  # its body is not read
-                await early(scope, receive, send_with_id)
+                await early(scope, receive, sender)
                 return
             if method in _WITH_BODY:
                 limit = self.body_limits.get(endpoint or "", (self.max_body_bytes, BODY_ADVICE))
@@ -246,7 +251,7 @@ class RequestMiddleware:
                 receive = _replay(body, receive)
                 del body  # the replay holds it until the app takes it
             handler = self.direct.get(endpoint or "") if method == "POST" else None
-            await (handler or self.app)(scope, receive, send_with_id)
+            await (handler or self.app)(scope, receive, sender)
         except asyncio.CancelledError:  # the stop's grace period ran out mid-answer
             cut = True
             _mark_cut()
@@ -261,7 +266,7 @@ class RequestMiddleware:
             )
             response = error_response(413, [item])
             response.headers["Connection"] = "close"  # the rest of the body is not read
-            await response(scope, receive, send_with_id)
+            await response(scope, receive, sender)
         except Exception:
             if started:  # the answer is under way: uvicorn closes the connection
                 raise
@@ -274,7 +279,7 @@ class RequestMiddleware:
                 "a defect of the service, not of the request: please report it with the id",
                 type="internal_error",
             )
-            await error_response(500, [item])(scope, receive, send_with_id)
+            await error_response(500, [item])(scope, receive, sender)
         finally:
             if cut:
                 status = CUT
@@ -314,6 +319,54 @@ class RequestMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+def _coding(send: Send, coding: Coding) -> Send:
+    """``send`` with a JSON answer given in one body message compressed as ``coding`` when it
+    has MIN_BYTES (its Content-Length, Content-Encoding and Vary set to match). Any other
+    answer passes as it is: not JSON, coded already, or streamed (more than one message)."""
+    start: Message | None = None
+
+    async def coding_send(message: Message) -> None:
+        nonlocal start
+        if message["type"] == "http.response.start" and _plain_json(message["headers"]):
+            start = message  # held until the body shows whether it comes in one piece
+            return
+        if start is None or message["type"] != "http.response.body":
+            await send(message)
+            return
+        head, start = start, None
+        body = message.get("body", b"")
+        if not message.get("more_body", False) and len(body) >= MIN_BYTES:
+            body = compressed(coding, body)
+            head = {**head, "headers": _coded_headers(head["headers"], coding, len(body))}
+            message = {**message, "body": body}
+        await send(head)
+        await send(message)
+
+    return coding_send
+
+
+def _plain_json(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    """Whether an answer's headers say JSON with no content coding yet."""
+    named = {name.lower(): value for name, value in headers}
+    media = named.get(b"content-type", b"").decode("latin-1")
+    return _media_type(media) == JSON_TYPE and b"content-encoding" not in named
+
+
+def _coded_headers(
+    headers: Sequence[tuple[bytes, bytes]], coding: Coding, length: int
+) -> list[tuple[bytes, bytes]]:
+    """``headers`` for the answer compressed as ``coding``: its length, its coding, and
+    Accept-Encoding added to its Vary."""
+    vary = [value for name, value in headers if name.lower() == b"vary"]
+    kept = [(n, v) for n, v in headers if n.lower() not in (b"content-length", b"vary")]
+    return [
+        *kept,
+        (b"content-length", str(length).encode()),
+        (b"content-encoding", coding.encode()),
+        (b"vary", b", ".join([*vary, b"Accept-Encoding"])),
+    ]
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -12,7 +12,8 @@ An answer: parse the body (service.wire.parse: JSON or safetensors), admit it (t
 ``admit``: service.trace.admit's rules and limits, or /model's rules that need no model; then
 its ``ready``, in a thread, where a trained model is loaded and the text tokenized), wait for
 the memory budget (service.http.budget) unless it is small, run it and encode it as JSON
-(service.wire.json_out) or safetensors (service.wire.safetensors_out). Where each stage runs depends on the sizes, so that
+(service.wire.json_out; compressed as the client's Accept-Encoding allows, service.wire.compress)
+or safetensors (service.wire.safetensors_out). Where each stage runs depends on the sizes, so that
 fixed costs never dominate a small answer and a large one never stalls the event loop:
 
 - the body is parsed on the event loop up to INLINE_BODY_BYTES, in a thread up to
@@ -51,15 +52,24 @@ from service.http.budget import (
 )
 from service.http.doors import DOORS, Answerable, Door, checked
 from service.trace import ENDPOINTS, ComputeEndpoint
+from service.wire.compress import MIN_BYTES, STATE_BYTES, compressed, compressing
 from service.wire.errors import ClientGone, ErrorBody, error_answer
 from service.wire.json_out import encode, encode_whole
-from service.wire.media import JSON_TYPE, MEDIA_TYPE, Format, body_form, negotiate
+from service.wire.media import (
+    JSON_TYPE,
+    MEDIA_TYPE,
+    Coding,
+    Format,
+    body_form,
+    content_coding,
+    negotiate,
+)
 from service.wire.safetensors_out import encode_safetensors
 
 INLINE_BODY_BYTES = 16 * 1024  # parse on the event loop below this
 THREAD_BODY_BYTES = 1 << 20  # parse in a thread below this (orjson holds the GIL ≲ 3 ms); above
 # it, in a parser process
-VARY = {"Vary": "Accept"}  # the answer's form depends on it (for caches in between)
+VARY = {"Vary": "Accept, Accept-Encoding"}  # the answer's form and coding depend on them (caches)
 INLINE_NUMBERS = 20_000  # draw, compute and serialise on the event loop below this many numbers
 WHOLE_NUMBERS = 1 << 20  # computed and encoded in one thread hop below this, sent in one piece
 # (≲ 26 MB of JSON, counted in the budget); larger answers stream out as they are encoded
@@ -146,12 +156,21 @@ def _body(door: Door, admitted: Answerable, gone: threading.Event) -> dict[str, 
 _NEVER = threading.Event()  # an inline answer's client cannot be seen to go: never set
 
 
-def _encoded(door: Door, admitted: Answerable, gone: threading.Event, answer: Format) -> bytes:
-    """The whole response's bytes (JSON or safetensors), computed and encoded in one go."""
+def _encoded(
+    door: Door, admitted: Answerable, gone: threading.Event, answer: Format, coding: Coding | None
+) -> tuple[bytes, Coding | None]:
+    """The whole response's bytes (JSON or safetensors), computed and encoded in one go, and
+    their content coding: JSON is compressed as ``coding`` when given and it has MIN_BYTES,
+    once the arrays are dropped (the JSON and its compressed form are held together a moment:
+    a float's JSON is some 20 bytes of the 41 a number is counted for in a whole answer)."""
     body = _body(door, admitted, gone)
-    if answer == "json":
-        return encode_whole(body, admitted.decimals)
-    return b"".join(encode_safetensors(body, admitted.decimals)[1])
+    if answer != "json":
+        return b"".join(encode_safetensors(body, admitted.decimals)[1]), None
+    encoded = encode_whole(body, admitted.decimals)
+    del body
+    if coding is None or len(encoded) < MIN_BYTES:
+        return encoded, None
+    return compressed(coding, encoded), coding
 
 
 async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
@@ -165,6 +184,13 @@ async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
 SOCKET_TAKES = 64 * 1024  # an answer up to this size is taken by the socket at once
 
 
+def _headers(coding: Coding | None, length: int | None = None) -> dict[str, str]:
+    """An answer's Vary, and its Content-Encoding and Content-Length when it has them."""
+    coded = {} if coding is None else {"Content-Encoding": coding}
+    sized = {} if length is None else {"Content-Length": str(length)}
+    return {**VARY, **coded, **sized}
+
+
 class _Whole(Response):
     """An answer sent in one piece whose end is handed to the server only once its bytes
     have left the process (the connection's buffer drained below its low mark), when it is
@@ -172,8 +198,8 @@ class _Whole(Response):
     connection's send watch while its answer is still being sent, and logged as cut (499 with
     its reason), not as a 200 complete."""
 
-    def __init__(self, content: bytes, media: str) -> None:
-        super().__init__(content, media_type=media, headers=VARY)
+    def __init__(self, content: bytes, media: str, coding: Coding | None = None) -> None:
+        super().__init__(content, media_type=media, headers=_headers(coding))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = {"status": self.status_code, "headers": self.raw_headers}
@@ -192,8 +218,10 @@ class _Held(_Whole):
     connection's buffer at once, where a client that reads slowly, or not at all, would keep
     it uncounted."""
 
-    def __init__(self, content: bytes, ticket: Ticket, media: str) -> None:
-        super().__init__(content, media)
+    def __init__(
+        self, content: bytes, ticket: Ticket, media: str, coding: Coding | None = None
+    ) -> None:
+        super().__init__(content, media, coding)
         self.ticket = ticket
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -257,12 +285,13 @@ class _Budgeted(StreamingResponse):
         ticket: Ticket,
         media: str,
         length: int | None = None,
+        coding: Coding | None = None,
     ) -> None:
         self.made = _made_ahead(content)
         super().__init__(
             self.made,
             media_type=media,
-            headers=VARY if length is None else {**VARY, "Content-Length": str(length)},
+            headers=_headers(coding, length),
             background=BackgroundTask(ticket.budget.trim_when_idle),  # after the last byte
         )
         self.ticket = ticket
@@ -297,6 +326,7 @@ async def answer_to(request: Request, endpoint: str) -> Response:
     settings: Settings = state.settings
     form = body_form(request.headers.get("content-type", "")) or "json"  # the middleware's 415
     answer = negotiate(request.headers.get("accept")) or "json"  # and its 406
+    coding = content_coding(request.headers.get("accept-encoding")) if answer == "json" else None
     if len(raw) <= INLINE_BODY_BYTES:
         parsed = checked(raw, endpoint, settings, form)
     elif len(raw) <= THREAD_BODY_BYTES:
@@ -311,39 +341,50 @@ async def answer_to(request: Request, endpoint: str) -> Response:
     # small: answered at once, never queued behind large ones; a comparison's recomputations
     # (up to ~100 of them) always run off the event loop
     if admitted.numbers <= INLINE_NUMBERS and not admitted.comparing:
-        return _Whole(_encoded(door, admitted, _NEVER, answer), media)
+        encoded, coded = _encoded(door, admitted, _NEVER, answer, coding)
+        return _Whole(encoded, media, coded)
     # sent whole when its encoded bytes fit the budget too (a small configured budget streams)
-    whole_cost = whole_cost_bytes(admitted.numbers)
+    coder = 0 if coding is None else STATE_BYTES[coding]  # the compressor's own memory
+    if cost_bytes(admitted.numbers) + coder > state.budget.total:
+        coding, coder = None, 0  # compression never turns an answer that fits into a 413
+    whole_cost = whole_cost_bytes(admitted.numbers) + coder
     whole = admitted.numbers <= WHOLE_NUMBERS and whole_cost <= state.budget.total
     gone = threading.Event()
     watcher = asyncio.create_task(_watch_disconnect(request, gone))
     try:
-        cost = whole_cost if whole else cost_bytes(admitted.numbers)
+        cost = whole_cost if whole else cost_bytes(admitted.numbers) + coder
         ticket = await _admitted(state.budget, cost, watcher, door.advice)
         try:
             if whole:  # one thread hop, one write: the fixed costs of streaming would dominate
-                encoded = await run_in_threadpool(_encoded, door, admitted, gone, answer)
-                return _Held(encoded, ticket, media)
+                encoded, coded = await run_in_threadpool(
+                    _encoded, door, admitted, gone, answer, coding
+                )
+                ticket.give_back(ticket.held - BASE_COST - len(encoded))  # all it holds now
+                return _Held(encoded, ticket, media, coded)
             body = await run_in_threadpool(_body, door, admitted, gone)
         except BaseException:
             ticket()
             raise
     finally:
         watcher.cancel()
-    given_back = _giving_back(ticket, admitted, body)
+    given_back = _giving_back(ticket, admitted, body, BASE_COST + coder)
     if answer == "json":
-        return _Budgeted(encode(body, admitted.decimals, given_back), ticket, JSON_TYPE)
-    length, chunks = encode_safetensors(body, admitted.decimals, given_back)
-    return _Budgeted(chunks, ticket, MEDIA_TYPE, length)
+        chunks = encode(body, admitted.decimals, given_back)
+        if coding is not None:  # compressed as it is encoded, in the same thread
+            chunks = compressing(coding, chunks)
+        return _Budgeted(chunks, ticket, JSON_TYPE, coding=coding)
+    length, pieces = encode_safetensors(body, admitted.decimals, given_back)
+    return _Budgeted(pieces, ticket, MEDIA_TYPE, length)
 
 
 def _giving_back(
-    ticket: Ticket, admitted: Answerable, body: dict[str, Any]
+    ticket: Ticket, admitted: Answerable, body: dict[str, Any], kept: int
 ) -> Callable[[str], None]:
     """Memory goes back as the answer streams out: at once, what the body does not hold (the
-    intermediates `include` left out, masks); then each output's share once it is written."""
+    intermediates `include` left out, masks); then each output's share once it is written.
+    ``kept`` (the buffers, a compressor's state) goes back when the answer ends."""
     held = {name: held_bytes(n) for name, n in admitted.numbers_in(body).items()}
-    ticket.give_back(ticket.held - BASE_COST - sum(held.values()))
+    ticket.give_back(ticket.held - kept - sum(held.values()))
     loop = asyncio.get_running_loop()
 
     def written(name: str) -> None:  # in the encoding thread

@@ -60,3 +60,34 @@ def _matches(media: str, full: str) -> int:
     if media == full.split("/")[0] + "/*":
         return 1
     return 0 if media == "*/*" else -1
+
+
+Coding = Literal["zstd", "br", "gzip"]
+# the content codings the service produces, its preference first: zstd compresses JSON numbers
+# best and fastest, brotli next, gzip last (measured: docs/performance.md, `make bench` Z rows)
+CODINGS: tuple[Coding, ...] = ("zstd", "br", "gzip")
+
+
+def content_coding(accept_encoding: str | None) -> Coding | None:
+    """The content coding for an answer, by the request's ``Accept-Encoding`` (RFC 9110
+    §12.5.3): among the codings the header accepts (named, or by ``*``, with q > 0; names
+    case-insensitive) the one of highest q, the service's preference (:data:`CODINGS`) on a
+    tie; None (identity) when there is no header, when it accepts none of them, or when it
+    gives ``identity`` a higher q than any of them. Identity is sent even when the header
+    refuses it too (``identity;q=0, *;q=0``): the RFC allows it, and an answer the client can
+    always read beats a 406."""
+    if not accept_encoding:
+        return None
+    named: dict[str, float] = {}
+    for part in accept_encoding.split(","):
+        token, _, params = part.partition(";")
+        token = token.strip().lower()
+        if token and token not in named:
+            named[token] = _quality(params)
+    star = named.get("*")
+    default = 0.0 if star is None else star
+    q, _, coding = max((named.get(c, default), -rank, c) for rank, c in enumerate(CODINGS))
+    identity = named.get("identity", star)
+    if q <= 0 or (identity is not None and identity > q):
+        return None
+    return coding
