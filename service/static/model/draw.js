@@ -10,6 +10,7 @@ import { heatmap } from "../heatmap.js";
 import { render, setupBatch, markStale, explain, whenDrawn } from "../render.js";
 import { modelGrid, roleScores, roleText } from "./grid.js";
 import { headLines } from "./lines.js";
+import { layerResult, layerNote } from "./compare.js";
 
 /** The head shown large: kept across answers of the same model (the grid's first choice else). */
 const chosen = { model: "", layer: -1, head: -1 };
@@ -161,10 +162,8 @@ function drawTrace() {
   const x = Array.isArray(t.x_in) ? `${t.x_in.length} × ${t.x_in[0].length}` : "L × d_model";
   $("model-trace-note").textContent =
     `Below is layer ${body.layer} of ${data.model.name} as POST /multihead computes it: x = the hidden states entering the layer (x_in, ${x}), the layer's ${t.num_heads} heads of d_k = ${t.d_k}, scale ${fmt(t.scale)}, W_o, the residual and the layer norm. ` +
-    "A cell of a head's scaled scores or weights explains itself, back to the dot product of the head's q and k rows. " +
-    "The layer's weights (W_q, W_k, W_v, W_o, the biases, γ and β) are not in the answer, so q, k and v themselves, and the steps after the heads, are the service's numbers without an explanation. " +
-    "Compare with my numbers is not offered here: POST /model takes your arrays of this layer as `expected` (docs/api.md, section 11).";
-  state.lastResult = { ep: "multihead", body, data: t };
+    layerNote(shown.data);
+  state.lastResult = layerResult(shown);
   markStale(false);
   setupBatch("multihead", t);
   render();

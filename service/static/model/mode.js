@@ -9,6 +9,7 @@ import { count } from "../lib/format.js";
 import { clearErrors, showErrors } from "../errors.js";
 import { render, setupBatch, markStale, closeExplain } from "../render.js";
 import { drawModel, markModelStale } from "./draw.js";
+import { withWeights } from "./weights.js";
 
 const saved = { steps: null, model: null }; // what each mode drew, kept while the other shows
 let mode = "steps";
@@ -241,7 +242,7 @@ export async function runModel(traceLayer = null) {
         text: $("model-text").value,
         layer: Number($("model-layer").value || 0),
       };
-  const sent = only ? { ...body, include: ["tokens", "trace"] } : body;
+  const sent = withWeights(only ? { ...body, include: ["tokens", "trace"] } : body);
   const seq = ++runs;
   document.body.dataset.busy = "true";
   try {
@@ -270,7 +271,8 @@ export async function runModel(traceLayer = null) {
       return;
     }
     await loadSpec(); // render.js draws the trace from the schema's views
-    answer = only ? { body, data: { ...answer.data, trace: data.trace } } : { body, data };
+    const layer = { trace: data.trace, layer_weights: data.layer_weights }; // the weights are the layer's
+    answer = only ? { body, data: { ...answer.data, ...layer } } : { body, data };
     $("model-layer").value = String(body.layer);
     $("model-results").hidden = false;
     $("results").hidden = false;
