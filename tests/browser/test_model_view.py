@@ -45,8 +45,27 @@ def open_model_tab(page: Any, server: str) -> None:
     wait_idle(page)
 
 
+class Answered:
+    """The page's POST /model answer: its status, and its JSON read again from the server with
+    the body the page sent (DevTools keeps no body over 10 MB, and a layer's weights are 13 MB
+    of JSON); an error's JSON is the page's own."""
+
+    def __init__(self, response: Any) -> None:
+        self.response, self.status = response, response.status
+
+    def json(self) -> Any:
+        if self.status != 200:
+            return self.response.json()
+        sent = json.dumps(self.response.request.post_data_json).encode()
+        headers = {"Content-Type": "application/json"}
+        with urllib.request.urlopen(
+            urllib.request.Request(self.response.url, data=sent, headers=headers), timeout=60
+        ) as r:
+            return json.loads(r.read())
+
+
 def run_model(page: Any, text: str, layer: int) -> tuple[dict[str, Any], Any]:
-    """Type ``text``, pick ``layer`` and Run; return the body sent and the response."""
+    """Type ``text``, pick ``layer`` and Run; return the body sent and the answer (Answered)."""
     page.fill("#model-text", text)
     page.select_option("#model-layer", str(layer))
     with page.expect_response(_is_model_post) as info:
@@ -56,7 +75,7 @@ def run_model(page: Any, text: str, layer: int) -> tuple[dict[str, Any], Any]:
         timeout=60_000
     )
     wait_idle(page)
-    return response.request.post_data_json, response
+    return response.request.post_data_json, Answered(response)
 
 
 def test_the_model_view_draws_every_head_labelled_with_its_role_and_the_servers_tokens(
@@ -64,7 +83,8 @@ def test_the_model_view_draws_every_head_labelled_with_its_role_and_the_servers_
 ) -> None:
     open_model_tab(page, server)
     body, response = run_model(page, SENTENCE, 2)
-    assert body == {"model": "minilm", "text": SENTENCE, "layer": 2}
+    outputs = ["model", "tokens", "attention", "head_roles", "rollout", "trace", "layer_weights"]
+    assert body == {"model": "minilm", "text": SENTENCE, "layer": 2, "include": outputs}
     assert response.status == 200
     data = response.json()
     layers, heads = len(data["attention"]), len(data["attention"][0])
@@ -248,8 +268,8 @@ def test_the_chosen_layer_is_drawn_step_by_step_and_its_cells_explain_themselves
     assert panel.locator(".explain-mismatch").count() == 0
     service = panel.locator(".explain-service").text_content()
     assert float(service) == pytest.approx(data["attention"][3][5][4][0], rel=1e-5)
-    # compare, whose Compare asks /multihead, is not offered on a model's trace
-    assert not page.locator("details.my-numbers").first.is_visible()
+    # compare is offered on a model's trace (its Compare asks POST /model: test_model_compare.py)
+    assert page.locator('details.my-numbers[data-name="heads.5.weights"]').count() == 1
     assert not page.locator("#export-safetensors").is_visible()
 
     # a head of another layer: its layer's trace is fetched alone, and then it explains itself
@@ -257,12 +277,13 @@ def test_the_chosen_layer_is_drawn_step_by_step_and_its_cells_explain_themselves
     with page.expect_response(_is_model_post) as info:
         page.click("#model-trace-this")
     sent = info.value.request.post_data_json
-    assert sent == {"model": "minilm", "text": SENTENCE, "layer": 0, "include": ["tokens", "trace"]}
+    include = ["tokens", "trace", "layer_weights"]
+    assert sent == {"model": "minilm", "text": SENTENCE, "layer": 0, "include": include}
     page.locator("#model-trace-heading", has_text="Layer 0, step by step").wait_for()
     wait_idle(page)
     assert page.locator("#model-layer").input_value() == "0"
     assert page.locator("#model-grid button.head-cell").count() == 72  # the grid stays
-    layer0 = info.value.json()["trace"]
+    layer0 = Answered(info.value).json()["trace"]
     assert float(map_cells(page, "head1_weights")[(1, 1)]) == layer0["heads"][1]["weights"][1][1]
     page.locator('figure[data-name="model_head"] rect.cell[data-row="1"][data-col="2"]').click()
     panel.locator(".explain-total").wait_for()
