@@ -38,6 +38,11 @@ read by the page's own safetensors reader up to the next frame (alternating, med
 L = 2048 and 512; and the
 JavaScript heap of the drawn L = 2048 page ÷ the weights' float64 bytes.
 
+E4–E9 (the explorer's trained-model tab at paragraph length, benchmarks/model_page.py; need
+Debian's Chromium, playwright and minilm): a 126-token paragraph at 1440 × 900, MB on the wire and
+seconds from Run to drawn, page height in screens, the share of thumbnails visibly non-blank,
+summary lines, compare present and answering; a row the page does not allow says "not measurable".
+
 M1 (a trained model, benchmarks/models.py; needs torch, transformers and make models): POST
 /model with all-MiniLM-L6-v2 on 128 tokens, every output, end to end ÷ the same forward in
 transformers float64 in process.
@@ -70,6 +75,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import explorer  # noqa: E402  (benchmarks/explorer.py, beside this script)
+import model_page  # noqa: E402  (benchmarks/model_page.py: E4–E9)
 
 from harness.live import free_port, http_json, start_server  # noqa: E402
 from models import m1  # noqa: E402  (benchmarks/models.py)
@@ -966,7 +972,7 @@ def e1_e3(base: str, ids: set[str], runs: int) -> list[Row]:
     return [r for r in rows if r["id"] in ids]
 
 
-ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "D3", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2", "E1", "E2", "E3", "M1"]  # fmt: skip
+ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "D3", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2", "E1", "E2", "E3", *model_page.IDS, "M1"]  # fmt: skip
 
 
 def main() -> None:
@@ -1009,6 +1015,8 @@ def main() -> None:
                 rows += r1_r2(tmp, want)
             if want & {"E1", "E2", "E3"}:
                 rows += e1_e3(base, want, args.runs)
+            if want & set(model_page.IDS):
+                rows += model_page.rows(base, want, row, skipped)
             if "M1" in want:
                 rows.append(m1(base, tmp, args.runs, row, skipped))
     finally:

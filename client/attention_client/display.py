@@ -221,7 +221,7 @@ def _shape(arrays: Mapping[str, Array], multihead: bool) -> tuple[int, int, int 
     return None
 
 
-def _sizes(arrays: Mapping[str, Array], meta: Mapping[str, Any]) -> list[str]:
+def sizes(arrays: Mapping[str, Array], meta: Mapping[str, Any]) -> list[str]:
     """``L × S``, the batch size, h, d_k, d_v and the scale, as far as the answer tells them."""
     parts = []
     shape = _shape(arrays, meta.get("num_heads") is not None)
@@ -245,8 +245,8 @@ def result_html(arrays: Mapping[str, Array], meta: Mapping[str, Any], kind: str 
         parts.append(comparison(meta["comparison"], meta.get("first_mismatch")))
     if meta.get("warnings"):
         parts.append(warnings_html(meta["warnings"]))
-    sizes = " · ".join(html.escape(p) for p in _sizes(arrays, meta))
-    parts.append(element("div", f"{element('b', html.escape(kind))} {sizes}", "margin-bottom:4px"))
+    shown = " · ".join(html.escape(p) for p in sizes(arrays, meta))
+    parts.append(element("div", f"{element('b', html.escape(kind))} {shown}", "margin-bottom:4px"))
     maps = result_maps(arrays, meta.get("num_heads") is not None)
     parts.append(figures(maps, meta.get("tokens"), meta.get("context_tokens") or None))
     style = "font-family:sans-serif;font-size:13px;line-height:1.35"
@@ -259,8 +259,8 @@ def short_repr(arrays: Mapping[str, Array], meta: Mapping[str, Any], kind: str =
     heads = meta.get("heads")
     if isinstance(heads, list):
         top = [n for n in top if n != "heads"] + [f"heads[{len(heads)}]"]
-    sizes = _sizes(arrays, meta)
-    parts = [", ".join(sizes)] if sizes else []
+    measured = sizes(arrays, meta)
+    parts = [", ".join(measured)] if measured else []
     parts.append("arrays: " + (", ".join(top) or "none"))
     tokens = meta.get("tokens")
     if tokens:

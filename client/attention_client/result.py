@@ -8,6 +8,7 @@ from typing import Any
 import numpy.typing as npt
 
 from attention_client.display import result_html, short_repr
+from attention_client.model_view import Normalise, is_model_answer, model_html, trace_arrays
 from attention_client.wire import rebuild
 
 
@@ -22,6 +23,19 @@ def _arrays_of(obj: object) -> Mapping[str, npt.NDArray[Any]]:
     before the fields exist)."""
     arrays: Mapping[str, npt.NDArray[Any]] = obj.__dict__.get("arrays", {})
     return arrays
+
+
+@dataclass(frozen=True)
+class HTMLView:
+    """HTML that Jupyter draws (``_repr_html_``); ``str()`` gives it."""
+
+    html: str
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+    def __str__(self) -> str:
+        return self.html
 
 
 @dataclass(frozen=True)
@@ -97,6 +111,15 @@ class Result:
             own = {n[len(prefix) :]: a for n, a in self.arrays.items() if n.startswith(prefix)}
             heads.append(Head(own, entry if isinstance(entry, dict) else {}))
         return tuple(heads)
+
+    @cached_property
+    def trace(self) -> "Result | None":
+        """On ``/model``: the traced layer's ``/multihead`` answer as a Result of its own
+        (``result.trace.heads[3]`` draws that head large); None when not included."""
+        info = self.json.get("trace")
+        if not isinstance(info, Mapping):
+            return None
+        return Result(trace_arrays(self.arrays), info, self.request_id)
 
     @property
     def scale(self) -> float | None:
@@ -177,8 +200,18 @@ class Result:
         """Jupyter's rich display: the comparison with your numbers (when the request had
         ``expected``) with its diagnosis, then every L×S map (scores … weights; on
         ``/multihead`` the average and each head's weights) as a heatmap, queries down and
-        keys across, values printed in the cells of maps up to 16 tokens."""
+        keys across, values printed in the cells of maps up to 16 tokens. A ``/model`` answer
+        draws the model view instead (:meth:`model_view`, rows normalised)."""
+        if is_model_answer(self.arrays, self.json):
+            return model_html(self.arrays, self.json)
         return result_html(self.arrays, self.json)
+
+    def model_view(self, normalise: Normalise = "rows") -> "HTMLView":
+        """A ``/model`` answer's view (:mod:`attention_client.model_view`): the summary of the
+        heads that matter, the layers × heads grid, the rollout and the traced layer, each map
+        normalised by ``"rows"`` (each row by its largest weight), ``"heads"`` (each map by its
+        largest) or ``"none"``. Jupyter draws it; ``str(view)`` is its HTML."""
+        return HTMLView(model_html(self.arrays, self.json, normalise))
 
     def to_dict(self) -> dict[str, Any]:
         """The whole answer as one nested dict, arrays (NumPy) put back at their place."""

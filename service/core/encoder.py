@@ -112,13 +112,14 @@ def embed(ids: IntArray, model: Encoder) -> Array:
     return normed
 
 
-def forward(ids: IntArray, model: Encoder) -> Forward:
-    """Every layer of the model on one sequence of token ids ``(L,)``."""
+def forward(ids: IntArray, model: Encoder, layers: int | None = None) -> Forward:
+    """The model's first ``layers`` blocks (default: all) on one sequence of token ids
+    ``(L,)``: the hidden states entering block ``layers`` need no block after it."""
     hidden = [embed(ids, model)]
     weights, attended = [], []
     n = ids.shape[0]
     mask = masks.combine([masks.Causal()], 1, n, n) if model.causal else None
-    for block in model.blocks:
+    for block in model.blocks[:layers]:
         x = hidden[-1]  # (L, d)
         trace = multihead_attention(
             x[None],
@@ -134,7 +135,8 @@ def forward(ids: IntArray, model: Encoder) -> Forward:
         weights.append(trace.heads.weights[0])  # (h, L, L)
         attended.append(a)
         hidden.append(out)
-    return Forward(tuple(hidden), np.stack(weights), tuple(attended))
+    heads = np.stack(weights) if weights else np.zeros((0, model.num_heads, n, n))
+    return Forward(tuple(hidden), heads, tuple(attended))
 
 
 @dataclass(frozen=True)
@@ -170,8 +172,9 @@ def head_roles(weights: Array, ids: IntArray) -> list[list[HeadRole]]:
     rows = np.arange(n)  # (L,)
     earlier = np.array(_earlier(ids), dtype=np.intp).reshape(-1, 2)  # (k, 2): (i, j)
     queries, keys = earlier[:, 0], earlier[:, 1] + 1  # the token after j's occurrence
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bits = -np.where(weights > 0, weights * np.log2(weights), 0.0).sum(axis=-1)  # (ℓ, h, L)
+    plogp = np.log2(weights, out=np.zeros_like(weights), where=weights > 0)  # 0 where w = 0
+    plogp *= weights  # (ℓ, h, L, L): w·log₂w, in place (one array of the weights' size)
+    bits = -plogp.sum(axis=-1)  # (ℓ, h, L)
 
     def role(w: Array, entropy: Array) -> HeadRole:  # w (L, L)
         scores = {

@@ -61,7 +61,7 @@ DOORS: dict[str, Door] = {
         model_answer.check,
         model_answer.run,
         ready=model_answer.admit,
-        advice=model_answer.SHORTER,
+        advice=model_answer.BUDGET_ADVICE,
     ),
 }
 

@@ -17,7 +17,7 @@ stopped), in three stages as they are:
   rules and limits — nothing computed;
 - :func:`run` once the memory budget has admitted the numbers :func:`admit` counted."""
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -34,8 +34,15 @@ from service.wire.errors import FieldError, LimitError, ModelNotInstalled, Reque
 from service.wire.schemas.model_fields import ModelRequest
 from service.wire.schemas.requests import MultiheadRequest
 
-OUTPUTS = ("model", "tokens", "attention", "head_roles", "rollout", "trace")
+OUTPUTS = ("model", "tokens", "attention", "head_roles", "rollout", "trace", "layer_weights")
+DEFAULT_OUTPUTS = OUTPUTS[:-1]  # layer_weights (the layer's own weights, not computed) on request
+FORWARD_OUTPUTS = frozenset({"attention", "head_roles", "rollout"})  # need every layer run
 SHORTER = "send a shorter text"  # what a /model request over a limit can change
+BUDGET_ADVICE = (  # what the caller (and the operator) can change when it is over the budget
+    f"{SHORTER}, or ask for less with include (attention, head_roles and rollout without the "
+    "trace, or one layer's trace alone); the operator can give each worker more memory "
+    "(fewer workers, a larger memory limit or ATTENTION_MEMORY_BUDGET_BYTES)"
+)
 JSON_BYTES_PER_CHAR = 6  # a character as JSON may send it: \\u00e9
 EXPECTED_ARRAYS = 16  # expected arrays a /model body is sized for (one layer's, compared)
 JSON_BYTES_PER_NUMBER = 25  # "-1.2345678901234567e-100,"
@@ -97,7 +104,7 @@ def listing(settings: Settings) -> list[dict[str, Any]]:
 @dataclass(frozen=True)
 class ModelAdmitted:
     """A /model request whose rules hold: the model, the tokens, the layer's admitted
-    /multihead request (its x still zeros) and the numbers the whole answer computes."""
+    /multihead request (its x still zeros) and the most numbers the answer holds at once."""
 
     req: ModelRequest
     loaded: Loaded
@@ -105,12 +112,19 @@ class ModelAdmitted:
     ids: IntArray
     tokens: list[str]
     layer: trace.Admitted
-    numbers: int  # every number the answer computes, the forward's included
+    numbers: int  # the most numbers it holds at once (its memory): see _held
+    wanted: tuple[str, ...]  # the outputs returned: include's, else DEFAULT_OUTPUTS
+    blocks: int  # the blocks the forward runs: all of them, or those before the layer
+
+    @property
+    def weights(self) -> dict[str, Any]:
+        """The layer's /multihead fields besides x and tokens (the layer_weights output)."""
+        return _layer_fields(self.loaded, self.req.layer)
 
     @property
     def comparing(self) -> bool:
         """Whether the layer's trace is compared with expected arrays."""
-        return self.layer.comparing
+        return "trace" in self.wanted and self.layer.comparing
 
     @property
     def decimals(self) -> int | None:
@@ -125,6 +139,7 @@ class ModelAdmitted:
             "rollout": n * n,
             "head_roles": self.loaded.layers * h * 8,
             "trace": self.layer.numbers,
+            "layer_weights": _size(self.weights),
         }
         return {name: size for name, size in sizes.items() if name in body}
 
@@ -150,20 +165,33 @@ def _loaded(model: Model, settings: Settings) -> Loaded:
         raise ModelNotInstalled(model.name, INSTALL_COMMAND) from error
 
 
-def _layer_request(req: ModelRequest, loaded: Loaded, x: np.ndarray, tokens: list[str]) -> Any:
-    """The /multihead request that computes layer ``req.layer`` on ``x (L, d)``."""
-    block = loaded.encoder.blocks[req.layer]
+def _layer_fields(loaded: Loaded, layer: int) -> dict[str, Any]:
+    """Layer ``layer``'s /multihead request fields besides ``x`` and ``tokens``: its heads,
+    weights and biases (in_out layout, /multihead's default), residual, layer norm, and the
+    causal mask of a decoder."""
+    block = loaded.encoder.blocks[layer]
     a, norm = block.attention, block.attention_norm
+    names = ("w_q", "w_k", "w_v", "b_q", "b_k", "b_v", "w_o", "b_o")
     fields: dict[str, Any] = {
-        "x": x,
-        "tokens": tokens,
         "num_heads": loaded.encoder.num_heads,
-        **{n: getattr(a, n) for n in ("w_q", "w_k", "w_v", "b_q", "b_k", "b_v", "w_o", "b_o")},
+        **{n: getattr(a, n) for n in names if getattr(a, n) is not None},
         "residual": True,
         "layer_norm": {"eps": norm.eps, "gamma": norm.gamma, "beta": norm.beta},
     }
     if loaded.encoder.causal:
         fields["mask"] = {"type": "causal"}
+    return fields
+
+
+def _size(fields: Mapping[str, Any]) -> int:
+    """How many numbers the arrays in ``fields`` (nested one level) hold."""
+    inner = [v for f in fields.values() if isinstance(f, Mapping) for v in f.values()]
+    return sum(int(v.size) for v in (*fields.values(), *inner) if isinstance(v, np.ndarray))
+
+
+def _layer_request(req: ModelRequest, loaded: Loaded, x: np.ndarray, tokens: list[str]) -> Any:
+    """The /multihead request that computes layer ``req.layer`` on ``x (L, d)``."""
+    fields = {"x": x, "tokens": tokens, **_layer_fields(loaded, req.layer)}
     made = MultiheadRequest.model_validate(fields)
     return made.model_copy(update={"expected": req.expected, "tolerance": req.tolerance})
 
@@ -187,6 +215,12 @@ def check(req: ModelRequest, settings: Settings) -> ModelRequest:
     if unknown:
         raise FieldError(
             "include", f'include names "{unknown[0][:40]}"; choose from {", ".join(OUTPUTS)}'
+        )
+    if req.expected is not None and req.include is not None and "trace" not in req.include:
+        raise FieldError(
+            "expected",
+            "expected is compared with the chosen layer's trace, which include leaves out: "
+            'add "trace" to include (or leave include out)',
         )
     return req
 
@@ -236,36 +270,60 @@ def admit(req: ModelRequest, settings: Settings) -> ModelAdmitted:
         layer = trace.admit(_layer_request(req, loaded, zeros, tokens), "multihead", settings)
     except RequestError as error:
         raise _shorter(error) from None
+    wanted = tuple(req.include or DEFAULT_OUTPUTS)
+    blocks = loaded.layers if FORWARD_OUTPUTS & set(wanted) else req.layer
     n, d, h = ids.shape[0], loaded.d_model, loaded.encoder.num_heads
     per_layer = 8 * h * n * n + 16 * n * d + 2 * n * int(loaded.encoder.blocks[0].b_in.size)
-    numbers = layer.numbers + loaded.layers * per_layer
-    if numbers > settings.max_computed_numbers:
+    traced = layer.numbers if "trace" in wanted else 0
+    computed = blocks * per_layer + traced
+    if computed > settings.max_computed_numbers:
         raise LimitError(
             "text",
-            f"this text would make {loaded.model.name} compute {numbers:,} numbers, over the "
+            f"this text would make {loaded.model.name} compute {computed:,} numbers, over the "
             f"limit of {settings.max_computed_numbers:,}; {SHORTER}",
             settings.max_computed_numbers,
         )
+    held = _held(n, d, h, blocks, per_layer) + traced
+    if FORWARD_OUTPUTS & set(wanted):
+        held += n * n + loaded.layers * h * 8  # the rollout and the head roles
+    if "layer_weights" in wanted:  # not computed, but encoded: counted as returned numbers
+        held += _size(_layer_fields(loaded, req.layer))
     listed = entry(loaded.model, settings, loaded.config)
-    return ModelAdmitted(req, loaded, listed, ids, tokens, layer, numbers)
+    return ModelAdmitted(req, loaded, listed, ids, tokens, layer, held, wanted, blocks)
+
+
+def _held(n: int, d: int, h: int, blocks: int, per_layer: int) -> int:
+    """The most numbers ``blocks`` blocks of the forward hold at once on ``n`` tokens: what it
+    keeps (each block's weights ``(h, n, n)``, the hidden states entering and leaving each
+    block and its attention output ``(n, d)``) and one block's intermediates, dropped before
+    the next block starts. (Measured with tracemalloc at 128 tokens of minilm: a peak of 4.5
+    million float64s, where this counts 4.6 million; every output: 5.8 million counted.)"""
+    kept = blocks * h * n * n + (2 * blocks + 1) * n * d
+    return kept + (per_layer if blocks else 0)
 
 
 def run(admitted: ModelAdmitted, check: Check) -> dict[str, Any]:
-    """The /model answer (arrays and values, not yet encoded)."""
-    req, loaded = admitted.req, admitted.loaded
-    ran = forward(admitted.ids, loaded.encoder)
+    """The /model answer (arrays and values, not yet encoded): only the outputs wanted are
+    computed (no trace when it is left out; no block after the layer when only the trace or
+    the layer's weights are asked for)."""
+    req, wanted = admitted.req, admitted.wanted
+    ran = forward(admitted.ids, admitted.loaded.encoder, admitted.blocks)
     check()
-    x = ran.hidden[req.layer]  # (L, d): the hidden states entering the layer
-    layer = replace(admitted.layer, req=admitted.layer.req.model_copy(update={"x": x}))
-    body: dict[str, Any] = {
-        "model": admitted.listed,
-        "tokens": admitted.tokens,
-        "attention": ran.attention,  # (layers, h, L, L)
-        "head_roles": [
+    parts: dict[str, Callable[[], Any]] = {
+        "model": lambda: admitted.listed,
+        "tokens": lambda: admitted.tokens,
+        "attention": lambda: ran.attention,  # (layers, h, L, L)
+        "head_roles": lambda: [
             [asdict(r) for r in heads] for heads in head_roles(ran.attention, admitted.ids)
         ],
-        "rollout": rollout(ran.attention),  # (L, L)
-        "trace": {"x_in": x, **trace.run(layer, check)},  # /multihead's answer, and its x
+        "rollout": lambda: rollout(ran.attention),  # (L, L)
+        "trace": lambda: _trace(admitted, ran.hidden[req.layer], check),
+        "layer_weights": lambda: admitted.weights,
     }
-    wanted = req.include or OUTPUTS
-    return {k: v for k, v in body.items() if k in wanted}
+    return {name: part() for name, part in parts.items() if name in wanted}
+
+
+def _trace(admitted: ModelAdmitted, x: np.ndarray, check: Check) -> dict[str, Any]:
+    """The layer's /multihead answer on ``x (L, d)``, the hidden states entering it, and x."""
+    layer = replace(admitted.layer, req=admitted.layer.req.model_copy(update={"x": x}))
+    return {"x_in": x, **trace.run(layer, check)}

@@ -243,7 +243,26 @@ def test_a_model_answer_larger_than_the_whole_budget_says_to_send_a_shorter_text
         r = small.post("/model", json={"model": "minilm", "text": "the cat sat " * 30})
     assert r.status_code == 413, r.text
     message = r.json()["message"]
-    assert "budget" in message and message.endswith("send a shorter text")
+    assert "budget" in message and "send a shorter text, or ask for less with include" in message
+    assert "ATTENTION_MEMORY_BUDGET_BYTES" in message
+
+
+@pytest.mark.parametrize(
+    "include",
+    [None, ["model", "tokens", "attention", "head_roles", "rollout"], ["trace", "layer_weights"]],
+    ids=["everything", "the-model-view", "one-layer"],
+)
+def test_a_128_token_answer_fits_a_two_worker_containers_budget(include: list[str] | None) -> None:
+    """docker-compose's 2 workers in a small container: 192 MiB a worker. The answer's cost is
+    the most it holds at once (measured peak: a fifth of it), not every number it computes."""
+    text = " ".join(["word"] * 126)
+    with TestClient(create_app(Settings(memory_budget_bytes=192 << 20))) as two_worker:
+        r = two_worker.post(
+            "/model",
+            json={"model": "minilm", "text": text, "layer": 3, "include": include},
+            headers={"Accept": "application/x-safetensors"},
+        )
+    assert r.status_code == 200, r.text
 
 
 def test_the_character_cap_covers_the_catalogs_longest_words() -> None:
@@ -255,3 +274,94 @@ def test_the_character_cap_covers_the_catalogs_longest_words() -> None:
         tokenizer = load(model, MODELS_DIR).tokenizer
         assert tokenizer.model.max_input_chars_per_word == model.longest_word
         assert tokenizer.encode("x" * (model.longest_word + 1)).tokens[1:2] == ["[UNK]"]
+
+
+def test_layer_weights_are_the_checkpoints_and_make_the_trace_with_x_in(
+    client: TestClient, answer: dict[str, Any]
+) -> None:
+    """include layer_weights: the layer's /multihead fields (in_out layout), read here from the
+    checkpoint's own tensors (transposed out_in Linear weights); with x = trace.x_in they are a
+    /multihead request whose answer is the trace."""
+    r = client.post(
+        "/model",
+        json={"model": "minilm", "text": TEXT, "layer": 2, "include": ["layer_weights"]},
+    )
+    assert r.status_code == 200, r.text
+    fields = r.json()["layer_weights"]
+    state = safetensors_torch.load_file(str(DIRECTORY / "model.safetensors"))
+    p = "encoder.layer.2.attention"
+    names = {"w_q": "self.query", "w_k": "self.key", "w_v": "self.value", "w_o": "output.dense"}
+    for field, module in names.items():
+        weight = state[f"{p}.{module}.weight"].to(torch.float64).numpy()  # (out, in)
+        bias = state[f"{p}.{module}.bias"].to(torch.float64).numpy()
+        np.testing.assert_array_equal(np.array(fields[field]), weight.T)
+        np.testing.assert_array_equal(np.array(fields["b" + field[1:]]), bias)
+    gamma = state[f"{p}.output.LayerNorm.weight"].to(torch.float64).numpy()
+    np.testing.assert_array_equal(np.array(fields["layer_norm"]["gamma"]), gamma)
+    assert (fields["num_heads"], fields["residual"], fields["layer_norm"]["eps"]) == (
+        12,
+        True,
+        1e-12,
+    )
+    assert "mask" not in fields  # an encoder: no causal mask
+    body = {"x": answer["trace"]["x_in"], "tokens": answer["tokens"], **fields}
+    direct = client.post("/multihead", json=body)
+    assert direct.status_code == 200, direct.text
+    assert direct.json() == {k: v for k, v in answer["trace"].items() if k != "x_in"}
+
+
+def test_layer_weights_are_asked_for_and_a_decoders_carry_its_causal_mask(
+    client: TestClient,
+) -> None:
+    everything = client.post("/model", json={"model": "minilm", "text": TEXT}).json()
+    assert "layer_weights" not in everything and "trace" in everything
+    r = client.post(
+        "/model",
+        json={"model": "tiny-decoder", "text": "the cat", "include": ["layer_weights"]},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["layer_weights"]["mask"] == {"type": "causal"}
+
+
+def test_only_the_outputs_asked_for_are_computed(
+    client: TestClient, answer: dict[str, Any]
+) -> None:
+    """The page's two requests: the model view without the trace, then one layer's trace and
+    weights; each the same numbers as the whole answer (only the blocks before the layer run
+    for the second)."""
+    first = client.post(
+        "/model",
+        json={"model": "minilm", "text": TEXT, "layer": 2,
+              "include": ["tokens", "attention", "head_roles", "rollout"]},
+    ).json()  # fmt: skip
+    assert set(first) == {"tokens", "attention", "head_roles", "rollout"}
+    assert first == {k: answer[k] for k in first}
+    second = client.post(
+        "/model",
+        json={"model": "minilm", "text": TEXT, "layer": 2, "include": ["trace"]},
+    ).json()
+    assert second == {"trace": answer["trace"]}
+
+
+def test_expected_without_the_trace_is_422(client: TestClient, answer: dict[str, Any]) -> None:
+    r = client.post(
+        "/model",
+        json={"model": "minilm", "text": TEXT, "include": ["attention"],
+              "expected": {"output": answer["trace"]["output"]}},
+    )  # fmt: skip
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["field"] == "expected"
+    assert 'add "trace" to include' in r.json()["message"]
+
+
+def test_a_safetensors_answer_names_the_layer_weights_by_their_path(client: TestClient) -> None:
+    from safetensors.numpy import load
+
+    r = client.post(
+        "/model",
+        json={"model": "minilm", "text": TEXT, "include": ["layer_weights"]},
+        headers={"Accept": "application/x-safetensors"},
+    )
+    tensors = load(r.content)
+    assert tensors["layer_weights.w_q"].shape == (384, 384)
+    assert tensors["layer_weights.layer_norm.gamma"].shape == (384,)

@@ -19,7 +19,7 @@ import pytest
 from service.config import Settings
 from service.models.catalog import BY_NAME
 from tests.browser.support import js_number, paste_mine
-from tests.browser.test_model_view import open_model_tab, run_model
+from tests.browser.test_model_view import open_layer, open_model_tab, run_model
 
 torch = pytest.importorskip("torch", reason="the user's numbers come from BertModel in torch")
 transformers = pytest.importorskip("transformers")
@@ -152,7 +152,8 @@ def test_a_learners_right_numbers_of_a_model_layer_match_through_post_model(
     page: Any, server: str, mine: dict[str, Any]
 ) -> None:
     open_model_tab(page, server)
-    sent, _ = run_model(page, SENTENCE, LAYER)
+    run_model(page, SENTENCE)
+    sent = open_layer(page, LAYER, HEAD).post_data_json
     assert "layer_weights" in sent["include"] and "trace" in sent["include"]
     assert page.locator("#model-tokens .token").all_text_contents() == mine["tokens"]
     right = mine["right"]
@@ -190,7 +191,8 @@ def test_scores_not_scaled_are_the_first_mismatch_with_their_diagnosis(
     page: Any, server: str, mine: dict[str, Any]
 ) -> None:
     open_model_tab(page, server)
-    run_model(page, SENTENCE, LAYER)
+    run_model(page, SENTENCE)
+    open_layer(page, LAYER, HEAD)
     wrong = mine["unscaled"]
     _paste(page, f"heads.{HEAD}.q", _rows(mine["q"][HEAD]))  # right: q is before the scale
     _paste(page, f"heads.{HEAD}.weights", _rows(wrong["weights"][HEAD]))
@@ -222,7 +224,8 @@ def test_every_step_of_the_layer_explains_itself_from_the_layers_weights(
     page: Any, server: str, mine: dict[str, Any]
 ) -> None:
     open_model_tab(page, server)
-    run_model(page, SENTENCE, LAYER)
+    run_model(page, SENTENCE)
+    open_layer(page, LAYER, HEAD)
     right = mine["right"]
     d_model = mine["x"].shape[1]
     # a head's q: x_in's row times a column of W_q, plus the bias (384 products, folded)

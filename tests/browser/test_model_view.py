@@ -1,7 +1,8 @@
 """The explorer's trained-model mode (service/static/model/) in a real browser against a real
 server running all-MiniLM-L6-v2: the model view (every layer × head, labelled with its role),
-a head opened large with its head view's lines, the rollout, the chosen layer drawn by the
-page's /multihead views with cells that explain themselves, and errors in words."""
+a head opened large with its layer's head view, the rollout, the opened layer's trace (fetched
+then) drawn by the page's /multihead views with cells that explain themselves, and errors in
+words. The page asks for safetensors; the numbers checked here are asked for as JSON."""
 
 import json
 import re
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.support import ARTIFACTS, map_cells, open_explorer, wait_idle
+from tests.browser.support import ARTIFACTS, map_cells, open_explorer, post_json, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -45,29 +46,34 @@ def open_model_tab(page: Any, server: str) -> None:
     wait_idle(page)
 
 
-class Answered:
-    """The page's POST /model answer: its status, and its JSON read again from the server with
-    the body the page sent (DevTools keeps no body over 10 MB, and a layer's weights are 13 MB
-    of JSON); an error's JSON is the page's own."""
-
-    def __init__(self, response: Any) -> None:
-        self.response, self.status = response, response.status
-
-    def json(self) -> Any:
-        if self.status != 200:
-            return self.response.json()
-        sent = json.dumps(self.response.request.post_data_json).encode()
-        headers = {"Content-Type": "application/json"}
-        with urllib.request.urlopen(
-            urllib.request.Request(self.response.url, data=sent, headers=headers), timeout=60
-        ) as r:
-            return json.loads(r.read())
+FIRST = ["model", "tokens", "attention", "head_roles", "rollout"]
 
 
-def run_model(page: Any, text: str, layer: int) -> tuple[dict[str, Any], Any]:
-    """Type ``text``, pick ``layer`` and Run; return the body sent and the answer (Answered)."""
+def answer(server: str, text: str, layer: int = 0) -> Any:
+    """POST /model's whole answer for ``text`` (with ``layer``'s trace), as JSON."""
+    return post_json(server, "model", {"model": "minilm", "text": text, "layer": layer})
+
+
+def open_layer(page: Any, layer: int, head: int = -1) -> Any:
+    """Click head ``head`` of ``layer`` in the grid (or the layer's name, with -1); wait until
+    its trace is drawn; return the request that fetched it."""
+    target = (
+        f'#model-grid button.layer-label[data-layer="{layer}"]'
+        if head < 0
+        else f'#model-grid button.head-cell[data-layer="{layer}"][data-head="{head}"]'
+    )
+    with page.expect_response(_is_model_post) as info:
+        page.click(target)
+    page.locator("#model-trace-heading", has_text=f"Layer {layer}, step by step").wait_for(
+        timeout=60_000
+    )
+    wait_idle(page)
+    return info.value.request
+
+
+def run_model(page: Any, text: str) -> tuple[dict[str, Any], Any]:
+    """Type ``text`` and Run; return the body sent and the response."""
     page.fill("#model-text", text)
-    page.select_option("#model-layer", str(layer))
     with page.expect_response(_is_model_post) as info:
         page.click("#model-run")
     response = info.value
@@ -75,18 +81,18 @@ def run_model(page: Any, text: str, layer: int) -> tuple[dict[str, Any], Any]:
         timeout=60_000
     )
     wait_idle(page)
-    return response.request.post_data_json, Answered(response)
+    return response.request.post_data_json, response
 
 
 def test_the_model_view_draws_every_head_labelled_with_its_role_and_the_servers_tokens(
     page: Any, server: str
 ) -> None:
     open_model_tab(page, server)
-    body, response = run_model(page, SENTENCE, 2)
-    outputs = ["model", "tokens", "attention", "head_roles", "rollout", "trace", "layer_weights"]
-    assert body == {"model": "minilm", "text": SENTENCE, "layer": 2, "include": outputs}
+    body, response = run_model(page, SENTENCE)
+    assert body == {"model": "minilm", "text": SENTENCE, "include": FIRST}
     assert response.status == 200
-    data = response.json()
+    assert response.headers["content-type"].startswith("application/x-safetensors")
+    data = answer(server, SENTENCE)
     layers, heads = len(data["attention"]), len(data["attention"][0])
     assert (layers, heads) == (data["model"]["layers"], data["model"]["heads"]) == (6, 12)
 
@@ -138,14 +144,14 @@ def test_a_head_opens_large_with_the_servers_weights_and_its_head_view_lines(
     page: Any, server: str
 ) -> None:
     open_model_tab(page, server)
-    _, response = run_model(page, SENTENCE, 2)
-    data = response.json()
-    # a head of another layer than the one step by step: a previous-token head if there is one
+    run_model(page, SENTENCE)
+    data = answer(server, SENTENCE)
+    # a head with a role: a previous-token head if there is one
     roles = data["head_roles"]
     layer, head = next(
         ((a, h) for a in range(6) for h in range(12) if a != 2 and roles[a][h]["role"]), (0, 0)
     )
-    page.click(f'#model-grid button.head-cell[data-layer="{layer}"][data-head="{head}"]')
+    open_layer(page, layer, head)  # drawn at once, and again with its trace
     box = page.locator(f'#model-head[data-layer="{layer}"][data-head="{head}"]')
     box.wait_for()
     assert (
@@ -231,10 +237,15 @@ def test_the_chosen_layer_is_drawn_step_by_step_and_its_cells_explain_themselves
     page: Any, server: str
 ) -> None:
     open_model_tab(page, server)
-    _, response = run_model(page, SENTENCE, 3)
-    data = response.json()
+    run_model(page, SENTENCE)
+    assert page.locator("#results").is_hidden()  # no trace until a layer is opened
+    request = open_layer(page, 3, 5)
+    sent = request.post_data_json
+    assert sent == {"model": "minilm", "text": SENTENCE, "layer": 3, "include": sent["include"]}
+    assert sent["include"][0] == "trace" and set(sent["include"]) <= {"trace", "layer_weights"}
+    assert request.headers["accept"] == "application/x-safetensors"
+    data = answer(server, SENTENCE, 3)
     trace = data["trace"]
-    assert page.locator("#model-trace-heading").text_content() == "Layer 3, step by step"
     # (e) the page's /multihead views of the trace: each head's weights side by side, the
     # scores maps, the tables, the steps
     assert page.locator("#heads-grid figure.heatmap").count() >= 12
@@ -273,17 +284,11 @@ def test_the_chosen_layer_is_drawn_step_by_step_and_its_cells_explain_themselves
     assert not page.locator("#export-safetensors").is_visible()
 
     # a head of another layer: its layer's trace is fetched alone, and then it explains itself
-    page.click('#model-grid button.head-cell[data-layer="0"][data-head="1"]')
-    with page.expect_response(_is_model_post) as info:
-        page.click("#model-trace-this")
-    sent = info.value.request.post_data_json
-    include = ["tokens", "trace", "layer_weights"]
-    assert sent == {"model": "minilm", "text": SENTENCE, "layer": 0, "include": include}
-    page.locator("#model-trace-heading", has_text="Layer 0, step by step").wait_for()
-    wait_idle(page)
-    assert page.locator("#model-layer").input_value() == "0"
+    sent = open_layer(page, 0, 1).post_data_json
+    assert {k: sent[k] for k in ("layer", "include")} == {"layer": 0, "include": sent["include"]}
+    assert sent["include"][0] == "trace"
     assert page.locator("#model-grid button.head-cell").count() == 72  # the grid stays
-    layer0 = Answered(info.value).json()["trace"]
+    layer0 = answer(server, SENTENCE, 0)["trace"]
     assert float(map_cells(page, "head1_weights")[(1, 1)]) == layer0["heads"][1]["weights"][1][1]
     page.locator('figure[data-name="model_head"] rect.cell[data-row="1"][data-col="2"]').click()
     panel.locator(".explain-total").wait_for()
@@ -297,7 +302,7 @@ def test_an_over_long_text_says_why_in_words_and_the_other_tab_keeps_its_answer(
     open_model_tab(page, server)
     drawn_tokens = page.locator("#model-tokens .token").all_text_contents()
     # (f) 200 words are over the 128-token limit: a 413, in words, beside the form and its field
-    _, response = run_model(page, " ".join(["word"] * 200), 0)
+    _, response = run_model(page, " ".join(["word"] * 200))
     assert response.status == 413
     message = response.json()["message"]
     assert "over this service's limit of 128" in message
@@ -312,14 +317,15 @@ def test_an_over_long_text_says_why_in_words_and_the_other_tab_keeps_its_answer(
     assert "stale" in (page.locator("#model-results").get_attribute("class") or "")
     assert page.locator("#model-tokens .token").all_text_contents() == drawn_tokens
     # an empty text is a 422 naming the field; the next good Run clears it all
-    _, response = run_model(page, "   ", 0)
+    _, response = run_model(page, "   ")
     assert response.status == 422
     assert page.locator("#model-error").text_content() == response.json()["message"]
-    _, response = run_model(page, SENTENCE, 1)
+    _, response = run_model(page, SENTENCE)
     assert response.status == 200
     assert not page.locator("#model-error").is_visible()
     assert page.locator(".field-error").count() == 0
     assert not page.locator("#stale-note").is_visible()
+    open_layer(page, 1)
 
     # the matrices tab still holds its worked example's answer, and the model's comes back
     page.click("#tab-steps")
@@ -382,9 +388,9 @@ def test_a_128_token_text_draws_small_maps_on_canvas(page: Any, server: str) -> 
     """At the token limit the 72 small maps and the large one are canvases, not SVG rects."""
     open_model_tab(page, server)
     words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and"]
-    # (the 52 MB answer is over what DevTools keeps of a response body: the page's tokens say)
-    _, response = run_model(page, " ".join(words[i % len(words)] for i in range(126)), 5)
+    _, response = run_model(page, " ".join(words[i % len(words)] for i in range(126)))
     assert response.status == 200
+    open_layer(page, 5)
     assert page.locator("#model-tokens .token").count() == 128
     assert page.locator("#model-grid button.head-cell canvas").count() == 72
     assert page.locator('figure[data-name="model_head"] canvas').count() == 1

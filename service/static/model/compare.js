@@ -15,10 +15,11 @@ import { layerRequest } from "./weights.js";
  * via}. `body` is the /multihead request the trace answers when the answer has the layer's
  * weights (else the /model request: the trace is drawn, its projections unexplained); `via`
  * sends a Compare to POST /model and puts the compared trace into `answer`.
- * @param {{body: any, data: any}} answer the POST /model request (`body`) and its answer
+ * @param {{body: any, data: any, layer: number | null}} answer the POST /model request
+ * (`body`: model and text), its answer, and the layer whose trace the answer holds
  */
 export function layerResult(answer) {
-  const { body, data } = answer;
+  const { body, data, layer } = answer;
   const request = layerRequest(data);
   const via = {
     /** POST /model for the layer, with the arrays to compare. */
@@ -26,7 +27,7 @@ export function layerResult(answer) {
       const sent = {
         model: body.model,
         text: body.text,
-        layer: body.layer,
+        layer,
         include: ["tokens", "trace"],
         expected: compared.expected,
       };
@@ -39,7 +40,7 @@ export function layerResult(answer) {
       return got.trace;
     },
   };
-  return { ep: "multihead", body: request || body, data: data.trace, via };
+  return { ep: "multihead", body: request || { ...body, layer }, data: data.trace, via };
 }
 
 /** What the layer's cells explain and what Compare does, in words (after draw.js's sentence on

@@ -2,19 +2,21 @@
 // The trained-model mode: the tabs between it and the matrices (each mode keeps the answer it
 // drew, put back when its tab is chosen again), the model form (GET /models: each model, one
 // not installed here disabled with its install command), Run (POST /model) and its errors, shown
-// in words next to the form and under the field they name (errors.js). The answer is drawn by
-// draw.js. main.js calls startModelMode once the page is ready.
+// in words next to the form and under the field they name (errors.js). Every answer is asked for
+// as safetensors: Run asks only for what the model view draws (FIRST), opening a layer for that
+// layer's trace (LAYER, fetchLayer). The answer is drawn by draw.js. main.js calls
+// startModelMode once the page is ready.
 import { $, state, loadSpec } from "../lib/state.js";
 import { count } from "../lib/format.js";
 import { clearErrors, showErrors } from "../errors.js";
 import { render, setupBatch, markStale, closeExplain } from "../render.js";
-import { drawModel, markModelStale } from "./draw.js";
-import { withWeights } from "./weights.js";
+import { drawModel, markModelStale, showLayer, firstHead } from "./draw.js";
+import { readSafetensors } from "../lib/safetensors.js";
 
 const saved = { steps: null, model: null }; // what each mode drew, kept while the other shows
 let mode = "steps";
 let models = null; // GET /models
-let answer = null; // {body, data}: the POST /model answer drawn
+let answer = null; // {body, data, layer}: the POST /model answer drawn, `layer` its trace's
 let runs = 0; // a newer Run drops an older one's answer
 
 const tabs = () =>
@@ -183,7 +185,7 @@ async function notInstalled() {
   $("model-missing").hidden = !lines.length;
 }
 
-// What the chosen model is, and its layers in the layer picker (the choice kept when it fits).
+// What the chosen model is.
 function describeModel() {
   const m = (models || []).find((x) => x.name === $("model-name").value);
   const about = $("model-about");
@@ -192,12 +194,6 @@ function describeModel() {
     return;
   }
   about.textContent = `${m.source}. ${m.kind === "decoder" ? "A causal decoder: each token sees only those before it" : "An encoder: every token sees every token"}; d_model ${m.d_model}; tokenizer ${m.tokenizer}; licence ${m.license}.`;
-  const layer = $("model-layer");
-  const keep = layer.value;
-  layer.replaceChildren(
-    ...Array.from({ length: m.layers || 0 }, (_, l) => new Option(`layer ${l}`, String(l))),
-  );
-  if (Number(keep) < (m.layers || 0)) layer.value = keep;
 }
 
 function say(text, hint = "") {
@@ -226,63 +222,109 @@ function fail(message, errors, status = 0, install = null) {
   markModelStale(true);
 }
 
+/** What Run asks for: what the model view draws, not the trace (about 10 MB a layer at 128
+ * tokens), which comes when a layer is opened. */
+export const FIRST = ["model", "tokens", "attention", "head_roles", "rollout"];
+/** What opening a layer asks for: its trace and the weights it was computed from. */
+export const LAYER = ["trace", "layer_weights"];
+
 /**
- * Run: the form's model, sentence and layer to POST /model, the answer drawn. `traceLayer`: ask
- * only for that layer's trace of the sentence drawn (its other numbers stay).
- * @param {number | null} traceLayer
+ * POST /model with `body` as safetensors (its arrays as raw float64, not JSON text); returns
+ * {ok, status, data}: the answer read back into its JSON shape, or the error's JSON.
+ * @param {object} body
  */
-export async function runModel(traceLayer = null) {
+async function postModel(body) {
+  const response = await fetch("model", {
+    method: "POST",
+    headers: { "Content-Type": "application/json", Accept: "application/x-safetensors" },
+    body: JSON.stringify(body),
+  });
+  const binary = (response.headers.get("content-type") || "").includes("safetensors");
+  const data = binary ? readSafetensors(await response.arrayBuffer()) : await response.json();
+  return { ok: response.ok && binary, status: response.status, data };
+}
+
+/**
+ * One request with the page's status, busy flag and errors: `say` while it runs, `done(data,
+ * ms)` with its answer unless a newer request came since.
+ * @param {object} body
+ * @param {string} saying
+ * @param {(data: any, ms: number) => void} done
+ */
+async function ask(body, saying, done) {
   clearErrors();
   $("model-error").hidden = true;
-  const only = traceLayer !== null && answer !== null;
-  const body = only
-    ? { model: answer.body.model, text: answer.body.text, layer: traceLayer }
-    : {
-        model: $("model-name").value,
-        text: $("model-text").value,
-        layer: Number($("model-layer").value || 0),
-      };
-  const sent = withWeights(only ? { ...body, include: ["tokens", "trace"] } : body);
   const seq = ++runs;
   document.body.dataset.busy = "true";
   try {
-    say(only ? `Computing layer ${traceLayer}…` : "Computing…");
+    say(saying);
     const started = performance.now();
-    let response, data;
+    let got;
     try {
-      response = await fetch("model", {
-        method: "POST",
-        headers: { "Content-Type": "application/json" },
-        body: JSON.stringify(sent),
-      });
-      data = await response.json();
+      got = await postModel(body);
     } catch (e) {
       if (seq === runs) fail(`The service did not answer: ${e.message}`, []);
       return;
     }
     if (seq !== runs) return;
-    if (!response.ok) {
-      fail(
-        data.message || `HTTP ${response.status}`,
-        data.errors || [],
-        response.status,
-        data.install_command,
-      );
+    const { ok, status, data } = got;
+    if (!ok) {
+      fail(data.message || `HTTP ${status}`, data.errors || [], status, data.install_command);
       return;
     }
     await loadSpec(); // render.js draws the trace from the schema's views
-    const layer = { trace: data.trace, layer_weights: data.layer_weights }; // the weights are the layer's
-    answer = only ? { body, data: { ...answer.data, ...layer } } : { body, data };
-    $("model-layer").value = String(body.layer);
-    $("model-results").hidden = false;
-    $("results").hidden = false;
-    markModelStale(false);
-    drawModel(answer, (l) => runModel(l));
-    say(
-      `Done in ${Math.round(performance.now() - started)} ms.`,
-      "Click a head to open it large; hover a token of its head view to see only its lines.",
-    );
+    done(data, performance.now() - started);
   } finally {
     if (seq === runs) delete document.body.dataset.busy;
   }
+}
+
+/** Run: the form's model and text to POST /model, asking for what the model view draws; the
+ * answer drawn, no layer open. */
+export async function runModel() {
+  const body = { model: $("model-name").value, text: $("model-text").value };
+  await ask({ ...body, include: FIRST }, "Computing…", (data, ms) => {
+    answer = { body, data, layer: null };
+    $("model-results").hidden = false;
+    markModelStale(false);
+    drawModel(answer, openLayer);
+    say(
+      `Done in ${Math.round(ms)} ms.`,
+      "Click a head (or a layer's name) to open its layer: its head view, and its trace step by step.",
+    );
+  });
+}
+
+/**
+ * Opens layer `layer` with head `head` chosen (-1: its first head with a role): drawn at once
+ * from the answer's weights, and its trace fetched unless the answer holds it already.
+ * @param {number} layer
+ * @param {number} head
+ */
+export async function openLayer(layer, head) {
+  if (!answer) return;
+  const h = head >= 0 ? head : firstHead(layer);
+  showLayer(layer, h, true);
+  if (answer.layer === layer) return;
+  await fetchLayer(layer);
+}
+
+/**
+ * Layer `layer`'s trace of the text drawn: POST /model with only what the layer needs; the
+ * answer's other numbers stay.
+ * @param {number} layer
+ */
+export async function fetchLayer(layer) {
+  const { body } = answer;
+  await ask({ ...body, layer, include: LAYER }, `Computing layer ${layer}…`, (data, ms) => {
+    // layer_weights: the /multihead fields besides x that the trace was computed from
+    const { trace, layer_weights } = data;
+    answer = { body, data: { ...answer.data, trace, layer_weights }, layer };
+    markModelStale(false);
+    drawModel(answer, openLayer);
+    say(
+      `Done in ${Math.round(ms)} ms (layer ${layer}).`,
+      "Hover a token of the head view to see only its lines; click a cell of a map to see how it was computed.",
+    );
+  });
 }

@@ -9,24 +9,13 @@
 // the page's own explain.js (render.js); these are the cells it has no weights for. Each is
 // computed again in float64 from the numbers the answer holds, beside the service's number.
 //
-// model/compare.js asks `layerRequest` for the request the trace is drawn with; mode.js asks
-// for the weights with the trace (`withWeights`); a render.js whenDrawn hook (registered here)
+// model/compare.js asks `layerRequest` for the request the trace is drawn with (mode.js asks
+// for the weights with the trace); a render.js whenDrawn hook (registered here)
 // makes those tables' cells clickable when the result drawn is a model layer's.
 import { $, state } from "../lib/state.js";
 import { el, fmt, table, totalLine } from "../lib/explain-parts.js";
 import { normOf } from "../lib/layers.js";
 import { explain, whenDrawn } from "../render.js";
-
-// POST /model's outputs when a request names none (service/models/answer.py)
-const MODEL_DEFAULT = ["model", "tokens", "attention", "head_roles", "rollout", "trace"];
-
-/** A POST /model request that asks for the trace (by default, or in `include`) asks for the
- * layer's weights with it: include gains "layer_weights". */
-export function withWeights(body) {
-  const include = Array.isArray(body.include) ? body.include : MODEL_DEFAULT;
-  if (!include.includes("trace") || include.includes("layer_weights")) return body;
-  return { ...body, include: [...include, "layer_weights"] };
-}
 
 /** The /multihead request whose answer is `data.trace`: {x: trace.x_in, tokens,
  * ...layer_weights}, or null when the answer has no trace or no weights. */

@@ -22,7 +22,8 @@ class ModelRequest(BaseModel):
         None,
         fail_fast=True,
         description="top-level outputs to return: model, tokens, attention, head_roles, "
-        "rollout, trace (default: all)",
+        "rollout, trace, layer_weights (default: all but layer_weights, the chosen layer's "
+        "/multihead fields besides x; an answer computes only what it returns)",
     )
     decimals: Int | None = Field(None, ge=0, le=15, description="round every returned float")
     expected: ExpectedArrays | None = Field(
