@@ -20,8 +20,8 @@ import {
   comparedAtWords,
 } from "./verdict.js";
 
-// drawn outputs that are inputs (generated) or not compared
-const NOT_COMPARED = new Set(["x", "w_q", "w_k", "w_v", SINK_WEIGHTS]);
+// drawn outputs that are inputs (generated, or a model layer's x_in) or not compared
+const NOT_COMPARED = new Set(["x", "x_in", "w_q", "w_k", "w_v", SINK_WEIGHTS]);
 
 // ---- the boxes ----------------------------------------------------------------------------
 
@@ -287,19 +287,23 @@ export async function compareNow() {
     ? { ...base, expected, tolerance: tol }
     : { ...base, expected };
   const mine = new Set(["atol", "rtol"].filter((id) => $(id).value.trim() !== ""));
+  // a result drawn from another endpoint's answer says where its Compare goes (model/compare.js)
+  const via = state.lastResult.via;
+  const sent = via ? via.request(body) : { ep, body };
   say("Comparing…");
   let response;
   try {
-    response = await fetch(ep, {
+    response = await fetch(sent.ep, {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify(body),
+      body: JSON.stringify(sent.body),
     });
   } catch (e) {
     say(`The service did not answer: ${e.message}`);
     return;
   }
-  const data = await response.json();
+  const answer = await response.json();
+  const data = via && response.ok ? via.answer(answer) : answer;
   if (!response.ok) {
     say(`Error ${response.status}`);
     const rest = [];
@@ -315,7 +319,7 @@ export async function compareNow() {
   const batch = $("batch").value;
   compared = body;
   typed = mine;
-  state.lastResult = { ep, body, data };
+  state.lastResult = { ep, body, data, via };
   setupBatch(ep, data);
   if ([...$("batch").options].some((o) => o.value === batch)) $("batch").value = batch;
   // batched: show the batch item holding the first difference

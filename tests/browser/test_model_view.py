@@ -279,8 +279,8 @@ def test_the_chosen_layer_is_drawn_step_by_step_and_its_cells_explain_themselves
     assert panel.locator(".explain-mismatch").count() == 0
     service = panel.locator(".explain-service").text_content()
     assert float(service) == pytest.approx(data["attention"][3][5][4][0], rel=1e-5)
-    # compare, whose Compare asks /multihead, is not offered on a model's trace
-    assert not page.locator("details.my-numbers").first.is_visible()
+    # compare is offered on a model's trace (its Compare asks POST /model: test_model_compare.py)
+    assert page.locator('details.my-numbers[data-name="heads.5.weights"]').count() == 1
     assert not page.locator("#export-safetensors").is_visible()
 
     # a head of another layer: its layer's trace is fetched alone, and then it explains itself

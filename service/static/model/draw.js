@@ -12,6 +12,7 @@ import { heatmap } from "../heatmap.js";
 import { render, setupBatch, markStale, explain, whenDrawn } from "../render.js";
 import { modelGrid, roleScores, roleText, headSummary, NORMS } from "./grid.js";
 import { headLines } from "./lines.js";
+import { layerResult, layerNote } from "./compare.js";
 
 /** The layer and head opened: kept across answers of the same model. */
 const chosen = { model: "", layer: -1, head: -1 };
@@ -212,16 +213,14 @@ export function showLayer(l, h, scroll) {
 
 /** The opened layer's trace, drawn by render.js as the /multihead answer it is. */
 export function drawTrace() {
-  const { body, data, layer } = shown;
+  const { data, layer } = shown;
   const t = data.trace;
   $("model-trace-heading").textContent = `Layer ${layer}, step by step`;
   const x = Array.isArray(t.x_in) ? `${t.x_in.length} × ${t.x_in[0].length}` : "L × d_model";
   $("model-trace-note").textContent =
     `Below is layer ${layer} of ${data.model.name} as POST /multihead computes it: x = the hidden states entering the layer (x_in, ${x}), the layer's ${t.num_heads} heads of d_k = ${t.d_k}, scale ${fmt(t.scale)}, W_o, the residual and the layer norm. ` +
-    "A cell of a head's scaled scores or weights explains itself, back to the dot product of the head's q and k rows. " +
-    "The layer's weights (W_q, W_k, W_v, W_o, the biases, γ and β) come with it (layer_weights); q, k and v themselves, and the steps after the heads, are shown as the service's numbers. " +
-    "Compare with my numbers is not offered here: POST /model takes your arrays of this layer as `expected` (docs/api.md, section 11).";
-  state.lastResult = { ep: "multihead", body: { ...body, layer }, data: t };
+    layerNote(data);
+  state.lastResult = layerResult(shown);
   markStale(false);
   setupBatch("multihead", t);
   render();
