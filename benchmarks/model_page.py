@@ -55,8 +55,8 @@ SELECTORS = {
     "status": "#model-status",  # "Done in … ms." / "Error …"
     "busy": "body[data-busy]",  # set while a Run is under way
     "thumbnail": "#model-grid canvas",  # one small map per layer × head
-    "summary": "#summary",  # the summary's list (its absence: not measurable)
-    "summary_line": "#summary > li",  # one line of it
+    "summary": "#model-summary",  # the summary of the heads that matter (absent: not measurable)
+    "summary_line": "#model-summary > li",  # one line of it
     "compare_box": 'details.my-numbers[data-name="{name}"]',  # a "Compare with my numbers" box
     "compare_text": "textarea",  # inside the box
     "compare": "#compare",  # the Compare button (the box's own when this one is hidden)
