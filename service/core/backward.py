@@ -119,14 +119,16 @@ def heads_backward(
     norm: LayerNorm | None = None,
     variants: Variants | None = None,
     past: Past | None = None,
+    num_kv_heads: int | None = None,
 ) -> dict[str, Array]:
     """The gradients of :func:`service.core.multihead.attend_heads`'s ``trace`` (made with
     these same arguments; the gate and the block's input are the trace's) from ``grad
     (B, L, d_out)``, ∂loss/∂(its last array): the block's (``grad_layer_norm`` …
     ``grad_concat``, ``grad_w_o``, ``grad_b_o``, ``grad_ln_gamma``, ``grad_ln_beta``,
     ``grad_gate``, ``grad_x_in`` from the residual), then every head's ``(B, h, ·, ·)``; under
-    grouped-query attention ``grad_k``, ``grad_v`` (and the cache's) per key/value head,
-    ``(B, h_kv, ·, ·)``, each the sum over the query heads it serves."""
+    grouped-query attention (``num_kv_heads`` h_kv of the h: the k and v given to attend_heads)
+    ``grad_k``, ``grad_v`` (and the cache's) per key/value head, ``(B, h_kv, ·, ·)``, each the
+    sum over the query heads it serves."""
     gate = trace.block.get("gate")
     block_setup = chain.Setup(
         Variants(), w_o=w_o, b_o=b_o, gate=gate, x_in=trace.x_in, residual=residual, norm=norm
@@ -135,8 +137,8 @@ def heads_backward(
     block = backward(chain.BLOCK, chain.State(made, {}), block_setup, grad)
     heads = trace.heads
     h = heads.q.shape[1]
+    h_kv = num_kv_heads or h
     arrays = dict(heads.made)
-    h_kv = h if past is None else past.k.shape[1]
     if past is not None and h_kv != h:  # the trace keeps the cache per key/value head
         arrays["present_k"] = np.repeat(arrays["present_k"], h // h_kv, axis=1)
         arrays["present_v"] = np.repeat(arrays["present_v"], h // h_kv, axis=1)
@@ -150,7 +152,8 @@ def heads_backward(
         past=None if past is None else past.repeated(h // h_kv),
     )
     state = chain.State(arrays, {}, heads.fully_masked_rows)
-    return block | backward(chain.HEAD, state, setup, block["grad_output"])
+    grads = block | backward(chain.HEAD, state, setup, block["grad_output"])
+    return summed_per_kv_head(grads, h_kv) if h_kv != h else grads
 
 
 def summed_per_kv_head(grads: dict[str, Array], num_kv_heads: int) -> dict[str, Array]:
@@ -201,8 +204,9 @@ def multihead_backward(
         norm=norm,
         variants=variants,
         past=past,
+        num_kv_heads=h_kv,
     )
-    grads = summed_per_kv_head(grads, h_kv)
+    residual_share = grads.pop("grad_x_in", None)  # in grad_x with the projections'
     x_in = trace.x_in  # (B, L, d_model)
     source = x_in if context is None else context  # (B, S, d_model)
     dq = project_backward(x_in, weights.w_q, merge_heads(grads["grad_q"]), weights.b_q is not None)
@@ -214,7 +218,7 @@ def multihead_backward(
     )
     out = grads | {"grad_w_q": dq.w, "grad_w_k": dk.w, "grad_w_v": dv.w}
     out |= {f"grad_b_{n}": d.b for n, d in (("q", dq), ("k", dk), ("v", dv)) if d.b is not None}
-    grad_x = dq.x if "grad_x_in" not in grads else dq.x + grads["grad_x_in"]
+    grad_x = dq.x if residual_share is None else dq.x + residual_share
     if context is None:
         grad_x = grad_x + dk.x + dv.x
     else:
