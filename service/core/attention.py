@@ -125,13 +125,16 @@ def scaled_dot_product_attention(
     their keys and values, normed and rotated, are appended to the cache's, and the scores run
     over all P + L keys (``additive`` must be ``(…, L, P + L)``).
     """
-    var = variants or Variants()
-    if past is not None:
-        if var.positions is None:
-            var = replace(var, positions=np.arange(past.length, past.length + q.shape[-2]))
-        var = replace(var, context_positions=var.positions)  # the new keys are these tokens
     scale = default_scale(q.shape[-1]) if scale is None else scale
-    setup = chain.Setup(var, scale, additive, padded_queries, fully_masked_policy, past)
+    setup = chain.head_setup(
+        q,
+        scale=scale,
+        additive=additive,
+        padded_queries=padded_queries,
+        fully_masked_policy=fully_masked_policy,
+        variants=variants,
+        past=past,
+    )
     st = chain.run(chain.HEAD, chain.start(q, k, v), setup)
     assert st.fully_masked_rows is not None  # the softmax always runs
     return AttentionTrace(st.made, scale, st.fully_masked_rows)

@@ -50,3 +50,33 @@ def merge_heads(t: Array) -> Array:
     """(B, h, n, d) -> (B, n, h·d), the inverse of :func:`split_heads`."""
     b, h, n, d = t.shape
     return t.transpose(0, 2, 1, 3).reshape(b, n, h * d)
+
+
+def layer_norm_backward(
+    x: Array, norm: LayerNorm, grad: Array
+) -> tuple[Array, Array | None, Array | None]:
+    """The gradients through :func:`layer_norm` (ddof 0) of ``x (B, L, d)``, γ and β (None
+    where not given), given ``grad`` of its output: with y = (x − mean)/r, dy = grad·γ,
+    ``dx = (dy − mean(dy) − y·mean(dy·y)) / r`` over the normalised axes (Ba et al. 2016),
+    ``dγ = Σ grad·y`` and ``dβ = Σ grad`` over the tokens (and batch items)."""
+    axes: tuple[int, ...] = (-1,) if norm.over == "features" else (-2, -1)
+    centred = x - x.mean(axis=axes, keepdims=True)
+    denom = np.sqrt(np.mean(centred * centred, axis=axes, keepdims=True) + norm.eps)
+    y = centred / denom  # (B, L, d)
+    dy = grad if norm.gamma is None else grad * norm.gamma
+    dx = (
+        dy - np.mean(dy, axis=axes, keepdims=True) - y * np.mean(dy * y, axis=axes, keepdims=True)
+    ) / denom
+    rows = (-1, x.shape[-1])  # γ and β are (d,): summed over every token
+    gamma = None if norm.gamma is None else (grad * y).reshape(rows).sum(axis=0)
+    beta = None if norm.beta is None else grad.reshape(rows).sum(axis=0)
+    return dx, gamma, beta
+
+
+def repeated_heads_backward(grad: Array, num_kv_heads: int) -> Array:
+    """The transpose of repeating each of h_kv key/value heads for the h / h_kv query heads it
+    serves (``repeat_kv``, ``np.repeat(…, axis=1)``): ``grad (B, h, n, d)`` summed over each
+    group, ``(B, h_kv, n, d)``."""
+    b, h, n, d = grad.shape
+    summed: Array = grad.reshape(b, num_kv_heads, h // num_kv_heads, n, d).sum(axis=2)
+    return summed

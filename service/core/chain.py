@@ -19,7 +19,7 @@ NumPy only, no I/O.
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from types import MappingProxyType
 from typing import Literal
@@ -27,13 +27,23 @@ from weakref import ref
 
 import numpy as np
 
-from service.core.block import LayerNorm, layer_norm, merge_heads
+from service.core.block import LayerNorm, layer_norm, layer_norm_backward, merge_heads, split_heads
 from service.core.errors import AttentionInputError, FullyMaskedRowsError, require_finite
-from service.core.linear import Past, transposed
-from service.core.positions import rope, sequence_length
+from service.core.linear import Past, project_backward, transposed
+from service.core.positions import rope, rope_backward, sequence_length
 from service.core.softmax import rows_by_item, softmax_rows
 from service.core.types import Array, BoolArray, FullyMaskedPolicy, IntArray
-from service.core.variants import Variants, clip, qk_norm, softcap, softmax_with_sink
+from service.core.variants import (
+    NormGrad,
+    Variants,
+    clip,
+    clip_backward,
+    qk_norm,
+    qk_norm_backward,
+    softcap,
+    softcap_backward,
+    softmax_with_sink,
+)
 from service.core.variants import temperature_factors as temperature
 
 Slot = Literal["q", "k", "v", "scores", "weights", "out", "block"]
@@ -60,6 +70,28 @@ class Setup:
     norm: LayerNorm | None = None
 
 
+def head_setup(
+    q: Array,
+    *,
+    scale: float,
+    additive: Array | None = None,
+    padded_queries: BoolArray | None = None,
+    fully_masked_policy: FullyMaskedPolicy = "zero",
+    variants: Variants | None = None,
+    past: Past | None = None,
+) -> Setup:
+    """The setup of :data:`HEAD` for queries ``q (..., L, d_k)``: a decode step's (``past``)
+    queries at positions P … P + L − 1 unless given, its new keys at the queries' positions
+    (as :func:`service.core.attention.scaled_dot_product_attention` runs it and the backward
+    replays it)."""
+    var = variants or Variants()
+    if past is not None:
+        if var.positions is None:
+            var = replace(var, positions=np.arange(past.length, past.length + q.shape[-2]))
+        var = replace(var, context_positions=var.positions)  # the new keys are these tokens
+    return Setup(var, scale, additive, padded_queries, fully_masked_policy, past)
+
+
 @dataclass
 class State:
     """The intermediates made so far, by name in the order made, and the name of each slot's
@@ -79,6 +111,13 @@ def start(q: Array, k: Array, v: Array) -> State:
 
 
 Run = Callable[[Array, State, Setup], Array]  # (what the step reads, the state, the setup)
+Grads = dict[str, Array]
+Back = Callable[[Array, Array, State, Setup], Grads]
+"""A step's backward rule: (the gradient of what it made, what it read, the state after the
+forward, the setup) → the gradients of what it read, by slot (its own slot's previous form; the
+scores also ``k``, the output also ``v``: those slots' latest forms), and of what else it read
+by the full name the answer gives them (``grad_sinks``, ``grad_q_norm_weight``, ``grad_past_k``,
+``grad_w_o``…; the softmax's ``row_dot``)."""
 Trial = Mapping[str, Run]  # a step's name → the computation put in its place
 NONE: Trial = MappingProxyType({})
 
@@ -105,6 +144,7 @@ class Step:
     into: Slot | None = None
     symbol: str | None = None
     also: tuple[str, ...] = ()
+    back: Back | None = None  # its backward rule, written beside run
     advances: Slot = field(init=False)  # into, else reads: the slot whose latest form it makes
 
     def __post_init__(self) -> None:
@@ -129,6 +169,16 @@ def _clipping(s: Setup) -> bool:
     return s.variants.clip_qkv is not None
 
 
+def _clipped_back(side: Slot) -> Back:
+    """0 where the projection was clamped, the gradient as it is elsewhere (torch.clamp's)."""
+
+    def back(g: Array, x: Array, st: State, s: Setup) -> Grads:
+        assert s.variants.clip_qkv is not None
+        return {side: clip_backward(g, x, s.variants.clip_qkv)}
+
+    return back
+
+
 def _normed(side: Literal["q", "k"]) -> Run:
     def run(x: Array, st: State, s: Setup) -> Array:
         settings = s.variants.q_norm if side == "q" else s.variants.k_norm
@@ -141,10 +191,39 @@ def _normed(side: Literal["q", "k"]) -> Run:
     return run
 
 
+def _normed_back(side: Literal["q", "k"]) -> Back:
+    """The norm's backward (:func:`service.core.variants.qk_norm_backward`), its weight's and
+    bias's gradients named ``grad_q_norm_weight`` … (per query head's copy of a key weight
+    summed back to the weight given)."""
+
+    def back(g: Array, x: Array, st: State, s: Setup) -> Grads:
+        settings = s.variants.q_norm if side == "q" else s.variants.k_norm
+        assert settings is not None
+        return _norm_grads(side, qk_norm_backward(x, settings, g))
+
+    return back
+
+
+def _norm_grads(side: Slot, grads: NormGrad) -> Grads:
+    out: Grads = {side: grads.x}
+    if grads.weight is not None:
+        out[f"grad_{side}_norm_weight"] = grads.weight
+    if grads.bias is not None:
+        out[f"grad_{side}_norm_bias"] = grads.bias
+    return out
+
+
 def _rotated_q(x: Array, st: State, s: Setup) -> Array:
     assert s.variants.rope is not None
     at = _positions(st, s)  # (L,)
     return rope(x, at, s.variants.rope, sequence_length(at))  # (..., L, d_k)
+
+
+def _rotated_q_back(g: Array, x: Array, st: State, s: Setup) -> Grads:
+    """Turned back by −θ (the rotation's transpose), times the attention factor."""
+    assert s.variants.rope is not None
+    at = _positions(st, s)  # (L,)
+    return {"q": rope_backward(g, at, s.variants.rope, sequence_length(at))}
 
 
 def _rotated_k(x: Array, st: State, s: Setup) -> Array:
@@ -156,14 +235,32 @@ def _rotated_k(x: Array, st: State, s: Setup) -> Array:
     return rope(x, at, s.variants.rope, sequence_length(_positions(st, s)))  # (..., S, d_k)
 
 
+def _rotated_k_back(g: Array, x: Array, st: State, s: Setup) -> Grads:
+    assert s.variants.rope is not None
+    given = s.variants.context_positions
+    at = np.arange(x.shape[-2]) if given is None else given  # (S,)
+    length = sequence_length(_positions(st, s))
+    return {"k": rope_backward(g, at, s.variants.rope, length)}
+
+
 def _tempered(x: Array, st: State, s: Setup) -> Array:
     assert s.variants.temperature is not None
     return x * temperature(_positions(st, s), s.variants.temperature)[:, None]  # (..., L, d_k)
 
 
+def _tempered_back(g: Array, x: Array, st: State, s: Setup) -> Grads:
+    assert s.variants.temperature is not None
+    return {"q": g * temperature(_positions(st, s), s.variants.temperature)[:, None]}
+
+
 def _v_normed(x: Array, st: State, s: Setup) -> Array:
     assert s.variants.v_norm is not None
     return qk_norm(x, s.variants.v_norm)  # (..., S, d_v)
+
+
+def _v_normed_back(g: Array, x: Array, st: State, s: Setup) -> Grads:
+    assert s.variants.v_norm is not None
+    return _norm_grads("v", qk_norm_backward(x, s.variants.v_norm, g))
 
 
 def _cached(side: Literal["k", "v"]) -> Run:
@@ -175,6 +272,18 @@ def _cached(side: Literal["k", "v"]) -> Run:
         return np.concatenate([s.past.k if side == "k" else s.past.v, x], axis=-2)  # (..., P+L, ·)
 
     return run
+
+
+def _cached_back(side: Literal["k", "v"]) -> Back:
+    """The new tokens' part of the gradient to the step before; the cache's as
+    ``grad_past_k`` (``grad_past_v``)."""
+
+    def back(g: Array, x: Array, st: State, s: Setup) -> Grads:
+        assert s.past is not None
+        p = s.past.length
+        return {side: g[..., p:, :], f"grad_past_{side}": g[..., :p, :]}
+
+    return back
 
 
 def _caching(s: Setup) -> bool:
@@ -235,6 +344,11 @@ def _scores(q: Array, st: State, s: Setup) -> Array:
         return q @ transposed(st["k"])  # (..., L, S)
 
 
+def _scores_back(g: Array, q: Array, st: State, s: Setup) -> Grads:
+    """dQ = dS K, dK = dSᵀ Q, with Q and K the forms the scores read."""
+    return {"q": g @ st["k"], "k": transposed(g) @ q}  # (..., L, d_k), (..., S, d_k)
+
+
 def _scaled(scores: Array, st: State, s: Setup) -> Array:
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
         scaled = scores * s.scale  # (..., L, S)
@@ -243,9 +357,18 @@ def _scaled(scores: Array, st: State, s: Setup) -> Array:
     return scaled
 
 
+def _scaled_back(g: Array, scores: Array, st: State, s: Setup) -> Grads:
+    return {"scores": g * s.scale}
+
+
 def _capped(scores: Array, st: State, s: Setup) -> Array:
     assert s.variants.softcap is not None
     return softcap(scores, s.variants.softcap)  # (..., L, S)
+
+
+def _capped_back(g: Array, scores: Array, st: State, s: Setup) -> Grads:
+    assert s.variants.softcap is not None
+    return {"scores": softcap_backward(g, scores, s.variants.softcap)}
 
 
 def _biased(scores: Array, st: State, s: Setup) -> Array:
@@ -259,6 +382,20 @@ def _biased(scores: Array, st: State, s: Setup) -> Array:
     return biased
 
 
+def _biased_back(g: Array, scores: Array, st: State, s: Setup) -> Grads:
+    """The gradient passes to the scores; the bias's, summed to the shape it was given."""
+    assert s.variants.position_bias is not None
+    return {"scores": g, "grad_position_bias": _summed_to(g, np.shape(s.variants.position_bias))}
+
+
+def _summed_to(g: Array, shape: tuple[int, ...]) -> Array:
+    """``g`` summed over the axes an array of ``shape`` was broadcast along to reach g's."""
+    lead = g.ndim - len(shape)
+    summed = g.sum(axis=tuple(range(lead))) if lead else g
+    along = tuple(i for i, n in enumerate(shape) if n == 1 and summed.shape[i] != 1)
+    return summed.sum(axis=along, keepdims=True) if along else summed
+
+
 def _masked(scores: Array, st: State, s: Setup) -> Array:
     """The scores so far + M, refusing sums that overflow (finite + finite reaching ±∞)."""
     assert s.additive is not None
@@ -270,6 +407,11 @@ def _masked(scores: Array, st: State, s: Setup) -> Array:
             "use smaller additive values or inputs"
         )
     return masked
+
+
+def _masked_back(g: Array, scores: Array, st: State, s: Setup) -> Grads:
+    """M is a constant: the gradient passes (a masked cell's is 0 already, its weight being 0)."""
+    return {"scores": g}
 
 
 # ---- the weights and the output -----------------------------------------------------------
@@ -304,6 +446,29 @@ def _weights(logits: Array, st: State, s: Setup) -> Array:
     return weights
 
 
+def _weights_back(g: Array, logits: Array, st: State, s: Setup) -> Grads:
+    """The softmax's backward from dP: D = rowsum(P ∘ dP) (``row_dot``), dS = P ∘ (dP − D),
+    0 on rows the ``uniform`` policy filled (their weights do not depend on the scores); a
+    sink's logit gets −Σ P_sink·D over its rows (it has no value: its dP is 0)."""
+    p = st.made["weights"]  # (..., L, S)
+    row_dot = np.sum(p * g, axis=-1)  # (..., L)  D
+    ds = p * (g - row_dot[..., None])  # (..., L, S)
+    sinks = s.variants.sinks
+    if sinks is None and s.fully_masked_policy == "uniform" and st.fully_masked_rows is not None:
+        filled = np.broadcast_to(st.fully_masked_rows, row_dot.shape)
+        ds[filled] = 0.0
+    out: Grads = {"scores": ds, "row_dot": row_dot}
+    if sinks is not None:
+        share = -st.made["sink_weights"] * row_dot  # (..., L)
+        per_head = np.ndim(sinks) == 1  # (h,): one per head, scores (..., h, L, S)
+        out["grad_sinks"] = (
+            np.moveaxis(share, -2, 0).reshape(share.shape[-2], -1).sum(axis=1)
+            if per_head
+            else np.asarray(share.sum())
+        )
+    return out
+
+
 def _output(weights: Array, st: State, s: Setup) -> Array:
     v = st["v"]  # (..., S, d_v): the values as the last step left them
     if s.refuse:
@@ -315,6 +480,11 @@ def _output(weights: Array, st: State, s: Setup) -> Array:
     return output
 
 
+def _output_back(g: Array, weights: Array, st: State, s: Setup) -> Grads:
+    """dP = dO Vᵀ, dV = Pᵀ dO."""
+    return {"weights": g @ transposed(st["v"]), "v": transposed(weights) @ g}
+
+
 # ---- the block around the heads -------------------------------------------------------------
 
 
@@ -322,9 +492,18 @@ def _concat(out: Array, st: State, s: Setup) -> Array:
     return merge_heads(out)  # (B, h, L, d_v) -> (B, L, h·d_v)
 
 
+def _concat_back(g: Array, out: Array, st: State, s: Setup) -> Grads:
+    return {"out": split_heads(g, out.shape[1])}  # (B, L, h·d_v) -> (B, h, L, d_v)
+
+
 def _gated(x: Array, st: State, s: Setup) -> Array:
     assert s.gate is not None
     return x * s.gate  # (B, L, h·d_v)  Qwen3-Next: attn_output * sigmoid(gate)
+
+
+def _gated_back(g: Array, x: Array, st: State, s: Setup) -> Grads:
+    assert s.gate is not None
+    return {"block": g * s.gate, "grad_gate": g * x}
 
 
 def _projected(x: Array, st: State, s: Setup) -> Array:
@@ -338,6 +517,18 @@ def _projected(x: Array, st: State, s: Setup) -> Array:
     return projected
 
 
+def _projected_back(g: Array, x: Array, st: State, s: Setup) -> Grads:
+    """dX = dY W_oᵀ, dW_o = Xᵀ dY and db_o = Σ dY over batch items and tokens."""
+    if s.w_o is None:
+        out: Grads = {"block": g}
+    else:
+        grads = project_backward(x, s.w_o, g)
+        out = {"block": grads.x, "grad_w_o": grads.w}
+    if s.b_o is not None:
+        out["grad_b_o"] = g.reshape(-1, g.shape[-1]).sum(axis=0)
+    return out
+
+
 def _residual(x: Array, st: State, s: Setup) -> Array:
     assert s.x_in is not None, "the residual needs the block's input"
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
@@ -347,41 +538,70 @@ def _residual(x: Array, st: State, s: Setup) -> Array:
     return res
 
 
+def _residual_back(g: Array, x: Array, st: State, s: Setup) -> Grads:
+    return {"block": g, "grad_x_in": g}
+
+
 def _normed_block(x: Array, st: State, s: Setup) -> Array:
     assert s.norm is not None
     return layer_norm(x, s.norm)  # (B, L, d_out)
 
 
+def _normed_block_back(g: Array, x: Array, st: State, s: Setup) -> Grads:
+    assert s.norm is not None
+    dx, gamma, beta = layer_norm_backward(x, s.norm, g)
+    out: Grads = {"block": dx}
+    if gamma is not None:
+        out["grad_ln_gamma"] = gamma
+    if beta is not None:
+        out["grad_ln_beta"] = beta
+    return out
+
+
 _BIAS, _SINK = ("position_bias",), ("sink_weights",)  # what the bias and the softmax keep besides
+_Q, _K, _V = _clipped_back("q"), _clipped_back("k"), _clipped_back("v")
+_QN, _KN, _PK, _PV = _normed_back("q"), _normed_back("k"), _cached_back("k"), _cached_back("v")
 HEAD: tuple[Step, ...] = (
-    Step("q_clipped", "clip", reads="q", symbol="Q_c", run=_clipped, on=_clipping),
-    Step("k_clipped", "clip", reads="k", symbol="K_c", run=_clipped, on=_clipping),
-    Step("v_clipped", "clip", reads="v", symbol="V_c", run=_clipped, on=_clipping),
-    Step("q_normed", "norm", reads="q", symbol="Q_n", run=_normed("q"), on=_qk_norm_before),
-    Step("k_normed", "norm", reads="k", symbol="K_n", run=_normed("k"), on=_qk_norm_before),
-    Step("q_rotated", "rotate", reads="q", symbol="Q_r", run=_rotated_q, on=_rotating),
-    Step("k_rotated", "rotate", reads="k", symbol="K_r", run=_rotated_k, on=_rotating),
-    Step("q_normed", "norm", reads="q", symbol="Q_n", run=_normed("q"), on=_qk_norm_after),
-    Step("k_normed", "norm", reads="k", symbol="K_n", run=_normed("k"), on=_qk_norm_after),
-    Step("q_tempered", "temper", reads="q", symbol="Q_t", run=_tempered, on=_tempering),
-    Step("v_normed", "norm", reads="v", symbol="V_n", run=_v_normed, on=_v_norming),
-    Step("present_k", "cache", reads="k", run=_cached("k"), on=_caching),
-    Step("present_v", "cache", reads="v", run=_cached("v"), on=_caching),
-    Step("scores", "scores", reads="q", into="scores", run=_scores),
-    Step("scaled_scores", "scale", reads="scores", run=_scaled),
-    Step("capped_scores", "softcap", reads="scores", run=_capped, on=_capping),
-    Step("biased_scores", "bias", reads="scores", run=_biased, on=_biasing, also=_BIAS),
-    Step("masked_scores", "mask", reads="scores", run=_masked, on=_masking),
-    Step("weights", "softmax", reads="scores", into="weights", run=_weights, also=_SINK),
-    Step("output", "output", reads="weights", into="out", run=_output),
-)
+    Step("q_clipped", "clip", reads="q", symbol="Q_c", run=_clipped, on=_clipping, back=_Q),
+    Step("k_clipped", "clip", reads="k", symbol="K_c", run=_clipped, on=_clipping, back=_K),
+    Step("v_clipped", "clip", reads="v", symbol="V_c", run=_clipped, on=_clipping, back=_V),
+    Step("q_normed", "norm", reads="q", symbol="Q_n", run=_normed("q"), on=_qk_norm_before,
+         back=_QN),
+    Step("k_normed", "norm", reads="k", symbol="K_n", run=_normed("k"), on=_qk_norm_before,
+         back=_KN),
+    Step("q_rotated", "rotate", reads="q", symbol="Q_r", run=_rotated_q, on=_rotating,
+         back=_rotated_q_back),
+    Step("k_rotated", "rotate", reads="k", symbol="K_r", run=_rotated_k, on=_rotating,
+         back=_rotated_k_back),
+    Step("q_normed", "norm", reads="q", symbol="Q_n", run=_normed("q"), on=_qk_norm_after,
+         back=_QN),
+    Step("k_normed", "norm", reads="k", symbol="K_n", run=_normed("k"), on=_qk_norm_after,
+         back=_KN),
+    Step("q_tempered", "temper", reads="q", symbol="Q_t", run=_tempered, on=_tempering,
+         back=_tempered_back),
+    Step("v_normed", "norm", reads="v", symbol="V_n", run=_v_normed, on=_v_norming,
+         back=_v_normed_back),
+    Step("present_k", "cache", reads="k", run=_cached("k"), on=_caching, back=_PK),
+    Step("present_v", "cache", reads="v", run=_cached("v"), on=_caching, back=_PV),
+    Step("scores", "scores", reads="q", into="scores", run=_scores, back=_scores_back),
+    Step("scaled_scores", "scale", reads="scores", run=_scaled, back=_scaled_back),
+    Step("capped_scores", "softcap", reads="scores", run=_capped, on=_capping,
+         back=_capped_back),
+    Step("biased_scores", "bias", reads="scores", run=_biased, on=_biasing, also=_BIAS,
+         back=_biased_back),
+    Step("masked_scores", "mask", reads="scores", run=_masked, on=_masking, back=_masked_back),
+    Step("weights", "softmax", reads="scores", into="weights", run=_weights, also=_SINK,
+         back=_weights_back),
+    Step("output", "output", reads="weights", into="out", run=_output, back=_output_back),
+)  # fmt: skip
 BLOCK: tuple[Step, ...] = (
-    Step("concat", "concat", reads="out", into="block", run=_concat),
-    Step("gated", "gated", reads="block", run=_gated, on=_gating),
-    Step("projected", "project", reads="block", run=_projected),
-    Step("residual", "residual", reads="block", run=_residual, on=_adding),
-    Step("layer_norm", "layer_norm", reads="block", run=_normed_block, on=_layer_norming),
-)
+    Step("concat", "concat", reads="out", into="block", run=_concat, back=_concat_back),
+    Step("gated", "gated", reads="block", run=_gated, on=_gating, back=_gated_back),
+    Step("projected", "project", reads="block", run=_projected, back=_projected_back),
+    Step("residual", "residual", reads="block", run=_residual, on=_adding, back=_residual_back),
+    Step("layer_norm", "layer_norm", reads="block", run=_normed_block, on=_layer_norming,
+         back=_normed_block_back),
+)  # fmt: skip
 """The block after the heads (Vaswani et al. 2017, §3.2.2; the gate of Qwen3-Next): the heads'
 outputs side by side, gated, times W_o, plus the block's input, layer-normed."""
 

@@ -71,3 +71,24 @@ def transposed(a: Array) -> Array:
     contiguous: 186 ms against 0.45 ms with the copy, on a busy 2-vCPU Xeon; L = 512, two
     heads, d_k = 2: 6.8 ms against 0.55 ms), and the copy costs n·d numbers next to n² · d."""
     return np.ascontiguousarray(np.swapaxes(a, -1, -2))
+
+
+@dataclass(frozen=True)
+class ProjectionGrad:
+    """The gradients through :func:`project`: of its input, its weight and its bias."""
+
+    x: Array  # (..., n, d_in)
+    w: Array  # (d_in, d_out)
+    b: Array | None  # (d_out,); None when the projection had no bias
+
+
+def project_backward(x: Array, w: Array, grad: Array, bias: bool = False) -> ProjectionGrad:
+    """The gradient through ``x @ w + b`` given ``grad (..., n, d_out)`` of its output:
+    ``dx = grad wᵀ``, ``dw = xᵀ grad`` and ``db = Σ grad`` summed over the batch items and
+    tokens (torch.nn.Linear's backward, in in_out layout)."""
+    rows_in, rows_out = x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1])
+    return ProjectionGrad(
+        grad @ transposed(w),  # (..., n, d_in)
+        rows_in.T @ rows_out,  # (d_in, d_out)
+        rows_out.sum(axis=0) if bias else None,  # (d_out,)
+    )

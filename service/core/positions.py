@@ -413,3 +413,27 @@ def position_bias(
     return relative_bias(
         spec.table, positions, context_positions, spec.bidirectional, spec.max_distance
     )
+
+
+def rope_backward(
+    grad: Array, positions: IntArray, settings: Rope, length: int | None = None
+) -> Array:
+    """The gradient through :func:`rope` (same ``positions``, ``settings`` and ``length``) given
+    ``grad (..., n, d_k)`` of the rotated vectors: the rotation's transpose, each pair turned
+    back by −p·θ_i and times the scaling's attention factor, ``grad·cos − turn(grad·sin)``
+    (turn is antisymmetric: its transpose is −turn); the unturned features pass as they are."""
+    d_k = grad.shape[-1]
+    r = d_k if settings.style == "proportional" else settings.rotary_dim or d_k  # turned
+    size = sequence_length(positions) if length is None else length
+    angles = rope_angles(positions, rope_theta(settings, d_k, size), settings.scaling)  # (n, r/2)
+    gain = rope_gain(settings)
+    if settings.style == "interleaved":
+        cos = np.repeat(np.cos(angles), 2, axis=-1) * gain  # (n, r)
+        sin = np.repeat(np.sin(angles), 2, axis=-1) * gain
+        turn = rotate_every_two
+    else:
+        cos = np.cos(np.concatenate((angles, angles), axis=-1)) * gain  # (n, r)
+        sin = np.sin(np.concatenate((angles, angles), axis=-1)) * gain
+        turn = rotate_half
+    g = grad[..., :r]  # (..., n, r)
+    return np.concatenate((g * cos - turn(g * sin), grad[..., r:]), axis=-1)  # (..., n, d_k)

@@ -260,3 +260,71 @@ class Variants:
     position_bias: Array | None = None  # broadcastable to (..., L, S)
     sinks: float | Array | None = None  # one number, or one per head (h,)
     attention_multiplier: float | None = None  # Granite: the scale, in place of 1/√d_k
+
+
+# ---- the backward of each variant (issue 44: the chain's rules call these) -------------------
+
+
+def clip_backward(grad: Array, x: Array, c: float) -> Array:
+    """The gradient through :func:`clip`: ``grad`` where −c ≤ x ≤ c, 0 where x was clamped
+    (``torch.clamp``'s backward, the bounds themselves passing). ``grad``, ``x (..., n, d)``."""
+    return np.where((x >= -c) & (x <= c), grad, 0.0)
+
+
+@dataclass(frozen=True)
+class NormGrad:
+    """The gradients through a norm: of its input, and of its weight and bias (None when it
+    has none), each shaped as what it is the gradient of."""
+
+    x: Array
+    weight: Array | None = None
+    bias: Array | None = None
+
+
+def _folded(g: Array, a: Array, x: Array, settings: QKNorm) -> Array:
+    """The gradient of :func:`_along`'s broadcast of ``a`` folded back to ``a``'s shape: summed
+    over every axis it broadcast along, and over the heads a row served."""
+    d_k = x.shape[-1]
+    if a.shape == (d_k,) and settings.over == "head":
+        shared: Array = g.reshape(-1, d_k).sum(axis=0)  # (d_k,)
+        return shared
+    per_head = np.moveaxis(g, -3, 0).reshape(g.shape[-3], -1, d_k).sum(axis=1)  # (H, d_k)
+    rows = a.size // d_k  # H_w rows, each serving H / H_w heads in a row
+    folded: Array = per_head.reshape(rows, -1, d_k).sum(axis=1).reshape(a.shape)
+    return folded
+
+
+def qk_norm_backward(x: Array, settings: QKNorm, grad: Array) -> NormGrad:
+    """The gradient through :func:`qk_norm` of ``x`` (the same forms and shapes), given
+    ``grad`` of its output: with y the normalised x and r its denominator, n features per norm,
+    dy = grad·w, rms ``dx = (dy − y·mean(dy·y)) / r``, layer ``dx = (dy − mean(dy) −
+    y·mean(dy·y)) / r`` (Ba et al. 2016's layer norm backward), the weight's ``Σ grad·y`` and
+    the bias's ``Σ grad`` over every vector that used them."""
+    axes = (-1,) if settings.over == "head" else (-3, -1)
+    centred = x if settings.type == "rms" else x - x.mean(axis=axes, keepdims=True)
+    denom = np.sqrt(np.mean(centred * centred, axis=axes, keepdims=True) + settings.eps)
+    y = centred / denom  # (..., H, n, d_k)
+    w = _along(settings.weight, x, settings, "weight")
+    scale = None if w is None else (1.0 + w if settings.zero_centered else w)
+    dy = grad if scale is None else grad * scale  # (..., H, n, d_k)
+    dx = dy - y * np.mean(dy * y, axis=axes, keepdims=True)
+    if settings.type == "layer":
+        dx = dx - np.mean(dy, axis=axes, keepdims=True)
+    weight, bias = settings.weight, settings.bias
+    return NormGrad(
+        dx / denom,
+        None if weight is None else _folded(grad * y, weight, x, settings),
+        None if bias is None else _folded(grad, bias, x, settings),
+    )
+
+
+def softcap_backward(grad: Array, scaled_scores: Array, cap: float) -> Array:
+    """The gradient through :func:`softcap`: ``grad ∘ (1 − tanh²(s/c))`` (0 where s is −∞)."""
+    with np.errstate(over="ignore"):
+        t = np.tanh(scaled_scores / cap)  # (..., L, S)
+    return grad * (1.0 - t * t)
+
+
+def sigmoid_backward(grad: Array, gate: Array) -> Array:
+    """The gradient through :func:`sigmoid` given its output ``gate``: ``grad·gate·(1 − gate)``."""
+    return grad * gate * (1.0 - gate)
