@@ -23,7 +23,7 @@ up and then :data:`RUNS` times:
   (of 255) away from it; a thumbnail is non-blank when :data:`NON_BLANK` of its pixels or more
   differ visibly;
 - **E8** the summary's lines (the elements of :data:`SELECTORS` ``summary_line`` shown);
-- **E9** compare present and answering on the model tab (1 yes, 0 no): the layer's
+- **E9** compare present and answering on the model tab (1 yes, 0 no): layer LAYER opened, its
   :data:`COMPARE_OUTPUT` as the service computes it pasted into its "Compare with my numbers"
   box, Compare clicked; yes when the page posts to /model and its compare status reads
   "Compared".
@@ -57,6 +57,8 @@ SELECTORS = {
     "thumbnail": "#model-grid canvas",  # one small map per layer × head
     "summary": "#model-summary",  # the summary of the heads that matter (absent: not measurable)
     "summary_line": "#model-summary > li",  # one line of it
+    "open_layer": '#model-grid button.layer-label[data-layer="{layer}"]',  # opens a layer
+    "trace_heading": "#model-trace-heading",  # "Layer ℓ, step by step" once its trace is drawn
     "compare_box": 'details.my-numbers[data-name="{name}"]',  # a "Compare with my numbers" box
     "compare_text": "textarea",  # inside the box
     "compare": "#compare",  # the Compare button (the box's own when this one is hidden)
@@ -287,7 +289,13 @@ def _reference_output(base: str) -> Any:
 
 def _compare(page: Any, base: str) -> tuple[int, str]:
     """(1, how) when the model tab's compare answers, (0, why not) when it is there but does not;
-    NotMeasurable when the model tab has no box to paste into."""
+    NotMeasurable when the model tab has no box to paste into. The layer is opened first (its
+    trace, and the boxes under its outputs, come when it is opened) when the page offers it."""
+    opener = page.locator(SELECTORS["open_layer"].format(layer=LAYER))
+    if opener.count():
+        opener.first.click()
+        heading = page.locator(SELECTORS["trace_heading"], has_text=f"Layer {LAYER}, step by step")
+        heading.wait_for(timeout=TIMEOUT_MS)
     box = page.locator(SELECTORS["compare_box"].format(name=COMPARE_OUTPUT))
     if not box.count():
         raise NotMeasurable(
