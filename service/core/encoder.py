@@ -8,6 +8,7 @@ rollout (:func:`rollout`, Abnar & Zuidema 2020). NumPy only, no I/O.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,27 +82,53 @@ _ERF_POLY = _erf_polynomials()  # (n, 6)
 _ERF_COEFFICIENTS = tuple(np.ascontiguousarray(_ERF_POLY[:, k]) for k in range(6))
 
 
-def erf(x: Array) -> Array:
-    """The error function, elementwise, as ``math.erf`` gives it (to ~1e-16), vectorised:
-    quintic Hermite interpolation between exact values on a grid of step 1/256."""
+_BLOCK = 16_384  # elements worked on at a time: its few temporaries stay in the CPU's cache (a
+# 128 × 1536 GELU input at once: 5.9 ms; in blocks of 16k: 1.9 ms; of 4k: 2.5 ms; of 64k: 5.6 ms)
+
+
+def _erf_block(x: Array) -> Array:
+    """:func:`erf` of a flat block ``x (n,)``."""
     a = np.minimum(np.abs(x), 6.0)  # erf is odd; erf(6) = 1 − 2e-17 rounds to 1
     scaled = a * (1.0 / _ERF_STEP)
-    i = np.minimum(scaled.astype(np.intp), _ERF_POLY.shape[0] - 1)  # (...,)
-    t = scaled - i  # (...,) in [0, 1]
+    i = np.minimum(scaled.astype(np.intp), _ERF_POLY.shape[0] - 1)  # (n,)
+    t = scaled - i  # (n,) in [0, 1]
     c = _ERF_COEFFICIENTS
-    value = np.asarray(np.take(c[5], i))  # (...,) Horner's rule, in place: c5·t⁵ + … + c0
+    value: Array = np.take(c[5], i)  # (n,) Horner's rule, in place: c5·t⁵ + … + c0
     for k in (4, 3, 2, 1, 0):
         value *= t
         value += np.take(c[k], i)
     value[a >= 6.0] = 1.0
-    out: Array = np.copysign(value, x)
-    return out
+    np.copysign(value, x, out=value)
+    return value
+
+
+def _blockwise(f: Callable[[Array], Array], x: Array) -> Array:
+    """``f`` (elementwise) of ``x``, a block of _BLOCK elements at a time."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty_like(flat)
+    for start in range(0, flat.size, _BLOCK):
+        out[start : start + _BLOCK] = f(flat[start : start + _BLOCK])
+    return out.reshape(np.shape(x))
+
+
+def erf(x: Array) -> Array:
+    """The error function, elementwise, as ``math.erf`` gives it (to ~1e-16), vectorised:
+    quintic Hermite interpolation between exact values on a grid of step 1/256."""
+    return _blockwise(_erf_block, x)
+
+
+def _gelu_block(x: Array) -> Array:
+    value = _erf_block(x / math.sqrt(2.0))  # (n,)
+    value += 1.0
+    value *= x
+    value *= 0.5
+    return value
 
 
 def gelu(x: Array) -> Array:
     """GELU with the exact erf (Hendrycks & Gimpel 2016; torch's ``gelu``, BERT's "gelu"):
     x · Φ(x) = x/2 · (1 + erf(x/√2))."""
-    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+    return _blockwise(_gelu_block, x)
 
 
 def embed(ids: IntArray, model: Encoder) -> Array:
