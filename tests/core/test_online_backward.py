@@ -25,6 +25,7 @@ import pytest
 from service.core.attention import AttentionTrace, scaled_dot_product_attention
 from service.core.backward import attention_backward, heads_backward
 from service.core.errors import AttentionInputError
+from service.core.latent import LatentDims, LatentWeights, latent_attention
 from service.core.linear import Past
 from service.core.masks import CombinedMask
 from service.core.multihead import attend_heads
@@ -368,3 +369,40 @@ def test_it_refuses_what_would_give_a_wrong_answer() -> None:
     plain = run(Case(), r, 3)
     with pytest.raises(AttentionInputError, match="were not soft-capped"):
         online_softmax_backward(plain.trace, plain.online, plain.d_out, variants=c.variants)
+
+
+def test_mla_heads_read_the_latents_rotated_queries_and_keys() -> None:
+    """DeepSeek's MLA: the heads' trace keeps Q = [q_nope | q_rope] as ``q_rotated`` (the
+    unrotated one as ``q``); the blocks read the rotated ones, as the scores did."""
+    r = np.random.default_rng(8)
+    h, nope, rope_dim, rank, d_model = 2, 2, 2, 3, 6
+    dims = LatentDims(None, rank, nope, rope_dim, D_V)
+    w = LatentWeights(
+        w_q=r.normal(size=(d_model, h * (nope + rope_dim))),
+        w_kv_a=r.normal(size=(d_model, rank + rope_dim)),
+        kv_norm=r.normal(size=rank),
+        w_kv_b=r.normal(size=(rank, h * (nope + D_V))),
+    )
+    c = Case(Variants(softcap=2.5, sinks=r.normal(size=h)), additive=causal(L, L)[None, None])
+    mask = CombinedMask(
+        np.broadcast_to(np.isfinite(causal(L, L)), (B, L, L)),
+        np.broadcast_to(causal(L, L), (B, L, L)),
+        np.zeros((B, L), bool),
+    )
+    x = r.normal(size=(B, L, d_model))
+    mla = latent_attention(
+        x, w, dims, num_heads=h, settings=Rope(10_000.0), mask=mask, variants=c.variants
+    )
+    heads = mla.block.heads
+    c.scale = heads.scale
+    d_out = r.normal(size=heads.output.shape)
+    ours = online_softmax_backward(
+        heads, forward_online(heads, 2, c.variants.sinks), d_out, variants=c.variants
+    )
+    for b in ours:
+        close("mla", b.p, heads.weights[..., b.start : b.end])
+    assert heads.q_rotated is not None and heads.k_rotated is not None
+    want = t_grads(heads.q_rotated, heads.k_rotated, heads.v, c, d_out)
+    close("mla (autograd)", ours.blocks[-1].dq, want[0])
+    close("mla (autograd)", np.concatenate([b.dk for b in ours], axis=-2), want[1])
+    close("mla (autograd)", np.concatenate([b.dv for b in ours], axis=-2), want[2])
