@@ -294,6 +294,8 @@ def _online(plan: Plan, trace: AttentionTrace) -> OnlineSoftmax:
     present = tuple(name for name in chain.ORDER if name in made)
     logits = made[chain.made_from("weights", present)]  # (..., L, S) the final scores
     v = made[chain.made_from("output", present, slot="v")]  # (..., S, d_v)
+    if v.ndim == 4 and v.shape[1] != logits.shape[1]:  # a cache kept per key/value head (GQA):
+        v = np.repeat(v, logits.shape[1] // v.shape[1], axis=1)  # (B, h, S, d_v) as read
     sinks = plan.variants.sinks
     sink = None
     if sinks is not None:  # one number, or one per head: (h,) -> (1, h, 1) against (B, h, L)

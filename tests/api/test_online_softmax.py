@@ -93,3 +93,36 @@ def test_online_softmax_in_the_core_equals_the_softmax_for_any_block_size() -> N
     for block in range(1, 11):
         np.testing.assert_allclose(online_softmax(s, v, block).o[..., -1, :, :], reference,
                                    rtol=0, atol=1e-12)  # fmt: skip
+
+
+def test_a_decode_step_under_grouped_query_attention_blocks_over_the_cache_per_query_head(
+    client: TestClient,
+) -> None:
+    """The cache is kept per key/value head (B, h_kv, P + L, d_v): the online softmax reads it
+    repeated to the query heads it serves, as the output did (a 500 before). Each head's last o
+    against its output, computed here in NumPy from the given cache and weights."""
+    r = np.random.default_rng(43)
+    d_model, h, h_kv, d = 8, 4, 2, 2
+    x = r.normal(size=(1, 2, d_model))  # (B, L, d_model): two new tokens after a cache of 3
+    w = {n: r.normal(size=(d_model, width)) for n, width in
+         (("w_q", h * d), ("w_k", h_kv * d), ("w_v", h_kv * d), ("w_o", d_model))}  # fmt: skip
+    w["w_o"] = r.normal(size=(h * d, d_model))
+    past = {"k": r.normal(size=(1, h_kv, 3, d)), "v": r.normal(size=(1, h_kv, 3, d))}
+    body = post(client, "/multihead", {
+        "x": x, **w, "num_heads": h, "num_kv_heads": h_kv, "weight_layout": "in_out",
+        "past": {"k": past["k"].tolist(), "v": past["v"].tolist()},
+        "online_softmax": {"block_size": 2},
+    })  # fmt: skip
+    q = (x @ w["w_q"]).reshape(1, 2, h, d).transpose(0, 2, 1, 3)  # (B, h, L, d)
+    k_new = (x @ w["w_k"]).reshape(1, 2, h_kv, d).transpose(0, 2, 1, 3)
+    v_new = (x @ w["w_v"]).reshape(1, 2, h_kv, d).transpose(0, 2, 1, 3)
+    k = np.repeat(np.concatenate([past["k"], k_new], axis=2), h // h_kv, axis=1)  # (B, h, 5, d)
+    v = np.repeat(np.concatenate([past["v"], v_new], axis=2), h // h_kv, axis=1)
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d)  # (B, h, L, 5)
+    s[..., 0, 4] = -np.inf  # lower-right causal: the first new token does not see the second
+    p = np.exp(s - s.max(-1, keepdims=True))
+    out = (p / p.sum(-1, keepdims=True)) @ v  # (B, h, L, d)
+    for i, head in enumerate(body["heads"]):
+        blocks = head["online_softmax"]
+        assert [b["keys"] for b in blocks] == [[0, 2], [2, 4], [4, 5]]
+        np.testing.assert_allclose(blocks[-1]["o"], out[:, i], rtol=0, atol=1e-12)
