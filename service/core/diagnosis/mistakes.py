@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.core import chain, masks
+from service.core.diagnosis import gradients
 from service.core.diagnosis.stages import (
     ALL,
     BOOLEAN,
@@ -763,7 +764,122 @@ TABLE: tuple[Mistake, ...] = (
     Mistake("rope_scaling_missing", _scaled, _scaling_missing, _scaling_ways),
 )
 MISTAKES: tuple[str, ...] = tuple(m.code for m in TABLE)  # the contract's order
-BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE}
+
+
+# ---- the backward's (API.md, "The backward pass, every step": "Compare works on gradients")
+
+
+def _diagonal(seen: Seen) -> str:
+    return (
+        "your dS has no −D term: dS = P ∘ dP takes the softmax's Jacobian as its diagonal, "
+        "but it is not diagonal (∂P_ij/∂S_ik = P_ij (δ_jk − P_ik): every weight of a row moves "
+        "when one score does). Subtract each row's D_i = Σ_j P_ij dP_ij (= rowsum(dO ∘ O)): "
+        "dS = P ∘ (dP − D), as dS = P * (dP - (P * dP).sum(-1, keepdim=True))"
+    )
+
+
+def _unweighted(seen: Seen) -> str:
+    every = seen.ways.get(gradients.UNWEIGHTED) == gradients.EVERY_KEY
+    over = (
+        "over every key of the row, the masked ones included (dP.sum(-1))"
+        if every
+        else "over the allowed keys"
+    )
+    return (
+        f"your row term D is the plain sum of dP {over}, D_i = Σ_j dP_ij, where it is "
+        "weighted by the weights: D_i = Σ_j P_ij dP_ij (= rowsum(dO ∘ O), the output's row "
+        "times its gradient's). The softmax's Jacobian gives dS_ij = P_ij (dP_ij − Σ_k P_ik "
+        "dP_ik): D = (P * dP).sum(-1, keepdim=True)"
+    )
+
+
+def _grad_scale(seen: Seen) -> str:
+    s = seen.setup
+    return (
+        f"your dQ and dK leave out the scale {_scale(s)}: the forward multiplied the scores by "
+        "it, so the way back multiplies their gradient by it too — dQ = (dS · s) K, "
+        f"dK = (dS · s)ᵀ Q. Yours are 1/s = {1 / s.scale:.4g} times ours"
+    )
+
+
+def _transposed_grad(seen: Seen) -> str:
+    way = seen.ways.get(gradients.TRANSPOSED)
+    dv = (
+        "your dV = P dO is missing a transpose: O = P V gives each value row j to every query "
+        "i with the weight P_ij, so V_j's gradient gathers over the queries, dV = Pᵀ dO "
+        "(P.transpose(-2, -1) @ dO)"
+    )
+    dk = (
+        "your dK = dS Q (· s) is missing a transpose: S = Q Kᵀ scores key j against every "
+        "query i, so K_j's gradient gathers down column j, dK = dSᵀ Q (· s) "
+        "(dS.transpose(-2, -1) @ Q)"
+    )
+    text = {gradients.DV: dv, gradients.DK: dk}.get(way or gradients.BOTH, f"{dv}; and {dk}")
+    return f"{text}. With as many queries as keys (L = S) the shapes could not catch it"
+
+
+def _rope_forward(seen: Seen) -> str:
+    return (
+        "your gradient was rotated forward, by +θ as the forward rotates the queries and keys, "
+        "where it goes back by −θ: a rotation's gradient is its transpose, the turn the other "
+        "way (the same cos, sin negated: dX = dX_r cos − rotate_half(dX_r) sin, with the "
+        "scaling's attention factor where there is one)"
+    )
+
+
+def _not_summed(seen: Seen) -> str:
+    s = seen.setup
+    h, h_kv = s.num_heads or 0, s.num_kv_heads or 0
+    g = h // h_kv if h_kv else 0
+    r = int(seen.ways.get(gradients.NOT_SUMMED, 0))
+    first = f"query head {r}" if h_kv == 1 else f"query head j·{g} + {r}"
+    return (
+        f"each shared key/value head's gradient was taken from one query head of its group "
+        f"({first} for key/value head j) instead of summed over the {g} query heads it serves: "
+        "repeating K and V for the query heads (repeat_kv, repeat_interleave) copies them, and "
+        f"a copy's gradient is the sum of its copies' — dK_j = Σ over the group of the query "
+        f"heads' dK (dk.view(B, {h_kv}, {g}, S, d).sum(2)), and dV likewise"
+    )
+
+
+def _unweighted_ways(s: Setup) -> tuple[Way, ...]:
+    """D summed over the allowed keys, and, where a mask is given, over every key."""
+    every = (gradients.EVERY_KEY,) if s.mask_specs else ()
+    return (gradients.ALLOWED_KEYS, *every)
+
+
+def _member_ways(s: Setup) -> tuple[Way, ...]:
+    """Which query head of each group the gradient was taken from (the first, …, the last)."""
+    h, h_kv = s.num_heads or 1, s.num_kv_heads or 1
+    return tuple(float(r) for r in range(h // h_kv))
+
+
+def _shared_kv(s: Setup, present: frozenset[str]) -> bool:
+    h, h_kv = s.num_heads, s.num_kv_heads
+    return h is not None and h_kv is not None and h_kv < h and not s.latent
+
+
+BACKWARD: tuple[Mistake, ...] = (
+    Mistake(gradients.DIAGONAL, lambda s, p: True, _diagonal),
+    Mistake(gradients.UNWEIGHTED, lambda s, p: True, _unweighted, _unweighted_ways),
+    Mistake(gradients.SCALE_MISSING, lambda s, p: s.scale != 1.0, _grad_scale),
+    Mistake(
+        gradients.TRANSPOSED,
+        lambda s, p: s.seq_len == s.ctx_len,
+        _transposed_grad,
+        lambda s: (gradients.DV, gradients.DK, gradients.BOTH),
+    ),
+    Mistake(
+        gradients.ROPE_FORWARD,
+        lambda s, p: s.variants.rope is not None and not s.latent,
+        _rope_forward,
+    ),
+    Mistake(gradients.NOT_SUMMED, _shared_kv, _not_summed, _member_ways),
+)
+"""The backward's mistakes, tried only on a gradient (and only they are: the forward the
+gradients read matched, or was the service's)."""
+CODES: tuple[str, ...] = MISTAKES + tuple(m.code for m in BACKWARD)  # every code, in order
+BY_CODE: dict[str, Mistake] = {m.code: m for m in TABLE + BACKWARD}
 
 _SCALES = frozenset(
     {
@@ -805,24 +921,27 @@ EXCLUSIVE: tuple[frozenset[str], ...] = (
     frozenset({"mask_after_softmax", "mask_not_infinite"}),  # where the mask is applied, how
     frozenset({"softmax_over_queries", "softmax_over_batch"}),  # the softmax's one axis
     *(frozenset({"mask_missing", m}) for m in _MASKS),
+    frozenset({gradients.DIAGONAL, gradients.UNWEIGHTED}),  # no D, or a wrong one
 )
 
 
-def applicable(s: Setup, present: frozenset[str]) -> tuple[str, ...]:
+def applicable(s: Setup, present: frozenset[str], backward: bool = False) -> tuple[str, ...]:
     """The mistakes that could have happened in this computation (``present``: the names of
     the arrays it has) and are tried by recomputing, in table order (float32 arithmetic is
-    no recomputation: the diagnosis looks at every one for it)."""
-    return tuple(m.code for m in TABLE if m.code != FLOAT32 and m.tried(s, present))
+    no recomputation: the diagnosis looks at every one for it): the forward's, or with
+    ``backward`` (the array to explain is a gradient) the backward's."""
+    table = BACKWARD if backward else TABLE
+    return tuple(m.code for m in table if m.code != FLOAT32 and m.tried(s, present))
 
 
 def ways(s: Setup) -> dict[str, tuple[Way, ...]]:
     """The ways each mistake with several is tried in this computation."""
-    return {m.code: w for m in TABLE if (w := m.ways(s))}
+    return {m.code: w for m in TABLE + BACKWARD if (w := m.ways(s))}
 
 
 def likelier(s: Setup) -> frozenset[str]:
     """The codes this request makes likelier than others that reproduce the numbers as well."""
-    return frozenset(m.code for m in TABLE if m.likely(s))
+    return frozenset(m.code for m in TABLE + BACKWARD if m.likely(s))
 
 
 def _scaled_after_by_model_dim(seen: Seen) -> str:

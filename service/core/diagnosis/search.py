@@ -25,11 +25,16 @@ from typing import Any, Literal
 import numpy as np
 
 from service.core.diagnosis.fit import fit_cost, fitted, fitting
+from service.core.diagnosis.gradients import (
+    gradient_cost,
+    gradient_recomputations,
+    is_gradient,
+)
 from service.core.diagnosis.mistakes import (
+    CODES,
     EXCLUSIVE,
     FLOAT32,
     FLOAT32_RELATIVE,
-    MISTAKES,
     applicable,
     likelier,
     ways,
@@ -228,7 +233,7 @@ def trials(
             rows: tuple[RowPolicy, ...] = (own,)
             if mistakes & MASK_MISTAKES:
                 rows = (own, *(r for r in _ROW_POLICIES if r != own))
-            several = [c for c in MISTAKES if c in mistakes and c in how]
+            several = [c for c in CODES if c in mistakes and c in how]
             for r in rows:
                 for chosen in product(*(how[c] for c in several)):
                     trial = Trial(mistakes, r, tuple(zip(several, chosen, strict=True)))
@@ -282,13 +287,21 @@ def search(
     ``check`` is called between recomputations (it raises when the client has gone).
     """
     base = per_query_head(base, s)
-    codes = applicable(s, frozenset(base))
+    backward = is_gradient(target.name)  # a gradient: the backward's mistakes, recomputed so
+    codes = applicable(s, frozenset(base), backward)
+    cost_of, rerun = (
+        (gradient_cost, gradient_recomputations) if backward else (set_cost, recomputations)
+    )
     how = ways(s)
     tried_sets = trials(codes, s.fully_masked_policy, how)
     sets = [list(group) for _, group in groupby(tried_sets, _mistakes)]
     ours = base[target.name] if target.head is None else base[target.name][:, target.head]
     shaped = ours.shape == target.yours.shape
-    at = _probes(difference(ours, target.yours, tol).where, ours.shape) if shaped else None
+    at = (  # a 0-d array (one sink's gradient) is compared whole
+        _probes(difference(ours, target.yours, tol).where, ours.shape)
+        if shaped and ours.ndim
+        else None
+    )
     loose = float32_tolerance(ours)
     exact = EXACT_RELATIVE * largest_magnitude(ours)  # rounding's size in this array
     found: list[Diagnosis] = []
@@ -305,7 +318,7 @@ def search(
             settled or any(set(d.mistakes) - {FLOAT32} == variants[0].mistakes for d in found)
         ):
             continue  # fitted only where no listed way reproduced the numbers
-        cost = set_cost(base, given, s, variants, target.name)
+        cost = cost_of(base, given, s, variants, target.name)
         cost += fit_cost(base, given, s, variants, target.name)
         if budget is not None and spent + cost > budget:
             complete = settled  # once settled, no later set changes the answer
@@ -314,7 +327,7 @@ def search(
         variants = fitted(base, given, s, variants, target.name, check, _distance(target, at))
         if not variants:  # a fit that found nothing
             continue
-        for trial, made in recomputations(base, given, s, variants, target.name, check):
+        for trial, made in rerun(base, given, s, variants, target.name, check):
             mine = made if target.head is None else made[:, target.head]
             if mine.shape != target.yours.shape or not (
                 _agrees(mine, target.yours, at, tol) or _agrees(mine, target.yours, at, loose)
@@ -327,7 +340,7 @@ def search(
                 diff = difference(mine, target.yours, loose)
                 codes_ = codes_ | {FLOAT32}
             if diff.match:
-                ordered = tuple(c for c in MISTAKES if c in codes_)
+                ordered = tuple(c for c in CODES if c in codes_)
                 found.append(Diagnosis(ordered, trial.rows, diff, trial.ways))
                 if fits:  # the roundest fitted way that reproduces them, not noise's fit
                     break
