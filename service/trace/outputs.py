@@ -866,9 +866,16 @@ def _parameter(
     return Output(name, kind, doc, None, endpoints, _backward, batched=False, optional=True)
 
 
-def _weight(name: str, doc: str, rows_by: Layout, endpoints: frozenset[Endpoint] = BOTH) -> Output:
-    """A projection weight's gradient, summed over the batch (never batched)."""
-    return Output(name, "weight", doc, rows_by, endpoints, _projected, batched=False, optional=True)
+def _weight(
+    name: str,
+    doc: str,
+    rows_by: Layout,
+    endpoints: frozenset[Endpoint] = BOTH,
+    when: Presence = _projected,
+) -> Output:
+    """A weight's gradient, summed over the batch (never batched); the projections' when x
+    was projected, W_o's whenever it was given."""
+    return Output(name, "weight", doc, rows_by, endpoints, when, batched=False, optional=True)
 
 
 _LAYOUT = "in the request's weight_layout when it gave that weight, else in_out"
@@ -945,7 +952,7 @@ GRADIENTS: tuple[Output, ...] = (
     ),
     _parameter("grad_ln_gamma", "∂loss/∂ layer_norm.gamma [d_out]", endpoints=MULTIHEAD),
     _parameter("grad_ln_beta", "∂loss/∂ layer_norm.beta [d_out]", endpoints=MULTIHEAD),
-    _weight("grad_w_o", f"∂loss/∂W_o, {_LAYOUT}", index(H * D_V, D_OUT), MULTIHEAD),
+    _weight("grad_w_o", f"∂loss/∂W_o, {_LAYOUT}", index(H * D_V, D_OUT), MULTIHEAD, _backward),
     _parameter("grad_b_o", "∂loss/∂b_o [d_out]", endpoints=MULTIHEAD),
     _weight(
         "grad_gate_w",
