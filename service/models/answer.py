@@ -65,16 +65,17 @@ def max_text_chars(settings: Settings) -> int:
 
 def max_body_bytes(settings: Settings) -> int:
     """The largest /model body worth reading (413 above, before it is read): its text at the
-    character cap, and EXPECTED_ARRAYS expected arrays of the chosen layer, each at most
-    L × max(d_model, L) numbers (Q, K, V, a head's weights, the output) with L the token cap,
-    for the largest model installed here; never more than ``max_body_bytes``."""
+    character cap, EXPECTED_ARRAYS expected arrays of the chosen layer and grad_output, each
+    at most L × max(d_model, L) numbers (Q, K, V, a head's weights, the output) with L the
+    token cap, for the largest model installed here; never more than ``max_body_bytes``."""
     tokens = settings.max_model_tokens
     widths = [
         int(entry(m, settings)["d_model"] or 0) for m in MODELS if m.installed(settings.models_dir)
     ]
     array = tokens * max([tokens, *widths])
     text = JSON_BYTES_PER_CHAR * max_text_chars(settings)
-    limit = text + EXPECTED_ARRAYS * JSON_BYTES_PER_NUMBER * array + BODY_SLACK
+    arrays = EXPECTED_ARRAYS + 1  # and grad_output, the layer's output's shape
+    limit = text + arrays * JSON_BYTES_PER_NUMBER * array + BODY_SLACK
     return min(settings.max_body_bytes, limit)
 
 
@@ -193,7 +194,8 @@ def _layer_request(req: ModelRequest, loaded: Loaded, x: np.ndarray, tokens: lis
     """The /multihead request that computes layer ``req.layer`` on ``x (L, d)``."""
     fields = {"x": x, "tokens": tokens, **_layer_fields(loaded, req.layer)}
     made = MultiheadRequest.model_validate(fields)
-    return made.model_copy(update={"expected": req.expected, "tolerance": req.tolerance})
+    asked = {"expected": req.expected, "tolerance": req.tolerance, "grad_output": req.grad_output}
+    return made.model_copy(update=asked)
 
 
 def check(req: ModelRequest, settings: Settings) -> ModelRequest:
@@ -216,12 +218,13 @@ def check(req: ModelRequest, settings: Settings) -> ModelRequest:
         raise FieldError(
             "include", f'include names "{unknown[0][:40]}"; choose from {", ".join(OUTPUTS)}'
         )
-    if req.expected is not None and req.include is not None and "trace" not in req.include:
-        raise FieldError(
-            "expected",
-            "expected is compared with the chosen layer's trace, which include leaves out: "
-            'add "trace" to include (or leave include out)',
-        )
+    for name, what in (("expected", "compared with"), ("grad_output", "the seed of")):
+        if getattr(req, name) is not None and req.include and "trace" not in req.include:
+            raise FieldError(
+                name,
+                f"{name} is {what} the chosen layer's trace, which include leaves out: "
+                'add "trace" to include (or leave include out)',
+            )
     return req
 
 

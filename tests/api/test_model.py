@@ -365,3 +365,69 @@ def test_a_safetensors_answer_names_the_layer_weights_by_their_path(client: Test
     tensors = load(r.content)
     assert tensors["layer_weights.w_q"].shape == (384, 384)
     assert tensors["layer_weights.layer_norm.gamma"].shape == (384,)
+
+
+def test_a_layers_backward_is_autograd_through_transformers_bert_attention(
+    client: TestClient, bert: Any, answer: dict[str, Any]
+) -> None:
+    """grad_output on /model: the layer's trace carries /multihead's gradients; each equals
+    torch.autograd through transformers' own BertAttention of layer 2 in float64, on the
+    hidden states entering it, with the same seed dO."""
+    n = len(answer["tokens"])
+    seed = np.random.default_rng(7).normal(size=(n, 384))  # dO: ∂loss/∂(the layer's output)
+    r = client.post(
+        "/model",
+        json={"model": "minilm", "text": TEXT, "layer": 2, "include": ["trace"],
+              "grad_output": seed.tolist()},
+    )  # fmt: skip
+    assert r.status_code == 200, r.text
+    trace = r.json()["trace"]
+    attention = bert.encoder.layer[2].attention  # BertAttention: self, output.dense, LayerNorm
+    x = torch.tensor(trace["x_in"], dtype=torch.float64)[None].requires_grad_(True)
+    with torch.no_grad():  # the x_in the service traced is transformers' hidden state
+        hidden = bert(torch.tensor([_ids()]), output_hidden_states=True).hidden_states[2]
+    assert np.abs(hidden[0].numpy() - np.array(trace["x_in"])).max() <= 1e-10
+    out = attention(x)[0]  # (1, L, 384): LayerNorm(x + dense(self-attention(x)))
+    attention.zero_grad()
+    (out * torch.tensor(seed)[None]).sum().backward()
+    weights = {
+        "grad_w_q": attention.self.query.weight, "grad_w_k": attention.self.key.weight,
+        "grad_w_v": attention.self.value.weight, "grad_w_o": attention.output.dense.weight,
+    }  # fmt: skip
+    assert x.grad is not None
+    pairs = [("grad_x", x.grad[0].numpy())]
+    pairs += [(name, w.grad.numpy().T) for name, w in weights.items()]  # out_in -> in_out
+    pairs += [("grad_b_q", attention.self.query.bias.grad.numpy()),
+              ("grad_ln_gamma", attention.output.LayerNorm.weight.grad.numpy()),
+              ("grad_ln_beta", attention.output.LayerNorm.bias.grad.numpy())]  # fmt: skip
+    for name, want in pairs:
+        got = np.array(trace[name])
+        assert got.shape == want.shape, name
+        scale = max(1.0, float(np.abs(want).max()))
+        assert np.abs(got - want).max() / scale <= 1e-10, name
+    steps = [s["name"] for s in trace["steps"]]
+    assert steps.index("grad_layer_norm") > steps.index("layer_norm")
+
+
+def _ids() -> list[int]:
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(DIRECTORY / "tokenizer.json")
+    )
+    return list(tokenizer(TEXT)["input_ids"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"grad_output": [[1.0, 2.0]]}, "grad_output"),
+        ({"grad_output": "sum", "include": ["attention"]}, 'add "trace" to include'),
+    ],
+    ids=["wrong-shape", "without-the-trace"],
+)
+def test_a_bad_grad_output_names_itself(
+    client: TestClient, extra: dict[str, Any], message: str
+) -> None:
+    r = client.post("/model", json={"model": "minilm", "text": TEXT, **extra})
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["field"] == "grad_output"
+    assert message in r.json()["message"]

@@ -3,7 +3,7 @@
 from pydantic import BaseModel, Field
 
 from service.wire.schemas.expected_fields import ExpectedArrays, ToleranceOptions
-from service.wire.schemas.fields import Int, Text
+from service.wire.schemas.fields import GradOutput, Int, Text
 from service.wire.schemas.mask_fields import STRICT
 
 
@@ -33,4 +33,11 @@ class ModelRequest(BaseModel):
     )
     tolerance: ToleranceOptions | None = Field(
         None, description='when your numbers match: default {"atol": 1e-6, "rtol": 1e-6}'
+    )
+    grad_output: GradOutput | None = Field(
+        None,
+        description="the chosen layer's backward pass: ∂loss/∂(the layer's output, its "
+        'layer_norm [L][d_model]), or "sum"; the trace then carries every gradient as '
+        "/multihead's does (grad_x: what the loss asks of each token's hidden state; "
+        "grad_weights per head; the layer's weight gradients)",
     )
