@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from service.core.diagnosis.gradients import gradients, is_gradient, own_rows
 from service.core.diagnosis.mistakes import Seen, explain
 from service.core.diagnosis.precision import TYPES, LowType, detected, in_low_precision
 from service.core.diagnosis.search import (
@@ -128,20 +129,33 @@ class _Entry:
     state: str
     head: int | None
     yours: Array
-    position: int  # where its step comes (service.trace.outputs.position)
+    position: float  # where its step comes (service.trace.outputs.position)
+
+
+# the block's arrays on /multihead under the engine's names (the heads' take the plain ones)
+_BLOCK_STATE = {"output": "block_output", "grad_output": "grad_block_output"}
+
+
+def _position(endpoint: Endpoint, name: str, per_head: bool) -> float:
+    """Where an entry's step comes: its row's place; D (``row_dot``) is made with dS, right
+    after dP (``grad_weights``), in the backward's order."""
+    if name == "row_dot":
+        return position(row(endpoint, "grad_weights", per_head)) + 0.5
+    return position(row(endpoint, name, per_head))
 
 
 def _entries(expected: Expected, endpoint: Endpoint) -> list[_Entry]:
-    """The caller's arrays in the order of the steps (head by head within a step)."""
+    """The caller's arrays in the order of the steps, the forward's then the backward's (head
+    by head within a step)."""
     multihead = endpoint == "multihead"
     entries = []
     for name, a in expected.arrays.items():  # the block's output is the engine's block_output
-        state = "block_output" if multihead and name == "output" else name
-        where = position(row(endpoint, name, per_head=False))
+        state = _BLOCK_STATE.get(name, name) if multihead else name
+        where = _position(endpoint, name, per_head=False)
         entries.append(_Entry(name, state, None, a, where))
     for i, per_head in expected.heads.items():
         entries += [
-            _Entry(f"heads.{i}.{n}", n, i, a, position(row(endpoint, n)))
+            _Entry(f"heads.{i}.{n}", n, i, a, _position(endpoint, n, per_head=True))
             for n, a in per_head.items()
         ]
     return sorted(entries, key=lambda e: (e.position, e.head is None, e.head or 0))
@@ -231,7 +245,11 @@ def compare(
             if kind.name not in computed:
                 check()
                 computed[kind.name] = in_low_precision(state, setup, kind)
-            return _ours(computed[kind.name], e, unbatched)
+            if is_gradient(e.state) and f"{kind.name} backward" not in computed:
+                check()
+                computed[f"{kind.name} backward"] = _backward_in(computed[kind.name], setup, kind)
+            at = f"{kind.name} backward" if is_gradient(e.state) else kind.name
+            return _ours(computed[at], e, unbatched)
 
         return ours_in
 
@@ -243,7 +261,10 @@ def compare(
     ]
     first = next((i for i, d in enumerate(diffs) if not d.match), None)
     searched = None
-    if first is not None and entries[first].state in ORDER:
+    explained = first is not None and (
+        entries[first].state in ORDER or is_gradient(entries[first].state)
+    )
+    if first is not None and explained:
         e, tol = entries[first], tols[first]  # a printed array is diagnosed at its precision
         base, given_parts = _given(entries[:first], state, unbatched)
         target = Target(e.state, e.head, _engine(e.yours, unbatched))
@@ -276,6 +297,14 @@ def compare(
         "comparison": rows,
         "first_mismatch": None if first is None else entries[first].label,
     }
+
+
+def _backward_in(low: State, setup: Setup, kind: LowType) -> State:
+    """The gradients as a kernel in ``kind`` gets them, near enough to judge: the backward
+    computed from the forward's arrays in that type (:func:`in_low_precision`), from the same
+    seed, each gradient rounded to the type."""
+    made = gradients(low, setup, own_rows(setup), lambda name, g: g)
+    return low | {n: kind.rounded(a) for n, a in made.items()}
 
 
 def _finite(x: float) -> float | None:

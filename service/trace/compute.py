@@ -169,18 +169,19 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
 
         empty = Past(k[:, :0], v[:, :0])  # (B, 0, ·)
         values["decode_check"] = replay(step, plan.shapes.seq_len, trace.output, empty, check)
-    if plan.expected is not None:
-        setup = _setup(
-            plan, trace, variants, x_in=plan.x, context=plan.context, projections=plan.projections
-        )
-        values |= _compared(plan, _head_state(trace), mask, setup, check)
     per_head = _arrays(trace)
+    grads: backward.Grads = {}
     if plan.shapes.backward:
         check()
         grads = backward.attention_grads(plan, trace, mask, variants)
         values |= backward.answer(plan, grads)
         per_head |= values
         values["steps"] = _with_backward(values["steps"], plan, grads, trace.scale)
+    if plan.expected is not None:  # the gradients compared too (their engine shapes)
+        setup = _setup(
+            plan, trace, variants, x_in=plan.x, context=plan.context, projections=plan.projections
+        )
+        values |= _compared(plan, {**_head_state(trace), **grads}, mask, setup, check)
     return outputs.body(plan.shapes, plan.include, values, per_head)
 
 
@@ -263,6 +264,14 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
             "mla_cache_numbers": _latent_dims(s).cache_numbers,
         }
         per_head |= {"q_nope": latent.q_nope, "q_rope": latent.q_rope, "k_nope": latent.k_nope}
+    grads: backward.Grads = {}
+    if s.backward:
+        check()
+        grads = backward.multihead_grads(plan, trace, mask, variants)
+        answered = backward.answer(plan, grads)
+        per_head |= answered  # the heads' (B, h, ·, ·)
+        values |= answered | {"grad_output": backward.seed(plan, trace.output)}  # the block's
+        values["steps"] = _with_backward(values["steps"], plan, grads, trace.heads.scale)
     if plan.expected is not None:
         setup = _setup(
             plan,
@@ -285,14 +294,9 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
             **_block(trace),
             "block_output": trace.output,
         }
+        if s.backward:  # the gradients compared too; the block's seed as the core reads it
+            block |= grads | {"grad_block_output": backward.seed(plan, trace.output)}
         values |= _compared(plan, _head_state(trace.heads) | block, mask, setup, check)
-    if s.backward:
-        check()
-        grads = backward.multihead_grads(plan, trace, mask, variants)
-        answered = backward.answer(plan, grads)
-        per_head |= answered  # the heads' (B, h, ·, ·)
-        values |= answered | {"grad_output": backward.seed(plan, trace.output)}  # the block's
-        values["steps"] = _with_backward(values["steps"], plan, grads, trace.heads.scale)
     return outputs.body(s, plan.include, values, per_head)
 
 
