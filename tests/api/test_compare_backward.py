@@ -148,3 +148,20 @@ def test_a_printed_wrong_gradient_is_named_at_its_precision(client: TestClient) 
     entry = ans["comparison"][0]
     assert entry["printed"] == {"decimals": 4}
     assert entry["diagnosis"]["mistakes"] == ["softmax_grad_diagonal"]
+
+
+def test_the_docs_example_a_learners_ds_without_d(client: TestClient) -> None:
+    """docs/api.md 2.7, "Gradients": dS = P * dP, printed to 4 decimals (the learner's torch)."""
+    q, k, v, d_o = [[1, 0], [0, 1], [1, 1]], [[1, 0], [0, 1], [1, -1]], [[1, 2], [0, 1], [2, 0]], [[1, 0], [0, 1], [1, -1]]  # fmt: skip
+    tq, tk, tv, td = (torch.tensor(a, dtype=torch.float64) for a in (q, k, v, d_o))
+    p = torch.softmax(tq @ tk.T / 2**0.5, -1)
+    d_s = p * (td @ tv.T)  # no − D
+    mine = {"grad_q": (d_s / 2**0.5) @ tk, "grad_k": (d_s / 2**0.5).T @ tq}
+    body = {"q": q, "k": k, "v": v, "grad_output": d_o,
+            "expected": {n: a.numpy().round(4).tolist() for n, a in mine.items()}}  # fmt: skip
+    ans = post(client, "/attention", body)
+    assert ans["first_mismatch"] == "grad_k"
+    first = ans["comparison"][0]
+    assert first["printed"] == {"decimals": 4} and first["where"] == [1, 1]
+    assert first["diagnosis"]["explanation"].startswith("your dS has no −D term")
+    assert ans["comparison"][1]["diagnosis"] is None
