@@ -18,6 +18,12 @@ def _missing(kind: str, name: str, names: list[str]) -> AttributeError:
     return AttributeError(f"{kind} has no output {name!r}; its outputs are: {shown}")
 
 
+def _gradients(arrays: Mapping[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
+    """The backward's arrays at this level (``grad_q``, ``grad_state_dict.q_proj.weight`` …;
+    not a head's), in the answer's order: the reverse of the forward's."""
+    return {n: a for n, a in arrays.items() if n.startswith("grad_")}
+
+
 def _arrays_of(obj: object) -> Mapping[str, npt.NDArray[Any]]:
     """``obj.arrays`` without going through ``__getattr__`` (copy and pickle look attributes up
     before the fields exist)."""
@@ -53,6 +59,12 @@ class Head:
 
     def __getitem__(self, name: str) -> Any:
         return self.arrays[name] if name in self.arrays else self.json[name]
+
+    @property
+    def gradients(self) -> dict[str, npt.NDArray[Any]]:
+        """This head's gradients (``grad_weights``, ``grad_q`` …) when the request had
+        ``grad_output``; empty otherwise."""
+        return _gradients(self.arrays)
 
     def __repr__(self) -> str:
         return short_repr(self.arrays, self.json, "Head")
@@ -111,6 +123,14 @@ class Result:
             own = {n[len(prefix) :]: a for n, a in self.arrays.items() if n.startswith(prefix)}
             heads.append(Head(own, entry if isinstance(entry, dict) else {}))
         return tuple(heads)
+
+    @property
+    def gradients(self) -> dict[str, npt.NDArray[Any]]:
+        """With ``grad_output``: the gradients at the top of the answer by name, in reverse
+        order of the forward (``grad_output``, ``grad_weights`` … ``grad_q``; on ``/multihead``
+        the block's and the weights' — each head's are in ``heads[i].gradients``); empty
+        without it."""
+        return _gradients(self.arrays)
 
     @cached_property
     def trace(self) -> "Result | None":
@@ -200,7 +220,9 @@ class Result:
         """Jupyter's rich display: the comparison with your numbers (when the request had
         ``expected``) with its diagnosis, then every L×S map (scores … weights; on
         ``/multihead`` the average and each head's weights) as a heatmap, queries down and
-        keys across, values printed in the cells of maps up to 16 tokens. A ``/model`` answer
+        keys across, values printed in the cells of maps up to 16 tokens; with ``grad_output``,
+        a backward section: the check of your gradients and each gradient map (dP, dS) beside
+        its forward map. A ``/model`` answer
         draws the model view instead (:meth:`model_view`, rows normalised)."""
         if is_model_answer(self.arrays, self.json):
             return model_html(self.arrays, self.json)

@@ -1,0 +1,255 @@
+"""The Python client's backward pass (API.md, "The backward pass, every step"): ``grad_output=``
+on every compute call, the ``grad_*`` arrays of the answer, the notebook display's gradient
+section; first the wire (httpx.MockTransport), then the app in process and a real server, each
+gradient against torch.autograd in float64 (written here, independent of the service)."""
+
+import inspect
+import json
+import re
+from typing import Any, ClassVar
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+from attention_client import AsyncClient, Client
+
+from tests.client.test_client import ST, Recorder, mock_client, read_body, st_response
+
+Arrays = dict[str, npt.NDArray[Any]]
+RNG = np.random.default_rng(44)
+L, D = 3, 2
+GRAD = RNG.normal(size=(L, D))
+
+# ------------------------------------------------------------------------- request bodies
+
+METHODS = ("attention", "mask", "multihead")
+
+
+def send(binary: bool, method: str, **fields: Any) -> httpx.Request:
+    """The request ``client.<method>(**fields)`` sends (answered with a bare 200)."""
+    rec = Recorder(st_response({"weights": np.eye(2)}, {"scale": 1.0}))
+    with mock_client(rec, binary=binary) as client:
+        getattr(client, method)(**fields)
+    return rec.requests[0]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(
+    "given",
+    [GRAD.astype(np.float32), GRAD.round(0).astype(int).tolist(), torch.tensor(GRAD)],
+    ids=["numpy-float32", "list-of-ints", "torch"],
+)
+def test_grad_output_is_sent_as_a_float64_tensor_by_every_method(method: str, given: Any) -> None:
+    request = send(True, method, seed=0, grad_output=given)
+    tensors, rest = read_body(request.content)
+    assert request.headers["content-type"] == ST
+    assert tensors["grad_output"].dtype == np.float64
+    want = np.asarray(given.numpy() if isinstance(given, torch.Tensor) else given, np.float64)
+    assert np.array_equal(tensors["grad_output"], want)
+    assert "grad_output" not in rest and rest["seed"] == 0
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_compute_method_names_grad_output_in_its_signature(method: str) -> None:
+    for kind in (Client, AsyncClient):  # a named argument, documented, not only through **extra
+        assert "grad_output" in inspect.signature(getattr(kind, method)).parameters
+        assert "grad_output" in (getattr(kind, method).__doc__ or "")
+
+
+def test_a_torch_tensor_that_requires_grad_is_sent_detached() -> None:
+    t = torch.tensor(GRAD, requires_grad=True) * 2  # a graph's output, not a leaf
+    tensors, _ = read_body(send(True, "attention", grad_output=t).content)
+    assert np.array_equal(tensors["grad_output"], GRAD * 2)
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["safetensors", "json"])
+@pytest.mark.parametrize("method", METHODS)
+def test_sum_is_sent_as_the_string(binary: bool, method: str) -> None:
+    request = send(binary, method, seed=1, grad_output="sum")
+    rest = read_body(request.content)[1] if binary else json.loads(request.content)
+    assert rest["grad_output"] == "sum"
+
+
+def test_json_mode_sends_grad_output_as_lists() -> None:
+    body = json.loads(send(False, "mask", seed=0, grad_output=GRAD).content)
+    assert body["grad_output"] == GRAD.tolist()
+
+
+def test_expected_gradients_travel_as_tensors_at_their_place() -> None:
+    expected = {
+        "grad_q": np.ones((L, D), dtype=np.float32),
+        "heads": [None, {"grad_weights": [[1, 0], [0, 1]]}],
+    }
+    request = send(True, "multihead", seed=0, grad_output=GRAD, expected=expected)
+    tensors, rest = read_body(request.content)
+    assert tensors["expected.grad_q"].dtype == np.float64
+    assert np.array_equal(tensors["expected.heads.1.grad_weights"], np.eye(2))
+    assert tensors["expected.heads.1.grad_weights"].dtype == np.float64
+    assert rest["expected"]["heads"][0] is None
+
+
+def test_layer_passes_grad_output_through() -> None:
+    class Module(torch.nn.Module):
+        config: ClassVar[dict[str, int]] = {"num_attention_heads": 1}
+
+    body = json.loads(send(False, "layer", module=Module(), config=None, x=GRAD, grad_output="sum").content)  # fmt: skip
+    assert body["grad_output"] == "sum" and body["config"] == Module.config
+
+
+# ------------------------------------------------------------------------------ answers
+
+NEG = -np.inf
+WEIGHTS = np.array([[1.0, 0.0], [0.25, 0.75]])
+ANSWER: Arrays = {
+    "masked_scores": np.array([[0.5, NEG], [0.1, 1.2]]),
+    "weights": WEIGHTS,
+    "output": np.array([[1.0, 2.0], [3.0, 4.0]]),
+    "grad_output": np.array([[1.0, -1.0], [0.5, 0.5]]),
+    "grad_weights": np.array([[0.3, -0.2], [-0.4, 0.6]]),
+    "row_dot": np.array([0.3, 0.35]),
+    "grad_masked_scores": np.array([[0.0, 0.0], [-0.1875, 0.1875]]),
+    "grad_q": np.array([[0.0, 0.1], [0.2, 0.3]]),
+}
+MH_ANSWER: Arrays = {
+    "heads.0.weights": WEIGHTS,
+    "heads.0.grad_weights": np.array([[0.3, -0.2], [-0.4, 0.6]]),
+    "heads.0.grad_scaled_scores": np.array([[0.0, 0.0], [-0.1, 0.1]]),
+    "heads.0.scaled_scores": np.array([[0.5, 0.1], [0.1, 1.2]]),
+    "heads.1.weights": WEIGHTS[::-1].copy(),
+    "heads.1.grad_weights": np.array([[0.1, -0.1], [0.2, 0.2]]),
+    "heads.1.grad_scaled_scores": np.array([[0.05, -0.05], [0.0, 0.0]]),
+    "heads.1.scaled_scores": np.array([[0.2, 0.1], [0.3, 0.2]]),
+    "output": np.ones((2, 2)),
+    "grad_output": np.ones((2, 2)),
+    "grad_x": np.full((2, 2), 0.5),
+    "grad_w_q": np.full((2, 2), 0.25),
+}
+
+
+def json_of(arrays: Arrays, rest: dict[str, Any]) -> dict[str, Any]:
+    """The JSON answer of ``arrays`` (dotted paths) and ``rest``: −∞ as null."""
+    body: dict[str, Any] = json.loads(json.dumps(rest))
+    for name, array in arrays.items():
+        node, *path = name.split(".")
+        cells = array.astype(object)
+        cells[np.isneginf(array)] = None
+        value = cells.tolist()
+        if not path:
+            body[node] = value
+        else:
+            body[node][int(path[0])][path[1]] = value
+    return body
+
+
+def answered(arrays: Arrays, rest: dict[str, Any], binary: bool) -> Any:
+    response = (
+        st_response(arrays, rest) if binary else httpx.Response(200, json=json_of(arrays, rest))
+    )
+    with mock_client(Recorder(response), binary=binary) as client:
+        return client.mask(seed=0, grad_output="sum")
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["safetensors", "json"])
+def test_gradients_are_arrays_like_any_other(binary: bool) -> None:
+    result = answered(ANSWER, {"scale": 1.0}, binary)
+    for name, array in ANSWER.items():
+        assert np.array_equal(result[name], array), name
+    assert np.array_equal(result.grad_weights, ANSWER["grad_weights"])
+    order = sorted if binary else list  # our mock's safetensors writes its tensors by name
+    assert order(result.gradients) == order([n for n in ANSWER if n.startswith("grad_")])
+    assert result.grad_masked_scores[0, 1] == 0.0  # a masked cell's dS: 0, not −∞
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["safetensors", "json"])
+def test_each_heads_gradients_are_in_its_head(binary: bool) -> None:
+    result = answered(MH_ANSWER, {"num_heads": 2, "heads": [{}, {}]}, binary)
+    assert np.array_equal(result["heads.1.grad_weights"], MH_ANSWER["heads.1.grad_weights"])
+    assert np.array_equal(result.heads[0].grad_weights, MH_ANSWER["heads.0.grad_weights"])
+    order = sorted if binary else list
+    assert order(result.heads[1].gradients) == order(["grad_weights", "grad_scaled_scores"])
+    assert order(result.gradients) == order(["grad_output", "grad_x", "grad_w_q"])
+
+
+# ---------------------------------------------------------------------- notebook display
+
+
+def pairs_drawn(html: str) -> list[list[str]]:
+    """The names of the maps in each gradient pair of the display, in order."""
+    section = html.split('class="gradients"', 1)[1]
+    return [
+        re.findall(r'data-name="([^"]+)"', pair)
+        for pair in section.split('class="gradient-pair"')[1:]
+    ]
+
+
+def test_each_gradient_map_is_drawn_beside_its_forward_map() -> None:
+    html = answered(ANSWER, {"scale": 1.0}, True)._repr_html_()
+    assert pairs_drawn(html) == [
+        ["weights", "grad_weights"],
+        ["masked_scores", "grad_masked_scores"],
+    ]
+    assert "dS = P ∘ (dP − D)" in html and "∂loss/∂masked_scores" in html
+    before = html.split('class="gradients"', 1)[0]
+    assert 'data-name="grad_weights"' not in before  # not among the forward's maps
+
+
+def test_each_heads_gradient_maps_beside_its_maps() -> None:
+    html = answered(MH_ANSWER, {"num_heads": 2, "heads": [{}, {}]}, False)._repr_html_()
+    assert pairs_drawn(html) == [
+        [f"heads[{i}].{forward}", f"heads[{i}].grad_{forward}"]
+        for i in (0, 1)
+        for forward in ("weights", "scaled_scores")
+    ]
+
+
+def test_a_head_alone_draws_its_pairs() -> None:
+    head = answered(MH_ANSWER, {"num_heads": 2, "heads": [{}, {}]}, True).heads[1]
+    assert pairs_drawn(head._repr_html_()) == [
+        ["weights", "grad_weights"],
+        ["scaled_scores", "grad_scaled_scores"],
+    ]
+
+
+def test_no_backward_section_without_gradients() -> None:
+    forward = {n: a for n, a in ANSWER.items() if not n.startswith("grad_") and n != "row_dot"}
+    html = answered(forward, {"scale": 1.0}, True)._repr_html_()
+    assert 'class="gradients"' not in html and "Backward pass" not in html
+
+
+def entry(name: str, match: bool, **more: Any) -> dict[str, Any]:
+    return {"name": name, "match": match, "max_abs_diff": 0.0 if match else 0.3, **more}
+
+
+def test_the_gradient_check_names_the_first_gradient_that_differs_and_its_mistake() -> None:
+    diagnosis = {
+        "mistakes": ["softmax_grad_diagonal"],
+        "explanation": "your dS has no −D term: the softmax's Jacobian is not diagonal",
+    }
+    comparison = [
+        entry("weights", True),
+        entry("grad_weights", True),
+        entry("grad_masked_scores", False, message="differs at [1, 0]", diagnosis=diagnosis),
+        entry("grad_q", False),
+    ]
+    rest = {"scale": 1.0, "comparison": comparison, "first_mismatch": "grad_masked_scores"}
+    html = answered(ANSWER, rest, True)._repr_html_()
+    check = html.split('class="gradient-check"', 1)[1].split('class="gradient-pair"')[0]
+    assert "1 of your 3 gradients match" in check
+    assert "the first mismatch: <code>grad_masked_scores</code>" in check
+    assert "<code>softmax_grad_diagonal</code>" in check and "no −D term" in check
+    assert "differs at [1, 0]" in check
+
+
+def test_the_gradient_check_says_when_every_gradient_matches() -> None:
+    comparison = [entry("weights", False), entry("heads.0.grad_weights", True)]
+    rest = {"scale": 1.0, "comparison": comparison, "first_mismatch": "weights"}
+    html = answered(ANSWER, rest, True)._repr_html_()
+    assert "Your gradient matches the service's." in html
+
+
+def test_no_gradient_check_when_no_gradient_was_compared() -> None:
+    rest = {"scale": 1.0, "comparison": [entry("weights", True)], "first_mismatch": None}
+    html = answered(ANSWER, rest, True)._repr_html_()
+    assert 'class="gradient-check"' not in html and 'class="gradients"' in html
