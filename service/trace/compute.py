@@ -33,7 +33,7 @@ from service.core.positions import (
 from service.core.softmax import OnlineSoftmax, online_softmax, rows_by_item
 from service.core.types import Array, IntArray
 from service.core.variants import Variants
-from service.trace import outputs, steps
+from service.trace import backward, outputs, steps
 from service.trace.comparison import compare, state_of
 from service.trace.decode import replay
 from service.trace.plan import AttentionPlan, MultiheadPlan, Plan
@@ -174,7 +174,21 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
             plan, trace, variants, x_in=plan.x, context=plan.context, projections=plan.projections
         )
         values |= _compared(plan, _head_state(trace), mask, setup, check)
-    return outputs.body(plan.shapes, plan.include, values, _arrays(trace))
+    per_head = _arrays(trace)
+    if plan.shapes.backward:
+        check()
+        grads = backward.attention_grads(plan, trace, mask, variants)
+        values |= backward.answer(plan, grads)
+        per_head |= values
+        values["steps"] = _with_backward(values["steps"], plan, grads, trace.scale)
+    return outputs.body(plan.shapes, plan.include, values, per_head)
+
+
+def _with_backward(
+    forward: Callable[[], list[dict[str, Any]]], plan: Plan, grads: backward.Grads, scale: float
+) -> Callable[[], list[dict[str, Any]]]:
+    """The steps: the forward's, then a step per gradient."""
+    return lambda: forward() + backward.backward_steps(plan, grads, scale)
 
 
 def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
@@ -272,6 +286,13 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
             "block_output": trace.output,
         }
         values |= _compared(plan, _head_state(trace.heads) | block, mask, setup, check)
+    if s.backward:
+        check()
+        grads = backward.multihead_grads(plan, trace, mask, variants)
+        answered = backward.answer(plan, grads)
+        per_head |= answered  # the heads' (B, h, ·, ·)
+        values |= answered | {"grad_output": backward.seed(plan, trace.output)}  # the block's
+        values["steps"] = _with_backward(values["steps"], plan, grads, trace.heads.scale)
     return outputs.body(s, plan.include, values, per_head)
 
 

@@ -11,7 +11,7 @@ up once per distinct shapes and include.
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from difflib import get_close_matches
 from functools import cache
 from operator import attrgetter
@@ -42,6 +42,8 @@ Kind = Literal[
     "blocks",  # online_softmax: one entry per key block
     "numbers",  # a short list of floats for the whole request (θ_i, slopes), never batched
     "integers",  # a short list of integers for the whole request (positions), never batched
+    "tensor",  # a parameter's gradient shaped as the parameter: a number, [n] or [h][n]
+    "tensors",  # grad_state_dict: {the request's name: its gradient}
 ]
 ShapeOf = Callable[[Shapes], tuple[int, ...]]
 Presence = Callable[[Shapes], bool]
@@ -83,6 +85,8 @@ class Output:
     always: bool = False  # returned whatever include says
     batched: bool = True  # gains a leading B when the request is batched
     view: View | None = None
+    optional: bool = False  # returned when computed (a gradient of a parameter the request gave)
+    asked: bool = False  # returned only when include names it (the cache's gradients)
 
     @property
     def required(self) -> bool:
@@ -130,6 +134,7 @@ D_V = _dim("d_v")
 D_OUT = _dim("d_out")
 H = _dim("num_heads")
 H_KV = _dim("num_kv_heads")
+P = _dim("past_len")  # a decode step's cached tokens
 Q_LORA = _dim("latent.q_lora_rank")  # mla: the queries' latent
 KV_LORA = _dim("latent.kv_lora_rank")  # mla: the keys' and values' latent
 ROPE_DIM = _dim("latent.qk_rope_head_dim")  # mla: the rotated features of a query or key
@@ -348,7 +353,7 @@ _ONLINE = (
     "output; the last o is output"
 )
 
-OUTPUTS: tuple[Output, ...] = (
+FORWARD: tuple[Output, ...] = (
     # The rows of arrays are in the order of the steps that make them: the steps' list, the
     # comparison's order and the explorer's chain of scores all follow it.
     # the multi-head block's input
@@ -788,6 +793,209 @@ OUTPUTS: tuple[Output, ...] = (
 )
 
 
+# ---------------------------------------------------------------- the backward's rows
+# (API.md, "The backward pass, every step"): with grad_output, the gradient of every array the
+# gradient reaches, named grad_ + its name, shaped and placed as it, in reverse order of the
+# forward's; then what the steps read besides (the parameters), each shaped as given.
+
+# the forward rows the backward differentiates (not the mask, the bias, the sinks' weights, the
+# cache: inputs or side results), by name: per head, then the block's
+DIFFERENTIATED = frozenset(
+    {
+        *("q", "k", "v", "q_clipped", "k_clipped", "v_clipped", "q_normed", "k_normed"),
+        *("q_rotated", "k_rotated", "q_tempered", "v_normed", "scores", "scaled_scores"),
+        *("capped_scores", "biased_scores", "masked_scores", "weights", "output"),
+        *("concat", "gate", "gated", "projected", "residual", "layer_norm"),
+    }
+)
+_PER_KV_HEAD = frozenset({"k", "v"})  # under grouped-query attention, summed per key/value head
+
+
+def _backward(s: Shapes) -> bool:
+    return s.backward
+
+
+def _grouped(s: Shapes) -> bool:
+    """/multihead with fewer key/value heads than query heads."""
+    return s.endpoint == "multihead" and s.num_kv_heads != s.num_heads
+
+
+def _projected(s: Shapes) -> bool:
+    """The backward reaches x and the projections' weights (not q, k, v given directly)."""
+    return s.backward and s.d_model is not None
+
+
+def _state_dict(s: Shapes) -> bool:
+    """/multihead's projections given under a module's names (in_proj_weight, heads,
+    q_proj.weight …): grad_state_dict gives the gradients under them."""
+    return s.backward and s.form in ("in_proj", "per_head", "state_dict")
+
+
+@dataclass(frozen=True)
+class Backward:
+    """A gradient row's presence: the forward row's, with grad_output; ``grouped`` (for k and
+    v per head) present only without grouped-query attention, where they are per query
+    head."""
+
+    forward: Presence
+    grouped: bool = False
+
+    def __call__(self, shapes: Shapes) -> bool:
+        if not shapes.backward or (self.grouped and _grouped(shapes)):
+            return False
+        return self.forward(shapes)
+
+
+def _gradient_of(out: Output) -> Output:
+    """The row of ``out``'s gradient: shaped and placed as it, never −∞, not drawn."""
+    return replace(
+        out,
+        name=f"grad_{out.name}",
+        kind="matrix" if out.kind == "nullable" else out.kind,
+        doc=f"∂loss/∂{out.name}, shaped as {out.name} (with grad_output)",
+        present=Backward(out.present, out.head and out.name in _PER_KV_HEAD),
+        view=None,
+    )
+
+
+def _parameter(
+    name: str, doc: str, *, kind: Kind = "tensor", endpoints: frozenset[Endpoint] = BOTH
+) -> Output:
+    """The gradient of a parameter the request gave (a bias, a norm's weight, a sink): one for
+    the whole request, returned when the request gave the parameter."""
+    return Output(name, kind, doc, None, endpoints, _backward, batched=False, optional=True)
+
+
+def _weight(
+    name: str,
+    doc: str,
+    rows_by: Layout,
+    endpoints: frozenset[Endpoint] = BOTH,
+    when: Presence = _projected,
+) -> Output:
+    """A weight's gradient, summed over the batch (never batched); the projections' when x
+    was projected, W_o's whenever it was given."""
+    return Output(name, "weight", doc, rows_by, endpoints, when, batched=False, optional=True)
+
+
+_LAYOUT = "in the request's weight_layout when it gave that weight, else in_out"
+GRADIENTS: tuple[Output, ...] = (
+    *(_gradient_of(out) for out in reversed(FORWARD) if out.name in DIFFERENTIATED),
+    head(
+        "row_dot",
+        "D = rowsum(grad_output ∘ output) [L], = rowsum(weights ∘ grad_weights): the softmax's "
+        "backward subtracts it (with grad_output)",
+        rows_by=queries(),
+        kind="vector",
+        when=_backward,
+    ),
+    block(
+        "grad_k",
+        "∂loss/∂k per key/value head [h_kv][S][d_k]: each the sum over the query heads it "
+        "serves (grouped-query attention, with grad_output)",
+        rows_by=index(H_KV, S_NEW, D_K),
+        kind="stack",
+        when=lambda s: s.backward and _grouped(s),
+    ),
+    block(
+        "grad_v",
+        "∂loss/∂v per key/value head [h_kv][S][d_v] (grouped-query attention, with grad_output)",
+        rows_by=index(H_KV, S_NEW, D_V),
+        kind="stack",
+        when=lambda s: s.backward and _grouped(s),
+    ),
+    Output(
+        "grad_past_k",
+        "matrix",
+        "the gradient of the cache's keys [P][d_k] ([h_kv][P][d_k] on /multihead) (with past "
+        "and grad_output, only when include names it)",
+        index(P, D_K),
+        ATTENTION,
+        lambda s: s.backward and s.past_len > 0,
+        asked=True,
+    ),
+    Output(
+        "grad_past_v",
+        "matrix",
+        "the gradient of the cache's values [P][d_v] (with past and grad_output, only when "
+        "include names it)",
+        index(P, D_V),
+        ATTENTION,
+        lambda s: s.backward and s.past_len > 0,
+        asked=True,
+    ),
+    Output(
+        "grad_past_k",
+        "stack",
+        "the gradient of the cache's keys [h_kv][P][d_k] (with past and grad_output, only when "
+        "include names it)",
+        index(H_KV, P, D_K),
+        MULTIHEAD,
+        lambda s: s.backward and s.past_len > 0,
+        asked=True,
+    ),
+    Output(
+        "grad_past_v",
+        "stack",
+        "the gradient of the cache's values [h_kv][P][d_v] (with past and grad_output, only "
+        "when include names it)",
+        index(H_KV, P, D_V),
+        MULTIHEAD,
+        lambda s: s.backward and s.past_len > 0,
+        asked=True,
+    ),
+    _parameter("grad_sinks", "∂loss/∂sinks: one per head (a number on /attention)"),
+    *(
+        _parameter(f"grad_{side}_norm_{part}", f"∂loss/∂ the {side} norm's {part}, shaped as given")
+        for side in ("q", "k", "v")
+        for part in ("weight", "bias")
+    ),
+    _parameter("grad_ln_gamma", "∂loss/∂ layer_norm.gamma [d_out]", endpoints=MULTIHEAD),
+    _parameter("grad_ln_beta", "∂loss/∂ layer_norm.beta [d_out]", endpoints=MULTIHEAD),
+    _weight("grad_w_o", f"∂loss/∂W_o, {_LAYOUT}", index(H * D_V, D_OUT), MULTIHEAD, _backward),
+    _parameter("grad_b_o", "∂loss/∂b_o [d_out]", endpoints=MULTIHEAD),
+    _weight(
+        "grad_gate_w",
+        "∂loss/∂ gate.w [h·d_v][d_model] (out_in, as given)",
+        index(H * D_V, D_MODEL),
+        MULTIHEAD,
+    ),
+    _parameter("grad_gate_b", "∂loss/∂ gate.b [h·d_v]", endpoints=MULTIHEAD),
+    _weight("grad_w_q", f"∂loss/∂W_q (all heads), {_LAYOUT}", index(D_MODEL, H * D_K)),
+    _weight("grad_w_k", f"∂loss/∂W_k, {_LAYOUT}", index(D_MODEL, H_KV * D_K)),
+    _weight("grad_w_v", f"∂loss/∂W_v, {_LAYOUT}", index(D_MODEL, H_KV * D_V)),
+    *(_parameter(f"grad_b_{n}", f"∂loss/∂b_{n}") for n in "qkv"),
+    Output(
+        "grad_x",
+        "matrix",
+        "∂loss/∂x [L][d_model]: the queries', keys', values' (unless context gave them), the "
+        "gate's and the residual's shares summed (with grad_output)",
+        queries(D_MODEL),
+        present=_projected,
+    ),
+    Output(
+        "grad_context",
+        "matrix",
+        "∂loss/∂context [S][d_model]: the keys' and values' shares (with grad_output)",
+        keys(D_MODEL),
+        present=_projected,
+        optional=True,
+    ),
+    Output(
+        "grad_state_dict",
+        "tensors",
+        "the parameters' gradients under the names the request gave them (q_proj.weight, "
+        "in_proj_weight, heads.0.w_q, out_proj.weight, q_norm.weight, sinks, gate.w, "
+        "layer_norm.gamma …), each shaped as given (with grad_output)",
+        None,
+        MULTIHEAD,
+        _state_dict,
+        batched=False,
+    ),
+)
+OUTPUTS: tuple[Output, ...] = FORWARD + GRADIENTS
+
+
 _POSITIONS = {id(out): i for i, out in enumerate(OUTPUTS)}
 # the scores in turn, each made from the latest present one before it: what a score step adds
 # to, and what the softmax reads
@@ -982,7 +1190,11 @@ def body(
                 for i in range(shapes.num_heads)
             ]
             continue
-        value = per_head[out.name] if out.head else values[out.name]
+        value: Any = per_head[out.name] if out.head else values.get(out.name)
+        if value is None and out.optional:  # a parameter the request did not give
+            continue
+        if value is None and not out.head:
+            value = values[out.name]  # every other value the table says is present
         value = value() if callable(value) else value
         answer[out.name] = value[0] if unbatch and out.batched else value
     return answer
@@ -994,7 +1206,9 @@ def _returned(shapes: Shapes, include: frozenset[str] | None) -> tuple[Output, .
     return tuple(
         out
         for out in _present(shapes, False)
-        if out.always or include is None or out.name in include
+        if out.always
+        or (include is None and not out.asked)
+        or (include is not None and out.name in include)
     )
 
 

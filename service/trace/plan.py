@@ -3,8 +3,8 @@ runs: generated arrays drawn once, every weight converted once into the engine's
 layout, masks turned into engine specs."""
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any, TypeVar, assert_never
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, TypeVar, assert_never
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,6 +21,7 @@ from service.core.positions import (
 from service.core.types import Alignment, Array, FullyMaskedPolicy, Init, WeightLayout
 from service.core.variants import Variants
 from service.trace.checks import lengths, options
+from service.trace.gradients import given_names
 from service.trace.outputs import drawn_shape
 from service.trace.rows.latent import latent_weights
 from service.trace.rows.variants import engine_settings
@@ -66,6 +67,10 @@ class Plan:
     past: Past | None  # a decode step's cache: (B, P, ·), or (B, h_kv, P, ·) on /multihead
     expected: Expected | None  # the caller's arrays to compare with
     tolerance: Tolerance | None  # None: none given (the default, or each array's printed precision)
+    grad_output: Array | Literal["sum"] | None = None  # the backward's seed, batched; None: none
+    # {a parameter's gradient (grad_w_q, grad_q_proj_weight …): the name the request gave the
+    # parameter}, for the weights' layouts and grad_state_dict (service.trace.gradients)
+    given: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,8 +256,15 @@ def _plan(
         config_keys=tuple(req._config_keys or ()) if isinstance(req, MultiheadRequest) else (),
         expected=req.expected,
         tolerance=None if req.tolerance is None else Tolerance(**req.tolerance.model_dump()),
+        grad_output=_seed(req.grad_output),
+        given=given_names(req) if shapes.backward else {},
         **rest,
     )
+
+
+def _seed(grad: Array | Literal["sum"] | None) -> Array | Literal["sum"] | None:
+    """grad_output with its batch axis ((L, d) -> (1, L, d)); "sum" and None as they are."""
+    return grad if grad is None or isinstance(grad, str) else _batched(grad)
 
 
 def _mask_spec(

@@ -179,6 +179,8 @@ TYPES: dict[Kind, Any] = {
     "blocks": list[OnlineBlock],
     "numbers": list[float],
     "integers": list[int],
+    "tensor": float | list[float] | list[list[float]],
+    "tensors": dict[str, float | list[float] | list[list[float]]],
 }  # and "heads", once HeadTrace is built below
 
 

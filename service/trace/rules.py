@@ -11,6 +11,7 @@ import numpy as np
 
 from service.trace.checks import DOTTED, batch_words, check_bias, check_size, weight_out
 from service.trace.decode import cache_labels, check_past, past_length
+from service.trace.gradients import check_grad_output
 from service.trace.mask_rules import (
     check_key_padding,
     check_masks,
@@ -466,7 +467,7 @@ def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> 
     if req.key_padding_mask is not None:
         check_key_padding(req.key_padding_mask, shapes)
     check_ranges(req, shapes, {v.field for v in on})
-    return replace(
+    shapes = replace(
         shapes,
         on=frozenset(v.field for v in on),
         warnings=mask_warnings(req),
@@ -475,6 +476,7 @@ def _with_variants(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> 
         check_decode=req.check_decode,
         online_block=None if req.online_softmax is None else req.online_softmax.block_size,
     )
+    return check_grad_output(req, shapes)
 
 
 def _check_decode_positions(

@@ -43,6 +43,7 @@ class Shapes:
     online_block: int | None = None  # online_softmax's keys per block; None: not traced
     check_decode: bool = False  # decode_check is computed and returned
     expected_numbers: int = 0  # the caller's numbers to compare (expected); 0: none
+    backward: bool = False  # grad_output given: the gradients are computed and returned
 
     @property
     def new_keys(self) -> int:

@@ -99,6 +99,23 @@ def _positional(value: Any, info: ValidationInfo) -> Literal["sinusoidal"] | Arr
     return to_array(value, _name(info), (2,), 'a matrix [L][d_model], or "sinusoidal"')
 
 
+def _grad_output(value: Any, info: ValidationInfo) -> Literal["sum"] | Array:
+    """∂loss/∂(the answer's last array), or "sum" (every entry 1): the backward's seed."""
+    if isinstance(value, str) and value == "sum":
+        return "sum"
+    if isinstance(value, str):
+        raise ValueError(
+            f'grad_output must be "sum" or an array shaped as the answer\'s last array, got '
+            f'"{excerpt(value, 20)}"'
+        )
+    return to_array(
+        value,
+        _name(info),
+        (2, 3),
+        'an array shaped as the answer\'s last array ([L][d] or a batch [B][L][d]), or "sum"',
+    )
+
+
 Sequence = Annotated[Array, PlainValidator(_sequence), WithJsonSchema({"anyOf": [_MATRIX, _BATCH]})]
 Matrix = Annotated[Array, PlainValidator(_matrix), WithJsonSchema(_MATRIX)]
 Vector = Annotated[Array, PlainValidator(_vector), WithJsonSchema(_ROW)]
@@ -131,6 +148,11 @@ Positional = Annotated[
     Literal["sinusoidal"] | Array,
     PlainValidator(_positional),
     WithJsonSchema({"anyOf": [{"type": "string", "enum": ["sinusoidal"]}, _MATRIX]}),
+]
+GradOutput = Annotated[
+    Literal["sum"] | Array,
+    PlainValidator(_grad_output),
+    WithJsonSchema({"anyOf": [{"type": "string", "enum": ["sum"]}, _MATRIX, _BATCH]}),
 ]
 Text = Annotated[str, AfterValidator(_text)]  # every free-text field: tokens, sentence, names
 # JSON's true and false are not numbers (JSON Schema's integer and number exclude them): lax

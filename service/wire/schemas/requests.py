@@ -21,6 +21,7 @@ from service.wire.errors import FieldError
 from service.wire.schemas.expected_fields import ExpectedArrays, ToleranceOptions
 from service.wire.schemas.fields import (
     FiniteFloat,
+    GradOutput,
     Heads,
     Int,
     Matrix,
@@ -107,6 +108,14 @@ class InputFields(BaseModel):
     )
     tolerance: ToleranceOptions | None = Field(
         None, description='when your numbers match: default {"atol": 1e-6, "rtol": 1e-6}'
+    )
+    grad_output: GradOutput | None = Field(
+        None,
+        description="the backward pass: ∂loss/∂(the answer's last array), shaped as it "
+        "(output on /attention and /mask; on /multihead layer_norm, residual or projected, "
+        'or concat when heads are given without W_o), or "sum" (every entry 1). The answer '
+        "then carries grad_ + the name of every array the gradient reaches, and a step for "
+        "each after the forward's",
     )
 
 
