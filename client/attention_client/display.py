@@ -134,13 +134,13 @@ def _shown(name: str) -> str:
 
 
 def _pair_maps(arrays: Mapping[str, Array]) -> list[tuple[tuple[str, Array], tuple[str, Array]]]:
-    """Every (forward, gradient) pair of L×S slices: the top level's, else each head's."""
-    names = gradient_pairs(arrays)
+    """Every (forward, gradient) pair of L×S slices: each head's, else the top level's."""
+    heads = sorted(
+        {int(n.split(".")[1]) for n in arrays if n.startswith("heads.") and ".grad_" in n}
+    )  # on /multihead each head's own (its dS is there), not the stacked weights' alone
+    names = [pair for i in heads for pair in gradient_pairs(arrays, f"heads.{i}.")]
     if not names:
-        heads = sorted(
-            {int(n.split(".")[1]) for n in arrays if n.startswith("heads.") and ".grad_" in n}
-        )
-        names = [pair for i in heads for pair in gradient_pairs(arrays, f"heads.{i}.")]
+        names = gradient_pairs(arrays)
     maps: list[tuple[tuple[str, Array], tuple[str, Array]]] = []
     for forward, grad in names:
         maps += zip(

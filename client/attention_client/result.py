@@ -132,6 +132,16 @@ class Result:
         without it."""
         return _gradients(self.arrays)
 
+    @property
+    def grad_state_dict(self) -> dict[str, npt.NDArray[Any]] | None:
+        """On ``/multihead`` with ``grad_output``, when the weights were given as a state dict
+        (or ``in_proj_weight``, ``heads``): each parameter's gradient under the name it was
+        given (``"in_proj_weight"``, ``"q_proj.weight"``), shaped as given, as
+        ``module.state_dict()`` holds them; None otherwise."""
+        prefix = "grad_state_dict."
+        found = {n[len(prefix) :]: a for n, a in self.arrays.items() if n.startswith(prefix)}
+        return found or None
+
     @cached_property
     def trace(self) -> "Result | None":
         """On ``/model``: the traced layer's ``/multihead`` answer as a Result of its own

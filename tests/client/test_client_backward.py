@@ -121,8 +121,10 @@ MH_ANSWER: Arrays = {
     "heads.1.grad_weights": np.array([[0.1, -0.1], [0.2, 0.2]]),
     "heads.1.grad_scaled_scores": np.array([[0.05, -0.05], [0.0, 0.0]]),
     "heads.1.scaled_scores": np.array([[0.2, 0.1], [0.3, 0.2]]),
+    "weights": np.stack([WEIGHTS, WEIGHTS[::-1]]),  # stacked [h][L][S], as the service
     "output": np.ones((2, 2)),
     "grad_output": np.ones((2, 2)),
+    "grad_weights": np.stack([np.full((2, 2), 0.1), np.full((2, 2), -0.1)]),
     "grad_x": np.full((2, 2), 0.5),
     "grad_w_q": np.full((2, 2), 0.25),
 }
@@ -169,7 +171,7 @@ def test_each_heads_gradients_are_in_its_head(binary: bool) -> None:
     assert np.array_equal(result.heads[0].grad_weights, MH_ANSWER["heads.0.grad_weights"])
     order = sorted if binary else list
     assert order(result.heads[1].gradients) == order(["grad_weights", "grad_scaled_scores"])
-    assert order(result.gradients) == order(["grad_output", "grad_x", "grad_w_q"])
+    assert order(result.gradients) == order(["grad_output", "grad_weights", "grad_x", "grad_w_q"])
 
 
 # ---------------------------------------------------------------------- notebook display
@@ -253,3 +255,27 @@ def test_no_gradient_check_when_no_gradient_was_compared() -> None:
     rest = {"scale": 1.0, "comparison": [entry("weights", True)], "first_mismatch": None}
     html = answered(ANSWER, rest, True)._repr_html_()
     assert 'class="gradient-check"' not in html and 'class="gradients"' in html
+
+
+def test_grad_state_dict_is_keyed_by_the_names_given() -> None:
+    arrays = {"output": np.ones((2, 2)), "grad_state_dict.q_proj.weight": np.eye(2),
+              "grad_state_dict.in_proj_weight": np.ones((6, 2))}  # fmt: skip
+    for binary in (True, False):
+        rest: dict[str, Any] = {"num_heads": 1}
+        if not binary:  # the JSON answer: one object, its keys the state dict's names
+            rest["grad_state_dict"] = {}
+        body = (
+            st_response(arrays, rest)
+            if binary
+            else httpx.Response(
+                200,
+                json={"output": [[1.0, 1.0]] * 2, "num_heads": 1, "grad_state_dict": {
+                    "q_proj.weight": np.eye(2).tolist(), "in_proj_weight": np.ones((6, 2)).tolist()}},
+            )
+        )  # fmt: skip
+        with mock_client(Recorder(body), binary=binary) as client:
+            result = client.multihead(seed=0, grad_output="sum")
+        assert result.grad_state_dict is not None
+        assert sorted(result.grad_state_dict) == ["in_proj_weight", "q_proj.weight"]
+        assert np.array_equal(result.grad_state_dict["q_proj.weight"], np.eye(2))
+    assert answered(ANSWER, {"scale": 1.0}, True).grad_state_dict is None
