@@ -6,6 +6,7 @@ gradient against torch.autograd in float64 (written here, independent of the ser
 import inspect
 import json
 import re
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import httpx
@@ -13,9 +14,17 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import torch
-from attention_client import AsyncClient, Client
+from attention_client import AsyncClient, Client, masks
 
-from tests.client.test_client import ST, Recorder, mock_client, read_body, st_response
+from harness.live import start_server
+from tests.client.test_client import (
+    ST,
+    Recorder,
+    mock_client,
+    read_body,
+    run_in_app,
+    st_response,
+)
 
 Arrays = dict[str, npt.NDArray[Any]]
 RNG = np.random.default_rng(44)
@@ -279,3 +288,119 @@ def test_grad_state_dict_is_keyed_by_the_names_given() -> None:
         assert sorted(result.grad_state_dict) == ["in_proj_weight", "q_proj.weight"]
         assert np.array_equal(result.grad_state_dict["q_proj.weight"], np.eye(2))
     assert answered(ANSWER, {"scale": 1.0}, True).grad_state_dict is None
+
+
+# -------------------------------------------- through the app and a server, against torch
+
+TOL = 1e-10
+X = RNG.normal(size=(5, 6))
+W: dict[str, Any] = {n: RNG.normal(size=(6, 4)) / 2 for n in ("w_q", "w_k", "w_v")}  # in_out
+DO = RNG.normal(size=(5, 4))
+
+
+def close(ours: npt.NDArray[Any], theirs: Any, name: str) -> None:
+    """Equal to torch's within TOL, relative to the largest entry."""
+    want = theirs.detach().numpy() if isinstance(theirs, torch.Tensor) else theirs
+    assert ours.shape == want.shape, (name, ours.shape, want.shape)
+    assert np.abs(ours - want).max() <= TOL * max(1.0, np.abs(want).max()), name
+
+
+def torch_masked(grad: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """softmax(causal(Q Kᵀ/√d_k)) V from x and the in_out weights, backward from ``grad`` (None:
+    out.sum()); every tensor whose gradient the answer names, with its .grad kept."""
+    t = {n: torch.tensor(a, requires_grad=True) for n, a in W.items()} | {
+        "x": torch.tensor(X, requires_grad=True)
+    }
+    q, k, v = (t["x"] @ t[n] for n in ("w_q", "w_k", "w_v"))
+    scaled = q @ k.T / 2.0  # √4
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    masked = scaled.masked_fill(~causal, float("-inf"))
+    weights = torch.softmax(masked, dim=-1)
+    out: Any = weights @ v
+    for kept in (q, k, v, scaled, masked, weights):
+        kept.retain_grad()
+    (out.sum() if grad is None else out).backward(grad)
+    return t | {"q": q, "k": k, "v": v, "scaled_scores": scaled, "masked_scores": masked,
+                "weights": weights}  # fmt: skip
+
+
+def check_masked(result: Any, grad: torch.Tensor | None) -> None:
+    theirs = torch_masked(grad)
+    for name in ("weights", "masked_scores", "scaled_scores", "q", "k", "v", "x", "w_q", "w_k", "w_v"):  # fmt: skip
+        close(result[f"grad_{name}"], theirs[name].grad, f"grad_{name}")
+    assert (result.grad_masked_scores[~np.tri(5, dtype=bool)] == 0).all()  # 0 where masked
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["safetensors", "json"])
+@pytest.mark.parametrize("grad", ["array", "torch", "sum"])
+def test_in_process_mask_gradients_equal_torch_autograd(binary: bool, grad: str) -> None:
+    given: Any = {"array": DO, "torch": torch.tensor(DO), "sum": "sum"}[grad]
+
+    async def scenario(client: AsyncClient, raw: httpx.AsyncClient) -> None:
+        result = await client.mask(x=X, **W, mask={"type": "causal"}, grad_output=given)
+        check_masked(result, None if grad == "sum" else torch.tensor(DO))
+        names = [s["name"] for s in result.steps or []]
+        assert names.index("grad_output") > names.index("output")  # after the forward's
+        assert next(iter(result.gradients)) == "grad_output"
+
+    run_in_app(scenario, binary)
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["safetensors", "json"])
+def test_in_process_multihead_state_dict_gradients_equal_torch_autograd(binary: bool) -> None:
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(6, 2, batch_first=True, dtype=torch.float64)
+    x = torch.tensor(X[None], requires_grad=True)
+    grad = RNG.normal(size=(5, 6))
+    out: Any = mha(x, x, x, need_weights=False)[0]
+    out.backward(torch.tensor(grad[None]))
+    assert x.grad is not None
+    dx = x.grad[0]
+
+    async def scenario(client: AsyncClient, raw: httpx.AsyncClient) -> None:
+        result = await client.multihead(
+            x=X, num_heads=2, state_dict=mha.state_dict(), grad_output=grad
+        )
+        close(result.grad_x, dx, "grad_x")
+        assert result.grad_state_dict is not None
+        for name, p in mha.named_parameters():
+            close(result.grad_state_dict[name], p.grad, f"grad_state_dict.{name}")
+        assert [h.grad_weights.shape for h in result.heads] == [(5, 5), (5, 5)]
+        html = result._repr_html_()
+        assert pairs_drawn(html)[:2] == [
+            ["heads[0].weights", "heads[0].grad_weights"],
+            ["heads[0].scaled_scores", "heads[0].grad_scaled_scores"],
+        ]
+
+    run_in_app(scenario, binary)
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["safetensors", "json"])
+def test_in_process_display_of_a_real_backward(binary: bool) -> None:
+    async def scenario(client: AsyncClient, raw: httpx.AsyncClient) -> None:
+        result = await client.mask(x=X, **W, mask={"type": "causal"}, grad_output=DO)
+        assert pairs_drawn(result._repr_html_()) == [
+            ["weights", "grad_weights"],
+            ["masked_scores", "grad_masked_scores"],
+        ]
+
+    run_in_app(scenario, binary)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    proc, base = start_server(workers=1)
+    yield base
+    proc.terminate()
+    assert proc.wait(timeout=15) == 0
+
+
+@pytest.mark.e2e
+def test_live_backward_both_ways(server: str) -> None:
+    with Client(server) as client, Client(server, binary=False) as plain:
+        result = client.mask(x=X, **W, mask=masks.causal(), grad_output=DO)
+        same = plain.mask(x=X, **W, mask=masks.causal(), grad_output=torch.tensor(DO))
+    check_masked(result, torch.tensor(DO))
+    assert result.gradients.keys() == same.gradients.keys()
+    for name, array in result.gradients.items():
+        assert np.array_equal(array, same.gradients[name]), name
