@@ -11,6 +11,10 @@ In process, the math alone (no HTTP, no JSON), each side's answer checked agains
   then ``multihead_backward`` (every head's intermediates, then W_q, W_k, W_v, W_o and x)
   ÷ torch autograd of the same block (x, the four weights requiring gradients).
 
+G1 and G2 are timed in a child process with one thread a side (BLAS and torch): on a machine
+whose cores other work shares, two threads each stall on one another (torch's OpenMP threads
+most); the detail gives the bench's thread count too, in this process.
+
 On the bench's server, end to end with curl (the answer received whole and discarded), the same
 sizes:
 
@@ -28,6 +32,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -36,13 +41,15 @@ from typing import Any
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parents[1]
 L, D_K = 512, 64  # G1, G3, G5
 D_MODEL, HEADS = 256, 4  # G2, G4, G6: d_k = 64 per head
 IDS = ["G1", "G2", "G3", "G4", "G5", "G6"]
 WHAT = {
-    "G1": f"attention forward + backward L={L} d_k={D_K} float64 in process: the core ÷ torch autograd",
-    "G2": f"multihead forward + backward L={L} d_model={D_MODEL} h={HEADS} with W_o in process: "
-    "the core ÷ torch autograd",
+    "G1": f"attention forward + backward L={L} d_k={D_K} float64 in process, 1 thread: the "
+    "core ÷ torch autograd",
+    "G2": f"multihead forward + backward L={L} d_model={D_MODEL} h={HEADS} with W_o in process, "
+    "1 thread: the core ÷ torch autograd",
     "G3": f"POST /attention L={L} d_k={D_K} with grad_output ÷ the same request without",
     "G4": f"POST /multihead L={L} d_model={D_MODEL} h={HEADS} with grad_output ÷ the same "
     "request without",
@@ -182,31 +189,62 @@ def summary(xs: list[float], ys: list[float]) -> tuple[float, str]:
     return mx / my, text
 
 
+SIDES = {
+    "G1": (attention_inputs, core_attention, torch_attention),
+    "G2": (multihead_inputs, core_multihead, torch_multihead),
+}
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def measure(rid: str, runs: int) -> dict[str, Any]:
+    """In this process: the two sides' answers compared, then ``runs`` interleaved timings of
+    each (torch on as many threads as the thread variables give NumPy's BLAS)."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
+    make, ours, theirs = SIDES[rid]
+    inputs = make()
+    worst = agree(ours(inputs), theirs(inputs))
+    mine, torch_side = pairs(timer(partial(ours, inputs)), timer(partial(theirs, inputs)), runs)
+    return {"ours": mine, "theirs": torch_side, "worst": worst, "threads": torch.get_num_threads()}
+
+
+def single_threaded(rid: str, runs: int) -> dict[str, Any]:
+    """:func:`measure` in a child process whose BLAS and torch run one thread each (the thread
+    variables are read when NumPy loads): the math side by side, which the machine's other
+    load touches far less than two threads each contending for the same two cores."""
+    env = os.environ | {var: "1" for var in THREAD_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
+    out = subprocess.run(
+        [sys.executable, __file__, rid, str(runs)], env=env, capture_output=True, text=True,
+        check=True,
+    ).stdout  # fmt: skip
+    got: dict[str, Any] = json.loads(out)
+    return got
+
+
 def in_process_rows(
     runs: int, row: Callable[..., Any], skipped: Callable[..., Any], ids: set[str]
 ) -> list[Any]:
-    """G1 and G2 (whichever ``ids`` names); torch uses the bench's thread count."""
+    """G1 and G2 (whichever ``ids`` names): the value one thread a side; the detail adds the
+    bench's thread count, measured in this process."""
     try:
-        import torch
+        import torch  # noqa: F401
     except ImportError:
         why = "torch is not installed (pip install torch==2.13.0)"
         return [skipped(i, WHAT[i], why, target_text(i)) for i in ("G1", "G2") if i in ids]
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
     rows = []
-    for rid, inputs, ours, theirs in (
-        ("G1", attention_inputs(), core_attention, torch_attention),
-        ("G2", multihead_inputs(), core_multihead, torch_multihead),
-    ):
+    for rid in ("G1", "G2"):
         if rid not in ids:
             continue
-        worst = agree(ours(inputs), theirs(inputs))
-        mine = timer(partial(ours, inputs))
-        torch_side = timer(partial(theirs, inputs))
-        ratio, text = summary(*pairs(mine, torch_side, runs))
+        one = single_threaded(rid, runs)
+        ratio, text = summary(one["ours"], one["theirs"])
+        many = measure(rid, runs)
+        _, many_text = summary(many["ours"], many["theirs"])
         op, target = TARGETS[rid]
         rows.append(row(rid, WHAT[rid], ratio, op, target,
-                        f"core {text}; {torch.get_num_threads()} threads; gradients agree to "
-                        f"{worst:.1g} relative"))  # fmt: skip
+                        f"core vs torch, 1 thread each: {text}; on {many['threads']} threads: "
+                        f"{many_text}; the gradients agree to {one['worst']:.1g} relative"))  # fmt: skip
     return rows
 
 
@@ -331,3 +369,7 @@ def info(rid: str, what: str, value: float, detail: str) -> dict[str, Any]:
     """A measured row with no goal (run.py's row shape; ``met`` None)."""
     return {"id": rid, "workload": what, "value": round(value, 3), "target": "",
             "met": None, "detail": detail}  # fmt: skip
+
+
+if __name__ == "__main__":  # single_threaded's child: python benchmarks/backward.py G1 7
+    print(json.dumps(measure(sys.argv[1], int(sys.argv[2]))))
