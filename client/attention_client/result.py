@@ -19,9 +19,9 @@ def _missing(kind: str, name: str, names: list[str]) -> AttributeError:
 
 
 def _gradients(arrays: Mapping[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
-    """The backward's arrays at this level (``grad_q``, ``grad_state_dict.q_proj.weight`` …;
-    not a head's), in the answer's order: the reverse of the forward's."""
-    return {n: a for n, a in arrays.items() if n.startswith("grad_")}
+    """The backward's arrays at this level (``grad_q``, ``row_dot``,
+    ``grad_state_dict.q_proj.weight`` …; not a head's), in the answer's order."""
+    return {n: a for n, a in arrays.items() if n.startswith("grad_") or n == "row_dot"}
 
 
 def _arrays_of(obj: object) -> Mapping[str, npt.NDArray[Any]]:
@@ -62,8 +62,8 @@ class Head:
 
     @property
     def gradients(self) -> dict[str, npt.NDArray[Any]]:
-        """This head's gradients (``grad_weights``, ``grad_q`` …) when the request had
-        ``grad_output``; empty otherwise."""
+        """This head's backward (``grad_weights``, ``row_dot``, ``grad_q`` …) when the request
+        had ``grad_output``; empty otherwise."""
         return _gradients(self.arrays)
 
     def __repr__(self) -> str:
@@ -126,10 +126,11 @@ class Result:
 
     @property
     def gradients(self) -> dict[str, npt.NDArray[Any]]:
-        """With ``grad_output``: the gradients at the top of the answer by name, in reverse
-        order of the forward (``grad_output``, ``grad_weights`` … ``grad_q``; on ``/multihead``
-        the block's and the weights' — each head's are in ``heads[i].gradients``); empty
-        without it."""
+        """With ``grad_output``: the backward's arrays at the top of the answer by name, the
+        ``grad_*`` and D (``row_dot``): ``grad_output``, ``grad_weights`` … ``grad_q``; on
+        ``/multihead`` the block's and the weights' (each head's are in
+        ``heads[i].gradients``). Empty without it. ``steps`` lists them in the order the
+        backward makes them."""
         return _gradients(self.arrays)
 
     @property
