@@ -15,14 +15,17 @@ G1 and G2 are timed in a child process with one thread a side (BLAS and torch): 
 whose cores other work shares, two threads each stall on one another (torch's OpenMP threads
 most); the detail gives the bench's thread count too, in this process.
 
-On the bench's server, end to end with curl (the answer received whole and discarded), the same
-sizes:
+On the bench's server, end to end with curl (the answer asked as safetensors, received whole
+and discarded), the same sizes:
 
 - G3/G4: POST /attention (G3) and /multihead (G4) with ``grad_output`` ÷ the same request
-  without it (the goal: the backward at most triples the request's time).
-- G5/G6: the same backward requests ÷ torch autograd's forward and backward in process (G1's
-  and G2's torch side): what HTTP, JSON and every intermediate cost beside the math; a
-  measurement, with no goal.
+  without it (the goal: the backward at most triples the request's time), each asking
+  (``include``) for the output and, with grad_output, the inputs' gradients (q, k, v; x and
+  the four weights), so that computing dominates; the detail gives the same ratio with every
+  output (every intermediate and its gradient: 15 and 87 MB), where writing the answer does.
+- G5/G6: the same backward requests ÷ torch autograd's forward and backward in the bench's
+  process on one thread (G1's and G2's torch side, its steadiest and lowest time here): what
+  HTTP, parsing, the steps' texts and the answer cost beside the math; a measurement, no goal.
 
 The sides alternate; medians, the best pair and the pairs' median are in the detail. A server
 without ``grad_output`` (a 422 naming it) skips G3–G6 and says so.
@@ -50,9 +53,10 @@ WHAT = {
     "core ÷ torch autograd",
     "G2": f"multihead forward + backward L={L} d_model={D_MODEL} h={HEADS} with W_o in process, "
     "1 thread: the core ÷ torch autograd",
-    "G3": f"POST /attention L={L} d_k={D_K} with grad_output ÷ the same request without",
+    "G3": f"POST /attention L={L} d_k={D_K} with grad_output ÷ the same request without "
+    "(include: output, grad_q, grad_k, grad_v)",
     "G4": f"POST /multihead L={L} d_model={D_MODEL} h={HEADS} with grad_output ÷ the same "
-    "request without",
+    "request without (include: output, grad_x, grad_w_q, grad_w_k, grad_w_v, grad_w_o)",
     "G5": f"POST /attention L={L} d_k={D_K} with grad_output, end to end ÷ torch autograd "
     "forward + backward in process",
     "G6": f"POST /multihead L={L} d_model={D_MODEL} h={HEADS} with grad_output, end to end ÷ "
@@ -265,8 +269,15 @@ def post(url: str, body: Path, out: str = os.devnull) -> tuple[int, float]:
     return int(status), time.perf_counter() - start
 
 
-def bodies(tmp: Path) -> dict[str, tuple[str, Path, Path, Arrays]]:
-    """Per endpoint: its path, the request without and with grad_output, and the inputs."""
+SERVICE_NAMES = {"G3": ("q", "k", "v"), "G4": ("x", "w_q", "w_k", "w_v", "w_o")}
+Bodies = dict[
+    str, Path
+]  # "plain", "grad" (include: the last array, and the inputs' gradients), "plain_all", "grad_all"
+
+
+def bodies(tmp: Path) -> dict[str, tuple[str, Bodies, Arrays]]:
+    """Per endpoint: its path, its four requests (without and with grad_output; answering the
+    last array and the inputs' gradients, or every output) and the inputs."""
     a, m = attention_inputs(), multihead_inputs()
     plain_attention = {n: a[n].tolist() for n in ("q", "k", "v")}
     plain_multihead = {n: m[n].tolist() for n in ("x", "w_q", "w_k", "w_v", "w_o")}
@@ -276,14 +287,16 @@ def bodies(tmp: Path) -> dict[str, tuple[str, Path, Path, Arrays]]:
         ("G3", "/attention", plain_attention, a),
         ("G4", "/multihead", plain_multihead, m),
     ):
-        files = (tmp / f"{rid}-plain.json", tmp / f"{rid}-grad.json")
-        files[0].write_text(json.dumps(plain))
-        files[1].write_text(json.dumps(plain | {"grad_output": inputs["grad_output"].tolist()}))
-        out[rid] = (path, *files, inputs)
+        grad = plain | {"grad_output": inputs["grad_output"].tolist()}
+        last = ["output"]
+        grads = last + [f"grad_{n}" for n in SERVICE_NAMES[rid]]
+        files: Bodies = {}
+        for name, body in (("plain", plain | {"include": last}), ("grad", grad | {"include": grads}),
+                           ("plain_all", plain), ("grad_all", grad)):  # fmt: skip
+            files[name] = tmp / f"{rid}-{name}.json"
+            files[name].write_text(json.dumps(body))
+        out[rid] = (path, files, inputs)
     return out
-
-
-SERVICE_NAMES = {"G3": ("q", "k", "v"), "G4": ("x", "w_q", "w_k", "w_v", "w_o")}
 
 
 def checked(url: str, body: Path, inputs: Arrays, rid: str, tmp: Path) -> str | None:
@@ -323,45 +336,48 @@ def http_rows(
     ids: set[str],
 ) -> list[Any]:
     """G3–G6 (whichever ``ids`` names) on the bench's server at ``base``."""
+    import torch
+
+    torch.set_num_threads(1)  # its steadiest time on a shared machine (G1, G2), and its lowest
     rows: list[Any] = []
-    for rid, (path, plain, grad, inputs) in bodies(tmp).items():
+    for rid, (path, files, inputs) in bodies(tmp).items():
         mine = [i for i in (rid, f"G{int(rid[1]) + 2}") if i in ids]
         if not mine:
             continue
-        why = checked(base + path, grad, inputs, rid, tmp)
+        url = base + path
+        why = checked(url, files["grad_all"], inputs, rid, tmp)
         if why is not None:
             rows += [skipped(i, WHAT[i], why, target_text(i)) for i in mine]
             continue
-        post(base + path, plain)  # first calls are not measured
-
-        url = base + path
-        reference = torch_attention if rid == "G3" else torch_multihead
-        times: dict[str, list[float]] = {"grad": [], "plain": [], "torch": []}
-        sides: dict[str, Timer] = {
-            "grad": partial(served, url, grad),
-            "plain": partial(served, url, plain),
-            "torch": timer(partial(reference, inputs)),
-        }
-        order = list(sides)
-        for i in range(runs):  # the three sides in turn, the order rotated each run
-            for name in order[i % 3 :] + order[: i % 3]:
-                times[name].append(sides[name]())
-        with_grad, without, in_torch = times["grad"], times["plain"], times["torch"]
         size = (tmp / f"{rid}.out").stat().st_size / 1e6
+        for body in files.values():
+            post(url, body)  # first calls are not measured
+        reference = torch_attention if rid == "G3" else torch_multihead
+        sides: dict[str, Timer] = {n: partial(served, url, body) for n, body in files.items()}
+        sides["torch"] = timer(partial(reference, inputs))
+        times: dict[str, list[float]] = {n: [] for n in sides}
+        order = list(sides)
+        for i in range(runs):  # the sides in turn, the order rotated each run
+            for name in order[i % len(order) :] + order[: i % len(order)]:
+                times[name].append(sides[name]())
+        _, every = summary(times["grad_all"], times["plain_all"])
         if rid in ids:
-            ratio, text = summary(with_grad, without)
+            ratio, text = summary(times["grad"], times["plain"])
             op, target = TARGETS[rid]
             rows.append(row(rid, WHAT[rid], ratio, op, target,
-                            f"with vs without {text}; a {size:.1f} MB safetensors answer with "
-                            "every output (received by curl, discarded); gradients checked "
-                            f"against torch autograd to {TOLERANCE:g} first"))  # fmt: skip
+                            f"with vs without {text}; include the output and the inputs' "
+                            f"gradients ({', '.join(SERVICE_NAMES[rid])}), answered as "
+                            f"safetensors; with every output (a {size:.1f} MB answer): {every}; "
+                            f"the gradients checked against torch autograd to {TOLERANCE:g} "
+                            "first"))  # fmt: skip
         rid2 = f"G{int(rid[1]) + 2}"
         if rid2 in ids:
-            ratio, text = summary(with_grad, in_torch)
+            ratio, text = summary(times["grad"], times["torch"])
+            _, all_text = summary(times["grad_all"], times["torch"])
             rows.append(info(rid2, WHAT[rid2], ratio,
-                             f"service vs torch {text}; the service answers every intermediate "
-                             f"and its gradient ({size:.1f} MB as safetensors), torch computes "
-                             "the output and Q, K, V's or the weights' gradients only"))  # fmt: skip
+                             f"service (the output and the inputs' gradients) vs torch on 1 "
+                             f"thread {text}; with every output and gradient ({size:.1f} MB): "
+                             f"{all_text}"))  # fmt: skip
     return sorted((r for r in rows if r["id"] in ids), key=lambda r: IDS.index(r["id"]))
 
 
