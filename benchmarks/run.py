@@ -48,6 +48,9 @@ M1 (a trained model, benchmarks/models.py; needs torch, transformers and make mo
 transformers float64 in process.
 
 Z1–Z4 (compressed JSON answers, benchmarks/compressed.py): bytes and time of each coding ÷ identity.
+
+G1–G6 (the backward pass, benchmarks/backward.py): forward + backward against torch autograd in
+process, and requests with grad_output against the same without and against torch.
 """
 
 import argparse
@@ -76,6 +79,7 @@ import orjson  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import backward  # noqa: E402  (benchmarks/backward.py: G1–G6)
 import compressed  # noqa: E402  (benchmarks/compressed.py: Z1–Z4)
 import explorer  # noqa: E402  (benchmarks/explorer.py, beside this script)
 import model_page  # noqa: E402  (benchmarks/model_page.py: E4–E9)
@@ -975,7 +979,7 @@ def e1_e3(base: str, ids: set[str], runs: int) -> list[Row]:
     return [r for r in rows if r["id"] in ids]
 
 
-ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "D3", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2", "E1", "E2", "E3", *model_page.IDS, "M1", *compressed.IDS]  # fmt: skip
+ALL_ROWS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "D1", "D2", "D3", "C1", "C2", "S1", "S1t", "B1", "B1j", "B2", "R1", "R2", "E1", "E2", "E3", *model_page.IDS, "M1", *compressed.IDS, *backward.IDS]  # fmt: skip
 
 
 def main() -> None:
@@ -1026,6 +1030,9 @@ def main() -> None:
                 rows += compressed.z_rows(
                     base, tmp, args.runs, want, row, skipped, multihead_body(384)
                 )
+            if want & set(backward.IDS):
+                rows += backward.in_process_rows(args.runs, row, skipped, want)
+                rows += backward.http_rows(base, tmp, args.runs, row, skipped, want)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -21,6 +21,7 @@ FLOAT_FIELDS = frozenset(
         "x", "context", "q", "k", "v", "w_q", "w_k", "w_v", "b_q", "b_k", "b_v", "w_o", "b_o",
         "in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias", "sinks",
         "positional_encoding", "gamma", "beta", "q_weight", "k_weight", "slopes", "table",
+        "grad_output",
     }
 )  # fmt: skip
 # integer fields keep integers

@@ -93,6 +93,134 @@ def figures(
     return hint + row + note
 
 
+# ------------------------------------------------------------------------------ gradients
+
+# the score arrays before the softmax, last first: dS is the gradient of the first one present
+SCORE_FORMS = ("masked_scores", "biased_scores", "capped_scores", "scaled_scores")
+GRADIENT_NOTE = (
+    "Each gradient map beside its forward map: ∂loss/∂weights (dP = dO Vᵀ) and ∂loss/∂{scores} "
+    "(dS = P ∘ (dP − D), D = rowsum(P ∘ dP)): where a cell is red, raising that number raises "
+    "the loss; where blue, lowers it."
+)
+
+
+def has_gradients(arrays: Mapping[str, Array]) -> bool:
+    """Whether the answer holds a backward pass (the request had ``grad_output``)."""
+    return any(name.rsplit(".", 1)[-1].startswith("grad_") for name in arrays)
+
+
+def gradient_pairs(arrays: Mapping[str, Array], prefix: str = "") -> list[tuple[str, str]]:
+    """The (forward, gradient) names drawn side by side under ``prefix`` (``""`` or
+    ``"heads.0."``): the weights and dP, then the last scores before the softmax and dS."""
+    pairs = [("weights", "grad_weights")]
+    scores = next((n for n in SCORE_FORMS if prefix + "grad_" + n in arrays), None)
+    if scores is not None:
+        pairs.append((scores, "grad_" + scores))
+    return [
+        (prefix + forward, prefix + grad)
+        for forward, grad in pairs
+        if prefix + forward in arrays
+        and prefix + grad in arrays
+        and arrays[prefix + forward].shape == arrays[prefix + grad].shape
+    ]
+
+
+def _shown(name: str) -> str:
+    """``heads.0.grad_weights`` as ``heads[0].grad_weights``."""
+    if name.startswith("heads."):
+        _, i, rest = name.split(".", 2)
+        return f"heads[{i}].{rest}"
+    return name
+
+
+def _pair_maps(arrays: Mapping[str, Array]) -> list[tuple[tuple[str, Array], tuple[str, Array]]]:
+    """Every (forward, gradient) pair of L×S slices: each head's, else the top level's."""
+    heads = sorted(
+        {int(n.split(".")[1]) for n in arrays if n.startswith("heads.") and ".grad_" in n}
+    )  # on /multihead each head's own (its dS is there), not the stacked weights' alone
+    names = [pair for i in heads for pair in gradient_pairs(arrays, f"heads.{i}.")]
+    if not names:
+        names = gradient_pairs(arrays)
+    maps: list[tuple[tuple[str, Array], tuple[str, Array]]] = []
+    for forward, grad in names:
+        maps += zip(
+            slices(_shown(forward), arrays[forward]),
+            slices(_shown(grad), arrays[grad]),
+            strict=True,
+        )
+    return maps
+
+
+def _gradient_check(entries: Sequence[Mapping[str, Any]], first_mismatch: str | None) -> str:
+    """The comparison's gradients alone: how many of yours match, and the first that does not
+    with its diagnosis ("" when no gradient was compared)."""
+    grads = [e for e in entries if ".grad_" in "." + str(e.get("name", ""))]
+    if not grads:
+        return ""
+    matching = sum(1 for e in grads if e.get("match"))
+    first = next((e for e in grads if not e.get("match")), None)
+    if first is None:
+        said = (
+            "Your gradient matches"
+            if len(grads) == 1
+            else f"All {len(grads)} of your gradients match"
+        )
+        verdict = element("b", said + " the service's.", f"color:{PASS}")
+        return element("div", verdict, "margin:4px 0", "gradient-check")
+    name = str(first.get("name"))
+    where = "the first mismatch" if name == first_mismatch else "the first gradient that differs"
+    verdict = element(
+        "b",
+        f"{matching} of your {len(grads)} gradients match; {where}: {_code(name)}",
+        f"color:{FAIL}",
+    )
+    message = element("div", html.escape(str(first.get("message", ""))), "margin:3px 0")
+    return element("div", verdict + message + _diagnosis(first), "margin:4px 0", "gradient-check")
+
+
+def gradients(
+    arrays: Mapping[str, Array],
+    meta: Mapping[str, Any],
+    rows: Sequence[str] | None,
+    cols: Sequence[str] | None,
+) -> str:
+    """The backward's section: your gradients' check (when ``expected`` had any), then each
+    gradient map beside its forward map (at most ``MAX_MAPS`` maps, a note for the others)."""
+    entries = meta.get("comparison")
+    check = (
+        _gradient_check(entries, meta.get("first_mismatch")) if isinstance(entries, list) else ""
+    )
+    pairs = _pair_maps(arrays)
+    drawn = []
+    for (forward, fmap), (grad, gmap) in pairs[: MAX_MAPS // 2]:
+        cells = [
+            figure(n, m, labels(rows, m.shape[0]), labels(cols, m.shape[1]))
+            for n, m in ((forward, fmap), (grad, gmap))
+        ]
+        drawn.append(element("div", "".join(cells), "display:flex", "gradient-pair"))
+    left_out = [grad for _, (grad, _) in pairs[MAX_MAPS // 2 :]]
+    note = (
+        element("p", html.escape(f"{len(left_out)} more gradient map(s) not drawn: "
+                                 + ", ".join(left_out[:6]) + (" …" if len(left_out) > 6 else "")), GREY)
+        if left_out
+        else ""
+    )  # fmt: skip
+    scores = next(
+        (n for n in SCORE_FORMS if any(k.endswith("grad_" + n) for k in arrays)), "scores"
+    )
+    hint = element(
+        "p", html.escape(GRADIENT_NOTE.format(scores=scores)), GREY + ";margin:2px 0 8px"
+    )
+    body = element("div", "".join(drawn), "display:flex;flex-wrap:wrap;align-items:flex-start")
+    title = element("b", "Backward pass")
+    return element(
+        "div",
+        title + check + (hint + body if pairs else "") + note,
+        "border-top:1px solid #ddd;padding-top:6px;margin-top:6px",
+        "gradients",
+    )
+
+
 # -------------------------------------------------------------------------------- comparison
 
 
@@ -248,7 +376,10 @@ def result_html(arrays: Mapping[str, Array], meta: Mapping[str, Any], kind: str 
     shown = " · ".join(html.escape(p) for p in sizes(arrays, meta))
     parts.append(element("div", f"{element('b', html.escape(kind))} {shown}", "margin-bottom:4px"))
     maps = result_maps(arrays, meta.get("num_heads") is not None)
-    parts.append(figures(maps, meta.get("tokens"), meta.get("context_tokens") or None))
+    rows, cols = meta.get("tokens"), meta.get("context_tokens") or None
+    parts.append(figures(maps, rows, cols))
+    if has_gradients(arrays):
+        parts.append(gradients(arrays, meta, rows, cols))
     style = "font-family:sans-serif;font-size:13px;line-height:1.35"
     return element("div", "".join(parts), style, "attention-result")
 

@@ -16,6 +16,9 @@ MaskLike: TypeAlias = Any
 matrix (boolean: a boolean mask; numbers: an additive one)."""
 Layout: TypeAlias = Literal["in_out", "out_in"]
 Policy: TypeAlias = Literal["zero", "uniform", "error"]
+GradLike: TypeAlias = Any
+"""∂loss/∂(the answer's last array), shaped as it (an array, as ``x`` is taken), or ``"sum"``
+(every entry 1: the gradient of that array's sum)."""
 
 
 def _fields(scope: dict[str, Any]) -> dict[str, Any]:
@@ -115,6 +118,7 @@ class _Endpoints(Generic[R]):
         decimals: int | None = None,
         expected: Mapping[str, Any] | None = None,
         tolerance: Mapping[str, float] | None = None,
+        grad_output: GradLike = None,
         **extra: Any,
     ) -> R:
         """``POST /attention``: scaled dot-product attention, every step.
@@ -124,6 +128,12 @@ class _Endpoints(Generic[R]):
         ``v`` directly, or let the service draw what is missing from ``seed``. Arrays may be
         NumPy arrays, nested lists or torch tensors. Every argument left at None is not sent;
         ``extra`` takes any other field of the API by its name. docs/api.md describes them all.
+
+        ``grad_output`` adds the backward pass: ∂loss/∂output, shaped as ``output`` (an array,
+        as ``x`` is taken), or ``"sum"`` (every entry 1, as ``out.sum().backward()``). The
+        answer then also holds the gradient of every array it reaches, named ``grad_`` + that
+        array's name (``result.grad_weights``, ``result["grad_q"]``, ``result.gradients``) with
+        a step each after the forward's; ``expected`` takes your ``grad_*`` arrays too.
 
         Returns a :class:`~attention_client.Result` (``result.weights``, ``result.output``,
         ``result.steps`` …); raises :class:`~attention_client.ServiceError` on an error answer.
@@ -170,6 +180,7 @@ class _Endpoints(Generic[R]):
         decimals: int | None = None,
         expected: Mapping[str, Any] | None = None,
         tolerance: Mapping[str, float] | None = None,
+        grad_output: GradLike = None,
         **extra: Any,
     ) -> R:
         """``POST /mask``: attention with a required mask (``mask``, ``key_padding_mask`` or
@@ -178,7 +189,8 @@ class _Endpoints(Generic[R]):
 
         ``mask`` is a mask object (``{"type": "causal"}``; see :mod:`attention_client.masks`),
         a list of them (combined with AND), or a bare matrix. The other arguments are those of
-        :meth:`attention`.
+        :meth:`attention`, ``grad_output`` included (shaped as ``output``; a masked cell's
+        ``grad_masked_scores`` is 0).
         """
         return self._post("/mask", _fields(locals()))
 
@@ -235,6 +247,7 @@ class _Endpoints(Generic[R]):
         decimals: int | None = None,
         expected: Mapping[str, Any] | None = None,
         tolerance: Mapping[str, float] | None = None,
+        grad_output: GradLike = None,
         **extra: Any,
     ) -> R:
         """``POST /multihead``: multi-head attention, per-head traces, output projection,
@@ -247,6 +260,13 @@ class _Endpoints(Generic[R]):
         ``o_proj.weight``, ``q_norm.weight``, ``sinks`` …), whose entries are sent under their
         own names. The other arguments are those of :meth:`attention`; ``result.heads[i]``
         holds head i's arrays, ``result.weights`` the stacked ``[h][L][S]`` weights.
+
+        ``grad_output`` is shaped as the layer's last array (``layer_norm``, ``residual`` or
+        ``projected``; ``concat`` for heads given without W_o), or ``"sum"``. The gradients
+        come where their arrays are: each head's in ``result.heads[i]``
+        (``result["heads.0.grad_weights"]``), the block's and the weights' at the top
+        (``grad_x``, ``grad_w_q`` in the request's layout, ``grad_w_o``, ``grad_ln_gamma`` …;
+        ``grad_state_dict`` under a state dict's own names).
         """
         fields = _fields(locals())
         for name, value in _state_dict(fields.pop("state_dict", {})).items():

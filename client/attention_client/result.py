@@ -18,6 +18,12 @@ def _missing(kind: str, name: str, names: list[str]) -> AttributeError:
     return AttributeError(f"{kind} has no output {name!r}; its outputs are: {shown}")
 
 
+def _gradients(arrays: Mapping[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
+    """The backward's arrays at this level (``grad_q``, ``row_dot``,
+    ``grad_state_dict.q_proj.weight`` …; not a head's), in the answer's order."""
+    return {n: a for n, a in arrays.items() if n.startswith("grad_") or n == "row_dot"}
+
+
 def _arrays_of(obj: object) -> Mapping[str, npt.NDArray[Any]]:
     """``obj.arrays`` without going through ``__getattr__`` (copy and pickle look attributes up
     before the fields exist)."""
@@ -53,6 +59,12 @@ class Head:
 
     def __getitem__(self, name: str) -> Any:
         return self.arrays[name] if name in self.arrays else self.json[name]
+
+    @property
+    def gradients(self) -> dict[str, npt.NDArray[Any]]:
+        """This head's backward (``grad_weights``, ``row_dot``, ``grad_q`` …) when the request
+        had ``grad_output``; empty otherwise."""
+        return _gradients(self.arrays)
 
     def __repr__(self) -> str:
         return short_repr(self.arrays, self.json, "Head")
@@ -111,6 +123,25 @@ class Result:
             own = {n[len(prefix) :]: a for n, a in self.arrays.items() if n.startswith(prefix)}
             heads.append(Head(own, entry if isinstance(entry, dict) else {}))
         return tuple(heads)
+
+    @property
+    def gradients(self) -> dict[str, npt.NDArray[Any]]:
+        """With ``grad_output``: the backward's arrays at the top of the answer by name, the
+        ``grad_*`` and D (``row_dot``): ``grad_output``, ``grad_weights`` … ``grad_q``; on
+        ``/multihead`` the block's and the weights' (each head's are in
+        ``heads[i].gradients``). Empty without it. ``steps`` lists them in the order the
+        backward makes them."""
+        return _gradients(self.arrays)
+
+    @property
+    def grad_state_dict(self) -> dict[str, npt.NDArray[Any]] | None:
+        """On ``/multihead`` with ``grad_output``, when the weights were given as a state dict
+        (or ``in_proj_weight``, ``heads``): each parameter's gradient under the name it was
+        given (``"in_proj_weight"``, ``"q_proj.weight"``), shaped as given, as
+        ``module.state_dict()`` holds them; None otherwise."""
+        prefix = "grad_state_dict."
+        found = {n[len(prefix) :]: a for n, a in self.arrays.items() if n.startswith(prefix)}
+        return found or None
 
     @cached_property
     def trace(self) -> "Result | None":
@@ -200,7 +231,9 @@ class Result:
         """Jupyter's rich display: the comparison with your numbers (when the request had
         ``expected``) with its diagnosis, then every L×S map (scores … weights; on
         ``/multihead`` the average and each head's weights) as a heatmap, queries down and
-        keys across, values printed in the cells of maps up to 16 tokens. A ``/model`` answer
+        keys across, values printed in the cells of maps up to 16 tokens; with ``grad_output``,
+        a backward section: the check of your gradients and each gradient map (dP, dS) beside
+        its forward map. A ``/model`` answer
         draws the model view instead (:meth:`model_view`, rows normalised)."""
         if is_model_answer(self.arrays, self.json):
             return model_html(self.arrays, self.json)
