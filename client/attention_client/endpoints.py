@@ -316,6 +316,7 @@ class _Endpoints(Generic[R]):
         decimals: int | None = None,
         expected: Mapping[str, Any] | None = None,
         tolerance: Mapping[str, float] | None = None,
+        grad_output: GradLike = None,
     ) -> R:
         """``POST /model``: a trained model (``GET /models`` lists them) on your ``text``.
 
@@ -324,7 +325,9 @@ class _Endpoints(Generic[R]):
         ``[L][L]``, ``result["head_roles"][layer][head]`` each head's scores and role, and the
         chosen ``layer``'s whole /multihead trace under ``trace.``: ``result["trace.x_in"]``,
         ``result["trace.heads.0.weights"]``, ``result["trace.output"]``. ``expected`` holds
-        your arrays of that layer, named as /multihead names them.
+        your arrays of that layer, named as /multihead names them. ``grad_output`` (∂loss/∂ the
+        layer's output ``[L][d_model]``, or ``"sum"``) adds the layer's backward pass to the
+        trace: ``result["trace.grad_x"]``, ``result["trace.heads.0.grad_weights"]`` …
         """
         fields = {k: v for k, v in locals().items() if k != "self" and v is not None}
         return self._post("/model", fields)

@@ -65,3 +65,22 @@ def test_a_model_not_installed_is_its_own_error_with_the_install_command(
     assert isinstance(error, ServiceError) and error.status == 501
     assert error.install_command == "make models" and error.field == "model"
     assert "make models" in error.message
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["safetensors", "json"])
+def test_model_takes_a_gradient_for_the_layers_backward(client: TestClient, binary: bool) -> None:
+    """grad_output= reaches POST /model as the app's own JSON request gives it (a NumPy seed
+    in, the trace's gradients out as arrays)."""
+    n = len(client.post("/model", json={"model": "minilm", "text": TEXT,
+                                        "include": ["tokens"]}).json()["tokens"])  # fmt: skip
+    seed = np.random.default_rng(3).normal(size=(n, 384))
+    want = client.post(
+        "/model",
+        json={"model": "minilm", "text": TEXT, "include": ["trace"], "grad_output": seed.tolist()},
+    ).json()["trace"]
+    with Client.local(binary=binary) as c:
+        got = c.model(TEXT, include=["trace"], grad_output=seed)
+    np.testing.assert_array_equal(got["trace.grad_x"], np.array(want["grad_x"]))
+    np.testing.assert_array_equal(
+        got["trace.heads.2.grad_weights"], np.array(want["heads"][2]["grad_weights"])
+    )
