@@ -237,9 +237,10 @@ def _parameter_entries(expected: Expected, endpoint: Endpoint, answered: Answere
     if answered is None or not (names or expected.state_dict):
         return {}
     made = answered.make(state)
+    theirs = {n: a for n, a in made.items() if n in _PARAMETER_NAMES}  # the parameters' only
     entries = {}
     for name in names:
-        _check_parameter(f"expected.{name}", name, expected.arrays[name], made)
+        _check_parameter(f"expected.{name}", name, expected.arrays[name], theirs)
         at = _position(endpoint, name, per_head=False)
         entries[name] = _Entry(
             name, name, None, expected.arrays[name], at, _answered(answered, name, None)

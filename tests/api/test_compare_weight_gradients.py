@@ -205,6 +205,10 @@ def test_a_parameter_the_request_does_not_have_is_a_422(client: TestClient) -> N
         err = post(client, "/attention", body | {"expected": {name: value}}, 422)
         assert err["errors"][0]["field"].startswith(f"expected.{name}"), err
         assert name in err["message"]
+    err = post(client, "/attention", body | {"expected": {"grad_b_k": [0.0] * D_K}}, 422)
+    assert err["message"].endswith(
+        "its parameters' gradients: grad_w_q, grad_w_k, grad_w_v, grad_b_q"
+    )
 
 
 def test_a_gradient_of_a_parameter_needs_grad_output(client: TestClient) -> None:
