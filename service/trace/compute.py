@@ -154,6 +154,7 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
         "present_k": trace.present_k,
         "present_v": trace.present_v,
     }
+    online = None
     if plan.shapes.online_block is not None:
         online = _online(plan, trace)
         values["online_softmax"] = online[0] if plan.shapes.batch is None else online[:]
@@ -179,6 +180,9 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
         check()
         grads = backward.attention_grads(plan, trace, mask, variants)
         values |= backward.answer(plan, grads)
+        if online is not None:
+            back = backward.online_blocks(plan, trace, online, grads, mask, variants)
+            values["online_softmax_backward"] = back[0] if plan.shapes.batch is None else back[:]
         per_head |= values
         values["steps"] = _with_backward(values["steps"], plan, grads, trace.scale)
     return outputs.body(plan.shapes, plan.include, values, per_head)
@@ -253,8 +257,10 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
         empty = Past(np.zeros((b, h_kv, 0, s.d_k)), np.zeros((b, h_kv, 0, s.d_v)))
         values["decode_check"] = replay(step, s.seq_len, trace.output, empty, check)
     per_head = _arrays(trace.heads)
+    online = None
     if s.online_block is not None:
-        per_head["online_softmax"] = _online(plan, trace.heads)
+        online = _online(plan, trace.heads)
+        per_head["online_softmax"] = online
     if latent is not None:
         values |= {
             "c_q": latent.c_q,
@@ -291,6 +297,10 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
         grads = backward.multihead_grads(plan, trace, mask, variants)
         answered = backward.answer(plan, grads)
         per_head |= answered  # the heads' (B, h, ·, ·)
+        if online is not None:  # each head's blocks, from its share of grad_concat
+            per_head["online_softmax_backward"] = backward.online_blocks(
+                plan, trace.heads, online, grads, mask, variants
+            )
         values |= answered | {"grad_output": backward.seed(plan, trace.output)}  # the block's
         values["steps"] = _with_backward(values["steps"], plan, grads, trace.heads.scale)
     return outputs.body(s, plan.include, values, per_head)

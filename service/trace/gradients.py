@@ -75,20 +75,13 @@ def check_unfolded(req: InputFields) -> None:
 def check_grad_output(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> Shapes:
     """``shapes`` with the backward on when ``grad_output`` is given and holds: an array shaped
     as the answer's last array (batched as the request), or "sum"; refused where the core's
-    backward cannot go yet (multi-head latent attention, FlashAttention-2's block-by-block
-    backward, T5's bias table)."""
+    backward cannot go yet (multi-head latent attention, T5's bias table)."""
     grad = req.grad_output
     if grad is None:
         return shapes
     taken = getattr(req, "_config_taken", None) or {}
     refusals = (
         ("mla" in shapes.on, "mla", "the backward through the latents is not available yet"),
-        (
-            shapes.online_block is not None,
-            "online_softmax",
-            "FlashAttention-2's block-by-block backward (online_softmax_backward) is not "
-            "available yet",
-        ),
         (
             "position_bias" in shapes.on and "alibi" not in shapes.on,
             "relative_bias",

@@ -346,11 +346,6 @@ Q3 = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
         ("/attention", {"grad_output": [[True, 1.0], [0, 0], [0, 0]]}, "grad_output"),
         (
             "/attention",
-            {"grad_output": "sum", "online_softmax": {"block_size": 2}},
-            "online_softmax",
-        ),
-        (
-            "/attention",
             {"grad_output": "sum", "relative_bias": {"table": [0.0, 1.0, 2.0, 3.0]}},
             "relative_bias",
         ),
