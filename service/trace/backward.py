@@ -21,8 +21,9 @@ from service.core.linear import project_backward
 from service.core.masks import CombinedMask
 from service.core.multihead import MultiheadTrace
 from service.core.online_backward import OnlineBackward, online_softmax_backward
+from service.core.positions import RelativeBias, t5_bucket
 from service.core.softmax import OnlineSoftmax
-from service.core.types import Array
+from service.core.types import Array, IntArray
 from service.core.variants import Variants
 from service.trace.gradients import PARAMETERS
 from service.trace.outputs import GRADIENTS
@@ -99,7 +100,7 @@ def multihead_grads(
     if plan.weights is None:  # q, k, v given per head
         return heads_backward(trace, d_out, w_o=plan.w_o, b_o=plan.b_o, **common)
     assert plan.x is not None
-    return multihead_backward(
+    grads = multihead_backward(
         plan.x,
         plan.weights,
         trace,
@@ -108,6 +109,34 @@ def multihead_grads(
         residual=plan.residual,
         **common,
     )
+    if "k_eq_v" in s.on:  # W_v is W_k: one parameter read twice, its gradient the two reads'
+        for part in ("w", "b"):
+            if f"grad_{part}_v" in grads:
+                grads[f"grad_{part}_k"] = grads[f"grad_{part}_k"] + grads.pop(f"grad_{part}_v")
+    return grads
+
+
+def bias_table(plan: Plan, grads: Grads, queries: IntArray, keys: IntArray) -> Grads:
+    """With T5's relative bias: the gradient of its table [num_buckets][h], the bias's
+    gradient summed by bucket, head by head (the bias is table[bucket(p'_j − p_i)][h])."""
+    spec = plan.bias
+    if not isinstance(spec, RelativeBias) or "grad_position_bias" not in grads:
+        return {}
+    table = spec.table  # (num_buckets, h)
+    bucket = t5_bucket(
+        keys[None, :].astype(np.int64) - queries[:, None].astype(np.int64),
+        spec.bidirectional,
+        table.shape[0],
+        spec.max_distance,
+    ).ravel()  # (L·S,)
+    g = np.broadcast_to(
+        grads["grad_position_bias"], (table.shape[1], *grads["grad_position_bias"].shape[-2:])
+    )
+    per_head = [
+        np.bincount(bucket, weights=g[i].ravel(), minlength=table.shape[0])
+        for i in range(table.shape[1])
+    ]
+    return {"grad_relative_bias_table": np.stack(per_head, axis=-1)}  # (num_buckets, h)
 
 
 def online_blocks(
@@ -200,7 +229,7 @@ def state_dict(plan: MultiheadPlan, grads: Grads) -> dict[str, Array]:
     """Every given parameter's gradient under the name the request gave it, shaped as given:
     q_proj.weight … out_in as a module stores them, in_proj_weight packed [q; k; v] as
     PyTorch packs it, heads.<i>.w_q per head, and the norms', sinks', gate's, layer norm's."""
-    out: dict[str, Array] = {}
+    out: dict[str, Array] = {pack.name: pack.make(grads) for pack in plan.packed}
     for field, name in plan.given.items():
         if field == "heads":
             out |= _per_head(plan, grads)

@@ -179,6 +179,7 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
     if plan.shapes.backward:
         check()
         grads = backward.attention_grads(plan, trace, mask, variants)
+        grads |= backward.bias_table(plan, grads, *_positions(plan))
         values |= backward.answer(plan, grads)
         if online is not None:
             back = backward.online_blocks(plan, trace, online, grads, mask, variants)
@@ -295,6 +296,7 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
     if s.backward:
         check()
         grads = backward.multihead_grads(plan, trace, mask, variants)
+        grads |= backward.bias_table(plan, grads, *_positions(plan))
         answered = backward.answer(plan, grads)
         per_head |= answered  # the heads' (B, h, ·, ·)
         if online is not None:  # each head's blocks, from its share of grad_concat

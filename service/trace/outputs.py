@@ -992,6 +992,11 @@ GRADIENTS: tuple[Output, ...] = (
         for side in ("q", "k", "v")
         for part in ("weight", "bias")
     ),
+    _parameter(
+        "grad_relative_bias_table",
+        "∂loss/∂ relative_bias.table [num_buckets][h]: the bias's gradient summed by bucket, "
+        "per head",
+    ),
     _parameter("grad_ln_gamma", "∂loss/∂ layer_norm.gamma [d_out]", endpoints=MULTIHEAD),
     _parameter("grad_ln_beta", "∂loss/∂ layer_norm.beta [d_out]", endpoints=MULTIHEAD),
     _weight("grad_w_o", f"∂loss/∂W_o, {_LAYOUT}", index(H * D_V, D_OUT), MULTIHEAD, _backward),

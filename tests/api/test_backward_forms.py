@@ -132,3 +132,101 @@ def test_online_softmax_backward_per_head_under_gqa_with_rope(client: TestClient
         close(side_by_side(blocks, "p", -1), p[:, i], f"p {i}")
         assert not side_by_side(blocks, "p", -1)[1, 2].any()
     close(ans["grad_x"], tx.grad, "grad_x")
+
+
+# ---- 2. the state dict's own forms: transformers' layers in float64, backward ---------------
+
+# the cases of tests/wire/test_config_layers.py whose parameters the folds unpack or rename
+FORMS = {
+    "phi3-longrope-long": "qkv_proj rows",
+    "gpt_neox-per_head-fused": "query_key_value per_head",
+    "falcon-new_decoder-grouped": "query_key_value grouped",
+    "falcon-per_head-bias": "query_key_value per_head, biases",
+    "mpt-alibi-clip-softmax_scale": "Wqkv rows",
+    "dbrx-rows-gqa-clip": "Wqkv rows, GQA",
+    "gpt2-columns-inverse_layer_idx": "c_attn columns (Conv1D), c_proj transposed",
+    "gpt_bigcode-multi_query-rows": "c_attn rows (Linear), c_proj as it is",
+    "codegen-blocks-rotary_dim": "qkv_proj codegen",
+    "gemma4-full-k_eq_v": "k_eq_v",
+    "qwen3_next-full": "gate: true",
+    "qwen3_5-full-gate": "gate: true",
+    "stablelm-qk_layernorm-per-head": "StableLM's per-head norms",
+    "hunyuan_v1_dense-alpha-norm_after_rope": "HunYuan's query_layernorm",
+    "bert-block-post_ln": "BERT's output.LayerNorm",
+    "t5-encoder-layer0": "T5's relative_attention_bias.weight",
+    "t5-decoder-causal": "T5's relative_attention_bias.weight, causal",
+}
+
+
+def _autograd(layer: Any, x: np.ndarray, positions: list[int], g: np.ndarray) -> Any:
+    """The layer run as tests/wire/test_config_layers.py's _run runs it, with gradients: x's
+    and every parameter's, from dO = g."""
+    from transformers import modeling_rope_utils as hf_rope
+
+    from harness.hf_reference import _widened, float64_torch_in
+
+    xs = torch.tensor(x[None], dtype=F64, requires_grad=True)
+    pos = torch.tensor(positions)[None]
+    with float64_torch_in(layer.modeling, hf_rope), _widened():
+        mask = layer.mask_fn(layer.config, xs, None, None, position_ids=pos)
+        rotary: dict[str, Any] = {"position_ids": pos} if layer.position_ids else {}
+        if layer.rotary is not None:
+            rotary["position_embeddings"] = layer.rotary(xs, pos)
+        out, _ = layer.attn(hidden_states=xs, attention_mask=mask, **rotary, **layer.forward_kwargs)
+        back(out, torch.tensor(g[None], dtype=F64))
+    return xs.grad, dict(layer.attn.named_parameters())
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("case", list(FORMS), ids=list(FORMS))
+def test_grad_state_dict_under_the_modules_own_names(client: TestClient, case: str) -> None:
+    """grad_x and grad_state_dict, keyed exactly as the module's named_parameters(), against
+    torch.autograd of transformers' own layer (float64, the harness's patches)."""
+    from tests.wire import test_config_layers as layers
+
+    _, build, layer, positions, _ = next(c for c in layers.CASES if c[0] == case)
+    cfg, hf = build(layer)
+    hf.attn = hf.attn.double().eval()
+    layers._fill(hf, 100 + layer)
+    rng = np.random.default_rng(layer)
+    x = rng.normal(size=(layers.L, layers.SIZES["hidden_size"]))
+    g = rng.normal(size=(layers.L, layers.SIZES["hidden_size"]))
+    at = list(range(layers.L)) if positions is None else positions
+    grad_x, params = _autograd(hf, x, at, g)
+    body: dict[str, Any] = {"x": x.tolist(), **layers._state(hf), "config": cfg, "layer": layer,
+                            "grad_output": g.tolist(), "include": ["grad_x", "grad_state_dict"]}  # fmt: skip
+    if positions is not None:
+        body["positions"] = body["context_positions"] = positions
+    ans = post(client, "/multihead", body)
+    close(ans["grad_x"], grad_x[0], "grad_x")
+    ours = ans["grad_state_dict"]
+    assert set(ours) == set(params), (sorted(ours), sorted(params))
+    for name, p in params.items():
+        close(ours[name], p.grad, name)
+
+
+def test_relative_bias_tables_gradient_on_attention(client: TestClient) -> None:
+    """relative_bias on /attention: grad_relative_bias_table [num_buckets][1] is the bias's
+    gradient summed by T5's bucket (transformers' own _relative_position_bucket here)."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    L, S, d, buckets = 4, 6, 3, 8
+    q, k, v, g = rand(L, d), rand(S, d), rand(S, d), rand(L, d)
+    table = rand(buckets, 1)
+    body = {"q": q, "k": k, "v": v, "grad_output": g, "scale": 1.0,
+            "relative_bias": {"table": table, "bidirectional": True, "max_distance": 5}}  # fmt: skip
+    ans = post(client, "/attention", body)
+    tq, tt = t(q, True), t(table, True)
+    rel = torch.arange(S)[None, :] - torch.arange(L)[:, None]
+    bucket = T5Attention._relative_position_bucket(rel, True, buckets, 5)  # type: ignore[no-untyped-call]
+    bias = tt[bucket][..., 0]  # (L, S)
+    back((tq @ t(k).T + bias).softmax(-1) @ t(v), t(g))
+    close(ans["grad_relative_bias_table"], tt.grad, "grad_relative_bias_table")
+    close(ans["grad_q"], tq.grad, "grad_q")
+
+
+def test_k_eq_v_with_heads_given_directly_is_refused(client: TestClient) -> None:
+    heads = rand(2, 3, 2)
+    body = {"q": heads, "k": heads, "num_heads": 2, "k_eq_v": True, "grad_output": "sum"}
+    err = post(client, "/multihead", body, 422)
+    assert err["errors"][0]["field"] == "grad_output" and "k_eq_v" in err["errors"][0]["message"]
