@@ -27,7 +27,6 @@
 //                 nothing above them)
 // What render.js's drawing sets off in compare.js, selection.js and verdict.js is registered here
 // (whenDrawn), so that render.js imports none of them.
-import { $ } from "./lib/state.js";
 import { showFor, fillForm, loadExamples } from "./form.js";
 import { startLayers } from "./layers/form.js";
 import { run } from "./run.js";
@@ -38,6 +37,8 @@ import { drawDecodeCheck } from "./verdict.js";
 import { drawSelection } from "./selection.js";
 import { drawOnline } from "./layers/blocks.js";
 import { startModelMode } from "./model/mode.js";
+import { showGrad } from "./backward-form.js";
+import { $, state } from "./lib/state.js";
 
 async function start() {
   $("form").addEventListener("submit", (e) => run(e));
@@ -60,6 +61,9 @@ async function start() {
       run();
     }
   });
+  $("grad_mode").addEventListener("change", () =>
+    showGrad(state.lastResult && state.lastResult.data),
+  );
   $("explain-close").addEventListener("click", closeExplain);
   document.addEventListener("keydown", (e) => {
     if (e.key === "Escape" && !$("explain").hidden) closeExplain();
