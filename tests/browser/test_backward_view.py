@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from tests.browser.support import js_number, wait_idle
+from tests.browser.support import js_number, post_json, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -221,3 +221,66 @@ def test_the_pattern_after_a_layer_norm_moves_the_gradients(page: Any) -> None:
     page.locator('figure[data-name="grad_layer_norm"] rect.cell').first.click()
     page.locator("#explain .explain-total").wait_for()
     assert "does not compute grad_layer_norm yet" in page.locator("#explain").inner_text()
+
+
+# every gradient cell the page computes, against the service's number: [name, head, i, j, kind,
+# the page's total or None, the service's]
+RECOMPUTE_GRADIENTS = """async (args) => {
+  const m = await import('/static/explain.js');
+  const b = await import('/static/lib/backward.js');
+  const {endpoint, data, request} = args;
+  const out = [];
+  const scan = (src, head) => {
+    for (const name of Object.keys(src).filter((n) => n.startsWith('grad_'))) {
+      const a = src[name];
+      if (!Array.isArray(a) || !Array.isArray(a[0]) || Array.isArray(a[0][0])) continue;
+      for (let i = 0; i < a.length; i++) for (let j = 0; j < a[i].length; j++) {
+        const ctx = {endpoint, data, request, name, head, batch: null, i, j};
+        const r = b.gradientCell(ctx);
+        if (m.explainCell(ctx) === null) throw new Error('no explanation of ' + name);
+        out.push([name, head, i, j, r.kind, r.total ?? null, r.service]);
+      }
+    }
+  };
+  if (endpoint === 'multihead') data.heads.forEach((h, n) => scan(h, n));
+  else scan(data, null);
+  return out;
+}"""
+
+ROPE_SOFTCAP: dict[str, Any] = {
+    "q": Q, "k": K, "v": V, "mask": {"type": "causal"}, "softcap": 0.8,
+    "rope": {"base": 100, "style": "interleaved", "rotary_dim": 2, "scaling": {"type": "yarn", "factor": 4,
+             "original_max_position": 2}},
+    "positions": [3, 4, 5, 6], "sinks": 0.3, "grad_output": _pattern(4, 2),
+}  # fmt: skip
+TEMPERED_GQA: dict[str, Any] = {
+    "x": X, "w_q": W_Q, "w_k": [r[:2] for r in W_K], "w_v": [r[:2] for r in W_V],
+    "num_heads": 2, "num_kv_heads": 1, "temperature": {"floor_scale": 2, "attn_scale": 0.5},
+    "mask": {"type": "causal"}, "alibi": True, "grad_output": D_O[:3],
+}  # fmt: skip
+CASES = [("rope_yarn_softcap_sink", "attention", ROPE_SOFTCAP),
+         ("gqa_temperature_alibi", "multihead", TEMPERED_GQA)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body"), [(e, b) for _, e, b in CASES], ids=[n for n, _, _ in CASES]
+)
+def test_every_gradient_cell_the_page_computes_is_the_services(
+    page: Any, server: str, endpoint: str, body: dict[str, Any]
+) -> None:
+    """RoPE's backward (YaRN's gain, interleaved, shifted positions), the softcap's, the sink,
+    the temperature's, the bias, grouped-query heads: each cell the page computes equals the
+    service's to 1e-12; the others say they are the service's."""
+    data = post_json(server, endpoint, body)
+    assert "steps" in data, data
+    rows = page.evaluate(RECOMPUTE_GRADIENTS, {"endpoint": endpoint, "data": data, "request": body})
+    kinds = {r[4] for r in rows}
+    bad = [r for r in rows if r[5] is not None and abs(r[5] - r[6]) > 1e-12 * max(1, abs(r[6]))]
+    assert bad == [], bad[:10]
+    computed = {r[0] for r in rows if r[5] is not None}
+    assert {"grad_weights", "grad_q", "grad_scores"} <= computed, computed
+    assert kinds >= {"dO", "dP", "dS", "dQ", "score-back"}, kinds
+    if endpoint == "attention":
+        assert {"rope-back", "dK", "dV"} <= kinds and "grad_capped_scores" in computed
+    else:  # grouped: the heads' k and v gradients are summed per key/value head, top level
+        assert "temper-back" in kinds and "grad_biased_scores" in computed
