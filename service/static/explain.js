@@ -9,7 +9,8 @@
  * data-step, data-i, data-j name the same cell of the step before. Styles are in explorer.css.
  *
  * The arithmetic (the cell computed again from the step before) is lib/arithmetic.js's, offered
- * here too; importing this module waits for the OpenAPI document (the steps' order is its).
+ * here too; importing this module waits for the OpenAPI document (the steps' order is its). A
+ * gradient's cell (grad_*) is backward-explain.js's.
  */
 
 import { recompute, NEG_INF, kindOf } from "./lib/arithmetic.js";
@@ -18,6 +19,7 @@ import { el, fmt, table, totalLine } from "./lib/explain-parts.js";
 import { LAYER_KINDS, explainLayer, layerWho, layerBefore } from "./layers/explain.js";
 import { count } from "./lib/format.js";
 import { isLatent, latentCell, latentExplains } from "./layers/latent.js";
+import { explainGradient, isGradient } from "./backward-explain.js";
 
 // the number format of the explanations (lib/explain-parts.js), as this module has always offered it
 export { fmt };
@@ -104,6 +106,7 @@ function ropeNote(box, r, i, j) {
 
 /** The explanation of ctx's cell as an element, or null when that name is not explained. */
 export function explainCell(ctx) {
+  if (isGradient(ctx.name)) return explainGradient(ctx); // the backward's cells
   let r;
   try {
     r = latentExplains(ctx) ? latentCell(ctx) : recompute(ctx); // MLA's cells: layers/latent.js

@@ -5,6 +5,7 @@
 import { $, state, loadSpec } from "./lib/state.js";
 import { formatMatrix } from "./lib/format.js";
 import { LAYER_TEXT_IDS, fillLayers, resetLayers, showLayers } from "./layers/form.js";
+import { fillGrad } from "./backward-form.js";
 
 export const TEXT_IDS = [
   "tokens",
@@ -230,6 +231,7 @@ export function fillForm(example) {
     else leftover.push(m);
   }
   if (leftover.length) ex.mask = leftover; // kinds repeated beyond what the form holds
+  fillGrad(ex); // grad_output: "sum", an array in its box, or off
   fillVariants(ex);
   const heads = take("num_heads");
   if (heads !== undefined) $("num_heads").value = heads;

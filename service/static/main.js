@@ -13,6 +13,9 @@
 //   render.js     the results: summary, maps, tables, steps, batch picker, explanation panel
 //   heads.js      /multihead's heads side by side
 //   heatmap.js    a map's card (SVG when small; mapview.js's zoomable canvas when large)
+//   gradients.js  the backward: each gradient's map beside its output, the backward's steps marked
+//   backward-explain.js  what a clicked gradient cell means (lib/backward.js: its arithmetic)
+//   backward-form.js  grad_output from the form (off, the signed pattern, "sum", an array)
 //   request.js    the request body from the form; form.js the form's fields and examples;
 //   layers/form.js  the fields of today's layers (v_norm, temperature, k_eq_v, the gate, …)
 //   errors.js     errors next to their fields
@@ -23,11 +26,10 @@
 //                 MLA's latents and shared key: layers/latent.js)
 //   layers/blocks.js  the online softmax block by block for one row (arithmetic: layers/online.js)
 //   lib/          leaves: state, format, fields, files, schema, table, svg, picture, paste,
-//                 arithmetic, layers, pick, explain-parts, positions, safetensors (import
+//                 arithmetic, layers, pick, explain-parts, positions, safetensors, backward (import
 //                 nothing above them)
 // What render.js's drawing sets off in compare.js, selection.js and verdict.js is registered here
 // (whenDrawn), so that render.js imports none of them.
-import { $ } from "./lib/state.js";
 import { showFor, fillForm, loadExamples } from "./form.js";
 import { startLayers } from "./layers/form.js";
 import { run } from "./run.js";
@@ -38,6 +40,8 @@ import { drawDecodeCheck } from "./verdict.js";
 import { drawSelection } from "./selection.js";
 import { drawOnline } from "./layers/blocks.js";
 import { startModelMode } from "./model/mode.js";
+import { showGrad } from "./backward-form.js";
+import { $, state } from "./lib/state.js";
 
 async function start() {
   $("form").addEventListener("submit", (e) => run(e));
@@ -60,6 +64,9 @@ async function start() {
       run();
     }
   });
+  $("grad_mode").addEventListener("change", () =>
+    showGrad(state.lastResult && state.lastResult.data),
+  );
   $("explain-close").addEventListener("click", closeExplain);
   document.addEventListener("keydown", (e) => {
     if (e.key === "Escape" && !$("explain").hidden) closeExplain();

@@ -10,11 +10,15 @@ import { table } from "./lib/table.js";
 import { heatmap, smallMapsGrid } from "./heatmap.js";
 import { headsPanel, foldedTables, collapsed } from "./heads.js";
 import { SINK_WEIGHTS, explains, kindOf } from "./lib/layers.js";
+import { GRAD_PREFIX } from "./lib/schema.js";
+import { gradientCard, besideGradient, stepItems } from "./gradients.js";
 
 /** @typedef {import("./lib/schema.js").View} View */
 /**
- * One output to draw: `m` its matrix, `head` the /multihead head it belongs to.
- * @typedef {{key: string, label?: string, title: string, view: View, m: any, head?: number}} DrawItem
+ * One output to draw: `m` its matrix, `head` the /multihead head it belongs to, `grad` its
+ * gradient's matrix when the answer holds one (drawn beside it: gradients.js).
+ * @typedef {{key: string, label?: string, title: string, view: View, m: any, head?: number,
+ *   grad?: any}} DrawItem
  */
 
 /** @typedef {HTMLButtonElement | HTMLSelectElement | HTMLInputElement | HTMLTextAreaElement} FormControl */
@@ -88,7 +92,7 @@ function cellHook(item, ep, b, batched) {
   const parts = item.label.split(".");
   const name = parts.at(-1);
   const head = parts[0] === "heads" ? Number(parts[1]) : null;
-  if (!explains(name)) return null;
+  if (!explains(name) && !name.startsWith(GRAD_PREFIX)) return null; // every gradient's cell
   return (i, j) => {
     const r = state.lastResult;
     explain({
@@ -208,7 +212,15 @@ export function render() {
         kindOf(view.name) === "scale" && data.scale !== undefined
           ? `${view.title}  · ${fmt(data.scale)}`
           : view.title;
-      items.push({ key: view.name, label: view.name, title, view, m: matrix(data[view.name]) });
+      const grad = view.grad ? matrix(data[view.grad]) : undefined;
+      items.push({
+        key: view.name,
+        label: view.name,
+        title,
+        view,
+        m: matrix(data[view.name]),
+        grad,
+      });
       continue;
     }
     (Array.isArray(data[view.name]) ? data[view.name] : []).forEach((head, i) => {
@@ -221,6 +233,7 @@ export function render() {
           view: v,
           m: matrix(head[v.name]),
           head: i,
+          grad: v.grad ? matrix(head[v.grad]) : undefined,
         };
         if (item.m) items.push(item);
       }
@@ -263,6 +276,14 @@ export function render() {
     const onCell = cellHook(item, ep, b, batched);
     const head = item.head ?? null;
     const axes = axesOf(view);
+    // the card and, when the answer holds its gradient, the gradient's beside it (gradients.js)
+    const withGradient = (card) => {
+      if (!item.grad || !item.grad.length) return card;
+      const label = item.head === undefined ? view.grad : `heads.${item.head}.${view.grad}`;
+      const onGrad = cellHook({ ...item, label }, ep, b, batched);
+      const where = { head: item.head, rows, cols, labels, allowed, onCell: onGrad };
+      return besideGradient(card, gradientCard(view, item.grad, where));
+    };
     let el;
     if (view.map) {
       el = heatmap(
@@ -277,21 +298,24 @@ export function render() {
         axes,
       );
       if (head !== null) el.dataset.head = String(head);
+      const placed = withGradient(el);
       if (head !== null && view.name === "weights")
-        grid.push(el); // heads side by side
-      else if (head !== null && kindOf(view.name) === "mask")
+        grid.push(placed); // heads side by side
+      else if (head !== null && kindOf(view.name) === "mask" && placed === el)
         folded.push(collapsed(title, el)); // the same numbers as the scores, with −∞: folded
       else if (key === "average_weights") average = el;
-      else maps.push(el);
+      else maps.push(placed); // a head's masked scores beside their gradient dS: not folded
     } else {
       el = table(key, title, m, labels[view.rows] || [], onCell);
-      if (head === null) tables.push(el);
+      if (head !== null) el.dataset.head = String(head);
+      const placed = withGradient(el);
+      if (head === null) tables.push(placed);
       else {
         if (!headTables.has(head)) headTables.set(head, []);
-        headTables.get(head).push({ title: title.replace(/^head \d+: /, ""), el });
+        const said = title.replace(/^head \d+: /, "");
+        headTables.get(head).push({ title: placed === el ? said : `${said} and ∂`, el: placed });
       }
     }
-    if (head !== null) el.dataset.head = String(head);
     drawn.push({
       ...item,
       el,
@@ -318,13 +342,5 @@ export function render() {
   const ctx = { ep, data, body: state.lastResult.body, batch: b, batched, drawn, pick, rows, cols };
   for (const hook of drawnHooks) hook(ctx);
 
-  $("steps").replaceChildren(
-    ...(data.steps || []).map((s) => {
-      const li = document.createElement("li");
-      const code = document.createElement("code");
-      code.textContent = s.formula;
-      li.append(`${s.name}: `, code, `  [${s.shape.join(" × ")}]`);
-      return li;
-    }),
-  );
+  $("steps").replaceChildren(...stepItems(data.steps || [])); // the backward's marked
 }

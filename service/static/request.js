@@ -7,6 +7,7 @@ import { parseMatrix, parseInts, numbersOrUndefined, numberOrUndefined } from ".
 import { weightName, STATE_DICT, layoutChosen } from "./form.js";
 import { layersBody, withoutValues } from "./layers/form.js";
 import { clearErrors, showErrors } from "./errors.js";
+import { gradBody } from "./backward-form.js";
 
 // the text of a field as numbers (lib/fields.js), as this module has always offered it
 export { parseMatrix, parseInts, numbersOrUndefined, numberOrUndefined };
@@ -132,6 +133,7 @@ export function buildBody() {
       throw new FieldError("extra", 'more fields: a JSON object, e.g. {"b_q": [0, 1]}');
     Object.assign(body, more);
   }
+  gradBody(body); // last: the pattern's shape is known by the rest of the body
   return body;
 }
 

@@ -6,6 +6,7 @@ import { readSafetensors } from "./lib/safetensors.js";
 import { formBody } from "./request.js";
 import { showErrors } from "./errors.js";
 import { render, setupBatch, markStale } from "./render.js";
+import { patternFor, patternPending, rememberShape } from "./backward-form.js";
 
 // The status line: beside the second Run button and at the top of the results.
 // `hint` (optional): a second sentence at the top only.
@@ -50,6 +51,12 @@ export async function run(event, { scroll = true } = {}) {
     const started = performance.now();
     let response;
     try {
+      // the backward's default pattern, shaped as the last array: asked for first when unknown
+      if (patternPending(body)) {
+        const dO = await patternFor(ep, body);
+        if (dO !== undefined) body.grad_output = dO;
+        if (seq !== runs) return;
+      }
       const headers = { "Content-Type": "application/json" };
       if (sequenceLength(body) >= LARGE) headers.Accept = "application/x-safetensors"; // read far faster than JSON
       response = await fetch(ep, { method: "POST", headers, body: JSON.stringify(body) });
@@ -81,6 +88,7 @@ export async function run(event, { scroll = true } = {}) {
       return;
     }
     state.lastResult = { ep, body, data };
+    rememberShape(body, data);
     markStale(false);
     const ms = performance.now() - started;
     setupBatch(ep, data);

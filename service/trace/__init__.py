@@ -24,7 +24,6 @@ from service.config import Settings
 from service.trace import outputs
 from service.trace.comparison import check_expected
 from service.trace.compute import Check, run_attention, run_multihead
-from service.trace.gradients import check_unfolded
 from service.trace.limits import check_limits
 from service.trace.plan import plan_attention, plan_multihead
 from service.trace.responses import AttentionResponse, MaskResponse, MultiheadResponse
@@ -119,7 +118,6 @@ def admit(req: InputFields, endpoint: str, settings: Settings) -> Admitted:
     arrays' shapes, the names in include, the limits), or raise the error that names the
     field (:mod:`service.wire.errors`). Draws and computes nothing."""
     if isinstance(req, MultiheadRequest):
-        check_unfolded(req)  # grad_output with a field the gradients cannot be packed back into
         req = folded(req)  # config, k_eq_v, gate: true as the fields they imply
         shapes = multihead_shapes(req)
     else:

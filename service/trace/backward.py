@@ -3,9 +3,10 @@ gradients (:mod:`service.core.backward`) from ``grad_output``, the projections' 
 request's layout, ``grad_state_dict`` under the names the request gave, and a step for each
 gradient after the forward's, in the order the backward made them.
 
-FlashAttention-2's block-by-block backward (``online_softmax_backward``) is refused by the
-rules until the core has it (:mod:`service.trace.gradients`); its output is one more value of
-:func:`attention_grads` and one more step of :func:`backward_steps` when it lands.
+With ``online_softmax``, FlashAttention-2's backward a block of keys at a time
+(:func:`online_blocks`, :mod:`service.core.online_backward`: Dao 2023, Algorithm 2) is one more
+output, ``online_softmax_backward``, and one more step per block after the backward's
+(:func:`backward_steps`).
 """
 
 from collections.abc import Callable, Mapping
@@ -19,7 +20,10 @@ from service.core.backward import attention_backward, heads_backward, multihead_
 from service.core.linear import project_backward
 from service.core.masks import CombinedMask
 from service.core.multihead import MultiheadTrace
-from service.core.types import Array
+from service.core.online_backward import OnlineBackward, online_softmax_backward
+from service.core.positions import RelativeBias, t5_bucket
+from service.core.softmax import OnlineSoftmax
+from service.core.types import Array, IntArray
 from service.core.variants import Variants
 from service.trace.gradients import PARAMETERS
 from service.trace.outputs import GRADIENTS
@@ -96,7 +100,7 @@ def multihead_grads(
     if plan.weights is None:  # q, k, v given per head
         return heads_backward(trace, d_out, w_o=plan.w_o, b_o=plan.b_o, **common)
     assert plan.x is not None
-    return multihead_backward(
+    grads = multihead_backward(
         plan.x,
         plan.weights,
         trace,
@@ -104,6 +108,58 @@ def multihead_grads(
         context=plan.context,
         residual=plan.residual,
         **common,
+    )
+    if "k_eq_v" in s.on:  # W_v is W_k: one parameter read twice, its gradient the two reads'
+        for part in ("w", "b"):
+            if f"grad_{part}_v" in grads:
+                grads[f"grad_{part}_k"] = grads[f"grad_{part}_k"] + grads.pop(f"grad_{part}_v")
+    return grads
+
+
+def bias_table(plan: Plan, grads: Grads, queries: IntArray, keys: IntArray) -> Grads:
+    """With T5's relative bias: the gradient of its table [num_buckets][h], the bias's
+    gradient summed by bucket, head by head (the bias is table[bucket(p'_j − p_i)][h])."""
+    spec = plan.bias
+    if not isinstance(spec, RelativeBias) or "grad_position_bias" not in grads:
+        return {}
+    table = spec.table  # (num_buckets, h)
+    bucket = t5_bucket(
+        keys[None, :].astype(np.int64) - queries[:, None].astype(np.int64),
+        spec.bidirectional,
+        table.shape[0],
+        spec.max_distance,
+    ).ravel()  # (L·S,)
+    g = np.broadcast_to(
+        grads["grad_position_bias"], (table.shape[1], *grads["grad_position_bias"].shape[-2:])
+    )
+    per_head = [
+        np.bincount(bucket, weights=g[i].ravel(), minlength=table.shape[0])
+        for i in range(table.shape[1])
+    ]
+    return {"grad_relative_bias_table": np.stack(per_head, axis=-1)}  # (num_buckets, h)
+
+
+def online_blocks(
+    plan: Plan,
+    trace: AttentionTrace,
+    online: OnlineSoftmax,
+    grads: Grads,
+    mask: CombinedMask | None,
+    variants: Variants,
+) -> OnlineBackward:
+    """FlashAttention-2's backward of the head(s) of ``trace`` a block of keys at a time, the
+    blocks those of the forward's ``online`` softmax, from each head's dO (on /multihead its
+    share of grad_concat, ``grads["grad_output"]`` (B, h, L, d_v))."""
+    padded = None if mask is None else mask.padded_queries  # (B, L)
+    if padded is not None and trace.output.ndim == 4:
+        padded = padded[:, None]  # (B, 1, L) against the heads' (B, h, L)
+    return online_softmax_backward(
+        trace,
+        online,
+        grads["grad_output"],
+        variants=variants,
+        padded_queries=padded,
+        fully_masked_policy=plan.fully_masked_rows,
     )
 
 
@@ -173,7 +229,7 @@ def state_dict(plan: MultiheadPlan, grads: Grads) -> dict[str, Array]:
     """Every given parameter's gradient under the name the request gave it, shaped as given:
     q_proj.weight … out_in as a module stores them, in_proj_weight packed [q; k; v] as
     PyTorch packs it, heads.<i>.w_q per head, and the norms', sinks', gate's, layer norm's."""
-    out: dict[str, Array] = {}
+    out: dict[str, Array] = {pack.name: pack.make(grads) for pack in plan.packed}
     for field, name in plan.given.items():
         if field == "heads":
             out |= _per_head(plan, grads)
@@ -332,9 +388,41 @@ def _shape(plan: Plan, name: str, g: Array) -> list[int]:
     return list(g.shape[1:] if batched and plan.shapes.batch is None else g.shape)
 
 
+def _online_steps(plan: Plan) -> list[Step]:
+    """With online_softmax: a step per block of keys of FlashAttention-2's backward."""
+    s = plan.shapes
+    size = s.online_block
+    if size is None:
+        return []
+    lead = ([s.batch] if s.batch is not None else []) + (
+        [s.num_heads] if s.endpoint == "multihead" else []
+    )
+    steps = []
+    for start in range(0, s.ctx_len, size):
+        end = min(start + size, s.ctx_len)
+        last = (
+            "; the last block: dq = the gradient of the Q the scores read"
+            if end == s.ctx_len
+            else ""
+        )
+        steps.append(
+            {
+                "name": f"online_softmax_backward keys {start}…{end - 1}",
+                "formula": f"FlashAttention-2's backward over keys {start}…{end - 1}: "
+                "p = exp(s − L_i) with L_i = m_i + log ℓ_i, dv = pᵀ dO, dp = dO V_jᵀ, "
+                "ds = p ∘ (dp − D_i)"
+                + (" ∘ (1 − tanh²(s/c))" if "softcap" in s.on else "")
+                + f", dk = dsᵀ Q · scale, dq += ds K_j · scale{last}",
+                "shape": [*lead, s.seq_len, end - start],
+            }
+        )
+    return steps
+
+
 def backward_steps(plan: Plan, grads: Grads, scale: float) -> list[Step]:
     """A step per gradient, in the order the backward made them (the reverse of the forward's,
-    the block's before the heads', the parameters' last), D after dP."""
+    the block's before the heads', the parameters' last), D after dP; then, with
+    online_softmax, a step per block of FlashAttention-2's backward."""
     formulas = _formulas(plan, grads, scale)
     order = [n for n in grads if n in _ROWS and n != "row_dot"]
     if "row_dot" in grads and "grad_weights" in order:
@@ -351,4 +439,4 @@ def backward_steps(plan: Plan, grads: Grads, scale: float) -> list[Step]:
                 "shape": _shape(plan, name, g),
             }
         )
-    return steps
+    return steps + _online_steps(plan)

@@ -155,6 +155,7 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
         "present_k": trace.present_k,
         "present_v": trace.present_v,
     }
+    online = None
     if plan.shapes.online_block is not None:
         online = _online(plan, trace)
         values["online_softmax"] = online[0] if plan.shapes.batch is None else online[:]
@@ -175,7 +176,11 @@ def run_attention(plan: AttentionPlan, check: Check) -> dict[str, Any]:
     if plan.shapes.backward:
         check()
         grads = backward.attention_grads(plan, trace, mask, variants)
+        grads |= backward.bias_table(plan, grads, *_positions(plan))
         values |= backward.answer(plan, grads)
+        if online is not None:
+            back = backward.online_blocks(plan, trace, online, grads, mask, variants)
+            values["online_softmax_backward"] = back[0] if plan.shapes.batch is None else back[:]
         per_head |= values
         values["steps"] = _with_backward(values["steps"], plan, grads, trace.scale)
     if plan.expected is not None:  # the gradients compared too (their engine shapes)
@@ -255,8 +260,10 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
         empty = Past(np.zeros((b, h_kv, 0, s.d_k)), np.zeros((b, h_kv, 0, s.d_v)))
         values["decode_check"] = replay(step, s.seq_len, trace.output, empty, check)
     per_head = _arrays(trace.heads)
+    online = None
     if s.online_block is not None:
-        per_head["online_softmax"] = _online(plan, trace.heads)
+        online = _online(plan, trace.heads)
+        per_head["online_softmax"] = online
     if latent is not None:
         values |= {
             "c_q": latent.c_q,
@@ -269,8 +276,13 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
     if s.backward:
         check()
         grads = backward.multihead_grads(plan, trace, mask, variants)
+        grads |= backward.bias_table(plan, grads, *_positions(plan))
         answered = backward.answer(plan, grads)
         per_head |= answered  # the heads' (B, h, ·, ·)
+        if online is not None:  # each head's blocks, from its share of grad_concat
+            per_head["online_softmax_backward"] = backward.online_blocks(
+                plan, trace.heads, online, grads, mask, variants
+            )
         values |= answered | {"grad_output": backward.seed(plan, trace.output)}  # the block's
         values["steps"] = _with_backward(values["steps"], plan, grads, trace.heads.scale)
     if plan.expected is not None:

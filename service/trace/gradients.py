@@ -1,15 +1,23 @@
 """The backward pass's rules (API.md, "The backward pass, every step"): what ``grad_output``
 must be, and what the core's backward (:mod:`service.core.backward`) cannot do yet, refused
-with a 422 naming ``grad_output`` and the variant (never a silent wrong gradient)."""
+with a 422 naming ``grad_output`` and the variant (never a silent wrong gradient); the names the
+request gave its parameters, and how the gradients of those the folds unpacked
+(:mod:`service.wire.fold`: fused projections, gate: true's rows, StableLM's per-head norms) are
+packed back as given."""
 
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
+import numpy as np
 from pydantic import AliasChoices
 
+from service.core.types import Array
 from service.trace.checks import options
 from service.trace.shapes import Shapes
 from service.wire.errors import FieldError
+from service.wire.fused import Unpacked
 from service.wire.schemas.requests import (
+    PER_HEAD_NORM,
     AttentionRequest,
     GateOptions,
     InputFields,
@@ -17,24 +25,6 @@ from service.wire.schemas.requests import (
     MultiheadRequest,
 )
 from service.wire.schemas.variant_fields import QKNormOptions
-
-# the request's keys whose folds (service.wire.fold) grad_state_dict cannot yet pack back:
-# key prefix -> what it is
-_NOT_PACKED_BACK: dict[str, str] = {
-    "qkv_proj.": "a fused projection",
-    "query_key_value.": "a fused projection",
-    "Wqkv.": "a fused projection",
-    "wqkv": "a fused projection",
-    "c_attn.": "a fused projection",
-    "c_proj.": "GPT-2's output projection",
-    "q_layernorm.norms": "StableLM's per-head norms",
-    "k_layernorm.norms": "StableLM's per-head norms",
-    "query_layernorm.": "HunYuan's norm after RoPE",
-    "key_layernorm.": "HunYuan's norm after RoPE",
-    "output.LayerNorm.": "BERT's output LayerNorm",
-    "output_LayerNorm": "BERT's output LayerNorm",
-    "relative_attention_bias.": "T5's bias table",
-}
 
 
 def _refuse(what: str, why: str) -> FieldError:
@@ -45,56 +35,22 @@ def _refuse(what: str, why: str) -> FieldError:
     )
 
 
-def check_unfolded(req: InputFields) -> None:
-    """Before the folds: refuse ``grad_output`` with the request's own fields whose gradient the
-    service cannot give under their own names yet (a fused projection, a gate read from
-    q_proj.weight's rows, the values made from the keys)."""
-    if req.grad_output is None or not isinstance(req, MultiheadRequest):
-        return
-    for key in req._sent:
-        for prefix, what in _NOT_PACKED_BACK.items():
-            if key.startswith(prefix):
-                raise _refuse(
-                    f"{key} ({what})",
-                    "its gradient cannot be given under its own name yet (grad_state_dict "
-                    "packs back q_proj, k_proj, v_proj, o_proj and out_proj, in_proj, the q/k "
-                    "norms' weights, sinks and a gate given as gate.w)",
-                )
-    if req.gate is True:
-        raise _refuse(
-            "gate: true (the gate's rows inside q_proj.weight)",
-            "grad_state_dict cannot pack the gate's gradient back into q_proj.weight's rows "
-            'yet: give the gate as {"w": …, "b": …}',
-        )
-    if req.k_eq_v:
-        raise _refuse(
-            "k_eq_v", "the gradient of a projection read as both keys and values is not wired yet"
-        )
-
-
 def check_grad_output(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> Shapes:
     """``shapes`` with the backward on when ``grad_output`` is given and holds: an array shaped
     as the answer's last array (batched as the request), or "sum"; refused where the core's
-    backward cannot go yet (multi-head latent attention, FlashAttention-2's block-by-block
-    backward, T5's bias table)."""
+    backward cannot go yet (multi-head latent attention; k_eq_v with q, k, v given per
+    head)."""
     grad = req.grad_output
     if grad is None:
         return shapes
-    taken = getattr(req, "_config_taken", None) or {}
     refusals = (
         ("mla" in shapes.on, "mla", "the backward through the latents is not available yet"),
         (
-            shapes.online_block is not None,
-            "online_softmax",
-            "FlashAttention-2's block-by-block backward (online_softmax_backward) is not "
-            "available yet",
+            "k_eq_v" in shapes.on and shapes.d_model is None,
+            "k_eq_v and q, k, v given per head",
+            "k would be read as both the keys and the values, and grad_k, grad_v are the "
+            "gradients of each read; give x and k_proj.weight (or w_k) instead",
         ),
-        (
-            "position_bias" in shapes.on and "alibi" not in shapes.on,
-            "relative_bias",
-            "the gradient of T5's bucket table is not available yet (ALiBi's fixed bias is)",
-        ),
-        ("k_eq_v" in taken or "k_eq_v" in shapes.on, "k_eq_v", "not wired yet"),
     )
     for refused, what, why in refusals:
         if refused:
@@ -172,6 +128,7 @@ PARAMETERS: dict[str, str] = {
     "qk_norm.k_weight": "grad_k_norm_weight",
     "qk_norm.q_bias": "grad_q_norm_bias",
     "qk_norm.k_bias": "grad_k_norm_bias",
+    "relative_bias.table": "grad_relative_bias_table",
 }
 
 
@@ -219,4 +176,145 @@ def given_names(req: AttentionRequest | MultiheadRequest) -> dict[str, str]:
             for n in ("q_weight", "k_weight", "q_bias", "k_bias")
             if getattr(qk, n) is not None
         }
-    return given
+    if getattr(req, "relative_bias", None) is not None:
+        given["relative_bias.table"] = "relative_bias.table"
+    if not isinstance(req, MultiheadRequest):
+        return given
+    given |= {  # a family's own name for a parameter the folds renamed
+        field: _spelled(req, own) for field, own in _RENAMED.items() if _sent_as(req, own)
+    }
+    if req.k_eq_v:  # W_v is W_k: its gradient is W_k's (both reads summed)
+        given = {f: n for f, n in given.items() if f not in _VALUES}
+    consumed = {field for pack in packed_back(req) for field in pack.fields}
+    return {f: n for f, n in given.items() if f not in consumed}
+
+
+# ------------------------------------------- the forms the folds unpacked, packed back
+
+# {parameter field: the request field a family gives it under, renamed by the folds}
+_RENAMED = {
+    "q_norm_weight": "query_layernorm_weight",  # HunYuan
+    "k_norm_weight": "key_layernorm_weight",
+    "layer_norm.gamma": "output_layer_norm_weight",  # BERT's output.LayerNorm
+    "layer_norm.beta": "output_layer_norm_bias",
+    "relative_bias.table": "relative_attention_bias_weight",  # T5
+}
+_VALUES = frozenset({"v_proj_weight", "v_proj_bias", "w_v", "b_v"})  # k_eq_v: the keys'
+
+
+def _sent_as(req: MultiheadRequest, field: str) -> bool:
+    """Whether the body gave ``field`` under one of its names."""
+    info = type(req).model_fields[field]
+    alias = info.validation_alias
+    names = (
+        [n for n in alias.choices if isinstance(n, str)] if isinstance(alias, AliasChoices) else []
+    )
+    return any(n in req._sent for n in [*names, field])
+
+
+Grads = Mapping[str, Array]
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A parameter the body gave in a form the folds (:mod:`service.wire.fold`) unpacked, and
+    its gradient packed back as it was given, from the core's (weights in_out)."""
+
+    name: str  # as the body gave it
+    make: Callable[[Grads], Array]
+    fields: frozenset[str]  # the parameters (PARAMETERS' keys) whose gradients it holds
+
+
+def packed_back(req: MultiheadRequest) -> tuple[Packed, ...]:
+    """Every parameter given in an unpacked form: a fused projection (its layout's rows, a
+    Conv1D's columns) and GPT-2's c_proj; q_proj.weight holding the gate's rows (gate:
+    true); StableLM's per-head norms."""
+    return (*_fused(req), *_gate_rows(req), *_norms_per_head(req))
+
+
+def _fused(req: MultiheadRequest) -> list[Packed]:
+    how: Unpacked | None = req._unpacked
+    if how is None or how.parts is None:
+        return []
+    parts = how.parts
+    size = sum(len(p) for p in parts)
+
+    def packed(kind: str, conv1d: bool) -> Callable[[Grads], Array]:
+        def make(g: Grads) -> Array:
+            first = g[f"grad_{kind}_q"]  # (d_model, h·d) in_out, or (h·d,)
+            out = np.zeros((size, *first.shape[:-1]))
+            for rows, n in zip(parts, "qkv", strict=True):
+                out[rows] = g[f"grad_{kind}_{n}"].T
+            return out.T if conv1d else out
+
+        return make
+
+    out: list[Packed] = []
+    for field in how.fields:
+        name = _spelled(req, field)
+        if field in ("c_proj_weight", "c_proj_bias"):
+            kind = "w_o" if field == "c_proj_weight" else "b_o"
+            conv = how.conv1d and field == "c_proj_weight"  # Conv1D: [h·d_v][d_out], in_out
+            make = _in_out(kind) if conv else _out_in(kind)
+            out.append(Packed(name, make, frozenset({field.replace("c_proj", "o_proj")})))
+        elif field.endswith("_weight"):
+            out.append(Packed(name, packed("w", how.conv1d), _PROJECTIONS["weight"]))
+        else:
+            out.append(Packed(name, packed("b", False), _PROJECTIONS["bias"]))
+    return out
+
+
+_PROJECTIONS = {part: frozenset(f"{n}_proj_{part}" for n in "qkv") for part in ("weight", "bias")}
+
+
+def _in_out(name: str) -> Callable[[Grads], Array]:
+    return lambda g: g[f"grad_{name}"]
+
+
+def _out_in(name: str) -> Callable[[Grads], Array]:
+    return lambda g: g[f"grad_{name}"].T
+
+
+def _gate_rows(req: MultiheadRequest) -> list[Packed]:
+    """gate: true (Qwen3-Next): q_proj.weight's rows per head, its query rows then its gate
+    rows (``view(L, h, 2·d)`` then ``chunk(2)``); q_proj.bias likewise."""
+    if not req._gate_rows or req.num_heads is None:
+        return []
+    h = req.num_heads
+
+    def weight(g: Grads) -> Array:
+        query, gate = g["grad_w_q"].T, g["grad_gate_w"].T  # (h·d, d_model) each, out_in
+        return np.stack(
+            [query.reshape(h, -1, query.shape[-1]), gate.reshape(h, -1, gate.shape[-1])], 1
+        ).reshape(-1, query.shape[-1])
+
+    def bias(g: Grads) -> Array:
+        return np.stack([g["grad_b_q"].reshape(h, -1), g["grad_gate_b"].reshape(h, -1)], 1).reshape(
+            -1
+        )
+
+    out = [Packed(_spelled(req, "q_proj_weight"), weight, frozenset({"q_proj_weight", "gate.w"}))]
+    if req.q_proj_bias is not None:
+        out.append(Packed(_spelled(req, "q_proj_bias"), bias, frozenset({"q_proj_bias", "gate.b"})))
+    return out
+
+
+def _norms_per_head(req: MultiheadRequest) -> list[Packed]:
+    """StableLM's q_layernorm.norms.<i>.weight: row i of the norm weight's gradient [h][d_k]
+    (the list form q_layernorm.norms: the whole)."""
+    out: list[Packed] = []
+    for key in req._sent:
+        if (m := PER_HEAD_NORM.fullmatch(key)) is not None:
+            side, i = m[1], int(m[2])
+            out.append(
+                Packed(key, _row(f"grad_{side}_norm_weight", i), frozenset({f"{side}_norm_weight"}))
+            )
+        elif key in ("q_layernorm.norms", "k_layernorm.norms"):
+            out.append(
+                Packed(key, _in_out(f"{key[0]}_norm_weight"), frozenset({f"{key[0]}_norm_weight"}))
+            )
+    return out
+
+
+def _row(name: str, i: int) -> Callable[[Grads], Array]:
+    return lambda g: g[name][i]

@@ -40,6 +40,7 @@ Kind = Literal[
     "warnings",
     "check",  # decode_check: {max_abs_diff, steps}
     "blocks",  # online_softmax: one entry per key block
+    "backward_blocks",  # online_softmax_backward: one entry per key block
     "numbers",  # a short list of floats for the whole request (θ_i, slopes), never batched
     "integers",  # a short list of integers for the whole request (positions), never batched
     "tensor",  # a parameter's gradient shaped as the parameter: a number, [n] or [h][n]
@@ -879,6 +880,30 @@ def _weight(
 
 
 _LAYOUT = "in the request's weight_layout when it gave that weight, else in_out"
+
+
+def _online_backward(s: Shapes) -> int:
+    """online_softmax_backward's numbers per batch item and head: p, dp and ds [L][S] in all,
+    dv and dk [S][·] in all, a running dq [L][d_k] per block."""
+    blocks = -(-s.ctx_len // (s.online_block or 1))
+    return 3 * s.seq_len * s.ctx_len + s.ctx_len * (s.d_k + s.d_v) + blocks * s.seq_len * s.d_k
+
+
+def _online_backward_batch(s: Shapes) -> tuple[int, ...]:
+    """/attention's online_softmax_backward, the batch inside."""
+    return ((s.batch or 1) * _online_backward(s),)
+
+
+def _online_backward_traced(s: Shapes) -> bool:
+    return s.backward and s.online_block is not None
+
+
+_ONLINE_BACKWARD = (
+    "FlashAttention-2's backward a block of keys at a time (with online_softmax and "
+    'grad_output): per block {"keys": [start, end], "p": [L][n] the weights recomputed from '
+    'each row\'s log-sum-exp, "dv": [n][d_v], "dp": [L][n], "ds": [L][n], "dk": [n][d_k], '
+    '"dq": [L][d_k] the running gradient of the Q the scores read}; the last dq is that gradient'
+)
 GRADIENTS: tuple[Output, ...] = (
     *(_gradient_of(out) for out in reversed(FORWARD) if out.name in DIFFERENTIATED),
     head(
@@ -888,6 +913,23 @@ GRADIENTS: tuple[Output, ...] = (
         rows_by=queries(),
         kind="vector",
         when=_backward,
+    ),
+    array(
+        "online_softmax_backward",
+        _ONLINE_BACKWARD,
+        rows_by=_online_backward_batch,
+        kind="backward_blocks",
+        endpoints=ATTENTION,
+        when=_online_backward_traced,
+        batched=False,
+    ),  # the batch inside
+    head(
+        "online_softmax_backward",
+        _ONLINE_BACKWARD,
+        rows_by=lambda s: (_online_backward(s),),
+        kind="backward_blocks",
+        endpoints=MULTIHEAD,
+        when=_online_backward_traced,
     ),
     block(
         "grad_k",
@@ -949,6 +991,11 @@ GRADIENTS: tuple[Output, ...] = (
         _parameter(f"grad_{side}_norm_{part}", f"∂loss/∂ the {side} norm's {part}, shaped as given")
         for side in ("q", "k", "v")
         for part in ("weight", "bias")
+    ),
+    _parameter(
+        "grad_relative_bias_table",
+        "∂loss/∂ relative_bias.table [num_buckets][h]: the bias's gradient summed by bucket, "
+        "per head",
     ),
     _parameter("grad_ln_gamma", "∂loss/∂ layer_norm.gamma [d_out]", endpoints=MULTIHEAD),
     _parameter("grad_ln_beta", "∂loss/∂ layer_norm.beta [d_out]", endpoints=MULTIHEAD),

@@ -21,7 +21,7 @@ from service.core.positions import (
 from service.core.types import Alignment, Array, FullyMaskedPolicy, Init, WeightLayout
 from service.core.variants import Variants
 from service.trace.checks import lengths, options
-from service.trace.gradients import given_names
+from service.trace.gradients import Packed, given_names, packed_back
 from service.trace.outputs import drawn_shape
 from service.trace.rows.latent import latent_weights
 from service.trace.rows.variants import engine_settings
@@ -71,6 +71,9 @@ class Plan:
     # {a parameter's gradient (grad_w_q, grad_q_proj_weight …): the name the request gave the
     # parameter}, for the weights' layouts and grad_state_dict (service.trace.gradients)
     given: Mapping[str, str] = field(default_factory=dict)
+    # the parameters given in a form the folds unpacked (a fused projection, gate: true's rows,
+    # StableLM's per-head norms): grad_state_dict packs their gradients back
+    packed: tuple[Packed, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,6 +261,7 @@ def _plan(
         tolerance=None if req.tolerance is None else Tolerance(**req.tolerance.model_dump()),
         grad_output=_seed(req.grad_output),
         given=given_names(req) if shapes.backward else {},
+        packed=packed_back(req) if shapes.backward and isinstance(req, MultiheadRequest) else (),
         **rest,
     )
 

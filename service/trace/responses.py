@@ -150,6 +150,18 @@ class OnlineBlock(BaseModel):
     o: Matrix = Field(description="each row's running output: the weighted values so far / l")
 
 
+class OnlineBackwardBlock(BaseModel):
+    """One block of keys of FlashAttention-2's backward (Dao 2023, Algorithm 2)."""
+
+    keys: list[int] = Field(description="[start, end): the block's keys")
+    p: Matrix = Field(description="the block's weights, exp(s − L_i) from each row's log-sum-exp")
+    dv: Matrix = Field(description="the block's values' gradient: pᵀ dO")
+    dp: Matrix = Field(description="the block's weights' gradient: dO V_jᵀ")
+    ds: Matrix = Field(description="the block's scores' gradient: p ∘ (dp − D), softcap's applied")
+    dk: Matrix = Field(description="the block's keys' gradient: dsᵀ Q · scale")
+    dq: Matrix = Field(description="the queries' gradient over the blocks so far: Σ ds K_j · scale")
+
+
 class Warning(BaseModel):
     """Something that looks wrong in the request."""
 
@@ -177,6 +189,7 @@ TYPES: dict[Kind, Any] = {
     "warnings": list[Warning],
     "check": DecodeCheck,
     "blocks": list[OnlineBlock],
+    "backward_blocks": list[OnlineBackwardBlock],
     "numbers": list[float],
     "integers": list[int],
     "tensor": float | list[float] | list[list[float]],

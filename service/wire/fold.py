@@ -86,9 +86,12 @@ def folded(req: MultiheadRequest) -> MultiheadRequest:
     update = _output_block(req) | _relative_table(req) | _norm_weights(req)
     update |= _values_are_keys(req) if req.k_eq_v else {}
     update |= _norms_per_head(req)
-    if req.gate is True:
+    gate_rows = req.gate is True
+    if gate_rows:
         update |= _gate_rows(req)
-    return req.model_copy(update=update) if update else req
+    out = req.model_copy(update=update) if update else req
+    out._gate_rows = gate_rows  # the backward packs the gate's gradient back into q_proj.weight
+    return out
 
 
 def _configured(req: MultiheadRequest) -> MultiheadRequest:

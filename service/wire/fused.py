@@ -239,6 +239,11 @@ class Unpacked:
     layout: str
     words: str  # which rows hold what
     output: str = ""  # how c_proj.weight was read, when given
+    # for the backward's grad_state_dict: where W_q's, W_k's and W_v's rows are in the fused
+    # axis, whether it is stored [in][out] (Conv1D), and the fields the body gave
+    parts: Parts | None = None
+    conv1d: bool = False
+    fields: tuple[str, ...] = ()  # of FUSED_NAMES: the fused weight, its bias, c_proj's
 
     @property
     def formula(self) -> str:
@@ -311,7 +316,10 @@ def unpacked(req: MultiheadRequest) -> tuple[dict[str, Any], Unpacked] | None:
     fields |= {name: None, bias_field: None}
     output, said = _output_projection(req, layout) if c_proj else ({}, "")
     shape = tuple(getattr(req, name).shape)
-    return fields | output, Unpacked(FUSED[name][1], shape, layout.name, layout.words(n), said)
+    sent = (name,) + ((bias_field,) if b is not None else ()) + tuple(c_proj)
+    how = Unpacked(FUSED[name][1], shape, layout.name, layout.words(n), said, (q, k, v),
+                   layout.conv1d, sent)  # fmt: skip
+    return fields | output, how
 
 
 def _output_projection(req: MultiheadRequest, layout: Layout) -> tuple[dict[str, Any], str]:

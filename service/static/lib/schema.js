@@ -9,7 +9,7 @@ import { isStack } from "./format.js";
  * What the schema's x-view says of one output (see below): a map's colours or a table's rows, or
  * (`each`) the views of every item of a per-head list.
  * @typedef {{name?: string, title?: string, map?: string | null, rows?: string, each_head?: boolean,
- *   chain?: boolean, each?: View[]}} View
+ *   chain?: boolean, each?: View[], grad?: string}} View
  */
 
 // The service describes each drawable output in its OpenAPI document: the property of the
@@ -26,12 +26,19 @@ export function resolveRef(ref) {
     .reduce((o, k) => (o ? o[k] : undefined), state.spec);
 }
 
+// The backward (API "The backward pass, every step"): the gradient of an output is the property
+// of the same schema named grad_ + its name; a view whose schema has one carries its name (`grad`),
+// drawn beside it when the answer holds it.
+export const GRAD_PREFIX = "grad_";
+
 export function viewsOf(schema) {
   const views = [];
-  for (const [name, prop] of Object.entries((schema && schema.properties) || {})) {
+  const props = (schema && schema.properties) || {};
+  for (const [name, prop] of Object.entries(props)) {
     const view = prop["x-view"];
     if (view) {
-      views.push({ ...view, name, map: view.map || null });
+      const grad = props[GRAD_PREFIX + name] ? { grad: GRAD_PREFIX + name } : {};
+      views.push({ ...view, name, map: view.map || null, ...grad });
       continue;
     }
     for (const alt of prop.anyOf || prop.oneOf || [prop]) {

@@ -301,6 +301,9 @@ class MultiheadRequest(VariantFields, InputFields):
     _config_keys: list[str] | None = PrivateAttr(default=None)
     # how a fused projection was unpacked (service.wire.fused.Unpacked), for the unpack step
     _unpacked: Any = PrivateAttr(default=None)
+    # gate: true as the body gave it (the folds make it gate.w from q_proj.weight's rows): the
+    # backward packs the gate's gradient back into q_proj.weight (service.trace.gradients)
+    _gate_rows: bool = PrivateAttr(default=False)
     # the body's own keys, as it spells them (the state-dict names it gives, before aliases
     # and the per-head gathering merge them): service.wire.fold checks them against the module
     _sent: tuple[str, ...] = PrivateAttr(default=())

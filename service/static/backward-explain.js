@@ -1,0 +1,211 @@
+// @ts-check
+// A clicked gradient cell explained with its numbers (explain.js hands every grad_* cell here):
+// the formula of its step of the backward, the page's numbers in it (lib/backward.js computes them
+// again from the gradient after it and the forward's arrays), a table of the terms summed, and the
+// page's total beside the service's; "← how … was computed" walks to the gradient it came from
+// where that is the same cell (dS from dP, each score's gradient from the next's). A gradient the
+// page does not compute yet (the norms, the clamp, /multihead's block, the projections, the
+// weights) says so and shows the service's number and step.
+import { gradientCell, isGradient } from "./lib/backward.js";
+import { el, fmt, table, totalLine } from "./lib/explain-parts.js";
+import { slotOf } from "./lib/layers.js";
+
+export { isGradient };
+
+const DONE =
+  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, and RoPE's and the temperature's backward";
+
+/** Whose cell it is: query i → key j for a map of the scores or the weights, else the row's
+ * token and the feature. */
+function who(ctx, r) {
+  const { i, j } = ctx;
+  const tokens = ctx.data.tokens,
+    keys = ctx.data.context_tokens || tokens;
+  const said = (list, n) => (Array.isArray(list) && list[n] !== undefined ? ` “${list[n]}”` : "");
+  const slot = slotOf(r.of);
+  if (slot === "scores" || slot === "weights")
+    return `query ${i}${said(tokens, i)} → key ${j}${said(keys, j)}`;
+  const side = slot ?? r.of;
+  const keyRow = side === "k" || side === "v";
+  return `${keyRow ? "key" : "query"} ${i}${said(keyRow ? keys : tokens, i)}, feature ${j}`;
+}
+
+const TERMS = {
+  dP: (r, i, j) => ["c", `dO[${i}][c]`, `${r.vName}[${j}][c]`, "product"],
+  dQ: (r, i, j) => ["j", `${r.gs}[${i}][j]`, `${r.other}[j][${j}]`, "product"],
+  dK: (r, i, j) => ["i", `${r.gs}[i][${i}]`, `${r.other}[i][${j}]`, "product"],
+  dV: (r, i, j) => ["i", `weights[i][${i}]`, `dO[i][${j}]`, "product"],
+};
+
+function terms(box, head, list, mark = -1) {
+  box.append(
+    table(
+      head,
+      list.map((x) => [String(x.c), fmt(x.a), fmt(x.b), fmt(x.value)]),
+      mark,
+    ),
+  );
+}
+
+// each kind's lines: f a formula line, note a remark
+const LINES = {
+  dO(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    if (r.share)
+      f(
+        `grad_output[${i}][${j}] = dO[${i}][${j}] = grad_concat[${i}][${ctx.head}·${r.share.dv} + ${j}] = grad_concat[${i}][${r.share.col}]: head ${ctx.head}'s columns of the concat's gradient`,
+      );
+    else if (r.sum)
+      f(`grad_output[${i}][${j}] = dO[${i}][${j}] = 1: "sum", loss = the sum of the last array`);
+    else
+      f(
+        `grad_output[${i}][${j}] = dO[${i}][${j}]: ∂loss/∂ the last array, as the request gives it`,
+      );
+  },
+  dP(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    f(
+      `${r.name}[${i}][${j}] = dP[${i}][${j}] = Σ_c dO[${i}][c] · ${r.vName}[${j}][c]  (dP = dO Vᵀ)`,
+    );
+    terms(box, TERMS.dP(r, i, j), r.terms);
+    note(
+      `How the loss moves with the weight P[${i}][${j}]: the values row ${j} dotted with dO's row ${i}.`,
+    );
+  },
+  dS(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    f(`${r.name}[${i}][${j}] = dS[${i}][${j}] = P[${i}][${j}] · (dP[${i}][${j}] − D[${i}])`);
+    f(`= ${fmt(r.p)} · (${fmt(r.dp)} − ${fmt(r.D.total)})`);
+    f(`D[${i}] = Σ_c dO[${i}][c] · output[${i}][c]  (= Σ_k P[${i}][k] · dP[${i}][k])`);
+    terms(box, ["c", `dO[${i}][c]`, `output[${i}][c]`, "product"], r.D.terms);
+    const said = r.D.service === undefined ? "" : ` (the service's row_dot: ${fmt(r.D.service)})`;
+    f(`D[${i}] = ${fmt(r.D.total)}${said}`);
+    if (r.filled)
+      note(
+        `Row ${i} is fully masked and fully_masked_rows "uniform" gave it the weights 1/S, which do not depend on the scores: dS is 0.`,
+      );
+    else if (r.masked) note(`Key ${j} is masked for query ${i}: P = 0, so dS = 0.`);
+    note(
+      "The softmax's Jacobian is not diagonal: D subtracts the row's dP weighted by P. dS = P ∘ dP without it is the mistake softmax_grad_diagonal.",
+    );
+  },
+  "score-back"(box, r, ctx, f) {
+    const { i, j } = ctx;
+    const g = `grad_${r.next}[${i}][${j}]`;
+    if (r.why === "scale")
+      f(
+        `${r.name}[${i}][${j}] = ${g} · scale = ${fmt(r.g)} · ${fmt(r.factor)}  (${r.next} = ${r.of} · scale)`,
+      );
+    else if (r.why === "softcap") {
+      f(
+        `${r.name}[${i}][${j}] = ${g} · (1 − tanh²(${r.of}[${i}][${j}] / c)), c = softcap = ${fmt(r.c)}`,
+      );
+      f(
+        `= ${fmt(r.g)} · (1 − tanh(${fmt(r.x)} / ${fmt(r.c)})²) = ${fmt(r.g)} · (1 − ${fmt(r.t)}²) = ${fmt(r.g)} · ${fmt(r.factor)}`,
+      );
+    } else
+      f(
+        `${r.name}[${i}][${j}] = ${g} = ${fmt(r.g)}: ${r.next} adds a constant to ${r.of} (${r.nextKind === "mask" ? "the mask's 0 or −∞" : "the position bias"}), whose derivative is 1`,
+      );
+  },
+  dQ(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    f(
+      `${r.name}[${i}][${j}] = dQ[${i}][${j}] = Σ_j ${r.gs}[${i}][j] · ${r.other}[j][${j}]  (dQ = dS·scale K)`,
+    );
+    terms(box, TERMS.dQ(r, i, j), r.terms);
+    note(`${r.gs} is dS · scale: the scale is in it, and ${r.other} is the keys the scores read.`);
+  },
+  dK(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    f(
+      `${r.name}[${i}][${j}] = dK[${i}][${j}] = Σ_i ${r.gs}[i][${i}] · ${r.other}[i][${j}]  (dK = (dS·scale)ᵀ Q)`,
+    );
+    terms(box, TERMS.dK(r, i, j), r.terms);
+    note(`${r.gs} is dS · scale; ${r.other} is the queries the scores read.`);
+  },
+  dV(box, r, ctx, f) {
+    const { i, j } = ctx;
+    f(`${r.name}[${i}][${j}] = dV[${i}][${j}] = Σ_i P[i][${i}] · dO[i][${j}]  (dV = Pᵀ dO)`);
+    terms(box, TERMS.dV(r, i, j), r.terms);
+  },
+  "rope-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const g = `grad_${r.next}[${i}]`;
+    if (r.pair < 0) {
+      f(
+        `${r.name}[${i}][${j}] = ${g}[${j}] = ${fmt(r.a)}: feature ${j} is past the turned ones, RoPE left it`,
+      );
+      return;
+    }
+    f(
+      r.first
+        ? `${r.name}[${i}][${j}] = ${g}[${r.f}] · cos φ + ${g}[${r.h}] · sin φ, pair ${r.pair} turned back by −φ (RoPE's transpose)`
+        : `${r.name}[${i}][${j}] = ${g}[${r.h}] · cos φ − ${g}[${r.f}] · sin φ, pair ${r.pair} turned back by −φ (RoPE's transpose)`,
+    );
+    const gain = r.gain === 1 ? "" : ` (× the gain ${fmt(r.gain)})`;
+    f(`φ = ${fmt(r.phi)} at position ${r.pos}; cos φ = ${fmt(r.c)}, sin φ = ${fmt(r.s)}${gain}`);
+    f(
+      r.first
+        ? `= ${fmt(r.a)} · ${fmt(r.c)} + ${fmt(r.b)} · ${fmt(r.s)}`
+        : `= ${fmt(r.b)} · ${fmt(r.c)} − ${fmt(r.a)} · ${fmt(r.s)}`,
+    );
+    note(
+      "The rotation's transpose is the rotation by −φ: the gradient turns back the way the row turned.",
+    );
+  },
+  "temper-back"(box, r, ctx, f) {
+    const { i, j } = ctx;
+    f(
+      `${r.name}[${i}][${j}] = grad_${r.next}[${i}][${j}] · τ(p) = ${fmt(r.g)} · ${fmt(r.factor)}, query ${i} at p = ${r.p}`,
+    );
+  },
+  unexplained(box, r, ctx, f, note) {
+    note(
+      `The page does not compute ${r.name} yet (it computes ${DONE}); the number is the service's.`,
+    );
+    if (r.step) f(`The service's step: ${r.step}`);
+  },
+};
+
+// the gradient a cell came from, cell for cell (the way back), by kind
+const BEFORE = {
+  dS: () => "grad_weights",
+  "score-back": (r) => `grad_${r.next}`,
+  "temper-back": (r) => `grad_${r.next}`,
+};
+
+/** The explanation of gradient cell ctx as an element, or null when the answer lacks it. */
+export function explainGradient(ctx) {
+  const r = gradientCell(ctx);
+  if (!r) return null;
+  const { i, j } = ctx;
+  const box = el("section", "explain explain-gradient");
+  const where = [];
+  if (ctx.head !== null && ctx.head !== undefined) where.push("head " + ctx.head);
+  if (ctx.batch !== null && ctx.batch !== undefined) where.push("batch item " + ctx.batch);
+  box.append(
+    el(
+      "h3",
+      "explain-title",
+      `${r.name}[${i}][${j}]` + (where.length ? ` (${where.join(", ")})` : ""),
+    ),
+  );
+  box.append(el("p", "explain-who", `${who(ctx, r)}: ∂loss/∂${r.of}[${i}][${j}]`));
+  const f = (s) => box.append(el("p", "explain-formula", s));
+  const note = (s) => box.append(el("p", "explain-note", s));
+  LINES[r.kind](box, r, ctx, f, note);
+  box.append(
+    r.total === undefined
+      ? el("p", "explain-total", `= ${fmt(r.service)} (the service's number)`)
+      : totalLine(r.total, r.service, ctx.request.decimals),
+  );
+  const before = BEFORE[r.kind] && BEFORE[r.kind](r);
+  if (before) {
+    const back = el("button", "secondary explain-back", `← how ${before}[${i}][${j}] was computed`);
+    back.type = "button";
+    Object.assign(back.dataset, { step: before, i: String(i), j: String(j) });
+    box.append(back);
+  }
+  return box;
+}

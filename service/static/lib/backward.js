@@ -1,0 +1,256 @@
+// @ts-check
+// The arithmetic of a gradient cell's explanation (backward-explain.js draws it), a leaf: the
+// clicked cell of grad_<name> computed again in float64 from the gradient of the step after
+// <name> (the backward runs the forward's steps in reverse) and the forward's arrays, as the
+// service's backward does (service/core/backward.py; API "The backward pass, every step"):
+//   dO      grad_output as given ("sum": 1); a /multihead head's, grad_concat's columns of it
+//   dP      grad_weights[i][j] = Σ_c dO[i][c] · V[j][c]   (V: the values the output read)
+//   D       row_dot[i] = Σ_c dO[i][c] · O[i][c]
+//   dS      the last score before the softmax: P[i][j] · (dP[i][j] − D[i]); 0 on a row that
+//           fully_masked_rows "uniform" filled (its weights do not depend on the scores)
+//   back through the score steps by their kind (x-chain): mask and bias add constants (the same
+//           number), the softcap · (1 − tanh²(x/c)), the scale · s (grad_scores = dS · s)
+//   dQ      the queries the scores read: Σ_j grad_scores[i][j] · K[j][t]
+//   dK      the keys the scores read:    Σ_i grad_scores[i][j] · Q[i][t]
+//   dV      the values the output read:  Σ_i P[i][j] · dO[i][c]
+//   back through RoPE (the rotation's transpose: turned back by −φ, cos and sin times the gain)
+//   and the temperature (· τ(p)).
+// Not computed here (the cell is "unexplained": the page shows the service's number and step):
+// the norms, the clamp, /multihead's block (W_o, the residual, the layer norm, the gate), the
+// projections, the weights and parameters, the keys and values with a cache (`past`).
+import { pick } from "./pick.js";
+import { GRAD_PREFIX } from "./schema.js";
+import { formsOf, kindOf, lastForm, slotOf, temperatureOf } from "./layers.js";
+import {
+  keyRowPosition,
+  pairFeatures,
+  queryPosition,
+  ropeAngles,
+  ropeSettings,
+  ropeUsed,
+  rotate,
+  turnedWidth,
+} from "./positions.js";
+
+const SIDES = new Set(["q", "k", "v"]);
+
+/** Whether `name` is a gradient's (grad_ + the name of the array it is the gradient of). */
+export const isGradient = (name) => typeof name === "string" && name.startsWith(GRAD_PREFIX);
+/** The array `grad` is the gradient of. */
+export const forwardOf = (grad) => grad.slice(GRAD_PREFIX.length);
+
+const slotFor = (name) => (SIDES.has(name) ? name : slotOf(name));
+
+/** The form of the same slot made right after `name` (the step its gradient comes back from). */
+export function formAfter(ctx, name) {
+  const slot = slotFor(name);
+  if (slot === undefined) return undefined;
+  const forms = formsOf(ctx, slot);
+  const at = forms.indexOf(name);
+  return at >= 0 && at + 1 < forms.length ? forms[at + 1] : undefined;
+}
+
+const dot = (a, b) => a.reduce((s, x, k) => s + x * b[k], 0);
+const column = (m, c) => m.map((row) => row[c]);
+
+/** dO[i][c]: as given, 1 for "sum", or (a /multihead head's) grad_concat's column h·d_v + c. */
+function dOCell(ctx, i, c) {
+  if (ctx.endpoint === "multihead" && ctx.head !== null && ctx.head !== undefined) {
+    const concat = pick({ ...ctx, head: null }, "grad_concat");
+    const dv = pick(ctx, "output")[0].length;
+    if (!Array.isArray(concat)) return undefined;
+    const col = ctx.head * dv + c;
+    return { kind: "dO", share: { col, dv }, total: concat[i][col] };
+  }
+  const given = ctx.request.grad_output;
+  if (given === "sum") return { kind: "dO", sum: true, total: 1 };
+  if (!Array.isArray(given)) return undefined;
+  const a = Array.isArray(given[0][0]) ? given[ctx.batch ?? 0] : given;
+  return { kind: "dO", total: a[i][c] };
+}
+
+/** dP[i][j] = Σ_c dO[i][c] · V[j][c]. */
+function dPCell(ctx, i, j) {
+  const vName = lastForm(ctx, "v");
+  const v = pick(ctx, vName),
+    dO = pick(ctx, "grad_output");
+  if (!v || !dO || !v[j]) return undefined;
+  const terms = dO[i].map((g, c) => ({ c, a: g, b: v[j][c], value: g * v[j][c] }));
+  return { kind: "dP", vName, terms, total: terms.reduce((s, x) => s + x.value, 0) };
+}
+
+/** D[i] = Σ_c dO[i][c] · O[i][c], its terms, and the service's row_dot[i]. */
+export function rowDot(ctx, i) {
+  const dO = pick(ctx, "grad_output"),
+    o = pick(ctx, "output");
+  const terms = dO[i].map((g, c) => ({ c, a: g, b: o[i][c], value: g * o[i][c] }));
+  const said = pick(ctx, "row_dot", 1);
+  return {
+    terms,
+    total: terms.reduce((s, x) => s + x.value, 0),
+    service: Array.isArray(said) ? said[i] : undefined,
+  };
+}
+
+/** dS[i][j] = P[i][j] · (dP[i][j] − D[i]). */
+function dSCell(ctx, name, i, j) {
+  const p = pick(ctx, "weights"),
+    dP = pick(ctx, "grad_weights");
+  if (!p || !dP) return undefined;
+  const D = rowDot(ctx, i);
+  const row = pick(ctx, name)[i];
+  const filled = ctx.request.fully_masked_rows === "uniform" && row.every((x) => x === null);
+  const total = filled ? 0 : p[i][j] * (dP[i][j] - D.total);
+  return { kind: "dS", p: p[i][j], dp: dP[i][j], D, masked: row[j] === null, filled, total };
+}
+
+// back through a step of the scores, by its kind: the factor on the next gradient
+const SCORE_BACK = {
+  scale: (ctx) => ({ factor: Number(ctx.data.scale), why: "scale" }),
+  softcap: (ctx, name, i, j) => {
+    const x = pick(ctx, name)[i][j];
+    const c = Number(ctx.request.softcap);
+    const t = Math.tanh(x / c);
+    return { factor: 1 - t * t, why: "softcap", x, c, t };
+  },
+  bias: () => ({ factor: 1, why: "constant" }),
+  mask: () => ({ factor: 1, why: "constant" }),
+};
+
+/** A score's gradient from the next score's: grad_next[i][j] times the step's factor. */
+function scoreBackCell(ctx, name, i, j) {
+  const next = formAfter(ctx, name);
+  const back = next && SCORE_BACK[kindOf(next)];
+  const g = next && pick(ctx, GRAD_PREFIX + next);
+  if (!back || !g) return undefined;
+  const step = back(ctx, name, i, j);
+  return { kind: "score-back", next, nextKind: kindOf(next), g: g[i][j], ...step };
+}
+
+/** The gradient of the scores' first form (grad_scores = dS · scale): what dQ and dK read. */
+function gradScores(ctx) {
+  const first = formsOf(ctx, "scores")[0];
+  return { name: GRAD_PREFIX + first, m: pick(ctx, GRAD_PREFIX + first) };
+}
+
+/** dQ[i][t] = Σ_j grad_scores[i][j] · K[j][t]. */
+function dQCell(ctx, i, t) {
+  const gs = gradScores(ctx);
+  const kName = lastForm(ctx, "k");
+  const k = pick(ctx, kName);
+  if (!gs.m || !k || k.length !== gs.m[i].length) return undefined;
+  const terms = gs.m[i].map((g, j) => ({ c: j, a: g, b: k[j][t], value: g * k[j][t] }));
+  return { kind: "dQ", gs: gs.name, other: kName, terms, total: sum(terms) };
+}
+
+/** dK[j][t] = Σ_i grad_scores[i][j] · Q[i][t]. */
+function dKCell(ctx, j, t) {
+  const gs = gradScores(ctx);
+  const qName = lastForm(ctx, "q");
+  const q = pick(ctx, qName);
+  const here = pick(ctx, GRAD_PREFIX + lastForm(ctx, "k"));
+  if (!gs.m || !q || ctx.request.past || here.length !== gs.m[0].length) return undefined;
+  const terms = column(gs.m, j).map((g, i) => ({ c: i, a: g, b: q[i][t], value: g * q[i][t] }));
+  return { kind: "dK", gs: gs.name, other: qName, terms, total: sum(terms) };
+}
+
+/** dV[j][c] = Σ_i P[i][j] · dO[i][c]. */
+function dVCell(ctx, j, c) {
+  const p = pick(ctx, "weights"),
+    dO = pick(ctx, "grad_output");
+  const here = pick(ctx, GRAD_PREFIX + lastForm(ctx, "v"));
+  if (!p || !dO || ctx.request.past || here.length !== p[0].length) return undefined;
+  const terms = column(p, j).map((w, i) => ({ c: i, a: w, b: dO[i][c], value: w * dO[i][c] }));
+  return { kind: "dV", terms, total: sum(terms) };
+}
+
+const sum = (terms) => terms.reduce((s, x) => s + x.value, 0);
+
+/** Back through RoPE: row r of the next gradient turned back by −φ (cos and sin × the gain). */
+function ropeBackCell(ctx, name, next, r, t) {
+  const g = pick(ctx, GRAD_PREFIX + next);
+  const used = ropeUsed(ctx);
+  if (!g || used === undefined || ctx.request.past) return undefined;
+  const side = slotFor(name);
+  const row = g[r];
+  const settings = ropeSettings(ctx.request, row.length);
+  const pos = side === "q" ? queryPosition(ctx, r) : keyRowPosition(ctx, r, g.length);
+  const angles = ropeAngles(settings, used.theta, pos);
+  const back = rotate(
+    row,
+    angles.map((a) => -a),
+    settings,
+    used.gain,
+  );
+  const width = turnedWidth(settings);
+  const pairs = used.theta.map((_, n) => pairFeatures(settings.style, width, n));
+  const pair = pairs.findIndex(([f, h]) => f === t || h === t);
+  const out = { kind: "rope-back", next, side, pos, total: back[t], pair, gain: used.gain };
+  if (pair < 0) return { ...out, a: row[t] };
+  const [f, h] = pairs[pair];
+  const phi = angles[pair];
+  return {
+    ...out,
+    f,
+    h,
+    first: t === f,
+    a: row[f],
+    b: row[h],
+    phi,
+    c: Math.cos(phi) * used.gain,
+    s: Math.sin(phi) * used.gain,
+  };
+}
+
+/** Back through the temperature: the next gradient times τ(p) of the query's position. */
+function temperBackCell(ctx, next, r, t) {
+  const g = pick(ctx, GRAD_PREFIX + next);
+  if (!g) return undefined;
+  const temp = temperatureOf(ctx.request, queryPosition(ctx, r));
+  return { kind: "temper-back", next, g: g[r][t], factor: temp.factor, p: temp.p };
+}
+
+/** The step the service states for gradient `grad` (its formula), or undefined. */
+export function stepOfGradient(ctx, grad) {
+  const step = (ctx.data.steps || []).find((s) => s.name === grad);
+  return step && String(step.formula);
+}
+
+/** The clicked gradient cell computed again: {name, of, kind, total, service, …}; kind
+ * "unexplained" (total undefined) for a gradient the page does not compute; null when the
+ * answer does not hold the cell. */
+export function gradientCell(ctx) {
+  const { name, i, j } = ctx;
+  if (!isGradient(name)) return null;
+  const here = pick(ctx, name);
+  if (!Array.isArray(here) || !Array.isArray(here[i])) return null;
+  const of = forwardOf(name);
+  const base = { name, of, service: here[i][j], step: stepOfGradient(ctx, name) };
+  const cell = computeCell(ctx, of, i, j);
+  return cell === undefined
+    ? { ...base, kind: "unexplained", total: undefined }
+    : { ...base, ...cell };
+}
+
+function computeCell(ctx, of, i, j) {
+  if (of === "output") return dOCell(ctx, i, j);
+  const kind = kindOf(of);
+  if (kind === "softmax") return dPCell(ctx, i, j);
+  if (slotOf(of) === "scores") {
+    const scores = formsOf(ctx, "scores");
+    if (scores.at(-1) === of) return dSCell(ctx, of, i, j);
+    const back = scoreBackCell(ctx, of, i, j);
+    return back && { ...back, total: back.g * back.factor };
+  }
+  if (of === lastForm(ctx, "q")) return dQCell(ctx, i, j);
+  if (of === lastForm(ctx, "k")) return dKCell(ctx, i, j);
+  if (of === lastForm(ctx, "v")) return dVCell(ctx, i, j);
+  const next = formAfter(ctx, of);
+  if (!next || slotFor(of) === "v") return undefined;
+  if (kindOf(next) === "rotate") return ropeBackCell(ctx, of, next, i, j);
+  if (kindOf(next) === "temper") {
+    const back = temperBackCell(ctx, next, i, j);
+    return back && { ...back, total: back.g * back.factor };
+  }
+  return undefined;
+}
