@@ -34,7 +34,7 @@ from service.core.diagnosis.search import (
     printed_tolerance,
     search,
 )
-from service.core.diagnosis.stages import ORDER, Setup, State
+from service.core.diagnosis.stages import ORDER, Setup, State, Unfit, per_query_head
 from service.core.masks import CombinedMask
 from service.core.types import Array
 from service.trace.outputs import OUTPUTS, Output, in_heads, position, row, top_level
@@ -399,6 +399,8 @@ def compare(
     explained = first is not None and (
         entries[first].state in ORDER or is_gradient(entries[first].state)
     )
+    if first is not None and explained and entries[first].view is not None:
+        explained = _recomputed_as_answered(entries[first], state, setup)
     if first is not None and explained:
         e, tol = entries[first], tols[first]  # a printed array is diagnosed at its precision
         base, given_parts = _given(entries[:first], state, unbatched)
@@ -433,6 +435,20 @@ def compare(
         "comparison": rows,
         "first_mismatch": None if first is None else entries[first].label,
     }
+
+
+def _recomputed_as_answered(e: _Entry, state: State, setup: Setup) -> bool:
+    """Whether the diagnosis's backward, with no mistake, makes this parameter's gradient as
+    the answer gave it: only then can a mistake's recomputation be told from ours (a gradient
+    it does not make, or makes otherwise, is never diagnosed: no match that is not one)."""
+    assert e.view is not None
+    try:
+        with np.errstate(all="ignore"):
+            made = gradients(per_query_head(state, setup), setup, own_rows(setup), lambda n, g: g)
+            again, ours = e.view(made), e.view(state)
+    except (KeyError, Unfit):
+        return False
+    return again.shape == ours.shape and identical(ours, again)
 
 
 def _backward_in(low: State, setup: Setup, kind: LowType) -> State:

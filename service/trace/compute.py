@@ -491,6 +491,8 @@ def _answered(plan: Plan) -> Answered:
             made_from[name] = f"grad_b_{field[-1]}"
         else:
             made_from[name] = PARAMETERS[field]
+    for pack in plan.packed:  # a fused projection …: where the first of its gradients is made
+        made_from[pack.name] = PARAMETERS[min(pack.fields)]
     return Answered(lambda grads: backward.answer(plan, dict(grads)), made_from)
 
 

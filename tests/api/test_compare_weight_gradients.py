@@ -393,3 +393,30 @@ def test_gqa_grad_w_k_from_one_query_head_is_kv_grad_not_summed(client: TestClie
     found = ans["comparison"][0]["diagnosis"]
     assert found["mistakes"] == ["kv_grad_not_summed"]
     assert "query head j·2 + 1" in found["explanation"]
+
+
+def test_a_gradient_the_diagnosis_cannot_recompute_is_compared_never_diagnosed(
+    client: TestClient,
+) -> None:
+    """T5's bias table: its gradient (autograd's, summed by bucket) is compared; a wrong one
+    differs with no diagnosis, as the diagnosis's backward does not make it (not a 500, and
+    no mistake named for numbers it cannot reproduce)."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    s, buckets = 6, 8
+    q, k, v, g, table = rand(L, D_K), rand(s, D_K), rand(s, D_K), rand(L, D_K), rand(buckets, 1)
+    tt = torch.tensor(table, dtype=F64, requires_grad=True)
+    rel = torch.arange(s)[None, :] - torch.arange(L)[:, None]
+    bucket = T5Attention._relative_position_bucket(rel, True, buckets, 5)  # type: ignore[no-untyped-call]
+    tq, tk, tv = (torch.tensor(a, dtype=F64) for a in (q, k, v))
+    back((tq @ tk.T + tt[bucket][..., 0]).softmax(-1) @ tv, torch.tensor(g, dtype=F64))
+    body = {"q": q.tolist(), "k": k.tolist(), "v": v.tolist(), "grad_output": g.tolist(),
+            "scale": 1.0, "relative_bias": {"table": table.tolist(), "bidirectional": True,
+                                            "max_distance": 5}}  # fmt: skip
+    assert tt.grad is not None
+    for sent, match in ((tt.grad, True), (tt.grad * 1.1, False)):
+        ans = post(
+            client, "/attention", body | {"expected": {"grad_relative_bias_table": listed(sent)}}
+        )
+        entry = ans["comparison"][0]
+        assert entry["match"] is match and entry["diagnosis"] is None
