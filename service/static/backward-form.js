@@ -98,6 +98,7 @@ export async function patternFor(ep, body) {
  * shape (`data`), to edit. */
 export function showGrad(data = null) {
   const mine = mode() === "mine";
+  $("backward-set").hidden = mode() === ""; // its words and box only once a backward is asked
   $("grad-output-field").hidden = !mine;
   const shape = lastShape(data);
   if (mine && !$("grad_output").value.trim() && shape)
