@@ -17,6 +17,7 @@ import numpy as np
 from service.core import chain
 from service.core.attention import AttentionTrace
 from service.core.backward import attention_backward, heads_backward, multihead_backward
+from service.core.latent import LatentTrace, latent_backward
 from service.core.linear import project_backward
 from service.core.masks import CombinedMask
 from service.core.multihead import MultiheadTrace
@@ -116,6 +117,32 @@ def multihead_grads(
     return grads
 
 
+def latent_grads(
+    plan: MultiheadPlan,
+    trace: LatentTrace,
+    mask: CombinedMask | None,
+    variants: Variants,
+) -> Grads:
+    """/multihead with mla: the block's and the heads' gradients, then back through the
+    latents to x (:func:`service.core.latent.latent_backward`), the weights in_out."""
+    s = plan.shapes
+    assert plan.latent is not None and plan.x is not None and s.latent is not None
+    assert variants.rope is not None
+    return latent_backward(
+        plan.x,
+        plan.latent,
+        s.latent,
+        trace,
+        seed(plan, trace.block.output),
+        num_heads=s.num_heads,
+        settings=variants.rope,
+        positions=variants.positions,
+        mask=mask,
+        fully_masked_policy=plan.fully_masked_rows,
+        variants=variants,
+    )
+
+
 def bias_table(plan: Plan, grads: Grads, queries: IntArray, keys: IntArray) -> Grads:
     """With T5's relative bias: the gradient of its table [num_buckets][h], the bias's
     gradient summed by bucket, head by head (the bias is table[bucket(p'_j − p_i)][h])."""
@@ -188,6 +215,7 @@ def answer(plan: Plan, grads: Grads) -> dict[str, Any]:
         "in_proj",
         "per_head",
         "state_dict",
+        "latent",
     ):
         out["grad_state_dict"] = state_dict(plan, grads)
     return out
@@ -222,6 +250,10 @@ _STATE: dict[str, Callable[[Grads], Array]] = {
     "out_proj_weight": lambda g: _out_in(g, "grad_w_o"),
     "o_proj_weight": lambda g: _out_in(g, "grad_w_o"),
     "gate.w": lambda g: _out_in(g, "grad_gate_w"),
+    "q_a_proj_weight": lambda g: _out_in(g, "grad_w_q_a"),
+    "q_b_proj_weight": lambda g: _out_in(g, "grad_w_q"),
+    "kv_a_proj_with_mqa_weight": lambda g: _out_in(g, "grad_w_kv_a"),
+    "kv_b_proj_weight": lambda g: _out_in(g, "grad_w_kv_b"),
 }
 
 

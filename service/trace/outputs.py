@@ -807,6 +807,7 @@ DIFFERENTIATED = frozenset(
         *("q_rotated", "k_rotated", "q_tempered", "v_normed", "scores", "scaled_scores"),
         *("capped_scores", "biased_scores", "masked_scores", "weights", "output"),
         *("concat", "gate", "gated", "projected", "residual", "layer_norm"),
+        *("c_q", "c_kv", "k_rope", "q_nope", "q_rope", "k_nope"),  # mla's latents and parts
     }
 )
 _PER_KV_HEAD = frozenset({"k", "v"})  # under grouped-query attention, summed per key/value head
@@ -829,7 +830,7 @@ def _projected(s: Shapes) -> bool:
 def _state_dict(s: Shapes) -> bool:
     """/multihead's projections given under a module's names (in_proj_weight, heads,
     q_proj.weight …): grad_state_dict gives the gradients under them."""
-    return s.backward and s.form in ("in_proj", "per_head", "state_dict")
+    return s.backward and s.form in ("in_proj", "per_head", "state_dict", "latent")
 
 
 @dataclass(frozen=True)
