@@ -188,7 +188,6 @@ def latent_backward(
     trace: LatentTrace,
     grad: Array,
     *,
-    num_heads: int,
     settings: Rope,
     positions: IntArray | None = None,
     mask: CombinedMask | None = None,
@@ -205,9 +204,10 @@ def latent_backward(
     transpose), ``grad_c_q``, and the weights' in in_out layout: ``grad_w_kv_b``,
     ``grad_kv_a_norm_weight``, ``grad_w_kv_a`` (``grad_b_kv_a``), ``grad_w_q`` (q_b_proj's or
     q_proj's), ``grad_q_a_norm_weight``, ``grad_w_q_a`` (``grad_b_q_a``), ``grad_w_o``,
-    ``grad_b_o``, and ``grad_x`` (the queries' and the latents' shares summed). Every RMS norm
+    ``grad_b_o``, and ``grad_x`` (the queries' and the latents' shares summed); the heads'
+    count is the trace's. Every RMS norm
     backward is :func:`service.core.variants.qk_norm_backward` (Zhang & Sennrich 2019)."""
-    h, nope, rank = num_heads, dims.qk_nope_head_dim, dims.kv_lora_rank
+    nope, rank = dims.qk_nope_head_dim, dims.kv_lora_rank
     grads = _renamed(
         heads_backward(
             _heads_as_attended(trace),

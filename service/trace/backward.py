@@ -134,7 +134,6 @@ def latent_grads(
         s.latent,
         trace,
         seed(plan, trace.block.output),
-        num_heads=s.num_heads,
         settings=variants.rope,
         positions=variants.positions,
         mask=mask,
@@ -410,7 +409,26 @@ def _formulas(plan: Plan, grads: Grads, scale: float) -> dict[str, str]:
         base = name[5:]
         if chain.slot_of(base) in ("q", "k", "v") and base not in ("output",):
             f[name] = _form(plan, base, made)
-    return f
+    return f | (_LATENT if s.latent is not None else {})
+
+
+_TURNED_BACK = "RoPE's transpose (back by −θ, times the scaling's attention factor"
+_LATENT = {  # mla: back through Q's and K's parts and the latents (service.core.latent)
+    "grad_q_rope": "the last qk_rope_head_dim columns of grad_q_rotated",
+    "grad_q_nope": "the first qk_nope_head_dim columns of grad_q_rotated",
+    "grad_k_rope": "Σ over the heads of the last qk_rope_head_dim columns of grad_k_rotated (one "
+    "rotated key read by every head)",
+    "grad_k_nope": "the first qk_nope_head_dim columns of grad_k_rotated",
+    "grad_q": f"[grad_q_nope | {_TURNED_BACK}; DeepSeek's interleaved layout undone first) of "
+    "grad_q_rope]",
+    "grad_k": f"[grad_k_nope | {_TURNED_BACK}) of this head's rope columns of grad_k_rotated]",
+    "grad_c_kv": "[grad_k_nope | grad_v] of all heads times kv_b_projᵀ: d[k_nope | V] W_kvbᵀ",
+    "grad_c_q": "grad_q of all heads times q_b_projᵀ: dQ W_qbᵀ",
+    "grad_x": "back through kv_a_layernorm's and q_a_layernorm's RMS-norm Jacobians "
+    "(w/σ)(g − x̂·mean(g ∘ x̂)), then kv_a_proj_with_mqa ([dC_kv | RoPE's transpose of "
+    "grad_k_rope]) and q_a_proj (or q_proj): the shares summed",
+    "grad_w_q": "C_qᵀ dQ (Xᵀ dQ without q_lora_rank) summed over tokens and batch items, in_out",
+}
 
 
 def _shape(plan: Plan, name: str, g: Array) -> list[int]:

@@ -59,16 +59,34 @@ def _config(case: str) -> Any:
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0}
     more: dict[str, Any] = {}
     if yarn:
-        rope = {"rope_type": "yarn", "rope_theta": 10000.0, **YARN,
-                "original_max_position_embeddings": ORIGINAL}  # fmt: skip
+        rope = {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            **YARN,
+            "original_max_position_embeddings": ORIGINAL,
+        }
         more["max_position_embeddings"] = 40 * ORIGINAL
     config = DeepseekV3Config(
-        hidden_size=16, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=q_lora,
-        kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=rope_dim, v_head_dim=6,
-        rope_interleave=interleave, attention_bias=bias, num_hidden_layers=1, vocab_size=10,
-        intermediate_size=8, moe_intermediate_size=8, pad_token_id=None, bos_token_id=None,
-        eos_token_id=None, rope_parameters=rope, **more,
-    )  # fmt: skip
+        hidden_size=16,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        q_lora_rank=q_lora,
+        kv_lora_rank=8,
+        qk_nope_head_dim=4,
+        qk_rope_head_dim=rope_dim,
+        v_head_dim=6,
+        rope_interleave=interleave,
+        attention_bias=bias,
+        num_hidden_layers=1,
+        vocab_size=10,
+        intermediate_size=8,
+        moe_intermediate_size=8,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        rope_parameters=rope,
+        **more,
+    )
     config._attn_implementation = "eager"
     return config
 
@@ -116,8 +134,15 @@ def _autograd(case: str, rng: np.random.Generator) -> tuple[dict[str, Any], dict
     attn = modeling.DeepseekV3Attention(config, 0).double().eval()
     with torch.no_grad():
         for name, p in attn.named_parameters():
-            scale = 0.3 if name.endswith("norm.weight") else p.shape[-1] ** -0.5 if p.ndim == 2 else 0.5  # fmt: skip
-            p.copy_(torch.as_tensor((1.0 if name.endswith("norm.weight") else 0.0) + scale * rng.normal(size=p.shape)))  # fmt: skip
+            scale = (
+                0.3 if name.endswith("norm.weight") else p.shape[-1] ** -0.5 if p.ndim == 2 else 0.5
+            )
+            p.copy_(
+                torch.as_tensor(
+                    (1.0 if name.endswith("norm.weight") else 0.0)
+                    + scale * rng.normal(size=p.shape)
+                )
+            )
     B = batch or 1
     x = torch.tensor(rng.normal(size=(B, L, 16)), dtype=F64, requires_grad=True)
     g = torch.tensor(rng.normal(size=(B, L, 16)), dtype=F64)
@@ -127,8 +152,14 @@ def _autograd(case: str, rng: np.random.Generator) -> tuple[dict[str, Any], dict
     additive = torch.zeros(B, 1, L, L, dtype=F64).masked_fill(~allowed, torch.finfo(F64).min)
     seen: dict[str, T] = {}
     hooks = []
-    for module in ("q_a_layernorm", "kv_a_layernorm", "q_proj", "q_b_proj", "kv_b_proj",
-                   "kv_a_proj_with_mqa"):  # fmt: skip
+    for module in (
+        "q_a_layernorm",
+        "kv_a_layernorm",
+        "q_proj",
+        "q_b_proj",
+        "kv_b_proj",
+        "kv_a_proj_with_mqa",
+    ):
         if getattr(attn, module, None) is None:
             continue
 
@@ -174,13 +205,27 @@ def _autograd(case: str, rng: np.random.Generator) -> tuple[dict[str, Any], dict
         "x": (x[0] if batch is None else x).tolist(),
         "num_heads": h,
         **{k: v.detach().tolist() for k, v in attn.state_dict().items()},
-        "mla": {"q_lora_rank": q_lora, "kv_lora_rank": 8, "qk_nope_head_dim": nope,
-                "qk_rope_head_dim": rope_dim, "v_head_dim": 6, "eps": 1e-6},  # fmt: skip
+        "mla": {
+            "q_lora_rank": q_lora,
+            "kv_lora_rank": 8,
+            "qk_nope_head_dim": nope,
+            "qk_rope_head_dim": rope_dim,
+            "v_head_dim": 6,
+            "eps": 1e-6,
+        },
         "rope": {"base": 10000.0, "style": "interleaved" if interleave else "half"},
         "mask": {"type": "causal"},
         "grad_output": (g[0] if batch is None else g).tolist(),
-        "include": ["heads", "grad_x", "grad_c_q", "grad_c_kv", "grad_k_rope",
-                    "grad_state_dict", "grad_w_o", "steps"],  # fmt: skip
+        "include": [
+            "heads",
+            "grad_x",
+            "grad_c_q",
+            "grad_c_kv",
+            "grad_k_rope",
+            "grad_state_dict",
+            "grad_w_o",
+            "steps",
+        ],
     }
     if yarn:
         body["rope"]["scaling"] = {"type": "yarn", **YARN, "original_max_position": ORIGINAL}
@@ -216,11 +261,20 @@ def test_mla_gradients_equal_autograd_of_deepseek_v3_attention(
         else:
             assert name not in ans, name
     heads = ans["heads"]
-    per_head = ("grad_q_rope", "grad_q_rotated", "grad_k_rotated", "grad_v", "grad_k_nope", "grad_q")  # fmt: skip
+    per_head = (
+        "grad_q_rope",
+        "grad_q_rotated",
+        "grad_k_rotated",
+        "grad_v",
+        "grad_k_nope",
+        "grad_q",
+    )
     for i, head in enumerate(heads):
         for name in per_head:
             diffs.append(close(head[name], _unbatched(theirs[name][:, i], batch), f"{name} {i}"))
-        diffs.append(close(head["grad_q_nope"], _unbatched(theirs["grad_q"][:, i, ..., :4], batch), "q_nope"))  # fmt: skip
+        diffs.append(
+            close(head["grad_q_nope"], _unbatched(theirs["grad_q"][:, i, ..., :4], batch), "q_nope")
+        )
     # each head's grad_k: its k_nope's, and its copy of k_pe's (their sum: k_pe's)
     grad_k = np.stack([np.asarray(head["grad_k"]) for head in heads])  # (h, [B,] S, nope + r)
     diffs.append(close(grad_k[..., 4:].sum(0), _unbatched(theirs["grad_k_pe"], batch), "k_pe"))
@@ -259,8 +313,14 @@ def test_mla_grad_state_dict_through_config(client: TestClient, case: str) -> No
             rotary["position_embeddings"] = hf.rotary(xs, pos)
         out, _ = hf.attn(hidden_states=xs, attention_mask=mask, **rotary, **hf.forward_kwargs)
         back(out, torch.tensor(g[None], dtype=F64))
-    body: dict[str, Any] = {"x": x.tolist(), **layers._state(hf), "config": cfg, "layer": layer,
-                            "grad_output": g.tolist(), "include": ["grad_x", "grad_state_dict"]}  # fmt: skip
+    body: dict[str, Any] = {
+        "x": x.tolist(),
+        **layers._state(hf),
+        "config": cfg,
+        "layer": layer,
+        "grad_output": g.tolist(),
+        "include": ["grad_x", "grad_state_dict"],
+    }
     if positions is not None:
         body["positions"] = body["context_positions"] = positions
     r = client.post("/multihead", json=body)
