@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from service.core.diagnosis.gradients import gradients, is_gradient, own_rows
+from service.core.diagnosis.gradients import View, gradients, is_gradient, own_rows
 from service.core.diagnosis.mistakes import Seen, explain
 from service.core.diagnosis.precision import TYPES, LowType, detected, in_low_precision
 from service.core.diagnosis.search import (
@@ -34,15 +34,19 @@ from service.core.diagnosis.search import (
     printed_tolerance,
     search,
 )
-from service.core.diagnosis.stages import ORDER, Setup, State
+from service.core.diagnosis.stages import ORDER, Setup, State, Unfit, per_query_head
 from service.core.masks import CombinedMask
 from service.core.types import Array
-from service.trace.outputs import Output, in_heads, position, row, top_level
+from service.trace.outputs import OUTPUTS, Output, in_heads, position, row, top_level
 from service.trace.shapes import Endpoint, Shapes
 from service.wire.errors import FieldError
 from service.wire.schemas.expected_fields import Expected
 
 COMPARABLE = frozenset({"matrix", "vector", "stack", "nullable", "bool"})
+# the parameters' gradients (grad_w_q, grad_b_o, grad_sinks, grad_ln_gamma …): compared as the
+# answer gives them (the request's layout), their shapes checked once they are computed
+PARAMETER_KINDS = frozenset({"weight", "tensor"})
+STATE_DICT = "grad_state_dict"
 # The diagnosis computes at most DIAGNOSIS_TIMES × the numbers the request computed, and always
 # may compute DIAGNOSIS_MIN_NUMBERS (~40 ms of CPU: a small request's diagnosis runs whole).
 # The second edition's 23 mistakes make 47 sets on the common /mask case (rows D1, D2: causal,
@@ -55,6 +59,11 @@ COMPARABLE = frozenset({"matrix", "vector", "stack", "nullable", "bool"})
 # codes too: 23×) and 24× about 20×; 22× reads 15.7–19.2× (2-vCPU AMD EPYC, docs/performance.md).
 DIAGNOSIS_TIMES = 22
 DIAGNOSIS_MIN_NUMBERS = 1 << 23
+
+
+_PARAMETER_NAMES = frozenset(
+    o.name for o in OUTPUTS if o.kind in PARAMETER_KINDS and o.name.startswith("grad_")
+)
 
 
 def _comparable(outs: tuple[Output, ...], shapes: Shapes) -> dict[str, Output]:
@@ -82,19 +91,42 @@ def _shape_problem(field: str, name: str, got: tuple[int, ...], want: tuple[int,
     return text
 
 
+def _parameters(shapes: Shapes) -> dict[str, Output]:
+    """The parameters' gradients this request may return (those of the parameters it has:
+    which it has is known once they are computed, :func:`_check_parameter`)."""
+    return {
+        o.name: o
+        for o in top_level(shapes.endpoint)
+        if o.kind in PARAMETER_KINDS and o.name.startswith("grad_") and o.present(shapes)
+    }
+
+
+def _has_state_dict(shapes: Shapes) -> bool:
+    return any(o.name == STATE_DICT and o.present(shapes) for o in top_level(shapes.endpoint))
+
+
 def check_expected(expected: Expected | None, shapes: Shapes) -> Shapes:
     """Refuse expected arrays the response would not have, or shaped otherwise (422); return
-    the shapes with the numbers to compare counted."""
+    the shapes with the numbers to compare counted. The parameters' gradients are checked
+    here by name, and by shape once computed (:func:`compare`): which parameters a request
+    has, and how it shaped them, its weights' forms decide."""
     if expected is None:
         return shapes
     top = _comparable(top_level(shapes.endpoint), shapes)
     heads = _comparable(in_heads(shapes.endpoint), shapes)
+    parameters = _parameters(shapes)
     count = 0
 
     def check(field: str, name: str, value: Array, outs: dict[str, Output]) -> None:
         nonlocal count
+        if outs is top and name in parameters:
+            count += value.size
+            return
         if name not in outs:
-            choices = ", ".join(outs) + (", heads" if heads and outs is top else "")
+            more = [*parameters, *([STATE_DICT] if _has_state_dict(shapes) else [])]
+            choices = ", ".join([*outs, *(more if outs is top else [])]) + (
+                ", heads" if heads and outs is top else ""
+            )
             raise FieldError(
                 field,
                 f'{field}: this request returns no array named "{name}" to compare with; '
@@ -117,7 +149,42 @@ def check_expected(expected: Expected | None, shapes: Shapes) -> Shapes:
             )
         for name, value in per_head.items():
             check(f"expected.heads[{i}].{name}", name, value, heads)
+    if expected.state_dict and not _has_state_dict(shapes):
+        raise FieldError(
+            f"expected.{STATE_DICT}",
+            f"expected.{STATE_DICT}: this request returns no {STATE_DICT} to compare with (it "
+            "comes with grad_output on /multihead when the projections are given under a "
+            "module's names: in_proj_weight, q_proj.weight, heads); compare grad_w_q, grad_w_k, "
+            "grad_w_v, grad_w_o … instead",
+        )
+    count += sum(a.size for a in expected.state_dict.values())
     return replace(shapes, expected_numbers=max(count, 1))
+
+
+@dataclass(frozen=True)
+class Answered:
+    """How the answer gives the parameters' gradients (in the request's layout, and in
+    ``grad_state_dict`` under the names the request gave): ``make`` gives them, as the answer
+    does, from the engine's gradients by name (in_out); ``made_from`` names the engine's
+    gradient each ``grad_state_dict`` entry is made from (grad_w_q for in_proj_weight, packed
+    with grad_w_k and grad_w_v)."""
+
+    make: Callable[[Mapping[str, Array]], Mapping[str, Any]]
+    made_from: Mapping[str, str]
+
+
+def _check_parameter(field: str, name: str, yours: Array, made: Mapping[str, Any]) -> None:
+    """Refuse a parameter's gradient the answer does not give, or shaped otherwise (422)."""
+    if name not in made:
+        given = ", ".join(made) or "none"
+        raise FieldError(
+            field,
+            f'{field}: this request returns no "{name}" to compare with (the gradient of a '
+            f"parameter it does not have); its parameters' gradients: {given}",
+        )
+    want = np.shape(made[name])
+    if yours.shape != want:
+        raise FieldError(field, _shape_problem(field, name, yours.shape, want))
 
 
 @dataclass(frozen=True)
@@ -130,29 +197,90 @@ class _Entry:
     head: int | None
     yours: Array
     position: float  # where its step comes (service.trace.outputs.position)
+    # a parameter's gradient: as the answer gives it, from the engine's gradients (``state``
+    # is then the engine's gradient it is made from)
+    view: View | None = None
 
 
 # the block's arrays on /multihead under the engine's names (the heads' take the plain ones)
 _BLOCK_STATE = {"output": "block_output", "grad_output": "grad_block_output"}
 
 
+# the parameters' gradients a step's backward makes beside the gradient of what it read
+# (that step reads this gradient): each comes right after it, in the backward's order; the
+# projections' (grad_w_q … grad_x) come last, at their rows
+_MADE_BESIDE: dict[str, str] = {
+    "row_dot": "grad_weights",  # D is made with dS, right after dP
+    "grad_sinks": "grad_weights",
+    "grad_ln_gamma": "grad_layer_norm",
+    "grad_ln_beta": "grad_layer_norm",
+    "grad_w_o": "grad_projected",
+    "grad_b_o": "grad_projected",
+} | {f"grad_{n}_norm_{p}": f"grad_{n}_normed" for n in "qkv" for p in ("weight", "bias")}
+
+
 def _position(endpoint: Endpoint, name: str, per_head: bool) -> float:
-    """Where an entry's step comes: its row's place; D (``row_dot``) is made with dS, right
-    after dP (``grad_weights``), in the backward's order."""
-    if name == "row_dot":
-        return position(row(endpoint, "grad_weights", per_head)) + 0.5
+    """Where an entry's step comes: its row's place, or right after the gradient whose step
+    makes it (:data:`_MADE_BESIDE`), in the backward's order."""
+    beside = _MADE_BESIDE.get(name)
+    if beside is not None:
+        return position(row(endpoint, beside, True)) + (0.5 if name == "row_dot" else 0.75)
     return position(row(endpoint, name, per_head))
 
 
-def _entries(expected: Expected, endpoint: Endpoint) -> list[_Entry]:
+def _parameter_entries(expected: Expected, endpoint: Endpoint, answered: Answered | None,
+                       state: State) -> dict[str, _Entry]:  # fmt: skip
+    """The parameters' gradients among the caller's arrays, by name (grad_state_dict's as
+    ``grad_state_dict.<its name>``), each with its view of the engine's gradients, checked
+    against what the answer gives (422 for one it does not)."""
+    names = [n for n in expected.arrays if n in _PARAMETER_NAMES]
+    if answered is None or not (names or expected.state_dict):
+        return {}
+    made = answered.make(state)
+    theirs = {n: a for n, a in made.items() if n in _PARAMETER_NAMES}  # the parameters' only
+    entries = {}
+    for name in names:
+        _check_parameter(f"expected.{name}", name, expected.arrays[name], theirs)
+        at = _position(endpoint, name, per_head=False)
+        entries[name] = _Entry(
+            name, name, None, expected.arrays[name], at, _answered(answered, name, None)
+        )
+    kept = made.get(STATE_DICT) or {}
+    for name, a in expected.state_dict.items():
+        label = f"{STATE_DICT}.{name}"
+        _check_parameter(f"expected.{label}", name, a, kept)
+        source = answered.made_from[name]
+        at = _position(endpoint, source, per_head=False)
+        entries[label] = _Entry(label, source, None, a, at, _answered(answered, name, STATE_DICT))
+    return entries
+
+
+def _answered(answered: Answered, name: str, inside: str | None) -> View:
+    """A parameter's gradient as the answer gives it (inside grad_state_dict or not), from
+    the engine's gradients by name."""
+
+    def view(grads: Mapping[str, Array]) -> Array:
+        made = answered.make(grads)
+        return np.asarray(made[name] if inside is None else made[inside][name], dtype=np.float64)
+
+    return view
+
+
+def _entries(
+    expected: Expected, endpoint: Endpoint, answered: Answered | None, state: State
+) -> list[_Entry]:
     """The caller's arrays in the order of the steps, the forward's then the backward's (head
-    by head within a step)."""
+    by head within a step; a parameter's gradient right after the gradient its step reads,
+    the projections' last)."""
     multihead = endpoint == "multihead"
-    entries = []
+    parameters = _parameter_entries(expected, endpoint, answered, state)
+    entries = list(parameters.values())
     for name, a in expected.arrays.items():  # the block's output is the engine's block_output
-        state = _BLOCK_STATE.get(name, name) if multihead else name
+        if name in parameters:
+            continue
+        state_name = _BLOCK_STATE.get(name, name) if multihead else name
         where = _position(endpoint, name, per_head=False)
-        entries.append(_Entry(name, state, None, a, where))
+        entries.append(_Entry(name, state_name, None, a, where))
     for i, per_head in expected.heads.items():
         entries += [
             _Entry(f"heads.{i}.{n}", n, i, a, _position(endpoint, n, per_head=True))
@@ -168,6 +296,8 @@ def _engine(a: Array, unbatched: bool) -> Array:
 
 def _ours(state: State, e: _Entry, unbatched: bool) -> Array:
     """The service's array for an entry, shaped as the response returns it."""
+    if e.view is not None:
+        return e.view(state)
     a = state[e.state] if e.head is None else state[e.state][:, e.head]
     return a[0] if unbatched else a
 
@@ -181,6 +311,8 @@ def _given(earlier: list[_Entry], state: State, unbatched: bool) -> tuple[State,
     base = dict(state)
     given: Given = {}
     for e in earlier:
+        if e.view is not None:  # a parameter's gradient: no later gradient reads it
+            continue
         theirs = _engine(e.yours, unbatched)
         if e.head is None:
             base[e.state], given[e.state] = theirs, None
@@ -234,10 +366,13 @@ def compare(
     setup: Setup,
     unbatched: bool,
     check: Callable[[], None],
+    answered: Answered | None = None,
 ) -> dict[str, Any]:
     """``comparison`` and ``first_mismatch`` for the response (see the module's doc); ``given``:
-    the request's tolerance (None: the default, or the precision each array was printed with)."""
-    entries = _entries(expected, "multihead" if setup.num_heads is not None else "attention")
+    the request's tolerance (None: the default, or the precision each array was printed with);
+    ``answered``: how the answer gives the parameters' gradients (with grad_output)."""
+    endpoint: Endpoint = "multihead" if setup.num_heads is not None else "attention"
+    entries = _entries(expected, endpoint, answered, state)
     computed: dict[str, State] = {}  # every step in a low-precision type, once per type
 
     def low(e: _Entry) -> Callable[[LowType], Array]:
@@ -264,10 +399,13 @@ def compare(
     explained = first is not None and (
         entries[first].state in ORDER or is_gradient(entries[first].state)
     )
+    if first is not None and explained and entries[first].view is not None:
+        explained = _recomputed_as_answered(entries[first], state, setup)
     if first is not None and explained:
         e, tol = entries[first], tols[first]  # a printed array is diagnosed at its precision
         base, given_parts = _given(entries[:first], state, unbatched)
-        target = Target(e.state, e.head, _engine(e.yours, unbatched))
+        yours = e.yours if e.view is not None else _engine(e.yours, unbatched)
+        target = Target(e.state, e.head, yours, e.view)
         searched = search(base, given_parts, setup, target, tol, diagnosis_budget(state), check)
         del base, given_parts  # the caller's heads mixed into copies of the service's arrays
     rows = []
@@ -297,6 +435,20 @@ def compare(
         "comparison": rows,
         "first_mismatch": None if first is None else entries[first].label,
     }
+
+
+def _recomputed_as_answered(e: _Entry, state: State, setup: Setup) -> bool:
+    """Whether the diagnosis's backward, with no mistake, makes this parameter's gradient as
+    the answer gave it: only then can a mistake's recomputation be told from ours (a gradient
+    it does not make, or makes otherwise, is never diagnosed: no match that is not one)."""
+    assert e.view is not None
+    try:
+        with np.errstate(all="ignore"):
+            made = gradients(per_query_head(state, setup), setup, own_rows(setup), lambda n, g: g)
+            again, ours = e.view(made), e.view(state)
+    except (KeyError, Unfit):
+        return False
+    return again.shape == ours.shape and identical(ours, again)
 
 
 def _backward_in(low: State, setup: Setup, kind: LowType) -> State:

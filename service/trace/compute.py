@@ -34,8 +34,9 @@ from service.core.softmax import OnlineSoftmax, online_softmax, rows_by_item
 from service.core.types import Array, IntArray
 from service.core.variants import Variants
 from service.trace import backward, outputs, steps
-from service.trace.comparison import compare, state_of
+from service.trace.comparison import Answered, compare, state_of
 from service.trace.decode import replay
+from service.trace.gradients import PARAMETERS
 from service.trace.plan import AttentionPlan, MultiheadPlan, Plan
 from service.trace.shapes import Shapes
 from service.trace.summary import summary
@@ -474,7 +475,29 @@ def _compared(
     """comparison and first_mismatch: the caller's expected arrays against these."""
     assert plan.expected is not None
     state = state_of(arrays, mask)
-    return compare(plan.expected, plan.tolerance, state, setup, plan.shapes.batch is None, check)
+    unbatched = plan.shapes.batch is None
+    answered = _answered(plan) if plan.shapes.backward else None
+    return compare(plan.expected, plan.tolerance, state, setup, unbatched, check, answered)
+
+
+def _answered(plan: Plan) -> Answered:
+    """How the answer gives the parameters' gradients (:func:`backward.answer`), and the
+    engine's gradient each grad_state_dict name is made from."""
+    made_from: dict[str, str] = {}
+    for field, name in plan.given.items():
+        if field == "heads":  # heads.<i>.w_q …: that head's columns of grad_w_q
+            made_from |= {
+                f"heads.{i}.w_{n}": f"grad_w_{n}"
+                for i in range(plan.shapes.num_heads)
+                for n in "qkv"
+            }
+        elif field.startswith("heads."):  # heads.<i>.b_q
+            made_from[name] = f"grad_b_{field[-1]}"
+        else:
+            made_from[name] = PARAMETERS[field]
+    for pack in plan.packed:  # a fused projection …: where the first of its gradients is made
+        made_from[pack.name] = PARAMETERS[min(pack.fields)]
+    return Answered(lambda grads: backward.answer(plan, dict(grads)), made_from)
 
 
 def _summary(plan: Plan, weights: Array) -> list[list[dict[str, Any]]]:

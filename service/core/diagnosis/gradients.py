@@ -31,6 +31,7 @@ from service.core.variants import Variants, sigmoid_backward
 
 Given = Mapping[str, tuple[int, ...] | None]  # the caller's arrays: all heads (None) or some
 Keep = Callable[[str, Array], Array]  # a gradient by name → the one the walk goes on with
+View = Callable[[Mapping[str, Array]], Array]  # the gradients by name → one as the caller has it
 
 DIAGONAL = "softmax_grad_diagonal"
 UNWEIGHTED = "softmax_grad_row_term_unweighted"
@@ -398,9 +399,12 @@ def gradient_recomputations(
     variants: Sequence[Trial],
     target: str,
     check: Callable[[], None] = lambda: None,
+    view: View | None = None,
 ) -> Iterator[tuple[Trial, Array]]:
     """The ``target`` gradient recomputed under each variant of one set of mistakes (those
-    that cannot happen here left out, none when the mistakes cannot change it)."""
+    that cannot happen here left out, none when the mistakes cannot change it); with a
+    ``view``, what it makes of all the recomputed gradients (a parameter's gradient in the
+    caller's layout, under their module's name)."""
     if not reaches(variants[0], target):
         return
     keep = _keeper(base, given, target)
@@ -408,7 +412,8 @@ def gradient_recomputations(
         check()
         try:
             with np.errstate(all="ignore"):
-                made = gradients(base, s, trial, keep).get(target)
+                grads = gradients(base, s, trial, keep)
+                made = grads.get(target) if view is None else view(grads)
         except Unfit:
             continue
         if made is not None:

@@ -19,6 +19,7 @@ so (:attr:`Search.complete`). NumPy only, no I/O.
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from itertools import combinations, groupby, product
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from service.core.diagnosis.fit import fit_cost, fitted, fitting
 from service.core.diagnosis.gradients import (
+    View,
     gradient_cost,
     gradient_recomputations,
     is_gradient,
@@ -197,6 +199,17 @@ class Target:
     name: str
     head: int | None
     yours: Array
+    # a parameter's gradient as the caller holds it (in their layout, under their module's
+    # name), made from the engine's gradients by name; ``name`` is then the engine's gradient
+    # it is made from (one of them: where the backward makes it) and ``head`` None
+    view: View | None = None
+
+    def ours(self, arrays: Mapping[str, Array]) -> Array:
+        """The target's selection of the engine's arrays (or of a recomputation's)."""
+        if self.view is not None:
+            return self.view(arrays)
+        a = arrays[self.name]
+        return a if self.head is None else a[:, self.head]
 
 
 @dataclass(frozen=True)
@@ -290,12 +303,14 @@ def search(
     backward = is_gradient(target.name)  # a gradient: the backward's mistakes, recomputed so
     codes = applicable(s, frozenset(base), backward)
     cost_of, rerun = (
-        (gradient_cost, gradient_recomputations) if backward else (set_cost, recomputations)
+        (gradient_cost, partial(gradient_recomputations, view=target.view))
+        if backward
+        else (set_cost, recomputations)
     )
     how = ways(s)
     tried_sets = trials(codes, s.fully_masked_policy, how)
     sets = [list(group) for _, group in groupby(tried_sets, _mistakes)]
-    ours = base[target.name] if target.head is None else base[target.name][:, target.head]
+    ours = target.ours(base)
     shaped = ours.shape == target.yours.shape
     at = (  # a 0-d array (one sink's gradient) is compared whole
         _probes(difference(ours, target.yours, tol).where, ours.shape)
