@@ -827,6 +827,14 @@ def _projected(s: Shapes) -> bool:
     return s.backward and s.d_model is not None
 
 
+def _latent_backward(s: Shapes) -> bool:
+    return s.backward and s.latent is not None
+
+
+def _q_latent_backward(s: Shapes) -> bool:
+    return s.backward and _q_latent(s)
+
+
 def _state_dict(s: Shapes) -> bool:
     """/multihead's projections given under a module's names (in_proj_weight, heads,
     q_proj.weight …): grad_state_dict gives the gradients under them."""
@@ -1013,6 +1021,39 @@ GRADIENTS: tuple[Output, ...] = (
     _weight("grad_w_k", f"∂loss/∂W_k, {_LAYOUT}", index(D_MODEL, H_KV * D_K)),
     _weight("grad_w_v", f"∂loss/∂W_v, {_LAYOUT}", index(D_MODEL, H_KV * D_V)),
     *(_parameter(f"grad_b_{n}", f"∂loss/∂b_{n}") for n in "qkv"),
+    # mla: its weights' gradients in in_out (grad_w_q is q_b_proj's or q_proj's), as
+    # grad_state_dict gives them under DeepSeek's names
+    _weight(
+        "grad_w_q_a",
+        "∂loss/∂ q_a_proj (mla), in_out",
+        index(D_MODEL, Q_LORA),
+        MULTIHEAD,
+        _q_latent_backward,
+    ),
+    _parameter("grad_b_q_a", "∂loss/∂ q_a_proj.bias (mla)", endpoints=MULTIHEAD),
+    _parameter("grad_q_a_norm_weight", "∂loss/∂ q_a_layernorm.weight (mla)", endpoints=MULTIHEAD),
+    Output(
+        "grad_w_kv_a",
+        "weight",
+        "∂loss/∂ kv_a_proj_with_mqa (mla), in_out",
+        lambda s: (D_MODEL(s), KV_LORA(s) + ROPE_DIM(s)),
+        MULTIHEAD,
+        _latent_backward,
+        batched=False,
+        optional=True,
+    ),
+    _parameter("grad_b_kv_a", "∂loss/∂ kv_a_proj_with_mqa.bias (mla)", endpoints=MULTIHEAD),
+    _parameter("grad_kv_a_norm_weight", "∂loss/∂ kv_a_layernorm.weight (mla)", endpoints=MULTIHEAD),
+    Output(
+        "grad_w_kv_b",
+        "weight",
+        "∂loss/∂ kv_b_proj (mla), in_out",
+        lambda s: (KV_LORA(s), H(s) * (NOPE_DIM(s) + s.d_v)),
+        MULTIHEAD,
+        _latent_backward,
+        batched=False,
+        optional=True,
+    ),
     Output(
         "grad_x",
         "matrix",

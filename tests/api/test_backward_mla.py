@@ -346,3 +346,20 @@ def test_mla_backward_with_sum_and_online_softmax(client: TestClient) -> None:
         assert np.allclose(blocks[-1]["dq"], head["grad_q_rotated"], rtol=0, atol=1e-12)
         dk = np.concatenate([np.asarray(b["dk"]) for b in blocks], axis=-2)
         assert np.allclose(dk, head["grad_k_rotated"], rtol=0, atol=1e-12)
+
+
+def test_expected_compares_an_mla_parameters_gradient(client: TestClient) -> None:
+    """expected with grad_state_dict's kv_b_proj.weight on an MLA layer: compared (a match, and
+    twice it a difference), never a 500; the weights' in_out rows are returned beside it."""
+    body, _, _ = _autograd("q_lora-interleave-bias", np.random.default_rng(3))
+    ans = client.post("/multihead", json=body | {"include": ["grad_state_dict", "grad_w_kv_b"]})
+    ours = ans.json()
+    given = np.asarray(ours["grad_state_dict"]["kv_b_proj.weight"])
+    assert np.array_equal(np.asarray(ours["grad_w_kv_b"]), given.T)  # in_out
+    for factor, match in ((1.0, True), (2.0, False)):
+        expected = {"grad_state_dict": {"kv_b_proj.weight": (factor * given).tolist()}}
+        body.pop("include", None)
+        r = client.post("/multihead", json=body | {"expected": expected})
+        assert r.status_code == 200, r.text
+        (entry,) = r.json()["comparison"]
+        assert entry["name"] == "grad_state_dict.kv_b_proj.weight" and entry["match"] is match
