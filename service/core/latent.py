@@ -22,12 +22,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from service.core.attention import default_scale, project
+from service.core.backward import heads_backward
+from service.core.block import merge_heads
+from service.core.linear import project_backward
 from service.core.masks import CombinedMask
 from service.core.multihead import MultiheadTrace, attend_heads, split_heads
-from service.core.positions import Rope, rope, sequence_length
+from service.core.positions import Rope, rope, rope_backward, sequence_length
 from service.core.rope_scaling import YarnScaling, mscale
 from service.core.types import Array, FullyMaskedPolicy, IntArray
-from service.core.variants import QKNorm, Variants, qk_norm
+from service.core.variants import QKNorm, Variants, qk_norm, qk_norm_backward
 
 
 @dataclass(frozen=True)
@@ -150,3 +153,121 @@ def latent_attention(
         k_rotated=k_rotated,
     )
     return LatentTrace(c_q, c_kv, k_rope, q_nope, q_rope, k_nope, replace(block, heads=heads))
+
+
+def _turned_backward(grad: Array, positions: IntArray, settings: Rope, n: int) -> Array:
+    """The transpose of :func:`_turned`: DeepSeek's layout of interleaved pairs undone (its
+    transpose puts the first half back on the even features, the second on the odd), then
+    RoPE's transpose (:func:`service.core.positions.rope_backward`)."""
+    if settings.style == "interleaved":
+        half = grad.shape[-1] // 2
+        laid = np.empty_like(grad)  # (..., n, r)
+        laid[..., 0::2], laid[..., 1::2] = grad[..., :half], grad[..., half:]
+        grad = laid
+    return rope_backward(grad, positions, settings, n)
+
+
+def _heads_as_attended(trace: LatentTrace) -> MultiheadTrace:
+    """The block's trace as :func:`attend_heads` made it: the heads' q and k are Q and K as the
+    scores read them (rotated), without the rotation's own names."""
+    made = dict(trace.block.heads.made)
+    q, k = made.pop("q_rotated"), made.pop("k_rotated")
+    heads = replace(trace.block.heads, made={**made, "q": q, "k": k})
+    return replace(trace.block, heads=heads)
+
+
+def _renamed(grads: dict[str, Array], names: dict[str, str]) -> dict[str, Array]:
+    """``grads`` in the same order, some under other names."""
+    return {names.get(name, name): g for name, g in grads.items()}
+
+
+def latent_backward(
+    x: Array,
+    w: LatentWeights,
+    dims: LatentDims,
+    trace: LatentTrace,
+    grad: Array,
+    *,
+    settings: Rope,
+    positions: IntArray | None = None,
+    mask: CombinedMask | None = None,
+    fully_masked_policy: FullyMaskedPolicy = "zero",
+    variants: Variants | None = None,
+) -> dict[str, Array]:
+    """The gradients of :func:`latent_attention`'s ``trace`` (made from ``x`` with these same
+    arguments) from ``grad (B, L, d_out)``, ∂loss/∂(its output), in reverse order of the
+    forward: the block's and each head's as :func:`service.core.backward.heads_backward` makes
+    them (with ``grad_q_rotated``, ``grad_k_rotated`` for the Q and K the scores read), then
+    ``grad_q_rope``, ``grad_q_nope``, ``grad_k_rope`` (B, S, r: summed over the heads that share
+    the one rotated key), ``grad_k_nope``, ``grad_q`` and ``grad_k`` per head before RoPE (the
+    rotation's transpose, DeepSeek's interleaved layout undone), ``grad_c_kv`` (kv_b_proj's
+    transpose), ``grad_c_q``, and the weights' in in_out layout: ``grad_w_kv_b``,
+    ``grad_kv_a_norm_weight``, ``grad_w_kv_a`` (``grad_b_kv_a``), ``grad_w_q`` (q_b_proj's or
+    q_proj's), ``grad_q_a_norm_weight``, ``grad_w_q_a`` (``grad_b_q_a``), ``grad_w_o``,
+    ``grad_b_o``, and ``grad_x`` (the queries' and the latents' shares summed); the heads'
+    count is the trace's. Every RMS norm
+    backward is :func:`service.core.variants.qk_norm_backward` (Zhang & Sennrich 2019)."""
+    nope, rank = dims.qk_nope_head_dim, dims.kv_lora_rank
+    grads = _renamed(
+        heads_backward(
+            _heads_as_attended(trace),
+            grad,
+            w_o=w.w_o,
+            b_o=w.b_o,
+            mask=mask,
+            fully_masked_policy=fully_masked_policy,
+            variants=replace(variants or Variants(), rope=None),
+        ),
+        {"grad_q": "grad_q_rotated", "grad_k": "grad_k_rotated"},
+    )
+    p = np.arange(x.shape[1]) if positions is None else positions  # (L,)
+    n = sequence_length(p)
+    turn = replace(settings, rotary_dim=dims.qk_rope_head_dim)
+    d_qr, d_kr = grads["grad_q_rotated"], grads["grad_k_rotated"]  # (B, h, ·, nope + r)
+    d_k_rope = d_kr[..., nope:].sum(axis=1)  # (B, S, r): one key read by every head
+    d_q = np.concatenate([d_qr[..., :nope], _turned_backward(d_qr[..., nope:], p, turn, n)], -1)
+    grads |= {
+        "grad_q_rope": d_qr[..., nope:],  # (B, h, L, r)
+        "grad_q_nope": d_qr[..., :nope],  # (B, h, L, nope)
+        "grad_k_rope": d_k_rope,
+        "grad_k_nope": d_kr[..., :nope],  # (B, h, S, nope)
+        "grad_q": d_q,  # (B, h, L, nope + r)
+        "grad_k": np.concatenate(
+            [d_kr[..., :nope], _turned_backward(d_kr[..., nope:], p, turn, n)], -1
+        ),  # (B, h, S, nope + r): each head's copy of k_pe
+    }
+    # the keys' and values' latent: [k_nope | v] = c_kv W_kvb, per head
+    d_kv = merge_heads(np.concatenate([d_kr[..., :nope], grads["grad_v"]], -1))  # (B, S, h·…)
+    kv_b = project_backward(trace.c_kv, w.w_kv_b, d_kv)
+    compressed = project(x, w.w_kv_a, w.b_kv_a)  # (B, S, kv_lora_rank + r)
+    norm = QKNorm("rms", w.eps)
+    kv_norm = qk_norm_backward(
+        compressed[..., :rank], replace(norm, weight=w.kv_norm), kv_b.x
+    )  # through kv_a_layernorm
+    d_pe = _turned_backward(d_k_rope, p, turn, n)  # (B, S, r): k_pe before RoPE
+    kv_a = project_backward(
+        x, w.w_kv_a, np.concatenate([kv_norm.x, d_pe], -1), w.b_kv_a is not None
+    )
+    grads["grad_c_kv"] = kv_b.x  # (B, S, kv_lora_rank)
+    q_b = project_backward(x if trace.c_q is None else trace.c_q, w.w_q, merge_heads(d_q))
+    out: dict[str, Array] = {"grad_w_kv_b": kv_b.w}
+    assert kv_norm.weight is not None
+    out |= {"grad_kv_a_norm_weight": kv_norm.weight, "grad_w_kv_a": kv_a.w}
+    out |= {} if kv_a.b is None else {"grad_b_kv_a": kv_a.b}
+    out["grad_w_q"] = q_b.w
+    grad_x = kv_a.x
+    if trace.c_q is None:  # q = x W_q
+        grad_x = grad_x + q_b.x
+    else:  # c_q = rms_norm(x W_qa + b) · w_qa, q = c_q W_qb
+        assert w.w_q_a is not None
+        grads["grad_c_q"] = q_b.x  # (B, L, q_lora_rank)
+        q_norm = qk_norm_backward(
+            project(x, w.w_q_a, w.b_q_a), replace(norm, weight=w.q_norm), q_b.x
+        )
+        q_a = project_backward(x, w.w_q_a, q_norm.x, w.b_q_a is not None)
+        if q_norm.weight is not None:
+            out["grad_q_a_norm_weight"] = q_norm.weight
+        out["grad_w_q_a"] = q_a.w
+        out |= {} if q_a.b is None else {"grad_b_q_a": q_a.b}
+        grad_x = grad_x + q_a.x
+    return grads | out | {"grad_x": grad_x}

@@ -17,6 +17,7 @@ import numpy as np
 from service.core import chain
 from service.core.attention import AttentionTrace
 from service.core.backward import attention_backward, heads_backward, multihead_backward
+from service.core.latent import LatentTrace, latent_backward
 from service.core.linear import project_backward
 from service.core.masks import CombinedMask
 from service.core.multihead import MultiheadTrace
@@ -116,6 +117,31 @@ def multihead_grads(
     return grads
 
 
+def latent_grads(
+    plan: MultiheadPlan,
+    trace: LatentTrace,
+    mask: CombinedMask | None,
+    variants: Variants,
+) -> Grads:
+    """/multihead with mla: the block's and the heads' gradients, then back through the
+    latents to x (:func:`service.core.latent.latent_backward`), the weights in_out."""
+    s = plan.shapes
+    assert plan.latent is not None and plan.x is not None and s.latent is not None
+    assert variants.rope is not None
+    return latent_backward(
+        plan.x,
+        plan.latent,
+        s.latent,
+        trace,
+        seed(plan, trace.block.output),
+        settings=variants.rope,
+        positions=variants.positions,
+        mask=mask,
+        fully_masked_policy=plan.fully_masked_rows,
+        variants=variants,
+    )
+
+
 def bias_table(plan: Plan, grads: Grads, queries: IntArray, keys: IntArray) -> Grads:
     """With T5's relative bias: the gradient of its table [num_buckets][h], the bias's
     gradient summed by bucket, head by head (the bias is table[bucket(p'_j − p_i)][h])."""
@@ -188,6 +214,7 @@ def answer(plan: Plan, grads: Grads) -> dict[str, Any]:
         "in_proj",
         "per_head",
         "state_dict",
+        "latent",
     ):
         out["grad_state_dict"] = state_dict(plan, grads)
     return out
@@ -222,6 +249,10 @@ _STATE: dict[str, Callable[[Grads], Array]] = {
     "out_proj_weight": lambda g: _out_in(g, "grad_w_o"),
     "o_proj_weight": lambda g: _out_in(g, "grad_w_o"),
     "gate.w": lambda g: _out_in(g, "grad_gate_w"),
+    "q_a_proj_weight": lambda g: _out_in(g, "grad_w_q_a"),
+    "q_b_proj_weight": lambda g: _out_in(g, "grad_w_q"),
+    "kv_a_proj_with_mqa_weight": lambda g: _out_in(g, "grad_w_kv_a"),
+    "kv_b_proj_weight": lambda g: _out_in(g, "grad_w_kv_b"),
 }
 
 
@@ -378,7 +409,26 @@ def _formulas(plan: Plan, grads: Grads, scale: float) -> dict[str, str]:
         base = name[5:]
         if chain.slot_of(base) in ("q", "k", "v") and base not in ("output",):
             f[name] = _form(plan, base, made)
-    return f
+    return f | (_LATENT if s.latent is not None else {})
+
+
+_TURNED_BACK = "RoPE's transpose (back by −θ, times the scaling's attention factor"
+_LATENT = {  # mla: back through Q's and K's parts and the latents (service.core.latent)
+    "grad_q_rope": "the last qk_rope_head_dim columns of grad_q_rotated",
+    "grad_q_nope": "the first qk_nope_head_dim columns of grad_q_rotated",
+    "grad_k_rope": "Σ over the heads of the last qk_rope_head_dim columns of grad_k_rotated (one "
+    "rotated key read by every head)",
+    "grad_k_nope": "the first qk_nope_head_dim columns of grad_k_rotated",
+    "grad_q": f"[grad_q_nope | {_TURNED_BACK}; DeepSeek's interleaved layout undone first) of "
+    "grad_q_rope]",
+    "grad_k": f"[grad_k_nope | {_TURNED_BACK}) of this head's rope columns of grad_k_rotated]",
+    "grad_c_kv": "[grad_k_nope | grad_v] of all heads times kv_b_projᵀ: d[k_nope | V] W_kvbᵀ",
+    "grad_c_q": "grad_q of all heads times q_b_projᵀ: dQ W_qbᵀ",
+    "grad_x": "back through kv_a_layernorm's and q_a_layernorm's RMS-norm Jacobians "
+    "(w/σ)(g − x̂·mean(g ∘ x̂)), then kv_a_proj_with_mqa ([dC_kv | RoPE's transpose of "
+    "grad_k_rope]) and q_a_proj (or q_proj): the shares summed",
+    "grad_w_q": "C_qᵀ dQ (Xᵀ dQ without q_lora_rank) summed over tokens and batch items, in_out",
+}
 
 
 def _shape(plan: Plan, name: str, g: Array) -> list[int]:

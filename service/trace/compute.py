@@ -275,7 +275,11 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
     grads: backward.Grads = {}
     if s.backward:
         check()
-        grads = backward.multihead_grads(plan, trace, mask, variants)
+        grads = (
+            backward.multihead_grads(plan, trace, mask, variants)
+            if latent is None
+            else backward.latent_grads(plan, latent, mask, variants)
+        )
         grads |= backward.bias_table(plan, grads, *_positions(plan))
         answered = backward.answer(plan, grads)
         per_head |= answered  # the heads' (B, h, ·, ·)

@@ -38,13 +38,11 @@ def _refuse(what: str, why: str) -> FieldError:
 def check_grad_output(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> Shapes:
     """``shapes`` with the backward on when ``grad_output`` is given and holds: an array shaped
     as the answer's last array (batched as the request), or "sum"; refused where the core's
-    backward cannot go yet (multi-head latent attention; k_eq_v with q, k, v given per
-    head)."""
+    backward cannot go yet (k_eq_v with q, k, v given per head)."""
     grad = req.grad_output
     if grad is None:
         return shapes
     refusals = (
-        ("mla" in shapes.on, "mla", "the backward through the latents is not available yet"),
         (
             "k_eq_v" in shapes.on and shapes.d_model is None,
             "k_eq_v and q, k, v given per head",
@@ -129,6 +127,15 @@ PARAMETERS: dict[str, str] = {
     "qk_norm.q_bias": "grad_q_norm_bias",
     "qk_norm.k_bias": "grad_k_norm_bias",
     "relative_bias.table": "grad_relative_bias_table",
+    # multi-head latent attention (service.core.latent.latent_backward), DeepSeek's names
+    "q_a_proj_weight": "grad_w_q_a",
+    "q_a_proj_bias": "grad_b_q_a",
+    "q_a_layernorm_weight": "grad_q_a_norm_weight",
+    "q_b_proj_weight": "grad_w_q",
+    "kv_a_proj_with_mqa_weight": "grad_w_kv_a",
+    "kv_a_proj_with_mqa_bias": "grad_b_kv_a",
+    "kv_a_layernorm_weight": "grad_kv_a_norm_weight",
+    "kv_b_proj_weight": "grad_w_kv_b",
 }
 
 

@@ -807,6 +807,7 @@ DIFFERENTIATED = frozenset(
         *("q_rotated", "k_rotated", "q_tempered", "v_normed", "scores", "scaled_scores"),
         *("capped_scores", "biased_scores", "masked_scores", "weights", "output"),
         *("concat", "gate", "gated", "projected", "residual", "layer_norm"),
+        *("c_q", "c_kv", "k_rope", "q_nope", "q_rope", "k_nope"),  # mla's latents and parts
     }
 )
 _PER_KV_HEAD = frozenset({"k", "v"})  # under grouped-query attention, summed per key/value head
@@ -826,10 +827,18 @@ def _projected(s: Shapes) -> bool:
     return s.backward and s.d_model is not None
 
 
+def _latent_backward(s: Shapes) -> bool:
+    return s.backward and s.latent is not None
+
+
+def _q_latent_backward(s: Shapes) -> bool:
+    return s.backward and _q_latent(s)
+
+
 def _state_dict(s: Shapes) -> bool:
     """/multihead's projections given under a module's names (in_proj_weight, heads,
     q_proj.weight …): grad_state_dict gives the gradients under them."""
-    return s.backward and s.form in ("in_proj", "per_head", "state_dict")
+    return s.backward and s.form in ("in_proj", "per_head", "state_dict", "latent")
 
 
 @dataclass(frozen=True)
@@ -1012,6 +1021,39 @@ GRADIENTS: tuple[Output, ...] = (
     _weight("grad_w_k", f"∂loss/∂W_k, {_LAYOUT}", index(D_MODEL, H_KV * D_K)),
     _weight("grad_w_v", f"∂loss/∂W_v, {_LAYOUT}", index(D_MODEL, H_KV * D_V)),
     *(_parameter(f"grad_b_{n}", f"∂loss/∂b_{n}") for n in "qkv"),
+    # mla: its weights' gradients in in_out (grad_w_q is q_b_proj's or q_proj's), as
+    # grad_state_dict gives them under DeepSeek's names
+    _weight(
+        "grad_w_q_a",
+        "∂loss/∂ q_a_proj (mla), in_out",
+        index(D_MODEL, Q_LORA),
+        MULTIHEAD,
+        _q_latent_backward,
+    ),
+    _parameter("grad_b_q_a", "∂loss/∂ q_a_proj.bias (mla)", endpoints=MULTIHEAD),
+    _parameter("grad_q_a_norm_weight", "∂loss/∂ q_a_layernorm.weight (mla)", endpoints=MULTIHEAD),
+    Output(
+        "grad_w_kv_a",
+        "weight",
+        "∂loss/∂ kv_a_proj_with_mqa (mla), in_out",
+        lambda s: (D_MODEL(s), KV_LORA(s) + ROPE_DIM(s)),
+        MULTIHEAD,
+        _latent_backward,
+        batched=False,
+        optional=True,
+    ),
+    _parameter("grad_b_kv_a", "∂loss/∂ kv_a_proj_with_mqa.bias (mla)", endpoints=MULTIHEAD),
+    _parameter("grad_kv_a_norm_weight", "∂loss/∂ kv_a_layernorm.weight (mla)", endpoints=MULTIHEAD),
+    Output(
+        "grad_w_kv_b",
+        "weight",
+        "∂loss/∂ kv_b_proj (mla), in_out",
+        lambda s: (KV_LORA(s), H(s) * (NOPE_DIM(s) + s.d_v)),
+        MULTIHEAD,
+        _latent_backward,
+        batched=False,
+        optional=True,
+    ),
     Output(
         "grad_x",
         "matrix",
