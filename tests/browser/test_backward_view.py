@@ -232,18 +232,23 @@ RECOMPUTE_GRADIENTS = """async (args) => {
   const out = [];
   const scan = (src, head) => {
     for (const name of Object.keys(src).filter((n) => n.startsWith('grad_'))) {
-      const a = src[name];
-      if (!Array.isArray(a) || !Array.isArray(a[0]) || Array.isArray(a[0][0])) continue;
-      for (let i = 0; i < a.length; i++) for (let j = 0; j < a[i].length; j++) {
-        const ctx = {endpoint, data, request, name, head, batch: null, i, j};
+      let a = src[name];
+      if (!Array.isArray(a) || (head === null && endpoint === 'multihead' && name in data.heads[0])) continue;
+      if (!Array.isArray(a[0])) a = [a];  // a bias's: one row
+      const batched = Array.isArray(a[0][0]);  // [batch item][row][column]
+      if (batched && Array.isArray(a[0][0][0])) continue;
+      for (let n = 0; n < (batched ? a.length : 1); n++) {
+      const g = batched ? a[n] : a;
+      for (let i = 0; i < g.length; i++) for (let j = 0; j < g[i].length; j++) {
+        const ctx = {endpoint, data, request, name, head, batch: batched ? n : null, i, j};
         const r = b.gradientCell(ctx);
         if (m.explainCell(ctx) === null) throw new Error('no explanation of ' + name);
         out.push([name, head, i, j, r.kind, r.total ?? null, r.service]);
-      }
+      }}
     }
   };
   if (endpoint === 'multihead') data.heads.forEach((h, n) => scan(h, n));
-  else scan(data, null);
+  scan(data, null);
   return out;
 }"""
 
@@ -258,8 +263,27 @@ TEMPERED_GQA: dict[str, Any] = {
     "num_heads": 2, "num_kv_heads": 1, "temperature": {"floor_scale": 2, "attn_scale": 0.5},
     "mask": {"type": "causal"}, "alibi": True, "grad_output": D_O[:3],
 }  # fmt: skip
+W_O = [[0.5, -0.2, 0.1, 0.3], [0.4, 0.6, -0.5, 0.2], [-0.3, 0.1, 0.7, -0.4], [0.2, -0.8, 0.3, 0.6]]
+LN = {"gamma": [1.0, 2.0, 0.5, -1.0], "beta": [0.1, 0.0, -0.2, 0.3], "eps": 1e-5}
+BLOCK_LN: dict[str, Any] = {
+    "x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V, "w_o": W_O, "b_o": [0.1, -0.1, 0.2, 0.0],
+    "b_q": [0.1, 0.2, -0.1, 0.0], "num_heads": 2, "mask": {"type": "causal"}, "residual": True,
+    "layer_norm": LN, "grad_output": D_O,
+}  # fmt: skip
+BATCHED_OUT_IN: dict[str, Any] = {
+    **BLOCK_LN, "x": [X, [r[::-1] for r in X]], "weight_layout": "out_in", "num_kv_heads": 1,
+    "w_k": W_K[:2], "w_v": W_V[2:],
+    "grad_output": [D_O, [r[::-1] for r in D_O]],
+}  # fmt: skip
+PROJECTED: dict[str, Any] = {
+    "x": X, "w_q": [r[:3] for r in W_Q], "w_k": [r[:3] for r in W_K], "w_v": W_V,
+    "b_q": [0.1, 0.2, -0.3], "b_v": [0.0, 0.5, -0.5, 1.0], "grad_output": D_O,
+}  # fmt: skip
 CASES = [("rope_yarn_softcap_sink", "attention", ROPE_SOFTCAP),
-         ("gqa_temperature_alibi", "multihead", TEMPERED_GQA)]  # fmt: skip
+         ("gqa_temperature_alibi", "multihead", TEMPERED_GQA),
+         ("block_w_o_residual_layer_norm", "multihead", BLOCK_LN),
+         ("batched_out_in_gqa_block", "multihead", BATCHED_OUT_IN),
+         ("attention_projections", "attention", PROJECTED)]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -277,10 +301,21 @@ def test_every_gradient_cell_the_page_computes_is_the_services(
     kinds = {r[4] for r in rows}
     bad = [r for r in rows if r[5] is not None and abs(r[5] - r[6]) > 1e-12 * max(1, abs(r[6]))]
     assert bad == [], bad[:10]
+    lost = [r for r in rows if r[5] is None and r[4] != "unexplained"]  # NaN arrives as null
+    assert lost == [], lost[:10]
     computed = {r[0] for r in rows if r[5] is not None}
     assert {"grad_weights", "grad_q", "grad_scores"} <= computed, computed
     assert kinds >= {"dO", "dP", "dS", "dQ", "score-back"}, kinds
-    if endpoint == "attention":
+    if "rope" in body:
         assert {"rope-back", "dK", "dV"} <= kinds and "grad_capped_scores" in computed
-    else:  # grouped: the heads' k and v gradients are summed per key/value head, top level
+    elif "temperature" in body:  # grouped: the heads' k and v gradients summed per key/value head
         assert "temper-back" in kinds and "grad_biased_scores" in computed
+    if "x" in body:  # the projections: every gradient of x, the weights and biases is computed
+        assert {"x-back", "weight-back"} <= kinds, kinds
+        params = {r[0] for r in rows if r[0].startswith(("grad_w_", "grad_b_"))} | {"grad_x"}
+        assert params <= computed, params - computed
+    if "layer_norm" in body:  # the block: W_o, the residual, the layer norm and its γ, β
+        assert {"ln-back", "residual-back", "concat-back", "ln-param-back"} <= kinds, kinds
+        block = {"grad_concat", "grad_projected", "grad_residual", "grad_layer_norm", "grad_w_o",
+                 "grad_b_o", "grad_ln_gamma", "grad_ln_beta"}  # fmt: skip
+        assert block <= computed, block - computed
