@@ -207,13 +207,15 @@ const LINES = {
       "The layer norm's Jacobian is not diagonal: every feature of the row moves the mean and σ, so the gradient loses its mean and its part along x̂.",
     );
   },
-  "concat-back"(box, r, ctx, f) {
+  "concat-back"(box, r, ctx, f, note) {
     const { i, j } = ctx;
     const w = r.layout === "out_in" ? `W_o[o][${j}]` : `W_o[${j}][o]`;
     f(
-      `${r.name}[${i}][${j}] = Σ_o grad_projected[${i}][o] · ${w}  (grad_concat = dY W_oᵀ, dY = grad_projected; W_o ${r.layout})`,
+      `${r.name}[${i}][${j}] = Σ_o grad_projected[${i}][o] · ${w}  (grad_concat = dY W_oᵀ, dY = grad_projected)`,
     );
     terms(box, ["o", `grad_projected[${i}][o]`, w, "product"], r.terms);
+    if (r.layout === "identity")
+      note("W_o was not given: it is the identity (its default), so grad_concat = grad_projected.");
   },
   "x-back"(box, r, ctx, f, note) {
     const { i, j } = ctx;

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from tests.browser.support import js_number, post_json, wait_idle
+from tests.browser.support import fill_generated, js_number, post_json, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -217,10 +217,122 @@ def test_the_pattern_after_a_layer_norm_moves_the_gradients(page: Any) -> None:
     assert body["grad_output"] == _pattern(3, 4)
     assert np.abs(np.array(data["grad_x"])).max() > 1e-3
     _beside(page, "layer_norm", "grad_layer_norm")
-    # a gradient the page does not compute says so, with the service's number
-    page.locator('figure[data-name="grad_layer_norm"] rect.cell').first.click()
-    page.locator("#explain .explain-total").wait_for()
-    assert "does not compute grad_layer_norm yet" in page.locator("#explain").inner_text()
+    # the block's last array's gradient is dO as sent
+    total, text = _explain(page, "grad_layer_norm", 0, 1)
+    assert total == _pattern(3, 4)[0][1] and "as the request gives it" in text
+
+
+def _layer_norm(z: Array, eps: float = 1e-5) -> tuple[Array, Array]:
+    """x̂ and σ of each row (biased variance)."""
+    sigma = np.sqrt(z.var(axis=1) + eps)
+    return (z - z.mean(axis=1, keepdims=True)) / sigma[:, None], sigma
+
+
+def _block(
+    x: Array, w: dict[str, Array], heads: int, d_o: Array, residual: bool, ln: bool
+) -> dict[str, Array]:
+    """/multihead's forward (in_out weights, no mask) and its backward by hand in float64: the
+    heads' dQ, dK, dV side by side, the block's gradients, grad_x, the weights'."""
+    q, k, v = x @ w["q"], x @ w["k"], x @ w["v"]
+    d = q.shape[1] // heads
+    cols = [slice(h * d, (h + 1) * d) for h in range(heads)]
+    outs = []
+    for c in cols:
+        s = q[:, c] @ k[:, c].T / np.sqrt(d)
+        e = np.exp(s - s.max(axis=1, keepdims=True))
+        outs.append(e / e.sum(axis=1, keepdims=True) @ v[:, c])
+    concat = np.hstack(outs)
+    z = x + concat @ w["o"] if residual else concat @ w["o"]
+    xhat, sigma = _layer_norm(z)
+    d_z = d_o if not ln else (d_o - d_o.mean(1, keepdims=True) - xhat * (d_o * xhat).mean(1, keepdims=True)) / sigma[:, None]  # fmt: skip
+    d_concat = d_z @ w["o"].T
+    parts = [_backward(q[:, c], k[:, c], v[:, c], d_concat[:, c], causal=False) for c in cols]
+    d_q, d_k, d_v = (np.hstack([p[n] for p in parts]) for n in ("dQ", "dK", "dV"))
+    d_x = d_q @ w["q"].T + d_k @ w["k"].T + d_v @ w["v"].T + (d_z if residual else 0)
+    return {"concat": d_concat, "residual": d_z, "w_o": concat.T @ d_z, "x": d_x, "w_q": x.T @ d_q,
+            "b_q": d_q.sum(axis=0)}  # fmt: skip
+
+
+def _cell(page: Any, data: dict[str, Any], body: dict[str, Any], name: str, i: int, j: int) -> Any:
+    """The page's explanation of a gradient cell it does not draw (explain.js's explainCell, what a
+    click runs): its total and text."""
+    return page.evaluate(
+        """async ([data, request, name, i, j]) => {
+          const m = await import('/static/explain.js');
+          const box = m.explainCell({endpoint: 'multihead', data, request, name, head: null,
+                                     batch: null, i, j});
+          const t = box.querySelector('.explain-total');
+          return [Number(t.dataset.total), box.innerText || box.textContent,
+                  !!box.querySelector('.explain-mismatch')];
+        }""",
+        [data, body, name, i, j],
+    )
+
+
+def test_the_blocks_gradients_are_explained_with_numpys_numbers(page: Any) -> None:
+    """/multihead with W_o, the residual and a layer norm: grad_concat (dY W_oᵀ), grad_residual
+    (through the layer norm) clicked, grad_w_o and grad_x (with the residual's share) explained,
+    each NumPy's to 1e-12 and the service's."""
+    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
+    page.select_option("#endpoint", "multihead")
+    wait_idle(page)
+    page.select_option("#mode", "projections")
+    _fill(page, {"x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V, "w_o": W_O})
+    page.fill("#tokens", "the cat sat")
+    for field in ("#context", "#extra"):
+        page.fill(field, "")
+    page.select_option("#weight_layout", "in_out")
+    page.fill("#num_heads", "2")
+    page.check("#residual")
+    page.check("#layer_norm")
+    page.select_option("#grad_mode", "pattern")
+    body, data = _run_backward(page, "multihead")
+    assert body["w_o"] == W_O and body["layer_norm"] is True
+    w = {n: np.array(m) for n, m in (("q", W_Q), ("k", W_K), ("v", W_V), ("o", W_O))}
+    ref = _block(np.array(X), w, 2, np.array(_pattern(3, 4)), residual=True, ln=True)
+    _beside(page, "concat", "grad_concat")
+    total, text = _explain(page, "grad_concat", 1, 2)
+    assert total == pytest.approx(ref["concat"][1, 2], abs=1e-12, rel=1e-12)
+    assert total == pytest.approx(data["grad_concat"][1][2], abs=1e-12, rel=1e-12)  # the service's
+    assert "Σ_o grad_projected[1][o] · W_o[2][o]" in text
+    assert f"{_f6(data['grad_projected'][1][3])}\t{_f6(W_O[2][3])}" in text  # a term, its numbers
+    total, text = _explain(page, "grad_residual", 2, 1)
+    assert total == pytest.approx(ref["residual"][2, 1], abs=1e-12, rel=1e-12)
+    z = np.array(data["residual"])
+    xhat, sigma = _layer_norm(z)
+    g = np.array(_pattern(3, 4))
+    assert f"σ = √(var + eps) = {_f6(sigma[2])}" in text, text
+    assert f"mean(g · x̂) = {_f6((g[2] * xhat[2]).mean())}" in text
+    for name, (i, j) in (("grad_w_o", (3, 1)), ("grad_x", (0, 2))):
+        total, text, mismatch = _cell(page, data, body, name, i, j)
+        assert not mismatch and total == pytest.approx(ref[name[5:]][i, j], abs=1e-12, rel=1e-12)
+    assert "grad_residual[0][2]" in text  # grad_x's residual share
+
+
+def test_attention_projections_explain_grad_x_and_grad_w_q(page: Any) -> None:
+    """/attention on generated numbers (sent with weight_layout out_in, generated in in_out):
+    grad_x and grad_w_q cells clicked, NumPy's to 1e-12 from the answer's x and weights."""
+    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
+    page.select_option("#endpoint", "attention")
+    wait_idle(page)
+    fill_generated(page, 3, seed=1, d_model=4, d_k=2)
+    page.fill("#extra", "")
+    page.select_option("#grad_mode", "pattern")
+    body, data = _run_backward(page, "attention")
+    assert body["weight_layout"] == "out_in" and "w_q" not in body  # generated: in_out
+    x, d_o = np.array(data["x"]), np.array(_pattern(3, 2))
+    w = {n: np.array(data["w_" + n]) for n in "qkv"}
+    ref = _backward(x @ w["q"], x @ w["k"], x @ w["v"], d_o, causal=False)
+    d_x = ref["dQ"] @ w["q"].T + ref["dK"] @ w["k"].T + ref["dV"] @ w["v"].T
+    _beside(page, "x", "grad_x")
+    total, text = _explain(page, "grad_x", 1, 3)
+    assert total == pytest.approx(d_x[1, 3], abs=1e-12, rel=1e-12)
+    assert total == pytest.approx(data["grad_x"][1][3], abs=1e-12, rel=1e-12)
+    assert "Σ_c dQ[1][c] · W_q[3][c] + Σ_c dK[1][c] · W_k[3][c] + Σ_c dV[1][c] · W_v[3][c]" in text
+    d_wq = x.T @ ref["dQ"]
+    total, text = _explain(page, "grad_w_q", 2, 1)
+    assert total == pytest.approx(d_wq[2, 1], abs=1e-12, rel=1e-12)
+    assert "Σ_i x[i][2] · grad_q[i][1]" in text
 
 
 # every gradient cell the page computes, against the service's number: [name, head, i, j, kind,

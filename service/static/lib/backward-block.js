@@ -27,7 +27,22 @@ import { weightAt } from "./projection.js";
 export const BLOCK = ["concat", "projected", "residual", "layer_norm"];
 const SIDES = ["q", "k", "v"];
 const PARAMS = new Set(["w_o", "b_o", "ln_gamma", "ln_beta"]);
-const AWAY = ["gate", "past", "mla"]; // request fields whose backward is not this one
+// request fields whose backward (or whose weights) this is not: the gate, a cache, MLA, the clamp,
+// shared k and v, a model's config, the per-head weights, a layer norm's weights by its module's
+// name
+const AWAY = [
+  "gate",
+  "past",
+  "mla",
+  "clip_qkv",
+  "k_eq_v",
+  "config",
+  "heads",
+  "output_layer_norm_weight",
+  "output_layer_norm_bias",
+];
+// W_o under its other names: without any, W_o is the identity (api.md: w_o's default)
+const W_O_FIELDS = ["w_o", "out_proj_weight", "o_proj_weight", "c_proj_weight"];
 
 const sum = (terms) => terms.reduce((s, x) => s + x.value, 0);
 const depth = (a) => (Array.isArray(a) ? 1 + depth(a[0]) : 0);
@@ -125,7 +140,9 @@ function weightOf(ctx, field) {
   const given = ctx.request[field];
   if (Array.isArray(given)) return { m: given, layout: ctx.request.weight_layout ?? "in_out" };
   const made = ctx.data[field];
-  return Array.isArray(made) ? { m: made, layout: "in_out" } : undefined;
+  if (Array.isArray(made)) return { m: made, layout: "in_out" };
+  const namedO = W_O_FIELDS.some((f) => ctx.request[f] !== undefined);
+  return field === "w_o" && !namedO ? { m: null, layout: "identity" } : undefined;
 }
 
 /** The rows a projection read for batch item b: x, or the context for k and v in

@@ -4,8 +4,10 @@
 // the same weights read the other way): W[t][c] as the request's weight_layout stores it
 // (in_out: W is (d_in, d_out), x · W; out_in: (d_out, d_in), x · Wᵀ, torch's nn.Linear).
 
-/** W[t][c] (input feature t, output column c) of a weight stored in `layout`. */
+/** W[t][c] (input feature t, output column c) of a weight stored in `layout` ("identity": W
+ * not given where its default is the identity, W_o's). */
 export function weightAt(layout, w, t, c) {
+  if (layout === "identity") return t === c ? 1 : 0;
   return layout === "out_in" ? w[c][t] : w[t][c];
 }
 
