@@ -4,8 +4,8 @@
 // again from the gradient after it and the forward's arrays), a table of the terms summed, and the
 // page's total beside the service's; "← how … was computed" walks to the gradient it came from
 // where that is the same cell (dS from dP, each score's gradient from the next's). A gradient the
-// page does not compute yet (the norms, the clamp, /multihead's block, the projections, the
-// weights) says so and shows the service's number and step.
+// page does not compute yet (the norms, the clamp, the gate, MLA, the keys and values with
+// `past`) says so and shows the service's number and step.
 import { gradientCell, isGradient } from "./lib/backward.js";
 import { el, fmt, table, totalLine } from "./lib/explain-parts.js";
 import { slotOf } from "./lib/layers.js";
@@ -13,7 +13,7 @@ import { slotOf } from "./lib/layers.js";
 export { isGradient };
 
 const DONE =
-  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, and RoPE's and the temperature's backward";
+  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, RoPE's and the temperature's backward, /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients)";
 
 /** Whose cell it is: query i → key j for a map of the scores or the weights, else the row's
  * token and the feature. */
@@ -43,6 +43,17 @@ function terms(box, head, list, mark = -1) {
       head,
       list.map((x) => [String(x.c), fmt(x.a), fmt(x.b), fmt(x.value)]),
       mark,
+    ),
+  );
+}
+
+/** A table of terms summed over rows (and batch items: "b.i"). */
+function rowTerms(box, head, list) {
+  const row = (x) => (x.item === null || x.item === undefined ? String(x.c) : `${x.item}.${x.c}`);
+  box.append(
+    table(
+      head,
+      list.map((x) => [row(x), fmt(x.a), fmt(x.b), fmt(x.value)]),
     ),
   );
 }
@@ -160,6 +171,107 @@ const LINES = {
       `${r.name}[${i}][${j}] = grad_${r.next}[${i}][${j}] · τ(p) = ${fmt(r.g)} · ${fmt(r.factor)}, query ${i} at p = ${r.p}`,
     );
   },
+  "residual-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    f(`${r.name}[${i}][${j}] = grad_residual[${i}][${j}] = ${fmt(r.g)}`);
+    note(
+      "residual = x + projected: its derivative by projected is 1, so the residual's gradient passes on unchanged (and x gets it too: grad_x's residual share).",
+    );
+  },
+  "ln-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const n = r.terms.length;
+    f(
+      `${r.name}[${i}][${j}] = (g[${j}] − mean(g) − x̂[${j}] · mean(g · x̂)) / σ, g = γ · grad_layer_norm[${i}], over the ${n} features of row ${i}`,
+    );
+    f(
+      `x̂ = (${r.before}[${i}] − mean) / σ, mean = ${fmt(r.mean)}, σ = √(var + eps) = ${fmt(r.sigma)} (eps = ${fmt(r.eps)})`,
+    );
+    box.append(
+      table(
+        ["t", `grad_layer_norm[${i}][t]`, "γ[t]", "g[t]", "x̂[t]", "g[t] · x̂[t]"],
+        r.terms.map((x) => [
+          String(x.c),
+          fmt(x.a),
+          fmt(x.gamma),
+          fmt(x.g),
+          fmt(x.xhat),
+          fmt(x.value),
+        ]),
+        j,
+      ),
+    );
+    f(`mean(g) = ${fmt(r.meanG)}, mean(g · x̂) = ${fmt(r.meanGX)}`);
+    f(`= (${fmt(r.g)} − ${fmt(r.meanG)} − ${fmt(r.xt)} · ${fmt(r.meanGX)}) / ${fmt(r.sigma)}`);
+    note(
+      "The layer norm's Jacobian is not diagonal: every feature of the row moves the mean and σ, so the gradient loses its mean and its part along x̂.",
+    );
+  },
+  "concat-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const w = r.layout === "out_in" ? `W_o[o][${j}]` : `W_o[${j}][o]`;
+    f(
+      `${r.name}[${i}][${j}] = Σ_o grad_projected[${i}][o] · ${w}  (grad_concat = dY W_oᵀ, dY = grad_projected)`,
+    );
+    terms(box, ["o", `grad_projected[${i}][o]`, w, "product"], r.terms);
+    if (r.layout === "identity")
+      note("W_o was not given: it is the identity (its default), so grad_concat = grad_projected.");
+  },
+  "x-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const parts = r.parts.map(
+      (p) => `Σ_c d${p.side.toUpperCase()}[${i}][c] · W_${p.side}[${j}][c]`,
+    );
+    if (r.residual !== null) parts.push(`grad_residual[${i}][${j}]`);
+    f(`${r.name}[${i}][${j}] = ${parts.join(" + ")}`);
+    for (const p of r.parts) {
+      const w = p.layout === "out_in" ? `W_${p.side}[c][${j}]` : `W_${p.side}[${j}][c]`;
+      const d = `grad_${p.side}`;
+      f(`${p.side}'s term: Σ_c ${d}[${i}][c] · ${w} = ${fmt(p.total)}`);
+      terms(box, ["c", `${d}[${i}][c]`, w, "product"], p.terms);
+    }
+    const sums = r.parts.map((p) => fmt(p.total));
+    if (r.residual !== null) sums.push(fmt(r.residual));
+    f(`= ${sums.join(" + ")}`);
+    if (ctx.endpoint === "multihead")
+      note(
+        "d<side> is the heads' grad_q … side by side (a key/value head's: its query heads' summed).",
+      );
+    if (r.residual !== null)
+      note("residual = x + projected: x gets the residual's gradient as well as the projections'.");
+  },
+  "weight-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const W = `W_${r.side}`;
+    const out = r.side === "o";
+    const x = out ? "concat" : "x";
+    const d = out ? "grad_projected" : `grad_${r.side}`;
+    const layout =
+      r.layout === "out_in" ? ` (out_in: ${W}[${r.m}][${r.c}] is stored [${r.c}][${r.m}])` : "";
+    f(
+      `${r.name}[${i}][${j}] = ∂loss/∂${W}[${r.m}][${r.c}] = Σ_i ${x}[i][${r.m}] · ${d}[i][${r.c}], summed over the tokens and batch items${layout}`,
+    );
+    rowTerms(box, ["i", `${x}[i][${r.m}]`, `${d}[i][${r.c}]`, "product"], r.terms);
+    if (!out && ctx.endpoint === "multihead")
+      note(`${d} is the heads' side by side (a key/value head's: its query heads' summed).`);
+  },
+  "bias-back"(box, r, ctx, f) {
+    const { j } = ctx;
+    const d = r.side === "o" ? "grad_projected" : `grad_${r.side}`;
+    f(
+      `${r.name}[${j}] = Σ_i ${d}[i][${j}], summed over the tokens and batch items (b is added to every row)`,
+    );
+    rowTerms(box, ["i", `${d}[i][${j}]`, "· 1", "term"], r.terms);
+  },
+  "ln-param-back"(box, r, ctx, f) {
+    const { j } = ctx;
+    f(
+      r.beta
+        ? `${r.name}[${j}] = Σ_i grad_layer_norm[i][${j}], summed over the tokens and batch items (β is added to every row)`
+        : `${r.name}[${j}] = Σ_i grad_layer_norm[i][${j}] · x̂[i][${j}], x̂ the normalised ${r.before}, summed over the tokens and batch items`,
+    );
+    rowTerms(box, ["i", `grad_layer_norm[i][${j}]`, `x̂[i][${j}]`, "term"], r.terms);
+  },
   unexplained(box, r, ctx, f, note) {
     note(
       `The page does not compute ${r.name} yet (it computes ${DONE}); the number is the service's.`,
@@ -168,11 +280,15 @@ const LINES = {
   },
 };
 
+// a bias's or a norm weight's gradient: one row, its cells [j]
+const FLAT = new Set(["bias-back", "ln-param-back"]);
+
 // the gradient a cell came from, cell for cell (the way back), by kind
 const BEFORE = {
   dS: () => "grad_weights",
   "score-back": (r) => `grad_${r.next}`,
   "temper-back": (r) => `grad_${r.next}`,
+  "residual-back": () => "grad_residual",
 };
 
 /** The explanation of gradient cell ctx as an element, or null when the answer lacks it. */
@@ -180,6 +296,7 @@ export function explainGradient(ctx) {
   const r = gradientCell(ctx);
   if (!r) return null;
   const { i, j } = ctx;
+  const flat = FLAT.has(r.kind);
   const box = el("section", "explain explain-gradient");
   const where = [];
   if (ctx.head !== null && ctx.head !== undefined) where.push("head " + ctx.head);
@@ -188,10 +305,11 @@ export function explainGradient(ctx) {
     el(
       "h3",
       "explain-title",
-      `${r.name}[${i}][${j}]` + (where.length ? ` (${where.join(", ")})` : ""),
+      `${r.name}${flat ? "" : `[${i}]`}[${j}]` + (where.length ? ` (${where.join(", ")})` : ""),
     ),
   );
-  box.append(el("p", "explain-who", `${who(ctx, r)}: ∂loss/∂${r.of}[${i}][${j}]`));
+  if (!flat && r.kind !== "weight-back")
+    box.append(el("p", "explain-who", `${who(ctx, r)}: ∂loss/∂${r.of}[${i}][${j}]`));
   const f = (s) => box.append(el("p", "explain-formula", s));
   const note = (s) => box.append(el("p", "explain-note", s));
   LINES[r.kind](box, r, ctx, f, note);

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from tests.browser.support import js_number, post_json, wait_idle
+from tests.browser.support import fill_generated, js_number, post_json, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -217,10 +217,122 @@ def test_the_pattern_after_a_layer_norm_moves_the_gradients(page: Any) -> None:
     assert body["grad_output"] == _pattern(3, 4)
     assert np.abs(np.array(data["grad_x"])).max() > 1e-3
     _beside(page, "layer_norm", "grad_layer_norm")
-    # a gradient the page does not compute says so, with the service's number
-    page.locator('figure[data-name="grad_layer_norm"] rect.cell').first.click()
-    page.locator("#explain .explain-total").wait_for()
-    assert "does not compute grad_layer_norm yet" in page.locator("#explain").inner_text()
+    # the block's last array's gradient is dO as sent
+    total, text = _explain(page, "grad_layer_norm", 0, 1)
+    assert total == _pattern(3, 4)[0][1] and "as the request gives it" in text
+
+
+def _layer_norm(z: Array, eps: float = 1e-5) -> tuple[Array, Array]:
+    """x̂ and σ of each row (biased variance)."""
+    sigma = np.sqrt(z.var(axis=1) + eps)
+    return (z - z.mean(axis=1, keepdims=True)) / sigma[:, None], sigma
+
+
+def _block(
+    x: Array, w: dict[str, Array], heads: int, d_o: Array, residual: bool, ln: bool
+) -> dict[str, Array]:
+    """/multihead's forward (in_out weights, no mask) and its backward by hand in float64: the
+    heads' dQ, dK, dV side by side, the block's gradients, grad_x, the weights'."""
+    q, k, v = x @ w["q"], x @ w["k"], x @ w["v"]
+    d = q.shape[1] // heads
+    cols = [slice(h * d, (h + 1) * d) for h in range(heads)]
+    outs = []
+    for c in cols:
+        s = q[:, c] @ k[:, c].T / np.sqrt(d)
+        e = np.exp(s - s.max(axis=1, keepdims=True))
+        outs.append(e / e.sum(axis=1, keepdims=True) @ v[:, c])
+    concat = np.hstack(outs)
+    z = x + concat @ w["o"] if residual else concat @ w["o"]
+    xhat, sigma = _layer_norm(z)
+    d_z = d_o if not ln else (d_o - d_o.mean(1, keepdims=True) - xhat * (d_o * xhat).mean(1, keepdims=True)) / sigma[:, None]  # fmt: skip
+    d_concat = d_z @ w["o"].T
+    parts = [_backward(q[:, c], k[:, c], v[:, c], d_concat[:, c], causal=False) for c in cols]
+    d_q, d_k, d_v = (np.hstack([p[n] for p in parts]) for n in ("dQ", "dK", "dV"))
+    d_x = d_q @ w["q"].T + d_k @ w["k"].T + d_v @ w["v"].T + (d_z if residual else 0)
+    return {"concat": d_concat, "residual": d_z, "w_o": concat.T @ d_z, "x": d_x, "w_q": x.T @ d_q,
+            "b_q": d_q.sum(axis=0)}  # fmt: skip
+
+
+def _cell(page: Any, data: dict[str, Any], body: dict[str, Any], name: str, i: int, j: int) -> Any:
+    """The page's explanation of a gradient cell it does not draw (explain.js's explainCell, what a
+    click runs): its total and text."""
+    return page.evaluate(
+        """async ([data, request, name, i, j]) => {
+          const m = await import('/static/explain.js');
+          const box = m.explainCell({endpoint: 'multihead', data, request, name, head: null,
+                                     batch: null, i, j});
+          const t = box.querySelector('.explain-total');
+          return [Number(t.dataset.total), box.innerText || box.textContent,
+                  !!box.querySelector('.explain-mismatch')];
+        }""",
+        [data, body, name, i, j],
+    )
+
+
+def test_the_blocks_gradients_are_explained_with_numpys_numbers(page: Any) -> None:
+    """/multihead with W_o, the residual and a layer norm: grad_concat (dY W_oᵀ), grad_residual
+    (through the layer norm) clicked, grad_w_o and grad_x (with the residual's share) explained,
+    each NumPy's to 1e-12 and the service's."""
+    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
+    page.select_option("#endpoint", "multihead")
+    wait_idle(page)
+    page.select_option("#mode", "projections")
+    _fill(page, {"x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V, "w_o": W_O})
+    page.fill("#tokens", "the cat sat")
+    for field in ("#context", "#extra"):
+        page.fill(field, "")
+    page.select_option("#weight_layout", "in_out")
+    page.fill("#num_heads", "2")
+    page.check("#residual")
+    page.check("#layer_norm")
+    page.select_option("#grad_mode", "pattern")
+    body, data = _run_backward(page, "multihead")
+    assert body["w_o"] == W_O and body["layer_norm"] is True
+    w = {n: np.array(m) for n, m in (("q", W_Q), ("k", W_K), ("v", W_V), ("o", W_O))}
+    ref = _block(np.array(X), w, 2, np.array(_pattern(3, 4)), residual=True, ln=True)
+    _beside(page, "concat", "grad_concat")
+    total, text = _explain(page, "grad_concat", 1, 2)
+    assert total == pytest.approx(ref["concat"][1, 2], abs=1e-12, rel=1e-12)
+    assert total == pytest.approx(data["grad_concat"][1][2], abs=1e-12, rel=1e-12)  # the service's
+    assert "Σ_o grad_projected[1][o] · W_o[2][o]" in text
+    assert f"{_f6(data['grad_projected'][1][3])}\t{_f6(W_O[2][3])}" in text  # a term, its numbers
+    total, text = _explain(page, "grad_residual", 2, 1)
+    assert total == pytest.approx(ref["residual"][2, 1], abs=1e-12, rel=1e-12)
+    z = np.array(data["residual"])
+    xhat, sigma = _layer_norm(z)
+    g = np.array(_pattern(3, 4))
+    assert f"σ = √(var + eps) = {_f6(sigma[2])}" in text, text
+    assert f"mean(g · x̂) = {_f6((g[2] * xhat[2]).mean())}" in text
+    for name, (i, j) in (("grad_w_o", (3, 1)), ("grad_x", (0, 2))):
+        total, text, mismatch = _cell(page, data, body, name, i, j)
+        assert not mismatch and total == pytest.approx(ref[name[5:]][i, j], abs=1e-12, rel=1e-12)
+    assert "grad_residual[0][2]" in text  # grad_x's residual share
+
+
+def test_attention_projections_explain_grad_x_and_grad_w_q(page: Any) -> None:
+    """/attention on generated numbers (sent with weight_layout out_in, generated in in_out):
+    grad_x and grad_w_q cells clicked, NumPy's to 1e-12 from the answer's x and weights."""
+    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
+    page.select_option("#endpoint", "attention")
+    wait_idle(page)
+    fill_generated(page, 3, seed=1, d_model=4, d_k=2)
+    page.fill("#extra", "")
+    page.select_option("#grad_mode", "pattern")
+    body, data = _run_backward(page, "attention")
+    assert body["weight_layout"] == "out_in" and "w_q" not in body  # generated: in_out
+    x, d_o = np.array(data["x"]), np.array(_pattern(3, 2))
+    w = {n: np.array(data["w_" + n]) for n in "qkv"}
+    ref = _backward(x @ w["q"], x @ w["k"], x @ w["v"], d_o, causal=False)
+    d_x = ref["dQ"] @ w["q"].T + ref["dK"] @ w["k"].T + ref["dV"] @ w["v"].T
+    _beside(page, "x", "grad_x")
+    total, text = _explain(page, "grad_x", 1, 3)
+    assert total == pytest.approx(d_x[1, 3], abs=1e-12, rel=1e-12)
+    assert total == pytest.approx(data["grad_x"][1][3], abs=1e-12, rel=1e-12)
+    assert "Σ_c dQ[1][c] · W_q[3][c] + Σ_c dK[1][c] · W_k[3][c] + Σ_c dV[1][c] · W_v[3][c]" in text
+    d_wq = x.T @ ref["dQ"]
+    total, text = _explain(page, "grad_w_q", 2, 1)
+    assert total == pytest.approx(d_wq[2, 1], abs=1e-12, rel=1e-12)
+    assert "Σ_i x[i][2] · grad_q[i][1]" in text
 
 
 # every gradient cell the page computes, against the service's number: [name, head, i, j, kind,
@@ -232,18 +344,23 @@ RECOMPUTE_GRADIENTS = """async (args) => {
   const out = [];
   const scan = (src, head) => {
     for (const name of Object.keys(src).filter((n) => n.startsWith('grad_'))) {
-      const a = src[name];
-      if (!Array.isArray(a) || !Array.isArray(a[0]) || Array.isArray(a[0][0])) continue;
-      for (let i = 0; i < a.length; i++) for (let j = 0; j < a[i].length; j++) {
-        const ctx = {endpoint, data, request, name, head, batch: null, i, j};
+      let a = src[name];
+      if (!Array.isArray(a) || (head === null && endpoint === 'multihead' && name in data.heads[0])) continue;
+      if (!Array.isArray(a[0])) a = [a];  // a bias's: one row
+      const batched = Array.isArray(a[0][0]);  // [batch item][row][column]
+      if (batched && Array.isArray(a[0][0][0])) continue;
+      for (let n = 0; n < (batched ? a.length : 1); n++) {
+      const g = batched ? a[n] : a;
+      for (let i = 0; i < g.length; i++) for (let j = 0; j < g[i].length; j++) {
+        const ctx = {endpoint, data, request, name, head, batch: batched ? n : null, i, j};
         const r = b.gradientCell(ctx);
         if (m.explainCell(ctx) === null) throw new Error('no explanation of ' + name);
         out.push([name, head, i, j, r.kind, r.total ?? null, r.service]);
-      }
+      }}
     }
   };
   if (endpoint === 'multihead') data.heads.forEach((h, n) => scan(h, n));
-  else scan(data, null);
+  scan(data, null);
   return out;
 }"""
 
@@ -258,8 +375,27 @@ TEMPERED_GQA: dict[str, Any] = {
     "num_heads": 2, "num_kv_heads": 1, "temperature": {"floor_scale": 2, "attn_scale": 0.5},
     "mask": {"type": "causal"}, "alibi": True, "grad_output": D_O[:3],
 }  # fmt: skip
+W_O = [[0.5, -0.2, 0.1, 0.3], [0.4, 0.6, -0.5, 0.2], [-0.3, 0.1, 0.7, -0.4], [0.2, -0.8, 0.3, 0.6]]
+LN = {"gamma": [1.0, 2.0, 0.5, -1.0], "beta": [0.1, 0.0, -0.2, 0.3], "eps": 1e-5}
+BLOCK_LN: dict[str, Any] = {
+    "x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V, "w_o": W_O, "b_o": [0.1, -0.1, 0.2, 0.0],
+    "b_q": [0.1, 0.2, -0.1, 0.0], "num_heads": 2, "mask": {"type": "causal"}, "residual": True,
+    "layer_norm": LN, "grad_output": D_O,
+}  # fmt: skip
+BATCHED_OUT_IN: dict[str, Any] = {
+    **BLOCK_LN, "x": [X, [r[::-1] for r in X]], "weight_layout": "out_in", "num_kv_heads": 1,
+    "w_k": W_K[:2], "w_v": W_V[2:],
+    "grad_output": [D_O, [r[::-1] for r in D_O]],
+}  # fmt: skip
+PROJECTED: dict[str, Any] = {
+    "x": X, "w_q": [r[:3] for r in W_Q], "w_k": [r[:3] for r in W_K], "w_v": W_V,
+    "b_q": [0.1, 0.2, -0.3], "b_v": [0.0, 0.5, -0.5, 1.0], "grad_output": D_O,
+}  # fmt: skip
 CASES = [("rope_yarn_softcap_sink", "attention", ROPE_SOFTCAP),
-         ("gqa_temperature_alibi", "multihead", TEMPERED_GQA)]  # fmt: skip
+         ("gqa_temperature_alibi", "multihead", TEMPERED_GQA),
+         ("block_w_o_residual_layer_norm", "multihead", BLOCK_LN),
+         ("batched_out_in_gqa_block", "multihead", BATCHED_OUT_IN),
+         ("attention_projections", "attention", PROJECTED)]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -277,10 +413,21 @@ def test_every_gradient_cell_the_page_computes_is_the_services(
     kinds = {r[4] for r in rows}
     bad = [r for r in rows if r[5] is not None and abs(r[5] - r[6]) > 1e-12 * max(1, abs(r[6]))]
     assert bad == [], bad[:10]
+    lost = [r for r in rows if r[5] is None and r[4] != "unexplained"]  # NaN arrives as null
+    assert lost == [], lost[:10]
     computed = {r[0] for r in rows if r[5] is not None}
     assert {"grad_weights", "grad_q", "grad_scores"} <= computed, computed
     assert kinds >= {"dO", "dP", "dS", "dQ", "score-back"}, kinds
-    if endpoint == "attention":
+    if "rope" in body:
         assert {"rope-back", "dK", "dV"} <= kinds and "grad_capped_scores" in computed
-    else:  # grouped: the heads' k and v gradients are summed per key/value head, top level
+    elif "temperature" in body:  # grouped: the heads' k and v gradients summed per key/value head
         assert "temper-back" in kinds and "grad_biased_scores" in computed
+    if "x" in body:  # the projections: every gradient of x, the weights and biases is computed
+        assert {"x-back", "weight-back"} <= kinds, kinds
+        params = {r[0] for r in rows if r[0].startswith(("grad_w_", "grad_b_"))} | {"grad_x"}
+        assert params <= computed, params - computed
+    if "layer_norm" in body:  # the block: W_o, the residual, the layer norm and its γ, β
+        assert {"ln-back", "residual-back", "concat-back", "ln-param-back"} <= kinds, kinds
+        block = {"grad_concat", "grad_projected", "grad_residual", "grad_layer_norm", "grad_w_o",
+                 "grad_b_o", "grad_ln_gamma", "grad_ln_beta"}  # fmt: skip
+        assert block <= computed, block - computed

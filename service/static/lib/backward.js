@@ -15,10 +15,12 @@
 //   dV      the values the output read:  Σ_i P[i][j] · dO[i][c]
 //   back through RoPE (the rotation's transpose: turned back by −φ, cos and sin times the gain)
 //   and the temperature (· τ(p)).
-// Not computed here (the cell is "unexplained": the page shows the service's number and step):
-// the norms, the clamp, /multihead's block (W_o, the residual, the layer norm, the gate), the
-// projections, the weights and parameters, the keys and values with a cache (`past`).
+// /multihead's block (W_o, the residual, the layer norm) and the projections (grad_x, the weights'
+// and biases' gradients) are lib/backward-block.js's. Not computed (the cell is "unexplained":
+// the page shows the service's number and step): the norms, the clamp, the gate, MLA, the keys
+// and values with a cache (`past`).
 import { pick } from "./pick.js";
+import { BLOCK, blockCell, projectionCell } from "./backward-block.js";
 import { GRAD_PREFIX } from "./schema.js";
 import { formsOf, kindOf, lastForm, slotOf, temperatureOf } from "./layers.js";
 import {
@@ -223,9 +225,12 @@ export function gradientCell(ctx) {
   const { name, i, j } = ctx;
   if (!isGradient(name)) return null;
   const here = pick(ctx, name);
-  if (!Array.isArray(here) || !Array.isArray(here[i])) return null;
+  if (!Array.isArray(here)) return null;
+  const flat = typeof here[0] === "number"; // a bias's or a norm's weight's gradient: one row
+  if (flat ? i !== 0 || here[j] === undefined : !Array.isArray(here[i])) return null;
   const of = forwardOf(name);
-  const base = { name, of, service: here[i][j], step: stepOfGradient(ctx, name) };
+  const service = flat ? here[j] : here[i][j];
+  const base = { name, of, service, step: stepOfGradient(ctx, name) };
   const cell = computeCell(ctx, of, i, j);
   return cell === undefined
     ? { ...base, kind: "unexplained", total: undefined }
@@ -234,6 +239,9 @@ export function gradientCell(ctx) {
 
 function computeCell(ctx, of, i, j) {
   if (of === "output") return dOCell(ctx, i, j);
+  if (BLOCK.includes(of)) return blockCell(ctx, of, i, j); // /multihead's block
+  const projected = projectionCell(ctx, of, i, j); // x, the weights and biases, the norm's γ, β
+  if (projected) return projected;
   const kind = kindOf(of);
   if (kind === "softmax") return dPCell(ctx, i, j);
   if (slotOf(of) === "scores") {

@@ -15,6 +15,7 @@
 import { $, state } from "../lib/state.js";
 import { el, fmt, table, totalLine } from "../lib/explain-parts.js";
 import { normOf } from "../lib/layers.js";
+import { projection as project } from "../lib/projection.js";
 import { explain, whenDrawn } from "../render.js";
 
 /** The /multihead request whose answer is `data.trace`: {x: trace.x_in, tokens,
@@ -28,21 +29,8 @@ export function layerRequest(data) {
 
 // ---- the arithmetic -----------------------------------------------------------------------
 
-/** W[t][c] of a projection as `request.weight_layout` stores it ((d_in, d_out) when in_out). */
-function weightAt(request, w, t, c) {
-  return request.weight_layout === "out_in" ? w[c][t] : w[t][c];
-}
-
-/** x[i] · W[:, c] + b[c]: the terms and their sums. */
-function projection(request, x, w, b, c) {
-  const terms = x.map((xt, t) => {
-    const wt = weightAt(request, w, t, c);
-    return { t, x: xt, w: wt, value: xt * wt };
-  });
-  const dot = terms.reduce((s, term) => s + term.value, 0);
-  const bias = Array.isArray(b) ? b[c] : 0;
-  return { terms, dot, bias, total: dot + bias };
-}
+/** x[i] · W[:, c] + b[c] in the request's weight_layout (lib/projection.js). */
+const projection = (request, x, w, b, c) => project(request.weight_layout, x, w, b, c);
 
 const SIDE = {
   q: { w: "w_q", b: "b_q", width: "d_k", kv: false },
