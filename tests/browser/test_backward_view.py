@@ -391,7 +391,27 @@ PROJECTED: dict[str, Any] = {
     "x": X, "w_q": [r[:3] for r in W_Q], "w_k": [r[:3] for r in W_K], "w_v": W_V,
     "b_q": [0.1, 0.2, -0.3], "b_v": [0.0, 0.5, -0.5, 1.0], "grad_output": D_O,
 }  # fmt: skip
+Q4 = [[0.3, -1.2, 0.7, 0.4], [1.5, 0.2, -0.9, 0.1], [-0.6, 0.9, 1.4, -0.3], [0.8, -0.4, 0.1, 1.1]]
+K4 = [[0.8, 0.1, -1.1, 0.2], [-0.3, 1.6, 0.4, 0.5], [1.0, -0.8, 0.3, -0.7], [0.2, 0.4, -0.6, 0.9]]
+QK_NORM_RMS: dict[str, Any] = {
+    "q": Q4, "k": K4, "v": V, "mask": {"type": "causal"}, "grad_output": _pattern(4, 2),
+    "qk_norm": {"q_weight": [1.1, 0.9, -0.5, 2.0], "k_weight": [0.5, 1.5, 1.0, -1.0], "eps": 1e-5},
+}  # fmt: skip
+QK_NORM_ZERO_CENTRED: dict[str, Any] = {
+    "x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V, "num_heads": 2, "grad_output": D_O,
+    "qk_norm": {"q_weight": [0.1, -0.2, 0.3, 0.05], "k_weight": [-0.1, 0.2, 0.0, 0.4],
+                "zero_centered": True, "over": "projection"},
+}  # fmt: skip
+CLIPPED: dict[str, Any] = {"q": Q4, "k": K4, "v": V, "clip_qkv": 0.9, "grad_output": _pattern(4, 2)}
+PAST: dict[str, Any] = {
+    "q": Q4[2:], "k": K4[2:], "v": V[2:], "past": {"k": K4[:2], "v": V[:2]},
+    "mask": {"type": "causal"}, "grad_output": _pattern(2, 2),
+}  # fmt: skip
 CASES = [("rope_yarn_softcap_sink", "attention", ROPE_SOFTCAP),
+         ("qk_norm_rms_weights", "attention", QK_NORM_RMS),
+         ("qk_norm_zero_centred_projection", "multihead", QK_NORM_ZERO_CENTRED),
+         ("clip_qkv", "attention", CLIPPED),
+         ("past", "attention", PAST),
          ("gqa_temperature_alibi", "multihead", TEMPERED_GQA),
          ("block_w_o_residual_layer_norm", "multihead", BLOCK_LN),
          ("batched_out_in_gqa_block", "multihead", BATCHED_OUT_IN),
@@ -426,6 +446,14 @@ def test_every_gradient_cell_the_page_computes_is_the_services(
         assert {"x-back", "weight-back"} <= kinds, kinds
         params = {r[0] for r in rows if r[0].startswith(("grad_w_", "grad_b_"))} | {"grad_x"}
         assert params <= computed, params - computed
+    if "qk_norm" in body:  # back through the norm: every grad_q, grad_k cell
+        assert "norm-back" in kinds and {"grad_q", "grad_k"} <= computed, kinds
+    if "clip_qkv" in body:  # back through the clamp: passed or 0
+        assert "clip-back" in kinds and {"grad_q", "grad_k", "grad_v"} <= computed, kinds
+        cut = [r for r in rows if r[4] == "clip-back" and r[6] == 0.0]
+        assert cut, "no clamped cell"
+    if "past" in body:  # the new tokens' part of the cache's gradient
+        assert {"grad_k", "grad_v"} <= computed, computed
     if "layer_norm" in body:  # the block: W_o, the residual, the layer norm and its γ, β
         assert {"ln-back", "residual-back", "concat-back", "ln-param-back"} <= kinds, kinds
         block = {"grad_concat", "grad_projected", "grad_residual", "grad_layer_norm", "grad_w_o",
