@@ -12,7 +12,7 @@ import { slotOf } from "./lib/layers.js";
 export { isGradient };
 
 const DONE =
-  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the new keys' and values' with past, /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients)";
+  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the new keys' and values' with past, the gate's product (grad_concat, grad_gate), /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients)";
 
 /** Whose cell it is: query i → key j for a map of the scores or the weights, else the row's
  * token and the feature. */
@@ -264,11 +264,22 @@ const LINES = {
       "The layer norm's Jacobian is not diagonal: every feature of the row moves the mean and σ, so the gradient loses its mean and its part along x̂.",
     );
   },
+  "gate-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    f(
+      `${r.name}[${i}][${j}] = grad_gated[${i}][${j}] · ${r.by}[${i}][${j}] = ${fmt(r.a)} · ${fmt(r.b)}  (gated = concat ∘ gate)`,
+    );
+    note(
+      r.by === "gate"
+        ? "The gate multiplies the concat feature by feature: the concat's gradient is the gated one's times the gate."
+        : "The gate's gradient is the gated one's times the concat; back through the sigmoid it is times gate · (1 − gate) (grad_gate_w, grad_gate_b).",
+    );
+  },
   "concat-back"(box, r, ctx, f, note) {
     const { i, j } = ctx;
     const w = r.layout === "out_in" ? `W_o[o][${j}]` : `W_o[${j}][o]`;
     f(
-      `${r.name}[${i}][${j}] = Σ_o grad_projected[${i}][o] · ${w}  (grad_concat = dY W_oᵀ, dY = grad_projected)`,
+      `${r.name}[${i}][${j}] = Σ_o grad_projected[${i}][o] · ${w}  (${r.name} = dY W_oᵀ, dY = grad_projected)`,
     );
     terms(box, ["o", `grad_projected[${i}][o]`, w, "product"], r.terms);
     if (r.layout === "identity")
