@@ -14,11 +14,12 @@
 //   dK      the keys the scores read:    Σ_i grad_scores[i][j] · Q[i][t]
 //   dV      the values the output read:  Σ_i P[i][j] · dO[i][c]
 //   back through RoPE (the rotation's transpose: turned back by −φ, cos and sin times the gain)
-//   and the temperature (· τ(p)).
-// /multihead's block (W_o, the residual, the layer norm) and the projections (grad_x, the weights'
-// and biases' gradients) are lib/backward-block.js's. Not computed (the cell is "unexplained":
-// the page shows the service's number and step): the norms, the clamp, the gate, MLA, the keys
-// and values with a cache (`past`).
+//   and the temperature (· τ(p)); the q/k norms and v_norm ((g − mean g − x̂ · mean(g x̂)) / σ,
+//   g = w · grad, mean g for a layer norm only) and the clamp (passed where |x| ≤ c, else 0);
+//   with `past` the keys' and values' new rows (the scores' columns after the cache's P).
+// /multihead's block (W_o, the gate's product, the residual, the layer norm) and the projections
+// are lib/backward-block.js's. Not computed (the cell is "unexplained": the page shows the
+// service's number and step): the norms' weights, MLA, the cache's own rows, RoPE with `past`.
 import { pick } from "./pick.js";
 import { BLOCK, blockCell, projectionCell } from "./backward-block.js";
 import { GRAD_PREFIX } from "./schema.js";
