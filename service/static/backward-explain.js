@@ -4,8 +4,7 @@
 // again from the gradient after it and the forward's arrays), a table of the terms summed, and the
 // page's total beside the service's; "← how … was computed" walks to the gradient it came from
 // where that is the same cell (dS from dP, each score's gradient from the next's). A gradient the
-// page does not compute yet (the norms, the clamp, the gate, MLA, the keys and values with
-// `past`) says so and shows the service's number and step.
+// page does not compute yet (MLA, the norms' weights) says so and shows the service's number and step.
 import { gradientCell, isGradient } from "./lib/backward.js";
 import { el, fmt, table, totalLine } from "./lib/explain-parts.js";
 import { slotOf } from "./lib/layers.js";
@@ -13,7 +12,7 @@ import { slotOf } from "./lib/layers.js";
 export { isGradient };
 
 const DONE =
-  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, RoPE's and the temperature's backward, /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients)";
+  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the new keys' and values' with past, the gate's product (grad_concat, grad_gate), /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients)";
 
 /** Whose cell it is: query i → key j for a map of the scores or the weights, else the row's
  * token and the feature. */
@@ -36,6 +35,13 @@ const TERMS = {
   dK: (r, i, j) => ["i", `${r.gs}[i][${i}]`, `${r.other}[i][${j}]`, "product"],
   dV: (r, i, j) => ["i", `weights[i][${i}]`, `dO[i][${j}]`, "product"],
 };
+
+/** With `past`: the new token's row is the cache's row P + i of the keys the scores read. */
+function cacheNote(note, r, i, what) {
+  note(
+    `With past: the scores read the cache's ${r.cached} ${what}s then the new tokens', so new ${what} ${i} is column ${r.col}; the cache's own rows' gradient is grad_past_${what === "key" ? "k" : "v"}.`,
+  );
+}
 
 function terms(box, head, list, mark = -1) {
   box.append(
@@ -129,16 +135,67 @@ const LINES = {
   },
   dK(box, r, ctx, f, note) {
     const { i, j } = ctx;
+    const k = r.col ?? i;
     f(
-      `${r.name}[${i}][${j}] = dK[${i}][${j}] = Σ_i ${r.gs}[i][${i}] · ${r.other}[i][${j}]  (dK = (dS·scale)ᵀ Q)`,
+      `${r.name}[${i}][${j}] = dK[${i}][${j}] = Σ_i ${r.gs}[i][${k}] · ${r.other}[i][${j}]  (dK = (dS·scale)ᵀ Q)`,
     );
-    terms(box, TERMS.dK(r, i, j), r.terms);
+    terms(box, TERMS.dK(r, k, j), r.terms);
     note(`${r.gs} is dS · scale; ${r.other} is the queries the scores read.`);
+    if (r.cached) cacheNote(note, r, i, "key");
   },
-  dV(box, r, ctx, f) {
+  dV(box, r, ctx, f, note) {
     const { i, j } = ctx;
-    f(`${r.name}[${i}][${j}] = dV[${i}][${j}] = Σ_i P[i][${i}] · dO[i][${j}]  (dV = Pᵀ dO)`);
-    terms(box, TERMS.dV(r, i, j), r.terms);
+    const k = r.col ?? i;
+    f(`${r.name}[${i}][${j}] = dV[${i}][${j}] = Σ_i P[i][${k}] · dO[i][${j}]  (dV = Pᵀ dO)`);
+    terms(box, TERMS.dV(r, k, j), r.terms);
+    if (r.cached) cacheNote(note, r, i, "value");
+  },
+  "norm-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const n = r.terms.length;
+    const f0 = r.weighted ? (r.zeroCentered ? "(1 + w)" : "w") : "1";
+    const centre = r.type === "layer" ? " − mean(g)" : "";
+    const at = r.at;
+    f(
+      `${r.name}[${i}][${j}] = (g[${at}]${centre} − x̂[${at}] · mean(g · x̂)) / σ, g = ${f0} · grad_${r.next}[${i}], over the ${n} features ${r.over === "projection" ? "of the row's whole projection (every head)" : "of the head's row"}`,
+    );
+    f(
+      r.type === "layer"
+        ? `x̂ = (x − mean) / σ, mean = ${fmt(r.mean)}, σ = √(var + eps) = ${fmt(r.sigma)} (eps = ${fmt(r.eps)}, layer norm)`
+        : `x̂ = x / σ, σ = √(mean(x²) + eps) = ${fmt(r.sigma)} (eps = ${fmt(r.eps)}, RMS norm)`,
+    );
+    box.append(
+      table(
+        ["t", `grad_${r.next}[t]`, f0 === "1" ? "f" : `${f0}[t]`, "g[t]", "x̂[t]", "g[t] · x̂[t]"],
+        r.terms.map((x) => [
+          String(x.c),
+          fmt(x.a),
+          fmt(x.gamma),
+          fmt(x.g),
+          fmt(x.xhat),
+          fmt(x.value),
+        ]),
+        at,
+      ),
+    );
+    f(`${r.type === "layer" ? `mean(g) = ${fmt(r.meanG)}, ` : ""}mean(g · x̂) = ${fmt(r.meanGX)}`);
+    f(
+      `= (${fmt(r.g)}${r.type === "layer" ? ` − ${fmt(r.meanG)}` : ""} − ${fmt(r.xt)} · ${fmt(r.meanGX)}) / ${fmt(r.sigma)}`,
+    );
+    note(
+      "The norm's Jacobian is not diagonal: every feature moves σ, so the gradient loses its part along x̂ (and, for a layer norm, its mean). The weight multiplies the gradient before that.",
+    );
+  },
+  "clip-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    f(
+      r.passed
+        ? `${r.name}[${i}][${j}] = grad_${r.next}[${i}][${j}] = ${fmt(r.g)}: |${r.of}[${i}][${j}]| = |${fmt(r.before)}| ≤ c = ${fmt(r.c)}, the clamp passed it`
+        : `${r.name}[${i}][${j}] = 0: |${r.of}[${i}][${j}]| = |${fmt(r.before)}| > c = ${fmt(r.c)}, the clamp cut it (grad_${r.next}[${i}][${j}] = ${fmt(r.g)} stops here)`,
+    );
+    note(
+      "clamp(x, −c, c)'s derivative is 1 inside [−c, c] and 0 where it clipped (torch.clamp's).",
+    );
   },
   "rope-back"(box, r, ctx, f, note) {
     const { i, j } = ctx;
@@ -207,11 +264,22 @@ const LINES = {
       "The layer norm's Jacobian is not diagonal: every feature of the row moves the mean and σ, so the gradient loses its mean and its part along x̂.",
     );
   },
+  "gate-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    f(
+      `${r.name}[${i}][${j}] = grad_gated[${i}][${j}] · ${r.by}[${i}][${j}] = ${fmt(r.a)} · ${fmt(r.b)}  (gated = concat ∘ gate)`,
+    );
+    note(
+      r.by === "gate"
+        ? "The gate multiplies the concat feature by feature: the concat's gradient is the gated one's times the gate."
+        : "The gate's gradient is the gated one's times the concat; back through the sigmoid it is times gate · (1 − gate) (grad_gate_w, grad_gate_b).",
+    );
+  },
   "concat-back"(box, r, ctx, f, note) {
     const { i, j } = ctx;
     const w = r.layout === "out_in" ? `W_o[o][${j}]` : `W_o[${j}][o]`;
     f(
-      `${r.name}[${i}][${j}] = Σ_o grad_projected[${i}][o] · ${w}  (grad_concat = dY W_oᵀ, dY = grad_projected)`,
+      `${r.name}[${i}][${j}] = Σ_o grad_projected[${i}][o] · ${w}  (${r.name} = dY W_oᵀ, dY = grad_projected)`,
     );
     terms(box, ["o", `grad_projected[${i}][o]`, w, "product"], r.terms);
     if (r.layout === "identity")

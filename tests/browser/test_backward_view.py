@@ -391,7 +391,38 @@ PROJECTED: dict[str, Any] = {
     "x": X, "w_q": [r[:3] for r in W_Q], "w_k": [r[:3] for r in W_K], "w_v": W_V,
     "b_q": [0.1, 0.2, -0.3], "b_v": [0.0, 0.5, -0.5, 1.0], "grad_output": D_O,
 }  # fmt: skip
+Q4 = [[0.3, -1.2, 0.7, 0.4], [1.5, 0.2, -0.9, 0.1], [-0.6, 0.9, 1.4, -0.3], [0.8, -0.4, 0.1, 1.1]]
+K4 = [[0.8, 0.1, -1.1, 0.2], [-0.3, 1.6, 0.4, 0.5], [1.0, -0.8, 0.3, -0.7], [0.2, 0.4, -0.6, 0.9]]
+QK_NORM_RMS: dict[str, Any] = {
+    "q": Q4, "k": K4, "v": V, "mask": {"type": "causal"}, "grad_output": _pattern(4, 2),
+    "qk_norm": {"q_weight": [1.1, 0.9, -0.5, 2.0], "k_weight": [0.5, 1.5, 1.0, -1.0], "eps": 1e-5},
+}  # fmt: skip
+QK_NORM_ZERO_CENTRED: dict[str, Any] = {
+    "x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V, "num_heads": 2, "grad_output": D_O,
+    "qk_norm": {"q_weight": [0.1, -0.2, 0.3, 0.05], "k_weight": [-0.1, 0.2, 0.0, 0.4],
+                "zero_centered": True, "over": "projection"},
+}  # fmt: skip
+CLIPPED: dict[str, Any] = {"q": Q4, "k": K4, "v": V, "clip_qkv": 0.9, "grad_output": _pattern(4, 2)}
+PAST: dict[str, Any] = {
+    "q": Q4[2:], "k": K4[2:], "v": V[2:], "past": {"k": K4[:2], "v": V[:2]},
+    "mask": {"type": "causal"}, "grad_output": _pattern(2, 2),
+}  # fmt: skip
+GATE_W = [
+    [0.3, -0.2, 0.5, 0.1],
+    [0.2, 0.4, -0.6, 0.3],
+    [-0.5, 0.1, 0.2, 0.7],
+    [0.6, -0.3, 0.1, -0.2],
+]
+GATED: dict[str, Any] = {
+    "x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V, "w_o": W_O, "num_heads": 2, "grad_output": D_O,
+    "gate": {"w": GATE_W, "b": [0.1, 0.0, -0.1, 0.2]},
+}  # fmt: skip
 CASES = [("rope_yarn_softcap_sink", "attention", ROPE_SOFTCAP),
+         ("gate", "multihead", GATED),
+         ("qk_norm_rms_weights", "attention", QK_NORM_RMS),
+         ("qk_norm_zero_centred_projection", "multihead", QK_NORM_ZERO_CENTRED),
+         ("clip_qkv", "attention", CLIPPED),
+         ("past", "attention", PAST),
          ("gqa_temperature_alibi", "multihead", TEMPERED_GQA),
          ("block_w_o_residual_layer_norm", "multihead", BLOCK_LN),
          ("batched_out_in_gqa_block", "multihead", BATCHED_OUT_IN),
@@ -422,10 +453,36 @@ def test_every_gradient_cell_the_page_computes_is_the_services(
         assert {"rope-back", "dK", "dV"} <= kinds and "grad_capped_scores" in computed
     elif "temperature" in body:  # grouped: the heads' k and v gradients summed per key/value head
         assert "temper-back" in kinds and "grad_biased_scores" in computed
-    if "x" in body:  # the projections: every gradient of x, the weights and biases is computed
+    if "x" in body and "gate" not in body:  # the projections: x's, the weights', the biases'
         assert {"x-back", "weight-back"} <= kinds, kinds
         params = {r[0] for r in rows if r[0].startswith(("grad_w_", "grad_b_"))} | {"grad_x"}
         assert params <= computed, params - computed
+    if "qk_norm" in body:  # back through the norm: every grad_q, grad_k cell
+        assert "norm-back" in kinds and {"grad_q", "grad_k"} <= computed, kinds
+    if "clip_qkv" in body:  # back through the clamp: passed or 0
+        assert "clip-back" in kinds and {"grad_q", "grad_k", "grad_v"} <= computed, kinds
+        cut = [r for r in rows if r[4] == "clip-back" and r[6] == 0.0]
+        assert cut, "no clamped cell"
+    if "gate" in body:  # gated = concat ∘ gate
+        assert "gate-back" in kinds and {"grad_concat", "grad_gate", "grad_gated"} <= computed
+        assert {"grad_w_o", "grad_w_q"} <= computed, computed
+        page_of = {(r[0], r[2], r[3]): r[5] for r in rows if r[1] is None}
+        d_gated = np.array(D_O) @ np.array(W_O).T  # NumPy: back through W_o, then the product
+        want = d_gated * np.array(data["gate"])
+        assert page_of[("grad_concat", 1, 2)] == pytest.approx(want[1, 2], abs=1e-12)
+        want = d_gated * np.array(data["concat"])
+        assert page_of[("grad_gate", 2, 3)] == pytest.approx(want[2, 3], abs=1e-12)
+    if "qk_norm" in body and endpoint == "attention":  # NumPy: RMS norm's backward, weights w
+        g, q = np.array(data["grad_q_normed"]), np.array(body["q"])
+        w, eps = np.array(body["qk_norm"]["q_weight"]), body["qk_norm"]["eps"]
+        rms = np.sqrt((q * q).mean(axis=1, keepdims=True) + eps)
+        xhat, wg = q / rms, g * w
+        want = (wg - xhat * (wg * xhat).mean(axis=1, keepdims=True)) / rms
+        page_of = {(r[0], r[2], r[3]): r[5] for r in rows}
+        assert page_of[("grad_q", 2, 1)] == pytest.approx(want[2, 1], abs=1e-12)
+        assert page_of[("grad_q", 3, 3)] == pytest.approx(want[3, 3], abs=1e-12)
+    if "past" in body:  # the new tokens' part of the cache's gradient
+        assert {"grad_k", "grad_v"} <= computed, computed
     if "layer_norm" in body:  # the block: W_o, the residual, the layer norm and its γ, β
         assert {"ln-back", "residual-back", "concat-back", "ln-param-back"} <= kinds, kinds
         block = {"grad_concat", "grad_projected", "grad_residual", "grad_layer_norm", "grad_w_o",

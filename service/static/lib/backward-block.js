@@ -24,14 +24,13 @@ import { normOf } from "./layers.js";
 import { weightAt } from "./projection.js";
 
 /** The block's arrays in the forward's order. */
-export const BLOCK = ["concat", "projected", "residual", "layer_norm"];
+export const BLOCK = ["concat", "gated", "projected", "residual", "layer_norm", "gate"];
 const SIDES = ["q", "k", "v"];
 const PARAMS = new Set(["w_o", "b_o", "ln_gamma", "ln_beta"]);
 // request fields whose backward (or whose weights) this is not: the gate, a cache, MLA, the clamp,
 // shared k and v, a model's config, the per-head weights, a layer norm's weights by its module's
 // name
 const AWAY = [
-  "gate",
   "past",
   "mla",
   "clip_qkv",
@@ -57,8 +56,8 @@ function items(ctx, name, rank = 2) {
 /** `name` for batch item b (2-D). */
 const at = (ctx, name, b) => pick({ ...ctx, head: null, batch: b }, name);
 
-/** The block's arrays the answer holds, in order. */
-const held = (ctx) => BLOCK.filter((n) => Array.isArray(ctx.data[n]));
+/** The block's arrays the answer holds, in order (the gate aside: what "gated" multiplies by). */
+const held = (ctx) => BLOCK.filter((n) => n !== "gate" && Array.isArray(ctx.data[n]));
 
 /** The array after `name` in the block, or undefined when `name` is the last. */
 function afterIn(ctx, name) {
@@ -114,8 +113,11 @@ function concatBack(ctx, i, c) {
 
 /** The gradient of block array `of` at [i][j], or undefined. */
 export function blockCell(ctx, of, i, j) {
-  if (ctx.endpoint !== "multihead" || away(ctx) || !held(ctx).includes(of)) return undefined;
+  if (ctx.endpoint !== "multihead" || away(ctx)) return undefined;
+  if (of === "gate") return gateBack(ctx, i, j);
+  if (!held(ctx).includes(of)) return undefined;
   const next = afterIn(ctx, of);
+  if (next === "gated") return gatedBack(ctx, i, j);
   if (next === undefined) return lastCell(ctx, i, j);
   if (next === "layer_norm") return lnBack(ctx, of, i, j);
   if (next === "residual") {
@@ -124,6 +126,26 @@ export function blockCell(ctx, of, i, j) {
   }
   if (next === "projected") return concatBack(ctx, i, j);
   return undefined;
+}
+
+/** Back through the gate's product (gated = concat ∘ gate): grad_concat = grad_gated ∘ gate. */
+function gatedBack(ctx, i, c) {
+  const g = pick(ctx, "grad_gated"),
+    gate = pick(ctx, "gate");
+  if (!g || !gate) return undefined;
+  const a = g[i][c],
+    b = gate[i][c];
+  return { kind: "gate-back", by: "gate", a, b, total: a * b };
+}
+
+/** The gate's gradient (gated = concat ∘ gate): grad_gate = grad_gated ∘ concat. */
+function gateBack(ctx, i, c) {
+  const g = pick(ctx, "grad_gated"),
+    concat = pick(ctx, "concat");
+  if (!g || !concat) return undefined;
+  const a = g[i][c],
+    b = concat[i][c];
+  return { kind: "gate-back", by: "concat", a, b, total: a * b };
 }
 
 /** The block's last array's gradient: dO as the request gives it. */
@@ -188,6 +210,7 @@ function byKvHead(a, b) {
 
 /** grad_x[i][m] = Σ_side Σ_c d<side>[i][c] · W_<side>[m][c] (+ grad_residual[i][m]). */
 function xBack(ctx, i, m) {
+  if (Array.isArray(ctx.data.gate)) return undefined; // the gate's share (through the sigmoid)
   const sides = hasContext(ctx) ? ["q"] : SIDES;
   const parts = [];
   for (const side of sides) {
@@ -212,6 +235,9 @@ const SUMMED = {
   b: (x, g, m, c) => ({ a: g[c], b: 1, value: g[c] }),
 };
 
+/** What W_o reads: the concat, or with the gate the gated concat. */
+const gatedName = (ctx) => (Array.isArray(ctx.data.gated) ? "gated" : "concat");
+
 /** A weight's or a bias's gradient: Σ over batch items and rows of input · gradient. */
 function paramBack(ctx, field, i, j) {
   const [what, side] = field.split("_");
@@ -223,8 +249,8 @@ function paramBack(ctx, field, i, j) {
   // [m][c] of W (input feature m, output column c), stored [c][m] when out_in; a bias's [c]
   const [m, c] = what === "b" ? [0, j] : w.layout === "out_in" ? [j, i] : [i, j];
   const terms = [];
-  for (const b of items(ctx, out ? "concat" : "grad_x")) {
-    const x = out ? at(ctx, "concat", b) : inputOf(ctx, side, b);
+  for (const b of items(ctx, out ? gatedName(ctx) : "grad_x")) {
+    const x = out ? at(ctx, gatedName(ctx), b) : inputOf(ctx, side, b);
     const g = out ? at(ctx, "grad_projected", b) : sideGrad(ctx, side, b);
     if (!x || !g) return undefined;
     g.forEach((row, r) => terms.push({ item: b, c: r, ...SUMMED[what](x[r], row, m, c) }));

@@ -14,15 +14,16 @@
 //   dK      the keys the scores read:    Σ_i grad_scores[i][j] · Q[i][t]
 //   dV      the values the output read:  Σ_i P[i][j] · dO[i][c]
 //   back through RoPE (the rotation's transpose: turned back by −φ, cos and sin times the gain)
-//   and the temperature (· τ(p)).
-// /multihead's block (W_o, the residual, the layer norm) and the projections (grad_x, the weights'
-// and biases' gradients) are lib/backward-block.js's. Not computed (the cell is "unexplained":
-// the page shows the service's number and step): the norms, the clamp, the gate, MLA, the keys
-// and values with a cache (`past`).
+//   and the temperature (· τ(p)); the q/k norms and v_norm ((g − mean g − x̂ · mean(g x̂)) / σ,
+//   g = w · grad, mean g for a layer norm only) and the clamp (passed where |x| ≤ c, else 0);
+//   with `past` the keys' and values' new rows (the scores' columns after the cache's P).
+// /multihead's block (W_o, the gate's product, the residual, the layer norm) and the projections
+// are lib/backward-block.js's. Not computed (the cell is "unexplained": the page shows the
+// service's number and step): the norms' weights, MLA, the cache's own rows, RoPE with `past`.
 import { pick } from "./pick.js";
 import { BLOCK, blockCell, projectionCell } from "./backward-block.js";
 import { GRAD_PREFIX } from "./schema.js";
-import { formsOf, kindOf, lastForm, slotOf, temperatureOf } from "./layers.js";
+import { formsOf, kindOf, lastForm, normOf, normParts, slotOf, temperatureOf } from "./layers.js";
 import {
   keyRowPosition,
   pairFeatures,
@@ -73,7 +74,8 @@ function dOCell(ctx, i, c) {
 
 /** dP[i][j] = Σ_c dO[i][c] · V[j][c]. */
 function dPCell(ctx, i, j) {
-  const vName = lastForm(ctx, "v");
+  const cache = ctx.request.past && pick(ctx, "present_v") ? "present_v" : undefined;
+  const vName = cache ?? lastForm(ctx, "v"); // with `past`, the cache's values and the new ones
   const v = pick(ctx, vName),
     dO = pick(ctx, "grad_output");
   if (!v || !dO || !v[j]) return undefined;
@@ -138,7 +140,8 @@ function gradScores(ctx) {
 /** dQ[i][t] = Σ_j grad_scores[i][j] · K[j][t]. */
 function dQCell(ctx, i, t) {
   const gs = gradScores(ctx);
-  const kName = lastForm(ctx, "k");
+  const cache = ctx.request.past && pick(ctx, "present_k") ? "present_k" : undefined;
+  const kName = cache ?? lastForm(ctx, "k"); // with `past`, the cache's keys and the new ones
   const k = pick(ctx, kName);
   if (!gs.m || !k || k.length !== gs.m[i].length) return undefined;
   const terms = gs.m[i].map((g, j) => ({ c: j, a: g, b: k[j][t], value: g * k[j][t] }));
@@ -151,9 +154,11 @@ function dKCell(ctx, j, t) {
   const qName = lastForm(ctx, "q");
   const q = pick(ctx, qName);
   const here = pick(ctx, GRAD_PREFIX + lastForm(ctx, "k"));
-  if (!gs.m || !q || ctx.request.past || here.length !== gs.m[0].length) return undefined;
-  const terms = column(gs.m, j).map((g, i) => ({ c: i, a: g, b: q[i][t], value: g * q[i][t] }));
-  return { kind: "dK", gs: gs.name, other: qName, terms, total: sum(terms) };
+  const cached = pastRows(ctx, here, gs.m && gs.m[0].length);
+  if (!gs.m || !q || cached === undefined) return undefined;
+  const col = cached + j; // with a cache, key j of the new tokens is the keys' row P + j
+  const terms = column(gs.m, col).map((g, i) => ({ c: i, a: g, b: q[i][t], value: g * q[i][t] }));
+  return { kind: "dK", gs: gs.name, other: qName, cached, col, terms, total: sum(terms) };
 }
 
 /** dV[j][c] = Σ_i P[i][j] · dO[i][c]. */
@@ -161,9 +166,76 @@ function dVCell(ctx, j, c) {
   const p = pick(ctx, "weights"),
     dO = pick(ctx, "grad_output");
   const here = pick(ctx, GRAD_PREFIX + lastForm(ctx, "v"));
-  if (!p || !dO || ctx.request.past || here.length !== p[0].length) return undefined;
-  const terms = column(p, j).map((w, i) => ({ c: i, a: w, b: dO[i][c], value: w * dO[i][c] }));
-  return { kind: "dV", terms, total: sum(terms) };
+  const cached = pastRows(ctx, here, p && p[0].length);
+  if (!p || !dO || cached === undefined) return undefined;
+  const col = cached + j;
+  const terms = column(p, col).map((w, i) => ({ c: i, a: w, b: dO[i][c], value: w * dO[i][c] }));
+  return { kind: "dV", cached, col, terms, total: sum(terms) };
+}
+
+/** The cache's rows before the new tokens' (P: the keys the scores read less the new rows of
+ * `here`), 0 without `past`; undefined when the rows do not add up. */
+function pastRows(ctx, here, keys) {
+  if (!Array.isArray(here) || typeof keys !== "number") return undefined;
+  const cached = keys - here.length;
+  if (ctx.request.past) return cached >= 0 ? cached : undefined;
+  return cached === 0 ? 0 : undefined;
+}
+
+/** Back through the norm `next` (qk_norm, v_norm) at [r][t], over the vector v it spans:
+ * g = f · grad_next (f = w, 1 + w zero-centred, or 1), dx = (g − mean(g) − x̂ · mean(g x̂)) / σ,
+ * mean(g) only for "layer" (lib/layers.js normParts and normOf give v, f, x̂ and σ). */
+function normBackCell(ctx, next, r, t) {
+  const parts = normParts(ctx, next, r);
+  if (parts === undefined) return undefined;
+  const { s, input, w } = parts;
+  const grad = (hh) => pick(hh === null ? ctx : { ...ctx, head: hh }, GRAD_PREFIX + next);
+  const grouped = parts.side === "k" && Number(ctx.data.num_kv_heads ?? 0) > 0;
+  if (input.heads !== null && grouped && ctx.data.num_kv_heads !== ctx.data.num_heads)
+    return undefined; // a key head's gradient over the projection: its query heads' summed
+  const gy = input.heads === null ? grad(null)?.[r] : input.heads.flatMap((hh) => grad(hh)[r]);
+  if (!Array.isArray(gy) || gy.length !== input.x.length) return undefined;
+  const n = normOf(input.x, 0, { type: s.type, eps: s.eps });
+  const factor = (k) => (w.a === null ? 1 : s.zeroCentered ? 1 + w.a[k] : w.a[k]);
+  const terms = gy.map((d, k) => {
+    const xhat = n.terms[k].c / n.denom;
+    const g = factor(k) * d;
+    return { c: k, a: d, gamma: factor(k), g, xhat, value: g * xhat };
+  });
+  const at = input.start + t;
+  const meanG = s.type === "layer" ? terms.reduce((m, x) => m + x.g, 0) / terms.length : 0;
+  const meanGX = sum(terms) / terms.length;
+  const x = terms[at];
+  const total = (x.g - meanG - x.xhat * meanGX) / n.denom;
+  return {
+    kind: "norm-back",
+    next,
+    type: s.type,
+    eps: s.eps,
+    zeroCentered: s.zeroCentered,
+    weighted: w.a !== null,
+    over: s.over,
+    at,
+    terms,
+    meanG,
+    meanGX,
+    sigma: n.denom,
+    mean: n.mean,
+    g: x.g,
+    xt: x.xhat,
+    total,
+  };
+}
+
+/** Back through the clamp `next` (clip_qkv) at [r][t]: grad_next where |x| ≤ c, else 0. */
+function clipBackCell(ctx, of, next, r, t) {
+  const g = pick(ctx, GRAD_PREFIX + next),
+    x = pick(ctx, of);
+  if (!g || !x) return undefined;
+  const c = Number(ctx.request.clip_qkv);
+  const before = x[r][t];
+  const passed = Math.abs(before) <= c;
+  return { kind: "clip-back", next, c, before, passed, g: g[r][t], total: passed ? g[r][t] : 0 };
 }
 
 const sum = (terms) => terms.reduce((s, x) => s + x.value, 0);
@@ -254,7 +326,10 @@ function computeCell(ctx, of, i, j) {
   if (of === lastForm(ctx, "k")) return dKCell(ctx, i, j);
   if (of === lastForm(ctx, "v")) return dVCell(ctx, i, j);
   const next = formAfter(ctx, of);
-  if (!next || slotFor(of) === "v") return undefined;
+  if (!next) return undefined;
+  if (kindOf(next) === "norm") return normBackCell(ctx, next, i, j);
+  if (kindOf(next) === "clip") return clipBackCell(ctx, of, next, i, j);
+  if (slotFor(of) === "v") return undefined;
   if (kindOf(next) === "rotate") return ropeBackCell(ctx, of, next, i, j);
   if (kindOf(next) === "temper") {
     const back = temperBackCell(ctx, next, i, j);

@@ -310,21 +310,40 @@ function along(given, ctx, dk, input) {
   return { a, entry: { key: given.key, row, perHead, shared } };
 }
 
-function normCell(ctx, name, r, t) {
+/** What the norm `name` of row r reads (its backward reads it too, lib/backward.js): the side,
+ * the form before, the settings, the vector it spans (input), its weight and bias along that
+ * vector; v_norm's (weightless, "rms") with s.over "head"; undefined when the page cannot tell. */
+export function normParts(ctx, name, r) {
   const side = slotOf(name);
   const from = formBefore(ctx, name); // the projection, or the form a step before made
+  const dk = pick(ctx, from)[r].length;
   if (side === "v") {
     const o =
       ctx.request.v_norm && typeof ctx.request.v_norm === "object" ? ctx.request.v_norm : {};
-    const settings = { eps: o.eps ?? DEFAULT_EPS };
-    return { kind: "norm", from, side, ...normOf(pick(ctx, from)[r], t, settings) };
+    const s = {
+      type: "rms",
+      eps: o.eps ?? DEFAULT_EPS,
+      zeroCentered: false,
+      over: "head",
+      afterRope: false,
+      field: "v_norm.eps",
+    };
+    const input = { x: pick(ctx, from)[r], heads: null, start: 0 };
+    return { side, from, dk, s, input, w: { a: null, entry: null }, b: { a: null, entry: null } };
   }
   const s = normSettings(ctx, name, side);
   if (s === undefined) return undefined;
   const input = normInput(ctx, from, r, s.over, side);
-  const dk = pick(ctx, from)[r].length;
   const w = along(s.weight, ctx, dk, input);
   const b = along(s.bias, ctx, dk, input);
+  return { side, from, dk, s, input, w, b };
+}
+
+function normCell(ctx, name, r, t) {
+  const parts = normParts(ctx, name, r);
+  if (parts === undefined) return undefined;
+  const { side, from, dk, s, input, w, b } = parts;
+  if (side === "v") return { kind: "norm", from, side, ...normOf(input.x, t, { eps: s.eps }) };
   const at = input.start + t; // feature t of the head within the vector the norm spans
   const settings = { type: s.type, eps: s.eps, zeroCentered: s.zeroCentered };
   return {
