@@ -323,7 +323,9 @@ def _form(plan: Plan, name: str, made: tuple[str, ...]) -> str:
         "output": "weightsᵀ grad_output: dV = Pᵀ dO",
         "cache": f"the new tokens' rows of grad_{c} (the cache's rows are grad_past_{slot})",
         "clip": f"{g} where |{name}| ≤ clip_qkv, 0 where it was clamped (torch.clamp's)",
-        "norm": f"the norm's Jacobian applied to {g}: (w/σ)(g − x̂·mean(g ∘ x̂)) per vector",
+        "norm": f"the norm's Jacobian applied to {g}: with dy = w ∘ {g} (1 + w when "
+        "zero-centred), (dy − x̂·mean(dy ∘ x̂))/σ per vector (a layer norm subtracts mean(dy) "
+        "too)",
         "rotate": f"RoPE's transpose: {g} rotated back by −θ (times the scaling's attention "
         "factor where it has one)",
         "temper": f"{g} × each query's temperature",
@@ -425,7 +427,7 @@ _LATENT = {  # mla: back through Q's and K's parts and the latents (service.core
     "grad_c_kv": "[grad_k_nope | grad_v] of all heads times kv_b_projᵀ: d[k_nope | V] W_kvbᵀ",
     "grad_c_q": "grad_q of all heads times q_b_projᵀ: dQ W_qbᵀ",
     "grad_x": "back through kv_a_layernorm's and q_a_layernorm's RMS-norm Jacobians "
-    "(w/σ)(g − x̂·mean(g ∘ x̂)), then kv_a_proj_with_mqa ([dC_kv | RoPE's transpose of "
+    "(dy − x̂·mean(dy ∘ x̂))/σ with dy = w ∘ g, then kv_a_proj_with_mqa ([dC_kv | RoPE's transpose of "
     "grad_k_rope]) and q_a_proj (or q_proj): the shares summed",
     "grad_w_q": "C_qᵀ dQ (Xᵀ dQ without q_lora_rank) summed over tokens and batch items, in_out",
 }
