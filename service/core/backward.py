@@ -15,7 +15,7 @@ FlashAttention-2 writes them (Dao 2023, Algorithm 2); every gradient equals ``to
 of the same computation in float64 (tests/core/test_backward.py). NumPy only, no I/O.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import get_args
 
 import numpy as np
@@ -23,7 +23,7 @@ import numpy as np
 from service.core import chain
 from service.core.attention import AttentionTrace
 from service.core.block import LayerNorm, merge_heads, repeated_heads_backward
-from service.core.linear import Past, project_backward
+from service.core.linear import Past, Projections, project_backward
 from service.core.masks import CombinedMask
 from service.core.multihead import MultiheadTrace, MultiheadWeights
 from service.core.types import Array, BoolArray, FullyMaskedPolicy
@@ -207,26 +207,50 @@ def multihead_backward(
         num_kv_heads=h_kv,
     )
     residual_share = grads.pop("grad_x_in", None)  # in grad_x with the projections'
-    x_in = trace.x_in  # (B, L, d_model)
-    source = x_in if context is None else context  # (B, S, d_model)
-    dq = project_backward(x_in, weights.w_q, merge_heads(grads["grad_q"]), weights.b_q is not None)
-    dk = project_backward(
-        source, weights.w_k, merge_heads(grads["grad_k"]), weights.b_k is not None
-    )
-    dv = project_backward(
-        source, weights.w_v, merge_heads(grads["grad_v"]), weights.b_v is not None
-    )
-    out = grads | {"grad_w_q": dq.w, "grad_w_k": dk.w, "grad_w_v": dv.w}
-    out |= {f"grad_b_{n}": d.b for n, d in (("q", dq), ("k", dk), ("v", dv)) if d.b is not None}
-    grad_x = dq.x if residual_share is None else dq.x + residual_share
-    if context is None:
-        grad_x = grad_x + dk.x + dv.x
-    else:
-        out["grad_context"] = dk.x + dv.x
     gate = trace.block.get("gate")
-    if gate is not None and weights.w_g is not None:  # gate = sigmoid(x_in W_g + b_g)
-        dz = sigmoid_backward(grads["grad_gate"], gate)  # (B, L, h·d_v)
-        dg = project_backward(x_in, weights.w_g, dz, weights.b_g is not None)
+    merged = {n: merge_heads(grads[f"grad_{n}"]) for n in "qkv"}  # (B, n, h·d)
+    return grads | projections_backward(
+        trace.x_in,
+        context,
+        weights,
+        merged,
+        residual=residual_share,
+        gate=None if gate is None or "grad_gate" not in grads else (gate, grads["grad_gate"]),
+    )
+
+
+def projections_backward(
+    x: Array,
+    context: Array | None,
+    weights: Projections,
+    grads: Mapping[str, Array],
+    *,
+    residual: Array | None = None,
+    gate: tuple[Array, Array] | None = None,
+) -> dict[str, Array]:
+    """The projections' gradients from ``grads`` {"q", "k", "v"}: each projection's output's
+    gradient ``(B, n, ·)`` (the heads side by side): ``grad_w_q``, ``grad_w_k``, ``grad_w_v``
+    (in_out, as given), ``grad_b_*`` where a bias was given, and ``grad_x``, the sum of what
+    reached x — the queries', the keys' and values' unless a ``context`` gave them (then
+    ``grad_context``), the ``residual``'s share, and with ``gate`` (its output sigmoid(x W_g +
+    b_g) and that output's gradient) the gate's, with ``grad_gate_w``/``grad_gate_b``."""
+    source = x if context is None else context  # (B, S, d_model)
+    inputs = {"q": (x, weights.w_q, weights.b_q), "k": (source, weights.w_k, weights.b_k),
+              "v": (source, weights.w_v, weights.b_v)}  # fmt: skip
+    parts = {
+        n: project_backward(inp, w, grads[n], b is not None) for n, (inp, w, b) in inputs.items()
+    }
+    out = {f"grad_w_{n}": d.w for n, d in parts.items()}
+    out |= {f"grad_b_{n}": d.b for n, d in parts.items() if d.b is not None}
+    grad_x = parts["q"].x if residual is None else parts["q"].x + residual
+    if context is None:
+        grad_x = grad_x + parts["k"].x + parts["v"].x
+    else:
+        out["grad_context"] = parts["k"].x + parts["v"].x
+    w_g = getattr(weights, "w_g", None)  # MultiheadWeights: Qwen3-Next's output gate
+    if gate is not None and w_g is not None:  # gate = sigmoid(x W_g + b_g)
+        dz = sigmoid_backward(gate[1], gate[0])  # (B, L, h·d_v)
+        dg = project_backward(x, w_g, dz, getattr(weights, "b_g", None) is not None)
         out["grad_gate_w"] = dg.w
         if dg.b is not None:
             out["grad_gate_b"] = dg.b

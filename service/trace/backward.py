@@ -16,9 +16,13 @@ import numpy as np
 
 from service.core import chain
 from service.core.attention import AttentionTrace
-from service.core.backward import attention_backward, heads_backward, multihead_backward
+from service.core.backward import (
+    attention_backward,
+    heads_backward,
+    multihead_backward,
+    projections_backward,
+)
 from service.core.latent import LatentTrace, latent_backward
-from service.core.linear import project_backward
 from service.core.masks import CombinedMask
 from service.core.multihead import MultiheadTrace
 from service.core.online_backward import OnlineBackward, online_softmax_backward
@@ -61,23 +65,9 @@ def attention_grads(
     if p is None:
         return grads
     assert plan.x is not None
-    source = plan.x if plan.context is None else plan.context
-    parts = {
-        n: project_backward(inp, w, grads[f"grad_{n}"], b is not None)
-        for n, inp, w, b in (
-            ("q", plan.x, p.w_q, p.b_q),
-            ("k", source, p.w_k, p.b_k),
-            ("v", source, p.w_v, p.b_v),
-        )
-    }
-    grads |= {f"grad_w_{n}": d.w for n, d in parts.items()}
-    grads |= {f"grad_b_{n}": d.b for n, d in parts.items() if d.b is not None}
-    keys_values = parts["k"].x + parts["v"].x
-    if plan.context is None:
-        grads["grad_x"] = parts["q"].x + keys_values
-    else:
-        grads |= {"grad_x": parts["q"].x, "grad_context": keys_values}
-    return grads
+    return grads | projections_backward(
+        plan.x, plan.context, p, {n: grads[f"grad_{n}"] for n in "qkv"}
+    )
 
 
 def multihead_grads(

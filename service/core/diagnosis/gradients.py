@@ -21,13 +21,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from service.core import chain
-from service.core.backward import backward
+from service.core.backward import backward, projections_backward
 from service.core.block import merge_heads, repeated_heads_backward
 from service.core.diagnosis.stages import Setup, State, Trial, Unfit, Way
-from service.core.linear import project_backward, transposed
-from service.core.multihead import MultiheadWeights
+from service.core.linear import transposed
 from service.core.types import Array, BoolArray, FullyMaskedPolicy
-from service.core.variants import Variants, sigmoid_backward
+from service.core.variants import Variants
 
 Given = Mapping[str, tuple[int, ...] | None]  # the caller's arrays: all heads (None) or some
 Keep = Callable[[str, Array], Array]  # a gradient by name → the one the walk goes on with
@@ -272,31 +271,19 @@ def _projections(base: State, s: Setup, grads: dict[str, Array], keep: Keep) -> 
     if p is None or x is None:
         return grads
     merge = merge_heads if s.num_heads is not None else (lambda a: a)
-    source = x if s.context is None else s.context
-    parts = {
-        n: project_backward(inp, w, merge(keep(f"grad_{n}", grads[f"grad_{n}"])), b is not None)
-        for n, inp, w, b in (("q", x, p.w_q, p.b_q), ("k", source, p.w_k, p.b_k),
-                             ("v", source, p.w_v, p.b_v))
-    }  # fmt: skip
-    out = dict(grads) | {f"grad_w_{n}": d.w for n, d in parts.items()}
-    out |= {f"grad_b_{n}": d.b for n, d in parts.items() if d.b is not None}
-    grad_x = parts["q"].x
-    if "grad_x_in" in out:  # the residual's share
-        grad_x = grad_x + keep("grad_x_in", out.pop("grad_x_in"))
-    if s.context is None:
-        grad_x = grad_x + parts["k"].x + parts["v"].x
-    else:
-        out["grad_context"] = parts["k"].x + parts["v"].x
+    out = dict(grads)
+    residual = keep("grad_x_in", out.pop("grad_x_in")) if "grad_x_in" in out else None
     gate = base.get("gate")
-    if gate is not None and isinstance(p, MultiheadWeights) and p.w_g is not None:
-        dz = sigmoid_backward(keep("grad_gate", out["grad_gate"]), gate)  # (B, L, h·d_v)
-        dg = project_backward(x, p.w_g, dz, p.b_g is not None)
-        out["grad_gate_w"] = dg.w
-        if dg.b is not None:
-            out["grad_gate_b"] = dg.b
-        grad_x = grad_x + dg.x
-    out["grad_x"] = grad_x
-    return out
+    if gate is not None and getattr(p, "w_g", None) is None:  # a gate with no weights to learn
+        gate = None
+    return out | projections_backward(
+        x,
+        s.context,
+        p,
+        {n: merge(keep(f"grad_{n}", grads[f"grad_{n}"])) for n in "qkv"},
+        residual=residual,
+        gate=None if gate is None else (gate, keep("grad_gate", out["grad_gate"])),
+    )
 
 
 def gradients(base: State, s: Setup, t: Trial, keep: Keep) -> dict[str, Array]:
