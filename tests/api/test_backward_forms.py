@@ -11,31 +11,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-BAR = 1e-10
-F64 = torch.float64
+from tests.api.test_backward import F64, back, close, post, t
+
 RNG = np.random.default_rng(4404)
-
-
-def post(client: TestClient, path: str, body: dict[str, Any], status: int = 200) -> Any:
-    r = client.post(path, json=body)
-    assert r.status_code == status, r.text
-    return r.json()
-
-
-def t(a: Any, grad: bool = False) -> torch.Tensor:
-    return torch.tensor(np.asarray(a, dtype=np.float64), dtype=F64, requires_grad=grad)
-
-
-def close(ours: Any, theirs: torch.Tensor | None, name: str, bar: float = BAR) -> float:
-    assert theirs is not None, name
-    diff = float(np.max(np.abs(np.asarray(ours, dtype=np.float64) - theirs.detach().numpy())))
-    assert diff < bar, f"{name}: {diff}"
-    return diff
-
-
-def back(out: Any, grad: torch.Tensor) -> None:
-    """out.backward(grad): torch's Tensor.backward is untyped."""
-    out.backward(grad)
 
 
 def rand(*shape: int) -> list[Any]:

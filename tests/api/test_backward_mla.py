@@ -291,9 +291,7 @@ def test_mla_grad_state_dict_through_config(client: TestClient, case: str) -> No
     """The layers of tests/wire/test_config_layers.py given as config + layer (DeepSeek V3,
     V2 with YaRN's mscale, V2-Lite's q_proj): grad_x and grad_state_dict against autograd of
     transformers' own DeepseekV3Attention / DeepseekV2Attention."""
-    from transformers import modeling_rope_utils as hf_rope
-
-    from harness.hf_reference import _widened, float64_torch_in
+    from tests.api.test_backward_forms import _autograd
     from tests.wire import test_config_layers as layers
 
     _, build, layer, positions, _ = next(c for c in layers.CASES if c[0] == case)
@@ -304,15 +302,7 @@ def test_mla_grad_state_dict_through_config(client: TestClient, case: str) -> No
     x = rng.normal(size=(layers.L, layers.SIZES["hidden_size"]))
     g = rng.normal(size=(layers.L, layers.SIZES["hidden_size"]))
     at = list(range(layers.L)) if positions is None else positions
-    xs = torch.tensor(x[None], dtype=F64, requires_grad=True)
-    pos = torch.tensor(at)[None]
-    with float64_torch_in(hf.modeling, hf_rope), _widened():
-        mask = hf.mask_fn(hf.config, xs, None, None, position_ids=pos)
-        rotary: dict[str, Any] = {"position_ids": pos} if hf.position_ids else {}
-        if hf.rotary is not None:
-            rotary["position_embeddings"] = hf.rotary(xs, pos)
-        out, _ = hf.attn(hidden_states=xs, attention_mask=mask, **rotary, **hf.forward_kwargs)
-        back(out, torch.tensor(g[None], dtype=F64))
+    grad_x, params = _autograd(hf, x, at, g)
     body: dict[str, Any] = {
         "x": x.tolist(),
         **layers._state(hf),
@@ -326,9 +316,8 @@ def test_mla_grad_state_dict_through_config(client: TestClient, case: str) -> No
     r = client.post("/multihead", json=body)
     assert r.status_code == 200, r.text
     ans = r.json()
-    assert xs.grad is not None
-    diffs = [close(ans["grad_x"], xs.grad[0], "grad_x")]
-    params = dict(hf.attn.named_parameters())
+    assert grad_x is not None
+    diffs = [close(ans["grad_x"], grad_x[0], "grad_x")]
     assert set(ans["grad_state_dict"]) == set(params)
     diffs += [close(ans["grad_state_dict"][n], p.grad, n) for n, p in params.items()]
     AGREEMENT[case] = max(diffs)
