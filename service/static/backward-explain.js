@@ -6,7 +6,7 @@
 // where that is the same cell (dS from dP, each score's gradient from the next's). A gradient the
 // page does not compute yet (MLA, the norms' weights) says so and shows the service's number and step.
 import { gradientCell, isGradient } from "./lib/backward.js";
-import { el, fmt, table, totalLine } from "./lib/explain-parts.js";
+import { cellTitle, el, fmt, table, totalLine } from "./lib/explain-parts.js";
 import { slotOf } from "./lib/layers.js";
 
 export { isGradient };
@@ -366,16 +366,7 @@ export function explainGradient(ctx) {
   const { i, j } = ctx;
   const flat = FLAT.has(r.kind);
   const box = el("section", "explain explain-gradient");
-  const where = [];
-  if (ctx.head !== null && ctx.head !== undefined) where.push("head " + ctx.head);
-  if (ctx.batch !== null && ctx.batch !== undefined) where.push("batch item " + ctx.batch);
-  box.append(
-    el(
-      "h3",
-      "explain-title",
-      `${r.name}${flat ? "" : `[${i}]`}[${j}]` + (where.length ? ` (${where.join(", ")})` : ""),
-    ),
-  );
+  box.append(cellTitle(`${r.name}${flat ? "" : `[${i}]`}[${j}]`, ctx));
   if (!flat && r.kind !== "weight-back")
     box.append(el("p", "explain-who", `${who(ctx, r)}: ∂loss/∂${r.of}[${i}][${j}]`));
   const f = (s) => box.append(el("p", "explain-formula", s));

@@ -15,7 +15,7 @@
 
 import { recompute, NEG_INF, kindOf } from "./lib/arithmetic.js";
 import { pairFeatures, turnedWidth } from "./lib/positions.js";
-import { el, fmt, table, totalLine } from "./lib/explain-parts.js";
+import { cellTitle, el, fmt, table, totalLine } from "./lib/explain-parts.js";
 import { LAYER_KINDS, explainLayer, layerWho, layerBefore } from "./layers/explain.js";
 import { count } from "./lib/format.js";
 import { isLatent, latentCell, latentExplains } from "./layers/latent.js";
@@ -116,16 +116,7 @@ export function explainCell(ctx) {
   if (!r || r.total === undefined) return null;
   const { i, j } = ctx;
   const box = el("section", "explain");
-  const where = [];
-  if (ctx.head !== null && ctx.head !== undefined) where.push("head " + ctx.head);
-  if (ctx.batch !== null && ctx.batch !== undefined) where.push("batch item " + ctx.batch);
-  box.append(
-    el(
-      "h3",
-      "explain-title",
-      `${r.name}[${i}][${j}]` + (where.length ? ` (${where.join(", ")})` : ""),
-    ),
-  );
+  box.append(cellTitle(`${r.name}[${i}][${j}]`, ctx));
   const tokens = ctx.data.tokens,
     keys = ctx.data.context_tokens || tokens;
   if (LAYER_KINDS.has(r.kind)) {

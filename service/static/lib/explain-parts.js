@@ -17,6 +17,15 @@ export function el(tag, cls, text) {
   return e;
 }
 
+/** An explanation's title: the cell `cell` ("weights[2][3]") and, when the cell is one head's
+ * or one batch item's, which ("weights[2][3] (head 1, batch item 0)"). */
+export function cellTitle(cell, ctx) {
+  const where = [];
+  if (ctx.head !== null && ctx.head !== undefined) where.push("head " + ctx.head);
+  if (ctx.batch !== null && ctx.batch !== undefined) where.push("batch item " + ctx.batch);
+  return el("h3", "explain-title", cell + (where.length ? ` (${where.join(", ")})` : ""));
+}
+
 /** A table of terms; row `mark` (the clicked cell's own term) is highlighted. */
 export function table(head, rows, mark = -1) {
   const t = el("table", "explain-terms");

@@ -13,7 +13,7 @@
 // for the weights with the trace); a render.js whenDrawn hook (registered here)
 // makes those tables' cells clickable when the result drawn is a model layer's.
 import { $, state } from "../lib/state.js";
-import { el, fmt, table, totalLine } from "../lib/explain-parts.js";
+import { cellTitle, el, fmt, table, totalLine } from "../lib/explain-parts.js";
 import { normOf } from "../lib/layers.js";
 import { projection as project } from "../lib/projection.js";
 import { explain, whenDrawn } from "../render.js";
@@ -183,16 +183,9 @@ function before(r, ctx) {
 export function explainWeightCell(ctx) {
   const r = weightCell(ctx);
   if (!r) return null;
-  const { name, head, i, j } = ctx;
+  const { name, i, j } = ctx;
   const box = el("section", "explain");
-  const title = head === null || head === undefined ? name : `${name}`;
-  box.append(
-    el(
-      "h3",
-      "explain-title",
-      `${title}[${i}][${j}]${head === null || head === undefined ? "" : ` (head ${head})`}`,
-    ),
-  );
+  box.append(cellTitle(`${name}[${i}][${j}]`, ctx));
   const tokens = ctx.data.tokens;
   const keys = r.side === "k" || r.side === "v";
   if (Array.isArray(tokens) && tokens[i] !== undefined)
