@@ -165,16 +165,9 @@ const LINES = {
         : `x̂ = x / σ, σ = √(mean(x²) + eps) = ${fmt(r.sigma)} (eps = ${fmt(r.eps)}, RMS norm)`,
     );
     box.append(
-      table(
+      normTable(
         ["t", `grad_${r.next}[t]`, f0 === "1" ? "f" : `${f0}[t]`, "g[t]", "x̂[t]", "g[t] · x̂[t]"],
-        r.terms.map((x) => [
-          String(x.c),
-          fmt(x.a),
-          fmt(x.gamma),
-          fmt(x.g),
-          fmt(x.xhat),
-          fmt(x.value),
-        ]),
+        r.terms,
         at,
       ),
     );
@@ -245,16 +238,9 @@ const LINES = {
       `x̂ = (${r.before}[${i}] − mean) / σ, mean = ${fmt(r.mean)}, σ = √(var + eps) = ${fmt(r.sigma)} (eps = ${fmt(r.eps)})`,
     );
     box.append(
-      table(
+      normTable(
         ["t", `grad_layer_norm[${i}][t]`, "γ[t]", "g[t]", "x̂[t]", "g[t] · x̂[t]"],
-        r.terms.map((x) => [
-          String(x.c),
-          fmt(x.a),
-          fmt(x.gamma),
-          fmt(x.g),
-          fmt(x.xhat),
-          fmt(x.value),
-        ]),
+        r.terms,
         j,
       ),
     );
@@ -358,6 +344,13 @@ const BEFORE = {
   "temper-back": (r) => `grad_${r.next}`,
   "residual-back": () => "grad_residual",
 };
+
+/** A norm's backward term by term: each feature t's incoming gradient, weight, g (their
+ * product), x̂ and g · x̂; row `mark` is the clicked feature's. */
+function normTable(head, terms, mark) {
+  const row = (x) => [String(x.c), fmt(x.a), fmt(x.gamma), fmt(x.g), fmt(x.xhat), fmt(x.value)];
+  return table(head, terms.map(row), mark);
+}
 
 /** The explanation of gradient cell ctx as an element, or null when the answer lacks it. */
 export function explainGradient(ctx) {
