@@ -18,11 +18,9 @@ of the same computation in float64 (tests/core/test_backward.py). NumPy only, no
 from collections.abc import Mapping, Sequence
 from typing import get_args
 
-import numpy as np
-
 from service.core import chain
 from service.core.attention import AttentionTrace
-from service.core.block import LayerNorm, merge_heads, repeated_heads_backward
+from service.core.block import LayerNorm, merge_heads, repeated_heads, repeated_heads_backward
 from service.core.linear import Past, Projections, project_backward
 from service.core.masks import CombinedMask
 from service.core.multihead import MultiheadTrace, MultiheadWeights
@@ -139,9 +137,9 @@ def heads_backward(
     h = heads.q.shape[1]
     h_kv = num_kv_heads or h
     arrays = dict(heads.made)
-    if past is not None and h_kv != h:  # the trace keeps the cache per key/value head
-        arrays["present_k"] = np.repeat(arrays["present_k"], h // h_kv, axis=1)
-        arrays["present_v"] = np.repeat(arrays["present_v"], h // h_kv, axis=1)
+    if past is not None:  # the trace keeps the cache per key/value head
+        arrays["present_k"] = repeated_heads(arrays["present_k"], h)
+        arrays["present_v"] = repeated_heads(arrays["present_v"], h)
     setup = chain.head_setup(
         heads.q,
         scale=heads.scale,

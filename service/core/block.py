@@ -73,6 +73,14 @@ def layer_norm_backward(
     return dx, gamma, beta
 
 
+def repeated_heads(a: Array, num_heads: int) -> Array:
+    """Each key/value head of ``a (..., h_kv, n, d)`` repeated for the ``num_heads / h_kv``
+    query heads it serves (grouped-query attention; transformers' ``repeat_kv``): ``(..., h,
+    n, d)``, ``a`` itself when it has a head per query head already."""
+    h_kv = a.shape[-3]
+    return a if h_kv == num_heads else np.repeat(a, num_heads // h_kv, axis=-3)
+
+
 def repeated_heads_backward(grad: Array, num_kv_heads: int) -> Array:
     """The transpose of repeating each of h_kv key/value heads for the h / h_kv query heads it
     serves (``repeat_kv``, ``np.repeat(…, axis=1)``): ``grad (B, h, n, d)`` summed over each

@@ -17,7 +17,7 @@ from service.core.attention import (
     project_qkv,
     scaled_dot_product_attention,
 )
-from service.core.block import LayerNorm, layer_norm, merge_heads, split_heads
+from service.core.block import LayerNorm, layer_norm, merge_heads, repeated_heads, split_heads
 from service.core.errors import require_finite
 from service.core.masks import CombinedMask
 from service.core.types import Array, FullyMaskedPolicy
@@ -175,8 +175,8 @@ def attend_heads(
     """
     h, h_kv = q.shape[1], k.shape[1]
     if h_kv != h:
-        k = np.repeat(k, h // h_kv, axis=1)  # (B, h, S, d_k)
-        v = np.repeat(v, h // h_kv, axis=1)  # (B, h, S, d_v)
+        k = repeated_heads(k, h)  # (B, h, S, d_k)
+        v = repeated_heads(v, h)  # (B, h, S, d_v)
         if past is not None:  # the cache per key/value head, shared as the new keys are
             past = past.repeated(h // h_kv)
 

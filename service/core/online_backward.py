@@ -29,6 +29,7 @@ import numpy as np
 
 from service.core import chain
 from service.core.attention import AttentionTrace
+from service.core.block import repeated_heads
 from service.core.errors import AttentionInputError
 from service.core.linear import transposed
 from service.core.softmax import OnlineSoftmax
@@ -118,7 +119,7 @@ def _per_query_head(a: Array, q: Array) -> Array:
         raise AttentionInputError(
             f"the keys have {h_kv} heads, which do not divide the queries' {h}"
         )
-    return np.repeat(a, h // h_kv, axis=-3)
+    return repeated_heads(a, h)
 
 
 def _read(trace: AttentionTrace) -> _Read:

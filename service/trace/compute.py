@@ -14,6 +14,7 @@ from service.core.attention import (
     project_qkv,
     scaled_dot_product_attention,
 )
+from service.core.block import repeated_heads
 from service.core.diagnosis.stages import Setup
 from service.core.latent import LatentDims, latent_attention
 from service.core.multihead import (
@@ -336,8 +337,8 @@ def _online(plan: Plan, trace: AttentionTrace) -> OnlineSoftmax:
     present = tuple(name for name in chain.ORDER if name in made)
     logits = made[chain.made_from("weights", present)]  # (..., L, S) the final scores
     v = made[chain.made_from("output", present, slot="v")]  # (..., S, d_v)
-    if v.ndim == 4 and v.shape[1] != logits.shape[1]:  # a cache kept per key/value head (GQA):
-        v = np.repeat(v, logits.shape[1] // v.shape[1], axis=1)  # (B, h, S, d_v) as read
+    if v.ndim == 4:  # a cache kept per key/value head (GQA): repeated as the output read it
+        v = repeated_heads(v, logits.shape[1])  # (B, h, S, d_v)
     sinks = plan.variants.sinks
     sink = None
     if sinks is not None:  # one number, or one per head: (h,) -> (1, h, 1) against (B, h, L)
