@@ -165,6 +165,21 @@ def summed_per_kv_head(grads: dict[str, Array], num_kv_heads: int) -> dict[str, 
     }
 
 
+def values_read_as_keys(grads: dict[str, Array]) -> dict[str, Array]:
+    """``k_eq_v`` (Gemma 4's full layers, ``attention_k_eq_v``): the values are the keys, so
+    one thing is read twice and its gradient is both reads' summed, as autograd gives it for a
+    tensor read twice. With the projections that is W_k (and b_k): ``grad_w_k`` gathers
+    ``grad_w_v``, and there is no ``grad_w_v``. With q, k given per head it is the given k:
+    ``grad_k`` gathers ``grad_v``, which stays as the values' read."""
+    if "grad_w_v" not in grads:  # k given per head
+        return grads | {"grad_k": grads["grad_k"] + grads["grad_v"]}
+    out = dict(grads)
+    for part in ("w", "b"):
+        if f"grad_{part}_v" in out:
+            out[f"grad_{part}_k"] = out[f"grad_{part}_k"] + out.pop(f"grad_{part}_v")
+    return out
+
+
 def multihead_backward(
     x: Array,
     weights: MultiheadWeights,

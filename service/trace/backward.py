@@ -21,6 +21,7 @@ from service.core.backward import (
     heads_backward,
     multihead_backward,
     projections_backward,
+    values_read_as_keys,
 )
 from service.core.latent import LatentTrace, latent_backward
 from service.core.masks import CombinedMask
@@ -89,22 +90,19 @@ def multihead_grads(
         "num_kv_heads": s.num_kv_heads,
     }
     if plan.weights is None:  # q, k, v given per head
-        return heads_backward(trace, d_out, w_o=plan.w_o, b_o=plan.b_o, **common)
-    assert plan.x is not None
-    grads = multihead_backward(
-        plan.x,
-        plan.weights,
-        trace,
-        d_out,
-        context=plan.context,
-        residual=plan.residual,
-        **common,
-    )
-    if "k_eq_v" in s.on:  # W_v is W_k: one parameter read twice, its gradient the two reads'
-        for part in ("w", "b"):
-            if f"grad_{part}_v" in grads:
-                grads[f"grad_{part}_k"] = grads[f"grad_{part}_k"] + grads.pop(f"grad_{part}_v")
-    return grads
+        grads = heads_backward(trace, d_out, w_o=plan.w_o, b_o=plan.b_o, **common)
+    else:
+        assert plan.x is not None
+        grads = multihead_backward(
+            plan.x,
+            plan.weights,
+            trace,
+            d_out,
+            context=plan.context,
+            residual=plan.residual,
+            **common,
+        )
+    return values_read_as_keys(grads) if "k_eq_v" in s.on else grads
 
 
 def latent_grads(

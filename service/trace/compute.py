@@ -305,6 +305,7 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
             residual=plan.residual,
             norm=plan.norm,
             latent=plan.latent is not None,
+            values_are_keys="k_eq_v" in s.on,
         )
         block = {
             "x_in": trace.x_in,

@@ -27,32 +27,12 @@ from service.wire.schemas.requests import (
 from service.wire.schemas.variant_fields import QKNormOptions
 
 
-def _refuse(what: str, why: str) -> FieldError:
-    return FieldError(
-        "grad_output",
-        f"grad_output with {what}: {why}; leave out grad_output (the forward is computed as "
-        "ever) or that field",
-    )
-
-
 def check_grad_output(req: AttentionRequest | MultiheadRequest, shapes: Shapes) -> Shapes:
     """``shapes`` with the backward on when ``grad_output`` is given and holds: an array shaped
-    as the answer's last array (batched as the request), or "sum"; refused where the core's
-    backward cannot go yet (k_eq_v with q, k, v given per head)."""
+    as the answer's last array (batched as the request), or "sum"."""
     grad = req.grad_output
     if grad is None:
         return shapes
-    refusals = (
-        (
-            "k_eq_v" in shapes.on and shapes.d_model is None,
-            "k_eq_v and q, k, v given per head",
-            "k would be read as both the keys and the values, and grad_k, grad_v are the "
-            "gradients of each read; give x and k_proj.weight (or w_k) instead",
-        ),
-    )
-    for refused, what, why in refusals:
-        if refused:
-            raise _refuse(what, why)
     if not isinstance(grad, str):
         _check_shape(grad.shape, shapes)
     return replace(shapes, backward=True)

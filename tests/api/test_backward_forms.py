@@ -203,8 +203,86 @@ def test_relative_bias_tables_gradient_on_attention(client: TestClient) -> None:
     close(ans["grad_q"], tq.grad, "grad_q")
 
 
-def test_k_eq_v_with_heads_given_directly_is_refused(client: TestClient) -> None:
-    heads = rand(2, 3, 2)
-    body = {"q": heads, "k": heads, "num_heads": 2, "k_eq_v": True, "grad_output": "sum"}
-    err = post(client, "/multihead", body, 422)
-    assert err["errors"][0]["field"] == "grad_output" and "k_eq_v" in err["errors"][0]["message"]
+def test_k_eq_v_with_heads_given_directly_sums_both_reads_into_grad_k(
+    client: TestClient,
+) -> None:
+    """k_eq_v with q, k given per head (Gemma 4's full layers, the projections done by the
+    caller): the given k is read as the keys (through an RMS norm with weights, two query heads
+    to each key head, causal) and as the values, so its gradient is both reads', as autograd
+    gives it for one tensor read twice; grad_v is the values' read alone."""
+    h, h_kv, L, d = 4, 2, 3, 4
+    q, k, g = rand(h, L, d), rand(h_kv, L, d), rand(L, h * d)
+    wq, wk = rand(d), rand(d)
+    body = {"q": q, "k": k, "num_heads": h, "num_kv_heads": h_kv, "k_eq_v": True,
+            "mask": {"type": "causal"}, "qk_norm": {"q_weight": wq, "k_weight": wk, "eps": 1e-6},
+            "grad_output": g}  # fmt: skip
+    ans = post(client, "/multihead", body)
+
+    def rms(a: torch.Tensor, w: list[float]) -> torch.Tensor:
+        return a / torch.sqrt((a * a).mean(-1, keepdim=True) + 1e-6) * t(w)
+
+    tq, tk = t(q, True), t(k, True)
+    keys = rms(tk, wk).repeat_interleave(h // h_kv, dim=0)  # (h, L, d)
+    values = tk.repeat_interleave(h // h_kv, dim=0)  # the same k, before the norm
+    causal = torch.triu(torch.ones(L, L, dtype=torch.bool), 1)
+    scores = (rms(tq, wq) @ keys.transpose(1, 2) / d**0.5).masked_fill(causal, -torch.inf)
+    out = scores.softmax(-1) @ values  # (h, L, d)
+    back(out.transpose(0, 1).reshape(L, h * d), t(g))
+    assert tk.grad is not None
+    close(ans["grad_k"], tk.grad, "grad_k")  # [h_kv][L][d]: both reads
+    close([hd["grad_q"] for hd in ans["heads"]], tq.grad, "grad_q")  # per query head
+    p = out.detach().new_tensor(np.stack([hd["weights"] for hd in ans["heads"]]))
+    d_out = t(g).reshape(L, h, d).transpose(0, 1)  # (h, L, d)
+    grad_v = (p.transpose(1, 2) @ d_out).reshape(h_kv, h // h_kv, L, d).sum(1)
+    close(ans["grad_v"], grad_v, "grad_v")  # the values' read alone
+    assert np.abs(np.asarray(ans["grad_k"]) - grad_v.numpy()).max() > 1e-3  # not the same read
+
+
+def _users_k_eq_v_backward(q: Any, k: Any, g: Any, diagonal: bool) -> tuple[Any, Any]:
+    """A learner's NumPy backward of two causal heads whose values are their keys: dK and
+    dV per head, the softmax's Jacobian taken as diagonal when ``diagonal`` (dS = P ∘ dP)."""
+    q_, k_ = np.asarray(q), np.asarray(k)
+    h, L, d = q_.shape
+    s = q_ @ k_.transpose(0, 2, 1) / np.sqrt(d) + np.triu(np.full((L, L), -np.inf), 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    d_o = np.asarray(g).reshape(L, h, d).transpose(1, 0, 2)
+    d_p = d_o @ k_.transpose(0, 2, 1)  # dO Vᵀ, V = K
+    d_s = p * d_p if diagonal else p * (d_p - (d_p * p).sum(-1, keepdims=True))
+    d_k = d_s.transpose(0, 2, 1) @ q_ / np.sqrt(d)
+    d_v = p.transpose(0, 2, 1) @ d_o
+    return d_k, d_v
+
+
+def test_k_eq_v_gradients_are_diagnosed_from_both_reads(client: TestClient) -> None:
+    """Under k_eq_v the diagnosis recomputes grad_k (k given per head) and grad_w_k (x given)
+    as the answer makes them, both reads summed: a learner's diagonal softmax Jacobian is named
+    on either, and the keys' read alone (the values' forgotten) matches no listed mistake."""
+    h, L, d = 2, 3, 2
+    q, k, g = rand(h, L, d), rand(h, L, d), rand(L, h * d)
+    body = {"q": q, "k": k, "num_heads": h, "k_eq_v": True, "mask": {"type": "causal"},
+            "grad_output": g}  # fmt: skip
+    d_k, d_v = _users_k_eq_v_backward(q, k, g, diagonal=True)
+
+    def each(a: Any) -> dict[str, Any]:  # a head's grad_k in each head's object
+        return {"expected": {"heads": [{"grad_k": a[i].tolist()} for i in range(h)]}}
+
+    found = post(client, "/multihead", body | each(d_k + d_v))
+    assert found["comparison"][0]["diagnosis"]["mistakes"] == ["softmax_grad_diagonal"]
+    d_k, d_v = _users_k_eq_v_backward(q, k, g, diagonal=False)
+    right = post(client, "/multihead", body | each(d_k + d_v))
+    assert all(c["match"] for c in right["comparison"]), right["comparison"]
+    half = post(client, "/multihead", body | each(d_k))
+    assert half["comparison"][0]["diagnosis"] is None, half["comparison"]
+    assert "No listed mistake" in half["comparison"][0]["message"]
+
+    x, w_q, w_k = np.asarray(rand(L, 4)), np.asarray(rand(4, 4)), np.asarray(rand(4, 4))
+    q_x = (x @ w_q).reshape(L, h, d).transpose(1, 0, 2)
+    k_x = (x @ w_k).reshape(L, h, d).transpose(1, 0, 2)
+    d_k, d_v = _users_k_eq_v_backward(q_x, k_x, g, diagonal=True)
+    merged = (d_k + d_v).transpose(1, 0, 2).reshape(L, h * d)  # the heads side by side
+    body = {"x": x.tolist(), "w_q": w_q.tolist(), "w_k": w_k.tolist(), "num_heads": h,
+            "k_eq_v": True, "mask": {"type": "causal"}, "grad_output": g,
+            "expected": {"grad_w_k": (x.T @ merged).tolist()}}  # fmt: skip
+    found = post(client, "/multihead", body)
+    assert found["comparison"][0]["diagnosis"]["mistakes"] == ["softmax_grad_diagonal"]

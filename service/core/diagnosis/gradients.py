@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from service.core import chain
-from service.core.backward import backward, projections_backward
+from service.core.backward import backward, projections_backward, values_read_as_keys
 from service.core.block import merge_heads, repeated_heads_backward
 from service.core.diagnosis.stages import Setup, State, Trial, Unfit, Way
 from service.core.linear import transposed
@@ -300,7 +300,8 @@ def gradients(base: State, s: Setup, t: Trial, keep: Keep) -> dict[str, Array]:
     made = {n: base[n] for n in _HEAD_NAMES if n in base}
     state = chain.State(made, {}, _fully_masked(setup, base["weights"]))
     grads |= backward(_steps(chain.HEAD, s, t, keep), state, setup, seed)
-    return _projections(base, s, _per_kv_head(grads, s, t), keep)
+    grads = _projections(base, s, _per_kv_head(grads, s, t), keep)
+    return values_read_as_keys(grads) if s.values_are_keys else grads
 
 
 # ---- what a trial reaches, and running the trials ----------------------------------------

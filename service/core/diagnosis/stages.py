@@ -65,6 +65,7 @@ class Setup:
     norm: LayerNorm | None = None
     latent: bool = False  # DeepSeek's MLA: Q and K come rotated in part, as given
     past: Past | None = None  # a decode step's cache, per head as the stages run: (B, h, P, ·)
+    values_are_keys: bool = False  # k_eq_v: one read twice, its gradient both reads'
 
 
 def _always(s: chain.Setup) -> bool:
