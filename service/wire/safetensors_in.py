@@ -28,6 +28,7 @@ from service.wire.errors import (
     excerpt,
     lone_surrogate,
 )
+from service.wire.schemas.requests import PER_HEAD_NORM
 
 # dtype names of the format, and how each is read; BF16 is the upper half of a float32
 _READ: dict[str, str] = {
@@ -309,6 +310,20 @@ def _index(part: str) -> int | None:
     return int(part) if part.isascii() and part.isdigit() and len(part) <= 9 else None
 
 
+# objects whose keys are a module's parameter names, dots and all: the rest of a tensor's name
+# after one of these paths is one key (expected.grad_state_dict.q_proj.weight)
+WHOLE_KEYS = (("expected", "grad_state_dict"),)
+
+
+def _whole_keys(parts: list[str]) -> list[str]:
+    """A tensor name's parts with what follows a :data:`WHOLE_KEYS` path joined into one."""
+    for path in WHOLE_KEYS:
+        n = len(path)
+        if tuple(parts[:n]) == path and len(parts) > n + 1:
+            return [*path, ".".join(parts[n:])]
+    return parts
+
+
 class _Tree:
     """The request's fields as the tensors fill them in: each tensor at the place its name
     gives, a top-level field name as it is (``q_proj.weight``), else a dotted path
@@ -324,14 +339,14 @@ class _Tree:
     def place(self, name: str, value: Any) -> None:
         """Put one tensor's ``value`` at the place ``name`` gives."""
         shown = _json_name(name)
-        if name in self.top or "." not in name:
+        if name in self.top or "." not in name or PER_HEAD_NORM.fullmatch(name):
             parts = [name]
         elif name.split(".", 1)[0] not in self.top:  # e.g. q_proj.weight sent to /attention
             raise FieldError(
                 shown, f"{shown} is not a field of this endpoint (check the spelling; see /docs)"
             )
         else:
-            parts = name.split(".")
+            parts = _whole_keys(name.split("."))
             if len(parts) > MAX_SEGMENTS or "" in parts:
                 raise FieldError(shown, f'tensor "{shown}" does not name a field')
         node: Any = self.fields

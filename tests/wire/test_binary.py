@@ -285,6 +285,37 @@ def test_dotted_state_dict_names_are_top_level_fields(client: TestClient) -> Non
     assert _post_binary(client, "/multihead", {"x": x, **sd}, **fields).json() == as_json.json()
 
 
+def test_expected_grad_state_dict_takes_a_modules_dotted_names_whole(
+    client: TestClient,
+) -> None:
+    """expected.grad_state_dict.q_layernorm.norms.1.weight is the entry
+    "q_layernorm.norms.1.weight" of expected.grad_state_dict (its keys are the module's names),
+    compared as the JSON body compares it: right ones match, a wrong one differs."""
+    rng = np.random.default_rng(4)
+    sd = {name: rng.normal(size=(8, 8)) for name in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")}  # fmt: skip
+    sd |= {f"q_layernorm.norms.{i}.weight": rng.normal(size=4) for i in range(2)}
+    x, g = rng.normal(size=(3, 8)), rng.normal(size=(3, 8))
+    fields = {"num_heads": 2, "grad_output": g.tolist(), "qk_norm": {"type": "layer", "eps": 1e-5}}
+    body = {"x": x.tolist(), **{k: v.tolist() for k, v in sd.items()}, **fields}
+    answer = client.post("/multihead", json=body)
+    assert answer.status_code == 200, answer.text
+    grads = answer.json()["grad_state_dict"]
+    wrong = np.asarray(grads["q_layernorm.norms.1.weight"]) * 2
+    expected = {f"expected.grad_state_dict.{n}": np.asarray(grads[n]) for n in ("q_proj.weight", "q_layernorm.norms.0.weight")}  # fmt: skip
+    expected["expected.grad_state_dict.q_layernorm.norms.1.weight"] = wrong
+    binary = _post_binary(client, "/multihead", {"x": x, **sd, **expected}, **fields)
+    assert binary.status_code == 200, binary.text
+    verdicts = {c["name"]: c["match"] for c in binary.json()["comparison"]}
+    assert verdicts == {
+        "grad_state_dict.q_proj.weight": True,
+        "grad_state_dict.q_layernorm.norms.0.weight": True,
+        "grad_state_dict.q_layernorm.norms.1.weight": False,
+    }, verdicts
+    as_json = {n.removeprefix("expected.grad_state_dict."): a.tolist() for n, a in expected.items()}
+    json_body = body | {"expected": {"grad_state_dict": as_json}}
+    assert client.post("/multihead", json=json_body).json() == binary.json()
+
+
 def test_tensors_go_into_masks_heads_and_options_by_path(client: TestClient) -> None:
     t = _weights()
     allowed = np.tril(np.ones((3, 3), dtype=bool))
