@@ -32,7 +32,7 @@ from service.core.softmax import OnlineSoftmax
 from service.core.types import Array, IntArray
 from service.core.variants import Variants
 from service.trace.gradients import PARAMETERS
-from service.trace.outputs import GRADIENTS
+from service.trace.outputs import GRADIENTS, gradient_position
 from service.trace.plan import AttentionPlan, MultiheadPlan, Plan
 
 Grads = dict[str, Array]
@@ -460,13 +460,13 @@ def _online_steps(plan: Plan) -> list[Step]:
 
 
 def backward_steps(plan: Plan, grads: Grads, scale: float) -> list[Step]:
-    """A step per gradient, in the order the backward made them (the reverse of the forward's,
-    the block's before the heads', the parameters' last), D after dP; then, with
+    """A step per gradient, in the backward's order (the reverse of the forward's, the block's
+    before the heads', a parameter's right after the gradient its step reads, D after dP, the
+    projections' last: :func:`gradient_position`, as the comparison); then, with
     online_softmax, a step per block of FlashAttention-2's backward."""
     formulas = _formulas(plan, grads, scale)
-    order = [n for n in grads if n in _ROWS and n != "row_dot"]
-    if "row_dot" in grads and "grad_weights" in order:
-        order.insert(order.index("grad_weights") + 1, "row_dot")
+    endpoint = plan.shapes.endpoint
+    order = sorted((n for n in grads if n in _ROWS), key=lambda n: gradient_position(endpoint, n))
     steps = []
     for name in order:
         g = np.asarray(grads[name])

@@ -37,7 +37,13 @@ from service.core.diagnosis.search import (
 from service.core.diagnosis.stages import ORDER, Setup, State, Unfit, per_query_head
 from service.core.masks import CombinedMask
 from service.core.types import Array
-from service.trace.outputs import OUTPUTS, Output, in_heads, position, row, top_level
+from service.trace.outputs import (
+    OUTPUTS,
+    Output,
+    gradient_position,
+    in_heads,
+    top_level,
+)
 from service.trace.shapes import Endpoint, Shapes
 from service.wire.errors import FieldError
 from service.wire.schemas.expected_fields import Expected
@@ -206,28 +212,6 @@ class _Entry:
 _BLOCK_STATE = {"output": "block_output", "grad_output": "grad_block_output"}
 
 
-# the parameters' gradients a step's backward makes beside the gradient of what it read
-# (that step reads this gradient): each comes right after it, in the backward's order; the
-# projections' (grad_w_q … grad_x) come last, at their rows
-_MADE_BESIDE: dict[str, str] = {
-    "row_dot": "grad_weights",  # D is made with dS, right after dP
-    "grad_sinks": "grad_weights",
-    "grad_ln_gamma": "grad_layer_norm",
-    "grad_ln_beta": "grad_layer_norm",
-    "grad_w_o": "grad_projected",
-    "grad_b_o": "grad_projected",
-} | {f"grad_{n}_norm_{p}": f"grad_{n}_normed" for n in "qkv" for p in ("weight", "bias")}
-
-
-def _position(endpoint: Endpoint, name: str, per_head: bool) -> float:
-    """Where an entry's step comes: its row's place, or right after the gradient whose step
-    makes it (:data:`_MADE_BESIDE`), in the backward's order."""
-    beside = _MADE_BESIDE.get(name)
-    if beside is not None:
-        return position(row(endpoint, beside, True)) + (0.5 if name == "row_dot" else 0.75)
-    return position(row(endpoint, name, per_head))
-
-
 def _parameter_entries(expected: Expected, endpoint: Endpoint, answered: Answered | None,
                        state: State) -> dict[str, _Entry]:  # fmt: skip
     """The parameters' gradients among the caller's arrays, by name (grad_state_dict's as
@@ -241,7 +225,7 @@ def _parameter_entries(expected: Expected, endpoint: Endpoint, answered: Answere
     entries = {}
     for name in names:
         _check_parameter(f"expected.{name}", name, expected.arrays[name], theirs)
-        at = _position(endpoint, name, per_head=False)
+        at = gradient_position(endpoint, name, per_head=False)
         entries[name] = _Entry(
             name, name, None, expected.arrays[name], at, _answered(answered, name, None)
         )
@@ -250,7 +234,7 @@ def _parameter_entries(expected: Expected, endpoint: Endpoint, answered: Answere
         label = f"{STATE_DICT}.{name}"
         _check_parameter(f"expected.{label}", name, a, kept)
         source = answered.made_from[name]
-        at = _position(endpoint, source, per_head=False)
+        at = gradient_position(endpoint, source, per_head=False)
         entries[label] = _Entry(label, source, None, a, at, _answered(answered, name, STATE_DICT))
     return entries
 
@@ -279,11 +263,11 @@ def _entries(
         if name in parameters:
             continue
         state_name = _BLOCK_STATE.get(name, name) if multihead else name
-        where = _position(endpoint, name, per_head=False)
+        where = gradient_position(endpoint, name, per_head=False)
         entries.append(_Entry(name, state_name, None, a, where))
     for i, per_head in expected.heads.items():
         entries += [
-            _Entry(f"heads.{i}.{n}", n, i, a, _position(endpoint, n, per_head=True))
+            _Entry(f"heads.{i}.{n}", n, i, a, gradient_position(endpoint, n, per_head=True))
             for n, a in per_head.items()
         ]
     return sorted(entries, key=lambda e: (e.position, e.head is None, e.head or 0))

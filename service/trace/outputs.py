@@ -1135,6 +1135,29 @@ def step_order(endpoint: Endpoint) -> dict[str, int]:
     return {name: position(out) for name, out in _by_name(endpoint).items()}
 
 
+# the parameters' gradients a step's backward makes beside the gradient of what it read
+# (that step reads this gradient): each comes right after it, in the backward's order; the
+# projections' (grad_w_q … grad_x) come last, at their rows
+_MADE_BESIDE: dict[str, str] = {
+    "row_dot": "grad_weights",  # D is made with dS, right after dP
+    "grad_sinks": "grad_weights",
+    "grad_ln_gamma": "grad_layer_norm",
+    "grad_ln_beta": "grad_layer_norm",
+    "grad_w_o": "grad_projected",
+    "grad_b_o": "grad_projected",
+} | {f"grad_{n}_norm_{p}": f"grad_{n}_normed" for n in "qkv" for p in ("weight", "bias")}
+
+
+def gradient_position(endpoint: Endpoint, name: str, per_head: bool = True) -> float:
+    """Where a gradient's step comes in the backward's order, which the steps and the
+    comparison both follow: its row's place, or right after the gradient whose step makes it
+    (:data:`_MADE_BESIDE`)."""
+    beside = _MADE_BESIDE.get(name)
+    if beside is not None:
+        return position(row(endpoint, beside, True)) + (0.5 if name == "row_dot" else 0.75)
+    return position(row(endpoint, name, per_head))
+
+
 def latest(shapes: Shapes, name: str, among: tuple[str, ...]) -> str:
     """The last of ``among`` (step names, in the table's order) present in this request before
     ``name``: what the step ``name`` is made from (the scores so far, the queries as the

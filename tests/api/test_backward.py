@@ -331,6 +331,31 @@ def test_the_gradient_steps_come_after_the_forwards_in_reverse_order(client: Tes
     assert "grad_w_q" in ans and "grad_state_dict" not in ans  # generated: in_out
 
 
+def test_the_steps_and_the_comparison_walk_the_backward_in_one_order(client: TestClient) -> None:
+    """Every gradient given back as expected is compared in the order of the gradient steps:
+    a parameter's right after the gradient its step reads (γ, β after grad_layer_norm; W_o,
+    b_o after grad_projected; the sinks after dP; a norm's weight after its input's), the
+    projections' last."""
+    body = {"seed": 5, "seq_len": 3, "d_model": 4, "num_heads": 2, "residual": True,
+            "layer_norm": {"gamma": rand(4), "beta": rand(4)}, "b_o": rand(4), "b_q": rand(4),
+            "qk_norm": {"q_weight": rand(2), "k_weight": rand(2)}, "sinks": rand(2),
+            "mask": {"type": "causal"}, "grad_output": rand(3, 4)}  # fmt: skip
+    ans = post(client, "/multihead", body)
+    names = [s["name"] for s in ans["steps"]]
+    steps = [n for n in names[names.index("grad_layer_norm") :] if n != "grad_output"]
+    grads = {n: ans[n] for n in steps if n in ans}
+    heads = [{n: h[n] for n in steps if n in h} for h in ans["heads"]]
+    compared = post(client, "/multihead", body | {"expected": grads | {"heads": heads}})
+    order = [c["name"].split(".")[-1] for c in compared["comparison"]]
+    walked = [n for i, n in enumerate(order) if n != "grad_output" and n not in order[:i]]
+    assert walked == steps, (walked, steps)
+    at = steps.index
+    assert at("grad_layer_norm") < at("grad_ln_gamma") < at("grad_residual")
+    assert at("grad_projected") < at("grad_b_o") < at("grad_concat")
+    assert at("grad_weights") < at("grad_sinks") < at("grad_masked_scores")
+    assert at("grad_q_normed") < at("grad_q_norm_weight") and steps[-1] == "grad_x"
+
+
 # ---- refused, too large -------------------------------------------------------------------
 
 Q3 = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
