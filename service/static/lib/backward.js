@@ -365,6 +365,7 @@ function kvSummedCell(ctx, of, i, j) {
     return cell && { name: GRAD_PREFIX + of, of, head: hh, ...cell };
   });
   if (parts.some((x) => x === undefined || typeof x.total !== "number")) return undefined;
+  if (group === 1) return parts[0]; // one query head per key/value head: its own, at the top level
   return { kind: "kv-sum", kv, heads, parts, total: parts.reduce((m, x) => m + x.total, 0) };
 }
 
