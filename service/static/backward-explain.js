@@ -25,7 +25,7 @@ function who(ctx, r) {
   if (slot === "scores" || slot === "weights")
     return `query ${i}${said(tokens, i)} → key ${j}${said(keys, j)}`;
   const side = slot ?? r.of;
-  const keyRow = side === "k" || side === "v";
+  const keyRow = side === "k" || side === "v" || side === "past_k" || side === "past_v";
   return `${keyRow ? "key" : "query"} ${i}${said(keyRow ? keys : tokens, i)}, feature ${j}`;
 }
 
@@ -439,7 +439,7 @@ export function explainGradient(ctx) {
   const flat = FLAT.has(r.kind) || r.flat === true;
   const box = el("section", "explain explain-gradient");
   box.append(cellTitle(`${r.name}${flat ? "" : `[${i}]`}[${j}]`, ctx));
-  if (!flat && r.kind !== "weight-back")
+  if (!flat && r.kind !== "weight-back" && r.kind !== "norm-param-back")
     box.append(el("p", "explain-who", `${who(ctx, r)}: ∂loss/∂${r.of}[${i}][${j}]`));
   const f = (s) => box.append(el("p", "explain-formula", s));
   const note = (s) => box.append(el("p", "explain-note", s));
