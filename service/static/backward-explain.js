@@ -4,7 +4,7 @@
 // again from the gradient after it and the forward's arrays), a table of the terms summed, and the
 // page's total beside the service's; "← how … was computed" walks to the gradient it came from
 // where that is the same cell (dS from dP, each score's gradient from the next's). A gradient the
-// page does not compute yet (MLA, the norms' weights) says so and shows the service's number and step.
+// page does not compute yet (MLA) says so and shows the service's number and step.
 import { gradientCell, isGradient } from "./lib/backward.js";
 import { cellTitle, el, fmt, table, totalLine } from "./lib/explain-parts.js";
 import { slotOf } from "./lib/layers.js";
@@ -12,7 +12,7 @@ import { slotOf } from "./lib/layers.js";
 export { isGradient };
 
 const DONE =
-  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the new keys' and values' with past, the gate's product (grad_concat, grad_gate), /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients)";
+  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the q/k norms' weights and biases, the new keys' and values' with past and the cache's own (grad_past_k, grad_past_v), a key/value head's gradient as its query heads' summed, the gate's product (grad_concat, grad_gate), /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients)";
 
 /** Whose cell it is: query i → key j for a map of the scores or the weights, else the row's
  * token and the feature. */
@@ -25,7 +25,7 @@ function who(ctx, r) {
   if (slot === "scores" || slot === "weights")
     return `query ${i}${said(tokens, i)} → key ${j}${said(keys, j)}`;
   const side = slot ?? r.of;
-  const keyRow = side === "k" || side === "v";
+  const keyRow = side === "k" || side === "v" || side === "past_k" || side === "past_v";
   return `${keyRow ? "key" : "query"} ${i}${said(keyRow ? keys : tokens, i)}, feature ${j}`;
 }
 
@@ -221,6 +221,85 @@ const LINES = {
       `${r.name}[${i}][${j}] = grad_${r.next}[${i}][${j}] · τ(p) = ${fmt(r.g)} · ${fmt(r.factor)}, query ${i} at p = ${r.p}`,
     );
   },
+  "norm-param-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const cell = r.flat ? `[${j}]` : `[${i}][${j}]`;
+    const g = `grad_${r.named}`;
+    const weight = r.what === "weight";
+    const where = r.flat && r.rows > 1 ? ` (row ${r.row} of ${r.rows}, feature ${r.t})` : "";
+    f(
+      weight
+        ? `${r.name}${cell}${where} = Σ ${g}[r][${r.t}] · x̂[r][${r.t}], x̂ the normalised ${r.side === "q" ? "query" : "key"} before the weight`
+        : `${r.name}${cell}${where} = Σ ${g}[r][${r.t}] (the bias is added to every normalised vector)`,
+    );
+    const heads = [...new Set(r.terms.map((x) => x.head))].filter((x) => x !== null);
+    const items = r.terms.some((x) => x.item !== null);
+    const over = [
+      "the rows r",
+      items ? "the batch items" : "",
+      heads.length ? `the heads ${heads.join(", ")} it serves` : "",
+    ];
+    note(
+      `Summed over ${over.filter(Boolean).join(", ")}: every vector the ${weight ? "weight multiplied" : "bias was added to"}.`,
+    );
+    if (weight)
+      note(
+        r.zeroCentered
+          ? "With zero_centered the norm multiplies by (1 + w): its derivative by w is still x̂."
+          : "y = x̂ · w (+ b): ∂y/∂w is x̂, so the weight's gradient is the incoming gradient times x̂, summed.",
+      );
+    const label = (x) =>
+      [x.item === null ? "" : `b${x.item}`, x.head === null ? "" : `h${x.head}`, `r${x.c}`]
+        .filter(Boolean)
+        .join(" ");
+    box.append(
+      table(
+        ["row", `${g}[r][${r.t}]`, weight ? `x̂[r][${r.t}]` : "· 1", "term"],
+        r.terms.map((x) => [label(x), fmt(x.a), weight ? fmt(x.b) : "1", fmt(x.value)]),
+      ),
+    );
+  },
+  "past-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    if (r.side === "k") {
+      f(
+        `${r.name}[${i}][${j}] = Σ_i ${r.gs}[i][${i}] · ${r.other}[i][${j}]  (dK = (dS·scale)ᵀ Q, the cache's column ${i})`,
+      );
+      terms(box, ["i", `${r.gs}[i][${i}]`, `${r.other}[i][${j}]`, "product"], r.terms);
+    } else {
+      f(
+        `${r.name}[${i}][${j}] = Σ_i P[i][${i}] · dO[i][${j}]  (dV = Pᵀ dO, the cache's column ${i})`,
+      );
+      terms(box, ["i", `weights[i][${i}]`, `dO[i][${j}]`, "product"], r.terms);
+    }
+    note(
+      `With past the scores read the cache's ${r.cached} ${r.side === "k" ? "keys" : "values"} first, then the new tokens': cached row ${i} is column ${i}. The cache is an input: its gradient stops here.`,
+    );
+  },
+  "norm-back-kv"(box, r, ctx, f, note) {
+    LINES["norm-back"](box, r, ctx, f, note);
+    note(
+      `Key/value head ${r.kv} serves the query heads ${r.heads.join(", ")}: the norm ran on its copies (the keys repeated to the query heads, with the same mean and σ), so grad_${r.next}[t] is their gradients summed, then back through the norm once.`,
+    );
+  },
+  "kv-sum"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const copies = r.parts.map((x) => `head ${x.head}'s`).join(" + ");
+    f(`${r.name}[${i}][${j}] (key/value head ${r.kv}) = ${copies} copy's gradient`);
+    box.append(
+      table(
+        ["query head", "its copy's gradient"],
+        r.parts.map((x) => [String(x.head), fmt(x.total)]),
+      ),
+    );
+    note(
+      `Key/value head ${r.kv} is repeated to the query heads ${r.heads.join(", ")} (repeat_kv): its gradient is the sum of theirs. Each copy's:`,
+    );
+    for (const part of r.parts) {
+      note(`Query head ${part.head}:`);
+      LINES[part.kind](box, part, { ...ctx, head: part.head }, f, note);
+    }
+  },
   "residual-back"(box, r, ctx, f, note) {
     const { i, j } = ctx;
     f(`${r.name}[${i}][${j}] = grad_residual[${i}][${j}] = ${fmt(r.g)}`);
@@ -357,10 +436,10 @@ export function explainGradient(ctx) {
   const r = gradientCell(ctx);
   if (!r) return null;
   const { i, j } = ctx;
-  const flat = FLAT.has(r.kind);
+  const flat = FLAT.has(r.kind) || r.flat === true;
   const box = el("section", "explain explain-gradient");
   box.append(cellTitle(`${r.name}${flat ? "" : `[${i}]`}[${j}]`, ctx));
-  if (!flat && r.kind !== "weight-back")
+  if (!flat && r.kind !== "weight-back" && r.kind !== "norm-param-back")
     box.append(el("p", "explain-who", `${who(ctx, r)}: ∂loss/∂${r.of}[${i}][${j}]`));
   const f = (s) => box.append(el("p", "explain-formula", s));
   const note = (s) => box.append(el("p", "explain-note", s));

@@ -16,10 +16,17 @@
 //   back through RoPE (the rotation's transpose: turned back by −φ, cos and sin times the gain)
 //   and the temperature (· τ(p)); the q/k norms and v_norm ((g − mean g − x̂ · mean(g x̂)) / σ,
 //   g = w · grad, mean g for a layer norm only) and the clamp (passed where |x| ≤ c, else 0);
-//   with `past` the keys' and values' new rows (the scores' columns after the cache's P).
+//   with `past` the keys' and values' new rows (the scores' columns after the cache's P), the
+//   cache's own (grad_past_k, grad_past_v: the columns before), RoPE at the shifted positions
+//   (query_positions, key_positions' last rows: P … P + L − 1 unless given);
+//   the q/k norms' weights and biases: Σ grad_<normed> · x̂ and Σ grad_<normed> over the rows,
+//   batch items and the heads a weight row serves;
+//   /multihead's gradients per key/value head (grad_k, grad_v under grouped-query heads, the
+//   cache's): the sum of its query heads' copies (a norm's: the query heads' gradients summed,
+//   then back through the norm, over the head or the key projection).
 // /multihead's block (W_o, the gate's product, the residual, the layer norm) and the projections
 // are lib/backward-block.js's. Not computed (the cell is "unexplained": the page shows the
-// service's number and step): the norms' weights, MLA, the cache's own rows, RoPE with `past`.
+// service's number and step): MLA, a batched request's per key/value head arrays.
 import { pick } from "./pick.js";
 import { BLOCK, blockCell, projectionCell } from "./backward-block.js";
 import { GRAD_PREFIX } from "./schema.js";
@@ -53,6 +60,24 @@ export function formAfter(ctx, name) {
   return at >= 0 && at + 1 < forms.length ? forms[at + 1] : undefined;
 }
 
+// the cache /multihead keeps per key/value head (present_k, present_v: [h_kv][P + L][·])
+const CACHES = new Set(["present_k", "present_v"]);
+// what /multihead's answer holds per key/value head at its top level, [h_kv][rows][·]: the
+// cache's gradients, and under grouped-query heads the keys' and values' (API "Gradients")
+const PER_KV = new Set(["k", "v", "past_k", "past_v"]);
+
+/** Query heads per key/value head (1 without grouped-query heads, and on /attention). */
+function groupOf(ctx) {
+  const h = Number(ctx.data.num_heads ?? 1);
+  return h / (Number(ctx.data.num_kv_heads ?? h) || h);
+}
+
+/** Array `name` for the clicked head; the cache's, of the key/value head a query head reads. */
+function cacheOf(ctx, name) {
+  if (!CACHES.has(name) || ctx.endpoint !== "multihead" || ctx.head == null) return pick(ctx, name);
+  return pick({ ...ctx, head: Math.floor(ctx.head / groupOf(ctx)) }, name);
+}
+
 const dot = (a, b) => a.reduce((s, x, k) => s + x * b[k], 0);
 const column = (m, c) => m.map((row) => row[c]);
 
@@ -74,9 +99,9 @@ function dOCell(ctx, i, c) {
 
 /** dP[i][j] = Σ_c dO[i][c] · V[j][c]. */
 function dPCell(ctx, i, j) {
-  const cache = ctx.request.past && pick(ctx, "present_v") ? "present_v" : undefined;
+  const cache = ctx.request.past && cacheOf(ctx, "present_v") ? "present_v" : undefined;
   const vName = cache ?? lastForm(ctx, "v"); // with `past`, the cache's values and the new ones
-  const v = pick(ctx, vName),
+  const v = cache ? cacheOf(ctx, cache) : pick(ctx, vName),
     dO = pick(ctx, "grad_output");
   if (!v || !dO || !v[j]) return undefined;
   const terms = dO[i].map((g, c) => ({ c, a: g, b: v[j][c], value: g * v[j][c] }));
@@ -140,9 +165,9 @@ function gradScores(ctx) {
 /** dQ[i][t] = Σ_j grad_scores[i][j] · K[j][t]. */
 function dQCell(ctx, i, t) {
   const gs = gradScores(ctx);
-  const cache = ctx.request.past && pick(ctx, "present_k") ? "present_k" : undefined;
+  const cache = ctx.request.past && cacheOf(ctx, "present_k") ? "present_k" : undefined;
   const kName = cache ?? lastForm(ctx, "k"); // with `past`, the cache's keys and the new ones
-  const k = pick(ctx, kName);
+  const k = cacheOf(ctx, kName);
   if (!gs.m || !k || k.length !== gs.m[i].length) return undefined;
   const terms = gs.m[i].map((g, j) => ({ c: j, a: g, b: k[j][t], value: g * k[j][t] }));
   return { kind: "dQ", gs: gs.name, other: kName, terms, total: sum(terms) };
@@ -153,8 +178,7 @@ function dKCell(ctx, j, t) {
   const gs = gradScores(ctx);
   const qName = lastForm(ctx, "q");
   const q = pick(ctx, qName);
-  const here = pick(ctx, GRAD_PREFIX + lastForm(ctx, "k"));
-  const cached = pastRows(ctx, here, gs.m && gs.m[0].length);
+  const cached = pastRows(ctx, "k", gs.m && gs.m[0].length);
   if (!gs.m || !q || cached === undefined) return undefined;
   const col = cached + j; // with a cache, key j of the new tokens is the keys' row P + j
   const terms = column(gs.m, col).map((g, i) => ({ c: i, a: g, b: q[i][t], value: g * q[i][t] }));
@@ -165,8 +189,7 @@ function dKCell(ctx, j, t) {
 function dVCell(ctx, j, c) {
   const p = pick(ctx, "weights"),
     dO = pick(ctx, "grad_output");
-  const here = pick(ctx, GRAD_PREFIX + lastForm(ctx, "v"));
-  const cached = pastRows(ctx, here, p && p[0].length);
+  const cached = pastRows(ctx, "v", p && p[0].length);
   if (!p || !dO || cached === undefined) return undefined;
   const col = cached + j;
   const terms = column(p, col).map((w, i) => ({ c: i, a: w, b: dO[i][c], value: w * dO[i][c] }));
@@ -174,8 +197,9 @@ function dVCell(ctx, j, c) {
 }
 
 /** The cache's rows before the new tokens' (P: the keys the scores read less the new rows of
- * `here`), 0 without `past`; undefined when the rows do not add up. */
-function pastRows(ctx, here, keys) {
+ * `side`'s last form), 0 without `past`; undefined when the rows do not add up. */
+function pastRows(ctx, side, keys) {
+  const here = pick(ctx, lastForm(ctx, side) ?? side);
   if (!Array.isArray(here) || typeof keys !== "number") return undefined;
   const cached = keys - here.length;
   if (ctx.request.past) return cached >= 0 ? cached : undefined;
@@ -184,16 +208,19 @@ function pastRows(ctx, here, keys) {
 
 /** Back through the norm `next` (qk_norm, v_norm) at [r][t], over the vector v it spans:
  * g = f · grad_next (f = w, 1 + w zero-centred, or 1), dx = (g − mean(g) − x̂ · mean(g x̂)) / σ,
- * mean(g) only for "layer" (lib/layers.js normParts and normOf give v, f, x̂ and σ). */
-function normBackCell(ctx, next, r, t) {
-  const parts = normParts(ctx, next, r);
+ * mean(g) only for "layer" (lib/layers.js normParts and normOf give v, f, x̂ and σ). With `kv`
+ * (/multihead's key/value head kv under grouped-query heads) grad_next is its query heads'
+ * copies' summed: the norm ran on the keys repeated to the query heads, whose σ and mean are
+ * the key head's, so the copies' gradients add before the norm's backward. */
+function normBackCell(ctx, next, r, t, kv = null) {
+  const group = kv === null ? 1 : groupOf(ctx);
+  const at0 = kv === null ? ctx : { ...ctx, head: kv * group };
+  const parts = normParts(at0, next, r);
   if (parts === undefined) return undefined;
   const { s, input, w } = parts;
-  const grad = (hh) => pick(hh === null ? ctx : { ...ctx, head: hh }, GRAD_PREFIX + next);
-  const grouped = parts.side === "k" && Number(ctx.data.num_kv_heads ?? 0) > 0;
-  if (input.heads !== null && grouped && ctx.data.num_kv_heads !== ctx.data.num_heads)
-    return undefined; // a key head's gradient over the projection: its query heads' summed
-  const gy = input.heads === null ? grad(null)?.[r] : input.heads.flatMap((hh) => grad(hh)[r]);
+  const grouped = parts.side === "k" && kv === null && groupOf(ctx) > 1;
+  if (input.heads !== null && grouped) return undefined; // a key head's: asked with kv
+  const gy = incoming(ctx, next, r, input, kv === null ? at0.head : kv, group);
   if (!Array.isArray(gy) || gy.length !== input.x.length) return undefined;
   const n = normOf(input.x, 0, { type: s.type, eps: s.eps });
   const factor = (k) => (w.a === null ? 1 : s.zeroCentered ? 1 + w.a[k] : w.a[k]);
@@ -208,7 +235,7 @@ function normBackCell(ctx, next, r, t) {
   const x = terms[at];
   const total = (x.g - meanG - x.xhat * meanGX) / n.denom;
   return {
-    kind: "norm-back",
+    kind: kv === null ? "norm-back" : "norm-back-kv",
     next,
     type: s.type,
     eps: s.eps,
@@ -223,9 +250,31 @@ function normBackCell(ctx, next, r, t) {
     mean: n.mean,
     g: x.g,
     xt: x.xhat,
+    kv,
+    heads: kv === null ? null : range(group).map((o) => kv * group + o),
     total,
   };
 }
+
+/** grad_next's row r along the vector the norm spans (one head's row, or every head's side by
+ * side); with a key/value head (`group` > 1 query heads per head), each of its query heads'
+ * copies summed. */
+function incoming(ctx, next, r, input, head, group) {
+  const grad = (hh) => pick(hh === null ? ctx : { ...ctx, head: hh }, GRAD_PREFIX + next);
+  const rowOf = (hh) => {
+    const copies = range(group).map((o) => grad(hh === null ? null : hh * group + o));
+    if (copies.some((g) => !Array.isArray(g))) return undefined;
+    return copies[0][r].map((_, k) => copies.reduce((m, g) => m + g[r][k], 0));
+  };
+  if (group === 1)
+    return input.heads === null ? grad(head)?.[r] : input.heads.flatMap((hh) => grad(hh)[r]);
+  if (input.heads === null) return rowOf(head);
+  const kvHeads = input.heads.map((hh) => hh / group); // heads[g·group] holds key head g
+  const rows = kvHeads.map(rowOf);
+  return rows.some((x) => x === undefined) ? undefined : rows.flat();
+}
+
+const range = (n) => Array.from({ length: n }, (_, k) => k);
 
 /** Back through the clamp `next` (clip_qkv) at [r][t]: grad_next where |x| ≤ c, else 0. */
 function clipBackCell(ctx, of, next, r, t) {
@@ -244,7 +293,7 @@ const sum = (terms) => terms.reduce((s, x) => s + x.value, 0);
 function ropeBackCell(ctx, name, next, r, t) {
   const g = pick(ctx, GRAD_PREFIX + next);
   const used = ropeUsed(ctx);
-  if (!g || used === undefined || ctx.request.past) return undefined;
+  if (!g || used === undefined) return undefined; // with `past`: the shifted positions
   const side = slotFor(name);
   const row = g[r];
   const settings = ropeSettings(ctx.request, row.length);
@@ -284,6 +333,94 @@ function temperBackCell(ctx, next, r, t) {
   return { kind: "temper-back", next, g: g[r][t], factor: temp.factor, p: temp.p };
 }
 
+/** The cache's own rows (grad_past_k, grad_past_v: the cache step hands them its gradient's
+ * first P rows): key j of the cache is the scores' column j, so
+ * grad_past_k[j][t] = Σ_i grad_scores[i][j] · Q[i][t], grad_past_v[j][c] = Σ_i P[i][j] · dO[i][c]. */
+function pastCell(ctx, side, j, t) {
+  const k = side === "k";
+  const gs = gradScores(ctx);
+  const by = k ? gs.m : pick(ctx, "weights");
+  const other = k ? lastForm(ctx, "q") : "dO";
+  const with_ = k ? pick(ctx, other) : pick(ctx, "grad_output");
+  const cached = pastRows(ctx, side, by && by[0].length);
+  if (!by || !with_ || cached === undefined || j >= cached) return undefined;
+  const terms = column(by, j).map((a, i) => ({ c: i, a, b: with_[i][t], value: a * with_[i][t] }));
+  return { kind: "past-back", side, gs: gs.name, other, cached, terms, total: sum(terms) };
+}
+
+/** A gradient /multihead keeps per key/value head at its top level (PER_KV; [h_kv][rows][·],
+ * key/value head ctx.batch): the sum of the copies its query heads read (repeat_kv's
+ * transpose); a norm's backward is taken once, on the copies' gradients summed. Undefined for a
+ * batched request's ([B][h_kv]…: which head is not said). */
+function kvSummedCell(ctx, of, i, j) {
+  const all = ctx.data[GRAD_PREFIX + of];
+  if (!Array.isArray(all) || Array.isArray(all[0]?.[0]?.[0])) return undefined; // batched
+  const kv = ctx.batch ?? 0;
+  const group = groupOf(ctx);
+  const next = formAfter({ ...ctx, head: kv * group, batch: null }, of);
+  if (next && kindOf(next) === "norm") return normBackCell({ ...ctx, batch: null }, next, i, j, kv);
+  const heads = range(group).map((o) => kv * group + o);
+  const parts = heads.map((hh) => {
+    const cell = computeCell({ ...ctx, head: hh, batch: null }, of, i, j);
+    return cell && { name: GRAD_PREFIX + of, of, head: hh, ...cell };
+  });
+  if (parts.some((x) => x === undefined || typeof x.total !== "number")) return undefined;
+  if (group === 1) return parts[0]; // one query head per key/value head: its own, at the top level
+  return { kind: "kv-sum", kv, heads, parts, total: parts.reduce((m, x) => m + x.total, 0) };
+}
+
+/** The gradient of a q/k norm's weight (or bias) at [i][j] (a flat weight's [j]): Σ over the
+ * batch items, the heads its row serves and their rows of grad_<normed>[r][t] · x̂[r][t] (the
+ * bias's: grad_<normed>[r][t]), x̂ the normalised vector before the weight (normParts, normOf). */
+function normParamCell(ctx, side, what, i, j) {
+  const grad = ctx.data[GRAD_PREFIX + `${side}_norm_${what}`];
+  const named = formsOf(ctx, side).find((n) => kindOf(n) === "norm");
+  const dk = Number(ctx.data.d_k);
+  if (!named || !Array.isArray(grad) || !(dk > 0)) return undefined;
+  const flat = !Array.isArray(grad[0]);
+  const [row, t] = flat ? [Math.floor(j / dk), j % dk] : [i, j];
+  const rows = flat ? grad.length / dk : grad.length;
+  const h = ctx.endpoint === "multihead" ? Number(ctx.data.num_heads) : 1;
+  const heads = ctx.endpoint === "multihead" ? range(h) : [null];
+  const served = heads.filter((hh) => hh === null || Math.floor(hh / (h / rows)) === row);
+  const terms = [];
+  let zeroCentered = false;
+  for (const hh of served) {
+    const one = { ...ctx, head: hh, batch: null };
+    const made = pick(one, named, 3);
+    if (!Array.isArray(made)) return undefined;
+    const items = Array.isArray(made[0][0]) ? range(made.length) : [null];
+    for (const b of items) {
+      const here = { ...one, batch: b };
+      const g = pick(here, GRAD_PREFIX + named);
+      if (!Array.isArray(g)) return undefined;
+      for (let r = 0; r < g.length; r++) {
+        const parts = normParts(here, named, r);
+        if (parts === undefined) return undefined;
+        zeroCentered = parts.s.zeroCentered;
+        const n = normOf(parts.input.x, 0, { type: parts.s.type, eps: parts.s.eps });
+        const xhat = n.terms[parts.input.start + t].c / n.denom;
+        const a = g[r][t];
+        const value = what === "weight" ? a * xhat : a;
+        terms.push({ item: b, head: hh, c: r, a, b: xhat, value });
+      }
+    }
+  }
+  return {
+    kind: "norm-param-back",
+    side,
+    what,
+    named,
+    row,
+    t,
+    flat,
+    rows,
+    zeroCentered,
+    terms,
+    total: sum(terms),
+  };
+}
+
 /** The step the service states for gradient `grad` (its formula), or undefined. */
 export function stepOfGradient(ctx, grad) {
   const step = (ctx.data.steps || []).find((s) => s.name === grad);
@@ -309,8 +446,15 @@ export function gradientCell(ctx) {
     : { ...base, ...cell };
 }
 
+const NORM_PARAM = /^([qk])_norm_(weight|bias)$/;
+
 function computeCell(ctx, of, i, j) {
   if (of === "output") return dOCell(ctx, i, j);
+  const topKv = ctx.endpoint === "multihead" && ctx.head == null && PER_KV.has(of);
+  if (topKv && Array.isArray(ctx.data[GRAD_PREFIX + of])) return kvSummedCell(ctx, of, i, j);
+  if (of === "past_k" || of === "past_v") return pastCell(ctx, of.slice(-1), i, j);
+  const param = NORM_PARAM.exec(of);
+  if (param) return normParamCell(ctx, param[1], param[2], i, j);
   if (BLOCK.includes(of)) return blockCell(ctx, of, i, j); // /multihead's block
   const projected = projectionCell(ctx, of, i, j); // x, the weights and biases, the norm's γ, β
   if (projected) return projected;
