@@ -22,6 +22,7 @@
 // service's number and step): the norms' weights, MLA, the cache's own rows, RoPE with `past`.
 import { pick } from "./pick.js";
 import { BLOCK, blockCell, projectionCell } from "./backward-block.js";
+import { latentGradCell, latentOwns } from "./backward-latent.js";
 import { GRAD_PREFIX } from "./schema.js";
 import { formsOf, kindOf, lastForm, normOf, normParts, slotOf, temperatureOf } from "./layers.js";
 import {
@@ -311,6 +312,7 @@ export function gradientCell(ctx) {
 
 function computeCell(ctx, of, i, j) {
   if (of === "output") return dOCell(ctx, i, j);
+  if (latentOwns(ctx, of)) return latentGradCell(ctx, of, i, j); // MLA: lib/backward-latent.js
   if (BLOCK.includes(of)) return blockCell(ctx, of, i, j); // /multihead's block
   const projected = projectionCell(ctx, of, i, j); // x, the weights and biases, the norm's γ, β
   if (projected) return projected;
