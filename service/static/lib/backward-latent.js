@@ -264,7 +264,8 @@ function weightBack(ctx, of, i, j) {
   const [m, c] = bias ? [0, j] : [i, j];
   const terms = summed(ctx, rows, (b) => DROWS[spec.d](ctx, b), m, c);
   if (!terms) return undefined;
-  return { kind: "mla-weight", bias, a, d: spec.d, m, c, rope: d.kvRank, terms, total: sum(terms) };
+  const kind = bias ? "mla-bias" : "mla-weight";
+  return { kind, a, d: spec.d, m, c, kvRank: d.kvRank, nope: d.nope, terms, total: sum(terms) };
 }
 
 /** grad_<norm>_weight[u] = Σ_b Σ_r grad_c[r][u] · x̂[r][u]. */
@@ -333,15 +334,18 @@ function blockBack(ctx, of, i, j) {
   return BLOCK.includes(of) ? blockCell(seen, of, i, j) : projectionCell(seen, of, i, j);
 }
 
+/** A cell whose rows are the keys' tokens (the explanation says "key i"). */
+const keyRows = (cell) => cell && { ...cell, keyRows: true };
+
 // each gradient of an MLA answer this module computes: the array it is the gradient of → its cell
 const CELLS = {
   q_nope: (ctx, i, j) => part(ctx, "grad_q_rotated", i, j, 0),
   q_rope: (ctx, i, j) => part(ctx, "grad_q_rotated", i, j, dimsOf(ctx).nope),
-  k_nope: (ctx, i, j) => part(ctx, "grad_k_rotated", i, j, 0),
+  k_nope: (ctx, i, j) => keyRows(part(ctx, "grad_k_rotated", i, j, 0)),
   q: (ctx, i, j) => beforeRope(ctx, "q", i, j),
   k: (ctx, i, j) => beforeRope(ctx, "k", i, j),
-  k_rope: sharedKey,
-  c_kv: (ctx, i, j) => upBack(ctx, "c_kv", i, j),
+  k_rope: (ctx, i, j) => keyRows(sharedKey(ctx, i, j)),
+  c_kv: (ctx, i, j) => keyRows(upBack(ctx, "c_kv", i, j)),
   c_q: (ctx, i, j) => upBack(ctx, "c_q", i, j),
   kv_a_norm_weight: (ctx, i, j) => normWeightBack(ctx, "c_kv", j),
   q_a_norm_weight: (ctx, i, j) => normWeightBack(ctx, "c_q", j),
