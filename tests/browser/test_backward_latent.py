@@ -114,6 +114,9 @@ def test_every_mla_gradient_cell_is_computed_and_is_autograds(
         ]  # fmt: skip
     else:
         checks.append(("grad_w_q", None, None, 5, 3, grad("q_proj.weight")[3, 5], "q_proj.weight"))
+    if "kv_a_proj_with_mqa.bias" in params:  # the bias's table: each row's dC, times 1
+        bias = grad("kv_a_proj_with_mqa.bias")
+        checks.append(("grad_b_kv_a", None, None, 0, kv_rank + 1, bias[kv_rank + 1], "· 1"))
     for name, head, item, i, j, want, said in checks:
         _, total, text = _cell(page, data, body, name, head, item, i, j)
         assert total == pytest.approx(want, abs=BAR, rel=BAR), (name, i, j)

@@ -227,8 +227,8 @@ function summed(ctx, left, right, m, c) {
       d = right(b);
     if ((left && !a) || !d) return undefined;
     d.forEach((row, r) => {
-      const x = a ? a[r][m] : 1;
-      terms.push({ item: b, c: r, a: x, b: row[c], value: x * row[c] });
+      const [x, y] = a ? [a[r][m], row[c]] : [row[c], 1]; // a bias: the gradient, times 1
+      terms.push({ item: b, c: r, a: x, b: y, value: x * y });
     });
   }
   return terms;
