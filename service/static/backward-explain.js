@@ -4,7 +4,8 @@
 // again from the gradient after it and the forward's arrays), a table of the terms summed, and the
 // page's total beside the service's; "← how … was computed" walks to the gradient it came from
 // where that is the same cell (dS from dP, each score's gradient from the next's). A gradient the
-// page does not compute yet (MLA) says so and shows the service's number and step.
+// page does not compute yet says so and shows the service's number and step; MLA's (the
+// latents, the shared key, Q's and K's parts, their weights) are lib/backward-latent.js's.
 import { gradientCell, isGradient } from "./lib/backward.js";
 import { cellTitle, el, fmt, table, totalLine } from "./lib/explain-parts.js";
 import { slotOf } from "./lib/layers.js";
@@ -12,7 +13,7 @@ import { slotOf } from "./lib/layers.js";
 export { isGradient };
 
 const DONE =
-  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the q/k norms' weights and biases, the new keys' and values' with past and the cache's own (grad_past_k, grad_past_v), a key/value head's gradient as its query heads' summed, the gate's product (grad_concat, grad_gate), /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients)";
+  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the q/k norms' weights and biases, the new keys' and values' with past and the cache's own (grad_past_k, grad_past_v), a key/value head's gradient as its query heads' summed, the gate's product (grad_concat, grad_gate), /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients), and MLA's (Q's and K's nope and rope parts, RoPE's transpose in DeepSeek's layout, the shared key summed over the heads, the latents' up-projections and RMS norms, their weights, grad_x)";
 
 /** Whose cell it is: query i → key j for a map of the scores or the weights, else the row's
  * token and the feature. */
@@ -25,7 +26,8 @@ function who(ctx, r) {
   if (slot === "scores" || slot === "weights")
     return `query ${i}${said(tokens, i)} → key ${j}${said(keys, j)}`;
   const side = slot ?? r.of;
-  const keyRow = side === "k" || side === "v" || side === "past_k" || side === "past_v";
+  const keyRow =
+    r.keyRows || side === "k" || side === "v" || side === "past_k" || side === "past_v";
   return `${keyRow ? "key" : "query"} ${i}${said(keyRow ? keys : tokens, i)}, feature ${j}`;
 }
 
@@ -62,6 +64,38 @@ function rowTerms(box, head, list) {
       list.map((x) => [row(x), fmt(x.a), fmt(x.b), fmt(x.value)]),
     ),
   );
+}
+
+// MLA: what each part's columns are (mla-part), the module whose weight a gradient is, what d is
+const MLA_PART = {
+  q_nope:
+    "Q = [q_nope | q_rope]: the scores read the head's q_nope (its first nope features) and q_rope (its last r) side by side, so each part's gradient is its columns of grad_q_rotated.",
+  q_rope:
+    "Q = [q_nope | q_rope]: q_rope is Q's last r columns, so its gradient is those columns of grad_q_rotated (RoPE's transpose takes it back to grad_q).",
+  k_nope:
+    "K = [k_nope | k_rope]: k_nope is the head's first nope columns of K, so its gradient is those columns of grad_k_rotated.",
+  rotated:
+    "RoPE turns only the rope features: the nope features before RoPE are those after it, so their gradient passes unchanged.",
+};
+const MLA_MODULE = {
+  grad_w_kv_b: "kv_b_proj",
+  grad_w_kv_a: "kv_a_proj_with_mqa",
+  grad_w_q_a: "q_a_proj",
+  grad_b_kv_a: "kv_a_proj_with_mqa",
+  grad_b_q_a: "q_a_proj",
+};
+const MLA_D = {
+  "d[k_nope | V]": () => "d[k_nope | V] = each head's [grad_k_nope | grad_v] side by side",
+  grad_q: () => "grad_q = each head's grad_q (before RoPE) side by side",
+  dC: (r) =>
+    `dC = kv_a_proj_with_mqa's output gradient: column c < ${r.kvRank} (kv_lora_rank) kv_a_layernorm's RMS backward of grad_c_kv, (g − x̂ · mean(g · x̂)) / σ with g = w ∘ grad_c_kv; column ${r.kvRank} + t the shared key's dk_pe[i][t] = Σ_h grad_k_h[i][${r.nope} + t] (before RoPE)`,
+  dz_q: () =>
+    "dz_q = q_a_layernorm's RMS backward of grad_c_q: (g − x̂ · mean(g · x̂)) / σ with g = w ∘ grad_c_q",
+};
+
+/** What an MLA weight's gradient d is, as a formula line. */
+function mlaD(r, f) {
+  f(MLA_D[r.d](r));
 }
 
 // each kind's lines: f a formula line, note a remark
@@ -405,6 +439,137 @@ const LINES = {
     );
     rowTerms(box, ["i", `grad_layer_norm[i][${j}]`, `x̂[i][${j}]`, "term"], r.terms);
   },
+  "mla-part"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    f(`${r.name}[${i}][${j}] = ${r.whole}[${i}][${r.col}] = ${fmt(r.total)}`);
+    note(MLA_PART[r.of] ?? MLA_PART.rotated);
+  },
+  "mla-rope-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const g = (c) => `${r.whole}[${i}][${r.nope + c}]`;
+    const [a, b] = [g(r.pair), g(r.half + r.pair)];
+    const member = r.first ? "first" : "second";
+    f(
+      `${r.name}[${i}][${j}]: rope feature t = ${j} − ${r.nope} = ${r.t}, the ${member} member of pair ${r.pair}, turned back by −φ (RoPE's transpose)`,
+    );
+    f(
+      r.interleaved
+        ? `interleaved: pair ${r.pair} turned features (${2 * r.pair}, ${2 * r.pair + 1}); DeepSeek's layout returned its first member at rope column ${r.pair} and its second at ${r.half} + ${r.pair}`
+        : `half: pair ${r.pair} turned features (${r.pair}, ${r.half + r.pair}), rope columns ${r.pair} and ${r.half} + ${r.pair}`,
+    );
+    f(r.first ? `= ${a} · cos φ + ${b} · sin φ` : `= ${b} · cos φ − ${a} · sin φ`);
+    const gain = r.gain === 1 ? "" : ` (× the gain ${fmt(r.gain)})`;
+    f(`φ = ${fmt(r.phi)} at position ${r.pos}; cos φ = ${fmt(r.c)}, sin φ = ${fmt(r.s)}${gain}`);
+    f(
+      r.first
+        ? `= ${fmt(r.a)} · ${fmt(r.c)} + ${fmt(r.b)} · ${fmt(r.s)}`
+        : `= ${fmt(r.b)} · ${fmt(r.c)} − ${fmt(r.a)} · ${fmt(r.s)}`,
+    );
+    if (r.side === "k")
+      note(
+        "Each head reads the one shared key k_pe: this head's grad_k holds the gradient of its copy; the heads' copies summed are k_pe's gradient (what kv_a_proj_with_mqa's last columns get).",
+      );
+  },
+  "mla-shared-key"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    f(
+      `${r.name}[${i}][${j}] = Σ_h grad_k_rotated_h[${i}][${r.col}]  (K_h = [k_nope_h | k_rope]: k_rope's feature ${j} is column ${r.col} of every head's K)`,
+    );
+    box.append(
+      table(
+        ["h", `grad_k_rotated_h[${i}][${r.col}]`],
+        r.terms.map((x) => [String(x.c), fmt(x.a)]),
+      ),
+    );
+    note(
+      "MLA caches one rotated key per token, shared by every head: the loss moves it through each head's scores, so its gradient is the heads' summed.",
+    );
+  },
+  "mla-up"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const kv = r.which === "c_kv";
+    const W = kv ? "W_kvb" : "W_qb";
+    const d = kv ? "d[k_nope | V]" : "dQ";
+    f(
+      `${r.name}[${i}][${j}] = Σ_col ${d}[${i}][col] · ${W}[col][${j}]  (${W} = ${kv ? "kv_b_proj" : "q_b_proj"}.weight, out_in)`,
+    );
+    f(
+      `${d}[${i}] = ${kv ? "each head's [grad_k_nope_h | grad_v_h]" : "each head's grad_q_h (before RoPE)"}[${i}] side by side: col = h·${r.per} + c`,
+    );
+    terms(box, ["col", `${d}[${i}][col]`, `${W}[col][${j}]`, "product"], r.terms);
+    note(
+      kv
+        ? "c_kv W_kvbᵀ makes every head's k_nope and V from the one latent; its transpose takes their gradients back to it (grad_c_kv = [grad_k_nope; grad_v] W_kvb by head)."
+        : "c_q W_qbᵀ makes every head's query; its transpose takes their gradients back to the latent.",
+    );
+  },
+  "mla-weight"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const module = MLA_MODULE[r.name] ?? (r.a === "x" ? "q_proj" : "q_b_proj");
+    f(
+      `${r.name}[${i}][${j}] = Σ_i ${r.a}[i][${r.m}] · ${r.d}[i][${r.c}], summed over the tokens and batch items (in_out: ${module}.weight[${r.c}][${r.m}]'s gradient)`,
+    );
+    mlaD(r, f);
+    rowTerms(box, ["i", `${r.a}[i][${r.m}]`, `${r.d}[i][${r.c}]`, "product"], r.terms);
+    note(
+      "The weights' gradients are the service's grad_w_… in in_out; grad_state_dict has them out_in.",
+    );
+  },
+  "mla-bias"(box, r, ctx, f) {
+    const { j } = ctx;
+    f(
+      `${r.name}[${j}] = Σ_i ${r.d}[i][${j}], summed over the tokens and batch items (the bias is added to every row)`,
+    );
+    mlaD(r, f);
+    rowTerms(box, ["i", `${r.d}[i][${j}]`, "· 1", "term"], r.terms);
+  },
+  "mla-norm-weight"(box, r, ctx, f, note) {
+    const { j } = ctx;
+    const norm = r.which === "c_kv" ? "kv_a_layernorm" : "q_a_layernorm";
+    f(
+      `${r.name}[${j}] = Σ_i grad_${r.which}[i][${j}] · x̂[i][${j}], summed over the tokens and batch items`,
+    );
+    f(
+      `x̂ = z / √(mean(z²) + eps): z the latent before ${norm} (${r.which === "c_kv" ? "the first kv_lora_rank features of x W_kvaᵀ + b" : "x W_qaᵀ + b"}), ${r.which} = x̂ ∘ w`,
+    );
+    rowTerms(box, ["i", `grad_${r.which}[i][${j}]`, `x̂[i][${j}]`, "product"], r.terms);
+    note(
+      `${r.which} = x̂ ∘ w: the weight multiplies each feature, so its gradient is the gradient times x̂.`,
+    );
+  },
+  "mla-x"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const parts = r.parts.map((p) => `Σ_c ${p.d}[${i}][c] · ${p.w}[c][${j}]`);
+    if (r.residual !== null) parts.push(`grad_residual[${i}][${j}]`);
+    f(`${r.name}[${i}][${j}] = ${parts.join(" + ")}`);
+    for (const n of r.norms) {
+      const d = n.which === "c_kv" ? "dC" : "dz_q";
+      f(
+        `${n.which === "c_kv" ? `dC[${i}][c < kv_lora_rank]` : `dz_q[${i}]`} = (g − x̂ · mean(g · x̂)) / σ, g = w ∘ grad_${n.which}[${i}], through ${n.which === "c_kv" ? "kv_a_layernorm" : "q_a_layernorm"}; σ = ${fmt(n.sigma)}, mean(g · x̂) = ${fmt(n.meanGX)}`,
+      );
+      box.append(
+        normTable(
+          ["t", `grad_${n.which}[${i}][t]`, "w[t]", "g[t]", "x̂[t]", "g[t] · x̂[t]"],
+          n.terms,
+          -1,
+        ),
+      );
+      if (d === "dC")
+        f(
+          `dC[${i}][kv_lora_rank + t] = dk_pe[${i}][t] = Σ_h grad_k_h[${i}][nope + t] = ${r.pe.map((x) => fmt(x)).join(", ")}`,
+        );
+    }
+    for (const p of r.parts) {
+      f(`${p.w}'s share: Σ_c ${p.d}[${i}][c] · ${p.w}[c][${j}] = ${fmt(p.total)}`);
+      terms(box, ["c", `${p.d}[${i}][c]`, `${p.w}[c][${j}]`, "product"], p.terms);
+    }
+    const sums = r.parts.map((p) => fmt(p.total));
+    if (r.residual !== null) sums.push(fmt(r.residual));
+    f(`= ${sums.join(" + ")}`);
+    note(
+      "x feeds MLA twice: kv_a_proj_with_mqa (the latent c_kv and the shared key k_pe) and the queries' projection; its gradient sums both shares.",
+    );
+  },
   unexplained(box, r, ctx, f, note) {
     note(
       `The page does not compute ${r.name} yet (it computes ${DONE}); the number is the service's.`,
@@ -414,7 +579,7 @@ const LINES = {
 };
 
 // a bias's or a norm weight's gradient: one row, its cells [j]
-const FLAT = new Set(["bias-back", "ln-param-back"]);
+const FLAT = new Set(["bias-back", "ln-param-back", "mla-bias", "mla-norm-weight"]);
 
 // the gradient a cell came from, cell for cell (the way back), by kind
 const BEFORE = {
@@ -439,7 +604,7 @@ export function explainGradient(ctx) {
   const flat = FLAT.has(r.kind) || r.flat === true;
   const box = el("section", "explain explain-gradient");
   box.append(cellTitle(`${r.name}${flat ? "" : `[${i}]`}[${j}]`, ctx));
-  if (!flat && r.kind !== "weight-back" && r.kind !== "norm-param-back")
+  if (!flat && !["weight-back", "norm-param-back", "mla-weight"].includes(r.kind))
     box.append(el("p", "explain-who", `${who(ctx, r)}: ∂loss/∂${r.of}[${i}][${j}]`));
   const f = (s) => box.append(el("p", "explain-formula", s));
   const note = (s) => box.append(el("p", "explain-note", s));

@@ -26,9 +26,11 @@
 //   then back through the norm, over the head or the key projection).
 // /multihead's block (W_o, the gate's product, the residual, the layer norm) and the projections
 // are lib/backward-block.js's. Not computed (the cell is "unexplained": the page shows the
-// service's number and step): MLA, a batched request's per key/value head arrays.
+// service's number and step): a batched request's per key/value head arrays. MLA's are
+// lib/backward-latent.js's.
 import { pick } from "./pick.js";
 import { BLOCK, blockCell, projectionCell } from "./backward-block.js";
+import { latentGradCell, latentOwns } from "./backward-latent.js";
 import { GRAD_PREFIX } from "./schema.js";
 import { formsOf, kindOf, lastForm, normOf, normParts, slotOf, temperatureOf } from "./layers.js";
 import {
@@ -450,6 +452,7 @@ const NORM_PARAM = /^([qk])_norm_(weight|bias)$/;
 
 function computeCell(ctx, of, i, j) {
   if (of === "output") return dOCell(ctx, i, j);
+  if (latentOwns(ctx, of)) return latentGradCell(ctx, of, i, j); // MLA: lib/backward-latent.js
   const topKv = ctx.endpoint === "multihead" && ctx.head == null && PER_KV.has(of);
   if (topKv && Array.isArray(ctx.data[GRAD_PREFIX + of])) return kvSummedCell(ctx, of, i, j);
   if (of === "past_k" || of === "past_v") return pastCell(ctx, of.slice(-1), i, j);
