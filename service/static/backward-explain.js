@@ -13,7 +13,7 @@ import { slotOf } from "./lib/layers.js";
 export { isGradient };
 
 const DONE =
-  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the q/k norms' weights and biases, the new keys' and values' with past and the cache's own (grad_past_k, grad_past_v), a key/value head's gradient as its query heads' summed, the gate's product (grad_concat, grad_gate), /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients), and MLA's (Q's and K's nope and rope parts, RoPE's transpose in DeepSeek's layout, the shared key summed over the heads, the latents' up-projections and RMS norms, their weights, grad_x)";
+  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the q/k norms' weights and biases, the new keys' and values' with past and the cache's own (grad_past_k, grad_past_v), a key/value head's gradient as its query heads' summed, the gate's product (grad_concat, grad_gate), /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients), and MLA's (Q's and K's nope and rope parts, RoPE's transpose in DeepSeek's layout, the shared key summed over the heads, the latents' up-projections and RMS norms, their weights, grad_x); the projections' under PyTorch's, a state dict's or the heads' names too, with k_eq_v and a positional encoding, and the output gate's weights (grad_gate_w, grad_gate_b)";
 
 /** Whose cell it is: query i → key j for a map of the scores or the weights, else the row's
  * token and the feature. */
@@ -62,6 +62,47 @@ function rowTerms(box, head, list) {
     table(
       head,
       list.map((x) => [row(x), fmt(x.a), fmt(x.b), fmt(x.value)]),
+    ),
+  );
+}
+
+/** The name of a share of grad_x: d<side>'s, or the gate's dz. */
+const xShareName = (p) => (p.side === "gate" ? "dz" : `grad_${p.side}`);
+
+/** W_<side>[m][c] of a share of grad_x as its weight is stored (W_g out_in). */
+function xShareWeight(p, c, m) {
+  const W = p.side === "gate" ? "W_g" : `W_${p.side}`;
+  return p.layout === "out_in" ? `${W}[${c}][${m}]` : `${W}[${m}][${c}]`;
+}
+
+/** Where a weight's numbers come from, said. */
+function weightSource(p, ctx) {
+  const W = p.side === "gate" ? "W_g" : `W_${p.side}`;
+  const from = p.from;
+  if (from === "in_proj_weight")
+    return `${W} is in_proj_weight's ${p.side} rows (PyTorch packs q, k, v one after the other, out_in).`;
+  if (from === "heads")
+    return `${W} is the heads' own weights side by side (head n's columns n·d …).`;
+  if (from === "q_proj" || from === "q_proj.weight" || from === "q_proj_weight") {
+    if (p.side === "gate")
+      return "W_g is q_proj.weight's gate rows (gate: true: each head's d query rows, then its d gate rows).";
+    if (Array.isArray(ctx.data.gate))
+      return "W_q is q_proj.weight's query rows (each head's d query rows, then its d gate rows), out_in.";
+  }
+  if (from === "gate") return "W_g is gate.w as given (out_in).";
+  if (p.side === "v" && ctx.request.w_v === undefined && from !== "w_v" && from.includes("k"))
+    return `W_v is the keys' weight (${from}): k_eq_v, the values are the keys' projection.`;
+  if (from.startsWith("w_") || from === "identity") return `${W} is ${from} as given.`;
+  return `${W} is ${from} (a module's weight, out_in as PyTorch stores it).`;
+}
+
+/** The gate's terms: the input, grad_gate, gate, dz and their product, row by row. */
+function gateTerms(box, r, a) {
+  const row = (x) => (x.item === null || x.item === undefined ? String(x.c) : `${x.item}.${x.c}`);
+  box.append(
+    table(
+      ["i", a, `grad_gate[i][${r.c}]`, `gate[i][${r.c}]`, "dz", "product"],
+      r.terms.map((x) => [row(x), fmt(x.a), fmt(x.g), fmt(x.s), fmt(x.dz), fmt(x.value)]),
     ),
   );
 }
@@ -439,6 +480,101 @@ const LINES = {
     );
     rowTerms(box, ["i", `grad_layer_norm[i][${j}]`, `x̂[i][${j}]`, "term"], r.terms);
   },
+  "x-back-forms"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const parts = r.parts.map((p) => `Σ_c ${xShareName(p)}[${i}][c] · ${xShareWeight(p, "c", j)}`);
+    if (r.residual !== null) parts.push(`grad_residual[${i}][${j}]`);
+    f(`${r.name}[${i}][${j}] = ${parts.join(" + ")}`);
+    for (const p of r.parts) {
+      const w = xShareWeight(p, "c", j);
+      f(`${p.side}'s term: Σ_c ${xShareName(p)}[${i}][c] · ${w} = ${fmt(p.total)}`);
+      terms(box, ["c", `${xShareName(p)}[${i}][c]`, w, "product"], p.terms);
+    }
+    const sums = r.parts.map((p) => fmt(p.total));
+    if (r.residual !== null) sums.push(fmt(r.residual));
+    f(`= ${sums.join(" + ")}`);
+    for (const p of r.parts) note(weightSource(p, ctx));
+    if (r.parts.some((p) => p.side === "gate"))
+      note(
+        "The gate reads x too: gate = sigmoid(x W_gᵀ + b_g), so x gets dz W_g with dz = grad_gate ∘ gate ∘ (1 − gate), the sigmoid's derivative.",
+      );
+    if (ctx.data.x_in !== undefined)
+      note(
+        "The projections read x_in = x + the positional encoding; the encoding is a constant, so x's gradient is x_in's.",
+      );
+    if (r.residual !== null)
+      note("residual = x + projected: x gets the residual's gradient as well as the projections'.");
+  },
+  "weight-back-forms"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const out = r.side === "o";
+    const W = `W_${r.side}`;
+    const reads = r.reads.map((s) => (out ? "grad_projected" : `grad_${s}`));
+    const sumOf = reads.map((d) => `${r.x}[i][${r.m}] · ${d}[i][${r.c}]`).join(" + ");
+    f(
+      `${r.name}[${i}][${j}] = ∂loss/∂${W}[${r.m}][${r.c}] = Σ_i (${sumOf}), summed over the tokens and batch items (the gradient in_out: [${r.m}][${r.c}])`,
+    );
+    for (const read of r.reads) {
+      const d = out ? "grad_projected" : `grad_${read}`;
+      if (r.reads.length > 1)
+        f(
+          `${read === r.side ? "its own read" : "the values' read"}: Σ_i ${r.x}[i][${r.m}] · ${d}[i][${r.c}]`,
+        );
+      rowTerms(
+        box,
+        ["i", `${r.x}[i][${r.m}]`, `${d}[i][${r.c}]`, "product"],
+        r.terms.filter((x) => x.read === read),
+      );
+    }
+    note(weightSource(r, ctx));
+    if (r.reads.length > 1)
+      note(
+        "k_eq_v: the values are the keys' projection, one weight read twice, so its gradient is the two reads' summed (there is no grad_w_v).",
+      );
+    if (r.x === "x_in")
+      note(
+        "x_in = x + the positional encoding: the projections read it, so their weights' gradients are summed against it, not x.",
+      );
+    if (!out && ctx.endpoint === "multihead")
+      note("grad_q … are the heads' side by side (a key/value head's: its query heads' summed).");
+  },
+  "bias-back-forms"(box, r, ctx, f, note) {
+    const { j } = ctx;
+    const reads = r.reads.map((s) => (r.side === "o" ? "grad_projected" : `grad_${s}`));
+    f(
+      `${r.name}[${j}] = Σ_i ${reads.map((d) => `${d}[i][${j}]`).join(" + ")}, summed over the tokens and batch items (b is added to every row)`,
+    );
+    for (const read of r.reads) {
+      const d = r.side === "o" ? "grad_projected" : `grad_${read}`;
+      rowTerms(
+        box,
+        ["i", `${d}[i][${j}]`, "· 1", "term"],
+        r.terms.filter((x) => x.read === read),
+      );
+    }
+    if (r.reads.length > 1)
+      note(
+        "k_eq_v: the values are the keys' projection, so the key bias gets the values' gradient too.",
+      );
+  },
+  "gate-w-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    f(
+      `${r.name}[${i}][${j}] = ∂loss/∂W_g[${r.c}][${r.m}] = Σ_i ${r.x}[i][${r.m}] · dz[i][${r.c}], dz = grad_gate ∘ gate ∘ (1 − gate), summed over the tokens and batch items`,
+    );
+    gateTerms(box, r, `${r.x}[i][${r.m}]`);
+    note(
+      "gate = sigmoid(x W_gᵀ + b_g): back through the sigmoid the gradient is times gate · (1 − gate); W_g is out_in as gate.w is given, [h·d_v][d_model], and so is its gradient.",
+    );
+  },
+  "gate-b-back"(box, r, ctx, f, note) {
+    const { j } = ctx;
+    f(
+      `${r.name}[${j}] = Σ_i dz[i][${j}], dz = grad_gate ∘ gate ∘ (1 − gate), summed over the tokens and batch items`,
+    );
+    gateTerms(box, r, "1");
+    note("b_g is added to every row before the sigmoid: its gradient is dz summed over the rows.");
+  },
   "mla-part"(box, r, ctx, f, note) {
     const { i, j } = ctx;
     f(`${r.name}[${i}][${j}] = ${r.whole}[${i}][${r.col}] = ${fmt(r.total)}`);
@@ -579,7 +715,23 @@ const LINES = {
 };
 
 // a bias's or a norm weight's gradient: one row, its cells [j]
-const FLAT = new Set(["bias-back", "ln-param-back", "mla-bias", "mla-norm-weight"]);
+const FLAT = new Set([
+  "bias-back",
+  "ln-param-back",
+  "mla-bias",
+  "mla-norm-weight",
+  "bias-back-forms",
+  "gate-b-back",
+]);
+
+// a weight's gradient: its cells are no token's
+const WEIGHTS = new Set([
+  "weight-back",
+  "norm-param-back",
+  "mla-weight",
+  "weight-back-forms",
+  "gate-w-back",
+]);
 
 // the gradient a cell came from, cell for cell (the way back), by kind
 const BEFORE = {
@@ -604,7 +756,7 @@ export function explainGradient(ctx) {
   const flat = FLAT.has(r.kind) || r.flat === true;
   const box = el("section", "explain explain-gradient");
   box.append(cellTitle(`${r.name}${flat ? "" : `[${i}]`}[${j}]`, ctx));
-  if (!flat && !["weight-back", "norm-param-back", "mla-weight"].includes(r.kind))
+  if (!flat && !WEIGHTS.has(r.kind))
     box.append(el("p", "explain-who", `${who(ctx, r)}: ∂loss/∂${r.of}[${i}][${j}]`));
   const f = (s) => box.append(el("p", "explain-formula", s));
   const note = (s) => box.append(el("p", "explain-note", s));

@@ -16,36 +16,74 @@
 //   grad_w_q [m][c] = Σ_b Σ_i x[i][m] · dQ[i][c]; grad_b_q[c] = Σ_b Σ_i dQ[i][c]
 // dQ, dK, dV the heads' grad_q … side by side (a key/value head's: the query heads' sharing it,
 // summed). Weights in the request's weight_layout (out_in: W[m][c] is stored [c][m], and so is its
-// gradient); generated ones in_out. Not here (undefined: the page shows the service's number):
-// the gate, `past`, MLA, a positional encoding under the weights' gradients, weights given in
-// another form (in_proj_weight, per head, a state dict).
+// gradient); generated ones in_out; under other names (weightOf) as the service reads them:
+// PyTorch's in_proj_weight (rows q, k, v) and out_proj_weight, the state dict's q_proj.weight …
+// o_proj.weight (BERT's self.query.weight …, output.dense.weight), always out_in, their
+// gradients in_out; the per-head `heads` (each head's columns, in weight_layout); with gate: true
+// q_proj.weight's query rows (each head's d query rows, then its d gate rows). And:
+//   the gate (gate = sigmoid(x W_gᵀ + b_g), W_g out_in), dz = grad_gate ∘ gate ∘ (1 − gate):
+//   grad_gate_w[c][m] = Σ_b Σ_i x[i][m] · dz[i][c]; grad_gate_b[c] = Σ_b Σ_i dz[i][c];
+//   grad_x's gate share Σ_c dz[i][c] · W_g[c][m]
+//   k_eq_v: the values are the keys' projection: W_v is W_k, grad_w_k = Σ x · (dK + dV)
+//   positional_encoding: the projections (and the gate) read x_in = x + PE, not x
+//   output.LayerNorm.weight/.bias: the layer norm's γ and β; its eps the request's or the config's
+//   (the answer's conventions.config names the key)
+// Not here (undefined: the page shows the service's number): `past`, MLA (or a config that makes
+// it), the clamp, fused projections (qkv_proj.weight, query_key_value.weight, Wqkv.weight,
+// c_attn.weight and c_proj.weight).
 import { pick } from "./pick.js";
-import { normOf } from "./layers.js";
+import { gateWeights, normOf } from "./layers.js";
 import { weightAt } from "./projection.js";
 
 /** The block's arrays in the forward's order. */
 export const BLOCK = ["concat", "gated", "projected", "residual", "layer_norm", "gate"];
 const SIDES = ["q", "k", "v"];
 const PARAMS = new Set(["w_o", "b_o", "ln_gamma", "ln_beta"]);
-// request fields whose backward (or whose weights) this is not: the gate, a cache, MLA, the clamp,
-// shared k and v, a model's config, the per-head weights, a layer norm's weights by its module's
-// name
+// request fields whose backward this is not: a cache, MLA, the clamp, fused projections (their
+// unpacking is the service's)
 const AWAY = [
   "past",
   "mla",
   "clip_qkv",
-  "k_eq_v",
-  "config",
-  "heads",
-  "output_layer_norm_weight",
-  "output_layer_norm_bias",
+  "qkv_proj.weight",
+  "qkv_proj_weight",
+  "query_key_value.weight",
+  "query_key_value_weight",
+  "Wqkv.weight",
+  "Wqkv_weight",
+  "wqkv_weight",
+  "c_attn.weight",
+  "c_attn_weight",
 ];
-// W_o under its other names: without any, W_o is the identity (api.md: w_o's default)
-const W_O_FIELDS = ["w_o", "out_proj_weight", "o_proj_weight", "c_proj_weight"];
+// each projection's weight under a module's names (service/wire/schemas/requests.py: the state
+// dict's, nn.MultiheadAttention's, BERT's), always out_in
+const NAMES = {
+  q: ["q_proj.weight", "q_proj_weight", "self.query.weight", "query.weight", "q.weight"],
+  k: ["k_proj.weight", "k_proj_weight", "self.key.weight", "key.weight", "k.weight"],
+  v: ["v_proj.weight", "v_proj_weight", "self.value.weight", "value.weight", "v.weight"],
+  o: [
+    "out_proj_weight",
+    "out_proj.weight",
+    "o_proj.weight",
+    "o_proj_weight",
+    "dense.weight",
+    "output.dense.weight",
+    "o.weight",
+  ],
+};
+// BERT's output.LayerNorm: the layer norm's γ and β
+const LN_NAMES = {
+  gamma: ["output.LayerNorm.weight", "output_LayerNorm_weight"],
+  beta: ["output.LayerNorm.bias", "output_LayerNorm_bias"],
+};
 
 const sum = (terms) => terms.reduce((s, x) => s + x.value, 0);
 const depth = (a) => (Array.isArray(a) ? 1 + depth(a[0]) : 0);
-const away = (ctx) => AWAY.some((f) => ctx.request[f] !== undefined && ctx.request[f] !== false);
+/** Whether the answer's backward is not this file's: a field of AWAY, or MLA from a config. */
+const away = (ctx) =>
+  AWAY.some((f) => ctx.request[f] !== undefined && ctx.request[f] !== false) ||
+  Array.isArray(ctx.data.c_kv);
+const given = (request, names) => names.find((n) => Array.isArray(request[n]));
 
 /** The batch items of the answer (null: not batched), by the depth of `name`. */
 function items(ctx, name, rank = 2) {
@@ -65,11 +103,30 @@ function afterIn(ctx, name) {
   return h[h.indexOf(name) + 1];
 }
 
-/** The layer norm's settings: eps and γ (1 when not given). */
+/** The layer norm's settings: eps and γ (1 when not given), from layer_norm or BERT's
+ * output.LayerNorm.weight; eps the request's, else the config's key the answer's
+ * conventions.config names, else 1e-5 (LayerNormOptions' default). */
 function lnSettings(ctx, width) {
-  const ln = ctx.request.layer_norm;
-  const o = ln && typeof ln === "object" ? ln : {};
-  return { eps: Number(o.eps ?? 1e-5), gamma: o.gamma ?? Array(width).fill(1), beta: o.beta };
+  const r = ctx.request;
+  const o = r.layer_norm && typeof r.layer_norm === "object" ? r.layer_norm : {};
+  const named = (side) => {
+    const n = given(r, LN_NAMES[side]);
+    return n && r[n];
+  };
+  const gamma = o.gamma ?? named("gamma") ?? Array(width).fill(1);
+  return { eps: Number(o.eps ?? configEps(ctx) ?? 1e-5), gamma, beta: o.beta ?? named("beta") };
+}
+
+/** The layer norm's eps from the request's config, where the answer's conventions.config says
+ * it came from ("layer_norm_eps"); undefined when it names none. */
+function configEps(ctx) {
+  const from = ((ctx.data.conventions || {}).config || {})["layer_norm.eps"];
+  if (ctx.request.config == null || typeof from !== "string") return undefined;
+  const value = from
+    .split(" ")[0]
+    .split(".")
+    .reduce((o, k) => (o && typeof o === "object" ? o[k] : undefined), ctx.request.config);
+  return typeof value === "number" ? value : undefined;
 }
 
 /** x̂ and σ of row z (normOf's, γ and β left out). */
@@ -101,7 +158,7 @@ function lnBack(ctx, before, i, t) {
 
 /** grad_concat[i][c] = Σ_o dY[i][o] · W_o[c][o]. */
 function concatBack(ctx, i, c) {
-  const w = weightOf(ctx, "w_o"),
+  const w = weightOf(ctx, "o"),
     dy = pick(ctx, "grad_projected");
   if (!w || !dy) return undefined;
   const terms = dy[i].map((d, o) => {
@@ -157,25 +214,84 @@ function lastCell(ctx, i, j) {
   return { kind: "dO", total: a[i][j] };
 }
 
-/** A weight and its layout: the request's (in weight_layout) or the generated one (in_out). */
-function weightOf(ctx, field) {
-  const given = ctx.request[field];
-  if (Array.isArray(given)) return { m: given, layout: ctx.request.weight_layout ?? "in_out" };
+/** W_<side> (q, k, v, o) as the page reads it: {m, layout, grad, from}: m read by weightAt in
+ * `layout`, `grad` the layout of its gradient in the answer (the request's weight_layout for a
+ * w_<side> given, else in_out), `from` where it came from. The request's w_<side>, a module's
+ * name, in_proj_weight's rows, the heads' columns, the generated one; W_o the identity when not
+ * given; W_v is W_k under k_eq_v. */
+function weightOf(ctx, side) {
+  if (side === "v" && kEqV(ctx)) return weightOf(ctx, "k");
+  const r = ctx.request,
+    field = "w_" + side;
+  if (Array.isArray(r[field])) {
+    const layout = r.weight_layout ?? "in_out";
+    return { m: r[field], layout, grad: layout, from: field };
+  }
+  const named = given(r, NAMES[side]);
+  if (named)
+    return { m: queryRows(ctx, side, r[named]), layout: "out_in", grad: "in_out", from: named };
+  const other = side === "o" ? undefined : packedOf(ctx, side);
+  if (other) return other;
   const made = ctx.data[field];
-  if (Array.isArray(made)) return { m: made, layout: "in_out" };
-  const namedO = W_O_FIELDS.some((f) => ctx.request[f] !== undefined);
-  return field === "w_o" && !namedO ? { m: null, layout: "identity" } : undefined;
+  if (Array.isArray(made)) return { m: made, layout: "in_out", grad: "in_out", from: field };
+  const namedO = ["c_proj.weight", "c_proj_weight"].some((f) => r[f] !== undefined);
+  return side === "o" && !namedO
+    ? { m: null, layout: "identity", grad: "in_out", from: "identity" }
+    : undefined;
 }
 
-/** The rows a projection read for batch item b: x, or the context for k and v in
- * cross-attention. */
+/** Whether the values are the keys' projection (k_eq_v, or a config's attention_k_eq_v). */
+function kEqV(ctx) {
+  if (ctx.request.k_eq_v === true) return true;
+  const said = ((ctx.data.conventions || {}).config || {}).k_eq_v;
+  return ctx.request.config != null && said !== undefined && !Array.isArray(ctx.data.grad_w_v);
+}
+
+/** Whether the answer has the output gate (gate: {w, b}, gate: true, or a config's). */
+const gated = (ctx) => Array.isArray(ctx.data.gate);
+
+/** q_proj.weight's query rows under gate: true (each head's d query rows, then its d gate
+ * rows); any other weight as it is. */
+function queryRows(ctx, side, m) {
+  const g = ctx.request.gate;
+  if (side !== "q" || !gated(ctx) || (g && typeof g === "object")) return m;
+  const h = Number(ctx.data.num_heads ?? ctx.request.num_heads);
+  const d = m.length / (2 * h);
+  return m.filter((_, row) => row % (2 * d) < d);
+}
+
+/** W_<side> from PyTorch's in_proj_weight (rows q, k, v, each d_model, out_in) or the heads'
+ * own weights (head n's columns n·d …, in weight_layout), or undefined. */
+function packedOf(ctx, side) {
+  const r = ctx.request;
+  const at = SIDES.indexOf(side);
+  if (Array.isArray(r.in_proj_weight)) {
+    const n = r.in_proj_weight.length / 3;
+    const m = r.in_proj_weight.slice(at * n, (at + 1) * n);
+    return { m, layout: "out_in", grad: "in_out", from: "in_proj_weight", row0: at * n };
+  }
+  if (!Array.isArray(r.heads)) return undefined;
+  const layout = r.weight_layout ?? "in_out";
+  const each = r.heads.map((hd) => hd["w_" + side]);
+  const m =
+    layout === "out_in"
+      ? each.flat(1) // [d][d_model] per head: rows stacked
+      : each[0].map((_, t) => each.flatMap((w) => w[t])); // [d_model][d]: columns side by side
+  return { m, layout, grad: "in_out", from: "heads" };
+}
+
+/** The rows a projection (or the gate) read for batch item b: x (x_in = x + PE when the answer
+ * has it), or the context for k and v in cross-attention. */
 function inputOf(ctx, side, b) {
-  const field = side !== "q" && hasContext(ctx) ? "context" : "x";
-  const given = ctx.request[field];
-  const a = Array.isArray(given) ? given : ctx.data[field];
+  const field = side !== "q" && side !== "gate" && hasContext(ctx) ? "context" : inputName(ctx);
+  const sent = field === "x_in" ? undefined : ctx.request[field];
+  const a = Array.isArray(sent) ? sent : ctx.data[field];
   if (!Array.isArray(a)) return undefined;
   return depth(a) > 2 ? a[b ?? 0] : a;
 }
+
+/** What the projections read: x_in (x after the positional encoding) where the answer has it. */
+const inputName = (ctx) => (ctx.data.x_in !== undefined ? "x_in" : "x");
 
 const hasContext = (ctx) => Array.isArray(ctx.request.context) || Array.isArray(ctx.data.context);
 
@@ -208,26 +324,85 @@ function byKvHead(a, b) {
   return each[0].map((_, i) => each.map((g) => g[i]).flat());
 }
 
-/** grad_x[i][m] = Σ_side Σ_c d<side>[i][c] · W_<side>[m][c] (+ grad_residual[i][m]). */
+/** grad_x[i][m] = Σ_side Σ_c d<side>[i][c] · W_<side>[m][c] (+ the gate's share Σ_c dz[i][c] ·
+ * W_g[c][m]) (+ grad_residual[i][m]). Kind "x-back" with the request's w_q … (or generated
+ * ones), "x-back-forms" with weights under other names, k_eq_v, x + PE or the gate. */
 function xBack(ctx, i, m) {
-  if (Array.isArray(ctx.data.gate)) return undefined; // the gate's share (through the sigmoid)
   const sides = hasContext(ctx) ? ["q"] : SIDES;
   const parts = [];
   for (const side of sides) {
-    const w = weightOf(ctx, "w_" + side),
+    const w = weightOf(ctx, side),
       d = sideGrad(ctx, side, ctx.batch ?? null);
     if (!w || !d) return undefined;
     const terms = d[i].map((g, c) => {
       const wv = weightAt(w.layout, w.m, m, c);
       return { c, a: g, b: wv, value: g * wv };
     });
-    parts.push({ side, layout: w.layout, terms, total: sum(terms) });
+    parts.push({ side, layout: w.layout, from: w.from, terms, total: sum(terms) });
   }
-  const res =
-    ctx.endpoint === "multihead" && ctx.request.residual ? pick(ctx, "grad_residual") : null;
+  if (gated(ctx)) {
+    const share = gateShare(ctx, i, m);
+    if (!share) return undefined;
+    parts.push(share);
+  }
+  const res = held(ctx).includes("residual") ? pick(ctx, "grad_residual") : null;
   const residual = Array.isArray(res) ? res[i][m] : null;
   const total = parts.reduce((s, p) => s + p.total, 0) + (residual ?? 0);
-  return { kind: "x-back", parts, residual, total };
+  const plain = parts.every((p) => p.from === "w_" + p.side) && inputName(ctx) === "x";
+  return { kind: plain && !kEqV(ctx) ? "x-back" : "x-back-forms", parts, residual, total };
+}
+
+/** dz = grad_gate ∘ gate ∘ (1 − gate) for batch item b: the gate's gradient back through the
+ * sigmoid, what W_g and b_g get. */
+function gateDz(ctx, b) {
+  const g = at(ctx, "grad_gate", b),
+    gate = at(ctx, "gate", b);
+  if (!Array.isArray(g) || !Array.isArray(gate)) return undefined;
+  return g.map((row, r) =>
+    row.map((x, c) => ({ g: x, s: gate[r][c], value: x * gate[r][c] * (1 - gate[r][c]) })),
+  );
+}
+
+/** The gate's weights as gateWeights reads them (gate: true under a config as well). */
+function gateOf(ctx) {
+  const g = ctx.request.gate;
+  const request = g === undefined ? { ...ctx.request, gate: true } : ctx.request;
+  return gated(ctx) ? gateWeights({ ...ctx, request }) : undefined;
+}
+
+/** grad_x's share from the gate: Σ_c dz[i][c] · W_g[c][m] (W_g out_in). */
+function gateShare(ctx, i, m) {
+  const w = gateOf(ctx),
+    dz = gateDz(ctx, ctx.batch ?? null);
+  if (!w || !dz) return undefined;
+  const terms = dz[i].map((z, c) => ({ c, a: z.value, b: w.w[c][m], value: z.value * w.w[c][m] }));
+  return { side: "gate", layout: "out_in", from: w.field, terms, total: sum(terms) };
+}
+
+/** grad_gate_w[c][m] = Σ_b Σ_i x[i][m] · dz[i][c] (out_in, as gate.w); grad_gate_b[c] =
+ * Σ_b Σ_i dz[i][c]; x the rows the gate read (x_in with a positional encoding). */
+function gateParamBack(ctx, field, i, j) {
+  const bias = field === "gate_b";
+  const [c, m] = bias ? [j, 0] : [i, j];
+  const terms = [];
+  for (const b of items(ctx, "gate")) {
+    const x = inputOf(ctx, "gate", b),
+      dz = gateDz(ctx, b);
+    if (!x || !dz) return undefined;
+    dz.forEach((row, r) => {
+      const z = row[c];
+      const a = bias ? 1 : x[r][m];
+      terms.push({ item: b, c: r, a, g: z.g, s: z.s, dz: z.value, value: a * z.value });
+    });
+  }
+  return {
+    kind: bias ? "gate-b-back" : "gate-w-back",
+    m,
+    c,
+    x: inputName(ctx),
+    terms,
+    total: sum(terms),
+  };
 }
 
 const SUMMED = {
@@ -238,29 +413,43 @@ const SUMMED = {
 /** What W_o reads: the concat, or with the gate the gated concat. */
 const gatedName = (ctx) => (Array.isArray(ctx.data.gated) ? "gated" : "concat");
 
-/** A weight's or a bias's gradient: Σ over batch items and rows of input · gradient. */
+/** The projections' outputs whose gradients W_<side> gets: its own, and under k_eq_v W_k the
+ * values' too (one parameter read twice). */
+const readsOf = (ctx, side) => (side === "k" && kEqV(ctx) ? ["k", "v"] : [side]);
+
+/** A weight's or a bias's gradient: Σ over batch items and rows of input · gradient. Kind
+ * "weight-back"/"bias-back" with the request's w_q … (or generated ones), "weight-back-forms" and
+ * "bias-back-forms" with weights under other names, k_eq_v's two reads, or x + PE. */
 function paramBack(ctx, field, i, j) {
   const [what, side] = field.split("_");
   const out = side === "o";
   if (!out && !SIDES.includes(side)) return undefined;
-  if (ctx.request.positional_encoding && what === "w") return undefined; // x + PE is not x
-  const w = weightOf(ctx, "w_" + side);
+  if (side === "v" && kEqV(ctx)) return undefined; // no grad_w_v: W_k's holds both reads
+  const w = weightOf(ctx, side);
   if (!w) return undefined;
   // [m][c] of W (input feature m, output column c), stored [c][m] when out_in; a bias's [c]
-  const [m, c] = what === "b" ? [0, j] : w.layout === "out_in" ? [j, i] : [i, j];
+  const [m, c] = what === "b" ? [0, j] : w.grad === "out_in" ? [j, i] : [i, j];
+  const reads = out ? ["o"] : readsOf(ctx, side);
   const terms = [];
-  for (const b of items(ctx, out ? gatedName(ctx) : "grad_x")) {
-    const x = out ? at(ctx, gatedName(ctx), b) : inputOf(ctx, side, b);
-    const g = out ? at(ctx, "grad_projected", b) : sideGrad(ctx, side, b);
-    if (!x || !g) return undefined;
-    g.forEach((row, r) => terms.push({ item: b, c: r, ...SUMMED[what](x[r], row, m, c) }));
-  }
+  for (const read of reads)
+    for (const b of items(ctx, out ? gatedName(ctx) : "grad_x")) {
+      const x = out ? at(ctx, gatedName(ctx), b) : inputOf(ctx, read, b);
+      const g = out ? at(ctx, "grad_projected", b) : sideGrad(ctx, read, b);
+      if (!x || !g) return undefined;
+      g.forEach((row, r) => terms.push({ item: b, c: r, read, ...SUMMED[what](x[r], row, m, c) }));
+    }
+  const plain = (w.from === "w_" + side || w.from === "identity") && reads.length === 1;
+  const kind = what === "b" ? "bias-back" : "weight-back";
   return {
-    kind: what === "b" ? "bias-back" : "weight-back",
+    kind: plain && (out || inputName(ctx) === "x") ? kind : kind + "-forms",
+    bias: what === "b",
     side,
     m,
     c,
-    layout: w.layout,
+    layout: w.grad,
+    from: w.from,
+    x: out ? gatedName(ctx) : hasContext(ctx) && side !== "q" ? "context" : inputName(ctx),
+    reads,
     terms,
     total: sum(terms),
   };
@@ -292,5 +481,7 @@ export function projectionCell(ctx, of, i, j) {
     return ctx.endpoint === "multihead" ? lnParamBack(ctx, of, j) : undefined;
   if (PARAMS.has(of) && ctx.endpoint !== "multihead") return undefined;
   if (/^[wb]_[qkvo]$/.test(of)) return paramBack(ctx, of, i, j);
+  if (of === "gate_w" || of === "gate_b")
+    return ctx.endpoint === "multihead" && gated(ctx) ? gateParamBack(ctx, of, i, j) : undefined;
   return undefined;
 }
