@@ -79,10 +79,11 @@ const LN_NAMES = {
 
 const sum = (terms) => terms.reduce((s, x) => s + x.value, 0);
 const depth = (a) => (Array.isArray(a) ? 1 + depth(a[0]) : 0);
-/** Whether the answer's backward is not this file's: a field of AWAY, or MLA from a config. */
+/** Whether the answer's backward is not this file's: a field of AWAY, or MLA (from a config)
+ * unless lib/backward-latent.js hands its block here (`ctx.latentBlock`, W_o as w_o). */
 const away = (ctx) =>
   AWAY.some((f) => ctx.request[f] !== undefined && ctx.request[f] !== false) ||
-  Array.isArray(ctx.data.c_kv);
+  (Array.isArray(ctx.data.c_kv) && ctx.latentBlock !== true);
 const given = (request, names) => names.find((n) => Array.isArray(request[n]));
 
 /** The batch items of the answer (null: not batched), by the depth of `name`. */
