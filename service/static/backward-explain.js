@@ -1,10 +1,11 @@
 // @ts-check
 // A clicked gradient cell explained with its numbers (explain.js hands every grad_* cell here):
 // the formula of its step of the backward, the page's numbers in it (lib/backward.js computes them
-// again from the gradient after it and the forward's arrays), a table of the terms summed, and the
-// page's total beside the service's; "← how … was computed" walks to the gradient it came from
-// where that is the same cell (dS from dP, each score's gradient from the next's). A gradient the
-// page does not compute yet (MLA, the norms' weights) says so and shows the service's number and step.
+// again from the gradient after it and the forward's arrays; the sinks' and T5's table's cells
+// lib/backward-scores.js), a table of the terms summed, and the page's total beside the service's;
+// "← how … was computed" walks to the gradient it came from where that is the same cell (dS from
+// dP, each score's gradient from the next's). A gradient the page does not compute yet (MLA, the
+// norms' weights) says so and shows the service's number and step.
 import { gradientCell, isGradient } from "./lib/backward.js";
 import { cellTitle, el, fmt, table, totalLine } from "./lib/explain-parts.js";
 import { slotOf } from "./lib/layers.js";
@@ -12,7 +13,7 @@ import { slotOf } from "./lib/layers.js";
 export { isGradient };
 
 const DONE =
-  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the new keys' and values' with past, the gate's product (grad_concat, grad_gate), /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients)";
+  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), the sinks' and T5's table's gradients, dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the new keys' and values' with past, the gate's product (grad_concat, grad_gate), /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients)";
 
 /** Whose cell it is: query i → key j for a map of the scores or the weights, else the row's
  * token and the feature. */
@@ -124,6 +125,42 @@ const LINES = {
       f(
         `${r.name}[${i}][${j}] = ${g} = ${fmt(r.g)}: ${r.next} adds a constant to ${r.of} (${r.nextKind === "mask" ? "the mask's 0 or −∞" : "the position bias"}), whose derivative is 1`,
       );
+  },
+  "sink-back"(box, r, ctx, f, note) {
+    const { j } = ctx;
+    const h = r.head === null ? "" : `, head ${r.head}`;
+    f(
+      `${r.name}[${j}] = Σ_i p_sink[i] · (0 − D[i]) = −Σ_i sink_weights[i] · D[i], over the rows${r.terms.some((x) => x.item !== null) ? " and batch items" : ""}${h}`,
+    );
+    f("D[i] = Σ_c dO[i][c] · output[i][c]  (the row's row_dot)");
+    rowTerms(box, ["i", "sink_weights[i]", "D[i]", "−p_sink · D"], r.terms);
+    note(
+      "The sink is one more logit in each row's softmax, with no value: its dP is 0, so its dS is p_sink · (0 − D). Its gradient is that summed over the rows it joined (a padded row gives it 0, a fully masked row has D = 0).",
+    );
+  },
+  "bias-table-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const g = `grad_${r.biased}`;
+    f(
+      `${r.name}[${i}][${j}] = Σ ${g}[q][k] over the (query q, key k) cells whose bucket(p'_k − p_q) is ${i}${r.head === null ? "" : `, head ${r.head}`}${r.terms.some((x) => x.item !== null) ? ", summed over the batch items" : ""}`,
+    );
+    const side = r.bidirectional
+      ? `${r.perSide} buckets a side (keys after the query from bucket ${r.perSide})`
+      : `${r.perSide} buckets (earlier keys only)`;
+    f(
+      `T5's buckets: ${side}; distances below ${r.exact} one bucket each, larger ones logarithmic bins up to max_distance ${r.maxDistance}`,
+    );
+    const who = (x) => (x.item === null ? "" : `${x.item}.`);
+    box.append(
+      table(
+        ["query", "key", "p'_k − p_q", "bucket", `${g}[q][k]`],
+        r.terms.map((x) => [`${who(x)}${x.i}`, String(x.j), String(x.rel), String(i), fmt(x.a)]),
+      ),
+    );
+    if (r.terms.length === 0) note(`No (query, key) cell falls in bucket ${i}: its gradient is 0.`);
+    note(
+      "The bias is table[bucket][head] added to the scores after the scale, so each cell's gradient passes to its table entry unchanged; cells sharing a bucket add up.",
+    );
   },
   dQ(box, r, ctx, f, note) {
     const { i, j } = ctx;
@@ -335,7 +372,9 @@ const LINES = {
 };
 
 // a bias's or a norm weight's gradient: one row, its cells [j]
-const FLAT = new Set(["bias-back", "ln-param-back"]);
+const FLAT = new Set(["bias-back", "ln-param-back", "sink-back"]);
+// kinds whose cell is not a (query or token, feature) pair: no "who" line
+const NO_WHO = new Set(["weight-back", "bias-table-back"]);
 
 // the gradient a cell came from, cell for cell (the way back), by kind
 const BEFORE = {
@@ -360,7 +399,7 @@ export function explainGradient(ctx) {
   const flat = FLAT.has(r.kind);
   const box = el("section", "explain explain-gradient");
   box.append(cellTitle(`${r.name}${flat ? "" : `[${i}]`}[${j}]`, ctx));
-  if (!flat && r.kind !== "weight-back")
+  if (!flat && !NO_WHO.has(r.kind))
     box.append(el("p", "explain-who", `${who(ctx, r)}: ∂loss/∂${r.of}[${i}][${j}]`));
   const f = (s) => box.append(el("p", "explain-formula", s));
   const note = (s) => box.append(el("p", "explain-note", s));

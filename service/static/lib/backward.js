@@ -22,6 +22,7 @@
 // service's number and step): the norms' weights, MLA, the cache's own rows, RoPE with `past`.
 import { pick } from "./pick.js";
 import { BLOCK, blockCell, projectionCell } from "./backward-block.js";
+import { SCORE_PARAMS, scoreParamCell } from "./backward-scores.js";
 import { GRAD_PREFIX } from "./schema.js";
 import { formsOf, kindOf, lastForm, normOf, normParts, slotOf, temperatureOf } from "./layers.js";
 import {
@@ -312,6 +313,7 @@ export function gradientCell(ctx) {
 function computeCell(ctx, of, i, j) {
   if (of === "output") return dOCell(ctx, i, j);
   if (BLOCK.includes(of)) return blockCell(ctx, of, i, j); // /multihead's block
+  if (SCORE_PARAMS.has(of)) return scoreParamCell(ctx, of, i, j); // the sinks', T5's table
   const projected = projectionCell(ctx, of, i, j); // x, the weights and biases, the norm's γ, β
   if (projected) return projected;
   const kind = kindOf(of);
