@@ -15,10 +15,10 @@
 // T5's bucket as the service's t5_bucket (service/core/positions.py): float32 at every step, the
 // correctly rounded float32 logarithm; where a float64 logarithm lies near a float32 midpoint (its
 // last bit is the CPU's) the candidates are told apart by the forward's position_bias, and a cell
-// they cannot tell apart is not computed (undefined: the page shows the service's number). Not
-// here: a table given as a state dict with a config (its bucketing is the config's).
+// they cannot tell apart is not computed (undefined: the page shows the service's number). The
+// bucketing is the request's relative_bias, or (a T5 config's) as the position_bias step states it.
 import { pick } from "./pick.js";
-import { formsOf, kindOf } from "./layers.js";
+import { formsOf, kindOf, POSITION_BIAS } from "./layers.js";
 import { keyPosition, queryPosition } from "./positions.js";
 
 /** The arrays whose gradients this module computes (backward.js's computeCell sends them). */
@@ -94,14 +94,24 @@ function f32Candidates(log) {
   return near ? [out, other] : [out];
 }
 
-/** T5's bucket settings from the request's relative_bias, or undefined. */
-function bucketSettings(ctx, numBuckets) {
+/** T5's bucketing as the request's relative_bias gives it (defaults: bidirectional, 128), else
+ * as the position_bias step states it (a config's: "(bidirectional), distances ≥ 128 …"). */
+function bucketing(ctx) {
   const rb = ctx.request.relative_bias;
-  if (!rb || typeof rb !== "object") return undefined;
-  const bidirectional = rb.bidirectional ?? true;
+  if (rb && typeof rb === "object")
+    return { bidirectional: rb.bidirectional ?? true, maxDistance: Number(rb.max_distance ?? 128) };
+  const step = (ctx.data.steps || []).find((x) => x.name === POSITION_BIAS);
+  const said = step && /\((bi|uni)directional\), distances ≥ (\d+)/.exec(String(step.formula));
+  return said ? { bidirectional: said[1] === "bi", maxDistance: Number(said[2]) } : undefined;
+}
+
+/** T5's bucket settings for a table of `numBuckets` rows, or undefined. */
+function bucketSettings(ctx, numBuckets) {
+  const given = bucketing(ctx);
+  if (!given) return undefined;
+  const { bidirectional, maxDistance } = given;
   const b = bidirectional ? Math.floor(numBuckets / 2) : numBuckets;
   const m = Math.floor(b / 2);
-  const maxDistance = Number(rb.max_distance ?? 128);
   return { bidirectional, b, m, maxDistance, logs: f32Candidates(Math.log(maxDistance / m)) };
 }
 
@@ -120,9 +130,13 @@ function bucketsOf(s, rel) {
   return [...found];
 }
 
+// where a request gives T5's table: relative_bias.table, or a T5 state dict's
+const TABLE_FIELDS = ["relative_attention_bias.weight", "relative_attention_bias_weight"];
+
 /** The table's rows as [bucket][head] (a vector on /attention is one column). */
 function tableOf(ctx) {
-  const t = ctx.request.relative_bias?.table;
+  const named = TABLE_FIELDS.map((f) => ctx.request[f]).find(Array.isArray);
+  const t = ctx.request.relative_bias?.table ?? named;
   if (!Array.isArray(t)) return undefined;
   return t.map((row) => (Array.isArray(row) ? row : [row]));
 }
