@@ -129,11 +129,12 @@ const LINES = {
   "sink-back"(box, r, ctx, f, note) {
     const { j } = ctx;
     const h = r.head === null ? "" : `, head ${r.head}`;
+    const batched = r.terms.some((x) => x.item !== null);
     f(
-      `${r.name}[${j}] = Σ_i p_sink[i] · (0 − D[i]) = −Σ_i sink_weights[i] · D[i], over the rows${r.terms.some((x) => x.item !== null) ? " and batch items" : ""}${h}`,
+      `${r.name}[${j}] = Σ_i p_sink[i] · (0 − D[i]) = −Σ_i sink_weights[i] · D[i], over the rows${batched ? " and batch items (b.i: item b, row i)" : ""}${h}`,
     );
     f("D[i] = Σ_c dO[i][c] · output[i][c]  (the row's row_dot)");
-    rowTerms(box, ["i", "sink_weights[i]", "D[i]", "−p_sink · D"], r.terms);
+    rowTerms(box, [batched ? "b.i" : "i", "sink_weights[i]", "D[i]", "−p_sink · D"], r.terms);
     note(
       "The sink is one more logit in each row's softmax, with no value: its dP is 0, so its dS is p_sink · (0 − D). Its gradient is that summed over the rows it joined (a padded row gives it 0, a fully masked row has D = 0).",
     );
@@ -141,8 +142,9 @@ const LINES = {
   "bias-table-back"(box, r, ctx, f, note) {
     const { i, j } = ctx;
     const g = `grad_${r.biased}`;
+    const batched = r.terms.some((x) => x.item !== null);
     f(
-      `${r.name}[${i}][${j}] = Σ ${g}[q][k] over the (query q, key k) cells whose bucket(p'_k − p_q) is ${i}${r.head === null ? "" : `, head ${r.head}`}${r.terms.some((x) => x.item !== null) ? ", summed over the batch items" : ""}`,
+      `${r.name}[${i}][${j}] = Σ ${g}[q][k] over the (query q, key k) cells whose bucket(p'_k − p_q) is ${i}${r.head === null ? "" : `, head ${r.head}`}${batched ? ", summed over the batch items (b.query: item b's query)" : ""}`,
     );
     const side = r.bidirectional
       ? `${r.perSide} buckets a side (keys after the query from bucket ${r.perSide})`
@@ -153,7 +155,7 @@ const LINES = {
     const who = (x) => (x.item === null ? "" : `${x.item}.`);
     box.append(
       table(
-        ["query", "key", "p'_k − p_q", "bucket", `${g}[q][k]`],
+        [batched ? "b.query" : "query", "key", "p'_k − p_q", "bucket", `${g}[q][k]`],
         r.terms.map((x) => [`${who(x)}${x.i}`, String(x.j), String(x.rel), String(i), fmt(x.a)]),
       ),
     );

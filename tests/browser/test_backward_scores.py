@@ -150,7 +150,7 @@ def test_each_heads_sink_of_a_batched_grouped_multihead_is_numpys(page: Any, ser
         total = got["page"][("grad_sinks", 0, h)]
         assert total == pytest.approx(want[h], abs=1e-12, rel=1e-12), h
     _, text = _explain(page, "multihead", body, got["data"], "grad_sinks", 0, 1)
-    assert "over the rows and batch items, head 1" in text, text
+    assert "over the rows and batch items (b.i: item b, row i), head 1" in text, text
     assert "\n1.2\t0\t0\t-0\n" in text or "\n1.2\t0\t0\t0\n" in text, text  # item 1's padded row
 
 
