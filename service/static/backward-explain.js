@@ -1,11 +1,12 @@
 // @ts-check
 // A clicked gradient cell explained with its numbers (explain.js hands every grad_* cell here):
 // the formula of its step of the backward, the page's numbers in it (lib/backward.js computes them
-// again from the gradient after it and the forward's arrays), a table of the terms summed, and the
-// page's total beside the service's; "← how … was computed" walks to the gradient it came from
-// where that is the same cell (dS from dP, each score's gradient from the next's). A gradient the
-// page does not compute yet says so and shows the service's number and step; MLA's (the
-// latents, the shared key, Q's and K's parts, their weights) are lib/backward-latent.js's.
+// again from the gradient after it and the forward's arrays; the block's and the projections'
+// are lib/backward-block.js's, the sinks' and T5's table's lib/backward-scores.js's, MLA's
+// lib/backward-latent.js's), a table of the terms summed, and the page's total beside the
+// service's; "← how … was computed" walks to the gradient it came from where that is the same
+// cell (dS from dP, each score's gradient from the next's). A gradient the page does not compute
+// says so and shows the service's number and step.
 import { gradientCell, isGradient } from "./lib/backward.js";
 import { cellTitle, el, fmt, table, totalLine } from "./lib/explain-parts.js";
 import { slotOf } from "./lib/layers.js";
@@ -13,7 +14,7 @@ import { slotOf } from "./lib/layers.js";
 export { isGradient };
 
 const DONE =
-  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the q/k norms' weights and biases, the new keys' and values' with past and the cache's own (grad_past_k, grad_past_v), a key/value head's gradient as its query heads' summed, the gate's product (grad_concat, grad_gate), /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients), and MLA's (Q's and K's nope and rope parts, RoPE's transpose in DeepSeek's layout, the shared key summed over the heads, the latents' up-projections and RMS norms, their weights, grad_x); the projections' under PyTorch's, a state dict's or the heads' names too, with k_eq_v and a positional encoding, and the output gate's weights (grad_gate_w, grad_gate_b)";
+  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), the sinks' and T5's table's gradients, dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the q/k norms' weights and biases, the new keys' and values' with past and the cache's own (grad_past_k, grad_past_v), a key/value head's gradient as its query heads' summed, the gate's product (grad_concat, grad_gate), /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients), and MLA's (Q's and K's nope and rope parts, RoPE's transpose in DeepSeek's layout, the shared key summed over the heads, the latents' up-projections and RMS norms, their weights, grad_x); the projections' under PyTorch's, a state dict's or the heads' names too, with k_eq_v and a positional encoding, and the output gate's weights (grad_gate_w, grad_gate_b)";
 
 /** Whose cell it is: query i → key j for a map of the scores or the weights, else the row's
  * token and the feature. */
@@ -199,6 +200,44 @@ const LINES = {
       f(
         `${r.name}[${i}][${j}] = ${g} = ${fmt(r.g)}: ${r.next} adds a constant to ${r.of} (${r.nextKind === "mask" ? "the mask's 0 or −∞" : "the position bias"}), whose derivative is 1`,
       );
+  },
+  "sink-back"(box, r, ctx, f, note) {
+    const { j } = ctx;
+    const h = r.head === null ? "" : `, head ${r.head}`;
+    const batched = r.terms.some((x) => x.item !== null);
+    f(
+      `${r.name}[${j}] = Σ_i p_sink[i] · (0 − D[i]) = −Σ_i sink_weights[i] · D[i], over the rows${batched ? " and batch items (b.i: item b, row i)" : ""}${h}`,
+    );
+    f("D[i] = Σ_c dO[i][c] · output[i][c]  (the row's row_dot)");
+    rowTerms(box, [batched ? "b.i" : "i", "sink_weights[i]", "D[i]", "−p_sink · D"], r.terms);
+    note(
+      "The sink is one more logit in each row's softmax, with no value: its dP is 0, so its dS is p_sink · (0 − D). Its gradient is that summed over the rows it joined (a padded row gives it 0, a fully masked row has D = 0).",
+    );
+  },
+  "bias-table-back"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    const g = `grad_${r.biased}`;
+    const batched = r.terms.some((x) => x.item !== null);
+    f(
+      `${r.name}[${i}][${j}] = Σ ${g}[q][k] over the (query q, key k) cells whose bucket(p'_k − p_q) is ${i}${r.head === null ? "" : `, head ${r.head}`}${batched ? ", summed over the batch items (b.query: item b's query)" : ""}`,
+    );
+    const side = r.bidirectional
+      ? `${r.perSide} buckets a side (keys after the query from bucket ${r.perSide})`
+      : `${r.perSide} buckets (earlier keys only)`;
+    f(
+      `T5's buckets: ${side}; distances below ${r.exact} one bucket each, larger ones logarithmic bins up to max_distance ${r.maxDistance}`,
+    );
+    const who = (x) => (x.item === null ? "" : `${x.item}.`);
+    box.append(
+      table(
+        [batched ? "b.query" : "query", "key", "p'_k − p_q", "bucket", `${g}[q][k]`],
+        r.terms.map((x) => [`${who(x)}${x.i}`, String(x.j), String(x.rel), String(i), fmt(x.a)]),
+      ),
+    );
+    if (r.terms.length === 0) note(`No (query, key) cell falls in bucket ${i}: its gradient is 0.`);
+    note(
+      "The bias is table[bucket][head] added to the scores after the scale, so each cell's gradient passes to its table entry unchanged; cells sharing a bucket add up.",
+    );
   },
   dQ(box, r, ctx, f, note) {
     const { i, j } = ctx;
@@ -722,15 +761,18 @@ const FLAT = new Set([
   "mla-norm-weight",
   "bias-back-forms",
   "gate-b-back",
+  "sink-back",
 ]);
 
-// a weight's gradient: its cells are no token's
-const WEIGHTS = new Set([
+// kinds whose cell is not a (query or token, feature) pair (a weight's, T5's table's): no
+// "who" line
+const NO_WHO = new Set([
   "weight-back",
   "norm-param-back",
   "mla-weight",
   "weight-back-forms",
   "gate-w-back",
+  "bias-table-back",
 ]);
 
 // the gradient a cell came from, cell for cell (the way back), by kind
@@ -756,7 +798,7 @@ export function explainGradient(ctx) {
   const flat = FLAT.has(r.kind) || r.flat === true;
   const box = el("section", "explain explain-gradient");
   box.append(cellTitle(`${r.name}${flat ? "" : `[${i}]`}[${j}]`, ctx));
-  if (!flat && !WEIGHTS.has(r.kind))
+  if (!flat && !NO_WHO.has(r.kind))
     box.append(el("p", "explain-who", `${who(ctx, r)}: ∂loss/∂${r.of}[${i}][${j}]`));
   const f = (s) => box.append(el("p", "explain-formula", s));
   const note = (s) => box.append(el("p", "explain-note", s));

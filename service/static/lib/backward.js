@@ -31,6 +31,7 @@
 import { pick } from "./pick.js";
 import { BLOCK, blockCell, projectionCell } from "./backward-block.js";
 import { latentGradCell, latentOwns } from "./backward-latent.js";
+import { SCORE_PARAMS, scoreParamCell } from "./backward-scores.js";
 import { GRAD_PREFIX } from "./schema.js";
 import { formsOf, kindOf, lastForm, normOf, normParts, slotOf, temperatureOf } from "./layers.js";
 import {
@@ -459,6 +460,7 @@ function computeCell(ctx, of, i, j) {
   const param = NORM_PARAM.exec(of);
   if (param) return normParamCell(ctx, param[1], param[2], i, j);
   if (BLOCK.includes(of)) return blockCell(ctx, of, i, j); // /multihead's block
+  if (SCORE_PARAMS.has(of)) return scoreParamCell(ctx, of, i, j); // the sinks', T5's table
   const projected = projectionCell(ctx, of, i, j); // x, the weights and biases, the norm's γ, β
   if (projected) return projected;
   const kind = kindOf(of);
