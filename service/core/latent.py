@@ -90,7 +90,7 @@ def softmax_gain(settings: Rope) -> float:
     return 1.0
 
 
-def _turned(x: Array, positions: IntArray, settings: Rope, n: int) -> Array:
+def turned(x: Array, positions: IntArray, settings: Rope, n: int) -> Array:
     """RoPE over all of ``x (..., n, r)``; interleaved pairs come out as DeepSeek lays them."""
     out = rope(x, positions, settings, n)  # (..., n, r)
     if settings.style == "interleaved":
@@ -129,8 +129,8 @@ def latent_attention(
     p = np.arange(x.shape[1]) if positions is None else positions  # (L,)
     n = sequence_length(p)
     turn = replace(settings, rotary_dim=r)
-    q_rope = _turned(q_pass, p, turn, n)  # (B, h, L, r)
-    k_rope = _turned(compressed[..., dims.kv_lora_rank :], p, turn, n)  # (B, S, r)
+    q_rope = turned(q_pass, p, turn, n)  # (B, h, L, r)
+    k_rope = turned(compressed[..., dims.kv_lora_rank :], p, turn, n)  # (B, S, r)
     k_pass = np.broadcast_to(compressed[:, None, :, dims.kv_lora_rank :], (*k_nope.shape[:3], r))
     k_rotated = np.concatenate([k_nope, np.broadcast_to(k_rope[:, None], k_pass.shape)], -1)
     q_rotated = np.concatenate([q_nope, q_rope], axis=-1)  # (B, h, L, nope + r)
@@ -157,7 +157,7 @@ def latent_attention(
 
 
 def _turned_backward(grad: Array, positions: IntArray, settings: Rope, n: int) -> Array:
-    """The transpose of :func:`_turned`: DeepSeek's layout of interleaved pairs undone (its
+    """The transpose of :func:`turned`: DeepSeek's layout of interleaved pairs undone (its
     transpose puts the first half back on the even features, the second on the odd), then
     RoPE's transpose (:func:`service.core.positions.rope_backward`)."""
     if settings.style == "interleaved":
