@@ -17,6 +17,7 @@ rope features turn in pairs (2i, 2i + 1) and come out as transformers'
 members (a permutation of both Q and K, so the scores are those of the interleaved layout).
 """
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -89,7 +90,7 @@ def softmax_gain(settings: Rope) -> float:
     return 1.0
 
 
-def _turned(x: Array, positions: IntArray, settings: Rope, n: int) -> Array:
+def turned(x: Array, positions: IntArray, settings: Rope, n: int) -> Array:
     """RoPE over all of ``x (..., n, r)``; interleaved pairs come out as DeepSeek lays them."""
     out = rope(x, positions, settings, n)  # (..., n, r)
     if settings.style == "interleaved":
@@ -128,8 +129,8 @@ def latent_attention(
     p = np.arange(x.shape[1]) if positions is None else positions  # (L,)
     n = sequence_length(p)
     turn = replace(settings, rotary_dim=r)
-    q_rope = _turned(q_pass, p, turn, n)  # (B, h, L, r)
-    k_rope = _turned(compressed[..., dims.kv_lora_rank :], p, turn, n)  # (B, S, r)
+    q_rope = turned(q_pass, p, turn, n)  # (B, h, L, r)
+    k_rope = turned(compressed[..., dims.kv_lora_rank :], p, turn, n)  # (B, S, r)
     k_pass = np.broadcast_to(compressed[:, None, :, dims.kv_lora_rank :], (*k_nope.shape[:3], r))
     k_rotated = np.concatenate([k_nope, np.broadcast_to(k_rope[:, None], k_pass.shape)], -1)
     q_rotated = np.concatenate([q_nope, q_rope], axis=-1)  # (B, h, L, nope + r)
@@ -156,7 +157,7 @@ def latent_attention(
 
 
 def _turned_backward(grad: Array, positions: IntArray, settings: Rope, n: int) -> Array:
-    """The transpose of :func:`_turned`: DeepSeek's layout of interleaved pairs undone (its
+    """The transpose of :func:`turned`: DeepSeek's layout of interleaved pairs undone (its
     transpose puts the first half back on the even features, the second on the odd), then
     RoPE's transpose (:func:`service.core.positions.rope_backward`)."""
     if settings.style == "interleaved":
@@ -181,6 +182,44 @@ def _renamed(grads: dict[str, Array], names: dict[str, str]) -> dict[str, Array]
     return {names.get(name, name): g for name, g in grads.items()}
 
 
+def _summed_over_heads(grad: Array) -> Array:
+    """The shared rotated key's gradient: the sum of every head's share, (B, h, S, r) → (B, S, r)
+    (the key is one tensor expanded to the heads; an expanded tensor's gradient is the sum)."""
+    summed: Array = grad.sum(axis=1)
+    return summed
+
+
+def _as_made(name: str, grad: Array) -> Array:
+    return grad
+
+
+@dataclass(frozen=True)
+class LatentRules:
+    """The rules of the backward through the latents that a caller may write otherwise, each
+    replaceable (the diagnosis of gradients, :mod:`service.core.diagnosis.gradients`, puts a
+    wrong one in place): ``turn_back``, RoPE's transpose on the rope features
+    (:func:`_turned_backward`); ``shared``, the one rotated key's gradient from the heads'
+    shares (:func:`_summed_over_heads`); ``keep``, a gradient by name → the one the walk goes
+    on with (the caller's own, where they gave it)."""
+
+    turn_back: Callable[[Array, IntArray, Rope, int], Array] = _turned_backward
+    shared: Callable[[Array], Array] = _summed_over_heads
+    keep: Callable[[str, Array], Array] = _as_made
+
+
+@dataclass(frozen=True)
+class LatentLayer:
+    """What the backward through the latents reads besides the heads' gradients: the layer's
+    input ``x (B, L, d_model)``, its weights and sizes, and the latents its forward made
+    (:attr:`LatentTrace.c_q`, :attr:`LatentTrace.c_kv`)."""
+
+    x: Array
+    weights: LatentWeights
+    dims: LatentDims
+    c_q: Array | None
+    c_kv: Array
+
+
 def latent_backward(
     x: Array,
     w: LatentWeights,
@@ -198,16 +237,7 @@ def latent_backward(
     arguments) from ``grad (B, L, d_out)``, ∂loss/∂(its output), in reverse order of the
     forward: the block's and each head's as :func:`service.core.backward.heads_backward` makes
     them (with ``grad_q_rotated``, ``grad_k_rotated`` for the Q and K the scores read), then
-    ``grad_q_rope``, ``grad_q_nope``, ``grad_k_rope`` (B, S, r: summed over the heads that share
-    the one rotated key), ``grad_k_nope``, ``grad_q`` and ``grad_k`` per head before RoPE (the
-    rotation's transpose, DeepSeek's interleaved layout undone), ``grad_c_kv`` (kv_b_proj's
-    transpose), ``grad_c_q``, and the weights' in in_out layout: ``grad_w_kv_b``,
-    ``grad_kv_a_norm_weight``, ``grad_w_kv_a`` (``grad_b_kv_a``), ``grad_w_q`` (q_b_proj's or
-    q_proj's), ``grad_q_a_norm_weight``, ``grad_w_q_a`` (``grad_b_q_a``), ``grad_w_o``,
-    ``grad_b_o``, and ``grad_x`` (the queries' and the latents' shares summed); the heads'
-    count is the trace's. Every RMS norm
-    backward is :func:`service.core.variants.qk_norm_backward` (Zhang & Sennrich 2019)."""
-    nope, rank = dims.qk_nope_head_dim, dims.kv_lora_rank
+    the latents' (:func:`latents_backward`)."""
     grads = _renamed(
         heads_backward(
             _heads_as_attended(trace),
@@ -220,54 +250,85 @@ def latent_backward(
         ),
         {"grad_q": "grad_q_rotated", "grad_k": "grad_k_rotated"},
     )
+    layer = LatentLayer(x, w, dims, trace.c_q, trace.c_kv)
+    return grads | latents_backward(layer, grads, settings=settings, positions=positions)
+
+
+def latents_backward(
+    layer: LatentLayer,
+    grads: Mapping[str, Array],
+    *,
+    settings: Rope,
+    positions: IntArray | None = None,
+    rules: LatentRules = LatentRules(),
+) -> dict[str, Array]:
+    """From the heads' ``grad_q_rotated``, ``grad_k_rotated`` and ``grad_v`` (B, h, ·, ·), back
+    through the latents, under ``rules``: ``grad_q_rope``, ``grad_q_nope``, ``grad_k_rope``
+    (B, S, r: summed over the heads that share the one rotated key), ``grad_k_nope``,
+    ``grad_q`` and ``grad_k`` per head before RoPE (the rotation's transpose, DeepSeek's
+    interleaved layout undone), ``grad_c_kv`` (kv_b_proj's transpose), ``grad_c_q``, and the
+    weights' in in_out layout: ``grad_w_kv_b``, ``grad_kv_a_norm_weight``, ``grad_w_kv_a``
+    (``grad_b_kv_a``), ``grad_w_q`` (q_b_proj's or q_proj's), ``grad_q_a_norm_weight``,
+    ``grad_w_q_a`` (``grad_b_q_a``), and ``grad_x`` (the queries' and the latents' shares
+    summed). Every RMS norm backward is :func:`service.core.variants.qk_norm_backward` (Zhang &
+    Sennrich 2019)."""
+    x, w, dims, keep = layer.x, layer.weights, layer.dims, rules.keep
+    nope, rank = dims.qk_nope_head_dim, dims.kv_lora_rank
     p = np.arange(x.shape[1]) if positions is None else positions  # (L,)
     n = sequence_length(p)
     turn = replace(settings, rotary_dim=dims.qk_rope_head_dim)
-    d_qr, d_kr = grads["grad_q_rotated"], grads["grad_k_rotated"]  # (B, h, ·, nope + r)
-    d_k_rope = d_kr[..., nope:].sum(axis=1)  # (B, S, r): one key read by every head
-    d_q = np.concatenate([d_qr[..., :nope], _turned_backward(d_qr[..., nope:], p, turn, n)], -1)
-    grads |= {
+    d_qr = keep("grad_q_rotated", grads["grad_q_rotated"])  # (B, h, L, nope + r)
+    d_kr = keep("grad_k_rotated", grads["grad_k_rotated"])  # (B, h, S, nope + r)
+    d_v = keep("grad_v", grads["grad_v"])  # (B, h, S, d_v)
+    d_k_rope = keep("grad_k_rope", rules.shared(d_kr[..., nope:]))  # (B, S, r): every head's
+    d_q = keep(
+        "grad_q",
+        np.concatenate([d_qr[..., :nope], rules.turn_back(d_qr[..., nope:], p, turn, n)], -1),
+    )
+    out: dict[str, Array] = {
         "grad_q_rope": d_qr[..., nope:],  # (B, h, L, r)
         "grad_q_nope": d_qr[..., :nope],  # (B, h, L, nope)
         "grad_k_rope": d_k_rope,
         "grad_k_nope": d_kr[..., :nope],  # (B, h, S, nope)
         "grad_q": d_q,  # (B, h, L, nope + r)
         "grad_k": np.concatenate(
-            [d_kr[..., :nope], _turned_backward(d_kr[..., nope:], p, turn, n)], -1
+            [d_kr[..., :nope], rules.turn_back(d_kr[..., nope:], p, turn, n)], -1
         ),  # (B, h, S, nope + r): each head's copy of k_pe
     }
     # the keys' and values' latent: [k_nope | v] = c_kv W_kvb, per head
-    d_kv = merge_heads(np.concatenate([d_kr[..., :nope], grads["grad_v"]], -1))  # (B, S, h·…)
-    kv_b = project_backward(trace.c_kv, w.w_kv_b, d_kv)
+    d_kv = merge_heads(np.concatenate([d_kr[..., :nope], d_v], -1))  # (B, S, h·…)
+    kv_b = project_backward(layer.c_kv, w.w_kv_b, d_kv)
+    d_c_kv = keep("grad_c_kv", kv_b.x)  # (B, S, kv_lora_rank)
     compressed = project(x, w.w_kv_a, w.b_kv_a)  # (B, S, kv_lora_rank + r)
     norm = QKNorm("rms", w.eps)
     kv_norm = qk_norm_backward(
-        compressed[..., :rank], replace(norm, weight=w.kv_norm), kv_b.x
+        compressed[..., :rank], replace(norm, weight=w.kv_norm), d_c_kv
     )  # through kv_a_layernorm
-    d_pe = _turned_backward(d_k_rope, p, turn, n)  # (B, S, r): k_pe before RoPE
+    d_pe = rules.turn_back(d_k_rope, p, turn, n)  # (B, S, r): k_pe before RoPE
     kv_a = project_backward(
         x, w.w_kv_a, np.concatenate([kv_norm.x, d_pe], -1), w.b_kv_a is not None
     )
-    grads["grad_c_kv"] = kv_b.x  # (B, S, kv_lora_rank)
-    q_b = project_backward(x if trace.c_q is None else trace.c_q, w.w_q, merge_heads(d_q))
-    out: dict[str, Array] = {"grad_w_kv_b": kv_b.w}
+    out["grad_c_kv"] = d_c_kv
+    q_b = project_backward(x if layer.c_q is None else layer.c_q, w.w_q, merge_heads(d_q))
+    made: dict[str, Array] = {"grad_w_kv_b": kv_b.w}
     assert kv_norm.weight is not None
-    out |= {"grad_kv_a_norm_weight": kv_norm.weight, "grad_w_kv_a": kv_a.w}
-    out |= {} if kv_a.b is None else {"grad_b_kv_a": kv_a.b}
-    out["grad_w_q"] = q_b.w
+    made |= {"grad_kv_a_norm_weight": kv_norm.weight, "grad_w_kv_a": kv_a.w}
+    made |= {} if kv_a.b is None else {"grad_b_kv_a": kv_a.b}
+    made["grad_w_q"] = q_b.w
     grad_x = kv_a.x
-    if trace.c_q is None:  # q = x W_q
+    if layer.c_q is None:  # q = x W_q
         grad_x = grad_x + q_b.x
     else:  # c_q = rms_norm(x W_qa + b) · w_qa, q = c_q W_qb
         assert w.w_q_a is not None
-        grads["grad_c_q"] = q_b.x  # (B, L, q_lora_rank)
+        d_c_q = keep("grad_c_q", q_b.x)  # (B, L, q_lora_rank)
+        out["grad_c_q"] = d_c_q
         q_norm = qk_norm_backward(
-            project(x, w.w_q_a, w.b_q_a), replace(norm, weight=w.q_norm), q_b.x
+            project(x, w.w_q_a, w.b_q_a), replace(norm, weight=w.q_norm), d_c_q
         )
         q_a = project_backward(x, w.w_q_a, q_norm.x, w.b_q_a is not None)
         if q_norm.weight is not None:
-            out["grad_q_a_norm_weight"] = q_norm.weight
-        out["grad_w_q_a"] = q_a.w
-        out |= {} if q_a.b is None else {"grad_b_q_a": q_a.b}
+            made["grad_q_a_norm_weight"] = q_norm.weight
+        made["grad_w_q_a"] = q_a.w
+        made |= {} if q_a.b is None else {"grad_b_q_a": q_a.b}
         grad_x = grad_x + q_a.x
-    return grads | out | {"grad_x": grad_x}
+    return out | made | {"grad_x": grad_x}

@@ -16,7 +16,7 @@ from service.core.attention import (
 )
 from service.core.block import repeated_heads
 from service.core.diagnosis.stages import Setup
-from service.core.latent import LatentDims, latent_attention
+from service.core.latent import LatentDims, LatentLayer, latent_attention
 from service.core.multihead import (
     BLOCK_NAMES,
     MultiheadTrace,
@@ -304,7 +304,9 @@ def run_multihead(plan: MultiheadPlan, check: Check) -> dict[str, Any]:
             b_o=plan.b_o,
             residual=plan.residual,
             norm=plan.norm,
-            latent=plan.latent is not None,
+            latent=None
+            if latent is None or plan.x is None or plan.latent is None
+            else LatentLayer(plan.x, plan.latent, _latent_dims(s), latent.c_q, latent.c_kv),
             values_are_keys="k_eq_v" in s.on,
         )
         block = {

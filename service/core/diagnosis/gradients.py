@@ -6,7 +6,11 @@ wrong rule put in place of a step's where a trial's mistake changes it (:data:`B
 by the kind of step, as :data:`service.core.diagnosis.stages.CHANGES` for the forward), and
 grouped-query attention's sum over each key/value head's group replaced by one query head's
 share under ``kv_grad_not_summed``. The projections and the block are stated here as
-:func:`service.core.backward.multihead_backward` states them. The caller's earlier gradients
+:func:`service.core.backward.multihead_backward` states them. On DeepSeek's multi-head latent
+attention (MLA) the heads' backward ends at the Q and K the scores read, and the rest is the
+core's own :func:`service.core.latent.latents_backward`, with its RoPE transpose or its sum over
+the heads of the one shared rope key replaced where a mistake changes them (the table's
+``latent`` rules). The caller's earlier gradients
 (they matched) are put in place of the recomputed ones as the walk reaches them, as the
 forward's recomputation starts from the caller's earlier arrays.
 
@@ -24,6 +28,7 @@ from service.core import chain
 from service.core.backward import backward, projections_backward, values_read_as_keys
 from service.core.block import merge_heads, repeated_heads_backward
 from service.core.diagnosis.stages import Setup, State, Trial, Unfit, Way
+from service.core.latent import LatentRules, latents_backward, turned
 from service.core.linear import transposed
 from service.core.types import Array, BoolArray, FullyMaskedPolicy
 from service.core.variants import Variants
@@ -72,13 +77,29 @@ def seed_name(s: Setup) -> str:
 # ---- the backward's rules, with the mistakes put into them ------------------------------
 
 
+LatentRule = Callable[[LatentRules, Setup, Trial], LatentRules]
+"""MLA's rules (:class:`service.core.latent.LatentRules`) with a wrong one put in place."""
+
+
 @dataclass(frozen=True)
 class BackChange:
     """How mistakes change the backward rule of one kind of step (:attr:`chain.Step.kind`):
-    ``back`` gives the rule the step runs under a trial with any of ``mistakes``."""
+    ``back`` gives the rule the step runs under a trial with any of ``mistakes``; ``latent``,
+    the rule of MLA's backward through the latents they change instead on an MLA layer (its
+    heads' chain has no RoPE step: it turns only its rope features, in the latents)."""
 
     mistakes: frozenset[str]
-    back: Callable[[chain.Step, Setup, Trial], chain.Back]
+    back: Callable[[chain.Step, Setup, Trial], chain.Back] | None = None
+    latent: LatentRule | None = None
+
+
+def _changes(kind: str, t: Trial, mla: bool) -> BackChange | None:
+    """The change the mistakes of ``t`` make to the chain's steps of ``kind``: none where they
+    change none, or, on an MLA layer (``mla``), a rule of the latents instead."""
+    change = BACK_CHANGES.get(kind)
+    if change is None or change.back is None or not change.mistakes & t.mistakes:
+        return None
+    return None if mla and change.latent is not None else change
 
 
 def _own(step: chain.Step) -> chain.Back:
@@ -160,9 +181,21 @@ def _output_back(step: chain.Step, s: Setup, t: Trial) -> chain.Back:
 def _rope_forward_back(step: chain.Step, s: Setup, t: Trial) -> chain.Back:
     """The gradient turned by the forward's rotation (+θ, with its attention factor) where
     its transpose (−θ) was meant: the step's own ``run`` applied to the gradient."""
-    if s.latent:
-        raise Unfit  # MLA turns only its rope features: its Q and K come as computed
     return lambda g, x, st, hs: {step.reads: step.run(g, st, hs)}
+
+
+def _rope_forward_latent(rules: LatentRules, s: Setup, t: Trial) -> LatentRules:
+    """MLA: the rope features' gradients (q_pe's, the shared k_pe's) turned by the forward's
+    rotation, DeepSeek's interleaved layout as the forward lays it out (its
+    ``apply_rotary_pos_emb_interleave`` applied to the gradient)."""
+    return replace(rules, turn_back=turned)
+
+
+def _one_head_latent(rules: LatentRules, s: Setup, t: Trial) -> LatentRules:
+    """MLA under ``kv_grad_not_summed``: the shared rope key's gradient taken from the r-th
+    query head's share, (B, h, S, r) → (B, S, r), where the sum over the heads was meant."""
+    r = int(t.way(NOT_SUMMED))
+    return replace(rules, shared=lambda g: g[:, r])
 
 
 BACK_CHANGES: dict[str, BackChange] = {
@@ -170,11 +203,43 @@ BACK_CHANGES: dict[str, BackChange] = {
     "scale": BackChange(frozenset({SCALE_MISSING}), _unscaled_back),
     "scores": BackChange(frozenset({TRANSPOSED}), _scores_back),
     "output": BackChange(frozenset({TRANSPOSED}), _output_back),
-    "rotate": BackChange(frozenset({ROPE_FORWARD}), _rope_forward_back),
+    "rotate": BackChange(frozenset({ROPE_FORWARD}), _rope_forward_back, _rope_forward_latent),
+    "share": BackChange(frozenset({NOT_SUMMED}), latent=_one_head_latent),
 }
 """How the backward mistakes change the rules of the chain's steps, by the kind of step (RoPE
-on the queries and on the keys alike); ``kv_grad_not_summed`` changes the sum after the heads
-(:func:`_per_kv_head`)."""
+on the queries and on the keys alike), and on an MLA layer those of its latents' backward
+(``latent``); ``kv_grad_not_summed`` changes the sum after the heads: grouped-query
+attention's over each key/value head's group (:func:`_per_kv_head`), MLA's over the heads that
+share its one rope key (``share``, no step of the chain)."""
+# which gradients of MLA's latents each change of their rules reaches, by the kind in
+# BACK_CHANGES (every change of the heads' chain reaches all of them)
+_LATENT_REACHES: dict[str, frozenset[str]] = {
+    "rotate": frozenset(
+        {
+            "grad_q",
+            "grad_k",
+            "grad_c_q",
+            "grad_w_q",
+            "grad_q_a_norm_weight",
+            "grad_w_q_a",
+            "grad_b_q_a",
+            "grad_w_kv_a",
+            "grad_b_kv_a",
+            "grad_x",
+        }
+    ),
+    "share": frozenset({"grad_k_rope", "grad_w_kv_a", "grad_b_kv_a", "grad_x"}),
+}
+
+
+def _latent_rules(s: Setup, t: Trial, keep: Keep) -> LatentRules:
+    """The rules of MLA's backward through the latents under ``t``, the caller's gradients
+    put in place as the walk reaches them."""
+    rules = LatentRules(keep=keep)
+    for change in BACK_CHANGES.values():
+        if change.latent is not None and change.mistakes & t.mistakes:
+            rules = change.latent(rules, s, t)
+    return rules
 
 
 def _steps(steps: Sequence[chain.Step], s: Setup, t: Trial, keep: Keep) -> list[chain.Step]:
@@ -182,9 +247,8 @@ def _steps(steps: Sequence[chain.Step], s: Setup, t: Trial, keep: Keep) -> list[
     made where they gave it (``keep``)."""
     out = []
     for step in steps:
-        change = BACK_CHANGES.get(step.kind)
-        changed = change is not None and change.mistakes & t.mistakes
-        rule = change.back(step, s, t) if change is not None and changed else _own(step)
+        change = _changes(step.kind, t, s.latent is not None)
+        rule = _own(step) if change is None or change.back is None else change.back(step, s, t)
         out.append(replace(step, back=_kept(step.name, rule, keep)))
     return out
 
@@ -207,12 +271,13 @@ def _per_heads(base: State, s: Setup, name: str) -> Array:
 
 
 def _head_setup(base: State, s: Setup) -> chain.Setup:
-    """The head's chain setup as the engine ran it: the request's mask and policy, the cache."""
+    """The head's chain setup as the engine ran it: the request's mask and policy, the cache;
+    on an MLA layer without RoPE (its Q and K come rotated in part, as the scores read them)."""
     additive = _per_heads(base, s, "additive_mask") if "additive_mask" in base else None
     padded = _per_heads(base, s, "padded_queries") if "padded_queries" in base else None
     policy: FullyMaskedPolicy = "uniform" if s.fully_masked_policy == "uniform" else "zero"
     return chain.Setup(
-        s.variants,
+        s.variants if s.latent is None else replace(s.variants, rope=None),
         s.scale,
         additive,
         None if padded is None else padded.astype(bool),
@@ -300,6 +365,15 @@ def gradients(base: State, s: Setup, t: Trial, keep: Keep) -> dict[str, Array]:
     made = {n: base[n] for n in _HEAD_NAMES if n in base}
     state = chain.State(made, {}, _fully_masked(setup, base["weights"]))
     grads |= backward(_steps(chain.HEAD, s, t, keep), state, setup, seed)
+    if s.latent is not None:  # grad_q_rotated, grad_k_rotated, grad_v: back through the latents
+        assert s.variants.rope is not None, "MLA turns its rope features"
+        return grads | latents_backward(
+            s.latent,
+            grads,
+            settings=s.variants.rope,
+            positions=s.variants.positions,
+            rules=_latent_rules(s, t, keep),
+        )
     grads = _projections(base, s, _per_kv_head(grads, s, t), keep)
     return values_read_as_keys(grads) if s.values_are_keys else grads
 
@@ -333,19 +407,24 @@ def _made_at(target: str) -> tuple[int, bool]:
     return (_ORDER.index(name), False) if name in _ORDER else (-1, False)
 
 
-def reaches(t: Trial, target: str) -> bool:
+def reaches(t: Trial, target: str, mla: bool = False) -> bool:
     """Whether the mistakes of ``t`` can change the ``target`` gradient: one changes the rule
     of a step that the walk back reaches before it (a step after the name it is the gradient
     of, or at or after the step that makes it besides), or the per-key/value-head sum that
-    grad_k, grad_v, the cache's and the projections' come after."""
+    grad_k, grad_v, the cache's and the projections' come after; on an MLA layer (``mla``), a
+    rule of its latents' backward that makes the target or what it is made from."""
     at, besides = _made_at(target)
     changed = [
-        _ORDER.index(step.name)
-        for step in chain.HEAD
-        if (change := BACK_CHANGES.get(step.kind)) is not None and change.mistakes & t.mistakes
+        _ORDER.index(step.name) for step in chain.HEAD if _changes(step.kind, t, mla) is not None
     ]
     if any(i > at or (besides and i == at) for i in changed):
         return True
+    if mla:
+        return any(
+            target in _LATENT_REACHES[kind]
+            for kind, change in BACK_CHANGES.items()
+            if change.latent is not None and change.mistakes & t.mistakes
+        )
     summed = at == -1 or target in _PER_KV_HEAD
     return NOT_SUMMED in t.mistakes and summed
 
@@ -377,7 +456,9 @@ def gradient_cost(
 ) -> int:
     """The numbers recomputing one set of mistakes with all its variants computes: a whole
     backward per variant, 0 when the mistakes cannot change the target."""
-    return len(variants) * _numbers(base) if reaches(variants[0], target) else 0
+    return (
+        len(variants) * _numbers(base) if reaches(variants[0], target, s.latent is not None) else 0
+    )
 
 
 def gradient_recomputations(
@@ -393,7 +474,7 @@ def gradient_recomputations(
     that cannot happen here left out, none when the mistakes cannot change it); with a
     ``view``, what it makes of all the recomputed gradients (a parameter's gradient in the
     caller's layout, under their module's name)."""
-    if not reaches(variants[0], target):
+    if not reaches(variants[0], target, s.latent is not None):
         return
     keep = _keeper(base, given, target)
     for trial in variants:

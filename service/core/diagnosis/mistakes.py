@@ -819,16 +819,25 @@ def _transposed_grad(seen: Seen) -> str:
 
 
 def _rope_forward(seen: Seen) -> str:
+    mla = (
+        " — on this MLA layer the rope features' gradients, q_pe's and the shared k_pe's "
+        "(the nope features are not turned), with DeepSeek's interleaved layout undone first "
+        "where the forward laid the pairs out"
+        if seen.setup.latent is not None
+        else ""
+    )
     return (
         "your gradient was rotated forward, by +θ as the forward rotates the queries and keys, "
         "where it goes back by −θ: a rotation's gradient is its transpose, the turn the other "
         "way (the same cos, sin negated: dX = dX_r cos − rotate_half(dX_r) sin, with the "
-        "scaling's attention factor where there is one)"
+        f"scaling's attention factor where there is one){mla}"
     )
 
 
 def _not_summed(seen: Seen) -> str:
     s = seen.setup
+    if s.latent is not None:
+        return _rope_key_not_summed(seen)
     h, h_kv = s.num_heads or 0, s.num_kv_heads or 0
     g = h // h_kv if h_kv else 0
     r = int(seen.ways.get(gradients.NOT_SUMMED, 0))
@@ -842,6 +851,18 @@ def _not_summed(seen: Seen) -> str:
     )
 
 
+def _rope_key_not_summed(seen: Seen) -> str:
+    h = seen.setup.num_heads or 0
+    r = int(seen.ways.get(gradients.NOT_SUMMED, 0))
+    return (
+        f"the shared rope key's gradient (grad_k_rope) was taken from query head {r} instead "
+        f"of summed over the {h} heads that read it: MLA computes one rotated k_pe per token "
+        "and expands it to every head (k_pe.expand(-1, h, -1, -1)), and an expanded "
+        "tensor's gradient is the sum of its copies' — dk_pe = Σ over the heads of the rope "
+        "part of each head's dK (dk[..., qk_nope_head_dim:].sum(1))"
+    )
+
+
 def _unweighted_ways(s: Setup) -> tuple[Way, ...]:
     """D summed over the allowed keys, and, where a mask is given, over every key."""
     every = (gradients.EVERY_KEY,) if s.mask_specs else ()
@@ -849,14 +870,19 @@ def _unweighted_ways(s: Setup) -> tuple[Way, ...]:
 
 
 def _member_ways(s: Setup) -> tuple[Way, ...]:
-    """Which query head of each group the gradient was taken from (the first, …, the last)."""
-    h, h_kv = s.num_heads or 1, s.num_kv_heads or 1
+    """Which query head of each group the gradient was taken from (the first, …, the last);
+    on an MLA layer, which of all the heads that share its rope key."""
+    h, h_kv = s.num_heads or 1, 1 if s.latent is not None else s.num_kv_heads or 1
     return tuple(float(r) for r in range(h // h_kv))
 
 
 def _shared_kv(s: Setup, present: frozenset[str]) -> bool:
+    """Grouped-query attention's key/value heads each read by several query heads, or MLA's
+    one rope key read by every head (its k_nope and V are each head's own)."""
     h, h_kv = s.num_heads, s.num_kv_heads
-    return h is not None and h_kv is not None and h_kv < h and not s.latent
+    if s.latent is not None:
+        return h is not None and h > 1
+    return h is not None and h_kv is not None and h_kv < h
 
 
 BACKWARD: tuple[Mistake, ...] = (
@@ -871,7 +897,7 @@ BACKWARD: tuple[Mistake, ...] = (
     ),
     Mistake(
         gradients.ROPE_FORWARD,
-        lambda s, p: s.variants.rope is not None and not s.latent,
+        lambda s, p: s.variants.rope is not None,
         _rope_forward,
     ),
     Mistake(gradients.NOT_SUMMED, _shared_kv, _not_summed, _member_ways),

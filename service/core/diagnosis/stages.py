@@ -15,6 +15,7 @@ import numpy as np
 
 from service.core import chain, masks
 from service.core.attention import Past, Projections, project, transposed
+from service.core.latent import LatentLayer
 from service.core.multihead import (
     LayerNorm,
     MultiheadWeights,
@@ -63,7 +64,7 @@ class Setup:
     b_o: Array | None = None
     residual: bool = False
     norm: LayerNorm | None = None
-    latent: bool = False  # DeepSeek's MLA: Q and K come rotated in part, as given
+    latent: LatentLayer | None = None  # DeepSeek's MLA: Q and K come rotated in part, as given
     past: Past | None = None  # a decode step's cache, per head as the stages run: (B, h, P, ·)
     values_are_keys: bool = False  # k_eq_v: one read twice, its gradient both reads'
 
