@@ -205,9 +205,11 @@ def test_mla_without_q_lora_rank_reads_q_proj(client: TestClient) -> None:
         (mla_layer(rope={"base": 10000, "rotary_dim": 4}), "rope.rotary_dim", "qk_rope_head_dim = 2"),
         ({k: v for k, v in mla_layer().items() if k != "kv_a_layernorm.weight"},
          "kv_a_layernorm.weight", "is missing"),
+        (mla_layer(residual=True), "residual", "does not apply with mla yet"),
+        (mla_layer(layer_norm={"eps": 1e-5}, grad_output="sum"), "layer_norm", "add x, or"),
     ],
     ids=["no_rope", "kv_b_proj_shape", "another_form", "qk_norm", "q_proj_with_q_lora",
-         "rotary_dim", "missing_latent_norm"],
+         "rotary_dim", "missing_latent_norm", "residual", "layer_norm_backward"],
 )  # fmt: skip
 def test_each_rule_of_mla_is_a_422_naming_its_field(
     client: TestClient, body: dict[str, Any], field: str, words: str

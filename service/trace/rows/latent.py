@@ -39,6 +39,9 @@ _NOT_WITH_MLA = (
     "k_norm_weight",
 )
 
+# the block's options an MLA layer's trace does not have yet
+_BLOCK_NOT_WITH_MLA = ("residual", "layer_norm")
+
 
 def _label(name: str) -> str:
     return DOTTED.get(name, name)
@@ -76,6 +79,14 @@ def latent_dims(req: MultiheadRequest, d_model: int, h: int) -> LatentDims:
                 _label(name),
                 f"{_label(name)} does not apply with mla: an MLA layer projects "
                 "through its latents (q_a_proj/q_b_proj or q_proj, kv_a_proj_with_mqa, kv_b_proj)",
+            )
+    for name in _BLOCK_NOT_WITH_MLA:  # off is False or absent
+        if getattr(req, name) not in (None, False):
+            raise FieldError(
+                name,
+                f"{name} does not apply with mla yet: the service's block after the heads is "
+                "W_o only for an MLA layer (DeepseekV3Attention has no residual or norm inside); "
+                f"leave {name} out and add x, or the decoder layer's norm, to the output yourself",
             )
     dims = LatentDims(
         m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
