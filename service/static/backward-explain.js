@@ -396,6 +396,19 @@ const LINES = {
       `Key/value head ${r.kv} serves the query heads ${r.heads.join(", ")}: the norm ran on its copies (the keys repeated to the query heads, with the same mean and σ), so grad_${r.next}[t] is their gradients summed, then back through the norm once.`,
     );
   },
+  "k-eq-v"(box, r, ctx, f, note) {
+    const { i, j } = ctx;
+    f(
+      `${r.name}[${i}][${j}] = the keys' read + the values' read = ${fmt(r.keys.total)} + ${fmt(r.values.total)}`,
+    );
+    note(
+      "k_eq_v: the values are the k given (Gemma 4's full layers), so k is read twice, as the keys (through its steps to the scores) and as the values; its gradient is both reads' summed. grad_v is the values' read alone.",
+    );
+    note("The keys' read:");
+    LINES[r.keys.kind](box, { ...r.keys, name: r.name }, ctx, f, note);
+    note("The values' read (grad_v):");
+    LINES[r.values.kind](box, { ...r.values, name: "grad_v" }, ctx, f, note);
+  },
   "kv-sum"(box, r, ctx, f, note) {
     const { i, j } = ctx;
     const copies = r.parts.map((x) => `head ${x.head}'s`).join(" + ");

@@ -329,7 +329,17 @@ function byKvHead(a, b) {
  * W_g[c][m]) (+ grad_residual[i][m]). Kind "x-back" with the request's w_q … (or generated
  * ones), "x-back-forms" with weights under other names, k_eq_v, x + PE or the gate. */
 function xBack(ctx, i, m) {
-  const sides = hasContext(ctx) ? ["q"] : SIDES;
+  return readBack(ctx, i, m, hasContext(ctx) ? ["q"] : SIDES, true);
+}
+
+/** grad_context[i][m] = Σ_c dK[i][c] · W_k[m][c] + Σ_c dV[i][c] · W_v[m][c]: cross-attention's
+ * keys and values read the context (no gate, no residual there). */
+const contextBack = (ctx, i, m) =>
+  hasContext(ctx) ? readBack(ctx, i, m, ["k", "v"], false) : undefined;
+
+/** The gradient of what the projections `sides` read, at [i][m]: each side's share (and, for x
+ * on /multihead's block, the gate's and the residual's when `block`). */
+function readBack(ctx, i, m, sides, block) {
   const parts = [];
   for (const side of sides) {
     const w = weightOf(ctx, side),
@@ -341,15 +351,15 @@ function xBack(ctx, i, m) {
     });
     parts.push({ side, layout: w.layout, from: w.from, terms, total: sum(terms) });
   }
-  if (gated(ctx)) {
+  if (block && gated(ctx)) {
     const share = gateShare(ctx, i, m);
     if (!share) return undefined;
     parts.push(share);
   }
-  const res = held(ctx).includes("residual") ? pick(ctx, "grad_residual") : null;
+  const res = block && held(ctx).includes("residual") ? pick(ctx, "grad_residual") : null;
   const residual = Array.isArray(res) ? res[i][m] : null;
   const total = parts.reduce((s, p) => s + p.total, 0) + (residual ?? 0);
-  const plain = parts.every((p) => p.from === "w_" + p.side) && inputName(ctx) === "x";
+  const plain = parts.every((p) => p.from === "w_" + p.side) && (!block || inputName(ctx) === "x");
   return { kind: plain && !kEqV(ctx) ? "x-back" : "x-back-forms", parts, residual, total };
 }
 
@@ -478,6 +488,7 @@ function lnParamBack(ctx, field, t) {
 export function projectionCell(ctx, of, i, j) {
   if (away(ctx)) return undefined;
   if (of === "x") return xBack(ctx, i, j);
+  if (of === "context") return contextBack(ctx, i, j);
   if (of === "ln_gamma" || of === "ln_beta")
     return ctx.endpoint === "multihead" ? lnParamBack(ctx, of, j) : undefined;
   if (PARAMS.has(of) && ctx.endpoint !== "multihead") return undefined;

@@ -451,8 +451,23 @@ export function gradientCell(ctx) {
 
 const NORM_PARAM = /^([qk])_norm_(weight|bias)$/;
 
+/** k_eq_v with k given per head: the values are that k, so it is read twice (/multihead). */
+const keysReadTwice = (ctx) =>
+  ctx.endpoint === "multihead" && ctx.request.k_eq_v === true && ctx.request.x === undefined;
+
+/** The given k's gradient under k_eq_v: the keys' read (through the chain to the scores) plus
+ * the values' read (grad_v's cell), as the service sums them. */
+function readTwiceCell(ctx, i, j) {
+  const once = { ...ctx, keyRead: true };
+  const keys = computeCell(once, "k", i, j),
+    values = computeCell(once, "v", i, j);
+  if (typeof keys?.total !== "number" || typeof values?.total !== "number") return undefined;
+  return { kind: "k-eq-v", keys, values, total: keys.total + values.total };
+}
+
 function computeCell(ctx, of, i, j) {
   if (of === "output") return dOCell(ctx, i, j);
+  if (of === "k" && keysReadTwice(ctx) && ctx.keyRead !== true) return readTwiceCell(ctx, i, j);
   if (latentOwns(ctx, of)) return latentGradCell(ctx, of, i, j); // MLA: lib/backward-latent.js
   const topKv = ctx.endpoint === "multihead" && ctx.head == null && PER_KV.has(of);
   if (topKv && Array.isArray(ctx.data[GRAD_PREFIX + of])) return kvSummedCell(ctx, of, i, j);
