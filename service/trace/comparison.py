@@ -85,11 +85,13 @@ def _shape(out: Output, shapes: Shapes) -> tuple[int, ...]:
 
 def _shape_problem(field: str, name: str, got: tuple[int, ...], want: tuple[int, ...]) -> str:
     def dims(s: tuple[int, ...]) -> str:
-        return "×".join(map(str, s))
+        return "×".join(map(str, s)) if s else "a number"
 
     text = f"{field} is {dims(got)} but the response's {name} is {dims(want)}"
     if len(got) == len(want) >= 2 and got == (*want[:-2], want[-1], want[-2]):
         text += ": it is the transpose (rows and columns swapped: K Qᵀ, or a missing .T?)"
+    elif not want:
+        text += f": give {name} as a number"
     elif got == want[1:]:
         text += ": this request is a batch, so give the leading B too"
     elif got[1:] == want:

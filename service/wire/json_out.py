@@ -58,9 +58,10 @@ def _rounded(value: Any, decimals: int) -> Any:
 
 
 def _contiguous(value: Any) -> Any:
-    """orjson's fallback: it serialises only C-contiguous arrays itself (head slices are views)."""
-    if isinstance(value, np.ndarray):
-        return np.ascontiguousarray(value)
+    """orjson's fallback: it serialises only C-contiguous arrays of one dimension or more itself
+    (head slices are views)."""
+    if isinstance(value, np.ndarray):  # a 0-d one is a number (orjson takes no 0-d arrays)
+        return value.item() if value.ndim == 0 else np.ascontiguousarray(value)
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
@@ -160,4 +161,6 @@ def _array(a: np.ndarray, decimals: int | None) -> Iterator[bytes | memoryview]:
 def _dump(a: np.ndarray, decimals: int | None) -> bytes:
     if decimals is not None and a.dtype.kind == "f":
         a = rounded(a, decimals)
+    if a.ndim == 0:  # a number (ascontiguousarray would make it a list of one)
+        return orjson.dumps(a.item(), option=OPTIONS)
     return orjson.dumps(np.ascontiguousarray(a), option=OPTIONS)

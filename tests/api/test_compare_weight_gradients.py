@@ -241,6 +241,8 @@ def test_one_sinks_gradient_is_compared_as_a_number(client: TestClient) -> None:
         ans = post(client, "/attention", body | {"expected": {"grad_sinks": sent}})
         assert ans["comparison"][0]["name"] == "grad_sinks"
         assert ans["comparison"][0]["match"] is match
+    err = post(client, "/attention", body | {"expected": {"grad_sinks": [float(ts.grad)]}}, 422)
+    assert "grad_sinks is a number: give grad_sinks as a number" in err["message"]
 
 
 # ---- /multihead: nn.MultiheadAttention's state dict, grouped-query attention -------------
