@@ -155,11 +155,10 @@ def _autograd(layer: Any, x: np.ndarray, positions: list[int], g: np.ndarray) ->
     return xs.grad, dict(layer.attn.named_parameters())
 
 
-@pytest.mark.torch
-@pytest.mark.parametrize("case", list(FORMS), ids=list(FORMS))
-def test_grad_state_dict_under_the_modules_own_names(client: TestClient, case: str) -> None:
-    """grad_x and grad_state_dict, keyed exactly as the module's named_parameters(), against
-    torch.autograd of transformers' own layer (float64, the harness's patches)."""
+def config_case(case: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """tests/wire/test_config_layers.py's layer ``case`` from its config, in float64 with
+    random weights: torch.autograd's grad_x and parameters from dO = g, and the request body
+    (x, the layer's state dict, the config, grad_output g)."""
     from tests.wire import test_config_layers as layers
 
     _, build, layer, positions, _ = next(c for c in layers.CASES if c[0] == case)
@@ -172,9 +171,19 @@ def test_grad_state_dict_under_the_modules_own_names(client: TestClient, case: s
     at = list(range(layers.L)) if positions is None else positions
     grad_x, params = _autograd(hf, x, at, g)
     body: dict[str, Any] = {"x": x.tolist(), **layers._state(hf), "config": cfg, "layer": layer,
-                            "grad_output": g.tolist(), "include": ["grad_x", "grad_state_dict"]}  # fmt: skip
+                            "grad_output": g.tolist()}  # fmt: skip
     if positions is not None:
         body["positions"] = body["context_positions"] = positions
+    return grad_x, params, body
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("case", list(FORMS), ids=list(FORMS))
+def test_grad_state_dict_under_the_modules_own_names(client: TestClient, case: str) -> None:
+    """grad_x and grad_state_dict, keyed exactly as the module's named_parameters(), against
+    torch.autograd of transformers' own layer (float64, the harness's patches)."""
+    grad_x, params, body = config_case(case)
+    body["include"] = ["grad_x", "grad_state_dict"]
     ans = post(client, "/multihead", body)
     close(ans["grad_x"], grad_x[0], "grad_x")
     ours = ans["grad_state_dict"]

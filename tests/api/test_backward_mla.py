@@ -291,28 +291,10 @@ def test_mla_grad_state_dict_through_config(client: TestClient, case: str) -> No
     """The layers of tests/wire/test_config_layers.py given as config + layer (DeepSeek V3,
     V2 with YaRN's mscale, V2-Lite's q_proj): grad_x and grad_state_dict against autograd of
     transformers' own DeepseekV3Attention / DeepseekV2Attention."""
-    from tests.api.test_backward_forms import _autograd
-    from tests.wire import test_config_layers as layers
+    from tests.api.test_backward_forms import config_case
 
-    _, build, layer, positions, _ = next(c for c in layers.CASES if c[0] == case)
-    cfg, hf = build(layer)
-    hf.attn = hf.attn.double().eval()
-    layers._fill(hf, 100 + layer)
-    rng = np.random.default_rng(layer)
-    x = rng.normal(size=(layers.L, layers.SIZES["hidden_size"]))
-    g = rng.normal(size=(layers.L, layers.SIZES["hidden_size"]))
-    at = list(range(layers.L)) if positions is None else positions
-    grad_x, params = _autograd(hf, x, at, g)
-    body: dict[str, Any] = {
-        "x": x.tolist(),
-        **layers._state(hf),
-        "config": cfg,
-        "layer": layer,
-        "grad_output": g.tolist(),
-        "include": ["grad_x", "grad_state_dict"],
-    }
-    if positions is not None:
-        body["positions"] = body["context_positions"] = positions
+    grad_x, params, body = config_case(case)
+    body["include"] = ["grad_x", "grad_state_dict"]
     r = client.post("/multihead", json=body)
     assert r.status_code == 200, r.text
     ans = r.json()

@@ -332,20 +332,6 @@ def test_a_config_with_k_eq_v_or_the_gate(page: Any, server: str, case: str) -> 
 def _config_case(case: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """tests/api/test_backward_forms.py's layer from its config: torch.autograd's grad_x and
     parameters, and the request body."""
-    from tests.api.test_backward_forms import _autograd
-    from tests.wire import test_config_layers as layers
+    from tests.api.test_backward_forms import config_case
 
-    _, build, layer, positions, _ = next(c for c in layers.CASES if c[0] == case)
-    cfg, hf = build(layer)
-    hf.attn = hf.attn.double().eval()
-    layers._fill(hf, 100 + layer)
-    rng = np.random.default_rng(layer)
-    x = rng.normal(size=(layers.L, layers.SIZES["hidden_size"]))
-    g = rng.normal(size=(layers.L, layers.SIZES["hidden_size"]))
-    at = list(range(layers.L)) if positions is None else positions
-    grad_x, params = _autograd(hf, x, at, g)
-    body: dict[str, Any] = {"x": x.tolist(), **layers._state(hf), "config": cfg, "layer": layer,
-                            "grad_output": g.tolist()}  # fmt: skip
-    if positions is not None:
-        body["positions"] = body["context_positions"] = positions
-    return grad_x, params, body
+    return config_case(case)

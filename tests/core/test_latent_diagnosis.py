@@ -32,6 +32,7 @@ from service.core.latent import (
 )
 from service.core.positions import Rope
 from service.core.variants import Variants
+from tests.core.test_backward_mistakes import Bugs
 
 Array = np.ndarray[Any, np.dtype[np.float64]]
 TIGHT = Tolerance(atol=1e-9, rtol=0.0)
@@ -72,16 +73,10 @@ class Layer:
         return 1 / float(np.sqrt(self.nope + self.rope))
 
 
-@dataclass(frozen=True)
-class Bugs:
-    """What the learner got wrong (each field one of the contract's mistakes)."""
-
-    diagonal: bool = False  # dS = P * dP
-    unweighted: str | None = None  # D = (dP * mask).sum(-1) ("allowed") or dP.sum(-1) ("every")
-    scale_missing: bool = False  # dQ = dS @ K, dK = dS.T @ Q
-    transposed: str | None = None  # "dv": dV = P @ dO; "dk": dK = dS @ Q; "both"
-    rope_forward: bool = False  # the rope features' gradients turned as the forward turns
-    member: int | None = None  # dk_pe = the query head member's share, not the heads' sum
+# what the learner got wrong: tests/core/test_backward_mistakes.py's Bugs; on an MLA layer
+# ``member`` is the head whose share of the one rotated key's gradient stands for the heads' sum,
+# and ``rope_forward`` turns the rope features' gradients as the forward turns them
+NO_BUGS = Bugs()
 
 
 def _rotate_half(x: Array) -> Array:
@@ -146,7 +141,7 @@ def _w(x: Array, d: Array) -> Array:  # a weight's gradient, x @ W: Σ over toke
     return out
 
 
-def by_hand(m: Layer, d_y: Array, bugs: Bugs = Bugs()) -> dict[str, Array]:
+def by_hand(m: Layer, d_y: Array, bugs: Bugs = NO_BUGS) -> dict[str, Array]:
     """The learner's forward and backward of a causal MLA layer (DeepseekV3Attention's), with
     ``bugs``: every gradient under the service's name."""
     x, h, nope = m.x, m.h, m.nope
