@@ -869,11 +869,22 @@ def _gradient_of(out: Output) -> Output:
 
 
 def _parameter(
-    name: str, doc: str, *, kind: Kind = "tensor", endpoints: frozenset[Endpoint] = BOTH
+    name: str,
+    doc: str,
+    *,
+    kind: Kind = "tensor",
+    endpoints: frozenset[Endpoint] = BOTH,
+    when: Presence = _backward,
 ) -> Output:
     """The gradient of a parameter the request gave (a bias, a norm's weight, a sink): one for
-    the whole request, returned when the request gave the parameter."""
-    return Output(name, kind, doc, None, endpoints, _backward, batched=False, optional=True)
+    the whole request, returned when the request gave the parameter (``when``: what a request
+    must have for that, as far as its shapes tell)."""
+    return Output(name, kind, doc, None, endpoints, when, batched=False, optional=True)
+
+
+def _with(variant: str) -> Presence:
+    """With grad_output and the variant ``variant`` on (service.trace.rows.variants)."""
+    return lambda s: s.backward and variant in s.on
 
 
 def _weight(
@@ -995,9 +1006,15 @@ GRADIENTS: tuple[Output, ...] = (
         lambda s: s.backward and s.past_len > 0,
         asked=True,
     ),
-    _parameter("grad_sinks", "∂loss/∂sinks: one per head (a number on /attention)"),
+    _parameter(
+        "grad_sinks", "∂loss/∂sinks: one per head (a number on /attention)", when=_with("sinks")
+    ),
     *(
-        _parameter(f"grad_{side}_norm_{part}", f"∂loss/∂ the {side} norm's {part}, shaped as given")
+        _parameter(
+            f"grad_{side}_norm_{part}",
+            f"∂loss/∂ the {side} norm's {part}, shaped as given",
+            when=_with("v_norm" if side == "v" else "qk_norm"),
+        )
         for side in ("q", "k", "v")
         for part in ("weight", "bias")
     ),
@@ -1005,9 +1022,17 @@ GRADIENTS: tuple[Output, ...] = (
         "grad_relative_bias_table",
         "∂loss/∂ relative_bias.table [num_buckets][h]: the bias's gradient summed by bucket, "
         "per head",
+        when=_with("position_bias"),
     ),
-    _parameter("grad_ln_gamma", "∂loss/∂ layer_norm.gamma [d_out]", endpoints=MULTIHEAD),
-    _parameter("grad_ln_beta", "∂loss/∂ layer_norm.beta [d_out]", endpoints=MULTIHEAD),
+    *(
+        _parameter(
+            f"grad_ln_{p}",
+            f"∂loss/∂ layer_norm.{p} [d_out]",
+            endpoints=MULTIHEAD,
+            when=lambda s: s.backward and s.layer_norm,
+        )
+        for p in ("gamma", "beta")
+    ),
     _weight("grad_w_o", f"∂loss/∂W_o, {_LAYOUT}", index(H * D_V, D_OUT), MULTIHEAD, _backward),
     _parameter("grad_b_o", "∂loss/∂b_o [d_out]", endpoints=MULTIHEAD),
     _weight(
@@ -1016,7 +1041,7 @@ GRADIENTS: tuple[Output, ...] = (
         index(H * D_V, D_MODEL),
         MULTIHEAD,
     ),
-    _parameter("grad_gate_b", "∂loss/∂ gate.b [h·d_v]", endpoints=MULTIHEAD),
+    _parameter("grad_gate_b", "∂loss/∂ gate.b [h·d_v]", endpoints=MULTIHEAD, when=_with("gate")),
     _weight("grad_w_q", f"∂loss/∂W_q (all heads), {_LAYOUT}", index(D_MODEL, H * D_K)),
     _weight("grad_w_k", f"∂loss/∂W_k, {_LAYOUT}", index(D_MODEL, H_KV * D_K)),
     _weight("grad_w_v", f"∂loss/∂W_v, {_LAYOUT}", index(D_MODEL, H_KV * D_V)),
@@ -1030,8 +1055,13 @@ GRADIENTS: tuple[Output, ...] = (
         MULTIHEAD,
         _q_latent_backward,
     ),
-    _parameter("grad_b_q_a", "∂loss/∂ q_a_proj.bias (mla)", endpoints=MULTIHEAD),
-    _parameter("grad_q_a_norm_weight", "∂loss/∂ q_a_layernorm.weight (mla)", endpoints=MULTIHEAD),
+    *(
+        _parameter(name, doc, endpoints=MULTIHEAD, when=_q_latent_backward)
+        for name, doc in (
+            ("grad_b_q_a", "∂loss/∂ q_a_proj.bias (mla)"),
+            ("grad_q_a_norm_weight", "∂loss/∂ q_a_layernorm.weight (mla)"),
+        )
+    ),
     Output(
         "grad_w_kv_a",
         "weight",
@@ -1042,8 +1072,13 @@ GRADIENTS: tuple[Output, ...] = (
         batched=False,
         optional=True,
     ),
-    _parameter("grad_b_kv_a", "∂loss/∂ kv_a_proj_with_mqa.bias (mla)", endpoints=MULTIHEAD),
-    _parameter("grad_kv_a_norm_weight", "∂loss/∂ kv_a_layernorm.weight (mla)", endpoints=MULTIHEAD),
+    *(
+        _parameter(name, doc, endpoints=MULTIHEAD, when=_latent_backward)
+        for name, doc in (
+            ("grad_b_kv_a", "∂loss/∂ kv_a_proj_with_mqa.bias (mla)"),
+            ("grad_kv_a_norm_weight", "∂loss/∂ kv_a_layernorm.weight (mla)"),
+        )
+    ),
     Output(
         "grad_w_kv_b",
         "weight",
