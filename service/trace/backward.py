@@ -31,8 +31,9 @@ from service.core.positions import RelativeBias, t5_bucket
 from service.core.softmax import OnlineSoftmax
 from service.core.types import Array, IntArray
 from service.core.variants import Variants
+from service.trace.gradient_outputs import GRADIENTS
 from service.trace.gradients import PARAMETERS
-from service.trace.outputs import GRADIENTS, gradient_position
+from service.trace.outputs import gradient_position
 from service.trace.plan import AttentionPlan, MultiheadPlan, Plan
 
 Grads = dict[str, Array]

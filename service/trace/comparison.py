@@ -37,9 +37,9 @@ from service.core.diagnosis.search import (
 from service.core.diagnosis.stages import ORDER, Setup, State, Unfit, per_query_head
 from service.core.masks import CombinedMask
 from service.core.types import Array
+from service.trace.output_table import Output
 from service.trace.outputs import (
     OUTPUTS,
-    Output,
     gradient_position,
     in_heads,
     top_level,

@@ -10,7 +10,8 @@ from pydantic.config import JsonDict
 
 from service.core.diagnosis.search import MASKED_FLOOR
 from service.trace.comparison import DIAGNOSIS_TIMES
-from service.trace.outputs import Kind, Output, in_heads, top_level
+from service.trace.output_table import Kind, Output
+from service.trace.outputs import in_heads, top_level
 from service.trace.shapes import Endpoint
 
 Matrix = list[list[float]] | list[list[list[float]]]
