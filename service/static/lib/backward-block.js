@@ -28,9 +28,13 @@
 //   positional_encoding: the projections (and the gate) read x_in = x + PE, not x
 //   output.LayerNorm.weight/.bias: the layer norm's γ and β; its eps the request's or the config's
 //   (the answer's conventions.config names the key)
-// Not here (undefined: the page shows the service's number): `past`, MLA (or a config that makes
-// it), the clamp, fused projections (qkv_proj.weight, query_key_value.weight, Wqkv.weight,
-// c_attn.weight and c_proj.weight).
+//   past (a decode step): the projections read the new tokens' x only, and grad_q … are the new
+//   tokens' (the cache's rows have their own, grad_past_k/v: lib/backward.js's)
+//   clip_qkv: grad_q, grad_k, grad_v are the projections' outputs' (before the clamp: 0 where
+//   it cut), so the projections read them as they are
+// Not here (undefined: the page shows the service's number): MLA (or a config that makes it),
+// unless lib/backward-latent.js hands its block here; fused projections (qkv_proj.weight,
+// query_key_value.weight, Wqkv.weight, c_attn.weight and c_proj.weight).
 import { pick } from "./pick.js";
 import { gateWeights, normOf } from "./layers.js";
 import { weightAt } from "./projection.js";
@@ -39,12 +43,10 @@ import { weightAt } from "./projection.js";
 export const BLOCK = ["concat", "gated", "projected", "residual", "layer_norm", "gate"];
 const SIDES = ["q", "k", "v"];
 const PARAMS = new Set(["w_o", "b_o", "ln_gamma", "ln_beta"]);
-// request fields whose backward this is not: a cache, MLA, the clamp, fused projections (their
-// unpacking is the service's)
+// request fields whose backward this is not: MLA, fused projections (their unpacking is the
+// service's)
 const AWAY = [
-  "past",
   "mla",
-  "clip_qkv",
   "qkv_proj.weight",
   "qkv_proj_weight",
   "query_key_value.weight",
