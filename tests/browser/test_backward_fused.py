@@ -16,7 +16,14 @@ import torch
 
 from tests.api.test_backward import back
 from tests.browser.support import post_json
-from tests.browser.test_backward_forms import _config_case, _explained, _near, _page_of, rand
+from tests.browser.test_backward_forms import (
+    TOP_LEVEL,
+    _config_case,
+    _explained,
+    _near,
+    _page_of,
+    rand,
+)
 from tests.browser.test_backward_view import D_O, RECOMPUTE_GRADIENTS, W_K, W_O, W_Q, W_V, X
 
 pytestmark = pytest.mark.e2e
@@ -33,11 +40,12 @@ def _mine(name: str) -> bool:
     return name in MINE or name.startswith(("grad_w_", "grad_b_"))
 
 
-def _rows(page: Any, data: dict[str, Any], body: dict[str, Any]) -> Any:
-    """Every gradient cell the page computes: each the service's to 1e-12, none of this file's
-    arrays "unexplained" (nor any other's)."""
-    args = {"endpoint": "multihead", "data": data, "request": body}
-    rows = page.evaluate(RECOMPUTE_GRADIENTS, args)
+def _rows(page: Any, data: dict[str, Any], body: dict[str, Any], top: bool = False) -> Any:
+    """Every gradient cell the page computes (only this file's arrays with ``top``: a config
+    layer's heads are lib/backward.js's): each the service's to 1e-12, none "unexplained"."""
+    only = [n for n in data if _mine(n)]
+    args = {"endpoint": "multihead", "data": data, "request": body, "only": only}
+    rows = page.evaluate(TOP_LEVEL if top else RECOMPUTE_GRADIENTS, args)
     bad = [r for r in rows if r[5] is not None and abs(r[5] - r[6]) > 1e-12 * max(1, abs(r[6]))]
     assert bad == [], bad[:10]
     mine = [r for r in rows if r[1] is None and _mine(r[0])]
@@ -174,3 +182,71 @@ def test_olmos_clamp_with_biases_out_in(page: Any, server: str) -> None:
     v = np.hstack([np.array(h["v"]) for h in data["heads"]])
     assert (d_v[np.abs(v) > 0.4] == 0).all()
     _near(page_of[("grad_b_v", 0, 2)], d_v.sum(axis=0)[2])
+
+
+def _k_at(layout: str, c: int, h: int, h_kv: int, d: int) -> int:
+    """Where W_k's output column c is in the fused axis, written from each module's own split
+    (Phi-3, MPT, DBRX, GPTBigCode: [q; k; v]; GPT-NeoX: view (h, 3d); Falcon's new decoder:
+    view (h_kv, g + 2, d); GPT-2: split(n_embd) of the columns; CodeGen: reshape (4, 3·local),
+    split q, v, k)."""
+    head, t = divmod(c, d)
+    if layout in ("rows", "columns"):
+        return h * d + c
+    if layout == "per_head":
+        return 3 * d * head + d + t
+    if layout == "grouped":
+        g = h // h_kv
+        return (g + 2) * d * head + g * d + t
+    per, local = h // 4, h * d // 4  # codegen
+    block, i = divmod(head, per)
+    return 3 * local * block + 2 * local + d * i + t
+
+
+# tests/wire/test_config_layers.py's cases: (layout, the fused weight's name, W_o's name, W_o
+# stored [in][out] (Conv1D))
+FUSED_CASES = {
+    "phi3-longrope-long": ("rows", "qkv_proj.weight", "o_proj.weight", False),
+    "mpt-alibi-clip-softmax_scale": ("rows", "Wqkv.weight", "out_proj.weight", False),
+    "dbrx-rows-gqa-clip": ("rows", "Wqkv.weight", "out_proj.weight", False),
+    "gpt_bigcode-multi_query-rows": ("rows", "c_attn.weight", "c_proj.weight", False),
+    "gpt_neox-per_head-fused": ("per_head", "query_key_value.weight", "dense.weight", False),
+    "falcon-per_head-bias": ("per_head", "query_key_value.weight", "dense.weight", False),
+    "falcon-new_decoder-grouped": ("grouped", "query_key_value.weight", "dense.weight", False),
+    "gpt2-columns-inverse_layer_idx": ("columns", "c_attn.weight", "c_proj.weight", True),
+    "codegen-blocks-rotary_dim": ("codegen", "qkv_proj.weight", "out_proj.weight", False),
+}
+
+
+@pytest.mark.parametrize("case", list(FUSED_CASES), ids=list(FUSED_CASES))
+def test_a_fused_projection_as_its_module_stores_it(page: Any, server: str, case: str) -> None:
+    """A family's config with its state dict holding a fused projection: every cell of the
+    block's and the projections' gradients computed by the page, the service's to 1e-12; grad_x,
+    grad_w_k and grad_w_o against torch.autograd of transformers' own layer (float64), W_k's
+    column found in the fused weight by this file's own reading of the module; the weight
+    cell's explanation names that entry, whose grad_state_dict number is the page's."""
+    layout, fused, out, conv1d = FUSED_CASES[case]
+    grad_x, params, body = _config_case(case)
+    assert fused in body and (out in body) == (out in params)
+    data = post_json(server, "multihead", body)
+    rows = _rows(page, data, body, top=True)
+    kinds = {r[4] for r in rows}
+    assert {"x-back-fused", "weight-back-fused"} <= kinds, kinds
+    assert {r[0] for r in rows} >= {"grad_concat", "grad_w_v"}
+    h, h_kv, d = int(data["num_heads"]), int(data["num_kv_heads"]), int(data["d_k"])
+    page_of = _page_of(rows)
+    _near(page_of[("grad_x", 3, 5)], float(grad_x[0, 3, 5]))
+    m, c = 6, h_kv * d - 1  # W_k[m][c]: the last key/value head's last column
+    at = _k_at(layout, c, h, h_kv, d)
+    g = params[fused].grad
+    want = float(g[m, at] if layout == "columns" else g[at, m])
+    _near(page_of[("grad_w_k", m, c)], want)
+    g_o = params[out].grad  # W_o[m][c] in_out: Conv1D stores it so, nn.Linear transposed
+    _near(page_of[("grad_w_o", 2, 7)], float(g_o[2, 7] if conv1d else g_o[7, 2]))
+    text = _explained(page, data, body, "grad_w_k", m, c)
+    entry = f"[{m}][{at}]" if layout == "columns" else f"[{at}][{m}]"
+    assert f"is {fused}{entry} of the weight you gave" in text, text
+    assert "unpack" in text, text
+    state = np.array(data["grad_state_dict"][fused])
+    _near(page_of[("grad_w_k", m, c)], float(state[m, at] if layout == "columns" else state[at, m]))
+    if f"{fused[:-7]}.bias" in body:  # the bias's cell: the fused bias's entry
+        _near(page_of[("grad_b_k", 0, c)], float(params[f"{fused[:-7]}.bias"].grad[at]))
