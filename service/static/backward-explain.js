@@ -14,7 +14,7 @@ import { slotOf } from "./lib/layers.js";
 export { isGradient };
 
 const DONE =
-  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), the sinks' and T5's table's gradients, dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the q/k norms' weights and biases, the new keys' and values' with past and the cache's own (grad_past_k, grad_past_v), a key/value head's gradient as its query heads' summed, the gate's product (grad_concat, grad_gate), /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients), and MLA's (Q's and K's nope and rope parts, RoPE's transpose in DeepSeek's layout, the shared key summed over the heads, the latents' up-projections and RMS norms, their weights, grad_x); the projections' under PyTorch's, a state dict's or the heads' names too, with k_eq_v and a positional encoding, and the output gate's weights (grad_gate_w, grad_gate_b)";
+  "dO, dP = dO Vᵀ, D = rowsum(dO ∘ O), dS = P ∘ (dP − D), the score steps back to grad_scores (the mask and the bias, the softcap, the scale), the sinks' and T5's table's gradients, dQ, dK, dV, RoPE's and the temperature's backward, the q/k norms' and the clamp's backward, the q/k norms' weights and biases, the new keys' and values' with past and the cache's own (grad_past_k, grad_past_v), a key/value head's gradient as its query heads' summed, the gate's product (grad_concat, grad_gate), /multihead's block (W_o, the residual, the layer norm and their parameters) and the projections (grad_x, the weights' and biases' gradients), and MLA's (Q's and K's nope and rope parts, RoPE's transpose in DeepSeek's layout, the shared key summed over the heads, the latents' up-projections and RMS norms, their weights, grad_x); the projections' under PyTorch's, a state dict's or the heads' names too, with k_eq_v and a positional encoding, a decode step's (past) and OLMo's clamp, read out of a fused projection (qkv_proj.weight, query_key_value.weight, Wqkv.weight, c_attn.weight, c_proj.weight) as the service unpacks it, and the output gate's weights (grad_gate_w, grad_gate_b)";
 
 /** Whose cell it is: query i → key j for a map of the scores or the weights, else the row's
  * token and the feature. */
@@ -95,6 +95,39 @@ function weightSource(p, ctx) {
     return `W_v is the keys' weight (${from}): k_eq_v, the values are the keys' projection.`;
   if (from.startsWith("w_") || from === "identity") return `${W} is ${from} as given.`;
   return `${W} is ${from} (a module's weight, out_in as PyTorch stores it).`;
+}
+
+/** Indices as runs: "0…7, 24…31". */
+function runsSaid(list) {
+  const out = [];
+  for (const n of list) {
+    const last = out.at(-1);
+    if (last && n === last[1] + 1) last[1] = n;
+    else out.push([n, n]);
+  }
+  return out.map(([a, b]) => (a === b ? String(a) : `${a}…${b}`)).join(", ");
+}
+
+/** Where a weight read out of a fused projection (or c_proj.weight) comes from, said: which
+ * rows (GPT-2's Conv1D: columns) of the weight the request gave, and how they are stored. */
+function fusedSource(p) {
+  const fz = p.fused;
+  const W = `W_${p.side}`;
+  if (fz.output)
+    return fz.conv1d
+      ? `W_o is c_proj.weight as stored: GPT-2's Conv1D keeps it [in][out], so W_o[c][o] = c_proj.weight[c][o] (the service reads it as o_proj.weight, transposed).`
+      : `W_o is c_proj.weight as GPTBigCode's nn.Linear stores it, [out][in] (out_in): W_o[c][o] = c_proj.weight[o][c].`;
+  const where = fz.conv1d ? "columns" : "rows";
+  const how = fz.conv1d
+    ? `GPT-2's Conv1D stores it [in][out], so ${W}[m][c] = ${fz.name}[m][its c-th column of these]`
+    : `out_in as the module stores it, so ${W}[m][c] = ${fz.name}[its c-th row of these][m]`;
+  return `${W} is ${fz.name}'s ${where} ${runsSaid(fz.rows)} (qkv_layout "${fz.layout}", as the service unpacks it): ${how}.`;
+}
+
+/** The service's unpack step's formula, said (which rows hold what). */
+function unpackSaid(ctx) {
+  const step = (ctx.data.steps || []).find((st) => st.name === "unpack");
+  return step ? `The service's unpack step: ${step.formula}.` : null;
 }
 
 /** The gate's terms: the input, grad_gate, gate, dz and their product, row by row. */
@@ -627,6 +660,32 @@ const LINES = {
     gateTerms(box, r, "1");
     note("b_g is added to every row before the sigmoid: its gradient is dz summed over the rows.");
   },
+  "x-back-fused"(box, r, ctx, f, note) {
+    const skip = new Set(r.parts.map((p) => weightSource(p, ctx)));
+    LINES["x-back-forms"](box, r, ctx, f, (s) => skip.has(s) || note(s));
+    for (const p of r.parts) note(p.fused ? fusedSource(p) : weightSource(p, ctx));
+    const said = unpackSaid(ctx);
+    if (said) note(said);
+  },
+  "weight-back-fused"(box, r, ctx, f, note) {
+    LINES["weight-back-forms"](box, r, ctx, f, (s) => s === weightSource(r, ctx) || note(s));
+    const [name, ...at] = r.entry;
+    f(
+      `W_${r.side}[${r.m}][${r.c}] is ${name}${at.map((n) => `[${n}]`).join("")} of the weight you gave: its gradient is this number, as grad_state_dict's ${name} holds it there.`,
+    );
+    note(fusedSource(r));
+  },
+  "bias-back-fused"(box, r, ctx, f, note) {
+    LINES["bias-back-forms"](box, r, ctx, f, note);
+    const [name, at] = r.entry;
+    f(
+      `b_${r.side}[${r.c}] is ${name}[${at}] of the bias you gave: its gradient is this number, as grad_state_dict's ${name} holds it there.`,
+    );
+  },
+  "concat-back-fused"(box, r, ctx, f, note) {
+    LINES["concat-back"](box, r, ctx, f, note);
+    note(fusedSource({ side: "o", fused: r.fused }));
+  },
   "mla-part"(box, r, ctx, f, note) {
     const { i, j } = ctx;
     f(`${r.name}[${i}][${j}] = ${r.whole}[${i}][${r.col}] = ${fmt(r.total)}`);
@@ -784,6 +843,7 @@ const NO_WHO = new Set([
   "norm-param-back",
   "mla-weight",
   "weight-back-forms",
+  "weight-back-fused",
   "gate-w-back",
   "bias-table-back",
 ]);

@@ -28,9 +28,18 @@
 //   positional_encoding: the projections (and the gate) read x_in = x + PE, not x
 //   output.LayerNorm.weight/.bias: the layer norm's γ and β; its eps the request's or the config's
 //   (the answer's conventions.config names the key)
-// Not here (undefined: the page shows the service's number): `past`, MLA (or a config that makes
-// it), the clamp, fused projections (qkv_proj.weight, query_key_value.weight, Wqkv.weight,
-// c_attn.weight and c_proj.weight).
+//   past (a decode step): the projections read the new tokens' x only, and grad_q … are the new
+//   tokens' (the cache's rows have their own, grad_past_k/v: lib/backward.js's)
+//   clip_qkv: grad_q, grad_k, grad_v are the projections' outputs' (before the clamp: 0 where
+//   it cut), so the projections read them as they are
+//   fused projections (qkv_proj.weight, query_key_value.weight, Wqkv.weight, c_attn.weight):
+//   W_q, W_k, W_v read out of the fused weight as the service unpacks it (service/wire/fused.py):
+//   the rows (GPT-2's Conv1D: the columns) its qkv_layout gives — the request's, else the one
+//   the service's unpack step names (a config's family) — for h, h_kv, d; c_proj.weight as W_o
+//   ([in][out] under the Conv1D, [out][in] otherwise); their gradients in_out, each weight
+//   cell also named as the fused weight's entry (grad_state_dict holds it there)
+// Not here (undefined: the page shows the service's number): MLA (or a config that makes it),
+// unless lib/backward-latent.js hands its block here.
 import { pick } from "./pick.js";
 import { gateWeights, normOf } from "./layers.js";
 import { weightAt } from "./projection.js";
@@ -39,22 +48,8 @@ import { weightAt } from "./projection.js";
 export const BLOCK = ["concat", "gated", "projected", "residual", "layer_norm", "gate"];
 const SIDES = ["q", "k", "v"];
 const PARAMS = new Set(["w_o", "b_o", "ln_gamma", "ln_beta"]);
-// request fields whose backward this is not: a cache, MLA, the clamp, fused projections (their
-// unpacking is the service's)
-const AWAY = [
-  "past",
-  "mla",
-  "clip_qkv",
-  "qkv_proj.weight",
-  "qkv_proj_weight",
-  "query_key_value.weight",
-  "query_key_value_weight",
-  "Wqkv.weight",
-  "Wqkv_weight",
-  "wqkv_weight",
-  "c_attn.weight",
-  "c_attn_weight",
-];
+// request fields whose backward this is not: MLA
+const AWAY = ["mla"];
 // each projection's weight under a module's names (service/wire/schemas/requests.py: the state
 // dict's, nn.MultiheadAttention's, BERT's), always out_in
 const NAMES = {
@@ -71,6 +66,69 @@ const NAMES = {
     "o.weight",
   ],
 };
+// the fused projections (service/wire/fused.py's FUSED): each weight's names, the module's first
+const FUSED = [
+  ["qkv_proj.weight", "qkv_proj_weight"],
+  ["query_key_value.weight", "query_key_value_weight"],
+  ["Wqkv.weight", "Wqkv_weight", "wqkv_weight"],
+  ["c_attn.weight", "c_attn_weight"],
+];
+// GPT-2's and GPTBigCode's output projection beside c_attn.weight
+const C_PROJ = ["c_proj.weight", "c_proj_weight"];
+const MP_NUM = 4; // CodeGen's qkv_proj: 4 blocks (CodeGenAttention's mp_num)
+const range = (n, from = 0) => Array.from({ length: n }, (_, t) => from + t);
+/** d rows from each start, one after the other. */
+const runs = (starts, d) => starts.flatMap((s) => range(d, s));
+/** [q; k; v] one after the other: W_q h·d rows, then W_k and W_v h_kv·d each. */
+const stacked = ({ h, kv, d }) => [range(h * d), range(kv * d, h * d), range(kv * d, (h + kv) * d)];
+// each layout's indices of W_q's, W_k's and W_v's rows (W[c] the fused axis's entry) in the
+// fused axis, for h query heads and kv key/value heads of d features (service/wire/fused.py's
+// LAYOUTS, in the order of q_proj.weight's rows, head by head)
+const LAYOUTS = {
+  rows: stacked,
+  columns: stacked, // GPT-2's Conv1D: the columns
+  per_head: ({ h, d }) => {
+    const first = range(h).map((i) => 3 * d * i); // head i's query row
+    return [
+      runs(first, d),
+      runs(
+        first.map((s) => s + d),
+        d,
+      ),
+      runs(
+        first.map((s) => s + 2 * d),
+        d,
+      ),
+    ];
+  },
+  grouped: ({ h, kv, d }) => {
+    const g = h / kv; // query heads per key/value head: its g·d query rows, then k, then v
+    const group = range(kv).map((i) => (g + 2) * d * i);
+    return [
+      runs(group, g * d),
+      runs(
+        group.map((s) => s + g * d),
+        d,
+      ),
+      runs(
+        group.map((s) => s + (g + 1) * d),
+        d,
+      ),
+    ];
+  },
+  codegen: ({ h, d }) => {
+    const per = h / MP_NUM,
+      local = (h * d) / MP_NUM; // each block: its heads' q, then v, then k, local rows each
+    const first = range(h).map((j) => 3 * local * Math.floor(j / per) + d * (j % per));
+    const at = (shift) =>
+      runs(
+        first.map((s) => s + shift),
+        d,
+      );
+    return [at(0), at(2 * local), at(local)];
+  },
+};
+
 // BERT's output.LayerNorm: the layer norm's γ and β
 const LN_NAMES = {
   gamma: ["output.LayerNorm.weight", "output_LayerNorm_weight"],
@@ -166,7 +224,8 @@ function concatBack(ctx, i, c) {
     const wv = weightAt(w.layout, w.m, c, o);
     return { c: o, a: d, b: wv, value: d * wv };
   });
-  return { kind: "concat-back", layout: w.layout, terms, total: sum(terms) };
+  const fused = w.fused && { fused: w.fused, kind: "concat-back-fused" };
+  return { kind: "concat-back", layout: w.layout, terms, total: sum(terms), ...fused };
 }
 
 /** The gradient of block array `of` at [i][j], or undefined. */
@@ -231,14 +290,55 @@ function weightOf(ctx, side) {
   const named = given(r, NAMES[side]);
   if (named)
     return { m: queryRows(ctx, side, r[named]), layout: "out_in", grad: "in_out", from: named };
-  const other = side === "o" ? undefined : packedOf(ctx, side);
+  const other = side === "o" ? cProjOf(ctx) : (packedOf(ctx, side) ?? fusedOf(ctx, side));
   if (other) return other;
   const made = ctx.data[field];
   if (Array.isArray(made)) return { m: made, layout: "in_out", grad: "in_out", from: field };
-  const namedO = ["c_proj.weight", "c_proj_weight"].some((f) => r[f] !== undefined);
-  return side === "o" && !namedO
+  return side === "o" && !given(r, C_PROJ)
     ? { m: null, layout: "identity", grad: "in_out", from: "identity" }
     : undefined;
+}
+
+/** The fused projection's layout: the request's qkv_layout, else the one the service's unpack
+ * step names ("qkv_proj.weight, rows layout: …", a config's family implying it). */
+function fusedLayout(ctx) {
+  if (typeof ctx.request.qkv_layout === "string") return ctx.request.qkv_layout;
+  const step = (ctx.data.steps || []).find((st) => st.name === "unpack");
+  const said = step && /^\S+, (\w+) layout:/.exec(String(step.formula));
+  return said ? said[1] : undefined;
+}
+
+/** W_<side> (q, k, v) out of a fused weight as the service unpacks it (service/wire/fused.py):
+ * its layout's rows of the fused weight (out_in), or GPT-2's Conv1D columns (in_out); with
+ * `fused` {name, layout, rows: the fused axis's index of each of W's output columns, conv1d,
+ * bias: the fused bias's name}; undefined without one (or an unknown layout). */
+function fusedOf(ctx, side) {
+  const r = ctx.request;
+  const names = FUSED.find((n) => given(r, n));
+  const layout = fusedLayout(ctx);
+  if (!names || !layout || !(layout in LAYOUTS)) return undefined;
+  const h = Number(ctx.data.num_heads),
+    d = Number(ctx.data.d_k);
+  const kv = Number(ctx.data.num_kv_heads ?? h);
+  const rows = LAYOUTS[layout]({ h, kv, d })[SIDES.indexOf(side)];
+  const w = r[given(r, names)];
+  const conv1d = layout === "columns";
+  const m = conv1d ? w.map((row) => rows.map((n) => row[n])) : rows.map((n) => w[n]);
+  const name = names[0];
+  const fused = { name, layout, rows, conv1d, bias: name.replace(".weight", ".bias") };
+  return { m, layout: conv1d ? "in_out" : "out_in", grad: "in_out", from: name, fused };
+}
+
+/** W_o from c_proj.weight (with c_attn.weight): stored [in][out] (in_out) under GPT-2's
+ * Conv1D (the columns layout), [out][in] (out_in) under GPTBigCode's Linear. */
+function cProjOf(ctx) {
+  if (!given(ctx.request, C_PROJ)) return undefined;
+  const layout = fusedLayout(ctx);
+  if (!layout || !(layout in LAYOUTS)) return undefined;
+  const conv1d = layout === "columns";
+  const m = ctx.request[given(ctx.request, C_PROJ)];
+  const fused = { name: "c_proj.weight", layout, conv1d, output: true, bias: "c_proj.bias" };
+  return { m, layout: conv1d ? "in_out" : "out_in", grad: "in_out", from: "c_proj.weight", fused };
 }
 
 /** Whether the values are the keys' projection (k_eq_v, or a config's attention_k_eq_v). */
@@ -349,7 +449,7 @@ function readBack(ctx, i, m, sides, block) {
       const wv = weightAt(w.layout, w.m, m, c);
       return { c, a: g, b: wv, value: g * wv };
     });
-    parts.push({ side, layout: w.layout, from: w.from, terms, total: sum(terms) });
+    parts.push({ side, layout: w.layout, from: w.from, fused: w.fused, terms, total: sum(terms) });
   }
   if (block && gated(ctx)) {
     const share = gateShare(ctx, i, m);
@@ -360,7 +460,12 @@ function readBack(ctx, i, m, sides, block) {
   const residual = Array.isArray(res) ? res[i][m] : null;
   const total = parts.reduce((s, p) => s + p.total, 0) + (residual ?? 0);
   const plain = parts.every((p) => p.from === "w_" + p.side) && (!block || inputName(ctx) === "x");
-  return { kind: plain && !kEqV(ctx) ? "x-back" : "x-back-forms", parts, residual, total };
+  const kind = parts.some((p) => p.fused)
+    ? "x-back-fused"
+    : plain && !kEqV(ctx)
+      ? "x-back"
+      : "x-back-forms";
+  return { kind, parts, residual, total };
 }
 
 /** dz = grad_gate ∘ gate ∘ (1 − gate) for batch item b: the gate's gradient back through the
@@ -387,7 +492,14 @@ function gateShare(ctx, i, m) {
     dz = gateDz(ctx, ctx.batch ?? null);
   if (!w || !dz) return undefined;
   const terms = dz[i].map((z, c) => ({ c, a: z.value, b: w.w[c][m], value: z.value * w.w[c][m] }));
-  return { side: "gate", layout: "out_in", from: w.field, terms, total: sum(terms) };
+  return {
+    side: "gate",
+    layout: "out_in",
+    from: w.field,
+    fused: undefined,
+    terms,
+    total: sum(terms),
+  };
 }
 
 /** grad_gate_w[c][m] = Σ_b Σ_i x[i][m] · dz[i][c] (out_in, as gate.w); grad_gate_b[c] =
@@ -451,6 +563,12 @@ function paramBack(ctx, field, i, j) {
     }
   const plain = (w.from === "w_" + side || w.from === "identity") && reads.length === 1;
   const kind = what === "b" ? "bias-back" : "weight-back";
+  const fused = w.fused && {
+    kind: kind + "-fused",
+    fused: w.fused,
+    entry: fusedEntry(w.fused, what, m, c),
+    flat: what === "b", // a bias's cell: one row
+  };
   return {
     kind: plain && (out || inputName(ctx) === "x") ? kind : kind + "-forms",
     bias: what === "b",
@@ -463,7 +581,17 @@ function paramBack(ctx, field, i, j) {
     reads,
     terms,
     total: sum(terms),
+    ...fused,
   };
+}
+
+/** Where W[m][c] (b[c]) of a fused projection is in the weight (the bias) the request gave:
+ * [name, index…]. W_q's column c is the fused axis's rows[c] (c_proj: W_o as stored). */
+function fusedEntry(fused, what, m, c) {
+  const at = fused.output ? c : fused.rows[c];
+  if (what === "b") return [fused.bias, at];
+  if (fused.output) return [fused.name, ...(fused.conv1d ? [m, c] : [c, m])];
+  return [fused.name, ...(fused.conv1d ? [m, at] : [at, m])];
 }
 
 /** grad_ln_gamma[t] = Σ dy[i][t] · x̂[i][t]; grad_ln_beta[t] = Σ dy[i][t]. */
