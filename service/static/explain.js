@@ -20,6 +20,7 @@ import { LAYER_KINDS, explainLayer, layerWho, layerBefore } from "./layers/expla
 import { count } from "./lib/format.js";
 import { isLatent, latentCell, latentExplains } from "./layers/latent.js";
 import { explainGradient, isGradient } from "./backward-explain.js";
+import { asRead } from "./lib/pick.js";
 
 // the number format of the explanations (lib/explain-parts.js), as this module has always offered it
 export { fmt };
@@ -105,7 +106,8 @@ function ropeNote(box, r, i, j) {
 }
 
 /** The explanation of ctx's cell as an element, or null when that name is not explained. */
-export function explainCell(ctx) {
+export function explainCell(given) {
+  const ctx = asRead(given); // a config's fields as the service read them
   if (isGradient(ctx.name)) return explainGradient(ctx); // the backward's cells
   let r;
   try {

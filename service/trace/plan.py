@@ -64,6 +64,7 @@ class Plan:
     bias: PositionBias | None  # ALiBi or T5 settings; the bias is computed with the attention
     config_taken: Mapping[str, str] | None  # {field: config key or "request"}; None: no config
     config_keys: tuple[str, ...]  # the config's keys judged not to change the layer
+    config_fields: Mapping[str, Any] | None  # the fields the config gave, as read (JSON values)
     past: Past | None  # a decode step's cache: (B, P, ·), or (B, h_kv, P, ·) on /multihead
     expected: Expected | None  # the caller's arrays to compare with
     tolerance: Tolerance | None  # None: none given (the default, or each array's printed precision)
@@ -257,6 +258,7 @@ def _plan(
         past=past,
         config_taken=req._config_taken if isinstance(req, MultiheadRequest) else None,
         config_keys=tuple(req._config_keys or ()) if isinstance(req, MultiheadRequest) else (),
+        config_fields=req._config_fields if isinstance(req, MultiheadRequest) else None,
         expected=req.expected,
         tolerance=None if req.tolerance is None else Tolerance(**req.tolerance.model_dump()),
         grad_output=_seed(req.grad_output),

@@ -59,6 +59,11 @@ class Conventions(BaseModel):
     config: dict[str, str] | None = Field(
         None, description='with config: {field: the config key it came from, or "request"}'
     )
+    config_fields: dict[str, Any] | None = Field(
+        None,
+        description="with config: the fields it gave, as the service read them (the request "
+        "with these fields and without config is the same layer; the request's own fields win)",
+    )
     config_keys: list[str] | None = Field(
         None,
         description="with config: its other keys, judged not to change the attention layer "

@@ -21,11 +21,16 @@ def _step(shapes: Shapes, name: str, formula: str) -> Step:
 def conventions(plan: Plan) -> dict[str, Any]:
     """The conventions this answer was computed with (echoed in every response), with where
     each field came from when a Hugging Face config gave some (``config``), and the config's
-    keys judged not to change the layer (``config_keys``: nothing was skipped unjudged)."""
+    keys judged not to change the layer (``config_keys``: nothing was skipped unjudged), and the
+    fields it gave as the service read them (``config_fields``)."""
     taken = (
         {}
         if plan.config_taken is None
-        else {"config": dict(plan.config_taken), "config_keys": list(plan.config_keys)}
+        else {
+            "config": dict(plan.config_taken),
+            "config_keys": list(plan.config_keys),
+            "config_fields": dict(plan.config_fields or {}),
+        }
     )
     return {
         "weight_layout": plan.weight_layout,

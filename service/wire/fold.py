@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 from pydantic import AliasChoices, ValidationError
+from pydantic_core import to_jsonable_python
 
 from service.wire.errors import FieldError
 from service.wire.fused import unpacked
@@ -80,9 +81,10 @@ def folded(req: MultiheadRequest) -> MultiheadRequest:
         req = _configured(req)
     if (fused := unpacked(req)) is not None:
         fields, how = fused
-        taken, keys = req._config_taken, req._config_keys
+        taken, keys, read = req._config_taken, req._config_keys, req._config_fields
         req = req.model_copy(update=fields)
         req._config_taken, req._config_keys, req._unpacked = taken, keys, how
+        req._config_fields = read
     update = _output_block(req) | _relative_table(req) | _norm_weights(req)
     update |= _values_are_keys(req) if req.k_eq_v else {}
     update |= _norms_per_head(req)
@@ -137,7 +139,20 @@ def _configured(req: MultiheadRequest) -> MultiheadRequest:
         if field.split(".")[0] not in taken and field.split(".")[0] not in skipped
     } | taken
     out._config_keys = implied.unread
+    out._config_fields = {name: as_json(update[name]) for name in sorted(update)}
     return out
+
+
+def as_json(value: Any) -> Any:
+    """A field's value as a JSON body gives it: a model as its fields (unset ones left out),
+    arrays as lists."""
+    return to_jsonable_python(value, exclude_none=True, fallback=_listed)
+
+
+def _listed(value: Any) -> Any:
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not a field's value")
 
 
 def _as_the_module(req: MultiheadRequest, names: Names) -> None:

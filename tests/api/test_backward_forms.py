@@ -295,3 +295,29 @@ def test_k_eq_v_gradients_are_diagnosed_from_both_reads(client: TestClient) -> N
             "expected": {"grad_w_k": (x.T @ merged).tolist()}}  # fmt: skip
     found = post(client, "/multihead", body)
     assert found["comparison"][0]["diagnosis"]["mistakes"] == ["softmax_grad_diagonal"]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    "case",
+    ["olmo-clip_qkv", "gptj-rotary_dim-interleaved", "phi3-longrope-long", "t5-decoder-causal",
+     "gemma4-full-k_eq_v", "bert-block-post_ln", "deepseek_v3-mla-yarn", "qwen3_next-full",
+     "mpt-alibi-clip-softmax_scale"],
+)  # fmt: skip
+def test_config_fields_are_the_layer_the_config_gave(client: TestClient, case: str) -> None:
+    """conventions.config_fields says which fields a config gave and how the service read
+    them: the same body without config, with those fields, answers the same numbers (forward
+    and backward)."""
+    _, _, body = config_case(case)
+    with_config = post(client, "/multihead", body)
+    fields = with_config["conventions"]["config_fields"]
+    named = {key.split(".")[0] for key in with_config["conventions"]["config"]}
+    assert fields and set(fields) <= named, (sorted(fields), sorted(named))
+    restated = {"config", "layer"}
+    if "table" in fields.get("relative_bias", {}):  # T5's: the state dict's, as the config read it
+        restated.add("relative_attention_bias.weight")
+    plain = {k: v for k, v in body.items() if k not in restated} | fields
+    without = post(client, "/multihead", plain)
+    assert "config" not in without["conventions"]
+    for name in ("output", "grad_x", "heads"):
+        assert without[name] == with_config[name], name

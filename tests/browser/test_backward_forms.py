@@ -94,25 +94,17 @@ def _layer(
     return {n: g.numpy() for n, g in grads.items() if g is not None}
 
 
-# RECOMPUTE_GRADIENTS on the top level's gradients only (a config layer's heads and its norms'
-# are lib/backward.js's)
-TOP_LEVEL = RECOMPUTE_GRADIENTS.replace(
-    "if (endpoint === 'multihead') data.heads.forEach((h, n) => scan(h, n));", ""
-).replace(".filter((n) => n.startsWith('grad_'))", ".filter((n) => args.only.includes(n))")
-assert TOP_LEVEL.count("args.only") == 1 and "forEach((h, n)" not in TOP_LEVEL
-
-
-def _rows(page: Any, data: dict[str, Any], body: dict[str, Any], top: bool = False) -> Any:
-    """Every gradient cell the page computes (only this file's arrays with ``top``): none of
-    this file's "unexplained", each the service's to 1e-12."""
-    only = [n for n in data if _mine(n)]
-    args = {"endpoint": "multihead", "data": data, "request": body, "only": only}
-    rows = page.evaluate(TOP_LEVEL if top else RECOMPUTE_GRADIENTS, args)
+def _rows(page: Any, data: dict[str, Any], body: dict[str, Any]) -> Any:
+    """Every gradient cell of the answer, as the page computes it: none "unexplained" (a
+    config layer's heads and norms read with the fields the config gave), each the service's
+    to 1e-12."""
+    args = {"endpoint": "multihead", "data": data, "request": body}
+    rows = page.evaluate(RECOMPUTE_GRADIENTS, args)
     bad = [r for r in rows if r[5] is not None and abs(r[5] - r[6]) > 1e-12 * max(1, abs(r[6]))]
     assert bad == [], bad[:10]
     mine = [r for r in rows if r[1] is None and _mine(r[0])]
     assert mine, "no gradient of this file's"
-    lost = [r[:5] for r in mine if r[5] is None]
+    lost = [r[:5] for r in rows if r[5] is None]
     assert lost == [], lost[:10]  # none "unexplained"
     return rows
 
@@ -318,7 +310,7 @@ def test_a_config_with_k_eq_v_or_the_gate(page: Any, server: str, case: str) -> 
     in q_proj.weight): grad_x and the weights' cells, against transformers' layer."""
     grad_x, params, body = _config_case(case)
     data = post_json(server, "multihead", body)
-    rows = _rows(page, data, body, top=True)
+    rows = _rows(page, data, body)
     page_of = _page_of(rows)
     _near(page_of[("grad_w_k", 5, 1)], float(params["k_proj.weight"].grad[1, 5]))
     _near(page_of[("grad_w_o", 0, 3)], float(params["o_proj.weight"].grad[3, 0]))

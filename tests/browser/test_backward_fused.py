@@ -17,7 +17,6 @@ import torch
 from tests.api.test_backward import back
 from tests.browser.support import post_json
 from tests.browser.test_backward_forms import (
-    TOP_LEVEL,
     _config_case,
     _explained,
     _near,
@@ -40,12 +39,11 @@ def _mine(name: str) -> bool:
     return name in MINE or name.startswith(("grad_w_", "grad_b_"))
 
 
-def _rows(page: Any, data: dict[str, Any], body: dict[str, Any], top: bool = False) -> Any:
-    """Every gradient cell the page computes (only this file's arrays with ``top``: a config
-    layer's heads are lib/backward.js's): each the service's to 1e-12, none "unexplained"."""
-    only = [n for n in data if _mine(n)]
-    args = {"endpoint": "multihead", "data": data, "request": body, "only": only}
-    rows = page.evaluate(TOP_LEVEL if top else RECOMPUTE_GRADIENTS, args)
+def _rows(page: Any, data: dict[str, Any], body: dict[str, Any]) -> Any:
+    """Every gradient cell the page computes: each the service's to 1e-12, none
+    "unexplained" (a config layer's heads read with the fields the config gave)."""
+    args = {"endpoint": "multihead", "data": data, "request": body}
+    rows = page.evaluate(RECOMPUTE_GRADIENTS, args)
     bad = [r for r in rows if r[5] is not None and abs(r[5] - r[6]) > 1e-12 * max(1, abs(r[6]))]
     assert bad == [], bad[:10]
     mine = [r for r in rows if r[1] is None and _mine(r[0])]
@@ -228,7 +226,7 @@ def test_a_fused_projection_as_its_module_stores_it(page: Any, server: str, case
     grad_x, params, body = _config_case(case)
     assert fused in body and (out in body) == (out in params)
     data = post_json(server, "multihead", body)
-    rows = _rows(page, data, body, top=True)
+    rows = _rows(page, data, body)
     kinds = {r[4] for r in rows}
     assert {"x-back-fused", "weight-back-fused"} <= kinds, kinds
     assert {r[0] for r in rows} >= {"grad_concat", "grad_w_v"}

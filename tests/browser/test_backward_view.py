@@ -344,7 +344,7 @@ RECOMPUTE_GRADIENTS = """async (args) => {
   const out = [];
   const scan = (src, head) => {
     for (const name of Object.keys(src).filter((n) => n.startsWith('grad_'))) {
-      let a = src[name];
+      let a = typeof src[name] === 'number' ? [src[name]] : src[name];  // a number: one cell
       if (!Array.isArray(a) || (head === null && endpoint === 'multihead' && name in data.heads[0])) continue;
       if (!Array.isArray(a[0])) a = [a];  // a bias's: one row
       const batched = Array.isArray(a[0][0]);  // [batch item][row][column]

@@ -28,7 +28,7 @@
 // are lib/backward-block.js's. Not computed (the cell is "unexplained": the page shows the
 // service's number and step): a batched request's per key/value head arrays. MLA's are
 // lib/backward-latent.js's.
-import { pick } from "./pick.js";
+import { asRead, pick } from "./pick.js";
 import { BLOCK, blockCell, projectionCell } from "./backward-block.js";
 import { latentGradCell, latentOwns } from "./backward-latent.js";
 import { SCORE_PARAMS, scoreParamCell } from "./backward-scores.js";
@@ -433,10 +433,13 @@ export function stepOfGradient(ctx, grad) {
 /** The clicked gradient cell computed again: {name, of, kind, total, service, …}; kind
  * "unexplained" (total undefined) for a gradient the page does not compute; null when the
  * answer does not hold the cell. */
-export function gradientCell(ctx) {
+export function gradientCell(given) {
+  const ctx = asRead(given); // a config's fields as the service read them
   const { name, i, j } = ctx;
   if (!isGradient(name)) return null;
-  const here = pick(ctx, name);
+  const held = pick(ctx, name);
+  // a number (/attention's grad_sinks) is the one cell [0][0] of a row of one
+  const here = typeof held === "number" ? [held] : held;
   if (!Array.isArray(here)) return null;
   const flat = typeof here[0] === "number"; // a bias's or a norm's weight's gradient: one row
   if (flat ? i !== 0 || here[j] === undefined : !Array.isArray(here[i])) return null;

@@ -41,3 +41,12 @@ export function pick(ctx, key, want = 2) {
   if (!fromHead && depth(a) > want && head !== null && head !== undefined) a = a[head];
   return a;
 }
+
+/** ctx with its request as the service read it: the fields a Hugging Face config gave
+ * (conventions.config_fields: the rope, clip_qkv, the mask … a config implies), which the
+ * request's own fields did not (a mask is the two combined). Explanations read this. */
+export function asRead(ctx) {
+  const fields = ctx.data?.conventions?.config_fields;
+  if (!fields || ctx.read) return ctx;
+  return { ...ctx, request: { ...ctx.request, ...fields }, read: true };
+}

@@ -299,6 +299,8 @@ class MultiheadRequest(VariantFields, InputFields):
     _config_taken: dict[str, str] | None = PrivateAttr(default=None)
     # the config's keys judged not to change the layer (service.wire.hf_config_keys)
     _config_keys: list[str] | None = PrivateAttr(default=None)
+    # the fields the config gave, as the service read them (JSON values), for the answer
+    _config_fields: dict[str, Any] | None = PrivateAttr(default=None)
     # how a fused projection was unpacked (service.wire.fused.Unpacked), for the unpack step
     _unpacked: Any = PrivateAttr(default=None)
     # gate: true as the body gave it (the folds make it gate.w from q_proj.weight's rows): the
