@@ -166,21 +166,28 @@ def test_a_bias_is_added_after_the_weight(page: Any, server: str) -> None:
 
 
 def test_a_configs_norm_takes_the_configs_eps(page: Any, server: str) -> None:
-    """With a config the request's qk_norm is not the layer's: the page reads the type from the
-    answer's step and the eps from the config key conventions.config names (rms_norm_eps)."""
+    """With a config the page reads the norm as the service read it (conventions.config_fields)
+    and says where its eps came from (the config's rms_norm_eps, conventions.config)."""
     open_explorer(page, server)
     layer, fields = FORMS["config"]
     body = {**layer, **fields}
     data = post_json(server, "multihead", body)
     cell = _cell(page, body, data, "k_normed", 0, 1, 0)
     assert cell["eps"] == 1e-3 and cell["epsField"] == "config.rms_norm_eps"
+    assert abs(cell["total"] - data["heads"][0]["k_normed"][1][0]) < 1e-12
 
 
-def test_a_config_whose_eps_the_request_lacks_is_not_explained(page: Any, server: str) -> None:
+def test_a_config_without_its_eps_takes_the_default_the_service_read(
+    page: Any, server: str
+) -> None:
     """The config leaves rms_norm_eps to transformers' default: the step's formula has it to 6
-    digits only, and the request does not hold it, so the page explains nothing."""
+    digits only, but conventions.config_fields has the number the service used, so the page
+    explains the cell with the service's number and says the eps was the config's default."""
     open_explorer(page, server)
     config = {k: v for k, v in QWEN3.items() if k != "rms_norm_eps"}
     body = {**LAYER, "config": config, **CONFIG_WEIGHTS}
     data = post_json(server, "multihead", body)
-    assert _cell(page, body, data, "q_normed", 1, 2, 1) is None
+    cell = _cell(page, body, data, "q_normed", 1, 2, 1)
+    assert cell["eps"] == data["conventions"]["config_fields"]["qk_norm"]["eps"]
+    assert "absent" in cell["epsField"], cell["epsField"]
+    assert abs(cell["total"] - data["heads"][1]["q_normed"][2][1]) < 1e-12

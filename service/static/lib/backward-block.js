@@ -162,9 +162,9 @@ function afterIn(ctx, name) {
   return h[h.indexOf(name) + 1];
 }
 
-/** The layer norm's settings: eps and γ (1 when not given), from layer_norm or BERT's
- * output.LayerNorm.weight; eps the request's, else the config's key the answer's
- * conventions.config names, else 1e-5 (LayerNormOptions' default). */
+/** The layer norm's settings: eps and γ (1 when not given), from layer_norm (a config's as the
+ * service read it: lib/pick.js asRead) or BERT's output.LayerNorm.weight; eps 1e-5 when not
+ * given (LayerNormOptions' default). */
 function lnSettings(ctx, width) {
   const r = ctx.request;
   const o = r.layer_norm && typeof r.layer_norm === "object" ? r.layer_norm : {};
@@ -173,19 +173,7 @@ function lnSettings(ctx, width) {
     return n && r[n];
   };
   const gamma = o.gamma ?? named("gamma") ?? Array(width).fill(1);
-  return { eps: Number(o.eps ?? configEps(ctx) ?? 1e-5), gamma, beta: o.beta ?? named("beta") };
-}
-
-/** The layer norm's eps from the request's config, where the answer's conventions.config says
- * it came from ("layer_norm_eps"); undefined when it names none. */
-function configEps(ctx) {
-  const from = ((ctx.data.conventions || {}).config || {})["layer_norm.eps"];
-  if (ctx.request.config == null || typeof from !== "string") return undefined;
-  const value = from
-    .split(" ")[0]
-    .split(".")
-    .reduce((o, k) => (o && typeof o === "object" ? o[k] : undefined), ctx.request.config);
-  return typeof value === "number" ? value : undefined;
+  return { eps: Number(o.eps ?? 1e-5), gamma, beta: o.beta ?? named("beta") };
 }
 
 /** x̂ and σ of row z (normOf's, γ and β left out). */
@@ -299,13 +287,11 @@ function weightOf(ctx, side) {
     : undefined;
 }
 
-/** The fused projection's layout: the request's qkv_layout, else the one the service's unpack
- * step names ("qkv_proj.weight, rows layout: …", a config's family implying it). */
+/** The fused projection's layout: the request's qkv_layout (a config's family's as the service
+ * read it: lib/pick.js asRead). */
 function fusedLayout(ctx) {
-  if (typeof ctx.request.qkv_layout === "string") return ctx.request.qkv_layout;
-  const step = (ctx.data.steps || []).find((st) => st.name === "unpack");
-  const said = step && /^\S+, (\w+) layout:/.exec(String(step.formula));
-  return said ? said[1] : undefined;
+  const layout = ctx.request.qkv_layout;
+  return typeof layout === "string" ? layout : undefined;
 }
 
 /** W_<side> (q, k, v) out of a fused weight as the service unpacks it (service/wire/fused.py):
@@ -342,11 +328,7 @@ function cProjOf(ctx) {
 }
 
 /** Whether the values are the keys' projection (k_eq_v, or a config's attention_k_eq_v). */
-function kEqV(ctx) {
-  if (ctx.request.k_eq_v === true) return true;
-  const said = ((ctx.data.conventions || {}).config || {}).k_eq_v;
-  return ctx.request.config != null && said !== undefined && !Array.isArray(ctx.data.grad_w_v);
-}
+const kEqV = (ctx) => ctx.request.k_eq_v === true;
 
 /** Whether the answer has the output gate (gate: {w, b}, gate: true, or a config's). */
 const gated = (ctx) => Array.isArray(ctx.data.gate);

@@ -11,7 +11,7 @@
 // temperature, and /multihead's gated, with the gate it multiplies by (Qwen3-Next)), each
 // computed again from the form before it in float64 as the service does
 // (service/core/variants.py, chain.py's steps, multihead.py).
-import { pick } from "./pick.js";
+import { asRead, pick } from "./pick.js";
 import { chainSteps } from "./schema.js";
 import {
   anglePosition,
@@ -207,55 +207,16 @@ function rowIndex(rows, head, heads) {
   return Math.floor(head / (heads / rows.length));
 }
 
-/** The norm's settings the answer's step states (service/trace/rows/variants.py _qk_norm): its
- * type, over, weight ("· w", "· (1 + w)", "· 1"), bias ("+ b"), after RoPE; eps as the formula
- * writes it (6 significant digits); undefined when the formula is not one of these. */
-export function normFromFormula(formula) {
-  const type = /\(RMSNorm\)/.test(formula)
-    ? "rms"
-    : /\(biased var\)/.test(formula)
-      ? "layer"
-      : undefined;
-  const eps = /\+ ([0-9.e+-]+)\)/.exec(formula);
-  const w = /\) · (\(1 \+ w\)|w|1)(?=[ ,]|$)/.exec(formula);
-  if (type === undefined || !eps || !w) return undefined;
-  return {
-    type,
-    eps: Number(eps[1]),
-    weighted: w[1] !== "1",
-    zeroCentered: w[1] === "(1 + w)",
-    biased: / \+ b\b/.test(formula),
-    over: /before the head split/.test(formula) ? "projection" : "head",
-    afterRope: /after RoPE/.test(formula),
-  };
+/** Where the norm's eps came from: qk_norm.eps, or the config's key the answer's
+ * conventions.config names ("config.rms_norm_eps", "config.rms_norm_eps (absent: …)"). */
+function epsFrom(ctx) {
+  const from = ctx.data.conventions?.config?.["qk_norm.eps"];
+  return typeof from === "string" && from !== "request" ? `config.${from}` : "qk_norm.eps";
 }
 
-/** A value of the request's config under a dotted name ("text_config.rms_norm_eps"). */
-function configValue(config, dotted) {
-  return dotted
-    .split(".")
-    .reduce((o, k) => (o && typeof o === "object" ? o[k] : undefined), config);
-}
-
-/** The settings of the norm a config gave (the request's qk_norm is not the layer's): read from
- * the answer's step formula, the eps exactly from the config's key the answer's
- * conventions.config names for qk_norm.eps (the formula's has 6 digits), when it agrees with
- * the formula; undefined when the answer does not say enough. */
-function configNorm(ctx, name) {
-  const step = (ctx.data.steps || []).find((s) => s.name === name);
-  const said = step && normFromFormula(String(step.formula));
-  const from = ((ctx.data.conventions || {}).config || {})["qk_norm.eps"];
-  if (!said || typeof from !== "string") return undefined;
-  const key = from.split(" ")[0];
-  const eps = configValue(ctx.request.config, key);
-  if (typeof eps !== "number" || Number(eps.toPrecision(6)) !== said.eps) return undefined;
-  return { ...said, eps, field: `config.${key}` };
-}
-
-/** The norm's settings for `side`: the request's qk_norm, or (with a config) what the answer's
- * step says; undefined when the page cannot tell them (a config's eps it cannot read, the
- * weights under another family's names). */
-function normSettings(ctx, name, side) {
+/** The norm's settings for `side`: the request's qk_norm (a config's as the service read it);
+ * undefined when it is off or its weights are under another family's names. */
+function normSettings(ctx, side) {
   const request = ctx.request;
   const stateless = ["q_layernorm", "k_layernorm", "query_layernorm", "key_layernorm"].some((p) =>
     Object.keys(request).some((key) => key.startsWith(p)),
@@ -263,8 +224,8 @@ function normSettings(ctx, name, side) {
   if (stateless) return undefined; // Phi's, StableLM's, HunYuan's names: read by the service
   const weight = normArray(request, side, "weight");
   const bias = normArray(request, side, "bias");
-  if (request.config == null) {
-    const o = qkNormOptions(request) || {};
+  const o = qkNormOptions(request); // a config's as the service read it (lib/pick.js asRead)
+  if (o) {
     return {
       type: o.type ?? "rms",
       eps: o.eps ?? DEFAULT_EPS,
@@ -273,13 +234,10 @@ function normSettings(ctx, name, side) {
       afterRope: !!o.after_rope,
       weight,
       bias,
-      field: "qk_norm.eps",
+      field: epsFrom(ctx),
     };
   }
-  const said = configNorm(ctx, name);
-  // the weights the formula applies must be the ones the page found
-  if (!said || said.weighted !== !!weight || said.biased !== !!bias) return undefined;
-  return { ...said, weight, bias };
+  return undefined;
 }
 
 /** The projection's vector the norm of head `head`'s row r spans: over "head" the head's own
@@ -331,7 +289,7 @@ export function normParts(ctx, name, r) {
     const input = { x: pick(ctx, from)[r], heads: null, start: 0 };
     return { side, from, dk, s, input, w: { a: null, entry: null }, b: { a: null, entry: null } };
   }
-  const s = normSettings(ctx, name, side);
+  const s = normSettings(ctx, side);
   if (s === undefined) return undefined;
   const input = normInput(ctx, from, r, s.over, side);
   const w = along(s.weight, ctx, dk, input);
@@ -522,7 +480,8 @@ const CELLS = {
 /** Cell [i][j] of one of today's layers (layerNames) computed again: {kind, total, …} (a shape
  * per kind), or undefined for a layer whose arithmetic the page does not know.
  * @returns {any} */
-export function layerCell(ctx, name, i, j) {
+export function layerCell(given, name, i, j) {
+  const ctx = asRead(given); // a config's fields as the service read them
   const cell = name === GATE ? gateCell : CELLS[kindOf(name)];
   return cell && cell(ctx, name, i, j);
 }
