@@ -252,3 +252,56 @@ def test_multihead_state_dict_norms_sinks_layer_norm_gqa_draws_every_gradient(pa
         g["concat"][1, 2].item(),
         data["heads"][1]["grad_output"][1][0],
     )
+
+
+X2 = [[r[3], r[2], r[1], r[0]] for r in X]  # the second batch item: x's features reversed
+
+
+def test_a_batched_answer_draws_the_picked_items_gradients(page: Any) -> None:
+    """/multihead, x batched [2][3][4], in_out weights, a query bias, two query heads on one
+    key/value head, the pattern as dO: batch item 1 picked, grad_x's and a head's dO share's cards
+    are item 1's and explained as item 1's (torch's); the parameters' (summed over the items) stay
+    one card; the keys' per key/value head are item 1's, drawn and not explained (the page cannot
+    say a batched answer's key/value head)."""
+    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
+    page.select_option("#endpoint", "multihead")
+    wait_idle(page)
+    page.select_option("#mode", "projections")
+    page.select_option("#weight_names", "w")
+    _fill(page, {"x": X, "w_q": W_Q, "w_k": [r[:2] for r in W_K], "w_v": [r[:2] for r in W_V]})
+    for field in ("#tokens", "#context", "#w_o"):
+        page.fill(field, "")
+    page.select_option("#weight_layout", "in_out")
+    page.fill("#num_heads", "2")
+    page.fill("#num_kv_heads", "1")
+    page.fill("#extra", json.dumps({"x": [X, X2], "b_q": B_Q4}))
+    page.select_option("#grad_mode", "pattern")
+    body, data = _run_backward(page, "multihead")
+    assert body["x"] == [X, X2] and len(body["grad_output"]) == 2
+    page.select_option("#batch", "1")
+    wait_idle(page)
+    section = set(_section_names(page))
+    assert {"grad_x", "grad_w_q", "grad_b_q", "kv0_grad_k", "head1_grad_output"} <= section
+    item = {k: v[1] for k, v in data.items() if k in ("grad_x", "grad_k")}
+    for key, m in (("grad_x", item["grad_x"]), ("kv0_grad_k", item["grad_k"][0]),
+                   ("grad_w_q", data["grad_w_q"])):  # fmt: skip
+        cells = map_cells(page, key)
+        assert all(float(v) == m[i][j] for (i, j), v in cells.items()), key
+    assert "explainable" not in (
+        page.locator('figure[data-name="kv0_grad_k"]').get_attribute("class") or ""
+    )
+    # torch: item 1 alone (the parameters' gradients are both items')
+    x, wq, wk, wv, bq = map(_t, ([X, X2], W_Q, [r[:2] for r in W_K], [r[:2] for r in W_V], B_Q4))
+    q, k, v = x @ wq + bq, x @ wk, x @ wv
+    outs = [torch.cat([_unmasked(q[b, :, 2 * h : 2 * h + 2], k[b], v[b]) for h in range(2)], dim=1)
+            for b in range(2)]  # fmt: skip
+    _back(torch.stack(outs), body["grad_output"])
+    assert x.grad is not None and wq.grad is not None
+    text = _cell(page, "grad_x", 2, 3, x.grad[1, 2, 3].item(), data["grad_x"][1][2][3])
+    assert "batch item 1" in text
+    _cell(page, "grad_w_q", 1, 2, wq.grad[1, 2].item(), data["grad_w_q"][1][2])
+
+
+def _unmasked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Softmax attention without a mask."""
+    return torch.softmax(q @ k.T / q.shape[1] ** 0.5, dim=1) @ v
