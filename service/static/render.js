@@ -12,6 +12,7 @@ import { headsPanel, foldedTables, collapsed } from "./heads.js";
 import { SINK_WEIGHTS, explains, kindOf } from "./lib/layers.js";
 import { GRAD_PREFIX } from "./lib/schema.js";
 import { gradientCard, besideGradient, stepItems } from "./gradients.js";
+import { drawUndrawnGradients } from "./gradient-params.js";
 
 /** @typedef {import("./lib/schema.js").View} View */
 /**
@@ -341,6 +342,7 @@ export function render() {
   );
   const ctx = { ep, data, body: state.lastResult.body, batch: b, batched, drawn, pick, rows, cols };
   for (const hook of drawnHooks) hook(ctx);
+  drawUndrawnGradients(ctx, explain); // the gradients beside no card, in a section of their own
 
   $("steps").replaceChildren(...stepItems(data.steps || [])); // the backward's marked
 }
