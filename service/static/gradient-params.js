@@ -83,17 +83,15 @@ function topCards(name, a, ctx) {
   const title = `∂loss/∂${of} (${name})`;
   const base = { name, head: null, batch: batchedHere ? ctx.batch : null, kv: null, click: true };
   if (depth(v) <= 2) return [{ ...base, m: asRows(v), key: name, title, oneRow: depth(v) < 2 }];
-  // [h_kv][rows][·]: one card a key/value head; lib/backward.js reads the head as ctx.batch,
-  // which a batched answer's cell cannot say (its cells are drawn, not explained)
+  // [h_kv][rows][·]: one card a key/value head (its cells explained with ctx.kv)
   const kvHeads = ctx.ep === "multihead" && PER_KV.has(of);
   return v.map((m, g) => ({
     ...base,
     m,
     key: `kv${g}_${name}`,
     title: `${kvHeads ? "key/value head" : "part"} ${g}: ${title}`,
-    batch: g,
     kv: g,
-    click: kvHeads && !batchedHere,
+    click: kvHeads,
     oneRow: false,
   }));
 }
@@ -147,12 +145,10 @@ function figureOf(card, ctx, explain) {
   const onCell = card.click
     ? (i, j) => {
         const cell = { ...ctx.explainCtx, name: card.name, head: card.head, batch: card.batch };
-        explain({ ...cell, i, j })
-          .then(() => card.kv !== null && kvTitle(card.kv))
-          .catch((e) => {
-            $("explain-body").textContent = `No explanation: ${e.message}`;
-            $("explain").hidden = false;
-          });
+        explain({ ...cell, kv: card.kv, i, j }).catch((e) => {
+          $("explain-body").textContent = `No explanation: ${e.message}`;
+          $("explain").hidden = false;
+        });
       }
     : null;
   const axes = [card.oneRow ? "rows" : PARAM.test(of) ? "rows" : "tokens", "columns"];
@@ -160,16 +156,7 @@ function figureOf(card, ctx, explain) {
   fig.classList.add("gradient");
   if (card.head !== null) fig.dataset.head = String(card.head);
   if (card.kv !== null) fig.dataset.kv = String(card.kv);
-  if (!card.click)
-    fig.title =
-      "The page does not explain these cells yet (a batched answer's per key/value head array)";
   return fig;
-}
-
-/** lib/backward.js reads a key/value head's array at ctx.batch: the title says which it is. */
-function kvTitle(kv) {
-  const t = $("explain-body").querySelector(".explain-title");
-  if (t) t.textContent = t.textContent.replace(/batch item \d+\)$/, `key/value head ${kv})`);
 }
 
 /** The head picker (heads.js) shows one head's cards or all: a per-head card follows it, a key/

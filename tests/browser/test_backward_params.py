@@ -261,8 +261,8 @@ def test_a_batched_answer_draws_the_picked_items_gradients(page: Any) -> None:
     """/multihead, x batched [2][3][4], in_out weights, a query bias, two query heads on one
     key/value head, the pattern as dO: batch item 1 picked, grad_x's and a head's dO share's cards
     are item 1's and explained as item 1's (torch's); the parameters' (summed over the items) stay
-    one card; the keys' per key/value head are item 1's, drawn and not explained (the page cannot
-    say a batched answer's key/value head)."""
+    one card; the keys' per key/value head are item 1's, drawn and explained as item 1's key/value
+    head 0 (torch's)."""
     page.locator("body[data-ready=true]").wait_for(timeout=20_000)
     page.select_option("#endpoint", "multihead")
     wait_idle(page)
@@ -287,12 +287,10 @@ def test_a_batched_answer_draws_the_picked_items_gradients(page: Any) -> None:
                    ("grad_w_q", data["grad_w_q"])):  # fmt: skip
         cells = map_cells(page, key)
         assert all(float(v) == m[i][j] for (i, j), v in cells.items()), key
-    assert "explainable" not in (
-        page.locator('figure[data-name="kv0_grad_k"]').get_attribute("class") or ""
-    )
     # torch: item 1 alone (the parameters' gradients are both items')
     x, wq, wk, wv, bq = map(_t, ([X, X2], W_Q, [r[:2] for r in W_K], [r[:2] for r in W_V], B_Q4))
     q, k, v = x @ wq + bq, x @ wk, x @ wv
+    k.retain_grad()  # the key/value head's keys: its two query heads' reads
     outs = [torch.cat([_unmasked(q[b, :, 2 * h : 2 * h + 2], k[b], v[b]) for h in range(2)], dim=1)
             for b in range(2)]  # fmt: skip
     _back(torch.stack(outs), body["grad_output"])
@@ -300,6 +298,9 @@ def test_a_batched_answer_draws_the_picked_items_gradients(page: Any) -> None:
     text = _cell(page, "grad_x", 2, 3, x.grad[1, 2, 3].item(), data["grad_x"][1][2][3])
     assert "batch item 1" in text
     _cell(page, "grad_w_q", 1, 2, wq.grad[1, 2].item(), data["grad_w_q"][1][2])
+    assert k.grad is not None
+    text = _cell(page, "kv0_grad_k", 1, 0, k.grad[1, 1, 0].item(), data["grad_k"][1][0][1][0])
+    assert "key/value head 0, batch item 1" in text
 
 
 def _unmasked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -332,6 +332,8 @@ SWEEP: list[tuple[str, str, dict[str, Any]]] = [
     ("mh_uniform", "multihead", {**_M, "fully_masked_rows": "uniform",
      "mask": {"type": "boolean", "matrix": [[1, 0, 1], [0, 0, 0], [1, 1, 1]]}}),
     ("mh_gqa_sinks", "multihead", {**_M, **_GQA, "sinks": [0.3, -0.2]}),
+    ("mh_gqa_batched_rms", "multihead", {**_M, **_GQA, "x": [X, [r[::-1] for r in X]],
+     "grad_output": [D_O, D_O[::-1]], "qk_norm": {"over": "projection"}}),
     ("mh_k_eq_v_heads", "multihead", {"q": [Q, [r[::-1] for r in Q]], "k": [K], "num_heads": 2,
      "num_kv_heads": 1, "k_eq_v": True, "mask": {"type": "causal"}, "grad_output": "sum"}),
     ("mh_k_eq_v_x", "multihead", {**{k: v for k, v in _M.items() if k != "w_v"},
@@ -349,6 +351,8 @@ def test_no_cell_of_any_variant_is_unexplained(page: Any, server: str) -> None:
         data = post_json(server, endpoint, body)
         rows = _rows(page, endpoint, body, data)
         lost = sorted({r[0] for r in rows if r[4] == "unexplained"})
+        if name == "mh_gqa_batched_rms":  # [B][h_kv][S][·]: each item's key/value head's cells
+            assert {(r[0], r[7]) for r in rows} >= {("grad_k", 0), ("grad_v", 0)}, name
         bad = [r for r in rows if r[5] is not None and abs(r[5] - r[6]) > 1e-12 * max(1, abs(r[6]))]
         if lost or bad:
             found[name] = (lost, bad[:3])

@@ -348,14 +348,15 @@ RECOMPUTE_GRADIENTS = """async (args) => {
       if (!Array.isArray(a) || (head === null && endpoint === 'multihead' && name in data.heads[0])) continue;
       if (!Array.isArray(a[0])) a = [a];  // a bias's: one row
       const batched = Array.isArray(a[0][0]);  // [batch item][row][column]
-      if (batched && Array.isArray(a[0][0][0])) continue;
-      for (let n = 0; n < (batched ? a.length : 1); n++) {
-      const g = batched ? a[n] : a;
+      const kvs = batched && Array.isArray(a[0][0][0]);  // [batch item][key/value head][row][·]
+      for (let n = 0; n < (batched ? a.length : 1); n++) for (let g_ = 0; g_ < (kvs ? a[n].length : 1); g_++) {
+      const g = kvs ? a[n][g_] : batched ? a[n] : a;
       for (let i = 0; i < g.length; i++) for (let j = 0; j < g[i].length; j++) {
-        const ctx = {endpoint, data, request, name, head, batch: batched ? n : null, i, j};
+        const ctx = {endpoint, data, request, name, head, batch: batched ? n : null,
+                     kv: kvs ? g_ : null, i, j};
         const r = b.gradientCell(ctx);
         if (m.explainCell(ctx) === null) throw new Error('no explanation of ' + name);
-        out.push([name, head, i, j, r.kind, r.total ?? null, r.service]);
+        out.push([name, head, i, j, r.kind, r.total ?? null, r.service, kvs ? g_ : null]);
       }}
     }
   };

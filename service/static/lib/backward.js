@@ -352,19 +352,22 @@ function pastCell(ctx, side, j, t) {
 }
 
 /** A gradient /multihead keeps per key/value head at its top level (PER_KV; [h_kv][rows][·],
- * key/value head ctx.batch): the sum of the copies its query heads read (repeat_kv's
- * transpose); a norm's backward is taken once, on the copies' gradients summed. Undefined for a
- * batched request's ([B][h_kv]…: which head is not said). */
+ * batched [B][h_kv]…; the key/value head ctx.kv, or, unbatched, ctx.batch): the sum of the
+ * copies its query heads read (repeat_kv's transpose); a norm's backward is taken once, on the
+ * copies' gradients summed. */
 function kvSummedCell(ctx, of, i, j) {
   const all = ctx.data[GRAD_PREFIX + of];
-  if (!Array.isArray(all) || Array.isArray(all[0]?.[0]?.[0])) return undefined; // batched
-  const kv = ctx.batch ?? 0;
+  if (!Array.isArray(all)) return undefined;
+  const batched = Array.isArray(all[0]?.[0]?.[0]);
+  const kv = ctx.kv ?? (batched ? undefined : ctx.batch) ?? 0;
+  const b = batched ? (ctx.batch ?? 0) : null; // the batch item the cell is of
   const group = groupOf(ctx);
-  const next = formAfter({ ...ctx, head: kv * group, batch: null }, of);
-  if (next && kindOf(next) === "norm") return normBackCell({ ...ctx, batch: null }, next, i, j, kv);
+  const at = { ...ctx, batch: b, kv: null };
+  const next = formAfter({ ...at, head: kv * group }, of);
+  if (next && kindOf(next) === "norm") return normBackCell(at, next, i, j, kv);
   const heads = range(group).map((o) => kv * group + o);
   const parts = heads.map((hh) => {
-    const cell = computeCell({ ...ctx, head: hh, batch: null }, of, i, j);
+    const cell = computeCell({ ...at, head: hh }, of, i, j);
     return cell && { name: GRAD_PREFIX + of, of, head: hh, ...cell };
   });
   if (parts.some((x) => x === undefined || typeof x.total !== "number")) return undefined;

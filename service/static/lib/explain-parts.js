@@ -22,6 +22,7 @@ export function el(tag, cls, text) {
 export function cellTitle(cell, ctx) {
   const where = [];
   if (ctx.head !== null && ctx.head !== undefined) where.push("head " + ctx.head);
+  if (ctx.kv !== null && ctx.kv !== undefined) where.push("key/value head " + ctx.kv);
   if (ctx.batch !== null && ctx.batch !== undefined) where.push("batch item " + ctx.batch);
   return el("h3", "explain-title", cell + (where.length ? ` (${where.join(", ")})` : ""));
 }

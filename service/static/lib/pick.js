@@ -39,6 +39,8 @@ export function pick(ctx, key, want = 2) {
   if (!Array.isArray(a)) return a;
   if (depth(a) > want && batch !== null && batch !== undefined) a = a[batch];
   if (!fromHead && depth(a) > want && head !== null && head !== undefined) a = a[head];
+  const kv = ctx.kv; // a top-level array kept per key/value head ([h_kv][rows][·])
+  if (depth(a) > want && kv !== null && kv !== undefined) a = a[kv];
   return a;
 }
 
