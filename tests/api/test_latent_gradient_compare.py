@@ -15,7 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.test_backward_mla import _autograd
-from tests.core.test_latent_diagnosis import Bugs, Layer, by_hand
+from tests.core.test_backward_mistakes import Bugs
+from tests.core.test_latent_diagnosis import Layer, by_hand
 
 pytestmark = pytest.mark.torch
 Array = np.ndarray[Any, np.dtype[np.float64]]

@@ -46,12 +46,18 @@ def _layer(
     kv_heads: int | None = None,
     gate: tuple[Any, Any] | None = None,
     pe: Any = None,
+    past: tuple[Any, Any] | None = None,
+    clip: float | None = None,
+    causal: bool = False,
     residual: bool = False,
     ln: tuple[Any, Any, float] | None = None,
 ) -> dict[str, Array]:
-    """/multihead by hand in torch float64 (no mask) and torch.autograd's gradients: ``w`` holds
-    out_in weights w_q, w_k, w_v, w_o (nn.Linear's) and biases b_*; ``gate`` (W_g out_in, b_g);
-    ``pe`` added to x; under k_eq_v give no w_v (the values are the keys' projection)."""
+    """/multihead by hand in torch float64 and torch.autograd's gradients: ``w`` holds out_in
+    weights w_q, w_k, w_v, w_o (nn.Linear's) and biases b_*; ``gate`` (W_g out_in, b_g); ``pe``
+    added to x; under k_eq_v give no w_v (the values are the keys' projection); ``past`` the
+    cache (k, v) [h_kv][P][d] before the new tokens' keys and values; ``clip`` clamps q, k, v
+    right after the projections (OLMo); causal lower-right (new token i sees the cache and new
+    keys 0 … i)."""
     xt = _t(x)
     p = {n: _t(a) for n, a in w.items()}
     x_in = xt + torch.tensor(pe, dtype=F64) if pe is not None else xt
@@ -62,13 +68,23 @@ def _layer(
 
     q, k = lin("q", x_in), lin("k", x_in)
     v = lin("v", x_in) if "w_v" in p else k
+    if clip is not None:
+        q, k, v = (t.clamp(-clip, clip) for t in (q, k, v))
     d = q.shape[1] // heads
     group = heads // (kv_heads or heads)
+    cache = None if past is None else (_t(past[0]), _t(past[1]))
     outs = []
     for h in range(heads):
-        kv = slice((h // group) * d, (h // group + 1) * d)
-        s = q[:, h * d : (h + 1) * d] @ k[:, kv].T / np.sqrt(d)
-        outs.append(torch.softmax(s, dim=-1) @ v[:, kv])
+        kv = h // group
+        keys, values = k[:, kv * d : (kv + 1) * d], v[:, kv * d : (kv + 1) * d]
+        if cache is not None:
+            keys, values = torch.cat([cache[0][kv], keys]), torch.cat([cache[1][kv], values])
+        s = q[:, h * d : (h + 1) * d] @ keys.T / np.sqrt(d)
+        if causal:
+            n, m = s.shape
+            allowed = torch.ones(n, m, dtype=torch.bool).tril(m - n)
+            s = s.masked_fill(~allowed, float("-inf"))
+        outs.append(torch.softmax(s, dim=-1) @ values)
     concat = torch.cat(outs, dim=1)
     g_t = None
     if gate is not None:
@@ -89,6 +105,8 @@ def _layer(
         grads["gate_w"] = g_t[0].grad
         if g_t[1] is not None:
             grads["gate_b"] = g_t[1].grad
+    if cache is not None:
+        grads["past_k"], grads["past_v"] = cache[0].grad, cache[1].grad
     if lnp is not None:
         grads["ln_gamma"], grads["ln_beta"] = lnp[0].grad, lnp[1].grad
     return {n: g.numpy() for n, g in grads.items() if g is not None}

@@ -14,11 +14,11 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from tests.api.test_backward import back
 from tests.browser.support import post_json
 from tests.browser.test_backward_forms import (
     _config_case,
     _explained,
+    _layer,
     _near,
     _page_of,
     rand,
@@ -51,68 +51,6 @@ def _rows(page: Any, data: dict[str, Any], body: dict[str, Any]) -> Any:
     lost = [r[:5] for r in rows if r[5] is None]
     assert lost == [], lost[:10]  # none "unexplained"
     return rows
-
-
-def _t(a: Any) -> torch.Tensor:
-    return torch.tensor(np.asarray(a, dtype=np.float64), dtype=F64, requires_grad=True)
-
-
-def _layer(
-    x: Any,
-    w: dict[str, Any],
-    heads: int,
-    d_o: Any,
-    *,
-    kv_heads: int | None = None,
-    past: tuple[Any, Any] | None = None,
-    clip: float | None = None,
-    causal: bool = False,
-    residual: bool = False,
-    ln: tuple[Any, Any, float] | None = None,
-) -> dict[str, Array]:
-    """/multihead by hand in torch float64 and torch.autograd's gradients: ``w`` holds out_in
-    weights w_q, w_k, w_v, w_o (nn.Linear's) and biases b_*; ``past`` the cache (k, v)
-    [h_kv][P][d] before the new tokens' keys and values; ``clip`` clamps q, k, v right after the
-    projections (OLMo); causal lower-right (new token i sees the cache and new keys 0 … i)."""
-    xt = _t(x)
-    p = {n: _t(a) for n, a in w.items()}
-
-    def lin(name: str, inp: torch.Tensor) -> torch.Tensor:
-        out = inp @ p["w_" + name].T
-        return out + p["b_" + name] if "b_" + name in p else out
-
-    q, k, v = lin("q", xt), lin("k", xt), lin("v", xt)
-    if clip is not None:
-        q, k, v = (t.clamp(-clip, clip) for t in (q, k, v))
-    d = q.shape[1] // heads
-    group = heads // (kv_heads or heads)
-    cache = None if past is None else (_t(past[0]), _t(past[1]))
-    outs = []
-    for h in range(heads):
-        kv = h // group
-        keys, values = k[:, kv * d : (kv + 1) * d], v[:, kv * d : (kv + 1) * d]
-        if cache is not None:
-            keys, values = torch.cat([cache[0][kv], keys]), torch.cat([cache[1][kv], values])
-        s = q[:, h * d : (h + 1) * d] @ keys.T / np.sqrt(d)
-        if causal:
-            n, m = s.shape
-            allowed = torch.ones(n, m, dtype=torch.bool).tril(m - n)
-            s = s.masked_fill(~allowed, float("-inf"))
-        outs.append(torch.softmax(s, dim=-1) @ values)
-    out = lin("o", torch.cat(outs, dim=1)) if "w_o" in p else torch.cat(outs, dim=1)
-    if residual:
-        out = out + xt
-    lnp = None
-    if ln is not None:
-        lnp = (_t(ln[0]), _t(ln[1]))
-        out = torch.nn.functional.layer_norm(out, (out.shape[1],), lnp[0], lnp[1], ln[2])
-    back(out, torch.tensor(d_o, dtype=F64))
-    grads = {"x": xt.grad} | {n: t.grad for n, t in p.items()}
-    if cache is not None:
-        grads["past_k"], grads["past_v"] = cache[0].grad, cache[1].grad
-    if lnp is not None:
-        grads["ln_gamma"], grads["ln_beta"] = lnp[0].grad, lnp[1].grad
-    return {n: g.numpy() for n, g in grads.items() if g is not None}
 
 
 def T(m: Any) -> list[list[float]]:
