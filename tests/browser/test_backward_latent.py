@@ -121,3 +121,27 @@ def test_every_mla_gradient_cell_is_computed_and_is_autograds(
         _, total, text = _cell(page, data, body, name, head, item, i, j)
         assert total == pytest.approx(want, abs=BAR, rel=BAR), (name, i, j)
         assert said in text, (name, text)
+
+
+@pytest.mark.parametrize("case", ["deepseek_v3-mla-yarn", "deepseek_v2_lite-mla-q_proj"])
+def test_an_mla_layer_from_its_config_is_explained_as_the_service_read_it(
+    page: Any, server: str, case: str
+) -> None:
+    """A DeepSeek layer given as its config and state dict (no mla field): the page reads the
+    config's fields as the service read them (conventions.config_fields), so every gradient cell,
+    the block's included, is computed and is the service's; grad_x is autograd's of the
+    transformers layer (float64)."""
+    from tests.api.test_backward_forms import config_case
+
+    grad_x, _, body = config_case(case)
+    data = post_json(server, "multihead", body)
+    assert "mla" not in body and "mla" in data["conventions"]["config_fields"]
+    rows = page.evaluate(RECOMPUTE_GRADIENTS, {"endpoint": "multihead", "data": data,
+                                               "request": body})  # fmt: skip
+    unexplained = sorted({r[0] for r in rows if r[4] == "unexplained"})
+    assert unexplained == [], unexplained
+    bad = [r for r in rows if r[5] is None or not _near(r[5], r[6])]
+    assert bad == [], bad[:10]
+    assert {"grad_c_kv", "grad_k_rope", "grad_x", "grad_concat"} <= {r[0] for r in rows}
+    page_x = {(r[2], r[3]): r[5] for r in rows if r[0] == "grad_x"}
+    assert _near(page_x[(2, 5)], float(grad_x[0, 2, 5]))

@@ -25,9 +25,9 @@
 //                   · W_q[col][m]) (+ grad_residual[i][m])
 // The weights as the request's state dict holds them (out_in, DeepSeek's names); their gradients
 // in in_out. The block (W_o = o_proj.weightᵀ, the residual, the layer norm) is lib/backward-block.js's,
-// read with o_proj's weight and bias as w_o, b_o. Not here (undefined: the page shows the service's
-// number): weights the request does not hold as a state dict, and the block of a layer given by
-// `config` (lib/backward-block.js leaves those).
+// read with o_proj's weight and bias as w_o, b_o; a layer given by `config` is read with the
+// fields the config gave (lib/pick.js asRead). Not here (undefined: the page shows the service's
+// number): weights the request does not hold as a state dict.
 import { pick } from "./pick.js";
 import { blockCell, projectionCell, BLOCK } from "./backward-block.js";
 import { queryPosition, ropeAngles, ropeSettings, ropeUsed } from "./positions.js";
