@@ -8,7 +8,7 @@
 // cell (dS from dP, each score's gradient from the next's). A gradient the page does not compute
 // says so and shows the service's number and step.
 import { gradientCell, isGradient } from "./lib/backward.js";
-import { cellTitle, el, fmt, table, totalLine } from "./lib/explain-parts.js";
+import { backButton, cellTitle, el, fmt, table, totalOrService } from "./lib/explain-parts.js";
 import { slotOf } from "./lib/layers.js";
 
 export { isGradient };
@@ -876,17 +876,9 @@ export function explainGradient(ctx) {
   const f = (s) => box.append(el("p", "explain-formula", s));
   const note = (s) => box.append(el("p", "explain-note", s));
   LINES[r.kind](box, r, ctx, f, note);
-  box.append(
-    r.total === undefined
-      ? el("p", "explain-total", `= ${fmt(r.service)} (the service's number)`)
-      : totalLine(r.total, r.service, ctx.request.decimals),
-  );
+  box.append(totalOrService(r.total, r.service, ctx.request.decimals));
   const before = BEFORE[r.kind] && BEFORE[r.kind](r);
-  if (before) {
-    const back = el("button", "secondary explain-back", `← how ${before}[${i}][${j}] was computed`);
-    back.type = "button";
-    Object.assign(back.dataset, { step: before, i: String(i), j: String(j) });
-    box.append(back);
-  }
+  if (before)
+    box.append(backButton(`${before}[${i}][${j}]`, { step: before, i: String(i), j: String(j) }));
   return box;
 }

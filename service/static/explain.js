@@ -15,7 +15,7 @@
 
 import { recompute, NEG_INF, kindOf } from "./lib/arithmetic.js";
 import { pairFeatures, turnedWidth } from "./lib/positions.js";
-import { cellTitle, el, fmt, table, totalLine } from "./lib/explain-parts.js";
+import { backButton, cellTitle, el, fmt, table, totalOrService } from "./lib/explain-parts.js";
 import { LAYER_KINDS, explainLayer, layerWho, layerBefore } from "./layers/explain.js";
 import { count } from "./lib/format.js";
 import { isLatent, latentCell, latentExplains } from "./layers/latent.js";
@@ -254,19 +254,11 @@ export function explainCell(given) {
       ),
     );
   } else if (LAYER_KINDS.has(r.kind)) explainLayer(box, r, ctx);
-  box.append(
-    r.lookedUp
-      ? el("p", "explain-total", `= ${fmt(r.service)} (the service's number)`)
-      : totalLine(r.total, r.service, ctx.request.decimals),
-  );
+  box.append(totalOrService(r.lookedUp ? undefined : r.total, r.service, ctx.request.decimals));
   const before = stepBefore(r);
-  if (before) {
-    // walk back one step: the page shows that cell's explanation in place of this one
-    const back = el("button", "secondary explain-back", `← how ${before}[${i}][${j}] was computed`);
-    back.type = "button";
-    Object.assign(back.dataset, { step: before, i: String(i), j: String(j) });
-    box.append(back);
-  }
+  // walk back one step: the page shows that cell's explanation in place of this one
+  if (before)
+    box.append(backButton(`${before}[${i}][${j}]`, { step: before, i: String(i), j: String(j) }));
   return box;
 }
 

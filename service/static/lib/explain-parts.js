@@ -61,3 +61,20 @@ export function totalLine(total, service, decimals) {
   );
   return p;
 }
+
+/** The page's total beside the service's (totalLine), or, where the page computes none
+ * (`total` undefined), the service's number alone. */
+export function totalOrService(total, service, decimals) {
+  return total === undefined
+    ? el("p", "explain-total", `= ${fmt(service)} (the service's number)`)
+    : totalLine(total, service, decimals);
+}
+
+/** The button that walks back to the cell `label` came from ("← how … was computed"); its
+ * dataset (step, i, j, and a head where it has one) says which cell render.js explains next. */
+export function backButton(label, dataset) {
+  const button = el("button", "secondary explain-back", `← how ${label} was computed`);
+  button.type = "button";
+  Object.assign(button.dataset, dataset);
+  return button;
+}

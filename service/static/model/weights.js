@@ -13,7 +13,7 @@
 // for the weights with the trace); a render.js whenDrawn hook (registered here)
 // makes those tables' cells clickable when the result drawn is a model layer's.
 import { $, state } from "../lib/state.js";
-import { cellTitle, el, fmt, table, totalLine } from "../lib/explain-parts.js";
+import { backButton, cellTitle, el, fmt, table, totalLine } from "../lib/explain-parts.js";
 import { normOf } from "../lib/layers.js";
 import { projection as project } from "../lib/projection.js";
 import { explain, whenDrawn } from "../render.js";
@@ -232,9 +232,7 @@ export function explainWeightCell(ctx) {
   if (back) {
     const [step, h, bi, bj] = back;
     const label = h === null ? `${step}[${bi}][${bj}]` : `head ${h}'s ${step}[${bi}][${bj}]`;
-    const go = el("button", "secondary explain-back", `← how ${label} was computed`);
-    go.type = "button";
-    Object.assign(go.dataset, {
+    const go = backButton(label, {
       step,
       i: String(bi),
       j: String(bj),
