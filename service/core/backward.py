@@ -102,7 +102,7 @@ def attention_backward(
     return backward(chain.HEAD, state, setup, grad_output)
 
 
-_PER_KV_HEAD = ("grad_k", "grad_v", "grad_past_k", "grad_past_v")  # summed over each group
+PER_KV_HEAD = ("grad_k", "grad_v", "grad_past_k", "grad_past_v")  # summed over each group
 
 
 def heads_backward(
@@ -160,7 +160,7 @@ def summed_per_kv_head(grads: dict[str, Array], num_kv_heads: int) -> dict[str, 
     transpose); the other gradients as they are."""
     return grads | {
         name: repeated_heads_backward(grads[name], num_kv_heads)
-        for name in _PER_KV_HEAD
+        for name in PER_KV_HEAD
         if name in grads
     }
 

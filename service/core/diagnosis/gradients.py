@@ -25,8 +25,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from service.core import chain
-from service.core.backward import backward, projections_backward, values_read_as_keys
-from service.core.block import merge_heads, repeated_heads_backward
+from service.core.backward import (
+    PER_KV_HEAD,
+    backward,
+    projections_backward,
+    summed_per_kv_head,
+    values_read_as_keys,
+)
+from service.core.block import merge_heads
 from service.core.diagnosis.stages import Setup, State, Trial, Unfit, Way
 from service.core.latent import LatentRules, latents_backward, turned
 from service.core.linear import transposed
@@ -260,7 +266,6 @@ def _kept(name: str, rule: chain.Back, keep: Keep) -> chain.Back:
 
 # ---- the whole backward under a trial --------------------------------------------------
 
-_PER_KV_HEAD = ("grad_k", "grad_v", "grad_past_k", "grad_past_v")
 _HEAD_NAMES = (*chain.ORDER, "position_bias", "sink_weights")
 _BLOCK_NAMES = tuple(step.name for step in chain.BLOCK)
 
@@ -308,8 +313,8 @@ def _per_kv_head(grads: dict[str, Array], s: Setup, t: Trial) -> dict[str, Array
     g = h // h_kv
     if NOT_SUMMED in t.mistakes:
         r = int(t.way(NOT_SUMMED))
-        return grads | {n: grads[n][:, r::g] for n in _PER_KV_HEAD if n in grads}
-    return grads | {n: repeated_heads_backward(grads[n], h_kv) for n in _PER_KV_HEAD if n in grads}
+        return grads | {n: grads[n][:, r::g] for n in PER_KV_HEAD if n in grads}
+    return summed_per_kv_head(grads, h_kv)
 
 
 def _block(base: State, s: Setup, t: Trial, keep: Keep, seed: Array) -> dict[str, Array]:
@@ -425,7 +430,7 @@ def reaches(t: Trial, target: str, mla: bool = False) -> bool:
             for kind, change in BACK_CHANGES.items()
             if change.latent is not None and change.mistakes & t.mistakes
         )
-    summed = at == -1 or target in _PER_KV_HEAD
+    summed = at == -1 or target in PER_KV_HEAD
     return NOT_SUMMED in t.mistakes and summed
 
 
