@@ -27,7 +27,6 @@ from attention_client import (
     masks,
 )
 
-from harness.live import start_server
 from service.config import Settings
 from service.http.app import create_app
 
@@ -830,14 +829,6 @@ def test_in_process_torch_multihead_attention_state_dict(binary: bool) -> None:
 
 
 # ------------------------------------------------------------------------ a real server (e2e)
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    proc, base = start_server(workers=1)
-    yield base
-    proc.terminate()
-    assert proc.wait(timeout=15) == 0
 
 
 @pytest.mark.e2e

@@ -6,7 +6,6 @@ gradient against torch.autograd in float64 (written here, independent of the ser
 import inspect
 import json
 import re
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import httpx
@@ -16,7 +15,6 @@ import pytest
 import torch
 from attention_client import AsyncClient, Client, masks
 
-from harness.live import start_server
 from tests.client.test_client import (
     ST,
     Recorder,
@@ -386,14 +384,6 @@ def test_in_process_display_of_a_real_backward(binary: bool) -> None:
         ]
 
     run_in_app(scenario, binary)
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    proc, base = start_server(workers=1)
-    yield base
-    proc.terminate()
-    assert proc.wait(timeout=15) == 0
 
 
 @pytest.mark.e2e

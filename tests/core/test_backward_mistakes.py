@@ -26,6 +26,7 @@ from service.core.diagnosis.stages import Setup, State, Trial
 from service.core.multihead import MultiheadWeights, multihead_attention
 from service.core.positions import Rope
 from service.core.variants import Variants
+from service.trace.comparison import state_of
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -197,12 +198,7 @@ def attention_case(
     trace = scaled_dot_product_attention(q, k, v, scale=scale, **kw)
     grads = attention_backward(trace, d_o, **kw)
     base: State = dict(trace.made) | grads
-    if combined is not None:
-        base |= {
-            "mask": combined.allowed.astype(np.float64),
-            "additive_mask": combined.additive,
-            "padded_queries": combined.padded_queries.astype(np.float64),
-        }
+    base = state_of(base, combined)  # the combined mask's arrays, as the comparison keeps them
     setup = Setup(
         scale=scale, d_k=d, fully_masked_policy="zero", variants=variants, mask_specs=specs,
         batch=b, seq_len=n, ctx_len=n,
@@ -238,12 +234,7 @@ def multihead_case(
     base: State = dict(trace.heads.made) | {n_: a for n_, a in trace.block.items()}
     base |= {"x_in": x, "average_weights": trace.average_weights, "block_output": trace.output}
     base |= grads | {"grad_block_output": d_y}
-    if combined is not None:
-        base |= {
-            "mask": combined.allowed.astype(np.float64),
-            "additive_mask": combined.additive,
-            "padded_queries": combined.padded_queries.astype(np.float64),
-        }
+    base = state_of(base, combined)  # the combined mask's arrays, as the comparison keeps them
     setup = Setup(
         scale=scale, d_k=d, fully_masked_policy="zero", variants=variants, mask_specs=specs,
         batch=b, seq_len=n, ctx_len=n, num_heads=h, num_kv_heads=h_kv, x_in=x,

@@ -32,6 +32,7 @@ from service.core.latent import (
 )
 from service.core.positions import Rope
 from service.core.variants import Variants
+from service.trace.comparison import state_of
 from tests.core.test_backward_mistakes import Bugs
 
 Array = np.ndarray[Any, np.dtype[np.float64]]
@@ -277,11 +278,7 @@ def case_of(m: Layer, rng: np.random.Generator) -> Case:
     base |= {"average_weights": block.average_weights, "block_output": block.output}
     base |= {"c_kv": trace.c_kv, "k_rope": trace.k_rope}
     base |= grads | {"grad_block_output": d_y}
-    base |= {
-        "mask": combined.allowed.astype(np.float64),
-        "additive_mask": combined.additive,
-        "padded_queries": combined.padded_queries.astype(np.float64),
-    }
+    base = state_of(base, combined)  # the combined mask's arrays, as the comparison keeps them
     setup = Setup(
         scale=block.heads.scale, d_k=m.nope + m.rope, fully_masked_policy="zero",
         variants=variants, mask_specs=specs, batch=b, seq_len=n, ctx_len=n, num_heads=m.h,
