@@ -349,14 +349,18 @@ RECOMPUTE_GRADIENTS = """async (args) => {
       if (!Array.isArray(a[0])) a = [a];  // a bias's: one row
       const batched = Array.isArray(a[0][0]);  // [batch item][row][column]
       const kvs = batched && Array.isArray(a[0][0][0]);  // [batch item][key/value head][row][·]
+      // /multihead's keys and values kept per key/value head at the top level: [h_kv][row][·]
+      const perKv = endpoint === 'multihead' && head === null && !kvs &&
+                    ['grad_k', 'grad_v', 'grad_past_k', 'grad_past_v'].includes(name);
       for (let n = 0; n < (batched ? a.length : 1); n++) for (let g_ = 0; g_ < (kvs ? a[n].length : 1); g_++) {
       const g = kvs ? a[n][g_] : batched ? a[n] : a;
+      const kv = kvs ? g_ : perKv && batched ? n : null;
       for (let i = 0; i < g.length; i++) for (let j = 0; j < g[i].length; j++) {
-        const ctx = {endpoint, data, request, name, head, batch: batched ? n : null,
-                     kv: kvs ? g_ : null, i, j};
+        const ctx = {endpoint, data, request, name, head, batch: batched && !perKv ? n : null,
+                     kv, i, j};
         const r = b.gradientCell(ctx);
         if (m.explainCell(ctx) === null) throw new Error('no explanation of ' + name);
-        out.push([name, head, i, j, r.kind, r.total ?? null, r.service, kvs ? g_ : null]);
+        out.push([name, head, i, j, r.kind, r.total ?? null, r.service, kv]);
       }}
     }
   };

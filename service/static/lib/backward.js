@@ -352,14 +352,13 @@ function pastCell(ctx, side, j, t) {
 }
 
 /** A gradient /multihead keeps per key/value head at its top level (PER_KV; [h_kv][rows][·],
- * batched [B][h_kv]…; the key/value head ctx.kv, or, unbatched, ctx.batch): the sum of the
- * copies its query heads read (repeat_kv's transpose); a norm's backward is taken once, on the
- * copies' gradients summed. */
+ * batched [B][h_kv]…; the key/value head ctx.kv): the sum of the copies its query heads read
+ * (repeat_kv's transpose); a norm's backward is taken once, on the copies' gradients summed. */
 function kvSummedCell(ctx, of, i, j) {
   const all = ctx.data[GRAD_PREFIX + of];
   if (!Array.isArray(all)) return undefined;
   const batched = Array.isArray(all[0]?.[0]?.[0]);
-  const kv = ctx.kv ?? (batched ? undefined : ctx.batch) ?? 0;
+  const kv = ctx.kv ?? 0;
   const b = batched ? (ctx.batch ?? 0) : null; // the batch item the cell is of
   const group = groupOf(ctx);
   const at = { ...ctx, batch: b, kv: null };
