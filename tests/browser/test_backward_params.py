@@ -22,6 +22,7 @@ from tests.browser.test_backward_view import (
     X,
     _explain,
     _fill,
+    _open_projections,
     _pattern,
     _run_backward,
 )
@@ -122,11 +123,7 @@ def test_attention_with_x_weights_biases_and_a_sink_draws_every_gradient(page: A
     """/attention, x and in_out weights given, biases, a sink, causal, the page's pattern as dO:
     grad_x, the weights', the biases' and the sink's gradients (no card beside) are drawn after
     the maps; their cells are torch's."""
-    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
-    page.select_option("#endpoint", "attention")
-    wait_idle(page)
-    page.select_option("#mode", "projections")
-    _fill(page, {"x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V})
+    _open_projections(page, "attention", {"x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V})
     page.fill("#tokens", "the cat sat")
     page.select_option("#weight_layout", "in_out")
     page.fill("#extra", f'{{"b_q": {B_Q}, "b_k": {B_K}, "b_v": {B_V}}}')

@@ -60,6 +60,15 @@ def _fill(page: Any, ids: dict[str, list[list[float]]]) -> None:
         page.fill(f"#{field}", "\n".join(" ".join(str(x) for x in row) for row in m))
 
 
+def _open_projections(page: Any, endpoint: str, weights: dict[str, Any]) -> None:
+    """The explorer ready, ``endpoint`` chosen, x projected by weights filled in."""
+    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
+    page.select_option("#endpoint", endpoint)
+    wait_idle(page)
+    page.select_option("#mode", "projections")
+    _fill(page, weights)
+
+
 def _run_backward(page: Any, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Click Run; return the request the page sent with grad_output and the JSON it got back."""
     wait_idle(page)
@@ -167,11 +176,7 @@ def test_attention_with_a_causal_mask_draws_and_explains_its_gradients(page: Any
 def test_multihead_draws_each_heads_gradients_beside_its_maps(page: Any) -> None:
     """/multihead, x and in_out weights, two heads, causal, dO pasted: head 1's dS, dP, dV, dQ
     cells are NumPy's (its share of dO: the concat's columns 2 and 3), beside their maps."""
-    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
-    page.select_option("#endpoint", "multihead")
-    wait_idle(page)
-    page.select_option("#mode", "projections")
-    _fill(page, {"x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V})
+    _open_projections(page, "multihead", {"x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V})
     page.fill("#tokens", "the cat sat")
     for field in ("#context", "#w_o", "#extra"):
         page.fill(field, "")
@@ -202,11 +207,7 @@ def test_multihead_draws_each_heads_gradients_beside_its_maps(page: Any) -> None
 def test_the_pattern_after_a_layer_norm_moves_the_gradients(page: Any) -> None:
     """ "sum" after a layer norm with γ = 1 gives every gradient 0; the page's default pattern,
     shaped as the block's last array, does not."""
-    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
-    page.select_option("#endpoint", "multihead")
-    wait_idle(page)
-    page.select_option("#mode", "projections")
-    _fill(page, {"x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V})
+    _open_projections(page, "multihead", {"x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V})
     page.fill("#tokens", "the cat sat")
     for field in ("#context", "#w_o", "#extra"):
         page.fill(field, "")
@@ -273,11 +274,7 @@ def test_the_blocks_gradients_are_explained_with_numpys_numbers(page: Any) -> No
     """/multihead with W_o, the residual and a layer norm: grad_concat (dY W_oᵀ), grad_residual
     (through the layer norm) clicked, grad_w_o and grad_x (with the residual's share) explained,
     each NumPy's to 1e-12 and the service's."""
-    page.locator("body[data-ready=true]").wait_for(timeout=20_000)
-    page.select_option("#endpoint", "multihead")
-    wait_idle(page)
-    page.select_option("#mode", "projections")
-    _fill(page, {"x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V, "w_o": W_O})
+    _open_projections(page, "multihead", {"x": X, "w_q": W_Q, "w_k": W_K, "w_v": W_V, "w_o": W_O})
     page.fill("#tokens", "the cat sat")
     for field in ("#context", "#extra"):
         page.fill(field, "")
