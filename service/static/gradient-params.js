@@ -13,7 +13,7 @@
 import { $, state } from "./lib/state.js";
 import { heatmap } from "./heatmap.js";
 import { GRAD_KIND } from "./gradients.js";
-import { GRAD_PREFIX } from "./lib/schema.js";
+import { GRAD_PREFIX, PER_KV } from "./lib/schema.js";
 import { slotOf } from "./lib/layers.js";
 
 const SECTION = "param-grads";
@@ -23,8 +23,6 @@ const HINT =
 
 // a parameter's gradient is summed over the batch items: never [B]
 const PARAM = /^(w_|b_|ln_|gate_[wb]$|sinks$|relative_bias_table$)|norm_(weight|bias)$/;
-// what /multihead keeps per key/value head at its top level ([h_kv][rows][·]; lib/backward.js)
-const PER_KV = new Set(["k", "v", "past_k", "past_v"]);
 // parameters whose columns are the heads (/multihead's sinks [h], T5's table [buckets][h])
 const HEAD_COLUMNS = new Set(["sinks", "relative_bias_table"]);
 const CACHE = new Set(["past_k", "past_v"]);

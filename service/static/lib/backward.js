@@ -32,7 +32,7 @@ import { asRead, pick } from "./pick.js";
 import { BLOCK, blockCell, projectionCell } from "./backward-block.js";
 import { latentGradCell, latentOwns } from "./backward-latent.js";
 import { SCORE_PARAMS, scoreParamCell } from "./backward-scores.js";
-import { GRAD_PREFIX } from "./schema.js";
+import { GRAD_PREFIX, PER_KV } from "./schema.js";
 import { formsOf, kindOf, lastForm, normOf, normParts, slotOf, temperatureOf } from "./layers.js";
 import {
   keyRowPosition,
@@ -65,9 +65,6 @@ export function formAfter(ctx, name) {
 
 // the cache /multihead keeps per key/value head (present_k, present_v: [h_kv][P + L][·])
 const CACHES = new Set(["present_k", "present_v"]);
-// what /multihead's answer holds per key/value head at its top level, [h_kv][rows][·]: the
-// cache's gradients, and under grouped-query heads the keys' and values' (API "Gradients")
-const PER_KV = new Set(["k", "v", "past_k", "past_v"]);
 
 /** Query heads per key/value head (1 without grouped-query heads, and on /attention). */
 function groupOf(ctx) {

@@ -30,6 +30,10 @@ export function resolveRef(ref) {
 // of the same schema named grad_ + its name; a view whose schema has one carries its name (`grad`),
 // drawn beside it when the answer holds it.
 export const GRAD_PREFIX = "grad_";
+// the arrays whose gradients /multihead's answer holds per key/value head at its top level,
+// [h_kv][rows][·]: the cache's, and under grouped-query heads the keys' and values' (API
+// "Gradients")
+export const PER_KV = new Set(["k", "v", "past_k", "past_v"]);
 
 export function viewsOf(schema) {
   const views = [];
