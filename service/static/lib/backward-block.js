@@ -26,20 +26,20 @@
 //   grad_x's gate share Σ_c dz[i][c] · W_g[c][m]
 //   k_eq_v: the values are the keys' projection: W_v is W_k, grad_w_k = Σ x · (dK + dV)
 //   positional_encoding: the projections (and the gate) read x_in = x + PE, not x
-//   output.LayerNorm.weight/.bias: the layer norm's γ and β; its eps the request's or the config's
-//   (the answer's conventions.config names the key)
+//   output.LayerNorm.weight/.bias: the layer norm's γ and β; its eps the request's (a config's
+//   as the service read it: lib/pick.js asRead)
 //   past (a decode step): the projections read the new tokens' x only, and grad_q … are the new
 //   tokens' (the cache's rows have their own, grad_past_k/v: lib/backward.js's)
 //   clip_qkv: grad_q, grad_k, grad_v are the projections' outputs' (before the clamp: 0 where
 //   it cut), so the projections read them as they are
 //   fused projections (qkv_proj.weight, query_key_value.weight, Wqkv.weight, c_attn.weight):
 //   W_q, W_k, W_v read out of the fused weight as the service unpacks it (service/wire/fused.py):
-//   the rows (GPT-2's Conv1D: the columns) its qkv_layout gives — the request's, else the one
-//   the service's unpack step names (a config's family) — for h, h_kv, d; c_proj.weight as W_o
+//   the rows (GPT-2's Conv1D: the columns) its qkv_layout gives — the request's, or a config
+//   family's as the service read it — for h, h_kv, d; c_proj.weight as W_o
 //   ([in][out] under the Conv1D, [out][in] otherwise); their gradients in_out, each weight
 //   cell also named as the fused weight's entry (grad_state_dict holds it there)
-// Not here (undefined: the page shows the service's number): MLA (or a config that makes it),
-// unless lib/backward-latent.js hands its block here.
+// Not here (undefined: the page shows the service's number): MLA (its own or a config's), whose
+// block lib/backward-latent.js hands here with mla left out and o_proj as W_o.
 import { pick } from "./pick.js";
 import { gateWeights, normOf } from "./layers.js";
 import { weightAt } from "./projection.js";
@@ -137,11 +137,9 @@ const LN_NAMES = {
 
 const sum = (terms) => terms.reduce((s, x) => s + x.value, 0);
 const depth = (a) => (Array.isArray(a) ? 1 + depth(a[0]) : 0);
-/** Whether the answer's backward is not this file's: a field of AWAY, or MLA (from a config)
- * unless lib/backward-latent.js hands its block here (`ctx.latentBlock`, W_o as w_o). */
-const away = (ctx) =>
-  AWAY.some((f) => ctx.request[f] !== undefined && ctx.request[f] !== false) ||
-  (Array.isArray(ctx.data.c_kv) && ctx.latentBlock !== true);
+/** Whether the answer's backward is not this file's: a field of AWAY (a config's mla too, the
+ * request being read as the service read it). */
+const away = (ctx) => AWAY.some((f) => ctx.request[f] !== undefined && ctx.request[f] !== false);
 const given = (request, names) => names.find((n) => Array.isArray(request[n]));
 
 /** The batch items of the answer (null: not batched), by the depth of `name`. */

@@ -330,7 +330,7 @@ function blockRequest(request) {
 const BLOCK_PARAMS = new Set(["w_o", "b_o", "ln_gamma", "ln_beta"]);
 
 function blockBack(ctx, of, i, j) {
-  const seen = { ...ctx, request: blockRequest(ctx.request), latentBlock: true };
+  const seen = { ...ctx, request: blockRequest(ctx.request) };
   return BLOCK.includes(of) ? blockCell(seen, of, i, j) : projectionCell(seen, of, i, j);
 }
 
