@@ -161,6 +161,4 @@ def _array(a: np.ndarray, decimals: int | None) -> Iterator[bytes | memoryview]:
 def _dump(a: np.ndarray, decimals: int | None) -> bytes:
     if decimals is not None and a.dtype.kind == "f":
         a = rounded(a, decimals)
-    if a.ndim == 0:  # a number (ascontiguousarray would make it a list of one)
-        return orjson.dumps(a.item(), option=OPTIONS)
-    return orjson.dumps(np.ascontiguousarray(a), option=OPTIONS)
+    return orjson.dumps(a, option=OPTIONS, default=_contiguous)  # a view, a 0-d array: _contiguous

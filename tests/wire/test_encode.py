@@ -23,6 +23,7 @@ def body() -> dict[str, Any]:
         "heads": [{"w": heads[0, i]} for i in range(3)],
         "summary": [{"token": "a", "top_weight": 0.123456789}],
         "scale": 0.70710678,
+        "grad_sinks": np.array(-2.2825235861486437),  # 0-d: a number, as the parameter is
         "steps": [{"name": "scores", "shape": [3, 3]}],
     }
 
@@ -38,6 +39,8 @@ def test_streaming_equals_one_call_and_round_trips(decimals: int | None) -> None
     np.testing.assert_array_equal(big, np.where(np.isinf(expected), np.nan, expected))
     np.testing.assert_array_equal(np.array(back["batched"]).shape, (2, 200, 300))
     assert back["mask"][0] == (b["big"][0] > 0).tolist()
+    sink = float(b["grad_sinks"]) if decimals is None else round(float(b["grad_sinks"]), decimals)
+    assert back["grad_sinks"] == sink
 
 
 def test_chunks_are_bounded() -> None:
