@@ -61,6 +61,18 @@ def _answer(server: str, case: str) -> tuple[dict[str, Any], Any, dict[str, Any]
     return body, post_json(server, "multihead", body), theirs, attn
 
 
+def _walk(page: Any, data: Any, body: Any) -> Any:
+    """Every gradient cell of the answer as the page computes it: none "unexplained", each the
+    service's number."""
+    rows = page.evaluate(RECOMPUTE_GRADIENTS, {"endpoint": "multihead", "data": data,
+                                               "request": body})  # fmt: skip
+    unexplained = sorted({r[0] for r in rows if r[4] == "unexplained"})
+    assert unexplained == [], unexplained
+    bad = [r for r in rows if r[5] is None or not _near(r[5], r[6])]
+    assert bad == [], bad[:10]
+    return rows
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_every_mla_gradient_cell_is_computed_and_is_autograds(
     page: Any, server: str, case: str
@@ -70,12 +82,7 @@ def test_every_mla_gradient_cell_is_computed_and_is_autograds(
     cells and grad_x equal autograd's of DeepseekV3Attention (float64)."""
     body, data, theirs, attn = _answer(server, case)
     assert "grad_c_kv" in data, data
-    rows = page.evaluate(RECOMPUTE_GRADIENTS, {"endpoint": "multihead", "data": data,
-                                               "request": body})  # fmt: skip
-    unexplained = sorted({r[0] for r in rows if r[4] == "unexplained"})
-    assert unexplained == [], unexplained
-    bad = [r for r in rows if r[5] is None or not _near(r[5], r[6])]
-    assert bad == [], bad[:10]
+    rows = _walk(page, data, body)
     q_lora = body["mla"]["q_lora_rank"] is not None
     names = {r[0] for r in rows}
     assert LATENT | (Q_LATENT if q_lora else set()) <= names, (LATENT | Q_LATENT) - names
@@ -136,12 +143,7 @@ def test_an_mla_layer_from_its_config_is_explained_as_the_service_read_it(
     grad_x, _, body = config_case(case)
     data = post_json(server, "multihead", body)
     assert "mla" not in body and "mla" in data["conventions"]["config_fields"]
-    rows = page.evaluate(RECOMPUTE_GRADIENTS, {"endpoint": "multihead", "data": data,
-                                               "request": body})  # fmt: skip
-    unexplained = sorted({r[0] for r in rows if r[4] == "unexplained"})
-    assert unexplained == [], unexplained
-    bad = [r for r in rows if r[5] is None or not _near(r[5], r[6])]
-    assert bad == [], bad[:10]
+    rows = _walk(page, data, body)
     assert {"grad_c_kv", "grad_k_rope", "grad_x", "grad_concat"} <= {r[0] for r in rows}
     page_x = {(r[2], r[3]): r[5] for r in rows if r[0] == "grad_x"}
     assert _near(page_x[(2, 5)], float(grad_x[0, 2, 5]))
