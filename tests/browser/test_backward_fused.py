@@ -23,33 +23,21 @@ from tests.browser.test_backward_forms import (
     _page_of,
     rand,
 )
-from tests.browser.test_backward_view import D_O, RECOMPUTE_GRADIENTS, W_K, W_O, W_Q, W_V, X
+from tests.browser.test_backward_forms import _rows as _walk
+from tests.browser.test_backward_view import D_O, W_K, W_O, W_Q, W_V, X
 
 pytestmark = pytest.mark.e2e
 
 Array = npt.NDArray[np.float64]
 F64 = torch.float64
 
-# the block's and the projections' gradients: this file's arrays
-MINE = ("grad_x", "grad_concat", "grad_projected", "grad_residual", "grad_layer_norm",
-        "grad_ln_gamma", "grad_ln_beta")  # fmt: skip
-
-
-def _mine(name: str) -> bool:
-    return name in MINE or name.startswith(("grad_w_", "grad_b_"))
-
 
 def _rows(page: Any, data: dict[str, Any], body: dict[str, Any]) -> Any:
-    """Every gradient cell the page computes: each the service's to 1e-12, none
-    "unexplained" (a config layer's heads read with the fields the config gave)."""
-    args = {"endpoint": "multihead", "data": data, "request": body}
-    rows = page.evaluate(RECOMPUTE_GRADIENTS, args)
-    bad = [r for r in rows if r[5] is not None and abs(r[5] - r[6]) > 1e-12 * max(1, abs(r[6]))]
-    assert bad == [], bad[:10]
-    mine = [r for r in rows if r[1] is None and _mine(r[0])]
-    assert {r[0] for r in mine} >= {"grad_x", "grad_w_q", "grad_w_k", "grad_w_o"}, mine[:3]
-    lost = [r[:5] for r in rows if r[5] is None]
-    assert lost == [], lost[:10]  # none "unexplained"
+    """Every gradient cell the page computes (test_backward_forms' walk: each the service's to
+    1e-12, none "unexplained"), the projections' and W_o's among them."""
+    rows = _walk(page, data, body)
+    names = {r[0] for r in rows if r[1] is None}
+    assert names >= {"grad_x", "grad_w_q", "grad_w_k", "grad_w_o"}, sorted(names)
     return rows
 
 
